@@ -1,0 +1,238 @@
+//! The `Admin` service: cluster status, membership, snapshots, and the
+//! operator's write-once `Resolve`.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::admin_client::AdminClient;
+use dtx_proto::v1::admin_server::Admin;
+use openraft::error::ClientWriteError;
+use openraft::error::RaftError;
+use openraft::ChangeMembers;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+
+use super::check_id;
+use super::check_len;
+use super::coordinator::outcome_pb;
+use super::error::ApiError;
+use super::serve_or_forward;
+use crate::limits;
+use crate::node::NodeCtx;
+use crate::raft::NodeId;
+use crate::raft::NodeInfo;
+use crate::sm::DecisionSource;
+use crate::sm::Outcome;
+
+pub struct AdminService {
+    ctx: Arc<NodeCtx>,
+}
+
+impl AdminService {
+    pub fn new(ctx: Arc<NodeCtx>) -> Self {
+        AdminService { ctx }
+    }
+}
+
+fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>) -> ApiError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ApiError::NotLeader {
+            leader_id: f.leader_id,
+            leader_api_addr: f.leader_node.map(|n| n.api_addr),
+            proposed: true,
+        },
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => ApiError::FailedPrecondition(c.to_string()),
+        RaftError::Fatal(f) => ApiError::Unavailable(f.to_string()),
+    }
+}
+
+impl NodeCtx {
+    fn voters(&self) -> Vec<u64> {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
+    fn cluster_status(&self) -> pb::ClusterStatusResponse {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let leader_api_addr = m
+            .current_leader
+            .and_then(|l| membership.get_node(&l))
+            .map(|n| n.api_addr.clone())
+            .unwrap_or_default();
+        pb::ClusterStatusResponse {
+            cluster_id: self.config.cluster_id.clone(),
+            node_id: self.id,
+            role: format!("{:?}", m.state),
+            leader_id: m.current_leader.unwrap_or(0),
+            leader_api_addr,
+            term: m.current_term,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            last_applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
+            snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
+            purged_index: m.purged.map(|l| l.index).unwrap_or(0),
+            members: membership
+                .nodes()
+                .map(|(id, n)| pb::NodeStatus {
+                    node_id: *id,
+                    raft_addr: n.raft_addr.clone(),
+                    api_addr: n.api_addr.clone(),
+                    voter: voters.contains(id),
+                })
+                .collect(),
+            transactions: self.sm.state().table.len() as u64,
+        }
+    }
+
+    async fn add_node(&self, req: pb::AddNodeRequest) -> Result<pb::AddNodeResponse, ApiError> {
+        if req.node_id == 0 {
+            return Err(ApiError::InvalidArgument("node_id must be > 0".into()));
+        }
+        for (field, v) in [("raft_addr", &req.raft_addr), ("api_addr", &req.api_addr)] {
+            v.parse::<std::net::SocketAddr>()
+                .map_err(|e| ApiError::InvalidArgument(format!("{field} = {v:?} is not an IP:port address: {e}")))?;
+        }
+        let node = NodeInfo {
+            raft_addr: req.raft_addr,
+            api_addr: req.api_addr,
+        };
+        // Learner first: it receives the log (or a snapshot) until it has
+        // caught up, then it may become a voter without stalling the quorum.
+        self.raft
+            .add_learner(req.node_id, node, true)
+            .await
+            .map_err(membership_error)?;
+        if req.voter {
+            let ids: BTreeSet<NodeId> = [req.node_id].into();
+            self.raft
+                .change_membership(ChangeMembers::AddVoterIds(ids), false)
+                .await
+                .map_err(membership_error)?;
+        }
+        Ok(pb::AddNodeResponse { voters: self.voters() })
+    }
+
+    async fn remove_node(&self, req: pb::RemoveNodeRequest) -> Result<pb::RemoveNodeResponse, ApiError> {
+        let ids: BTreeSet<NodeId> = [req.node_id].into();
+        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
+        if membership.get_node(&req.node_id).is_none() {
+            return Err(ApiError::NotFound(format!("node {} is not a member", req.node_id)));
+        }
+        if membership.voter_ids().any(|v| v == req.node_id) {
+            self.raft
+                .change_membership(ChangeMembers::RemoveVoters(ids.clone()), false)
+                .await
+                .map_err(membership_error)?;
+        }
+        self.raft
+            .change_membership(ChangeMembers::RemoveNodes(ids), false)
+            .await
+            .map_err(membership_error)?;
+        Ok(pb::RemoveNodeResponse { voters: self.voters() })
+    }
+
+    async fn trigger_snapshot(&self) -> Result<pb::TriggerSnapshotResponse, ApiError> {
+        let target = self.raft.metrics().borrow().last_applied.map(|l| l.index).unwrap_or(0);
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        let wait = self
+            .raft
+            .wait(Some(Duration::from_secs(30)))
+            .metrics(|m| m.snapshot.map(|s| s.index).unwrap_or(0) >= target, "snapshot built")
+            .await;
+        let m = wait.map_err(|e| ApiError::Unavailable(format!("snapshot not built in time: {e}")))?;
+        Ok(pb::TriggerSnapshotResponse {
+            snapshot_index: m.snapshot.map(|s| s.index).unwrap_or(0),
+        })
+    }
+
+    async fn resolve(&self, req: pb::ResolveRequest) -> Result<pb::ResolveResponse, ApiError> {
+        check_id("operator", &req.operator)?;
+        check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
+        let outcome = match pb::Outcome::try_from(req.outcome) {
+            Ok(pb::Outcome::Commit) => Outcome::Commit,
+            Ok(pb::Outcome::Abort) => Outcome::Abort,
+            _ => {
+                return Err(ApiError::InvalidArgument(
+                    "outcome must be OUTCOME_COMMIT or OUTCOME_ABORT".into(),
+                ))
+            }
+        };
+        for v in &req.voters {
+            check_id("voters", v)?;
+        }
+        let note = format!("operator {}: {}", req.operator, req.reason);
+        let (d, recorded) = self
+            .decide(req.txid, outcome, req.voters, DecisionSource::Operator, note)
+            .await?;
+        Ok(pb::ResolveResponse {
+            outcome: outcome_pb(d.outcome) as i32,
+            recorded,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn cluster_status(
+        &self,
+        _req: Request<pb::ClusterStatusRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        Ok(Response::new(self.ctx.cluster_status()))
+    }
+
+    async fn add_node(&self, req: Request<pb::AddNodeRequest>) -> Result<Response<pb::AddNodeResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move { ctx.add_node(r).await },
+            |ch, r| async move { AdminClient::new(ch).add_node(r).await },
+        )
+        .await
+    }
+
+    async fn remove_node(
+        &self,
+        req: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move { ctx.remove_node(r).await },
+            |ch, r| async move { AdminClient::new(ch).remove_node(r).await },
+        )
+        .await
+    }
+
+    async fn trigger_snapshot(
+        &self,
+        _req: Request<pb::TriggerSnapshotRequest>,
+    ) -> Result<Response<pb::TriggerSnapshotResponse>, Status> {
+        Ok(Response::new(self.ctx.trigger_snapshot().await?))
+    }
+
+    async fn resolve(&self, req: Request<pb::ResolveRequest>) -> Result<Response<pb::ResolveResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move { ctx.resolve(r).await },
+            |ch, r| async move { AdminClient::new(ch).resolve(r).await },
+        )
+        .await
+    }
+}

@@ -1,0 +1,356 @@
+//! The `Coordinator` service: begin, enlist, commit, abort, status and
+//! linearizable decision reads.
+
+use std::sync::Arc;
+
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::coordinator_client::CoordinatorClient;
+use dtx_proto::v1::coordinator_server::Coordinator;
+use sha2::Digest;
+use sha2::Sha256;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+
+use super::check_id;
+use super::check_len;
+use super::error::ApiError;
+use super::serve_or_forward;
+use crate::limits;
+use crate::node::now_ms;
+use crate::node::NodeCtx;
+use crate::sm::Command;
+use crate::sm::CommandOk;
+use crate::sm::Decision;
+use crate::sm::DecisionSource;
+use crate::sm::DecisionView;
+use crate::sm::Outcome;
+use crate::sm::Phase;
+use crate::sm::TxRecord;
+
+pub struct CoordinatorService {
+    ctx: Arc<NodeCtx>,
+}
+
+impl CoordinatorService {
+    pub fn new(ctx: Arc<NodeCtx>) -> Self {
+        CoordinatorService { ctx }
+    }
+}
+
+/// The request fingerprint of Begin: everything but the key.
+pub fn begin_fingerprint(timeout_ms: u64, description: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"dtx.v1.Begin\0");
+    h.update(timeout_ms.to_le_bytes());
+    h.update(description);
+    h.finalize().into()
+}
+
+pub fn outcome_pb(o: Outcome) -> pb::Outcome {
+    match o {
+        Outcome::Commit => pb::Outcome::Commit,
+        Outcome::Abort => pb::Outcome::Abort,
+    }
+}
+
+pub fn view_pb(v: &DecisionView) -> pb::Outcome {
+    match v {
+        DecisionView::Pending => pb::Outcome::Pending,
+        DecisionView::Decided(o) => outcome_pb(*o),
+        DecisionView::Unknown => pb::Outcome::UnknownPresumedAbort,
+    }
+}
+
+pub fn source_pb(s: DecisionSource) -> pb::DecisionSource {
+    match s {
+        DecisionSource::Driver => pb::DecisionSource::Driver,
+        DecisionSource::Client => pb::DecisionSource::Client,
+        DecisionSource::Reaper => pb::DecisionSource::Reaper,
+        DecisionSource::Operator => pb::DecisionSource::Operator,
+    }
+}
+
+pub fn decision_pb(d: &Decision) -> pb::Decision {
+    pb::Decision {
+        outcome: outcome_pb(d.outcome) as i32,
+        source: source_pb(d.source) as i32,
+        term: d.term,
+        decided_unix_ms: d.decided_ms,
+        note: d.note.clone(),
+    }
+}
+
+fn status_pb(r: &TxRecord) -> pb::StatusResponse {
+    pb::StatusResponse {
+        txid: r.txid,
+        state: match r.phase {
+            Phase::Active => pb::TxState::Active,
+            Phase::Preparing => pb::TxState::Preparing,
+            Phase::Decided(_) => pb::TxState::Decided,
+        } as i32,
+        participants: r
+            .participants
+            .iter()
+            .map(|p| pb::ParticipantInfo {
+                id: p.id.clone(),
+                address: p.address.clone(),
+                acked: p.acked,
+            })
+            .collect(),
+        begun_unix_ms: r.begun_ms,
+        deadline_unix_ms: r.deadline_ms,
+        decision: r.decision().map(decision_pb),
+    }
+}
+
+fn unexpected(ok: CommandOk) -> ApiError {
+    ApiError::Internal(format!("unexpected state-machine result {ok:?}"))
+}
+
+impl NodeCtx {
+    async fn begin(&self, req: pb::BeginRequest) -> Result<pb::BeginResponse, ApiError> {
+        check_id("idempotency_key", &req.idempotency_key)?;
+        check_len("description", req.description.len(), limits::DESCRIPTION_BYTES_MAX)?;
+        let t = &self.config.txn;
+        if req.timeout_ms > t.max_timeout_ms {
+            return Err(ApiError::InvalidArgument(format!(
+                "timeout_ms is {}; the limit is txn.max_timeout_ms = {} ms",
+                req.timeout_ms, t.max_timeout_ms
+            )));
+        }
+        let timeout_ms = if req.timeout_ms == 0 {
+            t.default_timeout_ms
+        } else {
+            req.timeout_ms
+        };
+        let cmd = Command::Begin {
+            fingerprint: begin_fingerprint(req.timeout_ms, &req.description),
+            idempotency_key: req.idempotency_key,
+            now_ms: now_ms(),
+            timeout_ms,
+        };
+        match self.propose(cmd).await? {
+            CommandOk::Began {
+                txid,
+                existing,
+                deadline_ms,
+            } => Ok(pb::BeginResponse {
+                txid,
+                existing,
+                deadline_unix_ms: deadline_ms,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn enlist(&self, req: pb::EnlistRequest) -> Result<pb::EnlistResponse, ApiError> {
+        check_id("participant_id", &req.participant_id)?;
+        if req.address.is_empty() {
+            return Err(ApiError::InvalidArgument("address must not be empty".into()));
+        }
+        check_len("address", req.address.len(), limits::ADDRESS_BYTES_MAX)?;
+        check_len("payload", req.payload.len(), limits::PAYLOAD_BYTES_MAX)?;
+        let cmd = Command::Enlist {
+            txid: req.txid,
+            participant_id: req.participant_id,
+            address: req.address,
+            payload: req.payload,
+        };
+        match self.propose(cmd).await? {
+            CommandOk::Enlisted { participant_count } => Ok(pb::EnlistResponse { participant_count }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Records a decision through Raft (write-once) and returns the recorded
+    /// one, which may be an earlier, different decision.
+    pub(crate) async fn decide(
+        &self,
+        txid: u64,
+        outcome: Outcome,
+        voters: Vec<String>,
+        source: DecisionSource,
+        note: String,
+    ) -> Result<(Decision, bool), ApiError> {
+        let cmd = Command::Decide {
+            txid,
+            outcome,
+            voters,
+            source,
+            term: self.current_term(),
+            now_ms: now_ms(),
+            note,
+        };
+        match self.propose(cmd).await? {
+            CommandOk::Decided { decision, recorded } => Ok((decision, recorded)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn commit(&self, req: pb::CommitRequest) -> Result<pb::CommitResponse, ApiError> {
+        let participants = match self.propose(Command::RequestCommit { txid: req.txid }).await? {
+            CommandOk::CommitRequested { decision: Some(d), .. } => {
+                return Ok(pb::CommitResponse {
+                    outcome: outcome_pb(d.outcome) as i32,
+                })
+            }
+            CommandOk::CommitRequested { participants, .. } => participants,
+            other => return Err(unexpected(other)),
+        };
+        if !participants.is_empty() {
+            return Err(ApiError::Unimplemented(format!(
+                "transaction {} has {} participants; the prepare/deliver driver is not part of this build yet",
+                req.txid,
+                participants.len()
+            )));
+        }
+        // No participant: every (zero) participant voted YES; COMMIT is valid.
+        let (d, _) = self
+            .decide(
+                req.txid,
+                Outcome::Commit,
+                Vec::new(),
+                DecisionSource::Client,
+                String::new(),
+            )
+            .await?;
+        Ok(pb::CommitResponse {
+            outcome: outcome_pb(d.outcome) as i32,
+        })
+    }
+
+    async fn abort(&self, req: pb::AbortRequest) -> Result<pb::AbortResponse, ApiError> {
+        check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
+        let (d, _) = self
+            .decide(req.txid, Outcome::Abort, Vec::new(), DecisionSource::Client, req.reason)
+            .await?;
+        Ok(pb::AbortResponse {
+            outcome: outcome_pb(d.outcome) as i32,
+        })
+    }
+
+    async fn status(&self, req: pb::StatusRequest) -> Result<pb::StatusResponse, ApiError> {
+        let txid = req.txid;
+        self.read_linearizable(|st| st.table.get(txid).map(status_pb))
+            .await?
+            .ok_or_else(|| {
+                ApiError::NotFound(format!(
+                    "transaction {txid} not found (never begun here, or forgotten after every participant acked)"
+                ))
+            })
+    }
+
+    async fn get_decisions(&self, txids: Vec<u64>) -> Result<Vec<pb::GetDecisionResponse>, ApiError> {
+        if txids.len() > limits::DECISION_BATCH_TXIDS_MAX {
+            return Err(ApiError::InvalidArgument(format!(
+                "txids has {} ids; the limit is {} per call",
+                txids.len(),
+                limits::DECISION_BATCH_TXIDS_MAX
+            )));
+        }
+        self.read_linearizable(|st| {
+            txids
+                .iter()
+                .map(|&txid| pb::GetDecisionResponse {
+                    txid,
+                    outcome: view_pb(&st.table.decision_view(txid)) as i32,
+                })
+                .collect()
+        })
+        .await
+    }
+}
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorService {
+    async fn begin(&self, req: Request<pb::BeginRequest>) -> Result<Response<pb::BeginResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move { ctx.begin(r).await },
+            |ch, r| async move { CoordinatorClient::new(ch).begin(r).await },
+        )
+        .await
+    }
+
+    async fn enlist(&self, req: Request<pb::EnlistRequest>) -> Result<Response<pb::EnlistResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move { ctx.enlist(r).await },
+            |ch, r| async move { CoordinatorClient::new(ch).enlist(r).await },
+        )
+        .await
+    }
+
+    async fn commit(&self, req: Request<pb::CommitRequest>) -> Result<Response<pb::CommitResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move { ctx.commit(r).await },
+            |ch, r| async move { CoordinatorClient::new(ch).commit(r).await },
+        )
+        .await
+    }
+
+    async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move { ctx.abort(r).await },
+            |ch, r| async move { CoordinatorClient::new(ch).abort(r).await },
+        )
+        .await
+    }
+
+    async fn status(&self, req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move { ctx.status(r).await },
+            |ch, r| async move { CoordinatorClient::new(ch).status(r).await },
+        )
+        .await
+    }
+
+    async fn get_decision(
+        &self,
+        req: Request<pb::GetDecisionRequest>,
+    ) -> Result<Response<pb::GetDecisionResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move {
+                let mut v = ctx.get_decisions(vec![r.txid]).await?;
+                v.pop().ok_or_else(|| ApiError::Internal("empty decision read".into()))
+            },
+            |ch, r| async move { CoordinatorClient::new(ch).get_decision(r).await },
+        )
+        .await
+    }
+
+    async fn get_decisions(
+        &self,
+        req: Request<pb::GetDecisionsRequest>,
+    ) -> Result<Response<pb::GetDecisionsResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move {
+                Ok(pb::GetDecisionsResponse {
+                    decisions: ctx.get_decisions(r.txids).await?,
+                })
+            },
+            |ch, r| async move { CoordinatorClient::new(ch).get_decisions(r).await },
+        )
+        .await
+    }
+}

@@ -1,0 +1,143 @@
+//! The API layer's one error type and its mapping to gRPC status codes, in
+//! one place (docs/api.md lists the model).
+
+use tonic::metadata::MetadataValue;
+use tonic::Code;
+use tonic::Status;
+
+use crate::batcher::ProposeError;
+use crate::raft::NodeId;
+use crate::sm::CommandError;
+
+pub const LEADER_ID_HEADER: &str = "x-dtx-leader-id";
+pub const LEADER_ADDR_HEADER: &str = "x-dtx-leader-addr";
+pub const FORWARDED_HEADER: &str = "x-dtx-forwarded";
+/// Set on a refusal that happened before anything was proposed: the call
+/// certainly had no effect (a client may report it as a plain failure).
+pub const NOT_APPLIED_HEADER: &str = "x-dtx-not-applied";
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    Unimplemented(String),
+    /// This node is not the leader. `proposed` tells whether the command was
+    /// handed to Raft before that was found out (then it may still apply).
+    #[error("not the leader; leader is {leader_id:?} at {leader_api_addr:?}")]
+    NotLeader {
+        leader_id: Option<NodeId>,
+        leader_api_addr: Option<String>,
+        proposed: bool,
+    },
+    /// No leader is known; nothing was proposed.
+    #[error("{0}")]
+    NoLeader(String),
+    #[error("{0}")]
+    Unavailable(String),
+    /// The outcome is not known: the command may or may not be applied.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<CommandError> for ApiError {
+    fn from(e: CommandError) -> Self {
+        let m = e.to_string();
+        match e {
+            CommandError::NotFound { .. } => ApiError::NotFound(m),
+            CommandError::KeyConflict { .. } => ApiError::AlreadyExists(m),
+            CommandError::Invalid(_) => ApiError::InvalidArgument(m),
+            CommandError::TooManyParticipants { .. } => ApiError::InvalidArgument(m),
+            CommandError::NotActive { .. }
+            | CommandError::ParticipantConflict { .. }
+            | CommandError::VotersMismatch { .. }
+            | CommandError::DeadlineNotReached { .. }
+            | CommandError::NotDecided { .. }
+            | CommandError::NotAllAcked { .. }
+            | CommandError::UnknownParticipant { .. } => ApiError::FailedPrecondition(m),
+        }
+    }
+}
+
+impl From<ProposeError> for ApiError {
+    fn from(e: ProposeError) -> Self {
+        match e {
+            ProposeError::NotLeader { leader_id, leader } => ApiError::NotLeader {
+                leader_id,
+                leader_api_addr: leader.map(|n| n.api_addr),
+                proposed: true,
+            },
+            ProposeError::TooLarge { .. } => ApiError::InvalidArgument(e.to_string()),
+            ProposeError::Overloaded(_) => ApiError::NoLeader(e.to_string()),
+            ProposeError::Unavailable(_) => ApiError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(e: ApiError) -> Status {
+        let code = match &e {
+            ApiError::InvalidArgument(_) => Code::InvalidArgument,
+            ApiError::NotFound(_) => Code::NotFound,
+            ApiError::AlreadyExists(_) => Code::AlreadyExists,
+            ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
+            ApiError::Unimplemented(_) => Code::Unimplemented,
+            ApiError::NotLeader { .. } | ApiError::NoLeader(_) | ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::Unknown(_) => Code::DeadlineExceeded,
+            ApiError::Internal(_) => Code::Internal,
+        };
+        let mut status = Status::new(code, e.to_string());
+        let not_applied = matches!(
+            e,
+            ApiError::NoLeader(_)
+                | ApiError::NotLeader { proposed: false, .. }
+                | ApiError::InvalidArgument(_)
+                | ApiError::NotFound(_)
+                | ApiError::AlreadyExists(_)
+                | ApiError::FailedPrecondition(_)
+                | ApiError::Unimplemented(_)
+        );
+        if not_applied {
+            status
+                .metadata_mut()
+                .insert(NOT_APPLIED_HEADER, MetadataValue::from_static("1"));
+        }
+        if let ApiError::NotLeader {
+            leader_id,
+            leader_api_addr,
+            ..
+        } = &e
+        {
+            let md = status.metadata_mut();
+            if let Some(id) = leader_id {
+                md.insert(LEADER_ID_HEADER, MetadataValue::from(*id));
+            }
+            if let Some(addr) = leader_api_addr.as_deref().and_then(|a| a.parse().ok()) {
+                md.insert(LEADER_ADDR_HEADER, addr);
+            }
+        }
+        status
+    }
+}
+
+/// True when the status says the call certainly had no effect.
+pub fn not_applied(status: &Status) -> bool {
+    status.metadata().get(NOT_APPLIED_HEADER).is_some()
+}
+
+/// Reads the leader hint from a status (used by the client library).
+pub fn leader_hint(status: &Status) -> Option<String> {
+    status
+        .metadata()
+        .get(LEADER_ADDR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}

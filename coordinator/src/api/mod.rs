@@ -1,0 +1,85 @@
+//! gRPC services. Handlers validate input against `limits`, turn requests
+//! into state-machine commands, and either run them here (leader) or forward
+//! them to the leader once (followers).
+
+pub mod admin;
+pub mod coordinator;
+pub mod error;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tonic::transport::Channel;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+
+use self::error::ApiError;
+use self::error::FORWARDED_HEADER;
+use crate::limits;
+use crate::node::NodeCtx;
+
+/// Runs `local` here; when this node is not the leader and the request was
+/// not forwarded already, sends it once to the leader with `remote`.
+pub(crate) async fn serve_or_forward<Req, Resp, L, LFut, R, RFut>(
+    ctx: &Arc<NodeCtx>,
+    req: Request<Req>,
+    local: L,
+    remote: R,
+) -> Result<Response<Resp>, Status>
+where
+    Req: Clone,
+    L: FnOnce(Req) -> LFut,
+    LFut: Future<Output = Result<Resp, ApiError>>,
+    R: FnOnce(Channel, Request<Req>) -> RFut,
+    RFut: Future<Output = Result<Response<Resp>, Status>>,
+{
+    let forwarded = req.metadata().get(FORWARDED_HEADER).is_some();
+    let deadline = req.metadata().get("grpc-timeout").cloned();
+    let body = req.into_inner();
+    match local(body.clone()).await {
+        Ok(resp) => Ok(Response::new(resp)),
+        Err(ApiError::NotLeader {
+            leader_id: Some(leader),
+            leader_api_addr: Some(addr),
+            proposed,
+        }) if !forwarded && leader != ctx.id => {
+            metrics::counter!("dtx_api_forwarded_total").increment(1);
+            let channel = ctx.api_channel(&addr)?;
+            let mut fwd = Request::new(body);
+            fwd.metadata_mut().insert(FORWARDED_HEADER, "1".parse().expect("ascii"));
+            if let Some(t) = deadline {
+                fwd.metadata_mut().insert("grpc-timeout", t);
+            }
+            remote(channel, fwd).await.map_err(|s| {
+                if s.code() == tonic::Code::Unavailable && error::leader_hint(&s).is_none() {
+                    // Keep the hint so the client can go to the leader itself.
+                    Status::from(ApiError::NotLeader {
+                        leader_id: Some(leader),
+                        leader_api_addr: Some(addr.clone()),
+                        proposed: proposed || !error::not_applied(&s),
+                    })
+                } else {
+                    s
+                }
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(crate) fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
+    if v.is_empty() {
+        return Err(ApiError::InvalidArgument(format!("{field} must not be empty")));
+    }
+    check_len(field, v.len(), limits::ID_BYTES_MAX)
+}
+
+pub(crate) fn check_len(field: &str, len: usize, max: usize) -> Result<(), ApiError> {
+    if len > max {
+        return Err(ApiError::InvalidArgument(format!(
+            "{field} is {len} bytes; the limit is {max} bytes"
+        )));
+    }
+    Ok(())
+}

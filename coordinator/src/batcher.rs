@@ -1,0 +1,158 @@
+//! Group commit. openraft 0.9 appends (and fsyncs) per Raft entry and does
+//! not batch client writes, so concurrent commands reaching the leader are
+//! grouped here into one `Batch` entry.
+//!
+//! Policy: a batch leaves as soon as an in-flight slot is free
+//! (`inflight_max` entries may be in flight at once); while every slot is
+//! busy, commands queue up and leave together. A batch holds at most
+//! `entries_max` commands and `bytes_max` encoded bytes; after taking a slot
+//! the batcher waits at most `wait_us` for more commands (0 = never wait).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::ClientWriteError;
+use openraft::error::RaftError;
+use tokio::sync::mpsc;
+use tokio::sync::oneshot;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::codec;
+use crate::raft::Batch;
+use crate::raft::NodeId;
+use crate::raft::NodeInfo;
+use crate::raft::Raft;
+use crate::sm::Command;
+use crate::sm::CommandResult;
+
+#[derive(Clone, Debug)]
+pub struct BatchSettings {
+    pub entries_max: usize,
+    pub bytes_max: usize,
+    pub wait_us: u64,
+    pub inflight_max: usize,
+    pub queue_max: usize,
+}
+
+/// Why a command was not applied. In every case the command may be retried:
+/// all our commands are idempotent or write-once.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProposeError {
+    #[error("this node is not the leader (leader: {leader_id:?})")]
+    NotLeader {
+        leader_id: Option<NodeId>,
+        leader: Option<NodeInfo>,
+    },
+    #[error("raft is unavailable: {0}")]
+    Unavailable(String),
+    #[error("the proposal queue is full ({0} commands); retry later")]
+    Overloaded(usize),
+    #[error("command of {size} bytes is larger than batch.bytes_max {max}")]
+    TooLarge { size: usize, max: usize },
+}
+
+struct Pending {
+    cmd: Command,
+    size: usize,
+    reply: oneshot::Sender<Result<CommandResult, ProposeError>>,
+}
+
+#[derive(Clone)]
+pub struct Batcher {
+    tx: mpsc::Sender<Pending>,
+    settings: BatchSettings,
+}
+
+impl Batcher {
+    pub fn start(raft: Raft, settings: BatchSettings) -> Batcher {
+        let (tx, rx) = mpsc::channel(settings.queue_max.max(1));
+        tokio::spawn(run(raft, settings.clone(), rx));
+        Batcher { tx, settings }
+    }
+
+    /// Proposes one command and waits until it is applied (or refused).
+    pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
+        let size = codec::encode(&cmd).map(|b| b.len()).unwrap_or(usize::MAX);
+        if size > self.settings.bytes_max {
+            return Err(ProposeError::TooLarge {
+                size,
+                max: self.settings.bytes_max,
+            });
+        }
+        let (reply, rx) = oneshot::channel();
+        self.tx.try_send(Pending { cmd, size, reply }).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => ProposeError::Overloaded(self.settings.queue_max),
+            mpsc::error::TrySendError::Closed(_) => ProposeError::Unavailable("batcher stopped".into()),
+        })?;
+        rx.await
+            .unwrap_or_else(|_| Err(ProposeError::Unavailable("raft stopped before answering".into())))
+    }
+}
+
+async fn run(raft: Raft, s: BatchSettings, mut rx: mpsc::Receiver<Pending>) {
+    let slots = Arc::new(Semaphore::new(s.inflight_max.max(1)));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else { return };
+        let mut bytes = first.size;
+        let mut batch = vec![first];
+        let wait_until = Instant::now() + Duration::from_micros(s.wait_us);
+        while batch.len() < s.entries_max {
+            let next = match rx.try_recv() {
+                Ok(p) => p,
+                Err(_) if s.wait_us == 0 => break,
+                Err(_) => match tokio::time::timeout_at(wait_until, rx.recv()).await {
+                    Ok(Some(p)) => p,
+                    _ => break,
+                },
+            };
+            if bytes + next.size > s.bytes_max {
+                // Keep it for the next batch: put it first by sending it on
+                // a fresh path (rare; only with very large commands).
+                let raft = raft.clone();
+                let one = vec![next];
+                tokio::spawn(async move { write(raft, one).await });
+                break;
+            }
+            bytes += next.size;
+            batch.push(next);
+        }
+        metrics::histogram!("dtx_batch_commands").record(batch.len() as f64);
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            write(raft, batch).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn write(raft: Raft, batch: Vec<Pending>) {
+    let (cmds, replies): (Vec<Command>, Vec<_>) = batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
+    match raft.client_write(Batch { commands: cmds }).await {
+        Ok(resp) => {
+            let mut results = resp.data.results.into_iter();
+            for r in replies {
+                let res = results
+                    .next()
+                    .ok_or_else(|| ProposeError::Unavailable("state machine returned too few results".into()));
+                let _ = r.send(res);
+            }
+        }
+        Err(e) => {
+            let err = match e {
+                RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
+                    leader_id: f.leader_id,
+                    leader: f.leader_node,
+                },
+                RaftError::APIError(other) => ProposeError::Unavailable(other.to_string()),
+                RaftError::Fatal(f) => ProposeError::Unavailable(f.to_string()),
+            };
+            for r in replies {
+                let _ = r.send(Err(err.clone()));
+            }
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! A supervisor for local node *processes*: writes one config per node,
+//! starts `coordinator serve` children, kills them with SIGKILL or stops them
+//! with SIGTERM, and finds the leader. Used by `coordinator dev`, the bench
+//! and the integration tests, so all of them run real processes on real
+//! sockets.
+
+use std::fs;
+use std::path::Path;
+use std::path::PathBuf;
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::client::cluster_status_at;
+use crate::config::Config;
+use crate::config::Member;
+
+/// Where one node listens and what it advertises (they differ when a test
+/// puts a proxy in front of it).
+#[derive(Clone, Debug)]
+pub struct NodePlan {
+    pub id: u64,
+    pub raft_listen: String,
+    pub api_listen: String,
+    pub raft_advertise: String,
+    pub api_advertise: String,
+}
+
+pub struct NodeProc {
+    pub plan: NodePlan,
+    pub config: Config,
+    pub config_path: PathBuf,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl NodeProc {
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+pub struct ProcessCluster {
+    pub dir: PathBuf,
+    pub bin: PathBuf,
+    pub nodes: Vec<NodeProc>,
+}
+
+/// Picks a free TCP port on `ip` (bind to port 0, read it, release it).
+pub fn free_port(ip: &str) -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind((ip, 0))?;
+    Ok(l.local_addr()?.port())
+}
+
+impl ProcessCluster {
+    /// Writes configs for `plans` under `dir`; node 1 bootstraps the cluster.
+    /// `tune` may adjust every node's config (timeouts, batch settings).
+    pub fn new(
+        bin: &Path,
+        dir: &Path,
+        cluster_id: &str,
+        plans: Vec<NodePlan>,
+        tune: impl Fn(&mut Config),
+    ) -> std::io::Result<ProcessCluster> {
+        fs::create_dir_all(dir)?;
+        let members: Vec<Member> = plans
+            .iter()
+            .map(|p| Member {
+                id: p.id,
+                raft_addr: p.raft_advertise.clone(),
+                api_addr: p.api_advertise.clone(),
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for (i, p) in plans.into_iter().enumerate() {
+            let mut c = Config {
+                node_id: p.id,
+                cluster_id: cluster_id.to_string(),
+                data_dir: dir.join(format!("node{}", p.id)),
+                raft_addr: p.raft_listen.clone(),
+                api_addr: p.api_listen.clone(),
+                advertise_raft_addr: Some(p.raft_advertise.clone()),
+                advertise_api_addr: Some(p.api_advertise.clone()),
+                ..Config::default()
+            };
+            c.bootstrap.enabled = i == 0;
+            c.bootstrap.members = members.clone();
+            tune(&mut c);
+            let config_path = dir.join(format!("node{}.toml", p.id));
+            fs::write(&config_path, toml::to_string(&c).map_err(std::io::Error::other)?)?;
+            nodes.push(NodeProc {
+                log_path: dir.join(format!("node{}.log", p.id)),
+                plan: p,
+                config: c,
+                config_path,
+                child: None,
+            });
+        }
+        Ok(ProcessCluster {
+            dir: dir.to_path_buf(),
+            bin: bin.to_path_buf(),
+            nodes,
+        })
+    }
+
+    /// Plans `n` nodes on `ip` with free ports, no proxies.
+    pub fn plan_local(ip: &str, n: u64) -> std::io::Result<Vec<NodePlan>> {
+        (1..=n)
+            .map(|id| {
+                let raft = format!("{ip}:{}", free_port(ip)?);
+                let api = format!("{ip}:{}", free_port(ip)?);
+                Ok(NodePlan {
+                    id,
+                    raft_listen: raft.clone(),
+                    api_listen: api.clone(),
+                    raft_advertise: raft,
+                    api_advertise: api,
+                })
+            })
+            .collect()
+    }
+
+    pub fn node(&mut self, id: u64) -> &mut NodeProc {
+        self.nodes.iter_mut().find(|n| n.plan.id == id).expect("no such node")
+    }
+
+    pub fn api_addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.plan.api_listen.clone()).collect()
+    }
+
+    pub fn start(&mut self, id: u64) -> std::io::Result<()> {
+        let bin = self.bin.clone();
+        let n = self.node(id);
+        if n.is_running() {
+            return Ok(());
+        }
+        let log = fs::OpenOptions::new().create(true).append(true).open(&n.log_path)?;
+        let child = Command::new(&bin)
+            .arg("serve")
+            .arg("--config")
+            .arg(&n.config_path)
+            .env(
+                "RUST_LOG",
+                std::env::var("DTX_NODE_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        n.child = Some(child);
+        Ok(())
+    }
+
+    pub fn start_all(&mut self) -> std::io::Result<()> {
+        let ids: Vec<u64> = self.nodes.iter().map(|n| n.plan.id).collect();
+        for id in ids {
+            self.start(id)?;
+        }
+        Ok(())
+    }
+
+    /// SIGKILL, no chance to flush or say goodbye.
+    pub fn kill9(&mut self, id: u64) {
+        if let Some(mut c) = self.node(id).child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends a signal (SIGSTOP, SIGCONT, SIGTERM, ...) to a node process.
+    pub fn signal(&mut self, id: u64, sig: i32) {
+        if let Some(pid) = self.node(id).pid() {
+            // SAFETY: kill(2) on a child pid we own; no memory is touched.
+            unsafe {
+                libc::kill(pid as i32, sig);
+            }
+        }
+    }
+
+    /// SIGTERM, then wait up to `grace` before SIGKILL. Returns the exit
+    /// status when the node exited by itself.
+    pub fn stop(&mut self, id: u64, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.signal(id, libc::SIGTERM);
+        let n = self.node(id);
+        let mut child = n.child.take()?;
+        let until = std::time::Instant::now() + grace;
+        while std::time::Instant::now() < until {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    pub fn stop_all(&mut self, grace: Duration) {
+        let ids: Vec<u64> = self.nodes.iter().map(|n| n.plan.id).collect();
+        for id in ids {
+            self.stop(id, grace);
+        }
+    }
+
+    /// Waits until a node that is running reports itself leader and every
+    /// running node agrees on it; returns its id.
+    pub async fn wait_for_leader(&mut self, timeout: Duration) -> Option<u64> {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            let mut seen = Vec::new();
+            let addrs: Vec<(u64, String)> = self
+                .nodes
+                .iter_mut()
+                .filter_map(|n| {
+                    if n.is_running() {
+                        Some((n.plan.id, n.plan.api_listen.clone()))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            for (id, addr) in &addrs {
+                if let Ok(s) = cluster_status_at(addr, Duration::from_millis(300)).await {
+                    seen.push((*id, s.leader_id, s.role.clone()));
+                }
+            }
+            if let Some((lid, _, _)) = seen.iter().find(|(id, l, role)| id == l && role == "Leader") {
+                if seen.len() == addrs.len() && seen.iter().all(|(_, l, _)| l == lid) {
+                    return Some(*lid);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
+    /// The id of a node that currently believes it is the leader.
+    pub async fn current_leader(&mut self) -> Option<u64> {
+        for n in &self.nodes {
+            if let Ok(s) = cluster_status_at(&n.plan.api_listen, Duration::from_millis(300)).await {
+                if s.role == "Leader" && s.leader_id == n.plan.id {
+                    return Some(n.plan.id);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Drop for ProcessCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! Node configuration: a TOML file, every field with a default, checked by
+//! `validate()` before anything starts. Command-line flags override the file.
+//! The example `etc/coordinator.example.toml` is parsed by a test.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde::Serialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("config file {path} is not valid: {message}")]
+    Parse { path: String, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    pub id: u64,
+    pub raft_addr: String,
+    pub api_addr: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// This node's id, unique in the cluster, never reused, > 0.
+    pub node_id: u64,
+    /// Name of the cluster; recorded in the data directory and checked on
+    /// every Raft call. ASCII letters, digits, '-', '_', '.'.
+    pub cluster_id: String,
+    /// Where this node keeps its log, state machine and snapshots.
+    pub data_dir: PathBuf,
+    /// Listen address of the Raft transport (node to node).
+    pub raft_addr: String,
+    /// Listen address of the client and admin API.
+    pub api_addr: String,
+    /// Address advertised to peers for `raft_addr` (default: raft_addr).
+    pub advertise_raft_addr: Option<String>,
+    /// Address advertised to peers and clients for `api_addr` (default: api_addr).
+    pub advertise_api_addr: Option<String>,
+    /// Prometheus exporter listen address; empty disables it.
+    pub metrics_addr: Option<String>,
+    pub bootstrap: BootstrapConfig,
+    pub raft: RaftConfig,
+    pub batch: BatchConfig,
+    pub txn: TxnConfig,
+    pub api: ApiConfig,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct BootstrapConfig {
+    /// When true and the data directory is new, this node initializes a new
+    /// cluster with `members` (which must include this node). Set it on ONE
+    /// node of a new cluster only.
+    pub enabled: bool,
+    pub members: Vec<Member>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RaftConfig {
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many applied entries since the last one.
+    pub snapshot_logs_since_last: u64,
+    /// Entries kept in the log behind a snapshot (for lagging followers).
+    pub logs_to_keep_after_snapshot: u64,
+    /// Raft entries per AppendEntries call.
+    pub append_entries_max: u64,
+    /// Largest Raft message accepted or sent, in bytes.
+    pub max_message_bytes: usize,
+    /// Snapshot chunk size, in bytes.
+    pub snapshot_chunk_bytes: u64,
+    pub connect_timeout_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchConfig {
+    /// Most commands in one Raft entry.
+    pub entries_max: usize,
+    /// Most encoded bytes in one Raft entry.
+    pub bytes_max: usize,
+    /// Longest wait for more commands once a batch could leave, in µs.
+    pub wait_us: u64,
+    /// Raft entries proposed but not yet applied, at most.
+    pub inflight_max: usize,
+    /// Commands waiting for a batch, at most; beyond it calls get UNAVAILABLE.
+    pub queue_max: usize,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TxnConfig {
+    /// Timeout used when Begin asks for 0.
+    pub default_timeout_ms: u64,
+    /// Largest timeout a Begin may ask for.
+    pub max_timeout_ms: u64,
+    /// How long a decided, fully acked record is kept before Forget.
+    pub retention_ms: u64,
+    /// How often the leader scans for expired and forgettable transactions.
+    pub reaper_interval_ms: u64,
+    /// Most Decide/Forget commands the leader's loops propose per scan.
+    pub reaper_batch_max: usize,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Longest time a linearizable read waits for the read-index round.
+    pub read_timeout_ms: u64,
+    /// Longest time a write waits to be applied before answering
+    /// DEADLINE_EXCEEDED (outcome unknown).
+    pub write_timeout_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_id: 1,
+            cluster_id: "dtx".to_string(),
+            data_dir: PathBuf::from("data/node1"),
+            raft_addr: "127.0.0.1:7101".to_string(),
+            api_addr: "127.0.0.1:7201".to_string(),
+            advertise_raft_addr: None,
+            advertise_api_addr: None,
+            metrics_addr: None,
+            bootstrap: BootstrapConfig::default(),
+            raft: RaftConfig::default(),
+            batch: BatchConfig::default(),
+            txn: TxnConfig::default(),
+            api: ApiConfig::default(),
+        }
+    }
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        RaftConfig {
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            snapshot_logs_since_last: 20_000,
+            logs_to_keep_after_snapshot: 1_000,
+            append_entries_max: 64,
+            max_message_bytes: 64 * 1024 * 1024,
+            snapshot_chunk_bytes: 4 * 1024 * 1024,
+            connect_timeout_ms: 500,
+        }
+    }
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig {
+            entries_max: 512,
+            bytes_max: 1024 * 1024,
+            wait_us: 0,
+            inflight_max: 4,
+            queue_max: 16_384,
+        }
+    }
+}
+
+impl Default for TxnConfig {
+    fn default() -> Self {
+        TxnConfig {
+            default_timeout_ms: 30_000,
+            max_timeout_ms: 3_600_000,
+            retention_ms: 600_000,
+            reaper_interval_ms: 200,
+            reaper_batch_max: 256,
+        }
+    }
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            read_timeout_ms: 2_000,
+            write_timeout_ms: 5_000,
+        }
+    }
+}
+
+fn check_addr(field: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+    v.parse::<SocketAddr>()
+        .map_err(|e| ConfigError::Invalid(format!("{field} = {v:?} is not an IP:port address: {e}")))
+}
+
+impl Config {
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<string>".to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    pub fn advertised_raft_addr(&self) -> String {
+        self.advertise_raft_addr
+            .clone()
+            .unwrap_or_else(|| self.raft_addr.clone())
+    }
+
+    pub fn advertised_api_addr(&self) -> String {
+        self.advertise_api_addr.clone().unwrap_or_else(|| self.api_addr.clone())
+    }
+
+    /// Checks every field; the message names the field and what is wrong.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.node_id == 0 {
+            return bad("node_id must be > 0".into());
+        }
+        if self.cluster_id.is_empty()
+            || self.cluster_id.len() > 64
+            || !self
+                .cluster_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return bad(format!(
+                "cluster_id {:?} must be 1..=64 characters of ASCII letters, digits, '-', '_' or '.'",
+                self.cluster_id
+            ));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return bad("data_dir must be set".into());
+        }
+        check_addr("raft_addr", &self.raft_addr)?;
+        check_addr("api_addr", &self.api_addr)?;
+        if self.raft_addr == self.api_addr {
+            return bad("raft_addr and api_addr must differ".into());
+        }
+        if let Some(m) = &self.metrics_addr {
+            check_addr("metrics_addr", m)?;
+        }
+        if self.bootstrap.enabled {
+            if self.bootstrap.members.is_empty() {
+                return bad("bootstrap.enabled needs bootstrap.members".into());
+            }
+            let mut ids = std::collections::BTreeSet::new();
+            for m in &self.bootstrap.members {
+                if m.id == 0 || !ids.insert(m.id) {
+                    return bad(format!("bootstrap.members: node id {} is 0 or repeated", m.id));
+                }
+                check_addr("bootstrap.members.raft_addr", &m.raft_addr)?;
+                check_addr("bootstrap.members.api_addr", &m.api_addr)?;
+            }
+            if !ids.contains(&self.node_id) {
+                return bad(format!(
+                    "bootstrap.members must include this node (node_id {})",
+                    self.node_id
+                ));
+            }
+        }
+        let r = &self.raft;
+        if r.heartbeat_interval_ms == 0 || r.election_timeout_min_ms <= r.heartbeat_interval_ms {
+            return bad(format!(
+                "raft.election_timeout_min_ms ({}) must be greater than raft.heartbeat_interval_ms ({}) > 0",
+                r.election_timeout_min_ms, r.heartbeat_interval_ms
+            ));
+        }
+        if r.election_timeout_max_ms <= r.election_timeout_min_ms {
+            return bad("raft.election_timeout_max_ms must be greater than raft.election_timeout_min_ms".into());
+        }
+        if r.snapshot_logs_since_last == 0 || r.append_entries_max == 0 || r.snapshot_chunk_bytes == 0 {
+            return bad(
+                "raft.snapshot_logs_since_last, raft.append_entries_max and raft.snapshot_chunk_bytes must be > 0"
+                    .into(),
+            );
+        }
+        if r.max_message_bytes < 1024 * 1024 {
+            return bad("raft.max_message_bytes must be at least 1048576".into());
+        }
+        let b = &self.batch;
+        if b.entries_max == 0 || b.inflight_max == 0 || b.queue_max == 0 {
+            return bad("batch.entries_max, batch.inflight_max and batch.queue_max must be > 0".into());
+        }
+        if b.bytes_max < 128 * 1024 || (b.bytes_max as u64) * r.append_entries_max > r.max_message_bytes as u64 {
+            return bad(format!(
+                "batch.bytes_max ({}) must be at least 131072 and batch.bytes_max * raft.append_entries_max must fit raft.max_message_bytes ({})",
+                b.bytes_max, r.max_message_bytes
+            ));
+        }
+        if b.wait_us > 100_000 {
+            return bad("batch.wait_us must be at most 100000 (100 ms)".into());
+        }
+        let t = &self.txn;
+        if t.default_timeout_ms == 0 || t.default_timeout_ms > t.max_timeout_ms {
+            return bad("txn.default_timeout_ms must be > 0 and <= txn.max_timeout_ms".into());
+        }
+        if t.reaper_interval_ms == 0 || t.reaper_batch_max == 0 {
+            return bad("txn.reaper_interval_ms and txn.reaper_batch_max must be > 0".into());
+        }
+        if self.api.read_timeout_ms == 0 || self.api.write_timeout_ms == 0 {
+            return bad("api.read_timeout_ms and api.write_timeout_ms must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_example_config_parses_and_validates() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/coordinator.example.toml");
+        let c = Config::from_file(&path).expect("example parses");
+        c.validate().expect("example validates");
+        assert!(c.bootstrap.enabled);
+        assert_eq!(c.bootstrap.members.len(), 3);
+    }
+
+    #[test]
+    fn defaults_validate() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let e = Config::from_toml("node_id = 0").unwrap().validate().unwrap_err();
+        assert!(e.to_string().contains("node_id"), "{e}");
+        let e = Config::from_toml("raft_addr = \"nope\"")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("raft_addr"), "{e}");
+        let e = Config::from_toml("[batch]\nentries_max = 0")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("batch.entries_max"), "{e}");
+        let e = Config::from_toml("cluster_id = \"a b\"")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("cluster_id"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let e = Config::from_toml("node_idd = 3").unwrap_err();
+        assert!(e.to_string().contains("node_idd"), "{e}");
+    }
+}

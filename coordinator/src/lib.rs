@@ -1,0 +1,32 @@
+//! dtx coordinator: a two-phase-commit transaction registry whose decisions
+//! are replicated by a three-node Raft group.
+//!
+//! Module map (data flows top to bottom):
+//! - `api`      gRPC services (Coordinator, Admin); error -> status mapping in
+//!              one place (`api::error`).
+//! - `batcher`  group commit: many concurrent commands -> one Raft entry.
+//! - `raft`     openraft type config, network client, transport service.
+//! - `store`    `KvEngine` (sled) plus the log store and state-machine store.
+//! - `sm`       the pure transaction state machine (no I/O, no clock).
+//! - `codec`    every binary encoding: version byte + bincode 2.
+//! - `node`     wires a node together: storage, Raft, servers, leader loops.
+//! - `config`   TOML configuration with defaults and `validate()`.
+//! - `client`   Rust client: leader discovery, retries, deadlines, UNKNOWN.
+//! - `cluster`  supervisor of local node processes (dev, bench, tests).
+//! - `dev`      `coordinator dev`: a local three-node cluster.
+//! - `bench`    `coordinator bench`: throughput and latency benchmark.
+//! - `limits`   documented request limits.
+
+pub mod api;
+pub mod batcher;
+pub mod bench;
+pub mod client;
+pub mod cluster;
+pub mod codec;
+pub mod config;
+pub mod dev;
+pub mod limits;
+pub mod node;
+pub mod raft;
+pub mod sm;
+pub mod store;

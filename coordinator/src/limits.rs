@@ -1,0 +1,21 @@
+//! Documented request limits. They are constants, not configuration, because
+//! the replicated state machine checks them too and must decide identically on
+//! every node. Each name carries its unit.
+
+/// Idempotency keys, participant ids and operator names: 1..=this many bytes.
+pub const ID_BYTES_MAX: usize = 128;
+/// Participant service addresses.
+pub const ADDRESS_BYTES_MAX: usize = 256;
+/// Opaque payload handed to a participant with Prepare.
+pub const PAYLOAD_BYTES_MAX: usize = 64 * 1024;
+/// Opaque description bytes of a Begin request.
+pub const DESCRIPTION_BYTES_MAX: usize = 4096;
+/// Free-text reasons and notes.
+pub const REASON_BYTES_MAX: usize = 1024;
+/// Participants in one transaction.
+pub const PARTICIPANTS_MAX: usize = 32;
+/// Transaction ids in one batched decision read.
+pub const DECISION_BATCH_TXIDS_MAX: usize = 1024;
+/// Largest encoded value the codec accepts from disk or network (network
+/// messages are further bounded by `raft.max_message_bytes`).
+pub const DECODE_BYTES_MAX: usize = 256 * 1024 * 1024;

@@ -1,0 +1,415 @@
+//! One coordinator node: opens storage, starts Raft, serves the Raft
+//! transport and the API, and runs the leader-only loops (deadline reaper and
+//! forget). `run` takes its configuration and a shutdown future, so tests and
+//! `coordinator dev` start nodes the same way `coordinator serve` does.
+
+use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::IpAddr;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+use std::time::SystemTime;
+use std::time::UNIX_EPOCH;
+
+use anyhow::Context;
+use dtx_proto::v1::admin_server::AdminServer;
+use dtx_proto::v1::coordinator_server::CoordinatorServer;
+use dtx_proto::v1::raft_transport_server::RaftTransportServer;
+use openraft::error::CheckIsLeaderError;
+use openraft::error::RaftError;
+use openraft::SnapshotPolicy;
+use tonic::transport::Channel;
+use tracing::error;
+use tracing::info;
+use tracing::warn;
+
+use crate::api::error::ApiError;
+use crate::batcher::BatchSettings;
+use crate::batcher::Batcher;
+use crate::config::Config;
+use crate::raft::network::channel;
+use crate::raft::network::Network;
+use crate::raft::network::NetworkSettings;
+use crate::raft::service::RaftService;
+use crate::raft::NodeId;
+use crate::raft::NodeInfo;
+use crate::raft::Raft;
+use crate::sm::Command;
+use crate::sm::CommandOk;
+use crate::sm::DecisionSource;
+use crate::sm::Outcome;
+use crate::store;
+use crate::store::sm_store::SmState;
+use crate::store::KvEngine;
+use crate::store::LogStore;
+use crate::store::StateMachineStore;
+
+/// Milliseconds since the Unix epoch by this node's clock. Only the leader
+/// reads it, to put the time into commands; the state machine never does.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Everything a request handler needs; shared by the services.
+pub struct NodeCtx {
+    pub id: NodeId,
+    pub config: Config,
+    pub raft: Raft,
+    pub sm: StateMachineStore,
+    pub batcher: Batcher,
+    pub engine: Arc<dyn KvEngine>,
+    local_ip: Option<IpAddr>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl NodeCtx {
+    /// The leader this node knows of, with its advertised addresses.
+    pub fn leader(&self) -> Option<(NodeId, Option<NodeInfo>)> {
+        let m = self.raft.metrics().borrow().clone();
+        let id = m.current_leader?;
+        let node = m.membership_config.membership().get_node(&id).cloned();
+        Some((id, node))
+    }
+
+    pub fn current_term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
+    fn not_leader(&self) -> ApiError {
+        match self.leader() {
+            Some((id, node)) if id != self.id => ApiError::NotLeader {
+                leader_id: Some(id),
+                leader_api_addr: node.map(|n| n.api_addr),
+                proposed: false,
+            },
+            _ => ApiError::NoLeader("no leader is known yet (election in progress or no quorum)".into()),
+        }
+    }
+
+    fn is_leader(&self) -> bool {
+        self.leader().map(|(id, _)| id == self.id).unwrap_or(false)
+    }
+
+    /// Proposes one command through the batcher and waits until it is
+    /// applied. A write that does not finish in time is UNKNOWN.
+    pub async fn propose(&self, cmd: Command) -> Result<CommandOk, ApiError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        let timeout = Duration::from_millis(self.config.api.write_timeout_ms);
+        match tokio::time::timeout(timeout, self.batcher.propose(cmd)).await {
+            Ok(Ok(result)) => result.map_err(ApiError::from),
+            Ok(Err(e)) => Err(ApiError::from(e)),
+            Err(_) => Err(ApiError::Unknown(format!(
+                "not applied within api.write_timeout_ms = {} ms; it may still be applied",
+                self.config.api.write_timeout_ms
+            ))),
+        }
+    }
+
+    /// Runs `f` on the state machine after a read-index round on the leader:
+    /// linearizable (DESIGN invariant 7). A node that cannot confirm its
+    /// leadership with a quorum does not answer.
+    pub async fn read_linearizable<T>(&self, f: impl FnOnce(&SmState) -> T) -> Result<T, ApiError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        let timeout = Duration::from_millis(self.config.api.read_timeout_ms);
+        match tokio::time::timeout(timeout, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => Ok(f(&self.sm.state())),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(fw)))) => Err(ApiError::NotLeader {
+                leader_id: fw.leader_id,
+                leader_api_addr: fw.leader_node.map(|n| n.api_addr),
+                proposed: false,
+            }),
+            Ok(Err(e)) => Err(ApiError::Unavailable(format!("cannot confirm leadership: {e}"))),
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "no quorum confirmed this leader within api.read_timeout_ms = {} ms",
+                self.config.api.read_timeout_ms
+            ))),
+        }
+    }
+
+    /// A cached channel to another node's API, bound to our own IP.
+    pub fn api_channel(&self, addr: &str) -> Result<Channel, ApiError> {
+        let mut map = self.channels.lock().expect("channel cache lock");
+        if let Some(c) = map.get(addr) {
+            return Ok(c.clone());
+        }
+        let c = channel(
+            addr,
+            self.local_ip,
+            Duration::from_millis(self.config.raft.connect_timeout_ms),
+        )
+        .map_err(ApiError::Unavailable)?;
+        map.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+}
+
+fn raft_config(c: &Config) -> anyhow::Result<openraft::Config> {
+    let rc = openraft::Config {
+        cluster_name: c.cluster_id.clone(),
+        heartbeat_interval: c.raft.heartbeat_interval_ms,
+        election_timeout_min: c.raft.election_timeout_min_ms,
+        election_timeout_max: c.raft.election_timeout_max_ms,
+        max_payload_entries: c.raft.append_entries_max,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(c.raft.snapshot_logs_since_last),
+        max_in_snapshot_log_to_keep: c.raft.logs_to_keep_after_snapshot,
+        snapshot_max_chunk_size: c.raft.snapshot_chunk_bytes,
+        install_snapshot_timeout: 5_000,
+        ..Default::default()
+    };
+    rc.validate().context("invalid raft settings")
+}
+
+/// Runs a node until `shutdown` resolves or Raft stops on a fatal error.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    config.validate()?;
+    let raft_listen: SocketAddr = config.raft_addr.parse()?;
+    let api_listen: SocketAddr = config.api_addr.parse()?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
+    let engine = store::open_data_dir(&config.data_dir, &config.cluster_id, config.node_id)?;
+    let log_store = LogStore::new(engine.clone());
+    let sm = StateMachineStore::open(engine.clone()).map_err(|e| {
+        anyhow::anyhow!(
+            "data directory {} is damaged: {e}; the node stops and leaves it untouched",
+            config.data_dir.display()
+        )
+    })?;
+    let local_ip = Some(raft_listen.ip()).filter(|ip| !ip.is_unspecified());
+    let network = Network {
+        settings: NetworkSettings {
+            cluster_id: config.cluster_id.clone(),
+            self_id: config.node_id,
+            local_ip,
+            max_message_bytes: config.raft.max_message_bytes,
+            connect_timeout: Duration::from_millis(config.raft.connect_timeout_ms),
+        },
+    };
+    let raft = Raft::new(
+        config.node_id,
+        Arc::new(raft_config(&config)?),
+        network,
+        log_store,
+        sm.clone(),
+    )
+    .await
+    .context("cannot start raft")?;
+
+    let batcher = Batcher::start(
+        raft.clone(),
+        BatchSettings {
+            entries_max: config.batch.entries_max,
+            bytes_max: config.batch.bytes_max,
+            wait_us: config.batch.wait_us,
+            inflight_max: config.batch.inflight_max,
+            queue_max: config.batch.queue_max,
+        },
+    );
+    let ctx = Arc::new(NodeCtx {
+        id: config.node_id,
+        config: config.clone(),
+        raft: raft.clone(),
+        sm,
+        batcher,
+        engine: engine.clone(),
+        local_ip,
+        channels: Mutex::new(HashMap::new()),
+    });
+
+    if let Some(addr) = &config.metrics_addr {
+        let addr: SocketAddr = addr.parse()?;
+        if let Err(e) = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+        {
+            warn!("metrics exporter not started on {addr}: {e}");
+        }
+    }
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let raft_server = {
+        let svc = RaftTransportServer::new(RaftService {
+            raft: raft.clone(),
+            cluster_id: config.cluster_id.clone(),
+        })
+        .max_decoding_message_size(config.raft.max_message_bytes)
+        .max_encoding_message_size(config.raft.max_message_bytes);
+        let listener = tokio::net::TcpListener::bind(raft_listen)
+            .await
+            .with_context(|| format!("cannot listen on raft_addr {raft_listen}"))?;
+        let mut stop = stop_rx.clone();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(svc)
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                }),
+        )
+    };
+    let api_server = {
+        let listener = tokio::net::TcpListener::bind(api_listen)
+            .await
+            .with_context(|| format!("cannot listen on api_addr {api_listen}"))?;
+        let mut stop = stop_rx.clone();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(CoordinatorServer::new(
+                    crate::api::coordinator::CoordinatorService::new(ctx.clone()),
+                ))
+                .add_service(AdminServer::new(crate::api::admin::AdminService::new(ctx.clone())))
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                }),
+        )
+    };
+    info!(
+        node_id = config.node_id,
+        cluster_id = %config.cluster_id,
+        raft_addr = %raft_listen,
+        api_addr = %api_listen,
+        data_dir = %config.data_dir.display(),
+        "node started"
+    );
+
+    if config.bootstrap.enabled {
+        bootstrap(&raft, &config).await?;
+    }
+    let loops = tokio::spawn(leader_loops(ctx.clone(), stop_rx.clone()));
+
+    // Stop on the caller's signal, or when Raft stops on a fatal error (for
+    // example a storage failure): the node never keeps serving without Raft.
+    let mut metrics = raft.metrics();
+    let fatal = async move {
+        loop {
+            if let Err(e) = &metrics.borrow().running_state {
+                return e.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "raft stopped".to_string();
+            }
+        }
+    };
+    let outcome = tokio::select! {
+        _ = shutdown => Ok(()),
+        reason = fatal => Err(anyhow::anyhow!("raft stopped on a fatal error: {reason}")),
+    };
+    info!(node_id = config.node_id, "node stopping");
+    let _ = stop_tx.send(true);
+    let _ = raft.shutdown().await;
+    loops.abort();
+    let _ = raft_server.await;
+    let _ = api_server.await;
+    engine.flush().context("final flush")?;
+    if let Err(e) = &outcome {
+        error!(node_id = config.node_id, "{e:#}");
+    }
+    outcome
+}
+
+async fn bootstrap(raft: &Raft, config: &Config) -> anyhow::Result<()> {
+    if raft.is_initialized().await? {
+        info!("data directory already holds cluster state; bootstrap skipped");
+        return Ok(());
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = config
+        .bootstrap
+        .members
+        .iter()
+        .map(|m| {
+            (
+                m.id,
+                NodeInfo {
+                    raft_addr: m.raft_addr.clone(),
+                    api_addr: m.api_addr.clone(),
+                },
+            )
+        })
+        .collect();
+    match raft.initialize(members).await {
+        Ok(()) => info!("initialized a new cluster"),
+        Err(RaftError::APIError(e)) => info!("initialize skipped: {e}"),
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// Leader-only background work: abort expired undecided transactions through
+/// Raft (invariant 7) and forget decided, fully acked ones after the
+/// retention period (invariant 10).
+async fn leader_loops(ctx: Arc<NodeCtx>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let interval = Duration::from_millis(ctx.config.txn.reaper_interval_ms);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        if !ctx.is_leader() {
+            continue;
+        }
+        let now = now_ms();
+        let term = ctx.current_term();
+        let retention = ctx.config.txn.retention_ms;
+        let max = ctx.config.txn.reaper_batch_max;
+        let (expired, forgettable): (Vec<u64>, Vec<u64>) = {
+            let st = ctx.sm.state();
+            let expired = st
+                .table
+                .records()
+                .filter(|r| r.decision().is_none() && r.deadline_ms <= now)
+                .map(|r| r.txid)
+                .take(max)
+                .collect();
+            let forgettable = st
+                .table
+                .records()
+                .filter(|r| {
+                    r.all_acked()
+                        && r.decision()
+                            .map(|d| d.decided_ms.saturating_add(retention) <= now)
+                            .unwrap_or(false)
+                })
+                .map(|r| r.txid)
+                .take(max)
+                .collect();
+            (expired, forgettable)
+        };
+        let mut cmds: Vec<Command> = expired
+            .into_iter()
+            .map(|txid| Command::Decide {
+                txid,
+                outcome: Outcome::Abort,
+                voters: Vec::new(),
+                source: DecisionSource::Reaper,
+                term,
+                now_ms: now,
+                note: "deadline passed without a decision".into(),
+            })
+            .collect();
+        cmds.extend(forgettable.into_iter().map(|txid| Command::Forget { txid }));
+        if cmds.is_empty() {
+            continue;
+        }
+        let results = futures::future::join_all(cmds.into_iter().map(|c| ctx.propose(c))).await;
+        for r in results {
+            match r {
+                Ok(CommandOk::Decided { recorded: true, .. }) => {
+                    metrics::counter!("dtx_reaper_aborts_total").increment(1);
+                }
+                Ok(CommandOk::Forgotten) => metrics::counter!("dtx_forgotten_total").increment(1),
+                Ok(_) => {}
+                Err(e) => warn!("leader loop proposal not applied: {e}"),
+            }
+        }
+    }
+}

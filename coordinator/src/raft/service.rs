@@ -1,0 +1,61 @@
+//! The `RaftTransport` gRPC service: decodes openraft messages, hands them to
+//! the local Raft, encodes the result. Calls for another cluster are refused.
+
+use dtx_proto::v1::raft_transport_server::RaftTransport;
+use dtx_proto::v1::RaftMessage;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+
+use super::network::CLUSTER_ID_HEADER;
+use super::Raft;
+use crate::codec;
+
+pub struct RaftService {
+    pub raft: Raft,
+    pub cluster_id: String,
+}
+
+impl RaftService {
+    fn check_and_decode<T: DeserializeOwned>(&self, req: Request<RaftMessage>) -> Result<T, Status> {
+        let cluster = req
+            .metadata()
+            .get(CLUSTER_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if cluster != self.cluster_id {
+            metrics::counter!("dtx_raft_foreign_cluster_calls_total").increment(1);
+            return Err(Status::failed_precondition(format!(
+                "this node belongs to cluster {:?}, the call came from cluster {:?}",
+                self.cluster_id, cluster
+            )));
+        }
+        codec::decode(&req.into_inner().payload)
+            .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
+    }
+}
+
+fn reply<T: Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
+    let payload = codec::encode(value).map_err(|e| Status::internal(format!("cannot encode raft reply: {e}")))?;
+    Ok(Response::new(RaftMessage { payload }))
+}
+
+#[tonic::async_trait]
+impl RaftTransport for RaftService {
+    async fn append_entries(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let rpc = self.check_and_decode(req)?;
+        reply(&self.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let rpc = self.check_and_decode(req)?;
+        reply(&self.raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let rpc = self.check_and_decode(req)?;
+        reply(&self.raft.install_snapshot(rpc).await)
+    }
+}

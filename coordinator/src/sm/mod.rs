@@ -1,0 +1,559 @@
+//! The replicated transaction state machine, as a pure function.
+//!
+//! `TxTable::apply(command)` returns the command's result and the list of
+//! effects; it does no I/O, reads no clock (time arrives inside commands, from
+//! the proposing leader) and spawns nothing. The storage layer persists the
+//! records named by the effects; the leader's loops react to `Decided`.
+//!
+//! Ordering rule: a decision is *applied* in Raft BEFORE anyone may deliver it
+//! to a participant; delivery code only ever reads decisions from this table.
+//!
+//! Transaction life (DESIGN.md): ACTIVE -> PREPARING -> DECIDED -> forgotten.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::limits;
+
+pub type Txid = u64;
+
+/// A recorded two-phase-commit decision outcome.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Commit,
+    Abort,
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Outcome::Commit => "COMMIT",
+            Outcome::Abort => "ABORT",
+        })
+    }
+}
+
+/// Who recorded a decision.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecisionSource {
+    Driver,
+    Client,
+    Reaper,
+    Operator,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub outcome: Outcome,
+    pub source: DecisionSource,
+    /// Term of the leader that proposed it.
+    pub term: u64,
+    /// Proposing leader's clock, ms since the Unix epoch.
+    pub decided_ms: u64,
+    pub note: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Active,
+    Preparing,
+    Decided(Decision),
+}
+
+impl Phase {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Phase::Active => "ACTIVE",
+            Phase::Preparing => "PREPARING",
+            Phase::Decided(_) => "DECIDED",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Participant {
+    pub id: String,
+    pub address: String,
+    pub payload: Vec<u8>,
+    pub acked: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct TxRecord {
+    pub txid: Txid,
+    pub idempotency_key: String,
+    pub fingerprint: [u8; 32],
+    pub begun_ms: u64,
+    pub deadline_ms: u64,
+    pub phase: Phase,
+    pub participants: Vec<Participant>,
+}
+
+impl TxRecord {
+    pub fn decision(&self) -> Option<&Decision> {
+        match &self.phase {
+            Phase::Decided(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    pub fn all_acked(&self) -> bool {
+        self.participants.iter().all(|p| p.acked)
+    }
+}
+
+/// One state-machine command. Several travel in one Raft entry (group commit).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Start a transaction, or find the one begun with the same key.
+    Begin {
+        idempotency_key: String,
+        /// Hash of everything else in the request; same key + other
+        /// fingerprint is refused.
+        fingerprint: [u8; 32],
+        now_ms: u64,
+        timeout_ms: u64,
+    },
+    Enlist {
+        txid: Txid,
+        participant_id: String,
+        address: String,
+        payload: Vec<u8>,
+    },
+    /// ACTIVE -> PREPARING: freezes the participant set before votes count.
+    RequestCommit { txid: Txid },
+    /// Write-once decision (invariant 1). `voters` must equal the enlisted set
+    /// for COMMIT (invariant 2).
+    Decide {
+        txid: Txid,
+        outcome: Outcome,
+        voters: Vec<String>,
+        source: DecisionSource,
+        term: u64,
+        now_ms: u64,
+        note: String,
+    },
+    /// A participant acknowledged the decision.
+    Ack { txid: Txid, participant_id: String },
+    /// Garbage-collect a decided, fully acked record (invariant 10).
+    Forget { txid: Txid },
+}
+
+/// Successful results, one per command.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum CommandOk {
+    Began {
+        txid: Txid,
+        existing: bool,
+        deadline_ms: u64,
+    },
+    Enlisted {
+        participant_count: u32,
+    },
+    CommitRequested {
+        participants: Vec<Participant>,
+        decision: Option<Decision>,
+    },
+    Decided {
+        decision: Decision,
+        /// True when this command recorded it; false when it already existed.
+        recorded: bool,
+    },
+    Acked {
+        all_acked: bool,
+    },
+    Forgotten,
+}
+
+/// Refusals. They are part of the replicated result, so they are data.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    #[error("transaction {txid} not found (never begun here, or forgotten)")]
+    NotFound { txid: Txid },
+    #[error("idempotency key {key:?} was used for transaction {txid} with a different request")]
+    KeyConflict { key: String, txid: Txid },
+    #[error("transaction {txid} is {phase}, not ACTIVE")]
+    NotActive { txid: Txid, phase: String },
+    #[error("transaction {txid} already has {limit} participants (limit participants_max)")]
+    TooManyParticipants { txid: Txid, limit: usize },
+    #[error(
+        "participant {participant_id:?} is already enlisted in transaction {txid} with another address or payload"
+    )]
+    ParticipantConflict { txid: Txid, participant_id: String },
+    #[error("COMMIT of transaction {txid} refused: voters {voters:?} differ from enlisted participants {enlisted:?}")]
+    VotersMismatch {
+        txid: Txid,
+        voters: Vec<String>,
+        enlisted: Vec<String>,
+    },
+    #[error("transaction {txid} deadline {deadline_ms} not reached at {now_ms}")]
+    DeadlineNotReached { txid: Txid, deadline_ms: u64, now_ms: u64 },
+    #[error("transaction {txid} has no decision yet")]
+    NotDecided { txid: Txid },
+    #[error("transaction {txid} has participants that did not ack: {pending:?}")]
+    NotAllAcked { txid: Txid, pending: Vec<String> },
+    #[error("participant {participant_id:?} is not enlisted in transaction {txid}")]
+    UnknownParticipant { txid: Txid, participant_id: String },
+    #[error("invalid command: {0}")]
+    Invalid(String),
+}
+
+pub type CommandResult = Result<CommandOk, CommandError>;
+
+/// What changed, for the storage layer and the leader's loops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// The record of `txid` was created or changed: persist it.
+    Put(Txid),
+    /// The record of `txid` was removed: delete it.
+    Remove(Txid),
+    /// A decision was recorded (only on first recording).
+    Decided(Txid, Outcome),
+}
+
+/// All replicated transaction state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxTable {
+    /// The next id Begin hands out. Only grows: ids are never reused
+    /// (invariant 10), also not after Forget or across leaders.
+    next_txid: Txid,
+    txs: BTreeMap<Txid, TxRecord>,
+    /// Derived index: idempotency key -> txid.
+    keys: BTreeMap<String, Txid>,
+}
+
+/// What a reader learns about a decision (linearizable reads return this).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecisionView {
+    Pending,
+    Decided(Outcome),
+    /// No record: never begun, or forgotten after all acks. Presumed abort.
+    Unknown,
+}
+
+impl TxTable {
+    pub fn new() -> Self {
+        TxTable {
+            next_txid: 1,
+            txs: BTreeMap::new(),
+            keys: BTreeMap::new(),
+        }
+    }
+
+    /// Rebuilds a table from persisted parts (keys are derived).
+    pub fn from_parts(next_txid: Txid, records: impl IntoIterator<Item = TxRecord>) -> Self {
+        let mut t = TxTable {
+            next_txid: next_txid.max(1),
+            txs: BTreeMap::new(),
+            keys: BTreeMap::new(),
+        };
+        for r in records {
+            // Never hand out a txid a record already holds (invariant 10),
+            // even if the persisted next_txid lags behind the records.
+            t.next_txid = t.next_txid.max(r.txid.saturating_add(1));
+            t.keys.insert(r.idempotency_key.clone(), r.txid);
+            t.txs.insert(r.txid, r);
+        }
+        t
+    }
+
+    pub fn next_txid(&self) -> Txid {
+        self.next_txid
+    }
+
+    pub fn get(&self, txid: Txid) -> Option<&TxRecord> {
+        self.txs.get(&txid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.txs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.txs.is_empty()
+    }
+
+    pub fn records(&self) -> impl Iterator<Item = &TxRecord> {
+        self.txs.values()
+    }
+
+    pub fn decision_view(&self, txid: Txid) -> DecisionView {
+        match self.txs.get(&txid) {
+            None => DecisionView::Unknown,
+            Some(r) => match &r.phase {
+                Phase::Decided(d) => DecisionView::Decided(d.outcome),
+                _ => DecisionView::Pending,
+            },
+        }
+    }
+
+    /// Applies one command. Pure: the same table and command always give the
+    /// same result, effects and new table.
+    pub fn apply(&mut self, cmd: &Command, effects: &mut Vec<Effect>) -> CommandResult {
+        match cmd {
+            Command::Begin {
+                idempotency_key,
+                fingerprint,
+                now_ms,
+                timeout_ms,
+            } => self.begin(idempotency_key, fingerprint, *now_ms, *timeout_ms, effects),
+            Command::Enlist {
+                txid,
+                participant_id,
+                address,
+                payload,
+            } => self.enlist(*txid, participant_id, address, payload, effects),
+            Command::RequestCommit { txid } => self.request_commit(*txid, effects),
+            Command::Decide {
+                txid,
+                outcome,
+                voters,
+                source,
+                term,
+                now_ms,
+                note,
+            } => {
+                let decision = Decision {
+                    outcome: *outcome,
+                    source: *source,
+                    term: *term,
+                    decided_ms: *now_ms,
+                    note: note.clone(),
+                };
+                self.decide(*txid, decision, voters, effects)
+            }
+            Command::Ack { txid, participant_id } => self.ack(*txid, participant_id, effects),
+            Command::Forget { txid } => self.forget(*txid, effects),
+        }
+    }
+
+    fn begin(
+        &mut self,
+        key: &str,
+        fingerprint: &[u8; 32],
+        now_ms: u64,
+        timeout_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> CommandResult {
+        check_id("idempotency_key", key)?;
+        if let Some(&txid) = self.keys.get(key) {
+            let r = &self.txs[&txid];
+            if &r.fingerprint != fingerprint {
+                return Err(CommandError::KeyConflict {
+                    key: key.to_string(),
+                    txid,
+                });
+            }
+            return Ok(CommandOk::Began {
+                txid,
+                existing: true,
+                deadline_ms: r.deadline_ms,
+            });
+        }
+        let txid = self.next_txid;
+        self.next_txid += 1;
+        let deadline_ms = now_ms.saturating_add(timeout_ms);
+        self.txs.insert(
+            txid,
+            TxRecord {
+                txid,
+                idempotency_key: key.to_string(),
+                fingerprint: *fingerprint,
+                begun_ms: now_ms,
+                deadline_ms,
+                phase: Phase::Active,
+                participants: Vec::new(),
+            },
+        );
+        self.keys.insert(key.to_string(), txid);
+        effects.push(Effect::Put(txid));
+        Ok(CommandOk::Began {
+            txid,
+            existing: false,
+            deadline_ms,
+        })
+    }
+
+    fn enlist(
+        &mut self,
+        txid: Txid,
+        participant_id: &str,
+        address: &str,
+        payload: &[u8],
+        effects: &mut Vec<Effect>,
+    ) -> CommandResult {
+        check_id("participant_id", participant_id)?;
+        check_len("address", address.len(), limits::ADDRESS_BYTES_MAX)?;
+        check_len("payload", payload.len(), limits::PAYLOAD_BYTES_MAX)?;
+        let r = self.txs.get_mut(&txid).ok_or(CommandError::NotFound { txid })?;
+        if let Some(p) = r.participants.iter().find(|p| p.id == participant_id) {
+            if p.address == address && p.payload == payload {
+                return Ok(CommandOk::Enlisted {
+                    participant_count: r.participants.len() as u32,
+                });
+            }
+            return Err(CommandError::ParticipantConflict {
+                txid,
+                participant_id: participant_id.to_string(),
+            });
+        }
+        if r.phase != Phase::Active {
+            return Err(CommandError::NotActive {
+                txid,
+                phase: r.phase.name().to_string(),
+            });
+        }
+        if r.participants.len() >= limits::PARTICIPANTS_MAX {
+            return Err(CommandError::TooManyParticipants {
+                txid,
+                limit: limits::PARTICIPANTS_MAX,
+            });
+        }
+        r.participants.push(Participant {
+            id: participant_id.to_string(),
+            address: address.to_string(),
+            payload: payload.to_vec(),
+            acked: false,
+        });
+        effects.push(Effect::Put(txid));
+        Ok(CommandOk::Enlisted {
+            participant_count: r.participants.len() as u32,
+        })
+    }
+
+    fn request_commit(&mut self, txid: Txid, effects: &mut Vec<Effect>) -> CommandResult {
+        let r = self.txs.get_mut(&txid).ok_or(CommandError::NotFound { txid })?;
+        if r.phase == Phase::Active {
+            r.phase = Phase::Preparing;
+            effects.push(Effect::Put(txid));
+        }
+        Ok(CommandOk::CommitRequested {
+            participants: r.participants.clone(),
+            decision: r.decision().cloned(),
+        })
+    }
+
+    fn decide(
+        &mut self,
+        txid: Txid,
+        decision: Decision,
+        voters: &[String],
+        effects: &mut Vec<Effect>,
+    ) -> CommandResult {
+        check_len("note", decision.note.len(), limits::REASON_BYTES_MAX)?;
+        let r = self.txs.get_mut(&txid).ok_or(CommandError::NotFound { txid })?;
+        // Invariant 1: write-once. The first Decide wins; later ones (even
+        // conflicting) read the recorded decision back.
+        if let Some(existing) = r.decision() {
+            return Ok(CommandOk::Decided {
+                decision: existing.clone(),
+                recorded: false,
+            });
+        }
+        match (decision.outcome, decision.source) {
+            (Outcome::Commit, DecisionSource::Reaper) => {
+                return Err(CommandError::Invalid("the reaper may only decide ABORT".to_string()));
+            }
+            (Outcome::Commit, _) => {
+                // Invariant 2: COMMIT only with a YES from every enlisted
+                // participant. The set that voted must equal the set enlisted.
+                let voted: BTreeSet<&str> = voters.iter().map(String::as_str).collect();
+                let enlisted: BTreeSet<&str> = r.participants.iter().map(|p| p.id.as_str()).collect();
+                if voted != enlisted || voted.len() != voters.len() {
+                    return Err(CommandError::VotersMismatch {
+                        txid,
+                        voters: voters.to_vec(),
+                        enlisted: enlisted.iter().map(|s| s.to_string()).collect(),
+                    });
+                }
+            }
+            (Outcome::Abort, DecisionSource::Reaper) => {
+                // Invariant 7: presumed abort only past the deadline, and only
+                // as a recorded decision.
+                if decision.decided_ms < r.deadline_ms {
+                    return Err(CommandError::DeadlineNotReached {
+                        txid,
+                        deadline_ms: r.deadline_ms,
+                        now_ms: decision.decided_ms,
+                    });
+                }
+            }
+            (Outcome::Abort, _) => {}
+        }
+        let outcome = decision.outcome;
+        r.phase = Phase::Decided(decision.clone());
+        effects.push(Effect::Put(txid));
+        effects.push(Effect::Decided(txid, outcome));
+        Ok(CommandOk::Decided {
+            decision,
+            recorded: true,
+        })
+    }
+
+    fn ack(&mut self, txid: Txid, participant_id: &str, effects: &mut Vec<Effect>) -> CommandResult {
+        let r = self.txs.get_mut(&txid).ok_or(CommandError::NotFound { txid })?;
+        if r.decision().is_none() {
+            return Err(CommandError::NotDecided { txid });
+        }
+        let p = r
+            .participants
+            .iter_mut()
+            .find(|p| p.id == participant_id)
+            .ok_or_else(|| CommandError::UnknownParticipant {
+                txid,
+                participant_id: participant_id.to_string(),
+            })?;
+        if !p.acked {
+            p.acked = true;
+            effects.push(Effect::Put(txid));
+        }
+        Ok(CommandOk::Acked {
+            all_acked: r.all_acked(),
+        })
+    }
+
+    fn forget(&mut self, txid: Txid, effects: &mut Vec<Effect>) -> CommandResult {
+        let r = self.txs.get(&txid).ok_or(CommandError::NotFound { txid })?;
+        if r.decision().is_none() {
+            return Err(CommandError::NotDecided { txid });
+        }
+        // Invariant 10: only after every participant acked the decision.
+        let pending: Vec<String> = r
+            .participants
+            .iter()
+            .filter(|p| !p.acked)
+            .map(|p| p.id.clone())
+            .collect();
+        if !pending.is_empty() {
+            return Err(CommandError::NotAllAcked { txid, pending });
+        }
+        let key = r.idempotency_key.clone();
+        self.txs.remove(&txid);
+        self.keys.remove(&key);
+        effects.push(Effect::Remove(txid));
+        Ok(CommandOk::Forgotten)
+    }
+}
+
+fn check_id(field: &str, v: &str) -> Result<(), CommandError> {
+    if v.is_empty() {
+        return Err(CommandError::Invalid(format!("{field} must not be empty")));
+    }
+    check_len(field, v.len(), limits::ID_BYTES_MAX)
+}
+
+fn check_len(field: &str, len: usize, max: usize) -> Result<(), CommandError> {
+    if len > max {
+        return Err(CommandError::Invalid(format!(
+            "{field} is {len} bytes; the limit is {max} bytes"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

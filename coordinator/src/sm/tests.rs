@@ -1,0 +1,1358 @@
+//! Unit tests of the pure transaction state machine.
+//!
+//! Tests are named after the DESIGN.md invariant they check (`invN_...`), or
+//! after the command behaviour they pin down. Every test asserts on the
+//! command result AND on the effects the command emitted.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+
+use super::*;
+
+// ---------------------------------------------------------------- helpers
+
+fn fp(b: u8) -> [u8; 32] {
+    [b; 32]
+}
+
+/// Applies one command to `t`, returning its result and the effects it emitted.
+fn run(t: &mut TxTable, cmd: Command) -> (CommandResult, Vec<Effect>) {
+    let mut effects = Vec::new();
+    let res = t.apply(&cmd, &mut effects);
+    (res, effects)
+}
+
+fn begin_cmd(key: &str, fingerprint: [u8; 32], now_ms: u64, timeout_ms: u64) -> Command {
+    Command::Begin {
+        idempotency_key: key.to_string(),
+        fingerprint,
+        now_ms,
+        timeout_ms,
+    }
+}
+
+fn enlist_cmd(txid: Txid, id: &str, address: &str, payload: &[u8]) -> Command {
+    Command::Enlist {
+        txid,
+        participant_id: id.to_string(),
+        address: address.to_string(),
+        payload: payload.to_vec(),
+    }
+}
+
+fn decide_cmd(txid: Txid, outcome: Outcome, voters: &[&str], source: DecisionSource, now_ms: u64) -> Command {
+    Command::Decide {
+        txid,
+        outcome,
+        voters: voters.iter().map(|s| s.to_string()).collect(),
+        source,
+        term: 7,
+        now_ms,
+        note: format!("{source:?} {outcome}"),
+    }
+}
+
+fn ack_cmd(txid: Txid, id: &str) -> Command {
+    Command::Ack {
+        txid,
+        participant_id: id.to_string(),
+    }
+}
+
+/// Begins a fresh transaction (asserting it is new) and returns its txid.
+fn begin_new(t: &mut TxTable, key: &str, now_ms: u64, timeout_ms: u64) -> Txid {
+    let (res, eff) = run(t, begin_cmd(key, fp(1), now_ms, timeout_ms));
+    match res {
+        Ok(CommandOk::Began {
+            txid,
+            existing: false,
+            deadline_ms,
+        }) => {
+            assert_eq!(deadline_ms, now_ms.saturating_add(timeout_ms));
+            assert_eq!(eff, vec![Effect::Put(txid)]);
+            txid
+        }
+        other => panic!("begin {key:?}: unexpected {other:?}"),
+    }
+}
+
+/// Enlists `id` (address "addr-<id>", payload = id bytes), asserting success.
+fn enlist_ok(t: &mut TxTable, txid: Txid, id: &str) {
+    let addr = format!("addr-{id}");
+    let (res, eff) = run(t, enlist_cmd(txid, id, &addr, id.as_bytes()));
+    assert!(
+        matches!(res, Ok(CommandOk::Enlisted { .. })),
+        "enlist {id} in {txid}: {res:?}"
+    );
+    assert_eq!(eff, vec![Effect::Put(txid)]);
+}
+
+/// A transaction with the given participants, begun at 1000 with a 500 ms timeout.
+fn tx_with(t: &mut TxTable, key: &str, ids: &[&str]) -> Txid {
+    let txid = begin_new(t, key, 1000, 500);
+    for id in ids {
+        enlist_ok(t, txid, id);
+    }
+    txid
+}
+
+fn decided_ok(res: &CommandResult) -> (Decision, bool) {
+    match res {
+        Ok(CommandOk::Decided { decision, recorded }) => (decision.clone(), *recorded),
+        other => panic!("expected Decided, got {other:?}"),
+    }
+}
+
+fn expect_invalid_naming(res: CommandResult, field: &str) {
+    match res {
+        Err(CommandError::Invalid(msg)) => {
+            assert!(msg.contains(field), "message {msg:?} does not name {field:?}")
+        }
+        other => panic!("expected Invalid naming {field:?}, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- Begin
+
+#[test]
+fn begin_txids_strictly_increasing_from_1() {
+    let mut t = TxTable::new();
+    assert_eq!(t.next_txid(), 1);
+    let mut prev = 0;
+    for i in 0..20u64 {
+        let txid = begin_new(&mut t, &format!("k{i}"), 100 + i, 10);
+        assert_eq!(txid, i + 1, "txids start at 1 and step by one");
+        assert!(txid > prev);
+        prev = txid;
+        assert_eq!(t.next_txid(), txid + 1);
+    }
+    assert_eq!(t.len(), 20);
+}
+
+#[test]
+fn begin_same_key_same_fingerprint_is_idempotent() {
+    let mut t = TxTable::new();
+    let txid = begin_new(&mut t, "order-1", 1000, 250);
+    let _other = begin_new(&mut t, "order-2", 1001, 250);
+    let before = t.clone();
+    // A retry arrives later with another clock and timeout: same answer.
+    let (res, eff) = run(&mut t, begin_cmd("order-1", fp(1), 5000, 99_999));
+    assert_eq!(
+        res,
+        Ok(CommandOk::Began {
+            txid,
+            existing: true,
+            deadline_ms: 1250,
+        })
+    );
+    assert!(eff.is_empty(), "idempotent Begin must emit no effects: {eff:?}");
+    assert_eq!(t, before, "idempotent Begin must not change the table");
+}
+
+#[test]
+fn begin_same_key_other_fingerprint_is_key_conflict() {
+    let mut t = TxTable::new();
+    let txid = begin_new(&mut t, "order-1", 1000, 250);
+    let before = t.clone();
+    let (res, eff) = run(&mut t, begin_cmd("order-1", fp(2), 1000, 250));
+    assert_eq!(
+        res,
+        Err(CommandError::KeyConflict {
+            key: "order-1".to_string(),
+            txid,
+        })
+    );
+    assert!(eff.is_empty());
+    assert_eq!(t, before);
+    assert_eq!(t.next_txid(), txid + 1, "a refused Begin burns no txid");
+}
+
+#[test]
+fn begin_records_active_transaction_with_deadline() {
+    let mut t = TxTable::new();
+    let txid = begin_new(&mut t, "k", 1000, 250);
+    let r = t.get(txid).expect("record");
+    assert_eq!(r.txid, txid);
+    assert_eq!(r.idempotency_key, "k");
+    assert_eq!(r.fingerprint, fp(1));
+    assert_eq!(r.begun_ms, 1000);
+    assert_eq!(r.deadline_ms, 1250);
+    assert_eq!(r.phase, Phase::Active);
+    assert!(r.participants.is_empty());
+    // The deadline saturates instead of wrapping around.
+    let (res, _) = run(&mut t, begin_cmd("k2", fp(1), u64::MAX - 1, 10));
+    assert!(matches!(
+        res,
+        Ok(CommandOk::Began {
+            deadline_ms: u64::MAX,
+            ..
+        })
+    ));
+}
+
+// ---------------------------------------------------------------- limits
+
+#[test]
+fn limits_begin_key_empty_or_too_long_is_invalid() {
+    let mut t = TxTable::new();
+    let (res, eff) = run(&mut t, begin_cmd("", fp(1), 0, 10));
+    expect_invalid_naming(res, "idempotency_key");
+    assert!(eff.is_empty());
+
+    let long = "k".repeat(limits::ID_BYTES_MAX + 1);
+    let (res, eff) = run(&mut t, begin_cmd(&long, fp(1), 0, 10));
+    expect_invalid_naming(res, "idempotency_key");
+    assert!(eff.is_empty());
+    assert!(t.is_empty());
+    assert_eq!(t.next_txid(), 1, "refused Begins burn no txid");
+
+    // Exactly at the limit is accepted; bytes count, not chars.
+    let at_limit = "k".repeat(limits::ID_BYTES_MAX);
+    assert_eq!(begin_new(&mut t, &at_limit, 0, 10), 1);
+    let multibyte = "é".repeat(limits::ID_BYTES_MAX / 2 + 1); // 2 bytes each
+    let (res, _) = run(&mut t, begin_cmd(&multibyte, fp(1), 0, 10));
+    expect_invalid_naming(res, "idempotency_key");
+}
+
+#[test]
+fn limits_enlist_fields_are_checked_and_named() {
+    let mut t = TxTable::new();
+    let txid = begin_new(&mut t, "k", 0, 10);
+    let before = t.clone();
+
+    let (res, eff) = run(&mut t, enlist_cmd(txid, "", "addr", b"x"));
+    expect_invalid_naming(res, "participant_id");
+    assert!(eff.is_empty());
+
+    let long_id = "p".repeat(limits::ID_BYTES_MAX + 1);
+    let (res, eff) = run(&mut t, enlist_cmd(txid, &long_id, "addr", b"x"));
+    expect_invalid_naming(res, "participant_id");
+    assert!(eff.is_empty());
+
+    let long_addr = "a".repeat(limits::ADDRESS_BYTES_MAX + 1);
+    let (res, eff) = run(&mut t, enlist_cmd(txid, "p1", &long_addr, b"x"));
+    expect_invalid_naming(res, "address");
+    assert!(eff.is_empty());
+
+    let big = vec![0u8; limits::PAYLOAD_BYTES_MAX + 1];
+    let (res, eff) = run(&mut t, enlist_cmd(txid, "p1", "addr", &big));
+    expect_invalid_naming(res, "payload");
+    assert!(eff.is_empty());
+
+    assert_eq!(t, before, "refused enlistments change nothing");
+
+    // Everything exactly at its limit is accepted.
+    let id = "p".repeat(limits::ID_BYTES_MAX);
+    let addr = "a".repeat(limits::ADDRESS_BYTES_MAX);
+    let payload = vec![7u8; limits::PAYLOAD_BYTES_MAX];
+    let (res, eff) = run(&mut t, enlist_cmd(txid, &id, &addr, &payload));
+    assert_eq!(res, Ok(CommandOk::Enlisted { participant_count: 1 }));
+    assert_eq!(eff, vec![Effect::Put(txid)]);
+}
+
+#[test]
+fn limits_decide_note_too_long_is_invalid() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1"]);
+    let before = t.clone();
+    let cmd = Command::Decide {
+        txid,
+        outcome: Outcome::Abort,
+        voters: vec![],
+        source: DecisionSource::Operator,
+        term: 1,
+        now_ms: 1,
+        note: "n".repeat(limits::REASON_BYTES_MAX + 1),
+    };
+    let (res, eff) = run(&mut t, cmd);
+    expect_invalid_naming(res, "note");
+    assert!(eff.is_empty());
+    assert_eq!(t, before);
+    assert_eq!(t.decision_view(txid), DecisionView::Pending);
+}
+
+// ---------------------------------------------------------------- Enlist
+
+#[test]
+fn enlist_unknown_txid_is_not_found() {
+    let mut t = TxTable::new();
+    let (res, eff) = run(&mut t, enlist_cmd(42, "p1", "a", b""));
+    assert_eq!(res, Err(CommandError::NotFound { txid: 42 }));
+    assert!(eff.is_empty());
+}
+
+#[test]
+fn enlist_counts_participants_and_records_them() {
+    let mut t = TxTable::new();
+    let txid = begin_new(&mut t, "k", 0, 10);
+    for (i, id) in ["p1", "p2", "p3"].iter().enumerate() {
+        let (res, eff) = run(&mut t, enlist_cmd(txid, id, &format!("addr-{id}"), b"pl"));
+        assert_eq!(
+            res,
+            Ok(CommandOk::Enlisted {
+                participant_count: i as u32 + 1
+            })
+        );
+        assert_eq!(eff, vec![Effect::Put(txid)]);
+    }
+    let r = t.get(txid).unwrap();
+    let ids: Vec<&str> = r.participants.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(ids, ["p1", "p2", "p3"]);
+    assert_eq!(r.participants[1].address, "addr-p2");
+    assert_eq!(r.participants[1].payload, b"pl");
+    assert!(r.participants.iter().all(|p| !p.acked));
+}
+
+#[test]
+fn enlist_same_id_address_payload_is_idempotent() {
+    let mut t = TxTable::new();
+    let txid = begin_new(&mut t, "k", 0, 10);
+    enlist_ok(&mut t, txid, "p1");
+    enlist_ok(&mut t, txid, "p2");
+    let before = t.clone();
+    let (res, eff) = run(&mut t, enlist_cmd(txid, "p1", "addr-p1", b"p1"));
+    assert_eq!(res, Ok(CommandOk::Enlisted { participant_count: 2 }));
+    assert!(eff.is_empty(), "duplicate Enlist emits nothing: {eff:?}");
+    assert_eq!(t, before);
+}
+
+#[test]
+fn enlist_same_id_other_address_or_payload_is_participant_conflict() {
+    let mut t = TxTable::new();
+    let txid = begin_new(&mut t, "k", 0, 10);
+    enlist_ok(&mut t, txid, "p1");
+    let before = t.clone();
+    let conflict = Err(CommandError::ParticipantConflict {
+        txid,
+        participant_id: "p1".to_string(),
+    });
+
+    let (res, eff) = run(&mut t, enlist_cmd(txid, "p1", "other-addr", b"p1"));
+    assert_eq!(res, conflict);
+    assert!(eff.is_empty());
+
+    let (res, eff) = run(&mut t, enlist_cmd(txid, "p1", "addr-p1", b"other-payload"));
+    assert_eq!(res, conflict);
+    assert!(eff.is_empty());
+
+    assert_eq!(t, before, "a conflicting Enlist changes nothing");
+}
+
+#[test]
+fn inv2_enlist_refused_not_active_after_request_commit() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1"]);
+    let (res, _) = run(&mut t, Command::RequestCommit { txid });
+    assert!(res.is_ok());
+    let before = t.clone();
+    let (res, eff) = run(&mut t, enlist_cmd(txid, "late", "addr-late", b""));
+    assert_eq!(
+        res,
+        Err(CommandError::NotActive {
+            txid,
+            phase: "PREPARING".to_string(),
+        })
+    );
+    assert!(eff.is_empty());
+    assert_eq!(t, before, "the frozen set did not grow");
+    assert_eq!(t.get(txid).unwrap().participants.len(), 1);
+}
+
+#[test]
+fn inv2_enlist_refused_not_active_after_decide() {
+    for outcome in [Outcome::Commit, Outcome::Abort] {
+        let mut t = TxTable::new();
+        let txid = tx_with(&mut t, "k", &["p1"]);
+        let (res, _) = run(&mut t, decide_cmd(txid, outcome, &["p1"], DecisionSource::Driver, 1100));
+        assert!(decided_ok(&res).1);
+        let before = t.clone();
+        let (res, eff) = run(&mut t, enlist_cmd(txid, "late", "addr-late", b""));
+        assert_eq!(
+            res,
+            Err(CommandError::NotActive {
+                txid,
+                phase: "DECIDED".to_string(),
+            }),
+            "outcome {outcome}"
+        );
+        assert!(eff.is_empty());
+        assert_eq!(t, before);
+    }
+}
+
+#[test]
+fn enlist_too_many_participants_at_limit() {
+    let mut t = TxTable::new();
+    let txid = begin_new(&mut t, "k", 0, 10);
+    for i in 0..limits::PARTICIPANTS_MAX {
+        let (res, eff) = run(&mut t, enlist_cmd(txid, &format!("p{i}"), "a", b""));
+        assert_eq!(
+            res,
+            Ok(CommandOk::Enlisted {
+                participant_count: i as u32 + 1
+            })
+        );
+        assert_eq!(eff, vec![Effect::Put(txid)]);
+    }
+    let before = t.clone();
+    let (res, eff) = run(&mut t, enlist_cmd(txid, "one-too-many", "a", b""));
+    assert_eq!(
+        res,
+        Err(CommandError::TooManyParticipants {
+            txid,
+            limit: limits::PARTICIPANTS_MAX,
+        })
+    );
+    assert!(eff.is_empty());
+    assert_eq!(t, before);
+    // A duplicate of an already enlisted participant is still idempotent at the limit.
+    let (res, eff) = run(&mut t, enlist_cmd(txid, "p0", "a", b""));
+    assert_eq!(
+        res,
+        Ok(CommandOk::Enlisted {
+            participant_count: limits::PARTICIPANTS_MAX as u32
+        })
+    );
+    assert!(eff.is_empty());
+}
+
+// ---------------------------------------------------------------- RequestCommit
+
+#[test]
+fn inv2_request_commit_freezes_set_and_is_idempotent() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1", "p2"]);
+    let (res, eff) = run(&mut t, Command::RequestCommit { txid });
+    let participants = t.get(txid).unwrap().participants.clone();
+    assert_eq!(participants.len(), 2);
+    assert_eq!(
+        res,
+        Ok(CommandOk::CommitRequested {
+            participants: participants.clone(),
+            decision: None,
+        })
+    );
+    assert_eq!(eff, vec![Effect::Put(txid)]);
+    assert_eq!(t.get(txid).unwrap().phase, Phase::Preparing);
+    assert_eq!(t.decision_view(txid), DecisionView::Pending);
+
+    let before = t.clone();
+    let (res2, eff2) = run(&mut t, Command::RequestCommit { txid });
+    assert_eq!(res2, res, "a repeated RequestCommit gives the same answer");
+    assert!(eff2.is_empty());
+    assert_eq!(t, before);
+}
+
+#[test]
+fn request_commit_unknown_txid_is_not_found() {
+    let mut t = TxTable::new();
+    let (res, eff) = run(&mut t, Command::RequestCommit { txid: 9 });
+    assert_eq!(res, Err(CommandError::NotFound { txid: 9 }));
+    assert!(eff.is_empty());
+}
+
+#[test]
+fn request_commit_after_decide_returns_decision_without_effects() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1"]);
+    let (res, _) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Abort, &[], DecisionSource::Client, 1100),
+    );
+    let (decision, recorded) = decided_ok(&res);
+    assert!(recorded);
+    let before = t.clone();
+    let (res, eff) = run(&mut t, Command::RequestCommit { txid });
+    assert_eq!(
+        res,
+        Ok(CommandOk::CommitRequested {
+            participants: before.get(txid).unwrap().participants.clone(),
+            decision: Some(decision),
+        })
+    );
+    assert!(eff.is_empty());
+    assert_eq!(t, before, "RequestCommit never moves a decided tx back");
+}
+
+// ---------------------------------------------------------------- Decide (invariant 1)
+
+#[test]
+fn inv1_decide_is_write_once_first_wins() {
+    let orders = [
+        (Outcome::Commit, Outcome::Commit),
+        (Outcome::Commit, Outcome::Abort),
+        (Outcome::Abort, Outcome::Commit),
+        (Outcome::Abort, Outcome::Abort),
+    ];
+    for (first, second) in orders {
+        for prepared in [false, true] {
+            let mut t = TxTable::new();
+            let txid = tx_with(&mut t, "k", &["p1", "p2"]);
+            if prepared {
+                run(&mut t, Command::RequestCommit { txid }).0.unwrap();
+            }
+            let cmd1 = Command::Decide {
+                txid,
+                outcome: first,
+                voters: vec!["p1".into(), "p2".into()],
+                source: DecisionSource::Driver,
+                term: 3,
+                now_ms: 1100,
+                note: "first".into(),
+            };
+            let (res1, eff1) = run(&mut t, cmd1);
+            let (d1, rec1) = decided_ok(&res1);
+            assert!(rec1, "{first}->{second}: first Decide records");
+            assert_eq!(
+                d1,
+                Decision {
+                    outcome: first,
+                    source: DecisionSource::Driver,
+                    term: 3,
+                    decided_ms: 1100,
+                    note: "first".into(),
+                }
+            );
+            assert_eq!(eff1, vec![Effect::Put(txid), Effect::Decided(txid, first)]);
+            assert_eq!(t.get(txid).unwrap().phase, Phase::Decided(d1.clone()));
+            assert_eq!(t.decision_view(txid), DecisionView::Decided(first));
+
+            let before = t.clone();
+            let cmd2 = Command::Decide {
+                txid,
+                outcome: second,
+                voters: vec!["p1".into(), "p2".into()],
+                source: DecisionSource::Operator,
+                term: 4,
+                now_ms: 9999,
+                note: "second".into(),
+            };
+            let (res2, eff2) = run(&mut t, cmd2);
+            let (d2, rec2) = decided_ok(&res2);
+            assert!(!rec2, "{first}->{second}: second Decide must not record");
+            assert_eq!(d2, d1, "{first}->{second}: the first decision is returned");
+            assert!(eff2.is_empty(), "{first}->{second}: no effects: {eff2:?}");
+            assert_eq!(t, before, "{first}->{second}: table unchanged");
+            assert_eq!(t.decision_view(txid), DecisionView::Decided(first));
+        }
+    }
+}
+
+#[test]
+fn inv1_later_decide_cannot_override_even_from_reaper_or_with_bad_voters() {
+    // COMMIT recorded; a reaper ABORT long past the deadline and a Decide with
+    // nonsense voters both read the COMMIT back.
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1"]);
+    let (res, _) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1"], DecisionSource::Driver, 1100),
+    );
+    let (d, _) = decided_ok(&res);
+    let before = t.clone();
+    for cmd in [
+        decide_cmd(txid, Outcome::Abort, &[], DecisionSource::Reaper, 1_000_000),
+        decide_cmd(txid, Outcome::Abort, &["zz"], DecisionSource::Client, 1),
+        decide_cmd(txid, Outcome::Commit, &["zz", "zz"], DecisionSource::Operator, 1),
+        decide_cmd(txid, Outcome::Commit, &[], DecisionSource::Reaper, 1),
+    ] {
+        let (res, eff) = run(&mut t, cmd);
+        assert_eq!(
+            res,
+            Ok(CommandOk::Decided {
+                decision: d.clone(),
+                recorded: false
+            })
+        );
+        assert!(eff.is_empty());
+        assert_eq!(t, before);
+    }
+}
+
+#[test]
+fn decide_unknown_txid_is_not_found() {
+    let mut t = TxTable::new();
+    let (res, eff) = run(&mut t, decide_cmd(5, Outcome::Abort, &[], DecisionSource::Client, 0));
+    assert_eq!(res, Err(CommandError::NotFound { txid: 5 }));
+    assert!(eff.is_empty());
+    assert!(t.is_empty());
+}
+
+// ---------------------------------------------------------------- Decide (invariant 2)
+
+#[test]
+fn inv2_commit_requires_voters_equal_enlisted() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1", "p2"]);
+    run(&mut t, Command::RequestCommit { txid }).0.unwrap();
+    let before = t.clone();
+    let bad: [&[&str]; 6] = [
+        &[],                 // nobody voted
+        &["p1"],             // missing voter
+        &["p1", "p2", "p3"], // extra voter
+        &["p1", "p3"],       // wrong voter
+        &["p1", "p1"],       // duplicated voter instead of p2
+        &["p1", "p2", "p2"], // duplicated voter
+    ];
+    for voters in bad {
+        for source in [DecisionSource::Driver, DecisionSource::Client, DecisionSource::Operator] {
+            let (res, eff) = run(&mut t, decide_cmd(txid, Outcome::Commit, voters, source, 1100));
+            assert_eq!(
+                res,
+                Err(CommandError::VotersMismatch {
+                    txid,
+                    voters: voters.iter().map(|s| s.to_string()).collect(),
+                    enlisted: vec!["p1".into(), "p2".into()],
+                }),
+                "voters {voters:?} source {source:?}"
+            );
+            assert!(eff.is_empty(), "refused COMMIT emits nothing: {eff:?}");
+            assert_eq!(t, before, "refused COMMIT records nothing");
+            assert_eq!(t.decision_view(txid), DecisionView::Pending);
+        }
+    }
+    // The exact set, in any order, commits.
+    let (res, eff) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p2", "p1"], DecisionSource::Driver, 1100),
+    );
+    let (d, rec) = decided_ok(&res);
+    assert!(rec);
+    assert_eq!(d.outcome, Outcome::Commit);
+    assert_eq!(eff, vec![Effect::Put(txid), Effect::Decided(txid, Outcome::Commit)]);
+    assert_eq!(t.decision_view(txid), DecisionView::Decided(Outcome::Commit));
+}
+
+#[test]
+fn inv2_commit_checks_enlisted_set_even_without_request_commit() {
+    // The set may be frozen by Decide(COMMIT) itself (DESIGN.md): a voter set
+    // that misses a participant enlisted after the votes were collected is refused.
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1"]);
+    enlist_ok(&mut t, txid, "p2");
+    let (res, eff) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1"], DecisionSource::Driver, 1100),
+    );
+    assert!(matches!(res, Err(CommandError::VotersMismatch { .. })), "{res:?}");
+    assert!(eff.is_empty());
+    assert_eq!(t.get(txid).unwrap().phase, Phase::Active);
+}
+
+#[test]
+fn inv2_commit_with_zero_participants_and_empty_voters_allowed() {
+    let mut t = TxTable::new();
+    let txid = begin_new(&mut t, "k", 0, 10);
+    let before = t.clone();
+    // Non-empty voters for an empty set is a mismatch.
+    let (res, eff) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["ghost"], DecisionSource::Driver, 1),
+    );
+    assert!(matches!(res, Err(CommandError::VotersMismatch { .. })), "{res:?}");
+    assert!(eff.is_empty());
+    assert_eq!(t, before);
+
+    let (res, eff) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &[], DecisionSource::Driver, 1),
+    );
+    let (d, rec) = decided_ok(&res);
+    assert!(rec);
+    assert_eq!(d.outcome, Outcome::Commit);
+    assert_eq!(eff, vec![Effect::Put(txid), Effect::Decided(txid, Outcome::Commit)]);
+    assert!(t.get(txid).unwrap().all_acked(), "nobody to ack");
+}
+
+#[test]
+fn inv2_voters_mismatch_does_not_block_a_later_abort() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1", "p2"]);
+    let (res, _) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1"], DecisionSource::Driver, 1100),
+    );
+    assert!(res.is_err());
+    // ABORT needs no votes at all.
+    let (res, eff) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Abort, &["p1"], DecisionSource::Driver, 1100),
+    );
+    let (d, rec) = decided_ok(&res);
+    assert!(rec);
+    assert_eq!(d.outcome, Outcome::Abort);
+    assert_eq!(eff, vec![Effect::Put(txid), Effect::Decided(txid, Outcome::Abort)]);
+}
+
+// ---------------------------------------------------------------- Decide (invariant 7)
+
+#[test]
+fn inv7_reaper_cannot_commit() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1"]);
+    run(&mut t, Command::RequestCommit { txid }).0.unwrap();
+    let before = t.clone();
+    // Even with the exact voter set and far past the deadline.
+    let (res, eff) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1"], DecisionSource::Reaper, 1_000_000),
+    );
+    assert!(matches!(res, Err(CommandError::Invalid(_))), "{res:?}");
+    assert!(eff.is_empty());
+    assert_eq!(t, before);
+    assert_eq!(t.decision_view(txid), DecisionView::Pending);
+}
+
+#[test]
+fn inv7_reaper_abort_only_past_deadline() {
+    let mut t = TxTable::new();
+    // begun at 1000 with 500 ms: deadline 1500.
+    let txid = tx_with(&mut t, "k", &["p1"]);
+    run(&mut t, Command::RequestCommit { txid }).0.unwrap();
+    let before = t.clone();
+    for now in [0, 1000, 1499] {
+        let (res, eff) = run(
+            &mut t,
+            decide_cmd(txid, Outcome::Abort, &[], DecisionSource::Reaper, now),
+        );
+        assert_eq!(
+            res,
+            Err(CommandError::DeadlineNotReached {
+                txid,
+                deadline_ms: 1500,
+                now_ms: now,
+            })
+        );
+        assert!(eff.is_empty());
+        assert_eq!(t, before);
+        assert_eq!(t.decision_view(txid), DecisionView::Pending);
+    }
+    // At the deadline exactly it is allowed.
+    let (res, eff) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Abort, &[], DecisionSource::Reaper, 1500),
+    );
+    let (d, rec) = decided_ok(&res);
+    assert!(rec);
+    assert_eq!(d.outcome, Outcome::Abort);
+    assert_eq!(d.source, DecisionSource::Reaper);
+    assert_eq!(d.decided_ms, 1500);
+    assert_eq!(eff, vec![Effect::Put(txid), Effect::Decided(txid, Outcome::Abort)]);
+    assert_eq!(t.decision_view(txid), DecisionView::Decided(Outcome::Abort));
+
+    // After the deadline too (an ACTIVE transaction this time).
+    let txid2 = tx_with(&mut t, "k2", &["p1"]);
+    let (res, eff) = run(
+        &mut t,
+        decide_cmd(txid2, Outcome::Abort, &[], DecisionSource::Reaper, 2000),
+    );
+    assert!(decided_ok(&res).1);
+    assert_eq!(eff, vec![Effect::Put(txid2), Effect::Decided(txid2, Outcome::Abort)]);
+}
+
+#[test]
+fn inv7_non_reaper_abort_allowed_before_deadline() {
+    for source in [DecisionSource::Driver, DecisionSource::Client, DecisionSource::Operator] {
+        let mut t = TxTable::new();
+        let txid = tx_with(&mut t, "k", &["p1"]);
+        let (res, eff) = run(&mut t, decide_cmd(txid, Outcome::Abort, &[], source, 0));
+        let (d, rec) = decided_ok(&res);
+        assert!(rec, "{source:?}");
+        assert_eq!(d.source, source);
+        assert_eq!(eff, vec![Effect::Put(txid), Effect::Decided(txid, Outcome::Abort)]);
+    }
+}
+
+// ---------------------------------------------------------------- Ack
+
+#[test]
+fn ack_refused_before_decision() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1"]);
+    for prepare in [false, true] {
+        if prepare {
+            run(&mut t, Command::RequestCommit { txid }).0.unwrap();
+        }
+        let before = t.clone();
+        let (res, eff) = run(&mut t, ack_cmd(txid, "p1"));
+        assert_eq!(res, Err(CommandError::NotDecided { txid }));
+        assert!(eff.is_empty());
+        assert_eq!(t, before);
+    }
+    let (res, eff) = run(&mut t, ack_cmd(77, "p1"));
+    assert_eq!(res, Err(CommandError::NotFound { txid: 77 }));
+    assert!(eff.is_empty());
+}
+
+#[test]
+fn ack_unknown_participant_refused() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1"]);
+    run(&mut t, decide_cmd(txid, Outcome::Abort, &[], DecisionSource::Client, 1))
+        .0
+        .unwrap();
+    let before = t.clone();
+    let (res, eff) = run(&mut t, ack_cmd(txid, "stranger"));
+    assert_eq!(
+        res,
+        Err(CommandError::UnknownParticipant {
+            txid,
+            participant_id: "stranger".to_string(),
+        })
+    );
+    assert!(eff.is_empty());
+    assert_eq!(t, before);
+}
+
+#[test]
+fn ack_sets_all_acked_flag_and_is_idempotent() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1", "p2"]);
+    run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1", "p2"], DecisionSource::Driver, 1),
+    )
+    .0
+    .unwrap();
+
+    let (res, eff) = run(&mut t, ack_cmd(txid, "p1"));
+    assert_eq!(res, Ok(CommandOk::Acked { all_acked: false }));
+    assert_eq!(eff, vec![Effect::Put(txid)]);
+    assert!(t.get(txid).unwrap().participants[0].acked);
+    assert!(!t.get(txid).unwrap().all_acked());
+
+    let before = t.clone();
+    let (res, eff) = run(&mut t, ack_cmd(txid, "p1"));
+    assert_eq!(res, Ok(CommandOk::Acked { all_acked: false }));
+    assert!(eff.is_empty(), "a duplicate ack emits nothing");
+    assert_eq!(t, before);
+
+    let (res, eff) = run(&mut t, ack_cmd(txid, "p2"));
+    assert_eq!(res, Ok(CommandOk::Acked { all_acked: true }));
+    assert_eq!(eff, vec![Effect::Put(txid)]);
+    assert!(t.get(txid).unwrap().all_acked());
+    // Acks do not touch the decision.
+    assert_eq!(t.decision_view(txid), DecisionView::Decided(Outcome::Commit));
+}
+
+// ---------------------------------------------------------------- Forget (invariant 10)
+
+#[test]
+fn inv10_forget_only_after_all_acked() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1", "p2"]);
+
+    // Refused before any decision (ACTIVE and PREPARING).
+    for prepare in [false, true] {
+        if prepare {
+            run(&mut t, Command::RequestCommit { txid }).0.unwrap();
+        }
+        let before = t.clone();
+        let (res, eff) = run(&mut t, Command::Forget { txid });
+        assert_eq!(res, Err(CommandError::NotDecided { txid }));
+        assert!(eff.is_empty());
+        assert_eq!(t, before);
+    }
+
+    run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1", "p2"], DecisionSource::Driver, 1),
+    )
+    .0
+    .unwrap();
+
+    // Refused while acks are missing, naming the ones missing.
+    let before = t.clone();
+    let (res, eff) = run(&mut t, Command::Forget { txid });
+    assert_eq!(
+        res,
+        Err(CommandError::NotAllAcked {
+            txid,
+            pending: vec!["p1".into(), "p2".into()],
+        })
+    );
+    assert!(eff.is_empty());
+    assert_eq!(t, before);
+
+    run(&mut t, ack_cmd(txid, "p2")).0.unwrap();
+    let before = t.clone();
+    let (res, eff) = run(&mut t, Command::Forget { txid });
+    assert_eq!(
+        res,
+        Err(CommandError::NotAllAcked {
+            txid,
+            pending: vec!["p1".into()],
+        })
+    );
+    assert!(eff.is_empty());
+    assert_eq!(t, before);
+    assert_eq!(t.decision_view(txid), DecisionView::Decided(Outcome::Commit));
+
+    // All acked: forgotten.
+    run(&mut t, ack_cmd(txid, "p1")).0.unwrap();
+    let (res, eff) = run(&mut t, Command::Forget { txid });
+    assert_eq!(res, Ok(CommandOk::Forgotten));
+    assert_eq!(eff, vec![Effect::Remove(txid)]);
+    assert!(t.get(txid).is_none());
+    assert!(t.is_empty());
+    assert_eq!(t.decision_view(txid), DecisionView::Unknown);
+
+    // A second Forget (or anything else) finds nothing.
+    let (res, eff) = run(&mut t, Command::Forget { txid });
+    assert_eq!(res, Err(CommandError::NotFound { txid }));
+    assert!(eff.is_empty());
+    let (res, eff) = run(&mut t, ack_cmd(txid, "p1"));
+    assert_eq!(res, Err(CommandError::NotFound { txid }));
+    assert!(eff.is_empty());
+}
+
+#[test]
+fn inv10_forget_decided_tx_without_participants() {
+    let mut t = TxTable::new();
+    let txid = begin_new(&mut t, "k", 0, 10);
+    run(
+        &mut t,
+        decide_cmd(txid, Outcome::Abort, &[], DecisionSource::Reaper, 10),
+    )
+    .0
+    .unwrap();
+    let (res, eff) = run(&mut t, Command::Forget { txid });
+    assert_eq!(res, Ok(CommandOk::Forgotten));
+    assert_eq!(eff, vec![Effect::Remove(txid)]);
+    assert_eq!(t.decision_view(txid), DecisionView::Unknown);
+}
+
+#[test]
+fn inv10_txid_never_reused_after_forget() {
+    let mut t = TxTable::new();
+    let _a = tx_with(&mut t, "a", &[]);
+    let txid = tx_with(&mut t, "order", &["p1"]);
+    assert_eq!(txid, 2, "the forgotten tx holds the highest txid");
+    run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1"], DecisionSource::Driver, 1),
+    )
+    .0
+    .unwrap();
+    run(&mut t, ack_cmd(txid, "p1")).0.unwrap();
+    run(&mut t, Command::Forget { txid }).0.unwrap();
+    assert_eq!(t.next_txid(), 3, "Forget never lowers next_txid");
+
+    // The idempotency key went with the record: the same key and request begin
+    // a NEW transaction with a larger txid (not the forgotten one).
+    let (res, eff) = run(&mut t, begin_cmd("order", fp(1), 5000, 100));
+    match res {
+        Ok(CommandOk::Began {
+            txid: new,
+            existing,
+            deadline_ms,
+        }) => {
+            assert!(!existing);
+            assert!(new > txid, "txid {new} reused or went backwards (forgot {txid})");
+            assert_eq!(new, 3);
+            assert_eq!(deadline_ms, 5100);
+            assert_eq!(eff, vec![Effect::Put(new)]);
+            let r = t.get(new).unwrap();
+            assert_eq!(r.phase, Phase::Active);
+            assert!(r.participants.is_empty());
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // The forgotten txid stays unknown.
+    assert_eq!(t.decision_view(txid), DecisionView::Unknown);
+}
+
+// ---------------------------------------------------------------- reads and rebuild
+
+#[test]
+fn decision_view_pending_decided_unknown() {
+    let mut t = TxTable::new();
+    assert_eq!(t.decision_view(1), DecisionView::Unknown, "never begun");
+    let a = tx_with(&mut t, "a", &["p1"]);
+    let c = tx_with(&mut t, "c", &["p1"]);
+    assert_eq!(t.decision_view(a), DecisionView::Pending);
+    run(&mut t, Command::RequestCommit { txid: a }).0.unwrap();
+    assert_eq!(t.decision_view(a), DecisionView::Pending);
+    run(&mut t, decide_cmd(a, Outcome::Abort, &[], DecisionSource::Client, 1))
+        .0
+        .unwrap();
+    run(
+        &mut t,
+        decide_cmd(c, Outcome::Commit, &["p1"], DecisionSource::Driver, 1),
+    )
+    .0
+    .unwrap();
+    assert_eq!(t.decision_view(a), DecisionView::Decided(Outcome::Abort));
+    assert_eq!(t.decision_view(c), DecisionView::Decided(Outcome::Commit));
+    assert_eq!(t.decision_view(c + 1), DecisionView::Unknown);
+    assert_eq!(t.decision_view(0), DecisionView::Unknown);
+}
+
+#[test]
+fn from_parts_rebuilds_key_index() {
+    let mut t = TxTable::new();
+    let a = tx_with(&mut t, "a", &["p1"]);
+    let b = tx_with(&mut t, "b", &["p1", "p2"]);
+    let c = tx_with(&mut t, "c", &[]);
+    run(
+        &mut t,
+        decide_cmd(b, Outcome::Commit, &["p1", "p2"], DecisionSource::Driver, 1),
+    )
+    .0
+    .unwrap();
+    run(&mut t, decide_cmd(c, Outcome::Abort, &[], DecisionSource::Client, 1))
+        .0
+        .unwrap();
+    run(&mut t, Command::Forget { txid: c }).0.unwrap();
+
+    let mut r = TxTable::from_parts(t.next_txid(), t.records().cloned().collect::<Vec<_>>());
+    assert_eq!(r, t, "rebuilt table equals the original, key index included");
+    assert_eq!(r.next_txid(), 4);
+    assert_eq!(r.len(), 2);
+
+    // Idempotent Begin still works after the rebuild...
+    let (res, eff) = run(&mut r, begin_cmd("a", fp(1), 0, 0));
+    assert_eq!(
+        res,
+        Ok(CommandOk::Began {
+            txid: a,
+            existing: true,
+            deadline_ms: 1500,
+        })
+    );
+    assert!(eff.is_empty());
+    // ...and so does the key conflict check.
+    let (res, eff) = run(&mut r, begin_cmd("b", fp(9), 0, 0));
+    assert_eq!(
+        res,
+        Err(CommandError::KeyConflict {
+            key: "b".into(),
+            txid: b,
+        })
+    );
+    assert!(eff.is_empty());
+    // A forgotten key begins anew, with the next txid.
+    let (res, eff) = run(&mut r, begin_cmd("c", fp(1), 0, 0));
+    assert!(matches!(
+        res,
+        Ok(CommandOk::Began {
+            txid: 4,
+            existing: false,
+            ..
+        })
+    ));
+    assert_eq!(eff, vec![Effect::Put(4)]);
+}
+
+#[test]
+fn from_parts_empty_starts_at_txid_1() {
+    let t = TxTable::from_parts(0, Vec::new());
+    assert_eq!(t.next_txid(), 1);
+    assert_eq!(t, TxTable::new());
+    let t = TxTable::from_parts(1, Vec::new());
+    assert_eq!(t, TxTable::new());
+}
+
+#[test]
+fn inv10_from_parts_never_reuses_a_live_txid() {
+    // Even if the persisted next_txid lags behind the records (e.g. a torn
+    // write), Begin must never hand out the txid of an existing record and
+    // overwrite it.
+    let mut t = TxTable::new();
+    let a = tx_with(&mut t, "a", &["p1"]);
+    let b = tx_with(&mut t, "b", &["p1"]);
+    run(
+        &mut t,
+        decide_cmd(b, Outcome::Commit, &["p1"], DecisionSource::Driver, 1),
+    )
+    .0
+    .unwrap();
+    let mut r = TxTable::from_parts(1, t.records().cloned().collect::<Vec<_>>());
+    assert!(r.next_txid() > b, "next_txid {} <= live txid {b}", r.next_txid());
+    let (res, _) = run(&mut r, begin_cmd("new", fp(1), 0, 0));
+    match res {
+        Ok(CommandOk::Began { txid, existing, .. }) => {
+            assert!(!existing);
+            assert!(txid > b && txid != a);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(r.decision_view(b), DecisionView::Decided(Outcome::Commit));
+    assert_eq!(r.get(a).unwrap().idempotency_key, "a");
+}
+
+// ---------------------------------------------------------------- property-style
+
+/// xorshift64*: tiny deterministic PRNG, enough for shuffling commands.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+const PIDS: [&str; 4] = ["p0", "p1", "p2", "p3"];
+const KEYS: [&str; 5] = ["k0", "k1", "k2", "k3", "k4"];
+
+/// One random command. It may peek at `t` (the reference table) to aim COMMIT
+/// voters at the enlisted set half of the time; the commands themselves are
+/// then applied identically to every table.
+fn random_command(rng: &mut XorShift, t: &TxTable, now_ms: u64) -> Command {
+    // Mostly live txids, sometimes any id up to one past the end (forgotten,
+    // never begun, 0).
+    let live: Vec<Txid> = t.records().map(|r| r.txid).collect();
+    let txid = if !live.is_empty() && rng.below(5) != 0 {
+        *rng.pick(&live)
+    } else {
+        rng.below(t.next_txid() + 1)
+    };
+    match rng.below(100) {
+        0..=14 => Command::Begin {
+            idempotency_key: rng.pick(&KEYS).to_string(),
+            fingerprint: fp(rng.below(2) as u8),
+            now_ms,
+            timeout_ms: rng.below(60),
+        },
+        15..=34 => Command::Enlist {
+            txid,
+            participant_id: rng.pick(&PIDS).to_string(),
+            address: format!("a{}", rng.below(2)),
+            payload: vec![rng.below(2) as u8],
+        },
+        35..=44 => Command::RequestCommit { txid },
+        45..=74 => {
+            let outcome = if rng.below(2) == 0 {
+                Outcome::Commit
+            } else {
+                Outcome::Abort
+            };
+            let source = *rng.pick(&[
+                DecisionSource::Driver,
+                DecisionSource::Client,
+                DecisionSource::Reaper,
+                DecisionSource::Operator,
+            ]);
+            let voters: Vec<String> = match (rng.below(2), t.get(txid)) {
+                (0, Some(r)) => {
+                    // The enlisted set, sometimes with one voter dropped,
+                    // added or duplicated.
+                    let mut v: Vec<String> = r.participants.iter().map(|p| p.id.clone()).collect();
+                    match rng.below(6) {
+                        0 if !v.is_empty() => {
+                            let i = rng.below(v.len() as u64) as usize;
+                            v.remove(i);
+                        }
+                        1 => v.push(rng.pick(&PIDS).to_string()),
+                        _ => {}
+                    }
+                    v
+                }
+                _ => (0..rng.below(5)).map(|_| rng.pick(&PIDS).to_string()).collect(),
+            };
+            Command::Decide {
+                txid,
+                outcome,
+                voters,
+                source,
+                term: rng.below(4),
+                now_ms,
+                note: format!("n{}", rng.below(3)),
+            }
+        }
+        75..=89 => Command::Ack {
+            txid,
+            participant_id: rng.pick(&PIDS).to_string(),
+        },
+        _ => Command::Forget { txid },
+    }
+}
+
+#[test]
+fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
+    for seed in [0x9E37_79B9_7F4A_7C15u64, 1, 0xDEAD_BEEF, 42] {
+        let mut rng = XorShift(seed);
+        let mut a = TxTable::new();
+        let mut b = TxTable::new();
+        let mut now_ms = 0u64;
+        // First decision ever recorded per txid (survives Forget).
+        let mut first: BTreeMap<Txid, Decision> = BTreeMap::new();
+        // Participant set (ids) when a tx left ACTIVE: it must never change.
+        let mut frozen: BTreeMap<Txid, Vec<Participant>> = BTreeMap::new();
+        let mut forgotten: BTreeSet<Txid> = BTreeSet::new();
+        let mut max_txid: Txid = 0;
+        let (mut commits, mut aborts, mut forgets) = (0, 0, 0);
+
+        for step in 0..5000 {
+            now_ms += rng.below(20);
+            let cmd = random_command(&mut rng, &a, now_ms);
+            let pre = a.clone();
+
+            let mut ea = Vec::new();
+            let ra = a.apply(&cmd, &mut ea);
+            let mut eb = Vec::new();
+            let rb = b.apply(&cmd, &mut eb);
+
+            // Determinism: same result, same effects, same table.
+            assert_eq!(ra, rb, "seed {seed:#x} step {step}: results differ for {cmd:?}");
+            assert_eq!(ea, eb, "seed {seed:#x} step {step}: effects differ");
+            assert_eq!(a, b, "seed {seed:#x} step {step}: tables differ");
+
+            // A refused command changes nothing and emits nothing.
+            if ra.is_err() {
+                assert!(ea.is_empty(), "step {step}: error with effects {ea:?}");
+                assert_eq!(a, pre, "step {step}: error changed the table: {ra:?}");
+            }
+            // Effects name exactly what changed.
+            for e in &ea {
+                match e {
+                    Effect::Put(id) => assert!(a.get(*id).is_some(), "step {step}: Put({id}) of absent record"),
+                    Effect::Remove(id) => assert!(a.get(*id).is_none(), "step {step}: Remove({id}) of present record"),
+                    Effect::Decided(id, o) => {
+                        assert_eq!(a.decision_view(*id), DecisionView::Decided(*o));
+                        assert!(pre.get(*id).unwrap().decision().is_none());
+                    }
+                }
+            }
+            let changed: BTreeSet<Txid> = pre
+                .records()
+                .chain(a.records())
+                .map(|r| r.txid)
+                .filter(|id| pre.get(*id) != a.get(*id))
+                .collect();
+            let named: BTreeSet<Txid> = ea
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::Put(id) | Effect::Remove(id) => Some(*id),
+                    Effect::Decided(..) => None,
+                })
+                .collect();
+            assert_eq!(
+                changed, named,
+                "step {step}: changed records vs Put/Remove effects for {cmd:?}"
+            );
+
+            // Invariant 10: txids only grow and are never reused.
+            assert!(a.next_txid() >= pre.next_txid());
+            if let Ok(CommandOk::Began {
+                txid, existing: false, ..
+            }) = &ra
+            {
+                assert!(*txid > max_txid, "step {step}: txid {txid} not above {max_txid}");
+                assert!(!forgotten.contains(txid));
+                max_txid = *txid;
+            }
+            if let Command::Forget { txid } = &cmd {
+                if ra.is_ok() {
+                    let r = pre.get(*txid).unwrap();
+                    assert!(r.decision().is_some(), "forgot an undecided tx");
+                    assert!(r.all_acked(), "forgot a tx with unacked participants");
+                    forgotten.insert(*txid);
+                    forgets += 1;
+                }
+            }
+
+            if let Command::Decide {
+                txid,
+                outcome,
+                voters,
+                source,
+                ..
+            } = &cmd
+            {
+                if let Ok(CommandOk::Decided { decision, recorded }) = &ra {
+                    assert_eq!(
+                        ea.contains(&Effect::Decided(*txid, decision.outcome)),
+                        *recorded,
+                        "step {step}: Decided effect iff recorded"
+                    );
+                    if *recorded {
+                        assert_eq!(decision.outcome, *outcome);
+                        match outcome {
+                            Outcome::Commit => commits += 1,
+                            Outcome::Abort => aborts += 1,
+                        }
+                        // Invariant 2: no COMMIT while an enlisted participant
+                        // is missing from the voters (nor any stranger voted).
+                        if *outcome == Outcome::Commit {
+                            assert_ne!(*source, DecisionSource::Reaper, "reaper committed");
+                            let enlisted: BTreeSet<&str> = pre
+                                .get(*txid)
+                                .unwrap()
+                                .participants
+                                .iter()
+                                .map(|p| p.id.as_str())
+                                .collect();
+                            let voted: BTreeSet<&str> = voters.iter().map(String::as_str).collect();
+                            for p in &enlisted {
+                                assert!(
+                                    voted.contains(p),
+                                    "step {step}: COMMIT of {txid} without a vote from {p}"
+                                );
+                            }
+                            assert_eq!(enlisted, voted);
+                        }
+                        // Invariant 7: a reaper ABORT only at/after the deadline.
+                        if *source == DecisionSource::Reaper {
+                            assert!(decision.decided_ms >= pre.get(*txid).unwrap().deadline_ms);
+                        }
+                    } else {
+                        assert!(ea.is_empty());
+                    }
+                }
+            }
+
+            // Invariant 1: a recorded decision never changes afterwards.
+            for r in a.records() {
+                if let Some(d) = r.decision() {
+                    let f = first.entry(r.txid).or_insert_with(|| d.clone());
+                    assert_eq!(f, d, "seed {seed:#x} step {step}: decision of {} changed", r.txid);
+                    // Once decided, the view never reads Pending again.
+                    assert_eq!(a.decision_view(r.txid), DecisionView::Decided(f.outcome));
+                } else {
+                    assert!(
+                        !first.contains_key(&r.txid),
+                        "step {step}: tx {} lost its decision",
+                        r.txid
+                    );
+                }
+                // The participant set is frozen once the tx leaves ACTIVE.
+                if r.phase != Phase::Active {
+                    let ids = r
+                        .participants
+                        .iter()
+                        .map(|p| Participant {
+                            acked: false,
+                            ..p.clone()
+                        })
+                        .collect::<Vec<_>>();
+                    let f = frozen.entry(r.txid).or_insert_with(|| ids.clone());
+                    assert_eq!(*f, ids, "step {step}: participant set of {} changed", r.txid);
+                }
+            }
+            for id in &forgotten {
+                assert_eq!(a.decision_view(*id), DecisionView::Unknown);
+            }
+        }
+
+        // The rebuilt table is the same table.
+        let rebuilt = TxTable::from_parts(a.next_txid(), a.records().cloned().collect::<Vec<_>>());
+        assert_eq!(rebuilt, a, "seed {seed:#x}: from_parts round trip");
+
+        // The generator really exercised the interesting paths.
+        assert!(commits > 10, "seed {seed:#x}: only {commits} commits");
+        assert!(aborts > 10, "seed {seed:#x}: only {aborts} aborts");
+        assert!(forgets > 3, "seed {seed:#x}: only {forgets} forgets");
+    }
+}
