@@ -92,11 +92,19 @@ impl Batcher {
 
 async fn run(raft: Raft, s: BatchSettings, mut rx: mpsc::Receiver<Pending>) {
     let slots = Arc::new(Semaphore::new(s.inflight_max.max(1)));
+    // A command that did not fit the previous batch opens the next one.
+    let mut carry: Option<Pending> = None;
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Some(first) = rx.recv().await else { return };
+        let first = match carry.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
         let mut bytes = first.size;
         let mut batch = vec![first];
         let wait_until = Instant::now() + Duration::from_micros(s.wait_us);
@@ -110,11 +118,7 @@ async fn run(raft: Raft, s: BatchSettings, mut rx: mpsc::Receiver<Pending>) {
                 },
             };
             if bytes + next.size > s.bytes_max {
-                // Keep it for the next batch: put it first by sending it on
-                // a fresh path (rare; only with very large commands).
-                let raft = raft.clone();
-                let one = vec![next];
-                tokio::spawn(async move { write(raft, one).await });
+                carry = Some(next);
                 break;
             }
             bytes += next.size;

@@ -146,8 +146,8 @@ impl Default for RaftConfig {
     fn default() -> Self {
         RaftConfig {
             heartbeat_interval_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            election_timeout_min_ms: 300,
+            election_timeout_max_ms: 500,
             snapshot_logs_since_last: 20_000,
             logs_to_keep_after_snapshot: 1_000,
             append_entries_max: 64,

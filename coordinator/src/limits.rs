@@ -12,6 +12,8 @@ pub const PAYLOAD_BYTES_MAX: usize = 64 * 1024;
 pub const DESCRIPTION_BYTES_MAX: usize = 4096;
 /// Free-text reasons and notes.
 pub const REASON_BYTES_MAX: usize = 1024;
+/// Notes recorded with a decision (an operator's name and reason fit).
+pub const NOTE_BYTES_MAX: usize = ID_BYTES_MAX + REASON_BYTES_MAX + 64;
 /// Participants in one transaction.
 pub const PARTICIPANTS_MAX: usize = 32;
 /// Transaction ids in one batched decision read.

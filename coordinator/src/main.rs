@@ -34,6 +34,11 @@ enum Cmd {
     /// Measure Decide throughput and latency on a local three-node cluster,
     /// and this disk's fsync rate.
     Bench(coordinator::bench::BenchArgs),
+    /// Print what a stopped node's data directory holds, as JSON (read-only).
+    Inspect {
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
     /// Operator commands against a running cluster.
     Admin {
         /// API address(es) of any node(s), comma-separated.
@@ -263,5 +268,10 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Dev(a) => coordinator::dev::run(a, shutdown_signal()).await,
         Cmd::Bench(a) => coordinator::bench::run(a).await,
         Cmd::Admin { addr, cmd } => admin(addr, cmd).await,
+        Cmd::Inspect { data_dir } => {
+            let v = coordinator::store::inspect(&data_dir)?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(())
+        }
     }
 }

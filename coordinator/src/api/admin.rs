@@ -112,6 +112,30 @@ impl NodeCtx {
             .await
             .map_err(membership_error)?;
         if req.voter {
+            // Promote only a learner that has really caught up: a voter that
+            // cannot be reached would shrink the fault tolerance to zero.
+            let target = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
+            let id = req.node_id;
+            let caught_up = self
+                .raft
+                .wait(Some(Duration::from_secs(30)))
+                .metrics(
+                    |m| {
+                        m.replication
+                            .as_ref()
+                            .and_then(|r| r.get(&id).cloned().flatten())
+                            .map(|matched| matched.index >= target)
+                            .unwrap_or(false)
+                    },
+                    "learner caught up",
+                )
+                .await;
+            if caught_up.is_err() {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "node {id} was added as a learner but has not caught up to log index {target} within 30 s; \
+                     it stays a learner (check that it runs and is reachable, then retry AddNode)"
+                )));
+            }
             let ids: BTreeSet<NodeId> = [req.node_id].into();
             self.raft
                 .change_membership(ChangeMembers::AddVoterIds(ids), false)

@@ -52,7 +52,8 @@ where
                 fwd.metadata_mut().insert("grpc-timeout", t);
             }
             remote(channel, fwd).await.map_err(|s| {
-                if s.code() == tonic::Code::Unavailable && error::leader_hint(&s).is_none() {
+                let transport_failed = matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown);
+                if transport_failed || (s.code() == tonic::Code::Unavailable && error::leader_hint(&s).is_none()) {
                     // Keep the hint so the client can go to the leader itself.
                     Status::from(ApiError::NotLeader {
                         leader_id: Some(leader),

@@ -216,7 +216,7 @@ pub enum Effect {
 }
 
 /// All replicated transaction state.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TxTable {
     /// The next id Begin hands out. Only grows: ids are never reused
     /// (invariant 10), also not after Forget or across leaders.
@@ -233,6 +233,12 @@ pub enum DecisionView {
     Decided(Outcome),
     /// No record: never begun, or forgotten after all acks. Presumed abort.
     Unknown,
+}
+
+impl Default for TxTable {
+    fn default() -> Self {
+        TxTable::new()
+    }
 }
 
 impl TxTable {
@@ -444,7 +450,7 @@ impl TxTable {
         voters: &[String],
         effects: &mut Vec<Effect>,
     ) -> CommandResult {
-        check_len("note", decision.note.len(), limits::REASON_BYTES_MAX)?;
+        check_len("note", decision.note.len(), limits::NOTE_BYTES_MAX)?;
         let r = self.txs.get_mut(&txid).ok_or(CommandError::NotFound { txid })?;
         // Invariant 1: write-once. The first Decide wins; later ones (even
         // conflicting) read the recorded decision back.

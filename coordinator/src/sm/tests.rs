@@ -262,7 +262,7 @@ fn limits_decide_note_too_long_is_invalid() {
         source: DecisionSource::Operator,
         term: 1,
         now_ms: 1,
-        note: "n".repeat(limits::REASON_BYTES_MAX + 1),
+        note: "n".repeat(limits::NOTE_BYTES_MAX + 1),
     };
     let (res, eff) = run(&mut t, cmd);
     expect_invalid_naming(res, "note");

@@ -99,3 +99,62 @@ pub fn open_data_dir(dir: &Path, cluster_id: &str, node_id: u64) -> Result<Arc<d
     }
     Ok(Arc::new(engine))
 }
+
+/// A read-only look at a stopped node's data directory, for operators and
+/// tests (`coordinator inspect`). It writes nothing.
+pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
+    let dir_s = dir.display().to_string();
+    if !dir.exists() {
+        return Err(OpenError::Damaged {
+            dir: dir_s,
+            message: "it does not exist".into(),
+        });
+    }
+    let engine: Arc<dyn KvEngine> = Arc::new(SledEngine::open(dir).map_err(|e| OpenError::Damaged {
+        dir: dir_s.clone(),
+        message: e.to_string(),
+    })?);
+    let damaged = |m: String| OpenError::Damaged {
+        dir: dir_s.clone(),
+        message: m,
+    };
+    let identity: Option<NodeIdentity> = match engine.get(Space::NodeMeta, IDENTITY_KEY)? {
+        Some(b) => Some(codec::decode(&b).map_err(|e| damaged(e.to_string()))?),
+        None => None,
+    };
+    let first_log = engine
+        .first(Space::Log)?
+        .map(|(k, _)| u64::from_be_bytes(k[..8].try_into().unwrap_or([0; 8])));
+    let last_log = engine
+        .last(Space::Log)?
+        .map(|(k, _)| u64::from_be_bytes(k[..8].try_into().unwrap_or([0; 8])));
+    let sm = StateMachineStore::open(engine.clone()).map_err(|e| damaged(e.to_string()))?;
+    let st = sm.state();
+    let records: Vec<serde_json::Value> = st
+        .table
+        .records()
+        .map(|r| {
+            serde_json::json!({
+                "txid": r.txid,
+                "idempotency_key": r.idempotency_key,
+                "phase": r.phase.name(),
+                "decision": r.decision().map(|d| d.outcome.to_string()),
+                "decision_source": r.decision().map(|d| format!("{:?}", d.source)),
+                "deadline_ms": r.deadline_ms,
+                "participants": r.participants.iter().map(|p| serde_json::json!({
+                    "id": p.id, "address": p.address, "acked": p.acked
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "data_dir": dir_s,
+        "cluster_id": identity.as_ref().map(|i| i.cluster_id.clone()),
+        "node_id": identity.as_ref().map(|i| i.node_id),
+        "log_first_index": first_log,
+        "log_last_index": last_log,
+        "last_applied_index": st.last_applied.map(|l| l.index),
+        "next_txid": st.table.next_txid(),
+        "transactions": records,
+    }))
+}
