@@ -164,7 +164,7 @@ impl Default for BatchConfig {
             entries_max: 512,
             bytes_max: 1024 * 1024,
             wait_us: 0,
-            inflight_max: 4,
+            inflight_max: 1,
             queue_max: 16_384,
         }
     }

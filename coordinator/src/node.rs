@@ -71,7 +71,8 @@ pub struct NodeCtx {
 impl NodeCtx {
     /// The leader this node knows of, with its advertised addresses.
     pub fn leader(&self) -> Option<(NodeId, Option<NodeInfo>)> {
-        let m = self.raft.metrics().borrow().clone();
+        let rx = self.raft.metrics();
+        let m = rx.borrow();
         let id = m.current_leader?;
         let node = m.membership_config.membership().get_node(&id).cloned();
         Some((id, node))
@@ -93,7 +94,7 @@ impl NodeCtx {
     }
 
     fn is_leader(&self) -> bool {
-        self.leader().map(|(id, _)| id == self.id).unwrap_or(false)
+        self.raft.metrics().borrow().current_leader == Some(self.id)
     }
 
     /// Proposes one command through the batcher and waits until it is
@@ -361,28 +362,12 @@ async fn leader_loops(ctx: Arc<NodeCtx>, mut stop: tokio::sync::watch::Receiver<
         let term = ctx.current_term();
         let retention = ctx.config.txn.retention_ms;
         let max = ctx.config.txn.reaper_batch_max;
-        let (expired, forgettable): (Vec<u64>, Vec<u64>) = {
+        let (expired, forgettable) = {
             let st = ctx.sm.state();
-            let expired = st
-                .table
-                .records()
-                .filter(|r| r.decision().is_none() && r.deadline_ms <= now)
-                .map(|r| r.txid)
-                .take(max)
-                .collect();
-            let forgettable = st
-                .table
-                .records()
-                .filter(|r| {
-                    r.all_acked()
-                        && r.decision()
-                            .map(|d| d.decided_ms.saturating_add(retention) <= now)
-                            .unwrap_or(false)
-                })
-                .map(|r| r.txid)
-                .take(max)
-                .collect();
-            (expired, forgettable)
+            (
+                st.table.expired(now, max),
+                st.table.forgettable(now.saturating_sub(retention), max),
+            )
         };
         let mut cmds: Vec<Command> = expired
             .into_iter()

@@ -224,6 +224,12 @@ pub struct TxTable {
     txs: BTreeMap<Txid, TxRecord>,
     /// Derived index: idempotency key -> txid.
     keys: BTreeMap<String, Txid>,
+    /// Derived index: (deadline, txid) of every undecided transaction, so the
+    /// reaper finds expired ones without scanning the table.
+    deadlines: BTreeSet<(u64, Txid)>,
+    /// Derived index: (decided_ms, txid) of every decided transaction whose
+    /// participants all acked: the candidates for Forget.
+    done: BTreeSet<(u64, Txid)>,
 }
 
 /// What a reader learns about a decision (linearizable reads return this).
@@ -247,22 +253,75 @@ impl TxTable {
             next_txid: 1,
             txs: BTreeMap::new(),
             keys: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            done: BTreeSet::new(),
         }
+    }
+
+    /// Keeps the derived `deadlines` and `done` indexes in step with one
+    /// record (call after every change to it; `None` = removed).
+    fn reindex(&mut self, txid: Txid, before: Option<(u64, Option<u64>, bool)>) {
+        if let Some((deadline, decided, acked)) = before {
+            self.deadlines.remove(&(deadline, txid));
+            if let (Some(d), true) = (decided, acked) {
+                self.done.remove(&(d, txid));
+            }
+        }
+        if let Some(r) = self.txs.get(&txid) {
+            match r.decision() {
+                None => {
+                    self.deadlines.insert((r.deadline_ms, txid));
+                }
+                Some(d) if r.all_acked() => {
+                    self.done.insert((d.decided_ms, txid));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    fn index_key(&self, txid: Txid) -> Option<(u64, Option<u64>, bool)> {
+        self.txs
+            .get(&txid)
+            .map(|r| (r.deadline_ms, r.decision().map(|d| d.decided_ms), r.all_acked()))
+    }
+
+    /// Undecided transactions whose deadline is at or before `now_ms`,
+    /// earliest first, at most `max`.
+    pub fn expired(&self, now_ms: u64, max: usize) -> Vec<Txid> {
+        self.deadlines
+            .iter()
+            .take_while(|(d, _)| *d <= now_ms)
+            .take(max)
+            .map(|(_, t)| *t)
+            .collect()
+    }
+
+    /// Decided, fully acked transactions decided at or before
+    /// `decided_before_ms`, oldest first, at most `max`.
+    pub fn forgettable(&self, decided_before_ms: u64, max: usize) -> Vec<Txid> {
+        self.done
+            .iter()
+            .take_while(|(d, _)| *d <= decided_before_ms)
+            .take(max)
+            .map(|(_, t)| *t)
+            .collect()
     }
 
     /// Rebuilds a table from persisted parts (keys are derived).
     pub fn from_parts(next_txid: Txid, records: impl IntoIterator<Item = TxRecord>) -> Self {
         let mut t = TxTable {
             next_txid: next_txid.max(1),
-            txs: BTreeMap::new(),
-            keys: BTreeMap::new(),
+            ..TxTable::new()
         };
         for r in records {
             // Never hand out a txid a record already holds (invariant 10),
             // even if the persisted next_txid lags behind the records.
             t.next_txid = t.next_txid.max(r.txid.saturating_add(1));
             t.keys.insert(r.idempotency_key.clone(), r.txid);
-            t.txs.insert(r.txid, r);
+            let txid = r.txid;
+            t.txs.insert(txid, r);
+            t.reindex(txid, None);
         }
         t
     }
@@ -300,6 +359,28 @@ impl TxTable {
     /// Applies one command. Pure: the same table and command always give the
     /// same result, effects and new table.
     pub fn apply(&mut self, cmd: &Command, effects: &mut Vec<Effect>) -> CommandResult {
+        let first_effect = effects.len();
+        let txid = command_txid(cmd);
+        let before = txid.and_then(|t| self.index_key(t));
+        let result = self.apply_inner(cmd, effects);
+        if effects.len() > first_effect {
+            // Begin creates its txid: index whatever the effects name.
+            let changed: BTreeSet<Txid> = effects[first_effect..]
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::Put(t) | Effect::Remove(t) => Some(*t),
+                    Effect::Decided(..) => None,
+                })
+                .collect();
+            for t in changed {
+                let b = if Some(t) == txid { before } else { None };
+                self.reindex(t, b);
+            }
+        }
+        result
+    }
+
+    fn apply_inner(&mut self, cmd: &Command, effects: &mut Vec<Effect>) -> CommandResult {
         match cmd {
             Command::Begin {
                 idempotency_key,
@@ -542,6 +623,18 @@ impl TxTable {
         self.keys.remove(&key);
         effects.push(Effect::Remove(txid));
         Ok(CommandOk::Forgotten)
+    }
+}
+
+/// The existing transaction a command is about (Begin creates one).
+fn command_txid(cmd: &Command) -> Option<Txid> {
+    match cmd {
+        Command::Begin { .. } => None,
+        Command::Enlist { txid, .. }
+        | Command::RequestCommit { txid }
+        | Command::Decide { txid, .. }
+        | Command::Ack { txid, .. }
+        | Command::Forget { txid } => Some(*txid),
     }
 }
 

@@ -1204,6 +1204,37 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
             let mut eb = Vec::new();
             let rb = b.apply(&cmd, &mut eb);
 
+            // The derived reaper/forget indexes equal a brute-force scan.
+            let brute_expired: Vec<Txid> = {
+                let mut v: Vec<(u64, Txid)> = a
+                    .records()
+                    .filter(|r| r.decision().is_none() && r.deadline_ms <= now_ms)
+                    .map(|r| (r.deadline_ms, r.txid))
+                    .collect();
+                v.sort();
+                v.into_iter().map(|(_, t)| t).collect()
+            };
+            assert_eq!(
+                a.expired(now_ms, usize::MAX),
+                brute_expired,
+                "seed {seed:#x} step {step}: expired index"
+            );
+            let brute_done: Vec<Txid> = {
+                let mut v: Vec<(u64, Txid)> = a
+                    .records()
+                    .filter(|r| r.all_acked())
+                    .filter_map(|r| r.decision().map(|d| (d.decided_ms, r.txid)))
+                    .filter(|(d, _)| *d <= now_ms)
+                    .collect();
+                v.sort();
+                v.into_iter().map(|(_, t)| t).collect()
+            };
+            assert_eq!(
+                a.forgettable(now_ms, usize::MAX),
+                brute_done,
+                "seed {seed:#x} step {step}: forget index"
+            );
+
             // Determinism: same result, same effects, same table.
             assert_eq!(ra, rb, "seed {seed:#x} step {step}: results differ for {cmd:?}");
             assert_eq!(ea, eb, "seed {seed:#x} step {step}: effects differ");
@@ -1355,4 +1386,34 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
         assert!(aborts > 10, "seed {seed:#x}: only {aborts} aborts");
         assert!(forgets > 3, "seed {seed:#x}: only {forgets} forgets");
     }
+}
+
+#[test]
+fn inv7_inv10_reaper_and_forget_indexes_follow_the_records() {
+    let mut t = TxTable::new();
+    let a = begin_new(&mut t, "a", 0, 100); // deadline 100
+    let b = begin_new(&mut t, "b", 0, 50); // deadline 50
+    let c = tx_with(&mut t, "c", &["p"]);
+    assert_eq!(t.expired(49, 10), Vec::<Txid>::new());
+    assert_eq!(t.expired(100, 10), vec![b, a]);
+    assert_eq!(t.expired(100, 1), vec![b], "bounded by max");
+    // Deciding removes from the reaper index; a decided tx without
+    // participants is immediately forgettable.
+    run(&mut t, decide_cmd(b, Outcome::Abort, &[], DecisionSource::Reaper, 60));
+    assert_eq!(t.expired(100, 10), vec![a]);
+    assert_eq!(t.forgettable(59, 10), Vec::<Txid>::new());
+    assert_eq!(t.forgettable(60, 10), vec![b]);
+    // A decided tx with an unacked participant is not forgettable until ack.
+    run(
+        &mut t,
+        decide_cmd(c, Outcome::Commit, &["p"], DecisionSource::Driver, 70),
+    );
+    assert_eq!(t.forgettable(1000, 10), vec![b]);
+    run(&mut t, ack_cmd(c, "p"));
+    assert_eq!(t.forgettable(1000, 10), vec![b, c]);
+    run(&mut t, Command::Forget { txid: b });
+    assert_eq!(t.forgettable(1000, 10), vec![c]);
+    // Rebuilt tables carry the same indexes.
+    let rebuilt = TxTable::from_parts(t.next_txid(), t.records().cloned().collect::<Vec<_>>());
+    assert_eq!(rebuilt, t);
 }
