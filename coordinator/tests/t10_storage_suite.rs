@@ -1,5 +1,6 @@
 //! openraft's own storage test suite against our sled-backed log store and
 //! state-machine store (the storage half of DESIGN's Raft contract).
+#![allow(clippy::result_large_err)]
 
 use coordinator::raft::StorageError;
 use coordinator::raft::TypeConfig;
