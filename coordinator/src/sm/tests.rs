@@ -1399,14 +1399,19 @@ fn inv7_inv10_reaper_and_forget_indexes_follow_the_records() {
     assert_eq!(t.expired(100, 1), vec![b], "bounded by max");
     // Deciding removes from the reaper index; a decided tx without
     // participants is immediately forgettable.
-    run(&mut t, decide_cmd(b, Outcome::Abort, &[], DecisionSource::Reaper, 60)).0.unwrap();
+    run(&mut t, decide_cmd(b, Outcome::Abort, &[], DecisionSource::Reaper, 60))
+        .0
+        .unwrap();
     assert_eq!(t.expired(100, 10), vec![a]);
     assert_eq!(t.forgettable(59, 10), Vec::<Txid>::new());
     assert_eq!(t.forgettable(60, 10), vec![b]);
     // A decided tx with an unacked participant is not forgettable until ack.
-    run(&mut t, decide_cmd(c, Outcome::Commit, &["p"], DecisionSource::Driver, 70))
-        .0
-        .unwrap();
+    run(
+        &mut t,
+        decide_cmd(c, Outcome::Commit, &["p"], DecisionSource::Driver, 70),
+    )
+    .0
+    .unwrap();
     assert_eq!(t.forgettable(1000, 10), vec![b]);
     run(&mut t, ack_cmd(c, "p")).0.unwrap();
     assert_eq!(t.forgettable(1000, 10), vec![b, c]);
