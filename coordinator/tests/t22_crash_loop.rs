@@ -66,7 +66,7 @@ async fn t22_kill9_loop_loses_nothing_acknowledged() {
                 };
                 begun.lock().unwrap().insert(key, b.txid);
                 // Half commit (operator path, no participants), half abort.
-                let o = if i % 2 == 0 {
+                let o = if i.is_multiple_of(2) {
                     client.resolve(b.txid, true, &[], "t22", "loop").await.map(|(o, _)| o)
                 } else {
                     client.abort(b.txid, "loop").await
@@ -84,7 +84,7 @@ async fn t22_kill9_loop_loses_nothing_acknowledged() {
 
     for round in 0..6 {
         tokio::time::sleep(Duration::from_millis(400 + rng.next() % 600)).await;
-        let victim = if rng.next() % 2 == 0 {
+        let victim = if rng.next().is_multiple_of(2) {
             c.procs.current_leader().await.unwrap_or(1)
         } else {
             1 + rng.next() % 3
