@@ -172,6 +172,20 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let leader_api = cluster.node(leader).plan.api_listen.clone();
     println!("cluster up; leader node {leader} at {leader_api}");
 
+    // Latency budget at one client: a bare API round trip (no Raft), and a
+    // linearizable read (round trip + one heartbeat round to a quorum).
+    let one = {
+        let mut cfg = ClientConfig::new(vec![leader_api.clone()]);
+        cfg.call_deadline = Duration::from_secs(30);
+        vec![Arc::new(Client::new(cfg).expect("client"))]
+    };
+    let rpc = run_phase(&one, 2, |c, _, _| async move { c.cluster_status().await.is_ok() }).await;
+    let read = run_phase(&one, 2, |c, _, _| async move { c.decision(1).await.is_ok() }).await;
+    println!(
+        "budget at 1 client: API round trip p50 {} us; linearizable read p50 {} us; fsync p50 {} us",
+        rpc.p50_us, read.p50_us, raw.p50_us
+    );
+
     let mut rows = Vec::new();
     for &n in &a.clients {
         let clients: Vec<Arc<Client>> = (0..n)

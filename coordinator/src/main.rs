@@ -256,10 +256,28 @@ fn status_json(s: &dtx_proto::v1::ClusterStatusResponse) -> serde_json::Value {
     })
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_tracing(&cli.log_format);
+    // A node runs on one thread by default (its fsyncs run on their own
+    // thread): on small machines this avoids cross-thread wake-ups on every
+    // step of a Raft round. DTX_WORKER_THREADS=N selects a thread pool.
+    let threads: usize = std::env::var("DTX_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let rt = if threads == 0 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?
+    };
+    rt.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Serve(a) => {
             let config = load_config(a).context("configuration")?;

@@ -186,15 +186,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         )
     })?;
     let local_ip = Some(raft_listen.ip()).filter(|ip| !ip.is_unspecified());
-    let network = Network {
-        settings: NetworkSettings {
-            cluster_id: config.cluster_id.clone(),
-            self_id: config.node_id,
-            local_ip,
-            max_message_bytes: config.raft.max_message_bytes,
-            connect_timeout: Duration::from_millis(config.raft.connect_timeout_ms),
-        },
-    };
+    let network = Network::new(NetworkSettings {
+        cluster_id: config.cluster_id.clone(),
+        self_id: config.node_id,
+        local_ip,
+        max_message_bytes: config.raft.max_message_bytes,
+        connect_timeout: Duration::from_millis(config.raft.connect_timeout_ms),
+    });
     let raft = Raft::new(
         config.node_id,
         Arc::new(raft_config(&config)?),

@@ -48,10 +48,32 @@ pub struct NetworkSettings {
     pub connect_timeout: Duration,
 }
 
-/// Builds one `Connection` per target node.
+/// Builds one `Connection` per target node. Channels are cached per address:
+/// openraft asks for a new client for every read-index round, and a fresh
+/// TCP + HTTP/2 handshake each time would cost more than the round itself.
 #[derive(Clone)]
 pub struct Network {
     pub settings: NetworkSettings,
+    channels: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Channel>>>,
+}
+
+impl Network {
+    pub fn new(settings: NetworkSettings) -> Self {
+        Network {
+            settings,
+            channels: Default::default(),
+        }
+    }
+
+    fn channel_to(&self, addr: &str) -> Option<Channel> {
+        let mut map = self.channels.lock().expect("channel cache lock");
+        if let Some(c) = map.get(addr) {
+            return Some(c.clone());
+        }
+        let c = channel(addr, self.settings.local_ip, self.settings.connect_timeout).ok()?;
+        map.insert(addr.to_string(), c.clone());
+        Some(c)
+    }
 }
 
 /// Builds a lazily connecting channel to `addr` bound to `local_ip`.
@@ -75,13 +97,11 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Connection;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> Connection {
-        let client = channel(&node.raft_addr, self.settings.local_ip, self.settings.connect_timeout)
-            .ok()
-            .map(|ch| {
-                RaftTransportClient::new(ch)
-                    .max_decoding_message_size(self.settings.max_message_bytes)
-                    .max_encoding_message_size(self.settings.max_message_bytes)
-            });
+        let client = self.channel_to(&node.raft_addr).map(|ch| {
+            RaftTransportClient::new(ch)
+                .max_decoding_message_size(self.settings.max_message_bytes)
+                .max_encoding_message_size(self.settings.max_message_bytes)
+        });
         Connection {
             target,
             addr: node.raft_addr.clone(),

@@ -2,6 +2,12 @@
 //!
 //! Durability rules (openraft's contract): an append is reported flushed only
 //! after `flush` (fsync) returned; `save_vote` flushes before it returns.
+//!
+//! Appends do not wait for their fsync: they write the entries, hand the
+//! completion callback to one flusher thread and return, so openraft keeps
+//! working (replicating, accepting writes) while the disk syncs. The flusher
+//! takes every callback queued so far, syncs ONCE, then completes them in
+//! order: concurrent appends share one fsync (group commit at the disk).
 
 use std::fmt::Debug;
 use std::ops::Bound;
@@ -38,11 +44,39 @@ fn index_key(index: u64) -> [u8; 8] {
 #[derive(Clone)]
 pub struct LogStore {
     engine: Arc<dyn KvEngine>,
+    flusher: std::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
+}
+
+/// The flusher thread: waits for callbacks, syncs once per group, completes
+/// them in arrival order. Ends when every `LogStore` handle is dropped.
+fn run_flusher(engine: Arc<dyn KvEngine>, rx: std::sync::mpsc::Receiver<LogFlushed<TypeConfig>>) {
+    while let Ok(first) = rx.recv() {
+        let mut group = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            group.push(more);
+        }
+        let res = engine.flush();
+        metrics::counter!("dtx_log_flushes_total").increment(1);
+        metrics::histogram!("dtx_log_flush_group_appends").record(group.len() as f64);
+        for cb in group {
+            let r = match &res {
+                Ok(()) => Ok(()),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            };
+            cb.log_io_completed(r);
+        }
+    }
 }
 
 impl LogStore {
     pub fn new(engine: Arc<dyn KvEngine>) -> Self {
-        LogStore { engine }
+        let (flusher, rx) = std::sync::mpsc::channel();
+        let e = engine.clone();
+        std::thread::Builder::new()
+            .name("dtx-log-flusher".into())
+            .spawn(move || run_flusher(e, rx))
+            .expect("spawn the log flusher thread");
+        LogStore { engine, flusher }
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError> {
@@ -166,10 +200,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.engine
             .write_batch(Space::Log, batch)
             .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
-        // Durable before openraft may count this append (fsync).
-        let res = self.flush().await;
-        metrics::counter!("dtx_log_flushes_total").increment(1);
-        callback.log_io_completed(res);
+        // Durable before openraft may count this append: the flusher calls
+        // back only after an fsync that covers these writes.
+        if let Err(e) = self.flusher.send(callback) {
+            e.0.log_io_completed(Err(std::io::Error::other("the log flusher thread stopped")));
+        }
         Ok(())
     }
 
