@@ -89,8 +89,6 @@ impl ProcessCluster {
                 data_dir: dir.join(format!("node{}", p.id)),
                 raft_addr: p.raft_listen.clone(),
                 api_addr: p.api_listen.clone(),
-                advertise_raft_addr: Some(p.raft_advertise.clone()),
-                advertise_api_addr: Some(p.api_advertise.clone()),
                 ..Config::default()
             };
             c.bootstrap.enabled = i == 0;

@@ -40,11 +40,7 @@ pub struct Config {
     pub raft_addr: String,
     /// Listen address of the client and admin API.
     pub api_addr: String,
-    /// Address advertised to peers for `raft_addr` (default: raft_addr).
-    pub advertise_raft_addr: Option<String>,
-    /// Address advertised to peers and clients for `api_addr` (default: api_addr).
-    pub advertise_api_addr: Option<String>,
-    /// Prometheus exporter listen address; empty disables it.
+    /// Prometheus exporter listen address; leave the key out to disable it.
     pub metrics_addr: Option<String>,
     pub bootstrap: BootstrapConfig,
     pub raft: RaftConfig,
@@ -130,8 +126,6 @@ impl Default for Config {
             data_dir: PathBuf::from("data/node1"),
             raft_addr: "127.0.0.1:7101".to_string(),
             api_addr: "127.0.0.1:7201".to_string(),
-            advertise_raft_addr: None,
-            advertise_api_addr: None,
             metrics_addr: None,
             bootstrap: BootstrapConfig::default(),
             raft: RaftConfig::default(),
@@ -218,16 +212,6 @@ impl Config {
         })
     }
 
-    pub fn advertised_raft_addr(&self) -> String {
-        self.advertise_raft_addr
-            .clone()
-            .unwrap_or_else(|| self.raft_addr.clone())
-    }
-
-    pub fn advertised_api_addr(&self) -> String {
-        self.advertise_api_addr.clone().unwrap_or_else(|| self.api_addr.clone())
-    }
-
     /// Checks every field; the message names the field and what is wrong.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -294,6 +278,12 @@ impl Config {
         }
         if r.max_message_bytes < 1024 * 1024 {
             return bad("raft.max_message_bytes must be at least 1048576".into());
+        }
+        if r.snapshot_chunk_bytes.saturating_mul(2) > r.max_message_bytes as u64 {
+            return bad(format!(
+                "raft.snapshot_chunk_bytes ({}) must be at most half of raft.max_message_bytes ({})",
+                r.snapshot_chunk_bytes, r.max_message_bytes
+            ));
         }
         let b = &self.batch;
         if b.entries_max == 0 || b.inflight_max == 0 || b.queue_max == 0 {

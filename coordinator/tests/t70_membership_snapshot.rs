@@ -52,8 +52,6 @@ async fn t70_snapshot_purge_join_by_snapshot_and_remove() {
     cfg.data_dir = c.dir.path().join("node4");
     cfg.raft_addr = raft.clone();
     cfg.api_addr = api.clone();
-    cfg.advertise_raft_addr = None;
-    cfg.advertise_api_addr = None;
     cfg.bootstrap.enabled = false;
     let cfg_path = c.dir.path().join("node4.toml");
     std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();

@@ -107,8 +107,10 @@ impl NodeCtx {
         };
         // Learner first: it receives the log (or a snapshot) until it has
         // caught up, then it may become a voter without stalling the quorum.
+        // Not openraft's blocking mode: it waits without a time limit when
+        // the new node is down. We bound the wait ourselves below.
         self.raft
-            .add_learner(req.node_id, node, true)
+            .add_learner(req.node_id, node, false)
             .await
             .map_err(membership_error)?;
         if req.voter {

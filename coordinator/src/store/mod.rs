@@ -40,16 +40,29 @@ pub enum OpenError {
     },
     #[error("data directory {dir} belongs to node {found}, but this node is configured as node {expected}; refusing to start (node ids must not change)")]
     OtherNode { dir: String, found: u64, expected: u64 },
+    #[error("data directory {dir} does not exist")]
+    Missing { dir: String },
+    #[error("data directory {dir} is in use by another process (its lock is held); stop that process first")]
+    InUse { dir: String },
     #[error("data directory {dir} is damaged: {message}; the node stops and leaves it untouched for inspection (never reset it silently)")]
     Damaged { dir: String, message: String },
 }
 
 const IDENTITY_KEY: &[u8] = b"identity";
 
+/// sled reports a held directory lock as an I/O error (EWOULDBLOCK).
+fn is_lock_error(message: &str) -> bool {
+    message.contains("could not acquire lock")
+        || message.contains("os error 11")
+        || message.contains("WouldBlock")
+        || message.contains("temporarily unavailable")
+}
+
 /// Opens (or creates) a node's data directory and checks its identity.
 pub fn open_data_dir(dir: &Path, cluster_id: &str, node_id: u64) -> Result<Arc<dyn KvEngine>, OpenError> {
     let dir_s = dir.display().to_string();
     let engine = SledEngine::open(dir).map_err(|e| match e {
+        EngineError::Open { message, .. } if is_lock_error(&message) => OpenError::InUse { dir: dir_s.clone() },
         EngineError::Open { message, .. } => OpenError::Damaged {
             dir: dir_s.clone(),
             message,
@@ -105,14 +118,14 @@ pub fn open_data_dir(dir: &Path, cluster_id: &str, node_id: u64) -> Result<Arc<d
 pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
     let dir_s = dir.display().to_string();
     if !dir.exists() {
-        return Err(OpenError::Damaged {
-            dir: dir_s,
-            message: "it does not exist".into(),
-        });
+        return Err(OpenError::Missing { dir: dir_s });
     }
-    let engine: Arc<dyn KvEngine> = Arc::new(SledEngine::open(dir).map_err(|e| OpenError::Damaged {
-        dir: dir_s.clone(),
-        message: e.to_string(),
+    let engine: Arc<dyn KvEngine> = Arc::new(SledEngine::open(dir).map_err(|e| match e {
+        EngineError::Open { message, .. } if is_lock_error(&message) => OpenError::InUse { dir: dir_s.clone() },
+        other => OpenError::Damaged {
+            dir: dir_s.clone(),
+            message: other.to_string(),
+        },
     })?);
     let damaged = |m: String| OpenError::Damaged {
         dir: dir_s.clone(),
