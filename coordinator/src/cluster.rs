@@ -143,7 +143,11 @@ impl ProcessCluster {
             return Ok(());
         }
         let log = fs::OpenOptions::new().create(true).append(true).open(&n.log_path)?;
+        use std::os::unix::process::CommandExt;
         let child = Command::new(&bin)
+            // Its own process group: a Ctrl-C in the terminal reaches only
+            // the supervisor, which then stops the nodes in order.
+            .process_group(0)
             .arg("serve")
             .arg("--config")
             .arg(&n.config_path)

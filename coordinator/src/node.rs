@@ -235,43 +235,22 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let raft_server = {
-        let svc = RaftTransportServer::new(RaftService {
+    let raft_router = tonic::transport::Server::builder().tcp_nodelay(true).add_service(
+        RaftTransportServer::new(RaftService {
             raft: raft.clone(),
             cluster_id: config.cluster_id.clone(),
         })
         .max_decoding_message_size(config.raft.max_message_bytes)
-        .max_encoding_message_size(config.raft.max_message_bytes);
-        let listener = tokio::net::TcpListener::bind(raft_listen)
-            .await
-            .with_context(|| format!("cannot listen on raft_addr {raft_listen}"))?;
-        let mut stop = stop_rx.clone();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .tcp_nodelay(true)
-                .add_service(svc)
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                }),
-        )
-    };
-    let api_server = {
-        let listener = tokio::net::TcpListener::bind(api_listen)
-            .await
-            .with_context(|| format!("cannot listen on api_addr {api_listen}"))?;
-        let mut stop = stop_rx.clone();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .tcp_nodelay(true)
-                .add_service(CoordinatorServer::new(
-                    crate::api::coordinator::CoordinatorService::new(ctx.clone()),
-                ))
-                .add_service(AdminServer::new(crate::api::admin::AdminService::new(ctx.clone())))
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                }),
-        )
-    };
+        .max_encoding_message_size(config.raft.max_message_bytes),
+    );
+    let raft_server = serve(raft_router, raft_listen, "raft_addr", stop_rx.clone()).await?;
+    let api_router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(CoordinatorServer::new(
+            crate::api::coordinator::CoordinatorService::new(ctx.clone()),
+        ))
+        .add_service(AdminServer::new(crate::api::admin::AdminService::new(ctx.clone())));
+    let api_server = serve(api_router, api_listen, "api_addr", stop_rx.clone()).await?;
     info!(
         node_id = config.node_id,
         cluster_id = %config.cluster_id,
@@ -314,6 +293,25 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         error!(node_id = config.node_id, "{e:#}");
     }
     outcome
+}
+
+/// Binds `addr` and serves `router` on it until `stop` turns true.
+async fn serve(
+    router: tonic::transport::server::Router,
+    addr: SocketAddr,
+    what: &str,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {what} {addr}"))?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    Ok(tokio::spawn(router.serve_with_incoming_shutdown(
+        incoming,
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+    )))
 }
 
 async fn bootstrap(raft: &Raft, config: &Config) -> anyhow::Result<()> {

@@ -16,7 +16,6 @@ use tonic::Status;
 
 use self::error::ApiError;
 use self::error::FORWARDED_HEADER;
-use crate::limits;
 use crate::node::NodeCtx;
 
 /// Runs `local` here; when this node is not the leader and the request was
@@ -70,17 +69,9 @@ where
 }
 
 pub(crate) fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
-    if v.is_empty() {
-        return Err(ApiError::InvalidArgument(format!("{field} must not be empty")));
-    }
-    check_len(field, v.len(), limits::ID_BYTES_MAX)
+    crate::sm::check_id(field, v).map_err(ApiError::from)
 }
 
 pub(crate) fn check_len(field: &str, len: usize, max: usize) -> Result<(), ApiError> {
-    if len > max {
-        return Err(ApiError::InvalidArgument(format!(
-            "{field} is {len} bytes; the limit is {max} bytes"
-        )));
-    }
-    Ok(())
+    crate::sm::check_len(field, len, max).map_err(ApiError::from)
 }

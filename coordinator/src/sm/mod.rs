@@ -198,7 +198,7 @@ pub enum CommandError {
     NotAllAcked { txid: Txid, pending: Vec<String> },
     #[error("participant {participant_id:?} is not enlisted in transaction {txid}")]
     UnknownParticipant { txid: Txid, participant_id: String },
-    #[error("invalid command: {0}")]
+    #[error("{0}")]
     Invalid(String),
 }
 
@@ -638,14 +638,17 @@ fn command_txid(cmd: &Command) -> Option<Txid> {
     }
 }
 
-fn check_id(field: &str, v: &str) -> Result<(), CommandError> {
+/// Checks a non-empty id against `limits::ID_BYTES_MAX` (shared with the API
+/// layer, which maps the error to INVALID_ARGUMENT).
+pub fn check_id(field: &str, v: &str) -> Result<(), CommandError> {
     if v.is_empty() {
         return Err(CommandError::Invalid(format!("{field} must not be empty")));
     }
     check_len(field, v.len(), limits::ID_BYTES_MAX)
 }
 
-fn check_len(field: &str, len: usize, max: usize) -> Result<(), CommandError> {
+/// Checks a length against a limit; the message names the field and limit.
+pub fn check_len(field: &str, len: usize, max: usize) -> Result<(), CommandError> {
     if len > max {
         return Err(CommandError::Invalid(format!(
             "{field} is {len} bytes; the limit is {max} bytes"
