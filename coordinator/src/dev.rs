@@ -16,8 +16,9 @@ pub struct DevArgs {
     /// Data directory of the dev cluster (kept between runs).
     #[arg(long, default_value = ".dtx-dev")]
     pub data_dir: PathBuf,
-    /// Node i listens on 127.0.0.1:(base_port+i) for Raft and
-    /// 127.0.0.1:(base_port+100+i) for the API.
+    /// Node i listens on 127.0.0.1:(base_port+i) for Raft,
+    /// 127.0.0.1:(base_port+100+i) for the API and
+    /// 127.0.0.1:(base_port+200+i) for Prometheus metrics.
     #[arg(long, default_value_t = 7100)]
     pub base_port: u16,
     /// Delete the data directory first.
@@ -49,16 +50,20 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
     std::fs::create_dir_all(&args.data_dir)?;
     let dir = args.data_dir.canonicalize()?;
     let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
-    let mut cluster = ProcessCluster::new(&bin, &dir, "dtx-dev", dev_plans(args.base_port), |_| {})?;
+    let base = args.base_port;
+    let mut cluster = ProcessCluster::new(&bin, &dir, "dtx-dev", dev_plans(base), |c| {
+        c.metrics_addr = Some(format!("127.0.0.1:{}", base as u64 + 200 + c.node_id));
+    })?;
     cluster.start_all()?;
     println!("dtx dev cluster: 3 nodes");
     println!("  data directory: {}", dir.display());
     for n in &cluster.nodes {
         println!(
-            "  node {}: api {}  raft {}  log {}",
+            "  node {}: api {}  raft {}  metrics http://{}/metrics  log {}",
             n.plan.id,
             n.plan.api_listen,
             n.plan.raft_listen,
+            n.config.metrics_addr.as_deref().unwrap_or("-"),
             n.log_path.display()
         );
     }

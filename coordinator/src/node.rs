@@ -264,6 +264,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         bootstrap(&raft, &config).await?;
     }
     let loops = tokio::spawn(leader_loops(ctx.clone(), stop_rx.clone()));
+    let gauges = tokio::spawn(report_gauges(ctx.clone()));
 
     // Stop on the caller's signal, or when Raft stops on a fatal error (for
     // example a storage failure): the node never keeps serving without Raft.
@@ -286,6 +287,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let _ = stop_tx.send(true);
     let _ = raft.shutdown().await;
     loops.abort();
+    gauges.abort();
     let _ = raft_server.await;
     let _ = api_server.await;
     engine.flush().context("final flush")?;
@@ -339,6 +341,23 @@ async fn bootstrap(raft: &Raft, config: &Config) -> anyhow::Result<()> {
         Err(e) => return Err(e.into()),
     }
     Ok(())
+}
+
+/// Exports this node's Raft position and table size as gauges, every second.
+async fn report_gauges(ctx: Arc<NodeCtx>) {
+    loop {
+        {
+            let rx = ctx.raft.metrics();
+            let m = rx.borrow();
+            metrics::gauge!("dtx_raft_term").set(m.current_term as f64);
+            metrics::gauge!("dtx_raft_is_leader").set(if m.current_leader == Some(ctx.id) { 1.0 } else { 0.0 });
+            metrics::gauge!("dtx_raft_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
+            metrics::gauge!("dtx_raft_last_applied_index").set(m.last_applied.map(|l| l.index).unwrap_or(0) as f64);
+            metrics::gauge!("dtx_raft_snapshot_index").set(m.snapshot.map(|l| l.index).unwrap_or(0) as f64);
+        }
+        metrics::gauge!("dtx_transactions").set(ctx.sm.state().table.len() as f64);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// Leader-only background work: abort expired undecided transactions through

@@ -33,6 +33,33 @@ where
     R: FnOnce(Channel, Request<Req>) -> RFut,
     RFut: Future<Output = Result<Response<Resp>, Status>>,
 {
+    let started = std::time::Instant::now();
+    let result = serve_or_forward_inner(ctx, req, local, remote).await;
+    // Per-call metrics, labelled by request type and gRPC code.
+    let method = std::any::type_name::<Req>().rsplit("::").next().unwrap_or("unknown");
+    let code = match &result {
+        Ok(_) => "Ok".to_string(),
+        Err(s) => format!("{:?}", s.code()),
+    };
+    metrics::counter!("dtx_api_requests_total", "method" => method, "code" => code.clone()).increment(1);
+    metrics::histogram!("dtx_api_request_seconds", "method" => method, "code" => code)
+        .record(started.elapsed().as_secs_f64());
+    result
+}
+
+async fn serve_or_forward_inner<Req, Resp, L, LFut, R, RFut>(
+    ctx: &Arc<NodeCtx>,
+    req: Request<Req>,
+    local: L,
+    remote: R,
+) -> Result<Response<Resp>, Status>
+where
+    Req: Clone,
+    L: FnOnce(Req) -> LFut,
+    LFut: Future<Output = Result<Resp, ApiError>>,
+    R: FnOnce(Channel, Request<Req>) -> RFut,
+    RFut: Future<Output = Result<Response<Resp>, Status>>,
+{
     let forwarded = req.metadata().get(FORWARDED_HEADER).is_some();
     let deadline = req.metadata().get("grpc-timeout").cloned();
     let body = req.into_inner();
