@@ -1,8 +1,13 @@
-//! Participant SDK (not implemented yet: issue 3).
+//! Participant SDK (issue 3, in progress).
 //!
-//! It will hold the trait a service implements for its resource (prepare,
-//! commit, abort), the gRPC server of `dtx.v1.ParticipantService`
-//! (proto/dtx/v1/participant.proto), and the durable local log that makes
-//! Prepare idempotent, leaves a tombstone on Abort-before-Prepare, applies
-//! each decision exactly once and fences older leader terms. Nothing in this
-//! crate is used yet.
+//! Done: `log`, the pure decision logic of the participant's durable local
+//! log: what to do with each Prepare / Commit / Abort given what the log
+//! already holds (idempotent Prepare, tombstone on Abort-before-Prepare,
+//! exactly-once Commit/Abort, term fencing, protocol violations).
+//!
+//! To come (issue 3): the `Resource` trait a service implements, the sled
+//! store that makes the resource change and the log record durable together,
+//! the gRPC server of `dtx.v1.ParticipantService`, and recovery (asking the
+//! cluster for the decisions of in-doubt transactions).
+
+pub mod log;
