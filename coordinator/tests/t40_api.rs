@@ -148,6 +148,13 @@ async fn t40_reaper_aborts_through_raft_and_decisions_are_write_once() {
         other => panic!("{other:?}"),
     }
     assert_eq!(cl.decision(t2).await.unwrap(), DecisionRead::Pending);
+    // Commit with participants is not implemented in this build, and the
+    // refusal changes nothing: the transaction is still ACTIVE.
+    assert!(matches!(cl.commit(t2).await, Err(ClientError::Unimplemented(_))));
+    assert_eq!(
+        cl.status(t2).await.unwrap().state,
+        dtx_proto::v1::TxState::Active as i32
+    );
 
     // Zero participants: commit is decided at once; abort afterwards is a no-op.
     let t3 = cl.begin("empty", 600_000, b"").await.unwrap().txid;

@@ -189,6 +189,15 @@ impl NodeCtx {
     }
 
     async fn commit(&self, req: pb::CommitRequest) -> Result<pb::CommitResponse, ApiError> {
+        // Until the prepare driver exists, refuse a transaction with
+        // participants before changing anything (no PREPARING left behind).
+        let enlisted = self.sm.state().table.get(req.txid).map(|r| r.participants.len());
+        if let Some(n) = enlisted.filter(|n| *n > 0) {
+            return Err(ApiError::Unimplemented(format!(
+                "transaction {} has {n} participants; the prepare/deliver driver is not part of this build yet",
+                req.txid
+            )));
+        }
         let participants = match self.propose(Command::RequestCommit { txid: req.txid }).await? {
             CommandOk::CommitRequested { decision: Some(d), .. } => {
                 return Ok(pb::CommitResponse {
