@@ -5,9 +5,15 @@
 //! already holds (idempotent Prepare, tombstone on Abort-before-Prepare,
 //! exactly-once Commit/Abort, term fencing, protocol violations).
 //!
-//! To come (issue 3): the `Resource` trait a service implements, the sled
-//! store that makes the resource change and the log record durable together,
-//! the gRPC server of `dtx.v1.ParticipantService`, and recovery (asking the
-//! cluster for the decisions of in-doubt transactions).
+//! Done: `store`, the durable participant store on sled: the `Resource`
+//! trait a service implements, one atomic write for the resource change and
+//! the log record, replies only after an fsync (shared by concurrent
+//! requests), and the list of in-doubt transactions.
+//!
+//! To come (issue 3): the gRPC server of `dtx.v1.ParticipantService`,
+//! recovery (asking the cluster for the decisions of in-doubt transactions),
+//! self-enlistment, and an external-resource variant (PostgreSQL prepared
+//! transactions) that records intent before calling the resource.
 
 pub mod log;
+pub mod store;

@@ -1,0 +1,326 @@
+//! The participant's durable store: its log records and the resource's own
+//! data live in one sled tree, so a resource change and the log transition
+//! that goes with it are ONE atomic write; a reply (vote or ack) is sent only
+//! after an fsync that covers it. Concurrent requests share fsyncs through
+//! one flusher thread (group commit at the participant).
+//!
+//! Key layout in the tree: `l` + txid (big-endian) -> encoded `LogEntry`;
+//! `d` + key -> the resource's value.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use crate::log::step;
+use crate::log::Action;
+use crate::log::LocalState;
+use crate::log::LogEntry;
+use crate::log::Message;
+use crate::log::Refusal;
+use crate::log::Vote;
+
+const LOG_PREFIX: u8 = b'l';
+const DATA_PREFIX: u8 = b'd';
+const ENTRY_FORMAT: u8 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("participant store at {path}: {message}")]
+    Open { path: String, message: String },
+    #[error("participant store I/O: {0}")]
+    Io(String),
+    #[error("participant log record for transaction {txid} is damaged: {message}")]
+    Damaged { txid: u64, message: String },
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+}
+
+/// Writes a resource stages during prepare, commit or abort. They become
+/// durable together with the log record, or not at all.
+#[derive(Default, Debug)]
+pub struct Staged {
+    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl Staged {
+    pub fn put(&mut self, key: &[u8], value: &[u8]) {
+        self.ops.push((key.to_vec(), Some(value.to_vec())));
+    }
+
+    pub fn delete(&mut self, key: &[u8]) {
+        self.ops.push((key.to_vec(), None));
+    }
+}
+
+/// A key and its value.
+pub type KvPair = (Vec<u8>, Vec<u8>);
+
+/// Read access to the resource's data as durably written so far.
+pub struct View<'a> {
+    tree: &'a sled::Tree,
+}
+
+impl View<'_> {
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.tree
+            .get(data_key(key))
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| StoreError::Io(e.to_string()))
+    }
+
+    /// Every (key, value) whose key starts with `prefix`.
+    pub fn scan(&self, prefix: &[u8]) -> Result<Vec<KvPair>, StoreError> {
+        self.tree
+            .scan_prefix(data_key(prefix))
+            .map(|r| {
+                r.map(|(k, v)| (k[1..].to_vec(), v.to_vec()))
+                    .map_err(|e| StoreError::Io(e.to_string()))
+            })
+            .collect()
+    }
+}
+
+/// What a service implements for its resource. Calls are serialized by the
+/// store (one at a time), so a resource may check and take its locks without
+/// its own synchronization. A call must not block on the network.
+pub trait Resource: Send + Sync + 'static {
+    /// Checks and stages the work of `txid`. YES: the staged writes become
+    /// durable with the PREPARED record (hold what must stay locked until
+    /// the decision). NO: the staged writes are discarded. READ_ONLY: nothing
+    /// to commit or abort later.
+    fn prepare(&self, view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote;
+    /// Makes the prepared work of `txid` visible and releases its locks.
+    fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged);
+    /// Rolls back the prepared work of `txid` and releases its locks.
+    fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged);
+}
+
+/// The answer to send to the coordinator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Vote(Vote),
+    /// The decision is durably applied.
+    Ack,
+}
+
+pub struct ParticipantStore<R: Resource> {
+    db: sled::Db,
+    tree: sled::Tree,
+    resource: R,
+    /// Serializes read-step-write; never held across the fsync.
+    serial: Mutex<()>,
+    /// `None` only while dropping.
+    flusher: Option<mpsc::Sender<oneshot::Sender<Result<(), String>>>>,
+    flusher_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl<R: Resource> Drop for ParticipantStore<R> {
+    fn drop(&mut self) {
+        // Stop the flusher and wait for it, so the directory's lock is
+        // released when the store is gone (a restart can reopen it).
+        self.flusher.take();
+        if let Some(t) = self.flusher_thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn log_key(txid: u64) -> [u8; 9] {
+    let mut k = [LOG_PREFIX; 9];
+    k[1..].copy_from_slice(&txid.to_be_bytes());
+    k
+}
+
+fn data_key(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(DATA_PREFIX);
+    k.extend_from_slice(key);
+    k
+}
+
+/// `format, state, vote, term (8 bytes BE)`.
+pub fn encode_entry(e: &LogEntry) -> [u8; 11] {
+    let (state, vote) = match e.state {
+        LocalState::Prepared { vote: Vote::Yes } => (1, 1),
+        LocalState::Prepared { vote: Vote::No } => (1, 2),
+        LocalState::Prepared { vote: Vote::ReadOnly } => (1, 3),
+        LocalState::Committed => (2, 0),
+        LocalState::Aborted { tombstone: false } => (3, 0),
+        LocalState::Aborted { tombstone: true } => (4, 0),
+    };
+    let mut out = [0u8; 11];
+    out[0] = ENTRY_FORMAT;
+    out[1] = state;
+    out[2] = vote;
+    out[3..].copy_from_slice(&e.term.to_be_bytes());
+    out
+}
+
+pub fn decode_entry(b: &[u8]) -> Result<LogEntry, String> {
+    if b.len() != 11 || b[0] != ENTRY_FORMAT {
+        return Err(format!("{} bytes, format {:?}", b.len(), b.first()));
+    }
+    let state = match (b[1], b[2]) {
+        (1, 1) => LocalState::Prepared { vote: Vote::Yes },
+        (1, 2) => LocalState::Prepared { vote: Vote::No },
+        (1, 3) => LocalState::Prepared { vote: Vote::ReadOnly },
+        (2, 0) => LocalState::Committed,
+        (3, 0) => LocalState::Aborted { tombstone: false },
+        (4, 0) => LocalState::Aborted { tombstone: true },
+        other => return Err(format!("unknown state {other:?}")),
+    };
+    let term = u64::from_be_bytes(b[3..11].try_into().expect("8 bytes"));
+    Ok(LogEntry { state, term })
+}
+
+fn run_flusher(db: sled::Db, rx: mpsc::Receiver<oneshot::Sender<Result<(), String>>>) {
+    while let Ok(first) = rx.recv() {
+        let mut group = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            group.push(more);
+        }
+        let res = db.flush().map(|_| ()).map_err(|e| e.to_string());
+        for w in group {
+            let _ = w.send(res.clone());
+        }
+    }
+}
+
+impl<R: Resource> ParticipantStore<R> {
+    pub fn open(path: &std::path::Path, resource: R) -> Result<Arc<Self>, StoreError> {
+        let open_err = |e: sled::Error| StoreError::Open {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        };
+        let db = sled::Config::new()
+            .path(path)
+            .flush_every_ms(None)
+            .open()
+            .map_err(open_err)?;
+        let tree = db.open_tree("participant").map_err(open_err)?;
+        let (flusher, rx) = mpsc::channel();
+        let d = db.clone();
+        let thread = std::thread::Builder::new()
+            .name("dtx-participant-flusher".into())
+            .spawn(move || run_flusher(d, rx))
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        Ok(Arc::new(ParticipantStore {
+            db,
+            tree,
+            resource,
+            serial: Mutex::new(()),
+            flusher: Some(flusher),
+            flusher_thread: Some(thread),
+        }))
+    }
+
+    pub fn resource(&self) -> &R {
+        &self.resource
+    }
+
+    pub fn view(&self) -> View<'_> {
+        View { tree: &self.tree }
+    }
+
+    pub fn entry(&self, txid: u64) -> Result<Option<LogEntry>, StoreError> {
+        match self
+            .tree
+            .get(log_key(txid))
+            .map_err(|e| StoreError::Io(e.to_string()))?
+        {
+            None => Ok(None),
+            Some(b) => decode_entry(&b)
+                .map(Some)
+                .map_err(|message| StoreError::Damaged { txid, message }),
+        }
+    }
+
+    /// Transactions holding a YES vote without a known decision: on start and
+    /// periodically, their decisions must be asked of the cluster.
+    pub fn in_doubt(&self) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+        let mut out = Vec::new();
+        for r in self.tree.scan_prefix([LOG_PREFIX]) {
+            let (k, v) = r.map_err(|e| StoreError::Io(e.to_string()))?;
+            let txid = u64::from_be_bytes(k[1..9].try_into().unwrap_or([0; 8]));
+            let e = decode_entry(&v).map_err(|message| StoreError::Damaged { txid, message })?;
+            if crate::log::in_doubt(&e) {
+                out.push((txid, e));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Handles one coordinator message: decides with `log::step`, runs the
+    /// resource, writes the log record and the resource's writes in one
+    /// atomic batch, waits for an fsync covering it, then returns the reply.
+    pub async fn handle(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Reply, StoreError> {
+        let (reply, wrote) = {
+            let _serial = self.serial.lock().expect("participant store lock");
+            let before = self.entry(txid)?;
+            let (after, action) = step(before.as_ref(), msg);
+            let mut staged = Staged::default();
+            let view = self.view();
+            let (reply, record) = match action {
+                Action::PrepareResource => {
+                    let vote = self.resource.prepare(&view, txid, payload, &mut staged);
+                    if vote != Vote::Yes {
+                        staged = Staged::default();
+                    }
+                    (Reply::Vote(vote), Some(crate::log::prepared(msg.term(), vote)))
+                }
+                Action::CommitResource => {
+                    self.resource.commit(&view, txid, &mut staged);
+                    (Reply::Ack, after)
+                }
+                Action::AbortResource => {
+                    self.resource.abort(&view, txid, &mut staged);
+                    (Reply::Ack, after)
+                }
+                Action::RecordTombstone | Action::Ack => (Reply::Ack, after),
+                Action::Vote(v) => (Reply::Vote(v), after),
+                Action::Refuse(r) => return Err(StoreError::Refused(r)),
+            };
+            let changed = record != before || !staged.ops.is_empty();
+            if changed {
+                let mut batch = sled::Batch::default();
+                if let Some(e) = record {
+                    batch.insert(&log_key(txid)[..], &encode_entry(&e)[..]);
+                }
+                for (k, v) in staged.ops {
+                    match v {
+                        Some(v) => batch.insert(data_key(&k), v),
+                        None => batch.remove(data_key(&k)),
+                    }
+                }
+                self.tree
+                    .apply_batch(batch)
+                    .map_err(|e| StoreError::Io(e.to_string()))?;
+            }
+            (reply, changed)
+        };
+        if wrote {
+            self.flush().await?;
+        }
+        Ok(reply)
+    }
+
+    /// Waits for an fsync that covers every write issued before the call.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.flusher
+            .as_ref()
+            .ok_or_else(|| StoreError::Io("store is closing".into()))?
+            .send(tx)
+            .map_err(|_| StoreError::Io("flusher thread stopped".into()))?;
+        rx.await
+            .map_err(|_| StoreError::Io("flusher thread stopped".into()))?
+            .map_err(StoreError::Io)
+    }
+
+    /// For tests and tools: the underlying database handle.
+    pub fn db(&self) -> &sled::Db {
+        &self.db
+    }
+}

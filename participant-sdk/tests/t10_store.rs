@@ -1,0 +1,195 @@
+//! The durable participant store on a real sled directory, reopened to show
+//! what survived (DESIGN invariants 5, 8 and 9 at the participant).
+
+use std::path::Path;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use participant_sdk::log::LocalState;
+use participant_sdk::log::Message;
+use participant_sdk::log::Refusal;
+use participant_sdk::log::Vote;
+use participant_sdk::store::ParticipantStore;
+use participant_sdk::store::Reply;
+use participant_sdk::store::Resource;
+use participant_sdk::store::Staged;
+use participant_sdk::store::StoreError;
+use participant_sdk::store::View;
+
+/// Stages `payload` under `staged/<txid>` on prepare; commit moves it to
+/// `applied/<txid>`; abort drops it. Payload "no" votes NO. Counts calls.
+#[derive(Default, Clone)]
+struct Probe {
+    prepares: Arc<AtomicUsize>,
+    commits: Arc<AtomicUsize>,
+    aborts: Arc<AtomicUsize>,
+}
+
+fn k(prefix: &str, txid: u64) -> Vec<u8> {
+    format!("{prefix}/{txid}").into_bytes()
+}
+
+impl Resource for Probe {
+    fn prepare(&self, _view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+        self.prepares.fetch_add(1, Ordering::SeqCst);
+        staged.put(&k("staged", txid), payload);
+        if payload == b"no" {
+            Vote::No
+        } else {
+            Vote::Yes
+        }
+    }
+
+    fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+        self.commits.fetch_add(1, Ordering::SeqCst);
+        let v = view.get(&k("staged", txid)).unwrap().expect("prepared work is staged");
+        staged.delete(&k("staged", txid));
+        staged.put(&k("applied", txid), &v);
+    }
+
+    fn abort(&self, _view: &View<'_>, txid: u64, staged: &mut Staged) {
+        self.aborts.fetch_add(1, Ordering::SeqCst);
+        staged.delete(&k("staged", txid));
+    }
+}
+
+fn open(dir: &Path, probe: &Probe) -> Arc<ParticipantStore<Probe>> {
+    ParticipantStore::open(dir, probe.clone()).unwrap()
+}
+
+#[tokio::test]
+async fn yes_vote_is_durable_with_its_staged_work_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    {
+        let s = open(dir.path(), &probe);
+        assert_eq!(
+            s.handle(7, Message::Prepare { term: 1 }, b"debit 5").await.unwrap(),
+            Reply::Vote(Vote::Yes)
+        );
+    }
+    let s = open(dir.path(), &probe);
+    assert_eq!(
+        s.entry(7).unwrap().unwrap().state,
+        LocalState::Prepared { vote: Vote::Yes }
+    );
+    assert_eq!(s.view().get(b"staged/7").unwrap().as_deref(), Some(&b"debit 5"[..]));
+    assert_eq!(
+        s.in_doubt().unwrap().iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+        vec![7]
+    );
+}
+
+#[tokio::test]
+async fn inv8_duplicate_prepare_does_not_touch_the_resource_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    let s = open(dir.path(), &probe);
+    for _ in 0..5 {
+        assert_eq!(
+            s.handle(1, Message::Prepare { term: 1 }, b"x").await.unwrap(),
+            Reply::Vote(Vote::Yes)
+        );
+    }
+    assert_eq!(probe.prepares.load(Ordering::SeqCst), 1);
+    // A NO vote is remembered too, and its staged writes were discarded.
+    assert_eq!(
+        s.handle(2, Message::Prepare { term: 1 }, b"no").await.unwrap(),
+        Reply::Vote(Vote::No)
+    );
+    assert_eq!(
+        s.handle(2, Message::Prepare { term: 1 }, b"yes now").await.unwrap(),
+        Reply::Vote(Vote::No)
+    );
+    assert_eq!(s.view().get(b"staged/2").unwrap(), None);
+    assert_eq!(probe.prepares.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn inv8_abort_before_prepare_tombstone_survives_reopen_and_late_prepare_votes_no() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    {
+        let s = open(dir.path(), &probe);
+        assert_eq!(s.handle(3, Message::Abort { term: 2 }, b"").await.unwrap(), Reply::Ack);
+    }
+    let s = open(dir.path(), &probe);
+    assert_eq!(
+        s.handle(3, Message::Prepare { term: 2 }, b"x").await.unwrap(),
+        Reply::Vote(Vote::No)
+    );
+    assert_eq!(
+        probe.prepares.load(Ordering::SeqCst),
+        0,
+        "a hanging prepare reached the resource"
+    );
+    assert_eq!(probe.aborts.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn inv8_commit_is_applied_once_across_redeliveries_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    {
+        let s = open(dir.path(), &probe);
+        s.handle(4, Message::Prepare { term: 1 }, b"v").await.unwrap();
+        for _ in 0..3 {
+            assert_eq!(s.handle(4, Message::Commit { term: 1 }, b"").await.unwrap(), Reply::Ack);
+        }
+    }
+    let s = open(dir.path(), &probe);
+    assert_eq!(s.handle(4, Message::Commit { term: 2 }, b"").await.unwrap(), Reply::Ack);
+    assert_eq!(probe.commits.load(Ordering::SeqCst), 1);
+    assert_eq!(s.view().get(b"applied/4").unwrap().as_deref(), Some(&b"v"[..]));
+    assert_eq!(s.view().get(b"staged/4").unwrap(), None);
+    assert!(s.in_doubt().unwrap().is_empty());
+    // A conflicting Abort afterwards is refused, not applied (invariant 3).
+    match s.handle(4, Message::Abort { term: 2 }, b"").await {
+        Err(StoreError::Refused(Refusal::AbortAfterCommit)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(probe.aborts.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn inv9_stale_term_and_commit_without_prepare_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    let s = open(dir.path(), &probe);
+    s.handle(5, Message::Prepare { term: 4 }, b"v").await.unwrap();
+    match s.handle(5, Message::Commit { term: 3 }, b"").await {
+        Err(StoreError::Refused(Refusal::StaleTerm { got: 3, seen: 4 })) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(probe.commits.load(Ordering::SeqCst), 0);
+    match s.handle(6, Message::Commit { term: 4 }, b"").await {
+        Err(StoreError::Refused(Refusal::CommitWithoutPrepare)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.entry(6).unwrap(), None, "a refused Commit must not create a record");
+    // Invariant 5: the prepared transaction is still in doubt; nothing but a
+    // decision moves it.
+    assert_eq!(s.in_doubt().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_prepares_share_fsyncs_and_all_become_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    {
+        let s = open(dir.path(), &probe);
+        let mut tasks = Vec::new();
+        for t in 0..64u64 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                s.handle(100 + t, Message::Prepare { term: 1 }, b"p").await
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap().unwrap(), Reply::Vote(Vote::Yes));
+        }
+    }
+    let s = open(dir.path(), &probe);
+    assert_eq!(s.in_doubt().unwrap().len(), 64);
+}
