@@ -53,7 +53,7 @@ async fn child_worker() {
             loop {
                 s.handle(txid, Message::Prepare { term: 1 }, b"work").await.unwrap();
                 println!("P {txid}");
-                if txid % 2 == 0 {
+                if txid.is_multiple_of(2) {
                     s.handle(txid, Message::Commit { term: 1 }, b"").await.unwrap();
                     println!("C {txid}");
                 }
