@@ -106,6 +106,12 @@ pub struct TxnConfig {
     pub reaper_interval_ms: u64,
     /// Most Decide/Forget commands the leader's loops propose per scan.
     pub reaper_batch_max: usize,
+    /// Longest wait for all Prepare votes (also bounded by the deadline).
+    pub prepare_timeout_ms: u64,
+    /// First delay between phase-two delivery attempts; doubles, with jitter.
+    pub delivery_retry_base_ms: u64,
+    /// Largest delay between phase-two delivery attempts.
+    pub delivery_retry_max_ms: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -172,6 +178,9 @@ impl Default for TxnConfig {
             retention_ms: 600_000,
             reaper_interval_ms: 200,
             reaper_batch_max: 256,
+            prepare_timeout_ms: 5_000,
+            delivery_retry_base_ms: 50,
+            delivery_retry_max_ms: 2_000,
         }
     }
 }
@@ -304,6 +313,15 @@ impl Config {
         }
         if t.reaper_interval_ms == 0 || t.reaper_batch_max == 0 {
             return bad("txn.reaper_interval_ms and txn.reaper_batch_max must be > 0".into());
+        }
+        if t.prepare_timeout_ms == 0
+            || t.delivery_retry_base_ms == 0
+            || t.delivery_retry_max_ms < t.delivery_retry_base_ms
+        {
+            return bad(
+                "txn.prepare_timeout_ms and txn.delivery_retry_base_ms must be > 0, and txn.delivery_retry_max_ms >= txn.delivery_retry_base_ms"
+                    .into(),
+            );
         }
         if self.api.read_timeout_ms == 0 || self.api.write_timeout_ms == 0 {
             return bad("api.read_timeout_ms and api.write_timeout_ms must be > 0".into());

@@ -4,6 +4,7 @@
 //! Module map (data flows top to bottom):
 //! - `api`      gRPC services (Coordinator, Admin); error -> status mapping
 //!   in one place (`api::error`).
+//! - `driver`   the leader's 2PC driver: prepare, decide, deliver, resume.
 //! - `batcher`  group commit: many concurrent commands -> one Raft entry.
 //! - `raft`     openraft type config, network client, transport service.
 //! - `store`    `KvEngine` (sled) plus the log store and state-machine store.
@@ -29,6 +30,7 @@ pub mod cluster;
 pub mod codec;
 pub mod config;
 pub mod dev;
+pub mod driver;
 pub mod limits;
 pub mod node;
 pub mod raft;

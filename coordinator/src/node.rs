@@ -66,6 +66,8 @@ pub struct NodeCtx {
     pub engine: Arc<dyn KvEngine>,
     local_ip: Option<IpAddr>,
     channels: Mutex<HashMap<String, Channel>>,
+    /// Transactions this node is delivering a decision for, or re-driving.
+    pub(crate) driver: crate::driver::DriverState,
 }
 
 impl NodeCtx {
@@ -137,7 +139,8 @@ impl NodeCtx {
         }
     }
 
-    /// A cached channel to another node's API, bound to our own IP.
+    /// A cached channel to another node's API or to a participant service,
+    /// bound to our own IP.
     pub fn api_channel(&self, addr: &str) -> Result<Channel, ApiError> {
         let mut map = self.channels.lock().expect("channel cache lock");
         if let Some(c) = map.get(addr) {
@@ -222,6 +225,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         engine: engine.clone(),
         local_ip,
         channels: Mutex::new(HashMap::new()),
+        driver: Default::default(),
     });
 
     if let Some(addr) = &config.metrics_addr {
@@ -364,6 +368,7 @@ async fn report_gauges(ctx: Arc<NodeCtx>) {
 /// Raft (invariant 7) and forget decided, fully acked ones after the
 /// retention period (invariant 10).
 async fn leader_loops(ctx: Arc<NodeCtx>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let ctx = &ctx;
     let interval = Duration::from_millis(ctx.config.txn.reaper_interval_ms);
     loop {
         tokio::select! {
@@ -377,13 +382,24 @@ async fn leader_loops(ctx: Arc<NodeCtx>, mut stop: tokio::sync::watch::Receiver<
         let term = ctx.current_term();
         let retention = ctx.config.txn.retention_ms;
         let max = ctx.config.txn.reaper_batch_max;
-        let (expired, forgettable) = {
+        let (expired, forgettable, undelivered, preparing) = {
             let st = ctx.sm.state();
             (
                 st.table.expired(now, max),
                 st.table.forgettable(now.saturating_sub(retention), max),
+                st.table.undelivered(max),
+                st.table.preparing(max),
             )
         };
+        // Phase two for every decided, unacked transaction, and a re-drive
+        // of every PREPARING one: this is also how a new leader resumes the
+        // work of the old one.
+        for txid in undelivered {
+            ctx.spawn_delivery(txid);
+        }
+        for txid in preparing {
+            ctx.spawn_redrive(txid);
+        }
         let mut cmds: Vec<Command> = expired
             .into_iter()
             .map(|txid| Command::Decide {

@@ -148,12 +148,14 @@ async fn t40_reaper_aborts_through_raft_and_decisions_are_write_once() {
         other => panic!("{other:?}"),
     }
     assert_eq!(cl.decision(t2).await.unwrap(), DecisionRead::Pending);
-    // Commit with participants is not implemented in this build, and the
-    // refusal changes nothing: the transaction is still ACTIVE.
-    assert!(matches!(cl.commit(t2).await, Err(ClientError::Unimplemented(_))));
+    // The driver cannot reach a or b (nothing listens there): ABORT, with
+    // the reason recorded.
+    assert_eq!(cl.commit(t2).await.unwrap(), TxOutcome::Aborted);
+    let st = cl.status(t2).await.unwrap();
+    assert_eq!(st.state, dtx_proto::v1::TxState::Decided as i32);
     assert_eq!(
-        cl.status(t2).await.unwrap().state,
-        dtx_proto::v1::TxState::Active as i32
+        st.decision.unwrap().source,
+        dtx_proto::v1::DecisionSource::Driver as i32
     );
 
     // Zero participants: commit is decided at once; abort afterwards is a no-op.

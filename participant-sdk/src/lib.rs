@@ -10,10 +10,14 @@
 //! the log record, replies only after an fsync (shared by concurrent
 //! requests), and the list of in-doubt transactions.
 //!
-//! To come (issue 3): the gRPC server of `dtx.v1.ParticipantService`,
-//! recovery (asking the cluster for the decisions of in-doubt transactions),
-//! self-enlistment, and an external-resource variant (PostgreSQL prepared
-//! transactions) that records intent before calling the resource.
+//! Done: `server`, the gRPC server of `dtx.v1.ParticipantService` on the
+//! store, and recovery: asking the cluster (linearizable, batched, any node)
+//! for the decisions of in-doubt transactions, on start and periodically.
+//!
+//! To come (issue 3): self-enlistment helpers, and an external-resource
+//! variant (PostgreSQL prepared transactions) that records intent before
+//! calling the resource.
 
 pub mod log;
+pub mod server;
 pub mod store;

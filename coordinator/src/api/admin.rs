@@ -184,7 +184,7 @@ impl NodeCtx {
         })
     }
 
-    async fn resolve(&self, req: pb::ResolveRequest) -> Result<pb::ResolveResponse, ApiError> {
+    async fn resolve(self: &Arc<Self>, req: pb::ResolveRequest) -> Result<pb::ResolveResponse, ApiError> {
         check_id("operator", &req.operator)?;
         check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
         let outcome = match pb::Outcome::try_from(req.outcome) {
@@ -203,6 +203,7 @@ impl NodeCtx {
         let (d, recorded) = self
             .decide(req.txid, outcome, req.voters, DecisionSource::Operator, note)
             .await?;
+        self.spawn_delivery(req.txid);
         Ok(pb::ResolveResponse {
             outcome: outcome_pb(d.outcome) as i32,
             recorded,

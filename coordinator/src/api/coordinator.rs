@@ -188,52 +188,19 @@ impl NodeCtx {
         }
     }
 
-    async fn commit(&self, req: pb::CommitRequest) -> Result<pb::CommitResponse, ApiError> {
-        // Until the prepare driver exists, refuse a transaction with
-        // participants before changing anything (no PREPARING left behind).
-        let enlisted = self.sm.state().table.get(req.txid).map(|r| r.participants.len());
-        if let Some(n) = enlisted.filter(|n| *n > 0) {
-            return Err(ApiError::Unimplemented(format!(
-                "transaction {} has {n} participants; the prepare/deliver driver is not part of this build yet",
-                req.txid
-            )));
-        }
-        let participants = match self.propose(Command::RequestCommit { txid: req.txid }).await? {
-            CommandOk::CommitRequested { decision: Some(d), .. } => {
-                return Ok(pb::CommitResponse {
-                    outcome: outcome_pb(d.outcome) as i32,
-                })
-            }
-            CommandOk::CommitRequested { participants, .. } => participants,
-            other => return Err(unexpected(other)),
-        };
-        if !participants.is_empty() {
-            return Err(ApiError::Unimplemented(format!(
-                "transaction {} has {} participants; the prepare/deliver driver is not part of this build yet",
-                req.txid,
-                participants.len()
-            )));
-        }
-        // No participant: every (zero) participant voted YES; COMMIT is valid.
-        let (d, _) = self
-            .decide(
-                req.txid,
-                Outcome::Commit,
-                Vec::new(),
-                DecisionSource::Client,
-                String::new(),
-            )
-            .await?;
+    async fn commit(self: &Arc<Self>, req: pb::CommitRequest) -> Result<pb::CommitResponse, ApiError> {
+        let d = self.drive_commit(req.txid).await?;
         Ok(pb::CommitResponse {
             outcome: outcome_pb(d.outcome) as i32,
         })
     }
 
-    async fn abort(&self, req: pb::AbortRequest) -> Result<pb::AbortResponse, ApiError> {
+    async fn abort(self: &Arc<Self>, req: pb::AbortRequest) -> Result<pb::AbortResponse, ApiError> {
         check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
         let (d, _) = self
             .decide(req.txid, Outcome::Abort, Vec::new(), DecisionSource::Client, req.reason)
             .await?;
+        self.spawn_delivery(req.txid);
         Ok(pb::AbortResponse {
             outcome: outcome_pb(d.outcome) as i32,
         })

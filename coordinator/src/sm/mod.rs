@@ -230,6 +230,11 @@ pub struct TxTable {
     /// Derived index: (decided_ms, txid) of every decided transaction whose
     /// participants all acked: the candidates for Forget.
     done: BTreeSet<(u64, Txid)>,
+    /// Derived index: transactions in PREPARING (a new leader re-drives them).
+    preparing: BTreeSet<Txid>,
+    /// Derived index: decided transactions with a participant that has not
+    /// acked (the leader delivers their decision).
+    undelivered: BTreeSet<Txid>,
 }
 
 /// What a reader learns about a decision (linearizable reads return this).
@@ -255,6 +260,8 @@ impl TxTable {
             keys: BTreeMap::new(),
             deadlines: BTreeSet::new(),
             done: BTreeSet::new(),
+            preparing: BTreeSet::new(),
+            undelivered: BTreeSet::new(),
         }
     }
 
@@ -267,15 +274,22 @@ impl TxTable {
                 self.done.remove(&(d, txid));
             }
         }
+        self.preparing.remove(&txid);
+        self.undelivered.remove(&txid);
         if let Some(r) = self.txs.get(&txid) {
             match r.decision() {
                 None => {
                     self.deadlines.insert((r.deadline_ms, txid));
+                    if r.phase == Phase::Preparing {
+                        self.preparing.insert(txid);
+                    }
                 }
                 Some(d) if r.all_acked() => {
                     self.done.insert((d.decided_ms, txid));
                 }
-                Some(_) => {}
+                Some(_) => {
+                    self.undelivered.insert(txid);
+                }
             }
         }
     }
@@ -306,6 +320,16 @@ impl TxTable {
             .take(max)
             .map(|(_, t)| *t)
             .collect()
+    }
+
+    /// Transactions in PREPARING, at most `max`, lowest txid first.
+    pub fn preparing(&self, max: usize) -> Vec<Txid> {
+        self.preparing.iter().take(max).copied().collect()
+    }
+
+    /// Decided transactions with a participant still to ack, at most `max`.
+    pub fn undelivered(&self, max: usize) -> Vec<Txid> {
+        self.undelivered.iter().take(max).copied().collect()
     }
 
     /// Rebuilds a table from persisted parts (keys are derived).

@@ -1234,6 +1234,26 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
                 brute_done,
                 "seed {seed:#x} step {step}: forget index"
             );
+            let brute_preparing: Vec<Txid> = a
+                .records()
+                .filter(|r| r.phase == Phase::Preparing)
+                .map(|r| r.txid)
+                .collect();
+            assert_eq!(
+                a.preparing(usize::MAX),
+                brute_preparing,
+                "seed {seed:#x} step {step}: preparing index"
+            );
+            let brute_undelivered: Vec<Txid> = a
+                .records()
+                .filter(|r| r.decision().is_some() && !r.all_acked())
+                .map(|r| r.txid)
+                .collect();
+            assert_eq!(
+                a.undelivered(usize::MAX),
+                brute_undelivered,
+                "seed {seed:#x} step {step}: delivery index"
+            );
 
             // Determinism: same result, same effects, same table.
             assert_eq!(ra, rb, "seed {seed:#x} step {step}: results differ for {cmd:?}");

@@ -1,0 +1,259 @@
+//! The leader's two-phase-commit driver.
+//!
+//! Commit: freeze the participant set (RequestCommit) -> send Prepare to
+//! every participant in parallel, bounded by `txn.prepare_timeout_ms` and the
+//! transaction's deadline -> record the decision through Raft (COMMIT only
+//! with a YES or READ_ONLY from every enlisted participant, invariant 2) ->
+//! answer the caller -> deliver the decision in the background.
+//!
+//! Ordering rule: a decision is applied in Raft BEFORE any Commit or Abort
+//! is sent to a participant: delivery reads the decision from the applied
+//! table only.
+//!
+//! Delivery retries with exponential backoff and jitter until the
+//! participant acks, then records the Ack through Raft. It stops as soon as
+//! this node is no longer the leader of the term it started in (invariant
+//! 9: every message carries that term; a deposed leader stops sending). The
+//! leader's loop restarts delivery for every decided, unacked transaction
+//! and re-drives every PREPARING one, which is how a new leader resumes.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
+use rand::Rng;
+use tracing::info;
+use tracing::warn;
+
+use crate::api::error::ApiError;
+use crate::node::now_ms;
+use crate::node::NodeCtx;
+use crate::sm::Command;
+use crate::sm::CommandOk;
+use crate::sm::Decision;
+use crate::sm::DecisionSource;
+use crate::sm::Outcome;
+use crate::sm::Participant;
+use crate::sm::Txid;
+
+/// Transactions with a background task running on this node.
+#[derive(Default)]
+pub struct DriverState {
+    delivering: Mutex<HashSet<Txid>>,
+    redriving: Mutex<HashSet<Txid>>,
+}
+
+/// What one participant answered to Prepare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum VoteResult {
+    Yes,
+    ReadOnly,
+    No(String),
+    /// Unreachable, timed out or malformed: counts as NO.
+    Failed(String),
+}
+
+impl NodeCtx {
+    fn is_leader_of(&self, term: u64) -> bool {
+        let rx = self.raft.metrics();
+        let m = rx.borrow();
+        m.current_leader == Some(self.id) && m.current_term == term
+    }
+
+    async fn prepare_one(&self, txid: Txid, term: u64, p: &Participant, timeout: Duration) -> VoteResult {
+        let ch = match self.api_channel(&p.address) {
+            Ok(c) => c,
+            Err(e) => return VoteResult::Failed(e.to_string()),
+        };
+        let mut req = tonic::Request::new(pb::PrepareRequest {
+            txid,
+            term,
+            participant_id: p.id.clone(),
+            payload: p.payload.clone(),
+        });
+        req.set_timeout(timeout);
+        let res = tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).prepare(req)).await;
+        match res {
+            Err(_) => VoteResult::Failed(format!("no vote within {} ms", timeout.as_millis())),
+            Ok(Err(s)) => VoteResult::Failed(format!("{}: {}", s.code(), s.message())),
+            Ok(Ok(r)) => {
+                let r = r.into_inner();
+                match pb::Vote::try_from(r.vote) {
+                    Ok(pb::Vote::Yes) => VoteResult::Yes,
+                    Ok(pb::Vote::ReadOnly) => VoteResult::ReadOnly,
+                    Ok(pb::Vote::No) => VoteResult::No(r.reason),
+                    _ => VoteResult::Failed(format!("malformed vote value {}", r.vote)),
+                }
+            }
+        }
+    }
+
+    /// Drives a commit to its decision and returns the recorded decision
+    /// (which may be another, earlier one: decisions are write-once).
+    pub async fn drive_commit(self: &Arc<Self>, txid: Txid) -> Result<Decision, ApiError> {
+        let participants = match self.propose(Command::RequestCommit { txid }).await? {
+            CommandOk::CommitRequested { decision: Some(d), .. } => {
+                self.spawn_delivery(txid);
+                return Ok(d);
+            }
+            CommandOk::CommitRequested { participants, .. } => participants,
+            other => return Err(ApiError::Internal(format!("unexpected result {other:?}"))),
+        };
+        let term = self.current_term();
+        let deadline_ms = self.sm.state().table.get(txid).map(|r| r.deadline_ms).unwrap_or(0);
+        let left_ms = deadline_ms.saturating_sub(now_ms());
+        let timeout = Duration::from_millis(left_ms.min(self.config.txn.prepare_timeout_ms).max(1));
+        let votes =
+            futures::future::join_all(participants.iter().map(|p| self.prepare_one(txid, term, p, timeout))).await;
+        let mut refusals = Vec::new();
+        for (p, v) in participants.iter().zip(&votes) {
+            match v {
+                VoteResult::Yes | VoteResult::ReadOnly => {}
+                VoteResult::No(why) => refusals.push(format!("{} voted NO: {why}", p.id)),
+                VoteResult::Failed(why) => {
+                    warn!(txid, participant = %p.id, "prepare failed, counted as NO: {why}");
+                    refusals.push(format!("{}: {why}", p.id));
+                }
+            }
+        }
+        let (outcome, voters, note) = if refusals.is_empty() {
+            (
+                Outcome::Commit,
+                participants.iter().map(|p| p.id.clone()).collect(),
+                String::new(),
+            )
+        } else {
+            let mut note = refusals.join("; ");
+            note.truncate(crate::limits::REASON_BYTES_MAX);
+            (Outcome::Abort, Vec::new(), note)
+        };
+        let (d, recorded) = self.decide(txid, outcome, voters, DecisionSource::Driver, note).await?;
+        if recorded {
+            info!(txid, outcome = %d.outcome, "decision recorded");
+        }
+        // READ_ONLY voters need no phase two: ack them now.
+        if d.outcome == outcome {
+            for (p, v) in participants.iter().zip(&votes) {
+                if *v == VoteResult::ReadOnly {
+                    let _ = self
+                        .propose(Command::Ack {
+                            txid,
+                            participant_id: p.id.clone(),
+                        })
+                        .await;
+                }
+            }
+        }
+        self.spawn_delivery(txid);
+        Ok(d)
+    }
+
+    /// Starts phase two for `txid` unless it is already running here.
+    pub fn spawn_delivery(self: &Arc<Self>, txid: Txid) {
+        if !self.driver.delivering.lock().expect("lock").insert(txid) {
+            return;
+        }
+        let ctx = self.clone();
+        tokio::spawn(async move {
+            ctx.deliver(txid).await;
+            ctx.driver.delivering.lock().expect("lock").remove(&txid);
+        });
+    }
+
+    /// Re-drives a PREPARING transaction (after a leader change, or a caller
+    /// that went away) unless one is already running here.
+    pub fn spawn_redrive(self: &Arc<Self>, txid: Txid) {
+        if !self.driver.redriving.lock().expect("lock").insert(txid) {
+            return;
+        }
+        let ctx = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = ctx.drive_commit(txid).await {
+                warn!(txid, "re-drive of a PREPARING transaction not finished: {e}");
+            }
+            ctx.driver.redriving.lock().expect("lock").remove(&txid);
+        });
+    }
+
+    async fn deliver(self: &Arc<Self>, txid: Txid) {
+        let term = self.current_term();
+        let (decision, pending) = {
+            let st = self.sm.state();
+            let Some(r) = st.table.get(txid) else { return };
+            let Some(d) = r.decision() else { return };
+            let pending: Vec<Participant> = r.participants.iter().filter(|p| !p.acked).cloned().collect();
+            (d.outcome, pending)
+        };
+        futures::future::join_all(pending.iter().map(|p| self.deliver_one(txid, term, decision, p))).await;
+    }
+
+    async fn deliver_one(self: &Arc<Self>, txid: Txid, term: u64, outcome: Outcome, p: &Participant) {
+        let base = self.config.txn.delivery_retry_base_ms;
+        let max = self.config.txn.delivery_retry_max_ms;
+        let mut attempt: u32 = 0;
+        loop {
+            if !self.is_leader_of(term) {
+                return; // The new leader delivers (invariant 9).
+            }
+            match self.send_decision(txid, term, outcome, p).await {
+                Ok(()) => {
+                    let ack = Command::Ack {
+                        txid,
+                        participant_id: p.id.clone(),
+                    };
+                    match self.propose(ack).await {
+                        Ok(_) => {
+                            metrics::counter!("dtx_deliveries_total", "outcome" => outcome.to_string()).increment(1);
+                            return;
+                        }
+                        Err(e) => warn!(txid, participant = %p.id, "ack not recorded yet: {e}"),
+                    }
+                }
+                Err(e) => {
+                    if attempt.is_multiple_of(10) {
+                        warn!(txid, participant = %p.id, attempt, "{outcome} not delivered yet: {e}");
+                    }
+                    metrics::counter!("dtx_delivery_failures_total").increment(1);
+                }
+            }
+            let exp = base.saturating_mul(1u64 << attempt.min(20)).min(max);
+            let wait = rand::rng().random_range(exp / 2..=exp.max(1));
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    async fn send_decision(&self, txid: Txid, term: u64, outcome: Outcome, p: &Participant) -> Result<(), String> {
+        let ch = self.api_channel(&p.address).map_err(|e| e.to_string())?;
+        let mut client = ParticipantServiceClient::new(ch);
+        let body = pb::ParticipantDecisionRequest {
+            txid,
+            term,
+            participant_id: p.id.clone(),
+        };
+        let timeout = Duration::from_millis(self.config.txn.prepare_timeout_ms);
+        let mut req = tonic::Request::new(body);
+        req.set_timeout(timeout);
+        let call = async {
+            match outcome {
+                Outcome::Commit => client.commit(req).await,
+                Outcome::Abort => client.abort(req).await,
+            }
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Err(_) => Err("timed out".into()),
+            Ok(Err(s)) => {
+                if s.code() == tonic::Code::FailedPrecondition {
+                    metrics::counter!("dtx_participant_protocol_errors_total").increment(1);
+                    warn!(txid, participant = %p.id, "participant refused {outcome}: {}", s.message());
+                }
+                Err(format!("{}: {}", s.code(), s.message()))
+            }
+            Ok(Ok(r)) if r.get_ref().applied => Ok(()),
+            Ok(Ok(_)) => Err("participant answered applied = false".into()),
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The gRPC server of `dtx.v1.ParticipantService` on a `ParticipantStore`,
+//! and recovery: asking the cluster for the decisions of in-doubt
+//! transactions and applying them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::coordinator_client::CoordinatorClient;
+use dtx_proto::v1::participant_service_server::ParticipantService;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+use tracing::info;
+use tracing::warn;
+
+use crate::log::Message;
+use crate::log::Refusal;
+use crate::log::Vote;
+use crate::store::ParticipantStore;
+use crate::store::Reply;
+use crate::store::Resource;
+use crate::store::StoreError;
+
+pub struct ParticipantServer<R: Resource> {
+    store: Arc<ParticipantStore<R>>,
+    participant_id: String,
+}
+
+impl<R: Resource> ParticipantServer<R> {
+    pub fn new(store: Arc<ParticipantStore<R>>, participant_id: &str) -> Self {
+        ParticipantServer {
+            store,
+            participant_id: participant_id.to_string(),
+        }
+    }
+
+    fn check_target(&self, id: &str) -> Result<(), Status> {
+        if !id.is_empty() && id != self.participant_id {
+            return Err(Status::invalid_argument(format!(
+                "message for participant {id:?} reached participant {:?}",
+                self.participant_id
+            )));
+        }
+        Ok(())
+    }
+
+    async fn run(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Reply, Status> {
+        self.store.handle(txid, msg, payload).await.map_err(|e| match e {
+            StoreError::Refused(r) => {
+                match r {
+                    Refusal::StaleTerm { .. } => info!(txid, "refused: {r}"),
+                    _ => warn!(txid, "protocol violation refused: {r}"),
+                }
+                Status::failed_precondition(r.to_string())
+            }
+            other => Status::internal(other.to_string()),
+        })
+    }
+}
+
+fn vote_pb(v: Vote) -> pb::Vote {
+    match v {
+        Vote::Yes => pb::Vote::Yes,
+        Vote::No => pb::Vote::No,
+        Vote::ReadOnly => pb::Vote::ReadOnly,
+    }
+}
+
+#[tonic::async_trait]
+impl<R: Resource> ParticipantService for ParticipantServer<R> {
+    async fn prepare(&self, req: Request<pb::PrepareRequest>) -> Result<Response<pb::PrepareResponse>, Status> {
+        let r = req.into_inner();
+        self.check_target(&r.participant_id)?;
+        match self.run(r.txid, Message::Prepare { term: r.term }, &r.payload).await? {
+            Reply::Vote(v) => Ok(Response::new(pb::PrepareResponse {
+                vote: vote_pb(v) as i32,
+                reason: if v == Vote::No {
+                    "the resource refused".into()
+                } else {
+                    String::new()
+                },
+            })),
+            Reply::Ack => Err(Status::internal("prepare answered with an ack")),
+        }
+    }
+
+    async fn commit(
+        &self,
+        req: Request<pb::ParticipantDecisionRequest>,
+    ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
+        let r = req.into_inner();
+        self.check_target(&r.participant_id)?;
+        self.run(r.txid, Message::Commit { term: r.term }, b"").await?;
+        Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
+    }
+
+    async fn abort(
+        &self,
+        req: Request<pb::ParticipantDecisionRequest>,
+    ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
+        let r = req.into_inner();
+        self.check_target(&r.participant_id)?;
+        self.run(r.txid, Message::Abort { term: r.term }, b"").await?;
+        Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
+    }
+}
+
+/// Asks the cluster (any node of `endpoints`; reads are linearizable and
+/// forwarded to the leader) for the decisions of every in-doubt transaction
+/// and applies the known ones. Returns how many were resolved; undecided
+/// ones stay in doubt with their locks held (invariant 5). An error means
+/// the cluster could not be asked (no quorum): keep waiting and retry.
+pub async fn recover_once<R: Resource>(store: &ParticipantStore<R>, endpoints: &[String]) -> Result<usize, String> {
+    let in_doubt = store.in_doubt().map_err(|e| e.to_string())?;
+    if in_doubt.is_empty() {
+        return Ok(0);
+    }
+    let mut last_err = String::from("no endpoint");
+    for ep in endpoints {
+        let uri = if ep.starts_with("http") {
+            ep.clone()
+        } else {
+            format!("http://{ep}")
+        };
+        let Ok(endpoint) = tonic::transport::Endpoint::from_shared(uri) else {
+            last_err = format!("bad endpoint {ep:?}");
+            continue;
+        };
+        let ch = endpoint.connect_timeout(Duration::from_millis(500)).connect_lazy();
+        let mut resolved = 0;
+        let mut ok = true;
+        for chunk in in_doubt.chunks(1000) {
+            let mut req = Request::new(pb::GetDecisionsRequest {
+                txids: chunk.iter().map(|(t, _)| *t).collect(),
+            });
+            req.set_timeout(Duration::from_secs(3));
+            match CoordinatorClient::new(ch.clone()).get_decisions(req).await {
+                Ok(r) => {
+                    for (d, (txid, entry)) in r.into_inner().decisions.iter().zip(chunk) {
+                        let msg = match pb::Outcome::try_from(d.outcome) {
+                            Ok(pb::Outcome::Commit) => Message::Commit { term: entry.term },
+                            Ok(pb::Outcome::Abort) | Ok(pb::Outcome::UnknownPresumedAbort) => {
+                                Message::Abort { term: entry.term }
+                            }
+                            _ => continue, // still undecided: keep waiting
+                        };
+                        match store.handle(*txid, msg, b"").await {
+                            Ok(_) => {
+                                info!(txid, "in-doubt transaction resolved by recovery: {msg:?}");
+                                resolved += 1;
+                            }
+                            Err(e) => warn!(txid, "recovery could not apply {msg:?}: {e}"),
+                        }
+                    }
+                }
+                Err(s) => {
+                    last_err = format!("{ep}: {}: {}", s.code(), s.message());
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if ok {
+            return Ok(resolved);
+        }
+    }
+    Err(last_err)
+}
+
+/// Runs `recover_once` now and every `interval`, logging while the cluster
+/// cannot answer. Ends when the returned handle is aborted.
+pub fn spawn_recovery<R: Resource>(
+    store: Arc<ParticipantStore<R>>,
+    endpoints: Vec<String>,
+    interval: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let doubt = store.in_doubt().map(|v| v.len()).unwrap_or(0);
+            if doubt > 0 {
+                match recover_once(&store, &endpoints).await {
+                    Ok(n) if n > 0 => info!(resolved = n, in_doubt = doubt, "recovery pass"),
+                    Ok(_) => {}
+                    Err(e) => warn!(
+                        in_doubt = doubt,
+                        "cluster not answering; holding locks and waiting: {e}"
+                    ),
+                }
+            }
+            tokio::time::sleep(interval).await;
+        }
+    })
+}
