@@ -14,6 +14,8 @@
 //! - `config`   TOML configuration with defaults and `validate()`.
 //! - `client`   Rust client: leader discovery, retries, deadlines, UNKNOWN.
 //! - `cluster`  supervisor of local node processes (dev, bench, tests).
+//! - `demo`     `coordinator demo`: the main job, the bank example under
+//!   leader kills, with an audit; `demo::bank` is the example participant.
 //! - `dev`      `coordinator dev`: a local three-node cluster.
 //! - `bench`    `coordinator bench`: throughput and latency benchmark.
 //! - `limits`   documented request limits.
@@ -29,6 +31,7 @@ pub mod client;
 pub mod cluster;
 pub mod codec;
 pub mod config;
+pub mod demo;
 pub mod dev;
 pub mod driver;
 pub mod limits;

@@ -29,6 +29,11 @@ struct Cli {
 enum Cmd {
     /// Run one node.
     Serve(ServeArgs),
+    /// The main job: cluster + two bank services, transfers while the leader
+    /// is killed, live progress, then a summary and an audit.
+    Demo(coordinator::demo::DemoArgs),
+    /// Run one bank participant service (the example; used by `demo`).
+    BankServe(coordinator::demo::bank::BankServeArgs),
     /// Run a local three-node cluster on loopback until Ctrl-C.
     Dev(coordinator::dev::DevArgs),
     /// Measure Decide throughput and latency on a local three-node cluster,
@@ -284,6 +289,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             coordinator::node::run(config, shutdown_signal()).await
         }
         Cmd::Dev(a) => coordinator::dev::run(a, shutdown_signal()).await,
+        Cmd::Demo(a) => coordinator::demo::run(a, shutdown_signal()).await,
+        Cmd::BankServe(a) => coordinator::demo::bank::serve(a, shutdown_signal()).await,
         Cmd::Bench(a) => coordinator::bench::run(a).await,
         Cmd::Admin { addr, cmd } => admin(addr, cmd).await,
         Cmd::Inspect { data_dir } => {

@@ -237,19 +237,26 @@ impl<R: Resource> ParticipantStore<R> {
         }
     }
 
-    /// Transactions holding a YES vote without a known decision: on start and
-    /// periodically, their decisions must be asked of the cluster.
-    pub fn in_doubt(&self) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+    /// Every log record (txid, entry), in txid order.
+    pub fn entries(&self) -> Result<Vec<(u64, LogEntry)>, StoreError> {
         let mut out = Vec::new();
         for r in self.tree.scan_prefix([LOG_PREFIX]) {
             let (k, v) = r.map_err(|e| StoreError::Io(e.to_string()))?;
             let txid = u64::from_be_bytes(k[1..9].try_into().unwrap_or([0; 8]));
             let e = decode_entry(&v).map_err(|message| StoreError::Damaged { txid, message })?;
-            if crate::log::in_doubt(&e) {
-                out.push((txid, e));
-            }
+            out.push((txid, e));
         }
         Ok(out)
+    }
+
+    /// Transactions holding a YES vote without a known decision: on start and
+    /// periodically, their decisions must be asked of the cluster.
+    pub fn in_doubt(&self) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+        Ok(self
+            .entries()?
+            .into_iter()
+            .filter(|(_, e)| crate::log::in_doubt(e))
+            .collect())
     }
 
     /// Handles one coordinator message: decides with `log::step`, runs the
@@ -304,6 +311,27 @@ impl<R: Resource> ParticipantStore<R> {
             self.flush().await?;
         }
         Ok(reply)
+    }
+
+    /// Writes the resource's data outside any transaction (for example the
+    /// initial accounts of a new service), atomically and durably.
+    pub async fn write_data(&self, f: impl FnOnce(&View<'_>, &mut Staged)) -> Result<(), StoreError> {
+        {
+            let _serial = self.serial.lock().expect("participant store lock");
+            let mut staged = Staged::default();
+            f(&self.view(), &mut staged);
+            let mut batch = sled::Batch::default();
+            for (k, v) in staged.ops {
+                match v {
+                    Some(v) => batch.insert(data_key(&k), v),
+                    None => batch.remove(data_key(&k)),
+                }
+            }
+            self.tree
+                .apply_batch(batch)
+                .map_err(|e| StoreError::Io(e.to_string()))?;
+        }
+        self.flush().await
     }
 
     /// Waits for an fsync that covers every write issued before the call.

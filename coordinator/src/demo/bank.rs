@@ -1,0 +1,187 @@
+//! The example bank: each participant service holds some accounts in its
+//! participant store. A transfer debits an account at one service and
+//! credits one at another, under two-phase commit.
+//!
+//! Accounts touched by a prepared transaction stay locked until the
+//! decision; a Prepare that finds a locked account (or too little money)
+//! votes NO, so conflicting transfers abort instead of waiting: no
+//! distributed deadlock.
+//!
+//! Payload of a participant's work: `account:delta` items separated by `;`,
+//! e.g. `a3:-25`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use participant_sdk::log::Vote;
+use participant_sdk::store::ParticipantStore;
+use participant_sdk::store::Resource;
+use participant_sdk::store::Staged;
+use participant_sdk::store::View;
+
+pub struct Bank;
+
+fn acct_key(name: &str) -> Vec<u8> {
+    format!("acct/{name}").into_bytes()
+}
+
+fn lock_key(name: &str) -> Vec<u8> {
+    format!("lock/{name}").into_bytes()
+}
+
+fn pending_key(txid: u64) -> Vec<u8> {
+    format!("pending/{txid}").into_bytes()
+}
+
+pub fn parse_work(payload: &[u8]) -> Option<Vec<(String, i64)>> {
+    let s = std::str::from_utf8(payload).ok()?;
+    s.split(';')
+        .filter(|p| !p.is_empty())
+        .map(|item| {
+            let (a, d) = item.split_once(':')?;
+            Some((a.to_string(), d.parse().ok()?))
+        })
+        .collect()
+}
+
+fn balance(view: &View<'_>, name: &str) -> Option<i64> {
+    view.get(&acct_key(name))
+        .ok()
+        .flatten()
+        .and_then(|v| v.try_into().ok().map(i64::from_be_bytes))
+}
+
+impl Resource for Bank {
+    fn prepare(&self, view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+        let Some(work) = parse_work(payload) else {
+            return Vote::No;
+        };
+        for (acct, delta) in &work {
+            let Some(bal) = balance(view, acct) else {
+                return Vote::No;
+            };
+            if let Ok(Some(holder)) = view.get(&lock_key(acct)) {
+                if holder != txid.to_be_bytes() {
+                    return Vote::No; // locked by another prepared transfer
+                }
+            }
+            if bal + delta < 0 {
+                return Vote::No;
+            }
+            staged.put(&lock_key(acct), &txid.to_be_bytes());
+        }
+        staged.put(&pending_key(txid), payload);
+        Vote::Yes
+    }
+
+    fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+        let work = view
+            .get(&pending_key(txid))
+            .ok()
+            .flatten()
+            .and_then(|p| parse_work(&p))
+            .unwrap_or_default();
+        for (acct, delta) in work {
+            let bal = balance(view, &acct).unwrap_or(0);
+            staged.put(&acct_key(&acct), &(bal + delta).to_be_bytes());
+            staged.delete(&lock_key(&acct));
+        }
+        staged.delete(&pending_key(txid));
+    }
+
+    fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+        let work = view
+            .get(&pending_key(txid))
+            .ok()
+            .flatten()
+            .and_then(|p| parse_work(&p))
+            .unwrap_or_default();
+        for (acct, _) in work {
+            if view.get(&lock_key(&acct)).ok().flatten().as_deref() == Some(&txid.to_be_bytes()[..]) {
+                staged.delete(&lock_key(&acct));
+            }
+        }
+        staged.delete(&pending_key(txid));
+    }
+}
+
+/// Opens a bank's store, creating `accounts` accounts with `initial` each
+/// the first time (one durable write).
+pub async fn open_bank(
+    dir: &Path,
+    prefix: &str,
+    accounts: usize,
+    initial: i64,
+) -> anyhow::Result<Arc<ParticipantStore<Bank>>> {
+    std::fs::create_dir_all(dir)?;
+    let store = ParticipantStore::open(dir, Bank).with_context(|| format!("bank store {}", dir.display()))?;
+    if store.view().scan(b"acct/")?.is_empty() {
+        store
+            .write_data(|_, staged| {
+                for i in 0..accounts {
+                    staged.put(&acct_key(&format!("{prefix}{i}")), &initial.to_be_bytes());
+                }
+            })
+            .await?;
+    }
+    Ok(store)
+}
+
+/// Sum and count of every balance, and the accounts still locked.
+pub fn audit(store: &ParticipantStore<Bank>) -> anyhow::Result<(i64, usize, usize)> {
+    let view = store.view();
+    let mut total = 0;
+    let mut n = 0;
+    for (_, v) in view.scan(b"acct/")? {
+        total += i64::from_be_bytes(v.try_into().map_err(|_| anyhow::anyhow!("bad balance"))?);
+        n += 1;
+    }
+    let locked = view.scan(b"lock/")?.len();
+    Ok((total, n, locked))
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BankServeArgs {
+    /// Participant id (as enlisted), e.g. bank-a.
+    #[arg(long)]
+    pub id: String,
+    /// Account name prefix, e.g. a (accounts a0, a1, ...).
+    #[arg(long)]
+    pub prefix: String,
+    #[arg(long)]
+    pub listen: String,
+    #[arg(long)]
+    pub data_dir: std::path::PathBuf,
+    /// Coordinator API addresses, comma-separated (for recovery).
+    #[arg(long, value_delimiter = ',')]
+    pub cluster: Vec<String>,
+    #[arg(long, default_value_t = 10)]
+    pub accounts: usize,
+    #[arg(long, default_value_t = 1000)]
+    pub initial: i64,
+}
+
+/// `coordinator bank-serve`: one bank participant service until SIGTERM.
+pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    let store = open_bank(&a.data_dir, &a.prefix, a.accounts, a.initial).await?;
+    let recovery =
+        participant_sdk::server::spawn_recovery(store.clone(), a.cluster.clone(), Duration::from_millis(500));
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", a.listen))?;
+    tracing::info!(id = %a.id, listen = %a.listen, data_dir = %a.data_dir.display(), "bank service started");
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(
+            dtx_proto::v1::participant_service_server::ParticipantServiceServer::new(
+                participant_sdk::server::ParticipantServer::new(store.clone(), &a.id),
+            ),
+        )
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .await?;
+    recovery.abort();
+    store.flush().await?;
+    Ok(())
+}
