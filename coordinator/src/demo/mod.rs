@@ -317,7 +317,8 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     // reaper records ABORT at their deadline).
     let check = Client::new(ClientConfig::new(api.clone()))?;
     let mut resolved_unknown = BTreeMap::new();
-    for t in unknown.lock().expect("lock").clone() {
+    let unknown_txids: Vec<u64> = unknown.lock().expect("lock").clone();
+    for t in unknown_txids {
         for _ in 0..60 {
             match check.decision(t).await {
                 Ok(DecisionRead::Committed) => {
