@@ -44,7 +44,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 10)]
     pub kill_every_secs: u64,
     /// Accounts per bank, and the starting balance of each.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 50)]
     pub accounts: usize,
     #[arg(long, default_value_t = 1000)]
     pub initial: i64,
