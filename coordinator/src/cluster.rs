@@ -54,6 +54,8 @@ pub struct ProcessCluster {
     pub dir: PathBuf,
     pub bin: PathBuf,
     pub nodes: Vec<NodeProc>,
+    /// Extra environment for every node process (e.g. crash points).
+    pub env: Vec<(String, String)>,
 }
 
 /// Picks a free TCP port on `ip` (bind to port 0, read it, release it).
@@ -108,6 +110,7 @@ impl ProcessCluster {
             dir: dir.to_path_buf(),
             bin: bin.to_path_buf(),
             nodes,
+            env: Vec::new(),
         })
     }
 
@@ -138,6 +141,7 @@ impl ProcessCluster {
 
     pub fn start(&mut self, id: u64) -> std::io::Result<()> {
         let bin = self.bin.clone();
+        let env = self.env.clone();
         let n = self.node(id);
         if n.is_running() {
             return Ok(());
@@ -155,6 +159,7 @@ impl ProcessCluster {
                 "RUST_LOG",
                 std::env::var("DTX_NODE_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
             )
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

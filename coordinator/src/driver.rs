@@ -106,8 +106,15 @@ impl NodeCtx {
         let deadline_ms = self.sm.state().table.get(txid).map(|r| r.deadline_ms).unwrap_or(0);
         let left_ms = deadline_ms.saturating_sub(now_ms());
         let timeout = Duration::from_millis(left_ms.min(self.config.txn.prepare_timeout_ms).max(1));
-        let votes =
-            futures::future::join_all(participants.iter().map(|p| self.prepare_one(txid, term, p, timeout))).await;
+        participant_sdk::failpoint!("coordinator_before_prepare");
+        let votes = futures::future::join_all(participants.iter().enumerate().map(|(i, p)| async move {
+            let v = self.prepare_one(txid, term, p, timeout).await;
+            if i == 0 {
+                participant_sdk::failpoint!("coordinator_mid_prepare");
+            }
+            v
+        }))
+        .await;
         let mut refusals = Vec::new();
         for (p, v) in participants.iter().zip(&votes) {
             match v {
@@ -130,7 +137,9 @@ impl NodeCtx {
             note.truncate(crate::limits::REASON_BYTES_MAX);
             (Outcome::Abort, Vec::new(), note)
         };
+        participant_sdk::failpoint!("coordinator_votes_in_before_decide");
         let (d, recorded) = self.decide(txid, outcome, voters, DecisionSource::Driver, note).await?;
+        participant_sdk::failpoint!("coordinator_decided_before_delivery");
         if recorded {
             info!(txid, outcome = %d.outcome, "decision recorded");
         }
@@ -207,6 +216,7 @@ impl NodeCtx {
                     match self.propose(ack).await {
                         Ok(_) => {
                             metrics::counter!("dtx_deliveries_total", "outcome" => outcome.to_string()).increment(1);
+                            participant_sdk::failpoint!("coordinator_mid_delivery");
                             return;
                         }
                         Err(e) => warn!(txid, participant = %p.id, "ack not recorded yet: {e}"),

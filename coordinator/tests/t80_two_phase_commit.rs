@@ -7,136 +7,14 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::participants::Svc;
 use common::TestCluster;
 use coordinator::client::DecisionRead;
 use coordinator::client::TxOutcome;
-use dtx_proto::v1::participant_service_server::ParticipantServiceServer;
 use participant_sdk::log::LocalState;
 use participant_sdk::log::Vote;
-use participant_sdk::server::ParticipantServer;
-use participant_sdk::store::ParticipantStore;
-use participant_sdk::store::Resource;
-use participant_sdk::store::Staged;
-use participant_sdk::store::View;
-
-/// Stages the payload on prepare, applies it on commit; payload "no" votes NO.
-struct Stage;
-
-impl Resource for Stage {
-    fn prepare(&self, _v: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
-        if payload == b"no" {
-            return Vote::No;
-        }
-        staged.put(format!("staged/{txid}").as_bytes(), payload);
-        Vote::Yes
-    }
-    fn commit(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
-        staged.delete(format!("staged/{txid}").as_bytes());
-        staged.put(format!("applied/{txid}").as_bytes(), b"1");
-    }
-    fn abort(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
-        staged.delete(format!("staged/{txid}").as_bytes());
-    }
-}
-
-/// Wraps the SDK server; while `hold_decisions` is set, Commit and Abort
-/// deliveries are refused as if the participant were unreachable.
-struct Gated {
-    inner: ParticipantServer<Stage>,
-    hold_decisions: Arc<std::sync::atomic::AtomicBool>,
-}
-
-type R<T> = Result<tonic::Response<T>, tonic::Status>;
-
-#[tonic::async_trait]
-impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
-    async fn prepare(&self, req: tonic::Request<dtx_proto::v1::PrepareRequest>) -> R<dtx_proto::v1::PrepareResponse> {
-        self.inner.prepare(req).await
-    }
-    async fn commit(
-        &self,
-        req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,
-    ) -> R<dtx_proto::v1::ParticipantDecisionResponse> {
-        if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(tonic::Status::unavailable("held by the test"));
-        }
-        self.inner.commit(req).await
-    }
-    async fn abort(
-        &self,
-        req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,
-    ) -> R<dtx_proto::v1::ParticipantDecisionResponse> {
-        if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(tonic::Status::unavailable("held by the test"));
-        }
-        self.inner.abort(req).await
-    }
-}
-
-/// A participant service on its own address over a durable store; it stops
-/// when dropped.
-struct Svc {
-    id: String,
-    addr: String,
-    store: Arc<ParticipantStore<Stage>>,
-    hold_decisions: Arc<std::sync::atomic::AtomicBool>,
-    /// Dropping it stops the server.
-    _stop: Option<tokio::sync::oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Svc {
-    async fn new(id: &str) -> Svc {
-        let dir = tempfile::tempdir().unwrap();
-        let store = ParticipantStore::open(dir.path(), Stage).unwrap();
-        let port = coordinator::cluster::free_port("127.0.0.1").unwrap();
-        let mut s = Svc {
-            id: id.to_string(),
-            addr: format!("127.0.0.1:{port}"),
-            store,
-            hold_decisions: Arc::default(),
-            _stop: None,
-            _dir: dir,
-        };
-        s.start().await;
-        s
-    }
-
-    async fn start(&mut self) {
-        let listener = tokio::net::TcpListener::bind(&self.addr).await.unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let svc = ParticipantServiceServer::new(Gated {
-            inner: ParticipantServer::new(self.store.clone(), &self.id),
-            hold_decisions: self.hold_decisions.clone(),
-        });
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
-                    let _ = rx.await;
-                }),
-        );
-        self._stop = Some(tx);
-    }
-
-    fn state(&self, txid: u64) -> Option<LocalState> {
-        self.store.entry(txid).unwrap().map(|e| e.state)
-    }
-
-    async fn wait_state(&self, txid: u64, want: LocalState, timeout: Duration) -> bool {
-        let until = tokio::time::Instant::now() + timeout;
-        while tokio::time::Instant::now() < until {
-            if self.state(txid) == Some(want) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t80_commit_abort_and_unreachable_participant() {
@@ -276,4 +154,42 @@ async fn t80_participant_recovery_asks_the_cluster() {
         .unwrap();
     assert_eq!(n, 1);
     assert_eq!(a.state(t), Some(LocalState::Committed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_participant_restarted_without_quorum_waits_then_resolves() {
+    let mut c = TestCluster::start_with("t80d", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 1_000;
+    });
+    let leader = c.leader().await;
+    let cl = c.client();
+    let a = Svc::new("bank-a").await;
+    let t = cl.begin("tx-noquorum", 60_000, b"").await.unwrap().txid;
+    cl.enlist(t, &a.id, &a.addr, b"locked work").await.unwrap();
+    a.hold_decisions.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(cl.commit(t).await.unwrap(), TxOutcome::Committed);
+
+    // The cluster loses its quorum: two of three nodes die.
+    let others: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    c.procs.kill9(leader);
+    c.procs.kill9(others[0]);
+    // The participant "restarts": its recovery loop runs against the cluster.
+    let recovery =
+        participant_sdk::server::spawn_recovery(a.store.clone(), c.procs.api_addrs(), Duration::from_millis(500));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Invariant 5: still in doubt, work (and its locks) still held.
+    assert_eq!(a.state(t), Some(LocalState::Prepared { vote: Vote::Yes }));
+    assert!(a.store.view().get(format!("staged/{t}").as_bytes()).unwrap().is_some());
+
+    // Quorum returns.
+    c.procs.start(leader).unwrap();
+    c.procs.start(others[0]).unwrap();
+    c.leader().await;
+    let back = std::time::Instant::now();
+    assert!(
+        a.wait_state(t, LocalState::Committed, Duration::from_secs(20)).await,
+        "recovery never resolved the in-doubt transaction"
+    );
+    eprintln!("resolved {:?} after a leader was back", back.elapsed());
+    recovery.abort();
 }

@@ -18,6 +18,7 @@
 //! variant (PostgreSQL prepared transactions) that records intent before
 //! calling the resource.
 
+pub mod failpoint;
 pub mod log;
 pub mod server;
 pub mod store;

@@ -307,8 +307,18 @@ impl<R: Resource> ParticipantStore<R> {
             }
             (reply, changed)
         };
+        if matches!(reply, Reply::Vote(Vote::Yes)) && wrote {
+            crate::failpoint!("participant_before_durable_prepare");
+        }
         if wrote {
             self.flush().await?;
+        }
+        match (msg, reply) {
+            (Message::Prepare { .. }, Reply::Vote(_)) => crate::failpoint!("participant_after_prepare_before_reply"),
+            (Message::Commit { .. } | Message::Abort { .. }, Reply::Ack) => {
+                crate::failpoint!("participant_after_decision_before_ack")
+            }
+            _ => {}
         }
         Ok(reply)
     }

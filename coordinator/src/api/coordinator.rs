@@ -130,7 +130,9 @@ impl NodeCtx {
             now_ms: now_ms(),
             timeout_ms,
         };
-        match self.propose(cmd).await? {
+        let began = self.propose(cmd).await?;
+        participant_sdk::failpoint!("coordinator_after_begin");
+        match began {
             CommandOk::Began {
                 txid,
                 existing,

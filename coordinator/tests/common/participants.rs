@@ -1,0 +1,132 @@
+//! In-process participant services for tests: the SDK's gRPC server on a
+//! durable store, on a real socket, with a switch that refuses phase-two
+//! deliveries (to keep a participant in doubt).
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dtx_proto::v1::participant_service_server::ParticipantServiceServer;
+use participant_sdk::log::LocalState;
+use participant_sdk::log::Vote;
+use participant_sdk::server::ParticipantServer;
+use participant_sdk::store::ParticipantStore;
+use participant_sdk::store::Resource;
+use participant_sdk::store::Staged;
+use participant_sdk::store::View;
+
+/// Stages the payload on prepare, applies it on commit; payload "no" votes NO.
+pub struct Stage;
+
+impl Resource for Stage {
+    fn prepare(&self, _v: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+        if payload == b"no" {
+            return Vote::No;
+        }
+        staged.put(format!("staged/{txid}").as_bytes(), payload);
+        Vote::Yes
+    }
+    fn commit(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
+        staged.delete(format!("staged/{txid}").as_bytes());
+        staged.put(format!("applied/{txid}").as_bytes(), b"1");
+    }
+    fn abort(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
+        staged.delete(format!("staged/{txid}").as_bytes());
+    }
+}
+
+/// Wraps the SDK server; while `hold_decisions` is set, Commit and Abort
+/// deliveries are refused as if the participant were unreachable.
+pub struct Gated {
+    inner: ParticipantServer<Stage>,
+    hold_decisions: Arc<std::sync::atomic::AtomicBool>,
+}
+
+type R<T> = Result<tonic::Response<T>, tonic::Status>;
+
+#[tonic::async_trait]
+impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
+    async fn prepare(&self, req: tonic::Request<dtx_proto::v1::PrepareRequest>) -> R<dtx_proto::v1::PrepareResponse> {
+        self.inner.prepare(req).await
+    }
+    async fn commit(
+        &self,
+        req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,
+    ) -> R<dtx_proto::v1::ParticipantDecisionResponse> {
+        if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unavailable("held by the test"));
+        }
+        self.inner.commit(req).await
+    }
+    async fn abort(
+        &self,
+        req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,
+    ) -> R<dtx_proto::v1::ParticipantDecisionResponse> {
+        if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unavailable("held by the test"));
+        }
+        self.inner.abort(req).await
+    }
+}
+
+/// A participant service on its own address over a durable store; it stops
+/// when dropped.
+pub struct Svc {
+    pub id: String,
+    pub addr: String,
+    pub store: Arc<ParticipantStore<Stage>>,
+    pub hold_decisions: Arc<std::sync::atomic::AtomicBool>,
+    /// Dropping it stops the server.
+    _stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Svc {
+    pub async fn new(id: &str) -> Svc {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ParticipantStore::open(dir.path(), Stage).unwrap();
+        let port = coordinator::cluster::free_port("127.0.0.1").unwrap();
+        let mut s = Svc {
+            id: id.to_string(),
+            addr: format!("127.0.0.1:{port}"),
+            store,
+            hold_decisions: Arc::default(),
+            _stop: None,
+            _dir: dir,
+        };
+        s.start().await;
+        s
+    }
+
+    pub async fn start(&mut self) {
+        let listener = tokio::net::TcpListener::bind(&self.addr).await.unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let svc = ParticipantServiceServer::new(Gated {
+            inner: ParticipantServer::new(self.store.clone(), &self.id),
+            hold_decisions: self.hold_decisions.clone(),
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
+                    let _ = rx.await;
+                }),
+        );
+        self._stop = Some(tx);
+    }
+
+    pub fn state(&self, txid: u64) -> Option<LocalState> {
+        self.store.entry(txid).unwrap().map(|e| e.state)
+    }
+
+    pub async fn wait_state(&self, txid: u64, want: LocalState, timeout: Duration) -> bool {
+        let until = tokio::time::Instant::now() + timeout;
+        while tokio::time::Instant::now() < until {
+            if self.state(txid) == Some(want) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+}
