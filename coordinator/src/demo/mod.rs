@@ -56,12 +56,12 @@ pub struct DemoArgs {
     pub keep_serving: bool,
 }
 
-struct BankProc {
-    id: &'static str,
-    prefix: &'static str,
-    addr: String,
-    dir: PathBuf,
-    child: Child,
+pub(crate) struct BankProc {
+    pub id: &'static str,
+    pub prefix: &'static str,
+    pub addr: String,
+    pub dir: PathBuf,
+    pub child: Child,
 }
 
 impl Drop for BankProc {
@@ -71,13 +71,14 @@ impl Drop for BankProc {
     }
 }
 
-fn start_bank(
+pub(crate) fn start_bank(
     bin: &std::path::Path,
     dir: &std::path::Path,
     id: &'static str,
     prefix: &'static str,
     cluster: &[String],
-    a: &DemoArgs,
+    accounts: usize,
+    initial: i64,
 ) -> anyhow::Result<BankProc> {
     use std::os::unix::process::CommandExt;
     let addr = format!("127.0.0.1:{}", free_port("127.0.0.1")?);
@@ -97,12 +98,7 @@ fn start_bank(
         ])
         .arg(&data)
         .args(["--cluster", &cluster.join(",")])
-        .args([
-            "--accounts",
-            &a.accounts.to_string(),
-            "--initial",
-            &a.initial.to_string(),
-        ])
+        .args(["--accounts", &accounts.to_string(), "--initial", &initial.to_string()])
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -139,7 +135,7 @@ struct Counts {
     failed_to_start: AtomicU64,
 }
 
-async fn wait_listening(addr: &str) -> bool {
+pub(crate) async fn wait_listening(addr: &str) -> bool {
     for _ in 0..200 {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
             return true;
@@ -150,7 +146,7 @@ async fn wait_listening(addr: &str) -> bool {
 }
 
 /// One transfer between the two banks; returns the caller's view of it.
-async fn transfer(
+pub(crate) async fn transfer(
     client: &Client,
     key: &str,
     banks: &[(String, String, String)],
@@ -191,8 +187,8 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     cluster.start_all()?;
     let api = cluster.api_addrs();
     let banks_procs = vec![
-        start_bank(&bin, &dir, "bank-a", "a", &api, &a)?,
-        start_bank(&bin, &dir, "bank-b", "b", &api, &a)?,
+        start_bank(&bin, &dir, "bank-a", "a", &api, a.accounts, a.initial)?,
+        start_bank(&bin, &dir, "bank-b", "b", &api, a.accounts, a.initial)?,
     ];
     println!(
         "dtx demo: 3 coordinator nodes, 2 bank services, {} clients, {} s",
