@@ -193,3 +193,59 @@ async fn t80_participant_restarted_without_quorum_waits_then_resolves() {
     eprintln!("resolved {:?} after a leader was back", back.elapsed());
     recovery.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_client_retry_with_same_key_is_one_transaction_and_old_terms_are_fenced() {
+    let mut c = TestCluster::start_with("t80e", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 1_000;
+    });
+    c.leader().await;
+    let cl = c.client();
+    let a = Svc::new("bank-a").await;
+    // The client "times out" after Begin and Enlist and runs the whole
+    // transaction again with the same key: one transaction, one decision.
+    let t = cl.begin("order-1", 60_000, b"req").await.unwrap().txid;
+    cl.enlist(t, &a.id, &a.addr, b"w").await.unwrap();
+    let again = cl.begin("order-1", 60_000, b"req").await.unwrap();
+    assert_eq!((again.txid, again.existing), (t, true));
+    cl.enlist(t, &a.id, &a.addr, b"w").await.unwrap();
+    assert_eq!(cl.commit(t).await.unwrap(), TxOutcome::Committed);
+    assert_eq!(cl.commit(t).await.unwrap(), TxOutcome::Committed);
+    assert!(a.wait_state(t, LocalState::Committed, Duration::from_secs(10)).await);
+
+    // A late Prepare and an Abort from an older term reach the participant:
+    // both are refused (invariant 9) and the commit stands (invariant 8).
+    let term = a.store.entry(t).unwrap().unwrap().term;
+    let ch = coordinator::raft::network::channel(&a.addr, None, Duration::from_secs(1)).unwrap();
+    let mut p = dtx_proto::v1::participant_service_client::ParticipantServiceClient::new(ch);
+    if term > 0 {
+        let late = p
+            .abort(dtx_proto::v1::ParticipantDecisionRequest {
+                txid: t,
+                term: term - 1,
+                participant_id: a.id.clone(),
+            })
+            .await;
+        assert_eq!(late.unwrap_err().code(), tonic::Code::FailedPrecondition);
+    }
+    let dup = p
+        .abort(dtx_proto::v1::ParticipantDecisionRequest {
+            txid: t,
+            term,
+            participant_id: a.id.clone(),
+        })
+        .await;
+    assert_eq!(dup.unwrap_err().code(), tonic::Code::FailedPrecondition, "abort after commit must be refused");
+    assert_eq!(a.state(t), Some(LocalState::Committed));
+    // A Commit for a transaction this participant never prepared is a
+    // protocol violation, refused.
+    let never = p
+        .commit(dtx_proto::v1::ParticipantDecisionRequest {
+            txid: 999_999,
+            term,
+            participant_id: a.id.clone(),
+        })
+        .await;
+    assert_eq!(never.unwrap_err().code(), tonic::Code::FailedPrecondition);
+    assert_eq!(a.state(999_999), None);
+}
