@@ -235,7 +235,11 @@ async fn t80_client_retry_with_same_key_is_one_transaction_and_old_terms_are_fen
             participant_id: a.id.clone(),
         })
         .await;
-    assert_eq!(dup.unwrap_err().code(), tonic::Code::FailedPrecondition, "abort after commit must be refused");
+    assert_eq!(
+        dup.unwrap_err().code(),
+        tonic::Code::FailedPrecondition,
+        "abort after commit must be refused"
+    );
     assert_eq!(a.state(t), Some(LocalState::Committed));
     // A Commit for a transaction this participant never prepared is a
     // protocol violation, refused.
@@ -248,4 +252,28 @@ async fn t80_client_retry_with_same_key_is_one_transaction_and_old_terms_are_fen
         .await;
     assert_eq!(never.unwrap_err().code(), tonic::Code::FailedPrecondition);
     assert_eq!(a.state(999_999), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_service_enlists_itself_from_the_txid_in_metadata() {
+    let mut c = TestCluster::start_with("t80f", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 1_000;
+    });
+    c.leader().await;
+    let cl = c.client();
+    let a = Svc::new("bank-a").await;
+    let t = cl.begin("carried", 60_000, b"").await.unwrap().txid;
+    // The client calls a service with the txid in metadata...
+    let mut call = tonic::Request::new(());
+    dtx_proto::attach_txid(&mut call, t);
+    // ...and the service, seeing it, enlists itself before doing its work.
+    let seen = dtx_proto::txid_of(&call).expect("txid carried in metadata");
+    assert_eq!(seen, t);
+    let n = participant_sdk::enlist::enlist_self(&c.procs.api_addrs(), seen, &a.id, &a.addr, b"work")
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    // The client commits without ever having named the participant.
+    assert_eq!(cl.commit(t).await.unwrap(), TxOutcome::Committed);
+    assert!(a.wait_state(t, LocalState::Committed, Duration::from_secs(10)).await);
 }

@@ -14,10 +14,14 @@
 //! store, and recovery: asking the cluster (linearizable, batched, any node)
 //! for the decisions of in-doubt transactions, on start and periodically.
 //!
-//! To come (issue 3): self-enlistment helpers, and an external-resource
-//! variant (PostgreSQL prepared transactions) that records intent before
-//! calling the resource.
+//! Done: `enlist`, self-enlistment of a service that received a txid from
+//! its caller (`dtx_proto::attach_txid` / `dtx_proto::txid_of` carry it in
+//! gRPC metadata).
+//!
+//! To come: an external-resource variant (PostgreSQL prepared transactions)
+//! that records intent before calling the resource.
 
+pub mod enlist;
 pub mod failpoint;
 pub mod log;
 pub mod server;

@@ -5,3 +5,21 @@
 pub mod v1 {
     tonic::include_proto!("dtx.v1");
 }
+
+/// gRPC metadata key that carries a transaction id from a client to the
+/// services it calls, so a service can do its work under that transaction
+/// and enlist itself (see `participant_sdk::enlist`).
+pub const TXID_METADATA_KEY: &str = "x-dtx-txid";
+
+/// Puts `txid` into a request's metadata.
+pub fn attach_txid<T>(req: &mut tonic::Request<T>, txid: u64) {
+    req.metadata_mut().insert(TXID_METADATA_KEY, txid.into());
+}
+
+/// The transaction id a request carries, if any (and if well-formed).
+pub fn txid_of<T>(req: &tonic::Request<T>) -> Option<u64> {
+    req.metadata()
+        .get(TXID_METADATA_KEY)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse().ok())
+}
