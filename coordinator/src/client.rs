@@ -43,8 +43,10 @@ impl ClientConfig {
     pub fn new(endpoints: Vec<String>) -> Self {
         ClientConfig {
             endpoints,
-            call_deadline: Duration::from_secs(10),
-            attempt_timeout: Duration::from_secs(3),
+            // Longer than the default txn.prepare_timeout_ms (5 s), so a
+            // Commit is not cut off while the leader collects votes.
+            call_deadline: Duration::from_secs(15),
+            attempt_timeout: Duration::from_secs(8),
             backoff_base: Duration::from_millis(20),
             backoff_max: Duration::from_millis(500),
         }

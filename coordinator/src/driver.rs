@@ -39,11 +39,24 @@ use crate::sm::Outcome;
 use crate::sm::Participant;
 use crate::sm::Txid;
 
-/// Transactions with a background task running on this node.
+/// Transactions with a task running on this node.
 #[derive(Default)]
 pub struct DriverState {
     delivering: Mutex<HashSet<Txid>>,
-    redriving: Mutex<HashSet<Txid>>,
+    /// Being driven (by a client's Commit or a re-drive): the leader loop
+    /// does not start a second prepare round for them.
+    driving: Mutex<HashSet<Txid>>,
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+fn truncate_utf8(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
 }
 
 /// What one participant answered to Prepare.
@@ -94,6 +107,13 @@ impl NodeCtx {
     /// Drives a commit to its decision and returns the recorded decision
     /// (which may be another, earlier one: decisions are write-once).
     pub async fn drive_commit(self: &Arc<Self>, txid: Txid) -> Result<Decision, ApiError> {
+        self.driver.driving.lock().expect("lock").insert(txid);
+        let res = self.drive_commit_inner(txid).await;
+        self.driver.driving.lock().expect("lock").remove(&txid);
+        res
+    }
+
+    async fn drive_commit_inner(self: &Arc<Self>, txid: Txid) -> Result<Decision, ApiError> {
         let participants = match self.propose(Command::RequestCommit { txid }).await? {
             CommandOk::CommitRequested { decision: Some(d), .. } => {
                 self.spawn_delivery(txid);
@@ -102,8 +122,40 @@ impl NodeCtx {
             CommandOk::CommitRequested { participants, .. } => participants,
             other => return Err(ApiError::Internal(format!("unexpected result {other:?}"))),
         };
+        // From here on the transaction is PREPARING: whatever goes wrong, the
+        // outcome is not known to the caller (a new leader re-drives it).
+        self.prepare_and_decide(txid, participants).await.map_err(|e| match e {
+            ApiError::NotLeader { .. } | ApiError::NoLeader(_) | ApiError::Unavailable(_) => {
+                ApiError::Unknown(format!(
+                    "commit of {txid} was interrupted after it started ({e}); the decision will be recorded by the \
+                 leader: ask again"
+                ))
+            }
+            other => other,
+        })
+    }
+
+    async fn prepare_and_decide(
+        self: &Arc<Self>,
+        txid: Txid,
+        participants: Vec<Participant>,
+    ) -> Result<Decision, ApiError> {
         let term = self.current_term();
         let deadline_ms = self.sm.state().table.get(txid).map(|r| r.deadline_ms).unwrap_or(0);
+        if now_ms() >= deadline_ms {
+            // Past the deadline: no new prepare round; ABORT (invariant 7).
+            let (d, _) = self
+                .decide(
+                    txid,
+                    Outcome::Abort,
+                    Vec::new(),
+                    DecisionSource::Driver,
+                    "deadline passed before the votes were in".into(),
+                )
+                .await?;
+            self.spawn_delivery(txid);
+            return Ok(d);
+        }
         let left_ms = deadline_ms.saturating_sub(now_ms());
         let timeout = Duration::from_millis(left_ms.min(self.config.txn.prepare_timeout_ms).max(1));
         participant_sdk::failpoint!("coordinator_before_prepare");
@@ -134,7 +186,7 @@ impl NodeCtx {
             )
         } else {
             let mut note = refusals.join("; ");
-            note.truncate(crate::limits::REASON_BYTES_MAX);
+            truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
             (Outcome::Abort, Vec::new(), note)
         };
         participant_sdk::failpoint!("coordinator_votes_in_before_decide");
@@ -175,15 +227,15 @@ impl NodeCtx {
     /// Re-drives a PREPARING transaction (after a leader change, or a caller
     /// that went away) unless one is already running here.
     pub fn spawn_redrive(self: &Arc<Self>, txid: Txid) {
-        if !self.driver.redriving.lock().expect("lock").insert(txid) {
+        if !self.driver.driving.lock().expect("lock").insert(txid) {
             return;
         }
         let ctx = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = ctx.drive_commit(txid).await {
+            if let Err(e) = ctx.drive_commit_inner(txid).await {
                 warn!(txid, "re-drive of a PREPARING transaction not finished: {e}");
             }
-            ctx.driver.redriving.lock().expect("lock").remove(&txid);
+            ctx.driver.driving.lock().expect("lock").remove(&txid);
         });
     }
 
@@ -256,7 +308,9 @@ impl NodeCtx {
         match tokio::time::timeout(timeout, call).await {
             Err(_) => Err("timed out".into()),
             Ok(Err(s)) => {
-                if s.code() == tonic::Code::FailedPrecondition {
+                // A refusal for an older term is fencing at work (a newer
+                // leader talked to it); anything else is a protocol error.
+                if s.code() == tonic::Code::FailedPrecondition && !s.message().contains("older than term") {
                     metrics::counter!("dtx_participant_protocol_errors_total").increment(1);
                     warn!(txid, participant = %p.id, "participant refused {outcome}: {}", s.message());
                 }

@@ -261,7 +261,8 @@ impl<R: Resource> ParticipantStore<R> {
 
     /// Handles one coordinator message: decides with `log::step`, runs the
     /// resource, writes the log record and the resource's writes in one
-    /// atomic batch, waits for an fsync covering it, then returns the reply.
+    /// atomic batch, waits for an fsync covering it (and every earlier write),
+    /// then returns the reply.
     pub async fn handle(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Reply, StoreError> {
         let (reply, wrote) = {
             let _serial = self.serial.lock().expect("participant store lock");
@@ -310,9 +311,11 @@ impl<R: Resource> ParticipantStore<R> {
         if matches!(reply, Reply::Vote(Vote::Yes)) && wrote {
             crate::failpoint!("participant_before_durable_prepare");
         }
-        if wrote {
-            self.flush().await?;
-        }
+        // Always sync before answering: a repeated message may find a record
+        // that a concurrent request wrote but whose fsync is still running,
+        // and a vote or ack must never get ahead of its record on disk.
+        let _ = wrote;
+        self.flush().await?;
         match (msg, reply) {
             (Message::Prepare { .. }, Reply::Vote(_)) => crate::failpoint!("participant_after_prepare_before_reply"),
             (Message::Commit { .. } | Message::Abort { .. }, Reply::Ack) => {

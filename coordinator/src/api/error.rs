@@ -26,8 +26,6 @@ pub enum ApiError {
     AlreadyExists(String),
     #[error("{0}")]
     FailedPrecondition(String),
-    #[error("{0}")]
-    Unimplemented(String),
     /// This node is not the leader. `proposed` tells whether the command was
     /// handed to Raft before that was found out (then it may still apply).
     #[error("not the leader; leader is {leader_id:?} at {leader_api_addr:?}")]
@@ -89,7 +87,6 @@ impl From<ApiError> for Status {
             ApiError::NotFound(_) => Code::NotFound,
             ApiError::AlreadyExists(_) => Code::AlreadyExists,
             ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
-            ApiError::Unimplemented(_) => Code::Unimplemented,
             ApiError::NotLeader { .. } | ApiError::NoLeader(_) | ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::Unknown(_) => Code::DeadlineExceeded,
             ApiError::Internal(_) => Code::Internal,
@@ -103,7 +100,6 @@ impl From<ApiError> for Status {
                 | ApiError::NotFound(_)
                 | ApiError::AlreadyExists(_)
                 | ApiError::FailedPrecondition(_)
-                | ApiError::Unimplemented(_)
         );
         if not_applied {
             status

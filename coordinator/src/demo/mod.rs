@@ -336,7 +336,8 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         shutdown.await;
     }
 
-    // Let phase two finish, then stop the banks and audit their stores.
+    // Stop the banks and audit their stores; whatever phase two did not
+    // deliver yet is learned by recovery, as a restarted service would.
     let mut banks_procs = banks_procs;
     let mut in_doubt_left = 0;
     let mut totals = Vec::new();
@@ -362,12 +363,12 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
 
     let mut split = Vec::new();
     let mut lost_commit = Vec::new();
-    for (t, s) in &per_bank[0] {
-        let other = per_bank[1].get(t);
-        let c0 = *s == LocalState::Committed;
-        let c1 = other == Some(&LocalState::Committed);
+    let all_txids: std::collections::BTreeSet<u64> = per_bank.iter().flat_map(|m| m.keys().copied()).collect();
+    for t in all_txids {
+        let c0 = per_bank[0].get(&t) == Some(&LocalState::Committed);
+        let c1 = per_bank[1].get(&t) == Some(&LocalState::Committed);
         if c0 != c1 {
-            split.push(*t);
+            split.push(t);
         }
     }
     for (t, o) in told.lock().expect("lock").iter() {
