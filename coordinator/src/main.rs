@@ -34,6 +34,12 @@ enum Cmd {
     Demo(coordinator::demo::DemoArgs),
     /// Run one bank participant service (the example; used by `demo`).
     BankServe(coordinator::demo::bank::BankServeArgs),
+    /// Sum the balances of stopped bank services' data directories.
+    BankAudit {
+        /// Data directories of the bank services (stopped), comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        data_dir: Vec<PathBuf>,
+    },
     /// Run a local three-node cluster on loopback until Ctrl-C.
     Dev(coordinator::dev::DevArgs),
     /// Measure Decide throughput and latency on a local three-node cluster,
@@ -291,6 +297,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Dev(a) => coordinator::dev::run(a, shutdown_signal()).await,
         Cmd::Demo(a) => coordinator::demo::run(a, shutdown_signal()).await,
         Cmd::BankServe(a) => coordinator::demo::bank::serve(a, shutdown_signal()).await,
+        Cmd::BankAudit { data_dir } => {
+            let mut total = 0i64;
+            let mut locked = 0;
+            let mut in_doubt = 0;
+            for d in &data_dir {
+                anyhow::ensure!(d.exists(), "bank data directory {} does not exist", d.display());
+                let store = participant_sdk::store::ParticipantStore::open(d, coordinator::demo::bank::Bank)?;
+                let (t, n, l) = coordinator::demo::bank::audit(&store)?;
+                let doubt = store.in_doubt()?.len();
+                println!("{}: {n} accounts, total {t}, {l} locked, {doubt} in doubt", d.display());
+                total += t;
+                locked += l;
+                in_doubt += doubt;
+            }
+            println!("total {total}, {locked} locked, {in_doubt} in doubt");
+            Ok(())
+        }
         Cmd::Bench(a) => coordinator::bench::run(a).await,
         Cmd::Admin { addr, cmd } => admin(addr, cmd).await,
         Cmd::Inspect { data_dir } => {
