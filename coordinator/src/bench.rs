@@ -113,6 +113,17 @@ pub fn measure_fsync(dir: &std::path::Path, n: usize) -> anyhow::Result<(Stats, 
     Ok((raw, sled_stats))
 }
 
+/// `n` clients, each with its own connection to the leader.
+fn clients_for(leader_api: &str, n: usize) -> Vec<Arc<Client>> {
+    (0..n)
+        .map(|_| {
+            let mut cfg = ClientConfig::new(vec![leader_api.to_string()]);
+            cfg.call_deadline = Duration::from_secs(30);
+            Arc::new(Client::new(cfg).expect("client"))
+        })
+        .collect()
+}
+
 async fn run_phase<F, Fut>(clients: &[Arc<Client>], seconds: u64, work: F) -> Stats
 where
     F: Fn(Arc<Client>, usize, usize) -> Fut + Clone + Send + 'static,
@@ -178,11 +189,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
 
     // Latency budget at one client: a bare API round trip (no Raft), and a
     // linearizable read (round trip + one heartbeat round to a quorum).
-    let one = {
-        let mut cfg = ClientConfig::new(vec![leader_api.clone()]);
-        cfg.call_deadline = Duration::from_secs(30);
-        vec![Arc::new(Client::new(cfg).expect("client"))]
-    };
+    let one = clients_for(&leader_api, 1);
     let rpc = run_phase(&one, 2, |c, _, _| async move { c.cluster_status().await.is_ok() }).await;
     let read = run_phase(&one, 2, |c, _, _| async move { c.decision(1).await.is_ok() }).await;
     println!(
@@ -192,13 +199,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
 
     let mut rows = Vec::new();
     for &n in &a.clients {
-        let clients: Vec<Arc<Client>> = (0..n)
-            .map(|_| {
-                let mut cfg = ClientConfig::new(vec![leader_api.clone()]);
-                cfg.call_deadline = Duration::from_secs(30);
-                Arc::new(Client::new(cfg).expect("client"))
-            })
-            .collect();
+        let clients = clients_for(&leader_api, n);
         // Warm up connections.
         for c in &clients {
             let _ = c.cluster_status().await;
@@ -265,13 +266,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 .collect(),
         );
         for &n in &a.transfer_clients {
-            let clients: Vec<Arc<Client>> = (0..n)
-                .map(|_| {
-                    let mut cfg = ClientConfig::new(vec![leader_api.clone()]);
-                    cfg.call_deadline = Duration::from_secs(30);
-                    Arc::new(Client::new(cfg).expect("client"))
-                })
-                .collect();
+            let clients = clients_for(&leader_api, n);
             let aborted = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let (bl, ab) = (bank_list.clone(), aborted.clone());
             let st = run_phase(&clients, a.seconds, move |c, w, i| {

@@ -52,6 +52,18 @@ impl Staged {
     pub fn delete(&mut self, key: &[u8]) {
         self.ops.push((key.to_vec(), None));
     }
+
+    /// The staged writes as a sled batch on the resource's key space.
+    fn into_batch(self) -> sled::Batch {
+        let mut batch = sled::Batch::default();
+        for (k, v) in self.ops {
+            match v {
+                Some(v) => batch.insert(data_key(&k), v),
+                None => batch.remove(data_key(&k)),
+            }
+        }
+        batch
+    }
 }
 
 /// A key and its value.
@@ -292,15 +304,9 @@ impl<R: Resource> ParticipantStore<R> {
             };
             let changed = record != before || !staged.ops.is_empty();
             if changed {
-                let mut batch = sled::Batch::default();
+                let mut batch = staged.into_batch();
                 if let Some(e) = record {
                     batch.insert(&log_key(txid)[..], &encode_entry(&e)[..]);
-                }
-                for (k, v) in staged.ops {
-                    match v {
-                        Some(v) => batch.insert(data_key(&k), v),
-                        None => batch.remove(data_key(&k)),
-                    }
                 }
                 self.tree
                     .apply_batch(batch)
@@ -333,15 +339,8 @@ impl<R: Resource> ParticipantStore<R> {
             let _serial = self.serial.lock().expect("participant store lock");
             let mut staged = Staged::default();
             f(&self.view(), &mut staged);
-            let mut batch = sled::Batch::default();
-            for (k, v) in staged.ops {
-                match v {
-                    Some(v) => batch.insert(data_key(&k), v),
-                    None => batch.remove(data_key(&k)),
-                }
-            }
             self.tree
-                .apply_batch(batch)
+                .apply_batch(staged.into_batch())
                 .map_err(|e| StoreError::Io(e.to_string()))?;
         }
         self.flush().await

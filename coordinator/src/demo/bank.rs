@@ -46,6 +46,15 @@ pub fn parse_work(payload: &[u8]) -> Option<Vec<(String, i64)>> {
         .collect()
 }
 
+/// The work `txid` prepared here (empty if none).
+fn pending_work(view: &View<'_>, txid: u64) -> Vec<(String, i64)> {
+    view.get(&pending_key(txid))
+        .ok()
+        .flatten()
+        .and_then(|p| parse_work(&p))
+        .unwrap_or_default()
+}
+
 fn balance(view: &View<'_>, name: &str) -> Option<i64> {
     view.get(&acct_key(name))
         .ok()
@@ -77,13 +86,7 @@ impl Resource for Bank {
     }
 
     fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
-        let work = view
-            .get(&pending_key(txid))
-            .ok()
-            .flatten()
-            .and_then(|p| parse_work(&p))
-            .unwrap_or_default();
-        for (acct, delta) in work {
+        for (acct, delta) in pending_work(view, txid) {
             let bal = balance(view, &acct).unwrap_or(0);
             staged.put(&acct_key(&acct), &(bal + delta).to_be_bytes());
             staged.delete(&lock_key(&acct));
@@ -92,13 +95,7 @@ impl Resource for Bank {
     }
 
     fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
-        let work = view
-            .get(&pending_key(txid))
-            .ok()
-            .flatten()
-            .and_then(|p| parse_work(&p))
-            .unwrap_or_default();
-        for (acct, _) in work {
+        for (acct, _) in pending_work(view, txid) {
             if view.get(&lock_key(&acct)).ok().flatten().as_deref() == Some(&txid.to_be_bytes()[..]) {
                 staged.delete(&lock_key(&acct));
             }
