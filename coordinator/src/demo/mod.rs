@@ -168,11 +168,15 @@ pub(crate) async fn transfer(
     };
     let debit = format!("{}{fa}:-{amount}", banks[from].2);
     let credit = format!("{}{ta}:{amount}", banks[to].2);
-    for (i, work) in [(from, debit), (to, credit)] {
-        if let Err(e) = client.enlist(b.txid, &banks[i].0, &banks[i].1, work.as_bytes()).await {
-            let _ = client.abort(b.txid, "enlist failed").await;
-            return (Some(b.txid), Err(e));
-        }
+    // Both enlistments at once: concurrent commands share one Raft entry
+    // (group commit), so this costs one replication round, not two.
+    let (e1, e2) = tokio::join!(
+        client.enlist(b.txid, &banks[from].0, &banks[from].1, debit.as_bytes()),
+        client.enlist(b.txid, &banks[to].0, &banks[to].1, credit.as_bytes()),
+    );
+    if let Err(e) = e1.and(e2) {
+        let _ = client.abort(b.txid, "enlist failed").await;
+        return (Some(b.txid), Err(e));
     }
     (Some(b.txid), client.commit(b.txid).await)
 }
