@@ -31,6 +31,17 @@ fn cluster_crashing_at(name: &str, point: &str) -> TestCluster {
     c
 }
 
+/// Two participant services and a transaction that enlists both.
+async fn two_participant_tx(c: &mut TestCluster) -> (Svc, Svc, u64) {
+    c.leader().await;
+    let (a, b) = (Svc::new("bank-a").await, Svc::new("bank-b").await);
+    let cl = c.client();
+    let t = cl.begin("k", 60_000, b"").await.unwrap().txid;
+    cl.enlist(t, &a.id, &a.addr, b"x").await.unwrap();
+    cl.enlist(t, &b.id, &b.addr, b"y").await.unwrap();
+    (a, b, t)
+}
+
 async fn commit_outcome(c: &TestCluster, txid: u64) -> TxOutcome {
     // The client may see UNKNOWN when the leader dies mid-call; asking again
     // (Commit is idempotent) gives the recorded decision.
@@ -46,12 +57,7 @@ async fn commit_outcome(c: &TestCluster, txid: u64) -> TxOutcome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t85_leader_dies_after_decision_before_delivery_new_leader_delivers() {
     let mut c = cluster_crashing_at("t85a", "coordinator_decided_before_delivery");
-    c.leader().await;
-    let (a, b) = (Svc::new("bank-a").await, Svc::new("bank-b").await);
-    let cl = c.client();
-    let t = cl.begin("k", 60_000, b"").await.unwrap().txid;
-    cl.enlist(t, &a.id, &a.addr, b"x").await.unwrap();
-    cl.enlist(t, &b.id, &b.addr, b"y").await.unwrap();
+    let (a, b, t) = two_participant_tx(&mut c).await;
     assert_eq!(commit_outcome(&c, t).await, TxOutcome::Committed);
     assert!(
         c.dir.path().join("failpoint-fired").exists(),
@@ -64,12 +70,7 @@ async fn t85_leader_dies_after_decision_before_delivery_new_leader_delivers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t85_leader_dies_mid_prepare_one_decision_applied_everywhere() {
     let mut c = cluster_crashing_at("t85b", "coordinator_mid_prepare");
-    c.leader().await;
-    let (a, b) = (Svc::new("bank-a").await, Svc::new("bank-b").await);
-    let cl = c.client();
-    let t = cl.begin("k", 60_000, b"").await.unwrap().txid;
-    cl.enlist(t, &a.id, &a.addr, b"x").await.unwrap();
-    cl.enlist(t, &b.id, &b.addr, b"y").await.unwrap();
+    let (a, b, t) = two_participant_tx(&mut c).await;
     let o = commit_outcome(&c, t).await;
     assert!(
         c.dir.path().join("failpoint-fired").exists(),
