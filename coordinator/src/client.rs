@@ -25,6 +25,7 @@ use tonic::Status;
 use crate::api::error::leader_hint;
 use crate::api::error::not_applied;
 use crate::raft::network::channel;
+use crate::raft::network::ChannelCache;
 
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -128,7 +129,7 @@ pub struct Client {
     cfg: ClientConfig,
     leader: Mutex<Option<String>>,
     next: Mutex<usize>,
-    channels: Mutex<std::collections::HashMap<String, Channel>>,
+    channels: ChannelCache,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -139,6 +140,7 @@ enum Kind {
 
 impl Client {
     pub fn new(cfg: ClientConfig) -> Result<Client, ClientError> {
+        let attempt_timeout = cfg.attempt_timeout;
         if cfg.endpoints.is_empty() {
             return Err(ClientError::InvalidArgument(
                 "the client needs at least one endpoint".into(),
@@ -148,7 +150,7 @@ impl Client {
             cfg,
             leader: Mutex::new(None),
             next: Mutex::new(0),
-            channels: Mutex::new(std::collections::HashMap::new()),
+            channels: ChannelCache::new(None, attempt_timeout),
         })
     }
 
@@ -168,13 +170,7 @@ impl Client {
 
     /// One cached (multiplexed HTTP/2) channel per node address.
     fn channel(&self, addr: &str) -> Result<Channel, ClientError> {
-        let mut map = self.channels.lock().expect("lock");
-        if let Some(c) = map.get(addr) {
-            return Ok(c.clone());
-        }
-        let c = channel(addr, None, self.cfg.attempt_timeout).map_err(ClientError::InvalidArgument)?;
-        map.insert(addr.to_string(), c.clone());
-        Ok(c)
+        self.channels.get(addr).map_err(ClientError::InvalidArgument)
     }
 
     fn backoff(&self, attempt: u32) -> Duration {

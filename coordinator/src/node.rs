@@ -4,12 +4,9 @@
 //! `coordinator dev` start nodes the same way `coordinator serve` does.
 
 use std::collections::BTreeMap;
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 use std::time::SystemTime;
 use std::time::UNIX_EPOCH;
@@ -30,7 +27,7 @@ use crate::api::error::ApiError;
 use crate::batcher::BatchSettings;
 use crate::batcher::Batcher;
 use crate::config::Config;
-use crate::raft::network::channel;
+use crate::raft::network::ChannelCache;
 use crate::raft::network::Network;
 use crate::raft::network::NetworkSettings;
 use crate::raft::service::RaftService;
@@ -64,8 +61,7 @@ pub struct NodeCtx {
     pub sm: StateMachineStore,
     pub batcher: Batcher,
     pub engine: Arc<dyn KvEngine>,
-    local_ip: Option<IpAddr>,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: ChannelCache,
     /// Transactions this node is delivering a decision for, or re-driving.
     pub(crate) driver: crate::driver::DriverState,
 }
@@ -142,18 +138,7 @@ impl NodeCtx {
     /// A cached channel to another node's API or to a participant service,
     /// bound to our own IP.
     pub fn api_channel(&self, addr: &str) -> Result<Channel, ApiError> {
-        let mut map = self.channels.lock().expect("channel cache lock");
-        if let Some(c) = map.get(addr) {
-            return Ok(c.clone());
-        }
-        let c = channel(
-            addr,
-            self.local_ip,
-            Duration::from_millis(self.config.raft.connect_timeout_ms),
-        )
-        .map_err(ApiError::Unavailable)?;
-        map.insert(addr.to_string(), c.clone());
-        Ok(c)
+        self.channels.get(addr).map_err(ApiError::Unavailable)
     }
 }
 
@@ -223,8 +208,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         sm,
         batcher,
         engine: engine.clone(),
-        local_ip,
-        channels: Mutex::new(HashMap::new()),
+        channels: ChannelCache::new(local_ip, Duration::from_millis(config.raft.connect_timeout_ms)),
         driver: Default::default(),
     });
 

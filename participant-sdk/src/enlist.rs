@@ -21,13 +21,7 @@ pub async fn enlist_self(
     let mut last = tonic::Status::unavailable("no coordinator endpoint given");
     for round in 0..3u64 {
         for ep in endpoints {
-            let uri = if ep.starts_with("http") {
-                ep.clone()
-            } else {
-                format!("http://{ep}")
-            };
-            let endpoint = tonic::transport::Endpoint::from_shared(uri)
-                .map_err(|e| tonic::Status::invalid_argument(format!("bad endpoint {ep:?}: {e}")))?;
+            let endpoint = dtx_proto::endpoint(ep).map_err(tonic::Status::invalid_argument)?;
             let ch = endpoint.connect_timeout(Duration::from_millis(500)).connect_lazy();
             let mut req = tonic::Request::new(pb::EnlistRequest {
                 txid,

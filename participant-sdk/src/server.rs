@@ -118,14 +118,12 @@ pub async fn recover_once<R: Resource>(store: &ParticipantStore<R>, endpoints: &
     }
     let mut last_err = String::from("no endpoint");
     for ep in endpoints {
-        let uri = if ep.starts_with("http") {
-            ep.clone()
-        } else {
-            format!("http://{ep}")
-        };
-        let Ok(endpoint) = tonic::transport::Endpoint::from_shared(uri) else {
-            last_err = format!("bad endpoint {ep:?}");
-            continue;
+        let endpoint = match dtx_proto::endpoint(ep) {
+            Ok(e) => e,
+            Err(e) => {
+                last_err = e;
+                continue;
+            }
         };
         let ch = endpoint.connect_timeout(Duration::from_millis(500)).connect_lazy();
         let mut resolved = 0;

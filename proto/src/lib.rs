@@ -23,3 +23,14 @@ pub fn txid_of<T>(req: &tonic::Request<T>) -> Option<u64> {
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.parse().ok())
 }
+
+/// A gRPC endpoint for `addr` (`host:port`, or a full `http://` / `https://`
+/// URI); the one place addresses given by users and configs are parsed.
+pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, String> {
+    let uri = if addr.starts_with("http://") || addr.starts_with("https://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    tonic::transport::Endpoint::from_shared(uri.clone()).map_err(|e| format!("bad address {uri:?}: {e}"))
+}

@@ -27,7 +27,6 @@ use openraft::raft::VoteResponse;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::Channel;
-use tonic::transport::Endpoint;
 
 use super::NodeId;
 use super::NodeInfo;
@@ -48,42 +47,55 @@ pub struct NetworkSettings {
     pub connect_timeout: Duration,
 }
 
+/// One lazily connecting, multiplexed channel per address, built with the
+/// same source IP and connect timeout. Used by the Raft network, the node's
+/// forwarding and driver, and the client.
+pub struct ChannelCache {
+    local_ip: Option<IpAddr>,
+    connect_timeout: Duration,
+    map: std::sync::Mutex<std::collections::HashMap<String, Channel>>,
+}
+
+impl ChannelCache {
+    pub fn new(local_ip: Option<IpAddr>, connect_timeout: Duration) -> Self {
+        ChannelCache {
+            local_ip,
+            connect_timeout,
+            map: Default::default(),
+        }
+    }
+
+    /// The cached channel to `addr`, built on first use.
+    pub fn get(&self, addr: &str) -> Result<Channel, String> {
+        let mut map = self.map.lock().expect("channel cache lock");
+        if let Some(c) = map.get(addr) {
+            return Ok(c.clone());
+        }
+        let c = channel(addr, self.local_ip, self.connect_timeout)?;
+        map.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+}
+
 /// Builds one `Connection` per target node. Channels are cached per address:
 /// openraft asks for a new client for every read-index round, and a fresh
 /// TCP + HTTP/2 handshake each time would cost more than the round itself.
 #[derive(Clone)]
 pub struct Network {
     pub settings: NetworkSettings,
-    channels: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Channel>>>,
+    channels: std::sync::Arc<ChannelCache>,
 }
 
 impl Network {
     pub fn new(settings: NetworkSettings) -> Self {
-        Network {
-            settings,
-            channels: Default::default(),
-        }
-    }
-
-    fn channel_to(&self, addr: &str) -> Option<Channel> {
-        let mut map = self.channels.lock().expect("channel cache lock");
-        if let Some(c) = map.get(addr) {
-            return Some(c.clone());
-        }
-        let c = channel(addr, self.settings.local_ip, self.settings.connect_timeout).ok()?;
-        map.insert(addr.to_string(), c.clone());
-        Some(c)
+        let channels = std::sync::Arc::new(ChannelCache::new(settings.local_ip, settings.connect_timeout));
+        Network { settings, channels }
     }
 }
 
 /// Builds a lazily connecting channel to `addr` bound to `local_ip`.
 pub fn channel(addr: &str, local_ip: Option<IpAddr>, connect_timeout: Duration) -> Result<Channel, String> {
-    let uri = if addr.starts_with("http://") || addr.starts_with("https://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    let ep = Endpoint::from_shared(uri.clone()).map_err(|e| format!("bad address {uri:?}: {e}"))?;
+    let ep = dtx_proto::endpoint(addr)?;
     Ok(ep
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
@@ -97,7 +109,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Connection;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> Connection {
-        let client = self.channel_to(&node.raft_addr).map(|ch| {
+        let client = self.channels.get(&node.raft_addr).ok().map(|ch| {
             RaftTransportClient::new(ch)
                 .max_decoding_message_size(self.settings.max_message_bytes)
                 .max_encoding_message_size(self.settings.max_message_bytes)
