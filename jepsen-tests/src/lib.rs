@@ -1,5 +1,9 @@
-//! Fault-injection harness (not implemented yet: issue 4).
+//! Fault-injection harness in the manner of Jepsen (issue 4).
 //!
-//! It will run the real coordinator and participant binaries under kill -9,
-//! pauses, partitions and crash points, record a history, and check it for
-//! the anomalies listed in DESIGN.md. Nothing in this crate is used yet.
+//! - `history`: the recorded operations (JSON lines).
+//! - `checker`: finds anomalies in a history (safety and liveness).
+//! - `plot`: latency and throughput over time as PNG, faults shaded.
+
+pub mod checker;
+pub mod history;
+pub mod plot;
