@@ -125,6 +125,23 @@ pub struct Began {
     pub deadline_unix_ms: u64,
 }
 
+/// A participant for `begin_and_commit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParticipantSpec {
+    pub participant_id: String,
+    pub address: String,
+    pub payload: Vec<u8>,
+}
+
+/// What `begin_and_commit` learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OneShot {
+    /// The transaction's id; `None` when no answer came back (then
+    /// `outcome` is `Unknown`; calling again with the same key finds it).
+    pub txid: Option<u64>,
+    pub outcome: TxOutcome,
+}
+
 pub struct Client {
     cfg: ClientConfig,
     leader: Mutex<Option<String>>,
@@ -286,6 +303,55 @@ impl Client {
     }
 
     /// COMMITTED, ABORTED, or UNKNOWN when the outcome could not be learned.
+    /// Begins a transaction with every participant and commits it in one
+    /// call (one Raft write instead of Begin + Enlists + commit request).
+    /// Idempotent by key: call again with the same key and request to learn
+    /// the outcome of an earlier UNKNOWN.
+    pub async fn begin_and_commit(
+        &self,
+        idempotency_key: &str,
+        timeout_ms: u64,
+        description: &[u8],
+        participants: &[ParticipantSpec],
+    ) -> Result<OneShot, ClientError> {
+        let req = pb::BeginAndCommitRequest {
+            idempotency_key: idempotency_key.to_string(),
+            timeout_ms,
+            description: description.to_vec(),
+            participants: participants
+                .iter()
+                .map(|p| pb::ParticipantSpec {
+                    participant_id: p.participant_id.clone(),
+                    address: p.address.clone(),
+                    payload: p.payload.clone(),
+                })
+                .collect(),
+        };
+        let res = self
+            .call(Kind::Write, |ch, t| {
+                let mut rq = tonic::Request::new(req.clone());
+                rq.set_timeout(t);
+                async move {
+                    CoordinatorClient::new(ch)
+                        .begin_and_commit(rq)
+                        .await
+                        .map(|r| r.into_inner())
+                }
+            })
+            .await;
+        match res {
+            Ok(r) => Ok(OneShot {
+                txid: Some(r.txid),
+                outcome: tx_outcome(r.outcome)?,
+            }),
+            Err(ClientError::Unknown(_)) => Ok(OneShot {
+                txid: None,
+                outcome: TxOutcome::Unknown,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
     pub async fn commit(&self, txid: u64) -> Result<TxOutcome, ClientError> {
         let res = self
             .call(Kind::Write, |ch, t| {

@@ -112,6 +112,9 @@ pub struct TxnConfig {
     pub delivery_retry_base_ms: u64,
     /// Largest delay between phase-two delivery attempts.
     pub delivery_retry_max_ms: u64,
+    /// Commit a transaction with a single participant in one phase (one
+    /// message, no separate prepare round).
+    pub one_phase_commit: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -181,6 +184,7 @@ impl Default for TxnConfig {
             prepare_timeout_ms: 5_000,
             delivery_retry_base_ms: 50,
             delivery_retry_max_ms: 2_000,
+            one_phase_commit: true,
         }
     }
 }

@@ -113,18 +113,54 @@ impl NodeCtx {
         res
     }
 
+    /// Drives a transaction that BeginAndCommit has just recorded in
+    /// PREPARING with `participants` (no RequestCommit needed).
+    pub async fn drive_begun(
+        self: &Arc<Self>,
+        txid: Txid,
+        participants: Vec<Participant>,
+        one_phase: bool,
+    ) -> Result<Decision, ApiError> {
+        self.driver.driving.lock().expect("lock").insert(txid);
+        let res = self.drive_preparing(txid, participants, one_phase).await;
+        self.driver.driving.lock().expect("lock").remove(&txid);
+        res
+    }
+
     async fn drive_commit_inner(self: &Arc<Self>, txid: Txid) -> Result<Decision, ApiError> {
-        let participants = match self.propose(Command::RequestCommit { txid }).await? {
+        let request = if self.config.txn.one_phase_commit {
+            Command::RequestCommitOnePhase { txid }
+        } else {
+            Command::RequestCommit { txid }
+        };
+        let (participants, one_phase) = match self.propose(request).await? {
             CommandOk::CommitRequested { decision: Some(d), .. } => {
                 self.spawn_delivery(txid);
                 return Ok(d);
             }
-            CommandOk::CommitRequested { participants, .. } => participants,
+            CommandOk::CommitRequested {
+                participants,
+                one_phase,
+                ..
+            } => (participants, one_phase),
             other => return Err(ApiError::Internal(format!("unexpected result {other:?}"))),
         };
+        self.drive_preparing(txid, participants, one_phase).await
+    }
+
+    async fn drive_preparing(
+        self: &Arc<Self>,
+        txid: Txid,
+        participants: Vec<Participant>,
+        one_phase: bool,
+    ) -> Result<Decision, ApiError> {
         // From here on the transaction is PREPARING: whatever goes wrong, the
         // outcome is not known to the caller (a new leader re-drives it).
-        self.prepare_and_decide(txid, participants).await.map_err(|e| match e {
+        let res = match (one_phase, participants.first()) {
+            (true, Some(only)) => self.commit_one_phase(txid, only).await,
+            _ => self.prepare_and_decide(txid, participants).await,
+        };
+        res.map_err(|e| match e {
             ApiError::NotLeader { .. } | ApiError::NoLeader(_) | ApiError::Unavailable(_) => {
                 ApiError::Unknown(format!(
                     "commit of {txid} was interrupted after it started ({e}); the decision will be recorded by the \
@@ -133,6 +169,61 @@ impl NodeCtx {
             }
             other => other,
         })
+    }
+
+    /// One-phase commit: the only participant prepares and commits on one
+    /// message, and its answer is recorded as the decision (which also acks
+    /// it). No answer is not a NO: it may have committed, so the outcome is
+    /// UNKNOWN and the transaction stays PREPARING for the leader to re-send.
+    async fn commit_one_phase(self: &Arc<Self>, txid: Txid, p: &Participant) -> Result<Decision, ApiError> {
+        let term = self.current_term();
+        let timeout = Duration::from_millis(self.config.txn.prepare_timeout_ms);
+        participant_sdk::failpoint!("coordinator_before_prepare");
+        let ch = self.api_channel(&p.address)?;
+        let mut req = tonic::Request::new(pb::PrepareRequest {
+            txid,
+            term,
+            participant_id: p.id.clone(),
+            payload: p.payload.clone(),
+        });
+        req.set_timeout(timeout);
+        let answer = tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).commit_one_phase(req)).await;
+        let (outcome, note) = match answer {
+            Ok(Ok(r)) => {
+                let r = r.into_inner();
+                if r.committed {
+                    (Outcome::Commit, String::new())
+                } else {
+                    let mut note = format!("{} refused the one-phase commit: {}", p.id, r.reason);
+                    truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
+                    (Outcome::Abort, note)
+                }
+            }
+            Ok(Err(s)) => {
+                return Err(ApiError::Unknown(format!(
+                    "one-phase commit of {txid}: participant {} answered {}: {}; only it can decide, the leader will ask again",
+                    p.id,
+                    s.code(),
+                    s.message()
+                )))
+            }
+            Err(_) => {
+                return Err(ApiError::Unknown(format!(
+                    "one-phase commit of {txid}: no answer from participant {} within {} ms; only it can decide, the leader will ask again",
+                    p.id,
+                    timeout.as_millis()
+                )))
+            }
+        };
+        participant_sdk::failpoint!("coordinator_votes_in_before_decide");
+        let (d, recorded) = self
+            .decide(txid, outcome, vec![p.id.clone()], DecisionSource::Driver, note)
+            .await?;
+        if recorded {
+            metrics::counter!("dtx_one_phase_commits_total", "outcome" => outcome.to_string()).increment(1);
+            info!(txid, outcome = %d.outcome, "one-phase decision recorded");
+        }
+        Ok(d)
     }
 
     async fn prepare_and_decide(

@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::participants::Svc;
 use common::TestCluster;
 use coordinator::client::DecisionRead;
+use coordinator::client::ParticipantSpec;
 use coordinator::client::TxOutcome;
 use participant_sdk::log::LocalState;
 use participant_sdk::log::Vote;
@@ -138,6 +139,8 @@ async fn t80_new_leader_delivers_a_commit_the_old_leader_could_not() {
 async fn t80_participant_recovery_asks_the_cluster() {
     let mut c = TestCluster::start_with("t80c", 3, |cfg| {
         cfg.txn.prepare_timeout_ms = 1_000;
+        // One participant: keep two phases, so it can be left in doubt.
+        cfg.txn.one_phase_commit = false;
     });
     c.leader().await;
     let cl = c.client();
@@ -160,6 +163,8 @@ async fn t80_participant_recovery_asks_the_cluster() {
 async fn t80_participant_restarted_without_quorum_waits_then_resolves() {
     let mut c = TestCluster::start_with("t80d", 3, |cfg| {
         cfg.txn.prepare_timeout_ms = 1_000;
+        // One participant: keep two phases, so it can be left in doubt.
+        cfg.txn.one_phase_commit = false;
     });
     let leader = c.leader().await;
     let cl = c.client();
@@ -276,4 +281,104 @@ async fn t80_service_enlists_itself_from_the_txid_in_metadata() {
     // The client commits without ever having named the participant.
     assert_eq!(cl.commit(t).await.unwrap(), TxOutcome::Committed);
     assert!(a.wait_state(t, LocalState::Committed, Duration::from_secs(10)).await);
+}
+
+fn one(svc: &Svc, payload: &[u8]) -> Vec<ParticipantSpec> {
+    vec![ParticipantSpec {
+        participant_id: svc.id.clone(),
+        address: svc.addr.clone(),
+        payload: payload.to_vec(),
+    }]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_one_phase_commit_and_begin_and_commit() {
+    let mut c = TestCluster::start_with("t80g", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 1_000;
+        cfg.txn.reaper_interval_ms = 100;
+    });
+    c.leader().await;
+    let cl = c.client();
+    let a = Svc::new("bank-a").await;
+    let b = Svc::new("bank-b").await;
+
+    // One participant: committed in one phase; its answer is also its ack.
+    let r = cl.begin_and_commit("one-1", 30_000, b"", &one(&a, b"w")).await.unwrap();
+    assert_eq!(r.outcome, TxOutcome::Committed);
+    let t = r.txid.unwrap();
+    assert_eq!(a.state(t), Some(LocalState::Committed), "applied before the answer");
+    let st = cl.status(t).await.unwrap();
+    assert!(st.participants.iter().all(|p| p.acked), "{st:?}");
+    // The same key again: the same transaction and outcome, nothing re-applied.
+    let again = cl.begin_and_commit("one-1", 30_000, b"", &one(&a, b"w")).await.unwrap();
+    assert_eq!((again.txid, again.outcome), (Some(t), TxOutcome::Committed));
+    // The same key with another request is refused, not merged.
+    let err = cl.begin_and_commit("one-1", 30_000, b"", &one(&a, b"other")).await;
+    assert!(err.is_err(), "{err:?}");
+
+    // The resource refuses: ABORT, nothing left staged.
+    let r = cl
+        .begin_and_commit("one-no", 30_000, b"", &one(&a, b"no"))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, TxOutcome::Aborted);
+    let t = r.txid.unwrap();
+    assert_eq!(a.state(t), Some(LocalState::Aborted { tombstone: false }));
+
+    // Two participants through BeginAndCommit: ordinary two-phase commit.
+    let mut both = one(&a, b"x");
+    both.extend(one(&b, b"y"));
+    let r = cl.begin_and_commit("two-1", 30_000, b"", &both).await.unwrap();
+    assert_eq!(r.outcome, TxOutcome::Committed);
+    let t = r.txid.unwrap();
+    assert!(a.wait_state(t, LocalState::Committed, Duration::from_secs(10)).await);
+    assert!(b.wait_state(t, LocalState::Committed, Duration::from_secs(10)).await);
+
+    // Bad input: no participants is refused with a message that says so.
+    let err = cl.begin_and_commit("none", 30_000, b"", &[]).await.unwrap_err();
+    assert!(err.to_string().contains("participant"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_inv7_unanswered_one_phase_commit_is_not_reaped_but_re_driven() {
+    let mut c = TestCluster::start_with("t80h", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 500;
+        cfg.txn.reaper_interval_ms = 100;
+    });
+    c.leader().await;
+    let cl = c.client();
+    let a = Svc::new("bank-a").await;
+    // The participant does not answer: the outcome is UNKNOWN, not ABORTED
+    // (it alone decides, and it may have committed).
+    a.hold_decisions.store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = cl
+        .begin_and_commit("one-held", 1_000, b"", &one(&a, b"w"))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, TxOutcome::Unknown);
+    // The txid was not returned with UNKNOWN: find it (a fresh cluster).
+    let mut t = None;
+    for id in 1..=10 {
+        if let Ok(s) = cl.status(id).await {
+            if s.participants.iter().any(|p| p.id == a.id) {
+                t = Some(id);
+            }
+        }
+    }
+    let t = t.expect("the transaction was recorded");
+    // Well past its 1 s deadline: still undecided (no reaper ABORT).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(cl.decision(t).await.unwrap(), DecisionRead::Pending);
+    // The participant answers again: the leader's re-drive commits it.
+    a.hold_decisions.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut decided = DecisionRead::Pending;
+    for _ in 0..100 {
+        decided = cl.decision(t).await.unwrap();
+        if decided != DecisionRead::Pending {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(decided, DecisionRead::Committed);
+    assert_eq!(a.state(t), Some(LocalState::Committed));
 }

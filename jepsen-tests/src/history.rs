@@ -72,7 +72,9 @@ pub enum FaultPhase {
 #[serde(tag = "f", content = "value", rename_all = "kebab-case")]
 pub enum Body {
     /// The bank before the run: every account and its opening balance.
-    BankSetup { balances: BTreeMap<String, BTreeMap<String, i64>> },
+    BankSetup {
+        balances: BTreeMap<String, BTreeMap<String, i64>>,
+    },
     /// A client's transfer under one transaction. ok = the coordinator said
     /// COMMITTED; fail = ABORTED (or refused before anything began);
     /// info = UNKNOWN.
@@ -88,7 +90,10 @@ pub enum Body {
     /// Every outcome one participant service applied, in order.
     ApplyLog { service: String, entries: Vec<ApplyEntry> },
     /// One participant service's balances at the end.
-    Balances { service: String, balances: BTreeMap<String, i64> },
+    Balances {
+        service: String,
+        balances: BTreeMap<String, i64>,
+    },
     /// After the final heal: when an in-doubt transaction of `service` was
     /// resolved, in ms after the heal; `None` = still in doubt when the run
     /// stopped waiting.

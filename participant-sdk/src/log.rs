@@ -50,15 +50,29 @@ pub struct LogEntry {
 /// A message from the coordinator, with the sending leader's term.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Message {
-    Prepare { term: u64 },
-    Commit { term: u64 },
-    Abort { term: u64 },
+    Prepare {
+        term: u64,
+    },
+    Commit {
+        term: u64,
+    },
+    Abort {
+        term: u64,
+    },
+    /// One-phase commit (this participant is the only one): prepare and,
+    /// if the resource agrees, commit at once. The answer is the decision.
+    CommitOnePhase {
+        term: u64,
+    },
 }
 
 impl Message {
     pub fn term(&self) -> u64 {
         match self {
-            Message::Prepare { term } | Message::Commit { term } | Message::Abort { term } => *term,
+            Message::Prepare { term }
+            | Message::Commit { term }
+            | Message::Abort { term }
+            | Message::CommitOnePhase { term } => *term,
         }
     }
 }
@@ -92,6 +106,11 @@ pub enum Action {
     /// Roll back the prepared work and record `Aborted` in the same durable
     /// write, then ack.
     AbortResource,
+    /// One-phase commit of a transaction not seen before: ask the resource
+    /// to prepare; YES: record `Prepared` with the prepared work, then
+    /// apply COMMIT and record `Committed` (one fsync covers both), answer
+    /// committed; NO: roll back, record `Aborted`, answer not committed.
+    OnePhaseResource,
     /// Record the tombstone `Aborted { tombstone: true }` durably, then ack:
     /// a later Prepare of this transaction will vote NO.
     RecordTombstone,
@@ -111,6 +130,7 @@ pub fn step(entry: Option<&LogEntry>, msg: Message) -> (Option<LogEntry>, Action
         return match msg {
             // The resource decides the vote; the caller records the result.
             Message::Prepare { .. } => (None, Action::PrepareResource),
+            Message::CommitOnePhase { .. } => (None, Action::OnePhaseResource),
             Message::Commit { .. } => (None, Action::Refuse(Refusal::CommitWithoutPrepare)),
             Message::Abort { .. } => (
                 Some(LogEntry {
@@ -149,6 +169,19 @@ pub fn step(entry: Option<&LogEntry>, msg: Message) -> (Option<LogEntry>, Action
         (LocalState::Prepared { .. }, Message::Abort { .. }) => (with(e.state), Action::Ack),
         (LocalState::Aborted { .. }, Message::Abort { .. }) => (with(e.state), Action::Ack),
         (LocalState::Committed, Message::Abort { .. }) => (Some(*e), Action::Refuse(Refusal::AbortAfterCommit)),
+
+        // One phase: a repeat answers what the first one did (committed =
+        // Ack, not committed = Vote(No)). A YES-prepared entry is left by a
+        // one-phase commit that crashed between its two writes: finish it.
+        (LocalState::Prepared { vote: Vote::Yes }, Message::CommitOnePhase { .. }) => {
+            (with(LocalState::Committed), Action::CommitResource)
+        }
+        (LocalState::Prepared { vote: Vote::ReadOnly }, Message::CommitOnePhase { .. }) => (with(e.state), Action::Ack),
+        (LocalState::Prepared { vote: Vote::No }, Message::CommitOnePhase { .. }) => {
+            (with(e.state), Action::Vote(Vote::No))
+        }
+        (LocalState::Committed, Message::CommitOnePhase { .. }) => (with(e.state), Action::Ack),
+        (LocalState::Aborted { .. }, Message::CommitOnePhase { .. }) => (with(e.state), Action::Vote(Vote::No)),
     }
 }
 

@@ -85,6 +85,28 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
         }
     }
 
+    async fn commit_one_phase(
+        &self,
+        req: Request<pb::PrepareRequest>,
+    ) -> Result<Response<pb::OnePhaseResponse>, Status> {
+        let r = req.into_inner();
+        self.check_target(&r.participant_id)?;
+        match self
+            .run(r.txid, Message::CommitOnePhase { term: r.term }, &r.payload)
+            .await?
+        {
+            Reply::Ack => Ok(Response::new(pb::OnePhaseResponse {
+                committed: true,
+                reason: String::new(),
+            })),
+            Reply::Vote(Vote::No) => Ok(Response::new(pb::OnePhaseResponse {
+                committed: false,
+                reason: "the resource refused, or the transaction was aborted here before".into(),
+            })),
+            Reply::Vote(v) => Err(Status::internal(format!("one-phase commit answered with vote {v:?}"))),
+        }
+    }
+
     async fn commit(
         &self,
         req: Request<pb::ParticipantDecisionRequest>,
@@ -112,7 +134,17 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
 /// ones stay in doubt with their locks held (invariant 5). An error means
 /// the cluster could not be asked (no quorum): keep waiting and retry.
 pub async fn recover_once<R: Resource>(store: &ParticipantStore<R>, endpoints: &[String]) -> Result<usize, String> {
-    let in_doubt = store.in_doubt().map_err(|e| e.to_string())?;
+    recover_older_than(store, endpoints, Duration::ZERO).await
+}
+
+/// `recover_once` for the in-doubt transactions whose YES vote is at least
+/// `age_min` old (see `ParticipantStore::in_doubt_older_than`).
+pub async fn recover_older_than<R: Resource>(
+    store: &ParticipantStore<R>,
+    endpoints: &[String],
+    age_min: Duration,
+) -> Result<usize, String> {
+    let in_doubt = store.in_doubt_older_than(age_min).map_err(|e| e.to_string())?;
     if in_doubt.is_empty() {
         return Ok(0);
     }
@@ -166,18 +198,66 @@ pub async fn recover_once<R: Resource>(store: &ParticipantStore<R>, endpoints: &
     Err(last_err)
 }
 
-/// Runs `recover_once` now and every `interval`, logging while the cluster
-/// cannot answer. Ends when the returned handle is aborted.
+/// How the recovery loop runs.
+#[derive(Clone, Debug)]
+pub struct RecoveryOptions {
+    /// Time between passes.
+    pub interval: Duration,
+    /// After the first pass (which asks about every in-doubt transaction),
+    /// ask only about YES votes at least this old: younger ones are normally
+    /// still in the coordinator's hands.
+    pub prepared_age_min: Duration,
+    /// Decided log records older than this are garbage-collected; `None`
+    /// keeps them forever. Keep it far above any transaction timeout.
+    pub log_retention: Option<Duration>,
+}
+
+impl Default for RecoveryOptions {
+    fn default() -> Self {
+        RecoveryOptions {
+            interval: Duration::from_millis(500),
+            prepared_age_min: Duration::from_secs(1),
+            log_retention: Some(Duration::from_secs(24 * 3600)),
+        }
+    }
+}
+
+/// `spawn_recovery_with` with the default options and the given interval.
 pub fn spawn_recovery<R: Resource>(
     store: Arc<ParticipantStore<R>>,
     endpoints: Vec<String>,
     interval: Duration,
 ) -> tokio::task::JoinHandle<()> {
+    let opts = RecoveryOptions {
+        interval,
+        ..RecoveryOptions::default()
+    };
+    spawn_recovery_with(store, endpoints, opts)
+}
+
+/// Asks about every in-doubt transaction now, then every `interval` about
+/// those older than `prepared_age_min`, logging while the cluster cannot
+/// answer (the locks stay held: invariant 5); also garbage-collects decided
+/// records past `log_retention`. Ends when the returned handle is aborted.
+pub fn spawn_recovery_with<R: Resource>(
+    store: Arc<ParticipantStore<R>>,
+    endpoints: Vec<String>,
+    opts: RecoveryOptions,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let mut age_min = Duration::ZERO;
         loop {
-            let doubt = store.in_doubt().map(|v| v.len()).unwrap_or(0);
+            if let Some(keep) = opts.log_retention {
+                let before = crate::store::unix_ms().saturating_sub(keep.as_millis() as u64);
+                match store.forget_decided(before, 10_000) {
+                    Ok(0) => {}
+                    Ok(n) => info!(forgotten = n, "decided log records garbage-collected"),
+                    Err(e) => warn!("log garbage collection failed: {e}"),
+                }
+            }
+            let doubt = store.in_doubt_older_than(age_min).map(|v| v.len()).unwrap_or(0);
             if doubt > 0 {
-                match recover_once(&store, &endpoints).await {
+                match recover_older_than(&store, &endpoints, age_min).await {
                     Ok(n) if n > 0 => info!(resolved = n, in_doubt = doubt, "recovery pass"),
                     Ok(_) => {}
                     Err(e) => warn!(
@@ -186,7 +266,8 @@ pub fn spawn_recovery<R: Resource>(
                     ),
                 }
             }
-            tokio::time::sleep(interval).await;
+            age_min = opts.prepared_age_min;
+            tokio::time::sleep(opts.interval).await;
         }
     })
 }

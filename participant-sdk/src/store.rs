@@ -5,8 +5,11 @@
 //! one flusher thread (group commit at the participant).
 //!
 //! Key layout in the tree: `l` + txid (big-endian) -> encoded `LogEntry`;
-//! `d` + key -> the resource's value.
+//! `d` + key -> the resource's value; `g` + decided time (ms since the Unix
+//! epoch, big-endian) + txid -> empty: the decided records in the order
+//! they may be garbage-collected (`forget_decided`).
 
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -23,6 +26,7 @@ use crate::log::Vote;
 
 const LOG_PREFIX: u8 = b'l';
 const DATA_PREFIX: u8 = b'd';
+const GC_PREFIX: u8 = b'g';
 const ENTRY_FORMAT: u8 = 1;
 
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +127,9 @@ pub struct ParticipantStore<R: Resource> {
     resource: R,
     /// Serializes read-step-write; never held across the fsync.
     serial: Mutex<()>,
+    /// When this process recorded each YES vote still in doubt. Records from
+    /// before the process started are absent and count as old.
+    prepared_at: Mutex<HashMap<u64, std::time::Instant>>,
     /// `None` only while dropping.
     flusher: Option<mpsc::Sender<oneshot::Sender<Result<(), String>>>>,
     flusher_thread: Option<std::thread::JoinHandle<()>>,
@@ -143,6 +150,25 @@ fn log_key(txid: u64) -> [u8; 9] {
     let mut k = [LOG_PREFIX; 9];
     k[1..].copy_from_slice(&txid.to_be_bytes());
     k
+}
+
+fn gc_key(decided_ms: u64, txid: u64) -> [u8; 17] {
+    let mut k = [GC_PREFIX; 17];
+    k[1..9].copy_from_slice(&decided_ms.to_be_bytes());
+    k[9..].copy_from_slice(&txid.to_be_bytes());
+    k
+}
+
+fn is_decided(e: &LogEntry) -> bool {
+    matches!(e.state, LocalState::Committed | LocalState::Aborted { .. })
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn data_key(key: &[u8]) -> Vec<u8> {
@@ -223,6 +249,7 @@ impl<R: Resource> ParticipantStore<R> {
             tree,
             resource,
             serial: Mutex::new(()),
+            prepared_at: Mutex::new(HashMap::new()),
             flusher: Some(flusher),
             flusher_thread: Some(thread),
         }))
@@ -271,6 +298,48 @@ impl<R: Resource> ParticipantStore<R> {
             .collect())
     }
 
+    /// In-doubt transactions whose YES vote is at least `age_min` old (every
+    /// one recorded before this process started counts as old): recovery
+    /// asks about these, not about votes the coordinator is still collecting.
+    pub fn in_doubt_older_than(&self, age_min: std::time::Duration) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+        let all = self.in_doubt()?;
+        let at = self.prepared_at.lock().expect("prepared_at lock");
+        Ok(all
+            .into_iter()
+            .filter(|(t, _)| at.get(t).is_none_or(|when| when.elapsed() >= age_min))
+            .collect())
+    }
+
+    /// Garbage-collects decided records (committed, aborted, tombstones)
+    /// decided at or before `decided_before_ms` (ms since the Unix epoch), at
+    /// most `max`; returns how many. Safe once the coordinator can no longer
+    /// send messages for them: keep the retention far above any transaction
+    /// timeout (a Prepare arriving after its record is gone would be treated
+    /// as new). Not synced: a crash only means collecting them again.
+    pub fn forget_decided(&self, decided_before_ms: u64, max: usize) -> Result<usize, StoreError> {
+        let _serial = self.serial.lock().expect("participant store lock");
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for r in self.tree.scan_prefix([GC_PREFIX]).take(max) {
+            let (k, _) = r.map_err(|e| StoreError::Io(e.to_string()))?;
+            if k.len() != 17 {
+                continue;
+            }
+            let decided_ms = u64::from_be_bytes(k[1..9].try_into().unwrap_or([0xff; 8]));
+            if decided_ms > decided_before_ms {
+                break;
+            }
+            let txid = u64::from_be_bytes(k[9..17].try_into().unwrap_or([0; 8]));
+            batch.remove(&log_key(txid)[..]);
+            batch.remove(k);
+            n += 1;
+        }
+        self.tree
+            .apply_batch(batch)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        Ok(n)
+    }
+
     /// Handles one coordinator message: decides with `log::step`, runs the
     /// resource, writes the log record and the resource's writes in one
     /// atomic batch, waits for an fsync covering it (and every earlier write),
@@ -290,6 +359,50 @@ impl<R: Resource> ParticipantStore<R> {
                     }
                     (Reply::Vote(vote), Some(crate::log::prepared(msg.term(), vote)))
                 }
+                Action::OnePhaseResource => {
+                    let vote = self.resource.prepare(&view, txid, payload, &mut staged);
+                    match vote {
+                        Vote::Yes => {
+                            // First write: the prepared work with its YES
+                            // record, so a crash before the second leaves an
+                            // ordinary in-doubt entry, never orphaned locks.
+                            let mut batch = std::mem::take(&mut staged).into_batch();
+                            let prepared = crate::log::prepared(msg.term(), Vote::Yes);
+                            batch.insert(&log_key(txid)[..], &encode_entry(&prepared)[..]);
+                            self.tree
+                                .apply_batch(batch)
+                                .map_err(|e| StoreError::Io(e.to_string()))?;
+                            self.resource.commit(&view, txid, &mut staged);
+                            let committed = LogEntry {
+                                state: LocalState::Committed,
+                                term: msg.term(),
+                            };
+                            (Reply::Ack, Some(committed))
+                        }
+                        Vote::ReadOnly | Vote::No => {
+                            // Nothing to keep: read-only work commits as
+                            // nothing; refused work is rolled back.
+                            staged = Staged::default();
+                            let state = if vote == Vote::No {
+                                LocalState::Aborted { tombstone: false }
+                            } else {
+                                LocalState::Committed
+                            };
+                            let reply = if vote == Vote::No {
+                                Reply::Vote(Vote::No)
+                            } else {
+                                Reply::Ack
+                            };
+                            (
+                                reply,
+                                Some(LogEntry {
+                                    state,
+                                    term: msg.term(),
+                                }),
+                            )
+                        }
+                    }
+                }
                 Action::CommitResource => {
                     self.resource.commit(&view, txid, &mut staged);
                     (Reply::Ack, after)
@@ -307,10 +420,23 @@ impl<R: Resource> ParticipantStore<R> {
                 let mut batch = staged.into_batch();
                 if let Some(e) = record {
                     batch.insert(&log_key(txid)[..], &encode_entry(&e)[..]);
+                    let decided_now = is_decided(&e) && !before.as_ref().is_some_and(is_decided);
+                    if decided_now {
+                        batch.insert(&gc_key(unix_ms(), txid)[..], &[][..]);
+                    }
                 }
                 self.tree
                     .apply_batch(batch)
                     .map_err(|e| StoreError::Io(e.to_string()))?;
+                let mut at = self.prepared_at.lock().expect("prepared_at lock");
+                match record {
+                    Some(e) if crate::log::in_doubt(&e) => {
+                        at.entry(txid).or_insert_with(std::time::Instant::now);
+                    }
+                    _ => {
+                        at.remove(&txid);
+                    }
+                }
             }
             (reply, changed)
         };
@@ -324,7 +450,7 @@ impl<R: Resource> ParticipantStore<R> {
         self.flush().await?;
         match (msg, reply) {
             (Message::Prepare { .. }, Reply::Vote(_)) => crate::failpoint!("participant_after_prepare_before_reply"),
-            (Message::Commit { .. } | Message::Abort { .. }, Reply::Ack) => {
+            (Message::Commit { .. } | Message::Abort { .. } | Message::CommitOnePhase { .. }, Reply::Ack) => {
                 crate::failpoint!("participant_after_decision_before_ack")
             }
             _ => {}

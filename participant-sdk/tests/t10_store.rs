@@ -193,3 +193,90 @@ async fn concurrent_prepares_share_fsyncs_and_all_become_durable() {
     let s = open(dir.path(), &probe);
     assert_eq!(s.in_doubt().unwrap().len(), 64);
 }
+
+#[tokio::test]
+async fn inv8_one_phase_commit_is_durable_and_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    {
+        let s = open(dir.path(), &probe);
+        let r = s.handle(7, Message::CommitOnePhase { term: 1 }, b"debit 5").await;
+        assert_eq!(r.unwrap(), Reply::Ack, "Ack = committed");
+    }
+    let s = open(dir.path(), &probe);
+    assert_eq!(s.entry(7).unwrap().unwrap().state, LocalState::Committed);
+    assert_eq!(s.view().get(b"applied/7").unwrap().as_deref(), Some(&b"debit 5"[..]));
+    assert_eq!(s.view().get(b"staged/7").unwrap(), None);
+    assert!(s.in_doubt().unwrap().is_empty());
+    // A repeat (a new leader re-sending it) answers the same, applying nothing.
+    for term in [1, 2] {
+        let r = s.handle(7, Message::CommitOnePhase { term }, b"debit 5").await;
+        assert_eq!(r.unwrap(), Reply::Ack);
+    }
+    assert_eq!(probe.prepares.load(Ordering::SeqCst), 1);
+    assert_eq!(probe.commits.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn one_phase_refusal_rolls_back_and_stays_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    let s = open(dir.path(), &probe);
+    let r = s.handle(8, Message::CommitOnePhase { term: 1 }, b"no").await;
+    assert_eq!(r.unwrap(), Reply::Vote(Vote::No));
+    assert_eq!(s.view().get(b"staged/8").unwrap(), None, "refused work is not kept");
+    assert_eq!(
+        s.entry(8).unwrap().unwrap().state,
+        LocalState::Aborted { tombstone: false }
+    );
+    // Invariant 8: an Abort tombstone before the one-phase message refuses it.
+    s.handle(9, Message::Abort { term: 1 }, b"").await.unwrap();
+    let r = s.handle(9, Message::CommitOnePhase { term: 1 }, b"x").await;
+    assert_eq!(r.unwrap(), Reply::Vote(Vote::No));
+    assert_eq!(
+        probe.prepares.load(Ordering::SeqCst),
+        1,
+        "the tombstone answered, not the resource"
+    );
+}
+
+#[tokio::test]
+async fn recovery_threshold_skips_young_votes_but_not_votes_from_before_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    let hour = std::time::Duration::from_secs(3600);
+    {
+        let s = open(dir.path(), &probe);
+        s.handle(3, Message::Prepare { term: 1 }, b"w").await.unwrap();
+        assert!(
+            s.in_doubt_older_than(hour).unwrap().is_empty(),
+            "just voted: not asked yet"
+        );
+        assert_eq!(s.in_doubt_older_than(std::time::Duration::ZERO).unwrap().len(), 1);
+    }
+    let s = open(dir.path(), &probe);
+    let old: Vec<u64> = s.in_doubt_older_than(hour).unwrap().iter().map(|(t, _)| *t).collect();
+    assert_eq!(old, vec![3], "a vote from before the restart is asked about at once");
+}
+
+#[tokio::test]
+async fn decided_records_are_garbage_collected_after_retention_but_in_doubt_ones_never() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    let s = open(dir.path(), &probe);
+    s.handle(1, Message::Prepare { term: 1 }, b"w").await.unwrap();
+    s.handle(1, Message::Commit { term: 1 }, b"").await.unwrap();
+    s.handle(2, Message::Abort { term: 1 }, b"").await.unwrap();
+    s.handle(3, Message::Prepare { term: 1 }, b"w").await.unwrap();
+    assert_eq!(s.forget_decided(0, 100).unwrap(), 0, "nothing decided that long ago");
+    assert_eq!(s.entries().unwrap().len(), 3);
+    assert_eq!(s.forget_decided(u64::MAX, 100).unwrap(), 2);
+    let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| *t).collect();
+    assert_eq!(left, vec![3], "the in-doubt record stays (invariant 5)");
+    assert_eq!(
+        s.view().get(b"applied/1").unwrap().as_deref(),
+        Some(&b"w"[..]),
+        "data is kept"
+    );
+    assert_eq!(s.forget_decided(u64::MAX, 100).unwrap(), 0);
+}

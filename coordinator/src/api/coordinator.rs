@@ -24,6 +24,7 @@ use crate::sm::CommandOk;
 use crate::sm::Decision;
 use crate::sm::DecisionSource;
 use crate::sm::DecisionView;
+use crate::sm::Enlistment;
 use crate::sm::Outcome;
 use crate::sm::Phase;
 use crate::sm::TxRecord;
@@ -44,6 +45,26 @@ pub fn begin_fingerprint(timeout_ms: u64, description: &[u8]) -> [u8; 32] {
     h.update(b"dtx.v1.Begin\0");
     h.update(timeout_ms.to_le_bytes());
     h.update(description);
+    h.finalize().into()
+}
+
+/// The request fingerprint of BeginAndCommit: everything but the key.
+pub fn begin_and_commit_fingerprint(
+    timeout_ms: u64,
+    description: &[u8],
+    participants: &[pb::ParticipantSpec],
+) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"dtx.v1.BeginAndCommit\0");
+    h.update(timeout_ms.to_le_bytes());
+    h.update((description.len() as u64).to_le_bytes());
+    h.update(description);
+    for p in participants {
+        for field in [p.participant_id.as_bytes(), p.address.as_bytes(), &p.payload] {
+            h.update((field.len() as u64).to_le_bytes());
+            h.update(field);
+        }
+    }
     h.finalize().into()
 }
 
@@ -104,26 +125,44 @@ fn status_pb(r: &TxRecord) -> pb::StatusResponse {
     }
 }
 
+/// Checks one participant's fields (Enlist and BeginAndCommit).
+fn check_participant(id: &str, address: &str, payload: &[u8]) -> Result<(), ApiError> {
+    check_id("participant_id", id)?;
+    if address.is_empty() {
+        return Err(ApiError::InvalidArgument(format!(
+            "participant {id:?}: address must not be empty"
+        )));
+    }
+    check_len("address", address.len(), limits::ADDRESS_BYTES_MAX)?;
+    check_len("payload", payload.len(), limits::PAYLOAD_BYTES_MAX)?;
+    Ok(())
+}
+
 fn unexpected(ok: CommandOk) -> ApiError {
     ApiError::Internal(format!("unexpected state-machine result {ok:?}"))
 }
 
 impl NodeCtx {
-    async fn begin(&self, req: pb::BeginRequest) -> Result<pb::BeginResponse, ApiError> {
-        check_id("idempotency_key", &req.idempotency_key)?;
-        check_len("description", req.description.len(), limits::DESCRIPTION_BYTES_MAX)?;
+    /// Checks what Begin and BeginAndCommit share; returns the timeout to use.
+    fn check_begin(&self, key: &str, timeout_ms: u64, description: &[u8]) -> Result<u64, ApiError> {
+        check_id("idempotency_key", key)?;
+        check_len("description", description.len(), limits::DESCRIPTION_BYTES_MAX)?;
         let t = &self.config.txn;
-        if req.timeout_ms > t.max_timeout_ms {
+        if timeout_ms > t.max_timeout_ms {
             return Err(ApiError::InvalidArgument(format!(
-                "timeout_ms is {}; the limit is txn.max_timeout_ms = {} ms",
-                req.timeout_ms, t.max_timeout_ms
+                "timeout_ms is {timeout_ms}; the limit is txn.max_timeout_ms = {} ms",
+                t.max_timeout_ms
             )));
         }
-        let timeout_ms = if req.timeout_ms == 0 {
+        Ok(if timeout_ms == 0 {
             t.default_timeout_ms
         } else {
-            req.timeout_ms
-        };
+            timeout_ms
+        })
+    }
+
+    async fn begin(&self, req: pb::BeginRequest) -> Result<pb::BeginResponse, ApiError> {
+        let timeout_ms = self.check_begin(&req.idempotency_key, req.timeout_ms, &req.description)?;
         let cmd = Command::Begin {
             fingerprint: begin_fingerprint(req.timeout_ms, &req.description),
             idempotency_key: req.idempotency_key,
@@ -146,13 +185,66 @@ impl NodeCtx {
         }
     }
 
-    async fn enlist(&self, req: pb::EnlistRequest) -> Result<pb::EnlistResponse, ApiError> {
-        check_id("participant_id", &req.participant_id)?;
-        if req.address.is_empty() {
-            return Err(ApiError::InvalidArgument("address must not be empty".into()));
+    async fn begin_and_commit(
+        self: &Arc<Self>,
+        req: pb::BeginAndCommitRequest,
+    ) -> Result<pb::BeginAndCommitResponse, ApiError> {
+        let timeout_ms = self.check_begin(&req.idempotency_key, req.timeout_ms, &req.description)?;
+        if req.participants.is_empty() {
+            return Err(ApiError::InvalidArgument(
+                "participants must name at least one participant".into(),
+            ));
         }
-        check_len("address", req.address.len(), limits::ADDRESS_BYTES_MAX)?;
-        check_len("payload", req.payload.len(), limits::PAYLOAD_BYTES_MAX)?;
+        for p in &req.participants {
+            check_participant(&p.participant_id, &p.address, &p.payload)?;
+        }
+        let cmd = Command::BeginAndCommit {
+            fingerprint: begin_and_commit_fingerprint(req.timeout_ms, &req.description, &req.participants),
+            idempotency_key: req.idempotency_key,
+            now_ms: now_ms(),
+            timeout_ms,
+            participants: req
+                .participants
+                .into_iter()
+                .map(|p| Enlistment {
+                    participant_id: p.participant_id,
+                    address: p.address,
+                    payload: p.payload,
+                })
+                .collect(),
+            one_phase_allowed: self.config.txn.one_phase_commit,
+        };
+        let (txid, existing, participants, decision, one_phase) = match self.propose(cmd).await? {
+            CommandOk::BegunCommitting {
+                txid,
+                existing,
+                participants,
+                decision,
+                one_phase,
+                ..
+            } => (txid, existing, participants, decision, one_phase),
+            other => return Err(unexpected(other)),
+        };
+        participant_sdk::failpoint!("coordinator_after_begin");
+        let d = match decision {
+            Some(d) => {
+                self.spawn_delivery(txid);
+                d
+            }
+            // A retry: the first call (or a re-drive) may still be running;
+            // driving again is idempotent.
+            None if existing => self.drive_commit(txid).await?,
+            None => self.drive_begun(txid, participants, one_phase).await?,
+        };
+        Ok(pb::BeginAndCommitResponse {
+            txid,
+            outcome: outcome_pb(d.outcome) as i32,
+            existing,
+        })
+    }
+
+    async fn enlist(&self, req: pb::EnlistRequest) -> Result<pb::EnlistResponse, ApiError> {
+        check_participant(&req.participant_id, &req.address, &req.payload)?;
         let cmd = Command::Enlist {
             txid: req.txid,
             participant_id: req.participant_id,
@@ -249,6 +341,20 @@ impl Coordinator for CoordinatorService {
             req,
             |r| async move { ctx.begin(r).await },
             |ch, r| async move { CoordinatorClient::new(ch).begin(r).await },
+        )
+        .await
+    }
+
+    async fn begin_and_commit(
+        &self,
+        req: Request<pb::BeginAndCommitRequest>,
+    ) -> Result<Response<pb::BeginAndCommitResponse>, Status> {
+        let ctx = self.ctx.clone();
+        serve_or_forward(
+            &self.ctx,
+            req,
+            |r| async move { ctx.begin_and_commit(r).await },
+            |ch, r| async move { CoordinatorClient::new(ch).begin_and_commit(r).await },
         )
         .await
     }

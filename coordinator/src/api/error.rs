@@ -60,7 +60,8 @@ impl From<CommandError> for ApiError {
             | CommandError::DeadlineNotReached { .. }
             | CommandError::NotDecided { .. }
             | CommandError::NotAllAcked { .. }
-            | CommandError::UnknownParticipant { .. } => ApiError::FailedPrecondition(m),
+            | CommandError::UnknownParticipant { .. }
+            | CommandError::OnePhaseOnly { .. } => ApiError::FailedPrecondition(m),
         }
     }
 }

@@ -28,6 +28,7 @@ use crate::client::Client;
 use crate::client::ClientConfig;
 use crate::client::ClientError;
 use crate::client::DecisionRead;
+use crate::client::ParticipantSpec;
 use crate::client::TxOutcome;
 use crate::cluster::free_port;
 use crate::cluster::ProcessCluster;
@@ -162,23 +163,20 @@ pub(crate) async fn transfer(
         let mut rng = rand::rng();
         (rng.random_range(0..accounts), rng.random_range(0..accounts))
     };
-    let b = match client.begin(key, 10_000, b"transfer").await {
-        Ok(b) => b,
-        Err(e) => return (None, Err(e)),
-    };
     let debit = format!("{}{fa}:-{amount}", banks[from].2);
     let credit = format!("{}{ta}:{amount}", banks[to].2);
-    // Both enlistments at once: concurrent commands share one Raft entry
-    // (group commit), so this costs one replication round, not two.
-    let (e1, e2) = tokio::join!(
-        client.enlist(b.txid, &banks[from].0, &banks[from].1, debit.as_bytes()),
-        client.enlist(b.txid, &banks[to].0, &banks[to].1, credit.as_bytes()),
-    );
-    if let Err(e) = e1.and(e2) {
-        let _ = client.abort(b.txid, "enlist failed").await;
-        return (Some(b.txid), Err(e));
+    // Both participants are known up front: one BeginAndCommit call (one
+    // Raft write for begin, enlistment and the commit request).
+    let spec = |i: usize, payload: String| ParticipantSpec {
+        participant_id: banks[i].0.clone(),
+        address: banks[i].1.clone(),
+        payload: payload.into_bytes(),
+    };
+    let parts = [spec(from, debit), spec(to, credit)];
+    match client.begin_and_commit(key, 10_000, b"transfer", &parts).await {
+        Ok(r) => (r.txid, Ok(r.outcome)),
+        Err(e) => (None, Err(e)),
     }
-    (Some(b.txid), client.commit(b.txid).await)
 }
 
 pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {

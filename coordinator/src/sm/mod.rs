@@ -91,6 +91,10 @@ pub struct TxRecord {
     pub deadline_ms: u64,
     pub phase: Phase,
     pub participants: Vec<Participant>,
+    /// Committing in one phase: the single participant was asked to
+    /// prepare-and-commit at once, so only its answer may decide (no reaper,
+    /// client or operator ABORT: it may already have committed).
+    pub one_phase: bool,
 }
 
 impl TxRecord {
@@ -126,6 +130,21 @@ pub enum Command {
     },
     /// ACTIVE -> PREPARING: freezes the participant set before votes count.
     RequestCommit { txid: Txid },
+    /// Like `RequestCommit`, but with exactly one participant the commit runs
+    /// in one phase (`TxRecord::one_phase`); with more it is `RequestCommit`.
+    RequestCommitOnePhase { txid: Txid },
+    /// Begin with the whole participant set and request the commit in the
+    /// same command: the record starts in PREPARING (one Raft write for what
+    /// Begin + Enlist + RequestCommit do). The same key returns the existing
+    /// transaction in whatever phase it is now.
+    BeginAndCommit {
+        idempotency_key: String,
+        fingerprint: [u8; 32],
+        now_ms: u64,
+        timeout_ms: u64,
+        participants: Vec<Enlistment>,
+        one_phase_allowed: bool,
+    },
     /// Write-once decision (invariant 1). `voters` must equal the enlisted set
     /// for COMMIT (invariant 2).
     Decide {
@@ -143,6 +162,14 @@ pub enum Command {
     Forget { txid: Txid },
 }
 
+/// One participant named at BeginAndCommit.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Enlistment {
+    pub participant_id: String,
+    pub address: String,
+    pub payload: Vec<u8>,
+}
+
 /// Successful results, one per command.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum CommandOk {
@@ -157,6 +184,17 @@ pub enum CommandOk {
     CommitRequested {
         participants: Vec<Participant>,
         decision: Option<Decision>,
+        one_phase: bool,
+    },
+    /// BeginAndCommit: the transaction (new or found by key) is PREPARING
+    /// or already decided.
+    BegunCommitting {
+        txid: Txid,
+        existing: bool,
+        deadline_ms: u64,
+        participants: Vec<Participant>,
+        decision: Option<Decision>,
+        one_phase: bool,
     },
     Decided {
         decision: Decision,
@@ -198,6 +236,10 @@ pub enum CommandError {
     NotAllAcked { txid: Txid, pending: Vec<String> },
     #[error("participant {participant_id:?} is not enlisted in transaction {txid}")]
     UnknownParticipant { txid: Txid, participant_id: String },
+    #[error(
+        "transaction {txid} is committing in one phase: only its participant's answer decides it (bring the participant back)"
+    )]
+    OnePhaseOnly { txid: Txid },
     #[error("{0}")]
     Invalid(String),
 }
@@ -279,7 +321,11 @@ impl TxTable {
         if let Some(r) = self.txs.get(&txid) {
             match r.decision() {
                 None => {
-                    self.deadlines.insert((r.deadline_ms, txid));
+                    // A one-phase commit is never aborted for its deadline
+                    // (the participant may have committed): it is re-driven.
+                    if !r.one_phase {
+                        self.deadlines.insert((r.deadline_ms, txid));
+                    }
                     if r.phase == Phase::Preparing {
                         self.preparing.insert(txid);
                     }
@@ -418,7 +464,23 @@ impl TxTable {
                 address,
                 payload,
             } => self.enlist(*txid, participant_id, address, payload, effects),
-            Command::RequestCommit { txid } => self.request_commit(*txid, effects),
+            Command::RequestCommit { txid } => self.request_commit(*txid, false, effects),
+            Command::RequestCommitOnePhase { txid } => self.request_commit(*txid, true, effects),
+            Command::BeginAndCommit {
+                idempotency_key,
+                fingerprint,
+                now_ms,
+                timeout_ms,
+                participants,
+                one_phase_allowed,
+            } => self.begin_and_commit(
+                idempotency_key,
+                fingerprint,
+                (*now_ms, *timeout_ms),
+                participants,
+                *one_phase_allowed,
+                effects,
+            ),
             Command::Decide {
                 txid,
                 outcome,
@@ -478,6 +540,7 @@ impl TxTable {
                 deadline_ms,
                 phase: Phase::Active,
                 participants: Vec::new(),
+                one_phase: false,
             },
         );
         self.keys.insert(key.to_string(), txid);
@@ -536,15 +599,85 @@ impl TxTable {
         })
     }
 
-    fn request_commit(&mut self, txid: Txid, effects: &mut Vec<Effect>) -> CommandResult {
+    fn request_commit(&mut self, txid: Txid, one_phase_allowed: bool, effects: &mut Vec<Effect>) -> CommandResult {
         let r = self.txs.get_mut(&txid).ok_or(CommandError::NotFound { txid })?;
         if r.phase == Phase::Active {
             r.phase = Phase::Preparing;
+            r.one_phase = one_phase_allowed && r.participants.len() == 1;
             effects.push(Effect::Put(txid));
         }
         Ok(CommandOk::CommitRequested {
             participants: r.participants.clone(),
             decision: r.decision().cloned(),
+            one_phase: r.one_phase,
+        })
+    }
+
+    fn begin_and_commit(
+        &mut self,
+        key: &str,
+        fingerprint: &[u8; 32],
+        (now_ms, timeout_ms): (u64, u64),
+        participants: &[Enlistment],
+        one_phase_allowed: bool,
+        effects: &mut Vec<Effect>,
+    ) -> CommandResult {
+        // Validate everything before anything changes: a refused command
+        // leaves no trace (not even a used txid).
+        check_id("idempotency_key", key)?;
+        if participants.is_empty() {
+            return Err(CommandError::Invalid(
+                "participants must not be empty: nothing would be committed".to_string(),
+            ));
+        }
+        if participants.len() > limits::PARTICIPANTS_MAX {
+            return Err(CommandError::Invalid(format!(
+                "{} participants; the limit is participants_max = {}",
+                participants.len(),
+                limits::PARTICIPANTS_MAX
+            )));
+        }
+        let mut ids = BTreeSet::new();
+        for p in participants {
+            check_id("participant_id", &p.participant_id)?;
+            check_len("address", p.address.len(), limits::ADDRESS_BYTES_MAX)?;
+            check_len("payload", p.payload.len(), limits::PAYLOAD_BYTES_MAX)?;
+            if !ids.insert(p.participant_id.as_str()) {
+                return Err(CommandError::Invalid(format!(
+                    "participant {:?} is named twice",
+                    p.participant_id
+                )));
+            }
+        }
+        let (txid, existing, deadline_ms) = match self.begin(key, fingerprint, now_ms, timeout_ms, effects)? {
+            CommandOk::Began {
+                txid,
+                existing,
+                deadline_ms,
+            } => (txid, existing, deadline_ms),
+            other => return Err(CommandError::Invalid(format!("unexpected begin result {other:?}"))),
+        };
+        let r = self.txs.get_mut(&txid).ok_or(CommandError::NotFound { txid })?;
+        if !existing {
+            r.participants = participants
+                .iter()
+                .map(|p| Participant {
+                    id: p.participant_id.clone(),
+                    address: p.address.clone(),
+                    payload: p.payload.clone(),
+                    acked: false,
+                })
+                .collect();
+            r.phase = Phase::Preparing;
+            r.one_phase = one_phase_allowed && r.participants.len() == 1;
+        }
+        Ok(CommandOk::BegunCommitting {
+            txid,
+            existing,
+            deadline_ms,
+            participants: r.participants.clone(),
+            decision: r.decision().cloned(),
+            one_phase: r.one_phase,
         })
     }
 
@@ -564,6 +697,15 @@ impl TxTable {
                 decision: existing.clone(),
                 recorded: false,
             });
+        }
+        if r.one_phase {
+            // Only the single participant's own answer, reported by the
+            // driver, decides a one-phase commit; it has applied that answer
+            // already, so it is also its ack.
+            let only = r.participants.first().map(|p| p.id.as_str());
+            if decision.source != DecisionSource::Driver || voters.len() != 1 || only != Some(voters[0].as_str()) {
+                return Err(CommandError::OnePhaseOnly { txid });
+            }
         }
         match (decision.outcome, decision.source) {
             (Outcome::Commit, DecisionSource::Reaper) => {
@@ -596,6 +738,11 @@ impl TxTable {
             (Outcome::Abort, _) => {}
         }
         let outcome = decision.outcome;
+        if r.one_phase {
+            for p in &mut r.participants {
+                p.acked = true;
+            }
+        }
         r.phase = Phase::Decided(decision.clone());
         effects.push(Effect::Put(txid));
         effects.push(Effect::Decided(txid, outcome));
@@ -653,9 +800,10 @@ impl TxTable {
 /// The existing transaction a command is about (Begin creates one).
 fn command_txid(cmd: &Command) -> Option<Txid> {
     match cmd {
-        Command::Begin { .. } => None,
+        Command::Begin { .. } | Command::BeginAndCommit { .. } => None,
         Command::Enlist { txid, .. }
         | Command::RequestCommit { txid }
+        | Command::RequestCommitOnePhase { txid }
         | Command::Decide { txid, .. }
         | Command::Ack { txid, .. }
         | Command::Forget { txid } => Some(*txid),

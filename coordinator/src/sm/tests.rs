@@ -430,6 +430,7 @@ fn inv2_request_commit_freezes_set_and_is_idempotent() {
         Ok(CommandOk::CommitRequested {
             participants: participants.clone(),
             decision: None,
+            one_phase: false,
         })
     );
     assert_eq!(eff, vec![Effect::Put(txid)]);
@@ -468,6 +469,7 @@ fn request_commit_after_decide_returns_decision_without_effects() {
         Ok(CommandOk::CommitRequested {
             participants: before.get(txid).unwrap().participants.clone(),
             decision: Some(decision),
+            one_phase: false,
         })
     );
     assert!(eff.is_empty());
@@ -1440,4 +1442,143 @@ fn inv7_inv10_reaper_and_forget_indexes_follow_the_records() {
     // Rebuilt tables carry the same indexes.
     let rebuilt = TxTable::from_parts(t.next_txid(), t.records().cloned().collect::<Vec<_>>());
     assert_eq!(rebuilt, t);
+}
+
+// ---- one-phase commit and BeginAndCommit ----
+
+fn bac_cmd(key: &str, ids: &[&str], now_ms: u64, one_phase_allowed: bool) -> Command {
+    Command::BeginAndCommit {
+        idempotency_key: key.to_string(),
+        fingerprint: fp(3),
+        now_ms,
+        timeout_ms: 500,
+        participants: ids
+            .iter()
+            .map(|id| Enlistment {
+                participant_id: id.to_string(),
+                address: format!("{id}:1"),
+                payload: b"w".to_vec(),
+            })
+            .collect(),
+        one_phase_allowed,
+    }
+}
+
+#[test]
+fn begin_and_commit_records_a_preparing_transaction_in_one_command() {
+    let mut t = TxTable::new();
+    let (res, eff) = run(&mut t, bac_cmd("k", &["p1", "p2"], 1000, true));
+    let txid = match res {
+        Ok(CommandOk::BegunCommitting {
+            txid,
+            existing: false,
+            deadline_ms: 1500,
+            participants,
+            decision: None,
+            one_phase: false,
+        }) => {
+            assert_eq!(participants.len(), 2);
+            txid
+        }
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!(eff, vec![Effect::Put(txid)]);
+    assert_eq!(t.get(txid).unwrap().phase, Phase::Preparing);
+    assert_eq!(t.preparing(10), vec![txid], "a new leader re-drives it");
+    // Invariant 2: the set is frozen; a later Enlist is refused.
+    let (res, _) = run(&mut t, enlist_cmd(txid, "p3", "p3:1", b"w"));
+    assert!(matches!(res, Err(CommandError::NotActive { .. })), "{res:?}");
+    // The same key again finds the same transaction, unchanged.
+    let before = t.clone();
+    let (res, eff) = run(&mut t, bac_cmd("k", &["p1", "p2"], 1200, true));
+    assert!(
+        matches!(res, Ok(CommandOk::BegunCommitting { txid: x, existing: true, .. }) if x == txid),
+        "{res:?}"
+    );
+    assert!(eff.is_empty());
+    assert_eq!(t, before);
+}
+
+#[test]
+fn begin_and_commit_refuses_bad_participant_sets_without_using_a_txid() {
+    let mut t = TxTable::new();
+    let next = t.next_txid();
+    for (cmd, field) in [
+        (bac_cmd("k", &[], 1000, true), "participants"),
+        (bac_cmd("k", &["p1", "p1"], 1000, true), "named twice"),
+        (bac_cmd("k", &[""], 1000, true), "participant_id"),
+    ] {
+        let (res, eff) = run(&mut t, cmd);
+        expect_invalid_naming(res, field);
+        assert!(eff.is_empty());
+    }
+    assert_eq!(t.next_txid(), next, "a refused command uses no txid");
+    assert!(t.is_empty());
+}
+
+#[test]
+fn one_phase_is_chosen_only_for_a_single_participant() {
+    let mut t = TxTable::new();
+    let one = tx_with(&mut t, "a", &["p1"]);
+    let two = tx_with(&mut t, "b", &["p1", "p2"]);
+    let (r1, _) = run(&mut t, Command::RequestCommitOnePhase { txid: one });
+    let (r2, _) = run(&mut t, Command::RequestCommitOnePhase { txid: two });
+    assert!(
+        matches!(r1, Ok(CommandOk::CommitRequested { one_phase: true, .. })),
+        "{r1:?}"
+    );
+    assert!(
+        matches!(r2, Ok(CommandOk::CommitRequested { one_phase: false, .. })),
+        "{r2:?}"
+    );
+    let (r3, _) = run(&mut t, bac_cmd("c", &["p1"], 1000, false));
+    assert!(
+        matches!(r3, Ok(CommandOk::BegunCommitting { one_phase: false, .. })),
+        "{r3:?}"
+    );
+}
+
+#[test]
+fn inv3_inv7_one_phase_commit_is_never_aborted_by_reaper_client_or_operator() {
+    let mut t = TxTable::new();
+    let txid = match run(&mut t, bac_cmd("k", &["p1"], 1000, true)).0 {
+        Ok(CommandOk::BegunCommitting {
+            txid, one_phase: true, ..
+        }) => txid,
+        other => panic!("unexpected {other:?}"),
+    };
+    // Past its deadline it is not an expiry candidate: the participant may
+    // have committed, so only its answer decides.
+    assert!(t.expired(u64::MAX, 10).is_empty());
+    for source in [DecisionSource::Reaper, DecisionSource::Client, DecisionSource::Operator] {
+        let (res, eff) = run(&mut t, decide_cmd(txid, Outcome::Abort, &["p1"], source, 9999));
+        assert_eq!(res, Err(CommandError::OnePhaseOnly { txid }), "{source:?}");
+        assert!(eff.is_empty());
+    }
+    // The driver's report without the participant's name is refused too.
+    let (res, _) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Abort, &[], DecisionSource::Driver, 9999),
+    );
+    assert_eq!(res, Err(CommandError::OnePhaseOnly { txid }));
+    assert_eq!(t.decision_view(txid), DecisionView::Pending);
+}
+
+#[test]
+fn one_phase_answer_is_the_decision_and_the_ack() {
+    let mut t = TxTable::new();
+    let txid = match run(&mut t, bac_cmd("k", &["p1"], 1000, true)).0 {
+        Ok(CommandOk::BegunCommitting { txid, .. }) => txid,
+        other => panic!("unexpected {other:?}"),
+    };
+    let (res, _) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1"], DecisionSource::Driver, 1100),
+    );
+    let (d, recorded) = decided_ok(&res);
+    assert!(recorded);
+    assert_eq!(d.outcome, Outcome::Commit);
+    assert!(t.get(txid).unwrap().all_acked(), "nothing left to deliver");
+    assert!(t.undelivered(10).is_empty());
+    assert_eq!(t.forgettable(1100, 10), vec![txid]);
 }

@@ -49,6 +49,15 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
     async fn prepare(&self, req: tonic::Request<dtx_proto::v1::PrepareRequest>) -> R<dtx_proto::v1::PrepareResponse> {
         self.inner.prepare(req).await
     }
+    async fn commit_one_phase(
+        &self,
+        req: tonic::Request<dtx_proto::v1::PrepareRequest>,
+    ) -> R<dtx_proto::v1::OnePhaseResponse> {
+        if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unavailable("held by the test"));
+        }
+        self.inner.commit_one_phase(req).await
+    }
     async fn commit(
         &self,
         req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,

@@ -202,3 +202,43 @@ fn inv3_inv5_inv8_random_message_orders_apply_the_decision_at_most_once() {
         }
     }
 }
+
+#[test]
+fn one_phase_commit_asks_the_resource_once_and_repeats_its_answer() {
+    assert_eq!(
+        run(None, Message::CommitOnePhase { term: 2 }),
+        (None, Action::OnePhaseResource)
+    );
+    let committed = Some(LogEntry {
+        state: LocalState::Committed,
+        term: 2,
+    });
+    assert_eq!(run(committed, Message::CommitOnePhase { term: 3 }).1, Action::Ack);
+    let aborted = Some(prepared(2, Vote::No));
+    assert_eq!(
+        run(aborted, Message::CommitOnePhase { term: 2 }).1,
+        Action::Vote(Vote::No)
+    );
+}
+
+#[test]
+fn inv8_one_phase_commit_after_an_abort_tombstone_is_not_committed() {
+    let (tomb, _) = run(None, Message::Abort { term: 1 });
+    let (after, a) = run(tomb, Message::CommitOnePhase { term: 1 });
+    assert_eq!(a, Action::Vote(Vote::No));
+    assert_eq!(after.unwrap().state, LocalState::Aborted { tombstone: true });
+}
+
+#[test]
+fn one_phase_commit_finishes_a_prepared_entry_left_by_a_crash() {
+    let (e, a) = run(prepared_yes(4), Message::CommitOnePhase { term: 4 });
+    assert_eq!(a, Action::CommitResource);
+    assert_eq!(e.unwrap().state, LocalState::Committed);
+}
+
+#[test]
+fn inv9_one_phase_commit_from_an_older_term_is_refused() {
+    let (e, a) = run(prepared_yes(5), Message::CommitOnePhase { term: 4 });
+    assert_eq!(e, prepared_yes(5));
+    assert_eq!(a, Action::Refuse(Refusal::StaleTerm { got: 4, seen: 5 }));
+}

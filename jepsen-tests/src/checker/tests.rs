@@ -1,0 +1,702 @@
+//! Hand-made histories, one per anomaly: each must make the checker fail
+//! under exactly that kind, and the allowed behaviours (UNKNOWN answers,
+//! forgotten decisions) must not.
+
+use super::*;
+use crate::history::read_jsonl;
+use crate::history::write_jsonl;
+use crate::history::FaultPhase;
+
+const BOUND_MS: u64 = 1000;
+
+const A1: (&str, &str) = ("bank-a", "a1");
+const A2: (&str, &str) = ("bank-a", "a2");
+const B1: (&str, &str) = ("bank-b", "b1");
+
+fn opts() -> CheckOptions {
+    CheckOptions {
+        liveness_bound_ms: BOUND_MS,
+        time_limit: Duration::from_secs(60),
+    }
+}
+
+fn account((service, account): (&str, &str)) -> Account {
+    Account {
+        service: service.into(),
+        account: account.into(),
+    }
+}
+
+/// Appends ops with consecutive indexes and times.
+#[derive(Default)]
+struct HistoryBuilder {
+    ops: Vec<Op>,
+}
+
+impl HistoryBuilder {
+    fn push(&mut self, process: &str, kind: OpType, txid: Option<u64>, body: Body) -> &mut Self {
+        let index = self.ops.len() as u64;
+        let error = (kind == OpType::Info).then(|| "timed out".to_string());
+        self.ops.push(Op {
+            index,
+            time_ns: index * 1_000_000,
+            process: process.into(),
+            kind,
+            txid,
+            body,
+            error,
+        });
+        self
+    }
+
+    fn setup(&mut self, accounts: &[(&str, &str, i64)]) -> &mut Self {
+        let mut balances: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+        for &(service, acct, value) in accounts {
+            balances.entry(service.into()).or_default().insert(acct.into(), value);
+        }
+        self.push("setup", OpType::Ok, None, Body::BankSetup { balances })
+    }
+
+    fn transfer_op(&mut self, t: &Transfer, kind: OpType, txid: Option<u64>) -> &mut Self {
+        let body = Body::Transfer {
+            from: account(t.from),
+            to: account(t.to),
+            amount: t.amount,
+        };
+        self.push(&t.process, kind, txid, body)
+    }
+
+    fn read(&mut self, txid: u64, node: &str, decision: DecisionSeen) -> &mut Self {
+        let body = Body::DecisionRead {
+            node: node.into(),
+            decision,
+        };
+        self.push("final", OpType::Ok, Some(txid), body)
+    }
+
+    fn apply_log(&mut self, service: &str, entries: &[(u64, Applied)]) -> &mut Self {
+        let entries = entries
+            .iter()
+            .map(|&(txid, outcome)| ApplyEntry { txid, outcome })
+            .collect();
+        let body = Body::ApplyLog {
+            service: service.into(),
+            entries,
+        };
+        self.push("final", OpType::Ok, None, body)
+    }
+
+    fn balances(&mut self, service: &str, balances: &[(&str, i64)]) -> &mut Self {
+        let balances = balances.iter().map(|&(a, v)| (a.to_string(), v)).collect();
+        let body = Body::Balances {
+            service: service.into(),
+            balances,
+        };
+        self.push("final", OpType::Ok, None, body)
+    }
+
+    fn resolution(&mut self, service: &str, txid: u64, resolved_after_ms: Option<u64>) -> &mut Self {
+        let body = Body::Resolution {
+            service: service.into(),
+            resolved_after_ms,
+        };
+        self.push("final", OpType::Ok, Some(txid), body)
+    }
+
+    fn nemesis(&mut self, phase: FaultPhase) -> &mut Self {
+        let body = Body::Nemesis {
+            fault: "kill-leader".into(),
+            target: "n1".into(),
+            phase,
+        };
+        self.push("nemesis", OpType::Info, None, body)
+    }
+}
+
+/// One client transfer; `done` = None: invoked, never completed.
+struct Transfer {
+    process: String,
+    done: Option<OpType>,
+    txid: Option<u64>,
+    from: (&'static str, &'static str),
+    to: (&'static str, &'static str),
+    amount: i64,
+}
+
+/// A run described by parts, so each test changes just what it needs.
+struct Scenario {
+    setup: Vec<(&'static str, &'static str, i64)>,
+    transfers: Vec<Transfer>,
+    reads: Vec<(u64, &'static str, DecisionSeen)>,
+    logs: BTreeMap<&'static str, Vec<(u64, Applied)>>,
+    balances: BTreeMap<&'static str, Vec<(&'static str, i64)>>,
+    resolutions: Vec<(&'static str, u64, Option<u64>)>,
+}
+
+use Applied::Abort as A;
+use Applied::Commit as C;
+use DecisionSeen::Abort as ReadAbort;
+use DecisionSeen::Commit as ReadCommit;
+use DecisionSeen::Pending as ReadPending;
+use DecisionSeen::Unknown as ReadUnknown;
+
+impl Scenario {
+    /// A run with nothing wrong: an ok, a fail (with txid), a fail refused
+    /// before begin (no txid), an info and an incomplete transfer; reads from
+    /// three nodes (PENDING then decided, and a decision forgotten after
+    /// delivery); apply logs, balances and resolutions that fit.
+    fn clean() -> Self {
+        let mut s = Scenario {
+            setup: vec![("bank-a", "a1", 100), ("bank-a", "a2", 100), ("bank-b", "b1", 100)],
+            transfers: Vec::new(),
+            reads: Vec::new(),
+            logs: BTreeMap::new(),
+            balances: BTreeMap::new(),
+            resolutions: vec![
+                ("bank-a", 1, Some(120)),
+                ("bank-b", 1, Some(300)),
+                ("bank-b", 2, Some(450)),
+            ],
+        };
+        s.transfer(Some(OpType::Ok), Some(1), A1, B1, 10)
+            .transfer(Some(OpType::Fail), Some(2), B1, A2, 5)
+            .transfer(Some(OpType::Info), Some(3), A1, A2, 7)
+            .transfer(None, None, A2, B1, 1)
+            .transfer(Some(OpType::Fail), None, B1, A1, 1000);
+        s.reads = vec![
+            (1, "n1", ReadPending),
+            (1, "n1", ReadCommit),
+            (1, "n2", ReadCommit),
+            (1, "n3", ReadCommit),
+            (2, "n1", ReadAbort),
+            (2, "n2", ReadAbort),
+            (2, "n3", ReadAbort),
+            (3, "n2", ReadPending),
+            (3, "n2", ReadCommit),
+            (1, "n1", ReadUnknown),
+        ];
+        s.logs.insert("bank-a", vec![(1, C), (2, A), (3, C)]);
+        s.logs.insert("bank-b", vec![(1, C), (2, A)]);
+        s.balances.insert("bank-a", vec![("a1", 83), ("a2", 107)]);
+        s.balances.insert("bank-b", vec![("b1", 110)]);
+        s
+    }
+
+    fn transfer(
+        &mut self,
+        done: Option<OpType>,
+        txid: Option<u64>,
+        from: (&'static str, &'static str),
+        to: (&'static str, &'static str),
+        amount: i64,
+    ) -> &mut Self {
+        let process = format!("client-{}", self.transfers.len());
+        self.transfers.push(Transfer {
+            process,
+            done,
+            txid,
+            from,
+            to,
+            amount,
+        });
+        self
+    }
+
+    fn log(&mut self, service: &'static str, txid: u64, outcome: Applied) -> &mut Self {
+        self.logs.entry(service).or_default().push((txid, outcome));
+        self
+    }
+
+    fn read_all(&mut self, txid: u64, seen: DecisionSeen) -> &mut Self {
+        for node in ["n1", "n2", "n3"] {
+            self.reads.push((txid, node, seen));
+        }
+        self
+    }
+
+    fn set_balance(&mut self, service: &'static str, acct: &'static str, value: i64) -> &mut Self {
+        let list = self.balances.entry(service).or_default();
+        list.retain(|(a, _)| *a != acct);
+        list.push((acct, value));
+        self
+    }
+
+    /// All invokes first, then the completions in reverse order, so the
+    /// checker must pair them by process.
+    fn history(&self) -> Vec<Op> {
+        let mut h = HistoryBuilder::default();
+        h.setup(&self.setup).nemesis(FaultPhase::Start);
+        for t in &self.transfers {
+            h.transfer_op(t, OpType::Invoke, None);
+        }
+        for t in self.transfers.iter().rev() {
+            if let Some(kind) = t.done {
+                h.transfer_op(t, kind, t.txid);
+            }
+        }
+        h.nemesis(FaultPhase::Stop);
+        for &(txid, node, seen) in &self.reads {
+            h.read(txid, node, seen);
+        }
+        for (service, entries) in &self.logs {
+            h.apply_log(service, entries);
+        }
+        for (service, balances) in &self.balances {
+            h.balances(service, balances);
+        }
+        for &(service, txid, after) in &self.resolutions {
+            h.resolution(service, txid, after);
+        }
+        h.ops
+    }
+
+    fn check(&self) -> Report {
+        check(&self.history(), &opts())
+    }
+}
+
+fn kinds(r: &Report) -> Vec<AnomalyKind> {
+    r.anomalies.keys().copied().collect()
+}
+
+#[track_caller]
+fn assert_valid(r: &Report) {
+    assert_eq!(r.valid, Validity::Valid, "{}", r.summary());
+    assert!(r.anomalies.is_empty(), "{}", r.summary());
+    assert_eq!(r.unknown_reason, None);
+}
+
+/// Invalid, with anomalies of `kind` and of no other kind; returns them.
+#[track_caller]
+fn assert_only(r: &Report, kind: AnomalyKind) -> Vec<Anomaly> {
+    assert_eq!(r.valid, Validity::Invalid, "{}", r.summary());
+    assert_eq!(kinds(r), vec![kind], "{}", r.summary());
+    r.of(kind).to_vec()
+}
+
+/// Invalid, with at least one anomaly of `kind`; returns them.
+#[track_caller]
+fn assert_has(r: &Report, kind: AnomalyKind) -> Vec<Anomaly> {
+    assert_eq!(r.valid, Validity::Invalid, "{}", r.summary());
+    assert!(!r.of(kind).is_empty(), "no {}: {}", kind.name(), r.summary());
+    r.of(kind).to_vec()
+}
+
+#[track_caller]
+fn assert_unknown(r: &Report, reason_mentions: &str) {
+    assert_eq!(r.valid, Validity::Unknown, "{}", r.summary());
+    assert!(r.anomalies.is_empty(), "{}", r.summary());
+    let reason = r.unknown_reason.as_deref().unwrap_or_default();
+    assert!(reason.contains(reason_mentions), "{reason}");
+}
+
+// ---- the clean run ----
+
+#[test]
+fn clean_history_is_valid() {
+    let r = Scenario::clean().check();
+    assert_valid(&r);
+    let s = &r.stats;
+    assert_eq!(s.transfers, 5);
+    assert_eq!((s.transfers_ok, s.transfers_fail, s.transfers_info), (1, 2, 2));
+    assert_eq!(s.transfers_incomplete, 1);
+    assert_eq!(s.acked_without_txid, 1);
+    assert_eq!((s.decision_reads, s.txids_read), (10, 3));
+    assert_eq!((s.apply_logs, s.applied_entries, s.balances_services), (2, 5, 2));
+    assert_eq!(s.nemesis_events, 2);
+    assert_eq!(s.ignored_ops, 0);
+    assert_eq!(r.liveness.in_doubt, 3);
+    assert_eq!(r.liveness.max_ms, Some(450));
+    assert_eq!(r.liveness.exceeded, 0);
+}
+
+#[test]
+fn clean_history_read_back_from_json_lines_is_valid() {
+    let mut buf = Vec::new();
+    write_jsonl(&mut buf, &Scenario::clean().history()).unwrap();
+    let ops = read_jsonl(&buf[..]).unwrap();
+    assert_valid(&check(&ops, &opts()));
+}
+
+// ---- one test per anomaly kind ----
+
+#[test]
+fn inv3_split_outcome_is_found() {
+    // Even for a transfer whose client saw UNKNOWN.
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Info), Some(9), A1, B1, 5)
+        .log("bank-a", 9, C)
+        .log("bank-b", 9, A);
+    let found = assert_only(&s.check(), AnomalyKind::SplitOutcome);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].txid, Some(9));
+    assert!(
+        found[0].detail.contains("COMMIT applied at bank-a"),
+        "{}",
+        found[0].detail
+    );
+}
+
+#[test]
+fn inv3_inv5_applied_against_decision_is_found() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Info), Some(9), A1, A2, 5)
+        .read_all(9, ReadAbort)
+        .log("bank-a", 9, C);
+    let found = assert_only(&s.check(), AnomalyKind::AppliedAgainstDecision);
+    assert_eq!(found[0].txid, Some(9));
+}
+
+#[test]
+fn inv1_decision_changed_commit_then_abort_is_found() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Info), Some(9), A1, B1, 5);
+    s.reads.push((9, "n1", ReadCommit));
+    s.reads.push((9, "n1", ReadAbort));
+    let found = assert_only(&s.check(), AnomalyKind::DecisionChanged);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].txid, Some(9));
+    assert!(found[0].detail.contains("n1 read COMMIT"), "{}", found[0].detail);
+}
+
+#[test]
+fn inv1_decision_changed_decided_then_pending_is_found() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Info), Some(9), A1, B1, 5);
+    s.reads.push((9, "n2", ReadAbort));
+    s.reads.push((9, "n2", ReadPending));
+    let found = assert_only(&s.check(), AnomalyKind::DecisionChanged);
+    assert!(found[0].detail.contains("later PENDING"), "{}", found[0].detail);
+}
+
+#[test]
+fn inv1_decision_changed_after_forgetting_is_found() {
+    // COMMIT, forgotten (UNKNOWN), then ABORT from the same node.
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Info), Some(9), A1, B1, 5);
+    s.reads.push((9, "n3", ReadCommit));
+    s.reads.push((9, "n3", ReadUnknown));
+    s.reads.push((9, "n3", ReadAbort));
+    assert_only(&s.check(), AnomalyKind::DecisionChanged);
+}
+
+#[test]
+fn inv10_decided_then_unknown_is_allowed() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Ok), Some(9), A1, B1, 5)
+        .read_all(9, ReadCommit)
+        .read_all(9, ReadUnknown)
+        .log("bank-a", 9, C)
+        .log("bank-b", 9, C);
+    assert_valid(&s.check());
+}
+
+#[test]
+fn inv1_inv7_decision_differs_between_nodes_is_found() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Info), Some(9), A1, B1, 5);
+    s.reads.push((9, "n1", ReadCommit));
+    s.reads.push((9, "n3", ReadAbort));
+    let found = assert_only(&s.check(), AnomalyKind::DecisionDiffersBetweenNodes);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].detail, "COMMIT from n1, ABORT from n3");
+}
+
+#[test]
+fn inv4_acked_commit_lost_when_a_participant_has_no_commit() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Ok), Some(9), A1, B1, 5).log("bank-a", 9, C);
+    let found = assert_only(&s.check(), AnomalyKind::AckedCommitLost);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].txid, Some(9));
+    assert!(found[0].detail.contains("bank-b has no COMMIT"), "{}", found[0].detail);
+}
+
+#[test]
+fn inv4_acked_commit_lost_when_a_decision_read_says_abort() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Ok), Some(9), A1, B1, 5)
+        .log("bank-a", 9, C)
+        .log("bank-b", 9, C);
+    s.reads.push((9, "n2", ReadAbort));
+    let r = s.check();
+    let found = assert_has(&r, AnomalyKind::AckedCommitLost);
+    assert!(found[0].detail.contains("ABORT read from n2"), "{}", found[0].detail);
+}
+
+#[test]
+fn inv4_acked_commit_lost_when_a_participant_applied_abort() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Ok), Some(9), A1, A2, 5).log("bank-a", 9, A);
+    let found = assert_only(&s.check(), AnomalyKind::AckedCommitLost);
+    assert!(found[0].detail.contains("bank-a applied ABORT"), "{}", found[0].detail);
+}
+
+#[test]
+fn inv1_acked_abort_but_applied_is_found() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Fail), Some(9), A1, B1, 5).log("bank-a", 9, C);
+    let found = assert_only(&s.check(), AnomalyKind::AckedAbortButApplied);
+    assert_eq!(found[0].txid, Some(9));
+    assert!(
+        found[0].detail.contains("COMMIT applied at bank-a"),
+        "{}",
+        found[0].detail
+    );
+}
+
+#[test]
+fn inv1_acked_abort_but_decision_read_commit_is_found() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Fail), Some(9), A1, B1, 5)
+        .read_all(9, ReadCommit);
+    let found = assert_only(&s.check(), AnomalyKind::AckedAbortButApplied);
+    assert!(
+        found[0].detail.contains("COMMIT read from n1, n2, n3"),
+        "{}",
+        found[0].detail
+    );
+}
+
+#[test]
+fn inv1_clients_told_both_committed_and_aborted_is_found() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Ok), Some(9), A1, B1, 5)
+        .transfer(Some(OpType::Fail), Some(9), A1, B1, 5)
+        .log("bank-a", 9, C)
+        .log("bank-b", 9, C);
+    let found = assert_only(&s.check(), AnomalyKind::AckedAbortButApplied);
+    assert!(
+        found[0].detail.contains("a client was told COMMITTED"),
+        "{}",
+        found[0].detail
+    );
+}
+
+#[test]
+fn inv8_duplicate_apply_is_found() {
+    let mut s = Scenario::clean();
+    s.log("bank-a", 1, C);
+    let found = assert_only(&s.check(), AnomalyKind::DuplicateApply);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].txid, Some(1));
+    assert!(
+        found[0].detail.contains("bank-a applied it 2 times"),
+        "{}",
+        found[0].detail
+    );
+}
+
+#[test]
+fn inv5_applied_never_begun_is_found() {
+    let mut s = Scenario::clean();
+    s.log("bank-b", 77, C);
+    let found = assert_only(&s.check(), AnomalyKind::AppliedNeverBegun);
+    assert_eq!(found[0].txid, Some(77));
+}
+
+#[test]
+fn inv3_inv4_inv8_wrong_bank_total_is_found() {
+    let mut s = Scenario::clean();
+    s.set_balance("bank-b", "b1", 111);
+    let found = assert_only(&s.check(), AnomalyKind::WrongBankTotal);
+    assert!(
+        found[0].detail.contains("opening total 300, final total 301"),
+        "{}",
+        found[0].detail
+    );
+}
+
+#[test]
+fn inv2_negative_balance_is_found() {
+    // The total still adds up; only the sign is wrong.
+    let mut s = Scenario::clean();
+    s.set_balance("bank-a", "a1", -1).set_balance("bank-a", "a2", 191);
+    let found = assert_only(&s.check(), AnomalyKind::NegativeBalance);
+    assert_eq!(found[0].detail, "bank-a/a1 ends at -1");
+}
+
+#[test]
+fn inv6_liveness_bound_exceeded_is_found() {
+    let mut s = Scenario::clean();
+    s.resolutions.push(("bank-a", 3, Some(BOUND_MS))); // at the bound: fine
+    s.resolutions.push(("bank-a", 3, Some(BOUND_MS + 1)));
+    s.resolutions.push(("bank-b", 1, None));
+    let r = s.check();
+    let found = assert_only(&r, AnomalyKind::LivenessBoundExceeded);
+    assert_eq!(found.len(), 2);
+    assert!(found[1].detail.contains("still in doubt"), "{}", found[1].detail);
+    let l = &r.liveness;
+    assert_eq!((l.in_doubt, l.exceeded, l.unresolved), (6, 2, 1));
+    assert_eq!(l.max_ms, Some(BOUND_MS + 1));
+    assert_eq!(l.bound_ms, BOUND_MS);
+}
+
+// ---- UNKNOWN answers are never failures ----
+
+#[test]
+fn info_transfer_committed_at_participants_is_valid() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Info), Some(9), A1, B1, 5)
+        .read_all(9, ReadCommit)
+        .log("bank-a", 9, C)
+        .log("bank-b", 9, C);
+    assert_valid(&s.check());
+}
+
+#[test]
+fn info_transfer_aborted_at_participants_is_valid() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Info), Some(9), A1, B1, 5)
+        .read_all(9, ReadAbort)
+        .log("bank-a", 9, A)
+        .log("bank-b", 9, A);
+    assert_valid(&s.check());
+}
+
+#[test]
+fn info_transfer_seen_nowhere_is_valid() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Info), Some(9), A1, B1, 5);
+    assert_valid(&s.check());
+}
+
+#[test]
+fn transfer_never_completed_counts_as_info_and_is_valid() {
+    // The client never learned the txid; the reads and logs know it.
+    let mut s = Scenario::clean();
+    s.transfer(None, None, A1, B1, 5)
+        .read_all(9, ReadCommit)
+        .log("bank-a", 9, C)
+        .log("bank-b", 9, C);
+    let r = s.check();
+    assert_valid(&r);
+    assert_eq!(r.stats.transfers_incomplete, 2);
+    assert_eq!(r.stats.transfers_info, 3);
+}
+
+// ---- unknown verdicts ----
+
+#[test]
+fn time_limit_zero_is_unknown() {
+    let zero = CheckOptions {
+        time_limit: Duration::ZERO,
+        ..opts()
+    };
+    let r = check(&Scenario::clean().history(), &zero);
+    assert_unknown(&r, "time limit");
+    // Nothing was checked, so not even a broken history is called invalid.
+    let mut s = Scenario::clean();
+    s.log("bank-a", 1, C);
+    assert_unknown(&check(&s.history(), &zero), "time limit");
+}
+
+#[test]
+fn missing_apply_logs_is_unknown() {
+    let mut s = Scenario::clean();
+    s.logs.clear();
+    assert_unknown(&s.check(), "no apply log in the history");
+}
+
+#[test]
+fn missing_apply_log_for_one_service_is_unknown() {
+    let mut s = Scenario::clean();
+    s.logs.remove("bank-b");
+    assert_unknown(&s.check(), "no apply log for bank-b");
+}
+
+#[test]
+fn missing_balances_for_a_service_is_unknown() {
+    let mut s = Scenario::clean();
+    s.balances.remove("bank-b");
+    assert_unknown(&s.check(), "no final balances for bank-b");
+}
+
+#[test]
+fn missing_bank_setup_is_unknown() {
+    let mut s = Scenario::clean();
+    s.setup.clear();
+    let ops: Vec<Op> = s
+        .history()
+        .into_iter()
+        .filter(|op| !matches!(op.body, Body::BankSetup { .. }))
+        .collect();
+    assert_unknown(&check(&ops, &opts()), "no bank-setup");
+}
+
+#[test]
+fn an_anomaly_with_missing_observations_is_still_invalid() {
+    let mut s = Scenario::clean();
+    s.balances.remove("bank-b");
+    s.log("bank-a", 1, C);
+    let r = s.check();
+    assert_only(&r, AnomalyKind::DuplicateApply);
+    assert!(r.unknown_reason.is_some());
+}
+
+#[test]
+fn empty_history_is_unknown() {
+    assert_unknown(&check(&[], &opts()), "no apply log");
+}
+
+// ---- liveness numbers ----
+
+#[test]
+fn inv6_percentiles_are_nearest_rank() {
+    let mut s = Scenario::clean();
+    s.resolutions = (1..=100).rev().map(|ms| ("bank-a", 1, Some(ms))).collect();
+    let r = s.check();
+    assert_valid(&r);
+    let l = &r.liveness;
+    assert_eq!((l.p50_ms, l.p99_ms, l.max_ms), (Some(50), Some(99), Some(100)));
+    assert_eq!(l.in_doubt, 100);
+
+    assert_eq!(nearest_rank(&[], 50), None);
+    assert_eq!(nearest_rank(&[7], 50), Some(7));
+    assert_eq!(nearest_rank(&[7], 99), Some(7));
+    let ten: Vec<u64> = (1..=10).collect();
+    assert_eq!(nearest_rank(&ten, 50), Some(5));
+    assert_eq!(nearest_rank(&ten, 99), Some(10));
+    assert_eq!(nearest_rank(&ten, 100), Some(10));
+}
+
+// ---- output ----
+
+#[test]
+fn report_serializes_with_lowercase_verdict_and_kebab_case_kinds() {
+    let mut s = Scenario::clean();
+    s.transfer(Some(OpType::Info), Some(9), A1, B1, 5)
+        .log("bank-a", 9, C)
+        .log("bank-b", 9, A);
+    let json = serde_json::to_string(&s.check()).unwrap();
+    assert!(json.contains("\"valid\":\"invalid\""), "{json}");
+    assert!(json.contains("\"split-outcome\":[{\"txid\":9"), "{json}");
+    for kind in AnomalyKind::ALL {
+        assert_eq!(serde_json::to_string(&kind).unwrap(), format!("\"{}\"", kind.name()));
+    }
+}
+
+#[test]
+fn summary_names_kinds_with_counts_and_at_most_five_examples() {
+    let mut s = Scenario::clean();
+    for txid in 100..107 {
+        s.transfer(Some(OpType::Info), Some(txid), A1, A2, 1)
+            .log("bank-a", txid, C)
+            .log("bank-a", txid, C);
+    }
+    let r = s.check();
+    assert_only(&r, AnomalyKind::DuplicateApply);
+    let text = r.summary();
+    assert!(text.starts_with("INVALID\n"), "{text}");
+    assert!(text.contains("duplicate-apply (invariant 8): 7 - txid 100:"), "{text}");
+    assert!(text.contains("txid 104:") && !text.contains("txid 105:"), "{text}");
+    assert!(text.contains("and 2 more"), "{text}");
+    assert!(
+        text.contains("liveness: 3 in doubt, p50 300 ms, p99 450 ms, max 450 ms"),
+        "{text}"
+    );
+    assert!(
+        text.contains("transfers: 12 (ok 1, fail 2, info 9 of which 1 never completed)"),
+        "{text}"
+    );
+}
