@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::participants::Svc;
 use common::TestCluster;
 use coordinator::client::DecisionRead;
+use coordinator::client::ParticipantSpec;
 use coordinator::client::TxOutcome;
 use participant_sdk::log::LocalState;
 
@@ -93,83 +94,350 @@ async fn t85_leader_dies_mid_prepare_one_decision_applied_everywhere() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t85_participant_dies_after_durable_prepare_resolves_after_restart() {
-    let mut c = TestCluster::start_with("t85c", 3, |cfg| {
-        cfg.txn.prepare_timeout_ms = 1_000;
-    });
-    c.leader().await;
-    let api = c.procs.api_addrs().join(",");
-    let data = c.dir.path().join("bank-b");
-    let port = coordinator::cluster::free_port("127.0.0.1").unwrap();
-    let addr = format!("127.0.0.1:{port}");
-    let once = c.dir.path().join("bank-fired");
-    let spawn = |armed: bool| {
+/// A bank participant process (`coordinator bank-serve`) with its own data
+/// directory, optionally armed to abort once at a crash point.
+struct BankProc {
+    id: &'static str,
+    prefix: &'static str,
+    addr: String,
+    data: std::path::PathBuf,
+    log: std::path::PathBuf,
+    once: std::path::PathBuf,
+    api: String,
+    child: Option<std::process::Child>,
+}
+
+impl BankProc {
+    fn new(c: &TestCluster, id: &'static str, prefix: &'static str) -> BankProc {
+        let port = coordinator::cluster::free_port("127.0.0.1").unwrap();
+        BankProc {
+            id,
+            prefix,
+            addr: format!("127.0.0.1:{port}"),
+            data: c.dir.path().join(id),
+            log: c.dir.path().join(format!("{id}.log")),
+            once: c.dir.path().join(format!("{id}-fired")),
+            api: c.procs.api_addrs().join(","),
+            child: None,
+        }
+    }
+
+    async fn start(&mut self, armed_at: Option<&str>) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         let mut cmd = Command::new(common::bin());
         cmd.args([
             "bank-serve",
             "--id",
-            "bank-b",
+            self.id,
             "--prefix",
-            "b",
+            self.prefix,
             "--listen",
-            &addr,
+            &self.addr,
             "--data-dir",
         ])
-        .arg(&data)
-        .args(["--cluster", &api])
+        .arg(&self.data)
+        .args(["--cluster", &self.api])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        if armed {
-            cmd.env("DTX_FAILPOINT", "participant_after_prepare_before_reply")
-                .env("DTX_FAILPOINT_ONCE", &once);
+        .stderr(log);
+        if let Some(point) = armed_at {
+            cmd.env("DTX_FAILPOINT", point).env("DTX_FAILPOINT_ONCE", &self.once);
         }
-        cmd.spawn().unwrap()
-    };
-    let mut bank = spawn(true);
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(&addr).await.is_ok() {
-            break;
+        self.child = Some(cmd.spawn().unwrap());
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(&self.addr).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{} did not start listening", self.id);
+    }
+
+    /// Waits for the process to end by itself (at its crash point).
+    fn wait_crashed(&mut self) {
+        let status = self.child.take().unwrap().wait().unwrap();
+        assert!(!status.success(), "{} should have aborted at its crash point", self.id);
+        assert!(self.once.exists(), "{}: crash point not reached", self.id);
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut ch) = self.child.take() {
+            let _ = ch.kill();
+            let _ = ch.wait();
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut ch) = self.child.take() {
+            unsafe {
+                libc::kill(ch.id() as i32, libc::SIGTERM);
+            }
+            ch.wait().unwrap();
+        }
+    }
+
+    /// Opens the (stopped) bank's store: (entry state of txid, total, locked, in doubt).
+    async fn audit(&self, txid: u64) -> (Option<LocalState>, i64, usize, usize) {
+        let store = coordinator::demo::bank::open_bank(&self.data, self.prefix, 10, 1000)
+            .await
+            .unwrap();
+        let (total, _, locked) = coordinator::demo::bank::audit(&store).unwrap();
+        let doubt = store.in_doubt().unwrap().len();
+        (store.entry(txid).unwrap().map(|e| e.state), total, locked, doubt)
+    }
+
+    fn spec(&self, payload: &str) -> ParticipantSpec {
+        ParticipantSpec {
+            participant_id: self.id.to_string(),
+            address: self.addr.clone(),
+            payload: payload.as_bytes().to_vec(),
+        }
+    }
+}
+
+/// Polls until the coordinator has recorded every participant's ack.
+async fn all_acked(c: &TestCluster, txid: u64, timeout: Duration) -> bool {
+    let until = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < until {
+        if let Ok(s) = c.client().status(txid).await {
+            if s.participants.iter().all(|p| p.acked) {
+                return true;
+            }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t85_participant_dies_after_durable_prepare_resolves_after_restart() {
+    let mut c = TestCluster::start_with("t85c", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 1_000;
+        // One participant: keep two phases, so Prepare hits the crash point.
+        cfg.txn.one_phase_commit = false;
+    });
+    c.leader().await;
+    let mut bank = BankProc::new(&c, "bank-b", "b");
+    bank.start(Some("participant_after_prepare_before_reply")).await;
     let cl = c.client();
     let t = cl.begin("k", 60_000, b"").await.unwrap().txid;
-    cl.enlist(t, "bank-b", &addr, b"b1:-10").await.unwrap();
+    cl.enlist(t, "bank-b", &bank.addr, b"b1:-10").await.unwrap();
     // The participant dies after its durable YES, before replying: the
     // coordinator never got a vote, so it decides ABORT.
     assert_eq!(cl.commit(t).await.unwrap(), TxOutcome::Aborted);
-    let status = bank.wait().unwrap();
-    assert!(!status.success(), "bank-b should have aborted at the crash point");
-    assert!(once.exists());
+    bank.wait_crashed();
     // Restarted, it finds the transaction in doubt and asks the cluster.
-    let mut bank = spawn(false);
-    let mut resolved = false;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if cl
-            .status(t)
-            .await
-            .map(|s| s.participants.iter().all(|p| p.acked))
-            .unwrap_or(false)
-        {
-            resolved = true;
-            break;
-        }
-    }
-    // Stop it and read its store: ABORT applied, b1 unlocked, balance intact.
-    unsafe {
-        libc::kill(bank.id() as i32, libc::SIGTERM);
-    }
-    bank.wait().unwrap();
-    let store = coordinator::demo::bank::open_bank(&data, "b", 10, 1000).await.unwrap();
-    assert_eq!(
-        store.entry(t).unwrap().unwrap().state,
-        LocalState::Aborted { tombstone: false }
-    );
-    let (total, _, locked) = coordinator::demo::bank::audit(&store).unwrap();
-    assert_eq!((total, locked), (10_000, 0));
+    bank.start(None).await;
+    let resolved = all_acked(&c, t, Duration::from_secs(10)).await;
+    bank.stop();
+    // ABORT applied, b1 unlocked, balance intact.
+    let (state, total, locked, doubt) = bank.audit(t).await;
+    assert_eq!(state, Some(LocalState::Aborted { tombstone: false }));
+    assert_eq!((total, locked, doubt), (10_000, 0, 0));
     assert!(resolved, "the coordinator never recorded bank-b's ack");
     assert_eq!(cl.decision(t).await.unwrap(), DecisionRead::Aborted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t85_participant_process_restarted_without_quorum_holds_locks_then_resolves() {
+    let mut c = TestCluster::start_with("t85d", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 1_000;
+        cfg.txn.delivery_retry_max_ms = 200;
+    });
+    let leader = c.leader().await;
+    let mut bank = BankProc::new(&c, "bank-a", "a");
+    bank.start(Some("participant_after_prepare_before_reply")).await;
+    let b = Svc::new("bank-b").await;
+    let cl = c.client();
+    let parts = [
+        bank.spec("a0:-5"),
+        ParticipantSpec {
+            participant_id: b.id.clone(),
+            address: b.addr.clone(),
+            payload: b"b0:5".to_vec(),
+        },
+    ];
+    let r = cl.begin_and_commit("t", 60_000, b"", &parts).await.unwrap();
+    assert_eq!(r.outcome, TxOutcome::Aborted, "no vote from bank-a");
+    let t = r.txid.unwrap();
+    bank.wait_crashed();
+
+    // The cluster loses its quorum; then the participant restarts.
+    let others: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    c.procs.kill9(leader);
+    c.procs.kill9(others[0]);
+    bank.start(None).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Invariant 5: it waits, in doubt, with a0 locked, and says so in its log.
+    bank.kill9();
+    let (state, total, locked, doubt) = bank.audit(t).await;
+    assert_eq!(
+        state,
+        Some(participant_sdk::log::LocalState::Prepared {
+            vote: participant_sdk::log::Vote::Yes
+        })
+    );
+    assert_eq!((total, locked, doubt), (10_000, 1, 1));
+    let log = std::fs::read_to_string(&bank.log).unwrap();
+    assert!(log.contains("holding locks and waiting"), "no progress logged:\n{log}");
+    // Restarted again, still without quorum; then the quorum returns.
+    bank.start(None).await;
+    c.procs.start(leader).unwrap();
+    c.procs.start(others[0]).unwrap();
+    c.leader().await;
+    let back = std::time::Instant::now();
+    let resolved = all_acked(&c, t, Duration::from_secs(20)).await;
+    let took = back.elapsed();
+    bank.stop();
+    assert!(resolved, "never resolved after the quorum returned");
+    eprintln!("in-doubt participant resolved {took:?} after a leader was back");
+    let (state, total, locked, doubt) = bank.audit(t).await;
+    assert_eq!(state, Some(LocalState::Aborted { tombstone: false }));
+    assert_eq!((total, locked, doubt), (10_000, 0, 0));
+    assert!(
+        took <= Duration::from_secs(2),
+        "resolved {took:?} after quorum returned (bound: 2 s)"
+    );
+}
+
+/// Participant crash points: whatever the crash, the transfer ends with one
+/// outcome applied once (invariants 3, 4 and 8), and the bank's money is
+/// conserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t85_participant_crash_points_before_prepare_and_before_ack() {
+    let mut c = TestCluster::start_with("t85e", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 1_000;
+        cfg.txn.delivery_retry_max_ms = 200;
+    });
+    c.leader().await;
+    let b = Svc::new("bank-b").await;
+    let cl = c.client();
+    for (i, point) in [
+        "participant_before_durable_prepare",
+        "participant_after_decision_before_ack",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut bank = BankProc::new(&c, if i == 0 { "bank-p0" } else { "bank-p1" }, "a");
+        bank.start(Some(point)).await;
+        let parts = [
+            bank.spec("a1:-10"),
+            ParticipantSpec {
+                participant_id: b.id.clone(),
+                address: b.addr.clone(),
+                payload: b"x".to_vec(),
+            },
+        ];
+        let key = format!("k-{point}");
+        let r = cl.begin_and_commit(&key, 60_000, b"", &parts).await.unwrap();
+        bank.wait_crashed();
+        bank.start(None).await;
+        // Ask again with the same key until the outcome is known.
+        let mut shot = r;
+        for _ in 0..20 {
+            if shot.outcome != TxOutcome::Unknown {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            shot = cl.begin_and_commit(&key, 60_000, b"", &parts).await.unwrap();
+        }
+        let t = shot.txid.unwrap();
+        assert!(
+            all_acked(&c, t, Duration::from_secs(20)).await,
+            "{point}: not all acked"
+        );
+        bank.stop();
+        let (state, total, locked, doubt) = bank.audit(t).await;
+        let (want_state, want_total) = match shot.outcome {
+            TxOutcome::Committed => (LocalState::Committed, 9_990),
+            TxOutcome::Aborted => (LocalState::Aborted { tombstone: false }, 10_000),
+            TxOutcome::Unknown => panic!("{point}: outcome still unknown"),
+        };
+        if point == "participant_before_durable_prepare" {
+            assert_eq!(shot.outcome, TxOutcome::Aborted, "{point}: no vote was sent");
+            // The undurable prepare may or may not have reached the disk.
+            assert!(
+                matches!(state, None | Some(LocalState::Aborted { .. })),
+                "{point}: {state:?}"
+            );
+        } else {
+            assert_eq!(shot.outcome, TxOutcome::Committed, "{point}");
+            assert_eq!(state, Some(want_state), "{point}");
+        }
+        assert_eq!(
+            (total, locked, doubt),
+            (want_total, 0, 0),
+            "{point}: applied once, nothing locked"
+        );
+        let other = b.state(t);
+        let other_ok = match shot.outcome {
+            TxOutcome::Committed => other == Some(LocalState::Committed),
+            _ => matches!(other, Some(LocalState::Aborted { .. })),
+        };
+        assert!(other_ok, "{point}: bank-b ended {other:?}");
+    }
+}
+
+/// Coordinator crash points not covered above: whatever the crash, one
+/// decision, applied by both participants (invariants 1, 3, 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t85_coordinator_crash_points_leave_one_decision_everywhere() {
+    for point in [
+        "coordinator_after_begin",
+        "coordinator_before_prepare",
+        "coordinator_votes_in_before_decide",
+        "coordinator_mid_delivery",
+    ] {
+        let mut c = cluster_crashing_at(&format!("t85f-{point}"), point);
+        c.leader().await;
+        let (a, b) = (Svc::new("bank-a").await, Svc::new("bank-b").await);
+        let parts: Vec<ParticipantSpec> = [&a, &b]
+            .iter()
+            .map(|s| ParticipantSpec {
+                participant_id: s.id.clone(),
+                address: s.addr.clone(),
+                payload: b"w".to_vec(),
+            })
+            .collect();
+        let mut shot = None;
+        for _ in 0..30 {
+            match c.client().begin_and_commit("k", 60_000, b"", &parts).await {
+                Ok(r) if r.outcome != TxOutcome::Unknown => {
+                    shot = Some(r);
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(300)).await,
+            }
+        }
+        let shot = shot.unwrap_or_else(|| panic!("{point}: no outcome"));
+        let t = shot.txid.unwrap();
+        let want = match shot.outcome {
+            TxOutcome::Committed => LocalState::Committed,
+            _ => LocalState::Aborted { tombstone: false },
+        };
+        for s in [&a, &b] {
+            assert!(
+                s.wait_state(t, want, Duration::from_secs(20)).await,
+                "{point}: {} ended {:?}, decision {:?}",
+                s.id,
+                s.state(t),
+                shot.outcome
+            );
+        }
+        // (Delivery runs after the answer, so its crash point comes last.)
+        assert!(c.dir.path().join("failpoint-fired").exists(), "{point}: not reached");
+        let read = c.client().decision(t).await.unwrap();
+        let agrees = matches!(
+            (read, shot.outcome),
+            (DecisionRead::Committed, TxOutcome::Committed)
+                | (DecisionRead::Aborted, TxOutcome::Aborted)
+                | (DecisionRead::UnknownPresumedAbort, _)
+        );
+        assert!(agrees, "{point}: read {read:?} vs told {:?}", shot.outcome);
+    }
 }
