@@ -39,6 +39,10 @@ enum Cmd {
         /// Data directories of the bank services (stopped), comma-separated.
         #[arg(long, value_delimiter = ',', required = true)]
         data_dir: Vec<PathBuf>,
+        /// Print one JSON object per directory (balances, locks, in-doubt
+        /// count and the apply log) instead of the summary.
+        #[arg(long)]
+        json: bool,
     },
     /// Run a local three-node cluster on loopback until Ctrl-C.
     Dev(coordinator::dev::DevArgs),
@@ -297,7 +301,31 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Dev(a) => coordinator::dev::run(a, shutdown_signal()).await,
         Cmd::Demo(a) => coordinator::demo::run(a, shutdown_signal()).await,
         Cmd::BankServe(a) => coordinator::demo::bank::serve(a, shutdown_signal()).await,
-        Cmd::BankAudit { data_dir } => {
+        Cmd::BankAudit { data_dir, json: true } => {
+            for d in &data_dir {
+                anyhow::ensure!(d.exists(), "bank data directory {} does not exist", d.display());
+                let store = participant_sdk::store::ParticipantStore::open(d, coordinator::demo::bank::Bank)?;
+                let (_, _, locked) = coordinator::demo::bank::audit(&store)?;
+                let applied: Vec<serde_json::Value> = coordinator::demo::bank::apply_log(&store)?
+                    .into_iter()
+                    .map(|(txid, outcome)| serde_json::json!({"txid": txid, "outcome": outcome}))
+                    .collect();
+                let balances: serde_json::Map<String, serde_json::Value> = coordinator::demo::bank::balances(&store)?
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into()))
+                    .collect();
+                let line = serde_json::json!({
+                    "data_dir": d.display().to_string(),
+                    "balances": balances,
+                    "locked": locked,
+                    "in_doubt": store.in_doubt()?.len(),
+                    "applied": applied,
+                });
+                println!("{line}");
+            }
+            Ok(())
+        }
+        Cmd::BankAudit { data_dir, json: false } => {
             let mut total = 0i64;
             let mut locked = 0;
             let mut in_doubt = 0;

@@ -1,9 +1,16 @@
-//! Fault-injection harness in the manner of Jepsen (issue 4).
+//! Fault-injection harness in the manner of Jepsen (issue 4), against the
+//! real `coordinator` binary: real processes, real sockets, real faults.
 //!
 //! - `history`: the recorded operations (JSON lines).
 //! - `checker`: finds anomalies in a history (safety and liveness).
 //! - `plot`: latency and throughput over time as PNG, faults shaded.
+//! - `procs`: the node and bank processes, and network rules (nftables).
+//! - `nemesis`: the faults and their seeded schedule.
+//! - `runner`: one run: start, workload + nemesis, heal, final reads, check.
 
 pub mod checker;
 pub mod history;
+pub mod nemesis;
 pub mod plot;
+pub mod procs;
+pub mod runner;

@@ -31,6 +31,48 @@ fn lock_key(name: &str) -> Vec<u8> {
     format!("lock/{name}").into_bytes()
 }
 
+/// The apply log: `applog/<txid, 20 digits>/<n>` -> "COMMIT" or "ABORT",
+/// one key per time a decision was applied to the transaction's work
+/// (written in the same atomic batch as the work), so a second apply of the
+/// same transaction would show as a second key (checked by jepsen-tests).
+fn applog_prefix(txid: u64) -> Vec<u8> {
+    format!("applog/{txid:020}/").into_bytes()
+}
+
+fn log_apply(view: &View<'_>, txid: u64, outcome: &str, staged: &mut Staged) {
+    let n = view.scan(&applog_prefix(txid)).map(|v| v.len()).unwrap_or(0);
+    let mut key = applog_prefix(txid);
+    key.extend_from_slice(n.to_string().as_bytes());
+    staged.put(&key, outcome.as_bytes());
+}
+
+/// Every applied decision in the apply log: (txid, "COMMIT" | "ABORT"), in
+/// txid order, one item per apply.
+pub fn apply_log(store: &ParticipantStore<Bank>) -> anyhow::Result<Vec<(u64, String)>> {
+    let mut out = Vec::new();
+    for (k, v) in store.view().scan(b"applog/")? {
+        let k = String::from_utf8_lossy(&k).to_string();
+        let txid = k
+            .split('/')
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("bad apply log key {k:?}"))?;
+        out.push((txid, String::from_utf8_lossy(&v).to_string()));
+    }
+    Ok(out)
+}
+
+/// Every account and its balance.
+pub fn balances(store: &ParticipantStore<Bank>) -> anyhow::Result<Vec<(String, i64)>> {
+    let mut out = Vec::new();
+    for (k, v) in store.view().scan(b"acct/")? {
+        let name = String::from_utf8_lossy(&k["acct/".len()..]).to_string();
+        let bal = i64::from_be_bytes(v.try_into().map_err(|_| anyhow::anyhow!("bad balance of {name}"))?);
+        out.push((name, bal));
+    }
+    Ok(out)
+}
+
 fn pending_key(txid: u64) -> Vec<u8> {
     format!("pending/{txid}").into_bytes()
 }
@@ -92,6 +134,7 @@ impl Resource for Bank {
             staged.delete(&lock_key(&acct));
         }
         staged.delete(&pending_key(txid));
+        log_apply(view, txid, "COMMIT", staged);
     }
 
     fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
@@ -101,6 +144,7 @@ impl Resource for Bank {
             }
         }
         staged.delete(&pending_key(txid));
+        log_apply(view, txid, "ABORT", staged);
     }
 }
 

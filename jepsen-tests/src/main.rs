@@ -1,0 +1,185 @@
+//! `jepsen-tests run`: one fault-injection run against the real binaries;
+//! `jepsen-tests check`: the checkers on a recorded history. See
+//! docs/jepsen.md.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use clap::Subcommand;
+use jepsen_tests::checker;
+use jepsen_tests::checker::Validity;
+use jepsen_tests::history;
+use jepsen_tests::nemesis;
+use jepsen_tests::runner;
+
+#[derive(Parser)]
+#[command(about = "Jepsen-style fault injection for the dtx coordinator")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start 3 nodes and the bank services, run clients under faults, heal,
+    /// read everything back, check it, and write a results folder.
+    Run {
+        /// Seconds of workload under faults.
+        #[arg(long, default_value_t = 60)]
+        time: u64,
+        /// Faults, comma-separated: kill-leader, kill-node, kill-participant,
+        /// pause-leader, partition-isolate, partition-majority,
+        /// partition-bridge, partition-leader-participants,
+        /// partition-leader-followers, clock-skew, crash-point; or the
+        /// groups all, kill, partition, none.
+        #[arg(long, default_value = "all")]
+        nemesis: String,
+        /// Seed of the fault schedule and the clients' choices.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Concurrent transfer clients.
+        #[arg(long, default_value_t = 6)]
+        clients: usize,
+        /// Bank participant services (at least 2).
+        #[arg(long, default_value_t = 3)]
+        banks: usize,
+        /// Accounts per bank.
+        #[arg(long, default_value_t = 5)]
+        accounts: usize,
+        /// Opening balance of every account.
+        #[arg(long, default_value_t = 100)]
+        initial: i64,
+        /// The coordinator binary, built with `--features failpoints`
+        /// (default: `coordinator` next to this program).
+        #[arg(long)]
+        coordinator_bin: Option<PathBuf>,
+        /// Where the results folder of the run is created.
+        #[arg(long, default_value = "jepsen-results")]
+        out: PathBuf,
+        /// First port; nodes use base+10..base+31, banks base+100.. .
+        #[arg(long, default_value_t = 26000)]
+        base_port: u16,
+        /// Shortest and longest fault, seconds.
+        #[arg(long, default_value = "3,8")]
+        fault_s: String,
+        /// Shortest and longest quiet time between faults, seconds.
+        #[arg(long, default_value = "1,3")]
+        quiet_s: String,
+        /// Invariant 6's bound after the final heal, ms.
+        #[arg(long, default_value_t = 5000)]
+        liveness_bound_ms: u64,
+        /// How long to wait for in-doubt transactions after the final heal, s.
+        #[arg(long, default_value_t = 30)]
+        settle_s: u64,
+    },
+    /// Run the checkers on a history file (JSON lines) and print the summary.
+    Check {
+        history: PathBuf,
+        #[arg(long, default_value_t = 5000)]
+        liveness_bound_ms: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(Validity::Valid) => ExitCode::SUCCESS,
+        Ok(Validity::Invalid) => {
+            eprintln!("jepsen: INVALID: anomalies found (see the summary above)");
+            ExitCode::from(1)
+        }
+        Ok(Validity::Unknown) => {
+            eprintln!("jepsen: UNKNOWN: the checkers could not decide (see the summary above)");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("jepsen: error: {e:#}");
+            ExitCode::from(3)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<Validity> {
+    match cli.cmd {
+        Cmd::Check {
+            history: path,
+            liveness_bound_ms,
+        } => {
+            let f = std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+            let ops = history::read_jsonl(std::io::BufReader::new(f))?;
+            let report = checker::check(
+                &ops,
+                &checker::CheckOptions {
+                    liveness_bound_ms,
+                    time_limit: Duration::from_secs(600),
+                },
+            );
+            println!("{}", report.summary());
+            Ok(report.valid)
+        }
+        Cmd::Run {
+            time,
+            nemesis,
+            seed,
+            clients,
+            banks,
+            accounts,
+            initial,
+            coordinator_bin,
+            out,
+            base_port,
+            fault_s,
+            quiet_s,
+            liveness_bound_ms,
+            settle_s,
+        } => {
+            let faults = nemesis::parse_list(&nemesis).map_err(anyhow::Error::msg)?;
+            let bin = match coordinator_bin {
+                Some(b) => b,
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(|d| d.join("coordinator"))
+                    .ok_or_else(|| anyhow::anyhow!("cannot locate this program's directory"))?,
+            };
+            let pair = |v: &str, what: &str| -> anyhow::Result<(u64, u64)> {
+                let bad = || anyhow::anyhow!("--{what} wants MIN,MAX seconds with 0 < MIN <= MAX, got {v:?}");
+                let (a, b) = v.split_once(',').ok_or_else(bad)?;
+                let (a, b): (u64, u64) = (
+                    a.trim().parse().map_err(|_| bad())?,
+                    b.trim().parse().map_err(|_| bad())?,
+                );
+                anyhow::ensure!(a > 0 && a <= b, bad());
+                Ok((a, b))
+            };
+            let opts = runner::RunOptions {
+                time_s: time,
+                faults,
+                seed,
+                clients,
+                coordinator_bin: bin,
+                out_dir: out,
+                base_port,
+                banks,
+                accounts,
+                initial,
+                fault_s: pair(&fault_s, "fault-s")?,
+                quiet_s: pair(&quiet_s, "quiet-s")?,
+                liveness_bound_ms,
+                settle_s,
+                command: std::env::args()
+                    .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            };
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            let r = rt.block_on(runner::run(opts))?;
+            println!("results: {}", r.dir.display());
+            Ok(r.report.valid)
+        }
+    }
+}

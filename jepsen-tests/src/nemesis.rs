@@ -1,0 +1,198 @@
+//! The faults (nemeses) and their schedule. Every fault acts at the
+//! operating-system or network level (signals, nftables, libfaketime,
+//! crash points armed from outside); none asks a node to cooperate.
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+/// One kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fault {
+    /// kill -9 the current leader; restart it at the end of the fault.
+    KillLeader,
+    /// kill -9 a random coordinator node; restart it.
+    KillNode,
+    /// kill -9 a random bank participant service; restart it.
+    KillParticipant,
+    /// SIGSTOP the leader past the election timeout, then SIGCONT: a stale
+    /// leader wakes up.
+    PauseLeader,
+    /// One random node cut off from the other nodes.
+    PartitionIsolate,
+    /// A minority (one node and one bank) cut off from the majority (the
+    /// other nodes and banks).
+    PartitionMajority,
+    /// A bridge: two nodes cannot talk to each other, the third talks to both.
+    PartitionBridge,
+    /// The leader cut off from every participant, not from its followers.
+    PartitionLeaderParticipants,
+    /// The leader cut off from its followers, not from the participants.
+    PartitionLeaderFollowers,
+    /// A random node restarted with its wall clock skewed (libfaketime).
+    ClockSkew,
+    /// A crash point of the `failpoints` build armed for one process.
+    CrashPoint,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 11] = [
+        Fault::KillLeader,
+        Fault::KillNode,
+        Fault::KillParticipant,
+        Fault::PauseLeader,
+        Fault::PartitionIsolate,
+        Fault::PartitionMajority,
+        Fault::PartitionBridge,
+        Fault::PartitionLeaderParticipants,
+        Fault::PartitionLeaderFollowers,
+        Fault::ClockSkew,
+        Fault::CrashPoint,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::KillLeader => "kill-leader",
+            Fault::KillNode => "kill-node",
+            Fault::KillParticipant => "kill-participant",
+            Fault::PauseLeader => "pause-leader",
+            Fault::PartitionIsolate => "partition-isolate",
+            Fault::PartitionMajority => "partition-majority",
+            Fault::PartitionBridge => "partition-bridge",
+            Fault::PartitionLeaderParticipants => "partition-leader-participants",
+            Fault::PartitionLeaderFollowers => "partition-leader-followers",
+            Fault::ClockSkew => "clock-skew",
+            Fault::CrashPoint => "crash-point",
+        }
+    }
+
+    pub fn is_partition(self) -> bool {
+        self.name().starts_with("partition-")
+    }
+}
+
+/// The crash points of DESIGN's fault list, as named in the code: the
+/// participant ones fire in bank services, the coordinator ones in nodes.
+pub const PARTICIPANT_POINTS: [&str; 3] = [
+    "participant_before_durable_prepare",
+    "participant_after_prepare_before_reply",
+    "participant_after_decision_before_ack",
+];
+pub const COORDINATOR_POINTS: [&str; 6] = [
+    "coordinator_after_begin",
+    "coordinator_before_prepare",
+    "coordinator_mid_prepare",
+    "coordinator_votes_in_before_decide",
+    "coordinator_decided_before_delivery",
+    "coordinator_mid_delivery",
+];
+
+/// Parses a comma-separated list of fault names; `all` means every fault,
+/// `none` none. Unknown names are an error that lists the known ones.
+pub fn parse_list(s: &str) -> Result<Vec<Fault>, String> {
+    let mut out = Vec::new();
+    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name {
+            "all" => out.extend(Fault::ALL),
+            "none" => {}
+            "partition" => out.extend(Fault::ALL.into_iter().filter(|f| f.is_partition())),
+            "kill" => out.extend([Fault::KillLeader, Fault::KillNode, Fault::KillParticipant]),
+            _ => match Fault::ALL.into_iter().find(|f| f.name() == name) {
+                Some(f) => out.push(f),
+                None => {
+                    let known: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+                    return Err(format!(
+                        "unknown nemesis {name:?}; known: {}, or the groups all, kill, partition, none",
+                        known.join(", ")
+                    ));
+                }
+            },
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The order of faults: rounds in which every enabled fault comes once, in
+/// an order shuffled from the seed; crash points rotate through the list.
+pub struct Schedule {
+    faults: Vec<Fault>,
+    round: Vec<Fault>,
+    rng: StdRng,
+    next_point: usize,
+}
+
+impl Schedule {
+    pub fn new(seed: u64, faults: &[Fault]) -> Schedule {
+        Schedule {
+            faults: faults.to_vec(),
+            round: Vec::new(),
+            rng: StdRng::seed_from_u64(seed),
+            next_point: 0,
+        }
+    }
+
+    pub fn next_fault(&mut self) -> Option<Fault> {
+        if self.round.is_empty() {
+            self.round = self.faults.clone();
+            self.round.shuffle(&mut self.rng);
+            self.round.reverse();
+        }
+        self.round.pop()
+    }
+
+    /// The next crash point: (point, true if it fires in a participant).
+    pub fn next_crash_point(&mut self) -> (&'static str, bool) {
+        let all: Vec<(&'static str, bool)> = PARTICIPANT_POINTS
+            .iter()
+            .map(|p| (*p, true))
+            .chain(COORDINATOR_POINTS.iter().map(|p| (*p, false)))
+            .collect();
+        let p = all[self.next_point % all.len()];
+        self.next_point += 1;
+        p
+    }
+
+    pub fn rng(&mut self) -> &mut StdRng {
+        &mut self.rng
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_unknown_ones_are_refused_with_the_list() {
+        assert_eq!(parse_list("kill-leader,pause-leader").unwrap().len(), 2);
+        assert_eq!(parse_list("all").unwrap().len(), Fault::ALL.len());
+        assert_eq!(parse_list("partition").unwrap().len(), 5);
+        assert!(parse_list("none").unwrap().is_empty());
+        let err = parse_list("kill-leader,explode").unwrap_err();
+        assert!(err.contains("\"explode\"") && err.contains("clock-skew"), "{err}");
+    }
+
+    #[test]
+    fn every_round_has_every_fault_once_and_the_seed_fixes_the_order() {
+        let all = parse_list("all").unwrap();
+        let mut a = Schedule::new(7, &all);
+        let mut b = Schedule::new(7, &all);
+        let round: Vec<Fault> = (0..all.len()).map(|_| a.next_fault().unwrap()).collect();
+        let again: Vec<Fault> = (0..all.len()).map(|_| b.next_fault().unwrap()).collect();
+        assert_eq!(round, again);
+        let mut sorted = round.clone();
+        sorted.sort();
+        assert_eq!(sorted, all);
+        assert!(Schedule::new(1, &[]).next_fault().is_none());
+    }
+
+    #[test]
+    fn crash_points_rotate_through_all_nine() {
+        let mut s = Schedule::new(1, &[Fault::CrashPoint]);
+        let mut seen: Vec<&str> = (0..9).map(|_| s.next_crash_point().0).collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 9);
+    }
+}
