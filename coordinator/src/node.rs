@@ -91,6 +91,19 @@ impl NodeCtx {
         }
     }
 
+    /// For a leader that has not heard from a quorum for longer than twice
+    /// the longest election timeout (a majority has likely elected another
+    /// leader): how long, in ms. `None` otherwise.
+    fn quorum_silence_ms(&self) -> Option<u64> {
+        let rx = self.raft.metrics();
+        let m = rx.borrow();
+        let limit_ms = self.config.raft.election_timeout_max_ms.saturating_mul(2);
+        match (m.current_leader == Some(self.id), m.millis_since_quorum_ack) {
+            (true, Some(ms)) if ms > limit_ms => Some(ms),
+            _ => None,
+        }
+    }
+
     fn is_leader(&self) -> bool {
         self.raft.metrics().borrow().current_leader == Some(self.id)
     }
@@ -100,6 +113,15 @@ impl NodeCtx {
     pub async fn propose(&self, cmd: Command) -> Result<CommandOk, ApiError> {
         if !self.is_leader() {
             return Err(self.not_leader());
+        }
+        if let Some(ms) = self.quorum_silence_ms() {
+            // Cut off from the majority: the write could only wait out its
+            // timeout. Refuse it now (certainly not applied), so the caller
+            // tries another node, where a new leader is being elected.
+            metrics::counter!("dtx_writes_refused_no_quorum_total").increment(1);
+            return Err(ApiError::NoLeader(format!(
+                "this leader has heard from no quorum for {ms} ms (cut off?); try another node"
+            )));
         }
         let timeout = Duration::from_millis(self.config.api.write_timeout_ms);
         match tokio::time::timeout(timeout, self.batcher.propose(cmd)).await {

@@ -73,3 +73,30 @@ async fn t60_isolated_leader_and_follower_do_not_answer_reads() {
     assert_never_answers(&c, follower, t2, Duration::from_secs(3)).await;
     c.heal();
 }
+
+/// A leader cut off from the majority refuses writes at once (certainly not
+/// applied) instead of letting them wait out their timeout as UNKNOWN, so
+/// clients move on to the majority's new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t60_isolated_leader_refuses_writes_as_not_applied() {
+    let mut c = TestCluster::start_partitionable("t60w", |_| {}).await;
+    let old_leader = c.leader().await;
+    c.isolate(old_leader);
+    // Longer than twice the election timeout (500 ms max by default).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut cfg = coordinator::client::ClientConfig::new(vec![c.api(old_leader)]);
+    cfg.call_deadline = Duration::from_secs(3);
+    let only_old = coordinator::client::Client::new(cfg).unwrap();
+    let res = only_old.begin("w1", 60_000, b"").await;
+    match res {
+        Err(coordinator::client::ClientError::Unavailable(msg)) => {
+            assert!(msg.contains("no quorum"), "{msg}")
+        }
+        other => panic!("expected a not-applied refusal, got {other:?}"),
+    }
+    // The majority serves writes meanwhile.
+    let majority: Vec<String> = (1..=3).filter(|i| *i != old_leader).map(|i| c.api(i)).collect();
+    let maj = coordinator::client::Client::new(coordinator::client::ClientConfig::new(majority)).unwrap();
+    maj.begin("w2", 60_000, b"").await.unwrap();
+    c.heal();
+}

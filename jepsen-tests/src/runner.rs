@@ -528,7 +528,8 @@ pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
         check_bindable(&format!("{ip}:{port}"))?;
     }
     if o.faults.iter().any(|f| f.is_partition()) {
-        Net::new("dtx_jepsen_probe").context("partition nemeses need nftables (apt-get install nftables) and root")?;
+        Net::new(&format!("dtx_jepsen_probe_{}", o.base_port))
+            .context("partition nemeses need nftables (apt-get install nftables) and root")?;
     }
     if o.faults.contains(&Fault::ClockSkew) {
         anyhow::ensure!(
@@ -593,7 +594,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         c.txn.retention_ms = 120_000;
     })?;
     let net = if o.faults.iter().any(|f| f.is_partition()) {
-        Some(Net::new("dtx_jepsen")?)
+        // One table per base port: runs on other ports keep their rules.
+        Some(Net::new(&format!("dtx_jepsen_{}", o.base_port))?)
     } else {
         None
     };
