@@ -48,6 +48,36 @@ pub struct DriverState {
     driving: Mutex<HashSet<Txid>>,
 }
 
+/// Marks a transaction as being driven on this node until dropped: the
+/// mark cannot outlive the work, whether it finishes, fails, panics or is
+/// cancelled (a mark left behind would stop the leader loop from ever
+/// re-driving it; found by the jepsen harness with a one-phase commit).
+struct DrivingMark {
+    ctx: Arc<NodeCtx>,
+    txid: Txid,
+}
+
+impl DrivingMark {
+    fn new(ctx: &Arc<NodeCtx>, txid: Txid) -> DrivingMark {
+        ctx.driver.driving.lock().expect("lock").insert(txid);
+        DrivingMark { ctx: ctx.clone(), txid }
+    }
+}
+
+impl Drop for DrivingMark {
+    fn drop(&mut self) {
+        if let Ok(mut d) = self.driver_set() {
+            d.remove(&self.txid);
+        }
+    }
+}
+
+impl DrivingMark {
+    fn driver_set(&self) -> Result<std::sync::MutexGuard<'_, HashSet<Txid>>, ()> {
+        self.ctx.driver.driving.lock().map_err(|_| ())
+    }
+}
+
 /// Cuts `s` to at most `max` bytes on a character boundary.
 fn truncate_utf8(s: &mut String, max: usize) {
     if s.len() > max {
@@ -107,10 +137,7 @@ impl NodeCtx {
     /// Drives a commit to its decision and returns the recorded decision
     /// (which may be another, earlier one: decisions are write-once).
     pub async fn drive_commit(self: &Arc<Self>, txid: Txid) -> Result<Decision, ApiError> {
-        self.driver.driving.lock().expect("lock").insert(txid);
-        let res = self.drive_commit_inner(txid).await;
-        self.driver.driving.lock().expect("lock").remove(&txid);
-        res
+        self.drive_detached(txid, None).await
     }
 
     /// Drives a transaction that BeginAndCommit has just recorded in
@@ -121,10 +148,31 @@ impl NodeCtx {
         participants: Vec<Participant>,
         one_phase: bool,
     ) -> Result<Decision, ApiError> {
-        self.driver.driving.lock().expect("lock").insert(txid);
-        let res = self.drive_preparing(txid, participants, one_phase).await;
-        self.driver.driving.lock().expect("lock").remove(&txid);
-        res
+        self.drive_detached(txid, Some((participants, one_phase))).await
+    }
+
+    /// Runs the drive in its own task, so a caller that goes away (its RPC
+    /// cancelled on a client timeout) does not stop it halfway: the decision
+    /// is still recorded now rather than at the next re-drive. The txid is
+    /// marked as being driven for exactly as long as the task runs (a guard
+    /// clears the mark however the task ends), so the leader loop re-drives
+    /// it if it stops without a decision.
+    async fn drive_detached(
+        self: &Arc<Self>,
+        txid: Txid,
+        known: Option<(Vec<Participant>, bool)>,
+    ) -> Result<Decision, ApiError> {
+        let guard = DrivingMark::new(self, txid);
+        let ctx = self.clone();
+        let task = tokio::spawn(async move {
+            let _guard = guard;
+            match known {
+                Some((participants, one_phase)) => ctx.drive_preparing(txid, participants, one_phase).await,
+                None => ctx.drive_commit_inner(txid).await,
+            }
+        });
+        task.await
+            .map_err(|e| ApiError::Internal(format!("the driver of {txid} stopped: {e}")))?
     }
 
     async fn drive_commit_inner(self: &Arc<Self>, txid: Txid) -> Result<Decision, ApiError> {
@@ -318,15 +366,16 @@ impl NodeCtx {
     /// Re-drives a PREPARING transaction (after a leader change, or a caller
     /// that went away) unless one is already running here.
     pub fn spawn_redrive(self: &Arc<Self>, txid: Txid) {
-        if !self.driver.driving.lock().expect("lock").insert(txid) {
+        if self.driver.driving.lock().expect("lock").contains(&txid) {
             return;
         }
+        let guard = DrivingMark::new(self, txid);
         let ctx = self.clone();
         tokio::spawn(async move {
+            let _guard = guard;
             if let Err(e) = ctx.drive_commit_inner(txid).await {
                 warn!(txid, "re-drive of a PREPARING transaction not finished: {e}");
             }
-            ctx.driver.driving.lock().expect("lock").remove(&txid);
         });
     }
 

@@ -382,3 +382,46 @@ async fn t80_inv7_unanswered_one_phase_commit_is_not_reaped_but_re_driven() {
     assert_eq!(decided, DecisionRead::Committed);
     assert_eq!(a.state(t), Some(LocalState::Committed));
 }
+
+/// A client that gives up (its call cancelled) while the leader waits for a
+/// slow one-phase participant does not leave the transaction stuck: the
+/// drive finishes on its own and the decision is recorded (found by the
+/// jepsen harness: the "being driven" mark outlived a cancelled call, so
+/// the transaction was never re-driven).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_cancelled_client_call_does_not_strand_a_one_phase_commit() {
+    let mut c = TestCluster::start_with("t80i", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 5_000;
+        cfg.txn.reaper_interval_ms = 100;
+    });
+    c.leader().await;
+    let a = Svc::new("bank-a").await;
+    a.one_phase_delay_ms.store(1_500, std::sync::atomic::Ordering::SeqCst);
+    let mut cfg = coordinator::client::ClientConfig::new(c.procs.api_addrs());
+    cfg.attempt_timeout = Duration::from_millis(300);
+    cfg.call_deadline = Duration::from_millis(300);
+    let impatient = coordinator::client::Client::new(cfg).unwrap();
+    let r = impatient
+        .begin_and_commit("slow", 60_000, b"", &one(&a, b"w"))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, TxOutcome::Unknown, "the client gave up first");
+    let cl = c.client();
+    let mut t = None;
+    for id in 1..=5 {
+        if cl.status(id).await.is_ok() {
+            t = Some(id);
+        }
+    }
+    let t = t.expect("the transaction was recorded");
+    let mut decided = DecisionRead::Pending;
+    for _ in 0..100 {
+        decided = cl.decision(t).await.unwrap();
+        if decided != DecisionRead::Pending {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(decided, DecisionRead::Committed);
+    assert_eq!(a.state(t), Some(LocalState::Committed));
+}

@@ -689,13 +689,18 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         stop_rx.clone(),
     )));
 
-    // Nemesis, in this task, until the time is up or Ctrl-C.
-    let interrupted = nemesis_loop(&mut w, &o, &rec).await;
+    // Nemesis, in this task, until the time is up or Ctrl-C. A fault still
+    // active then is healed only after the clients stopped, so the final
+    // heal can leave participants in doubt and liveness measures something.
+    let (interrupted, active) = nemesis_loop(&mut w, &o, &rec).await;
     let _ = stop_tx.send(true);
     for t in tasks {
         let _ = t.await;
     }
     println!("jepsen: workload stopped; healing everything");
+    if let Some((f, target, undo)) = active {
+        end_fault(&mut w, &rec, f, target, undo);
+    }
 
     // Final heal, then liveness: how long until every in-doubt participant
     // has applied (acked) its decision.
@@ -766,8 +771,33 @@ async fn wait_listening(addr: &str, timeout: Duration) -> anyhow::Result<()> {
     anyhow::bail!("nothing listening on {addr} after {timeout:?}")
 }
 
-/// Runs the fault schedule until the time is up; true when interrupted.
-async fn nemesis_loop(w: &mut World, o: &RunOptions, rec: &Recorder) -> bool {
+/// A fault that is still in force.
+type Active = (Fault, String, Undo);
+
+/// Undoes a fault and records its end.
+fn end_fault(w: &mut World, rec: &Recorder, f: Fault, target: String, undo: Undo) {
+    let note = stop_fault(w, undo).unwrap_or_else(|e| format!("heal failed: {e}"));
+    rec.record(
+        "nemesis",
+        OpType::Info,
+        None,
+        Body::Nemesis {
+            fault: f.name().to_string(),
+            target: if note.is_empty() {
+                target
+            } else {
+                format!("{target}: {note}")
+            },
+            phase: FaultPhase::Stop,
+        },
+        None,
+    );
+    println!("[{:>7.1} s] nemesis: healed {} {note}", rec.elapsed_s(), f.name());
+}
+
+/// Runs the fault schedule until the time is up or Ctrl-C; returns whether
+/// it was interrupted and the fault still in force, if any.
+async fn nemesis_loop(w: &mut World, o: &RunOptions, rec: &Recorder) -> (bool, Option<Active>) {
     let mut sched = Schedule::new(o.seed, &o.faults);
     let end = Instant::now() + Duration::from_secs(o.time_s);
     let ctrl_c = tokio::signal::ctrl_c();
@@ -779,15 +809,15 @@ async fn nemesis_loop(w: &mut World, o: &RunOptions, rec: &Recorder) -> bool {
         let quiet = Duration::from_secs(rng.random_range(o.quiet_s.0..=o.quiet_s.1));
         tokio::select! {
             _ = sleep_until(Instant::now() + quiet) => {}
-            _ = &mut ctrl_c => return true,
+            _ = &mut ctrl_c => return (true, None),
         }
         if Instant::now() >= end {
-            return false;
+            return (false, None);
         }
         let Some(f) = sched.next_fault() else {
             tokio::select! {
-                _ = sleep_until(end) => return false,
-                _ = &mut ctrl_c => return true,
+                _ = sleep_until(end) => return (false, None),
+                _ = &mut ctrl_c => return (true, None),
             }
         };
         let (target, undo) = match start_fault(w, &mut sched, f).await {
@@ -815,26 +845,10 @@ async fn nemesis_loop(w: &mut World, o: &RunOptions, rec: &Recorder) -> bool {
             _ = sleep_until(Instant::now() + hold) => {}
             _ = &mut ctrl_c => interrupted = true,
         }
-        let note = stop_fault(w, undo).unwrap_or_else(|e| format!("heal failed: {e}"));
-        rec.record(
-            "nemesis",
-            OpType::Info,
-            None,
-            Body::Nemesis {
-                fault: f.name().to_string(),
-                target: if note.is_empty() {
-                    target
-                } else {
-                    format!("{target}: {note}")
-                },
-                phase: FaultPhase::Stop,
-            },
-            None,
-        );
-        println!("[{:>7.1} s] nemesis: healed {} {note}", rec.elapsed_s(), f.name());
-        if interrupted {
-            return true;
+        if interrupted || Instant::now() >= end {
+            return (interrupted, Some((f, target, undo)));
         }
+        end_fault(w, rec, f, target, undo);
     }
 }
 

@@ -40,6 +40,9 @@ impl Resource for Stage {
 pub struct Gated {
     inner: ParticipantServer<Stage>,
     hold_decisions: Arc<std::sync::atomic::AtomicBool>,
+    /// Milliseconds a one-phase commit waits before it is handled (a slow
+    /// participant).
+    one_phase_delay_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 type R<T> = Result<tonic::Response<T>, tonic::Status>;
@@ -56,6 +59,8 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(tonic::Status::unavailable("held by the test"));
         }
+        let delay = self.one_phase_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
         self.inner.commit_one_phase(req).await
     }
     async fn commit(
@@ -85,6 +90,7 @@ pub struct Svc {
     pub addr: String,
     pub store: Arc<ParticipantStore<Stage>>,
     pub hold_decisions: Arc<std::sync::atomic::AtomicBool>,
+    pub one_phase_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     /// Dropping it stops the server.
     _stop: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
@@ -100,6 +106,7 @@ impl Svc {
             addr: format!("127.0.0.1:{port}"),
             store,
             hold_decisions: Arc::default(),
+            one_phase_delay_ms: Arc::default(),
             _stop: None,
             _dir: dir,
         };
@@ -113,6 +120,7 @@ impl Svc {
         let svc = ParticipantServiceServer::new(Gated {
             inner: ParticipantServer::new(self.store.clone(), &self.id),
             hold_decisions: self.hold_decisions.clone(),
+            one_phase_delay_ms: self.one_phase_delay_ms.clone(),
         });
         tokio::spawn(
             tonic::transport::Server::builder()
