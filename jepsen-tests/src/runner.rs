@@ -692,12 +692,43 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     // Nemesis, in this task, until the time is up or Ctrl-C. A fault still
     // active then is healed only after the clients stopped, so the final
     // heal can leave participants in doubt and liveness measures something.
-    let (interrupted, active) = nemesis_loop(&mut w, &o, &rec).await;
+    let (interrupted, mut active) = nemesis_loop(&mut w, &o, &rec).await;
+    // The last stretch: the leader cut off from every participant while the
+    // clients still run, so transactions that got their YES votes cannot
+    // learn their decision; healing it then gives liveness something to
+    // measure (invariant 6). Only when partitions are enabled.
+    if active.is_none() && !interrupted && o.faults.contains(&Fault::PartitionLeaderParticipants) {
+        let mut sched = Schedule::new(o.seed, &[]);
+        if let Ok((target, undo)) = start_fault(&mut w, &mut sched, Fault::PartitionLeaderParticipants).await {
+            let f = Fault::PartitionLeaderParticipants;
+            rec.record(
+                "nemesis",
+                OpType::Info,
+                None,
+                Body::Nemesis {
+                    fault: f.name().to_string(),
+                    target: target.clone(),
+                    phase: FaultPhase::Start,
+                },
+                None,
+            );
+            println!("[{:>7.1} s] nemesis (final): {} {target}", rec.elapsed_s(), f.name());
+            tokio::time::sleep(Duration::from_secs(o.fault_s.0)).await;
+            active = Some((f, target, undo));
+        }
+    }
     let _ = stop_tx.send(true);
     for t in tasks {
         let _ = t.await;
     }
-    println!("jepsen: workload stopped; healing everything");
+    // Who is in doubt before the heal: every participant that has not
+    // acked its transaction's decision (or that has none yet).
+    let max_txid = rec.snapshot().iter().filter_map(|op| op.txid).max().unwrap_or(0) + 50;
+    let in_doubt = unacked(&w, max_txid).await;
+    println!(
+        "jepsen: workload stopped; {} participant(s) in doubt; healing everything",
+        in_doubt.len()
+    );
     if let Some((f, target, undo)) = active {
         end_fault(&mut w, &rec, f, target, undo);
     }
@@ -710,8 +741,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     if w.wait_leader(Duration::from_secs(settle)).await.is_none() {
         eprintln!("jepsen: no leader {settle} s after the final heal");
     }
-    let max_txid = rec.snapshot().iter().filter_map(|op| op.txid).max().unwrap_or(0) + 50;
-    measure_liveness(&w, &rec, max_txid, healed, Duration::from_secs(settle)).await;
+    measure_liveness(&w, &rec, in_doubt, healed, Duration::from_secs(settle)).await;
 
     // Final reads: every decision from every node; then each bank's store.
     let all: Vec<u64> = (1..=max_txid).collect();
@@ -852,21 +882,22 @@ async fn nemesis_loop(w: &mut World, o: &RunOptions, rec: &Recorder) -> (bool, O
     }
 }
 
-/// After the final heal: every transaction with a participant that has not
-/// acked its decision (or no decision yet) is in doubt; records, per
-/// participant, how long after the heal its ack was recorded.
-async fn measure_liveness(w: &World, rec: &Recorder, max_txid: u64, healed: Instant, wait: Duration) {
+/// Every (txid, participant) whose ack of the decision the cluster has not
+/// recorded (or whose transaction has no decision yet).
+async fn unacked(w: &World, max_txid: u64) -> BTreeSet<(u64, String)> {
     use futures::StreamExt;
     let mut cfg = ClientConfig::new(w.api_addrs());
     cfg.call_deadline = Duration::from_secs(5);
-    let Ok(client) = Client::new(cfg) else { return };
+    let Ok(client) = Client::new(cfg) else {
+        return BTreeSet::new();
+    };
     let client = &client;
     let statuses: Vec<(u64, Option<pb::StatusResponse>)> = futures::stream::iter(1..=max_txid)
         .map(|t| async move { (t, client.status(t).await.ok()) })
         .buffer_unordered(32)
         .collect()
         .await;
-    let mut pending: BTreeSet<(u64, String)> = BTreeSet::new();
+    let mut pending = BTreeSet::new();
     for (t, s) in statuses {
         if let Some(s) = s {
             for p in s.participants.iter().filter(|p| !p.acked) {
@@ -874,7 +905,22 @@ async fn measure_liveness(w: &World, rec: &Recorder, max_txid: u64, healed: Inst
             }
         }
     }
-    println!("jepsen: {} participant(s) in doubt at the final heal", pending.len());
+    pending
+}
+
+/// After the final heal: records, per participant in doubt before it, how
+/// long after the heal its ack was recorded (it acks only after applying
+/// the decision), or that it was still in doubt when the wait ended.
+async fn measure_liveness(
+    w: &World,
+    rec: &Recorder,
+    mut pending: BTreeSet<(u64, String)>,
+    healed: Instant,
+    wait: Duration,
+) {
+    let mut cfg = ClientConfig::new(w.api_addrs());
+    cfg.call_deadline = Duration::from_secs(5);
+    let Ok(client) = Client::new(cfg) else { return };
     while !pending.is_empty() && healed.elapsed() < wait {
         let mut done = Vec::new();
         for (t, pid) in &pending {

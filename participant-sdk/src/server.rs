@@ -134,7 +134,7 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
 /// ones stay in doubt with their locks held (invariant 5). An error means
 /// the cluster could not be asked (no quorum): keep waiting and retry.
 pub async fn recover_once<R: Resource>(store: &ParticipantStore<R>, endpoints: &[String]) -> Result<usize, String> {
-    recover_older_than(store, endpoints, Duration::ZERO).await
+    recover_older_than(store, endpoints, Duration::ZERO, None).await
 }
 
 /// `recover_once` for the in-doubt transactions whose YES vote is at least
@@ -143,6 +143,7 @@ pub async fn recover_older_than<R: Resource>(
     store: &ParticipantStore<R>,
     endpoints: &[String],
     age_min: Duration,
+    local_ip: Option<std::net::IpAddr>,
 ) -> Result<usize, String> {
     let in_doubt = store.in_doubt_older_than(age_min).map_err(|e| e.to_string())?;
     if in_doubt.is_empty() {
@@ -157,7 +158,10 @@ pub async fn recover_older_than<R: Resource>(
                 continue;
             }
         };
-        let ch = endpoint.connect_timeout(Duration::from_millis(500)).connect_lazy();
+        let ch = endpoint
+            .connect_timeout(Duration::from_millis(500))
+            .local_address(local_ip)
+            .connect_lazy();
         let mut resolved = 0;
         let mut ok = true;
         for chunk in in_doubt.chunks(1000) {
@@ -210,6 +214,10 @@ pub struct RecoveryOptions {
     /// Decided log records older than this are garbage-collected; `None`
     /// keeps them forever. Keep it far above any transaction timeout.
     pub log_retention: Option<Duration>,
+    /// Source address for the connections to the cluster (the service's
+    /// own address, so network rules on it apply both ways); `None` lets
+    /// the system choose.
+    pub local_ip: Option<std::net::IpAddr>,
 }
 
 impl Default for RecoveryOptions {
@@ -218,6 +226,7 @@ impl Default for RecoveryOptions {
             interval: Duration::from_millis(500),
             prepared_age_min: Duration::from_secs(1),
             log_retention: Some(Duration::from_secs(24 * 3600)),
+            local_ip: None,
         }
     }
 }
@@ -257,7 +266,7 @@ pub fn spawn_recovery_with<R: Resource>(
             }
             let doubt = store.in_doubt_older_than(age_min).map(|v| v.len()).unwrap_or(0);
             if doubt > 0 {
-                match recover_older_than(&store, &endpoints, age_min).await {
+                match recover_older_than(&store, &endpoints, age_min, opts.local_ip).await {
                     Ok(n) if n > 0 => info!(resolved = n, in_doubt = doubt, "recovery pass"),
                     Ok(_) => {}
                     Err(e) => warn!(

@@ -207,8 +207,20 @@ pub struct BankServeArgs {
 /// `coordinator bank-serve`: one bank participant service until SIGTERM.
 pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let store = open_bank(&a.data_dir, &a.prefix, a.accounts, a.initial).await?;
-    let recovery =
-        participant_sdk::server::spawn_recovery(store.clone(), a.cluster.clone(), Duration::from_millis(500));
+    // Recovery connects from the service's own address, so network rules on
+    // that address (the jepsen partitions) cut it both ways.
+    let local_ip = a
+        .listen
+        .parse::<std::net::SocketAddr>()
+        .ok()
+        .map(|sa| sa.ip())
+        .filter(|ip| !ip.is_unspecified());
+    let opts = participant_sdk::server::RecoveryOptions {
+        interval: Duration::from_millis(500),
+        local_ip,
+        ..Default::default()
+    };
+    let recovery = participant_sdk::server::spawn_recovery_with(store.clone(), a.cluster.clone(), opts);
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
