@@ -66,15 +66,9 @@ impl DrivingMark {
 
 impl Drop for DrivingMark {
     fn drop(&mut self) {
-        if let Ok(mut d) = self.driver_set() {
+        if let Ok(mut d) = self.ctx.driver.driving.lock() {
             d.remove(&self.txid);
         }
-    }
-}
-
-impl DrivingMark {
-    fn driver_set(&self) -> Result<std::sync::MutexGuard<'_, HashSet<Txid>>, ()> {
-        self.ctx.driver.driving.lock().map_err(|_| ())
     }
 }
 

@@ -283,6 +283,32 @@ async fn t80_service_enlists_itself_from_the_txid_in_metadata() {
     assert!(a.wait_state(t, LocalState::Committed, Duration::from_secs(10)).await);
 }
 
+/// The txid of the transaction `participant` is enlisted in, on a fresh
+/// cluster (ids 1 to 10), for a caller that got UNKNOWN without a txid.
+async fn txid_enlisting(cl: &coordinator::client::Client, participant: &str) -> u64 {
+    for id in 1..=10 {
+        if let Ok(s) = cl.status(id).await {
+            if s.participants.iter().any(|p| p.id == participant) {
+                return id;
+            }
+        }
+    }
+    panic!("no transaction enlisting {participant} was recorded");
+}
+
+/// Reads the decision of `t` until it is no longer PENDING (up to 10 s).
+async fn settled_decision(cl: &coordinator::client::Client, t: u64) -> DecisionRead {
+    let mut decided = DecisionRead::Pending;
+    for _ in 0..100 {
+        decided = cl.decision(t).await.unwrap();
+        if decided != DecisionRead::Pending {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    decided
+}
+
 fn one(svc: &Svc, payload: &[u8]) -> Vec<ParticipantSpec> {
     vec![ParticipantSpec {
         participant_id: svc.id.clone(),
@@ -357,29 +383,13 @@ async fn t80_inv7_unanswered_one_phase_commit_is_not_reaped_but_re_driven() {
         .unwrap();
     assert_eq!(r.outcome, TxOutcome::Unknown);
     // The txid was not returned with UNKNOWN: find it (a fresh cluster).
-    let mut t = None;
-    for id in 1..=10 {
-        if let Ok(s) = cl.status(id).await {
-            if s.participants.iter().any(|p| p.id == a.id) {
-                t = Some(id);
-            }
-        }
-    }
-    let t = t.expect("the transaction was recorded");
+    let t = txid_enlisting(&cl, &a.id).await;
     // Well past its 1 s deadline: still undecided (no reaper ABORT).
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(cl.decision(t).await.unwrap(), DecisionRead::Pending);
     // The participant answers again: the leader's re-drive commits it.
     a.hold_decisions.store(false, std::sync::atomic::Ordering::SeqCst);
-    let mut decided = DecisionRead::Pending;
-    for _ in 0..100 {
-        decided = cl.decision(t).await.unwrap();
-        if decided != DecisionRead::Pending {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(decided, DecisionRead::Committed);
+    assert_eq!(settled_decision(&cl, t).await, DecisionRead::Committed);
     assert_eq!(a.state(t), Some(LocalState::Committed));
 }
 
@@ -407,21 +417,7 @@ async fn t80_cancelled_client_call_does_not_strand_a_one_phase_commit() {
         .unwrap();
     assert_eq!(r.outcome, TxOutcome::Unknown, "the client gave up first");
     let cl = c.client();
-    let mut t = None;
-    for id in 1..=5 {
-        if cl.status(id).await.is_ok() {
-            t = Some(id);
-        }
-    }
-    let t = t.expect("the transaction was recorded");
-    let mut decided = DecisionRead::Pending;
-    for _ in 0..100 {
-        decided = cl.decision(t).await.unwrap();
-        if decided != DecisionRead::Pending {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(decided, DecisionRead::Committed);
+    let t = txid_enlisting(&cl, &a.id).await;
+    assert_eq!(settled_decision(&cl, t).await, DecisionRead::Committed);
     assert_eq!(a.state(t), Some(LocalState::Committed));
 }

@@ -704,20 +704,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         }
         let _ = w.wait_leader(Duration::from_secs(10)).await;
         let mut sched = Schedule::new(o.seed, &[]);
-        if let Ok((target, undo)) = start_fault(&mut w, &mut sched, Fault::PartitionLeaderParticipants).await {
-            let f = Fault::PartitionLeaderParticipants;
-            rec.record(
-                "nemesis",
-                OpType::Info,
-                None,
-                Body::Nemesis {
-                    fault: f.name().to_string(),
-                    target: target.clone(),
-                    phase: FaultPhase::Start,
-                },
-                None,
-            );
-            println!("[{:>7.1} s] nemesis (final): {} {target}", rec.elapsed_s(), f.name());
+        let f = Fault::PartitionLeaderParticipants;
+        if let Ok((target, undo)) = begin_fault(&mut w, &mut sched, &rec, f, "nemesis (final)").await {
             tokio::time::sleep(Duration::from_secs(o.fault_s.0)).await;
             active = Some((f, target, undo));
         }
@@ -812,22 +800,40 @@ type Active = (Fault, String, Undo);
 /// Undoes a fault and records its end.
 fn end_fault(w: &mut World, rec: &Recorder, f: Fault, target: String, undo: Undo) {
     let note = stop_fault(w, undo).unwrap_or_else(|e| format!("heal failed: {e}"));
-    rec.record(
-        "nemesis",
-        OpType::Info,
-        None,
-        Body::Nemesis {
-            fault: f.name().to_string(),
-            target: if note.is_empty() {
-                target
-            } else {
-                format!("{target}: {note}")
-            },
-            phase: FaultPhase::Stop,
-        },
-        None,
-    );
+    let target = if note.is_empty() {
+        target
+    } else {
+        format!("{target}: {note}")
+    };
+    record_fault(rec, f, target, FaultPhase::Stop);
     println!("[{:>7.1} s] nemesis: healed {} {note}", rec.elapsed_s(), f.name());
+}
+
+/// Starts a fault and records its start; a fault that cannot be started is
+/// reported and not recorded.
+async fn begin_fault(
+    w: &mut World,
+    sched: &mut Schedule,
+    rec: &Recorder,
+    f: Fault,
+    label: &str,
+) -> anyhow::Result<(String, Undo)> {
+    let (target, undo) = start_fault(w, sched, f).await.inspect_err(|e| {
+        eprintln!("jepsen: could not start {}: {e}", f.name());
+    })?;
+    record_fault(rec, f, target.clone(), FaultPhase::Start);
+    println!("[{:>7.1} s] {label}: {} {target}", rec.elapsed_s(), f.name());
+    Ok((target, undo))
+}
+
+/// One nemesis event in the history.
+fn record_fault(rec: &Recorder, f: Fault, target: String, phase: FaultPhase) {
+    let body = Body::Nemesis {
+        fault: f.name().to_string(),
+        target,
+        phase,
+    };
+    rec.record("nemesis", OpType::Info, None, body, None);
 }
 
 /// Runs the fault schedule until the time is up or Ctrl-C; returns whether
@@ -855,25 +861,9 @@ async fn nemesis_loop(w: &mut World, o: &RunOptions, rec: &Recorder) -> (bool, O
                 _ = &mut ctrl_c => return (true, None),
             }
         };
-        let (target, undo) = match start_fault(w, &mut sched, f).await {
-            Ok(x) => x,
-            Err(e) => {
-                eprintln!("jepsen: could not start {}: {e}", f.name());
-                continue;
-            }
+        let Ok((target, undo)) = begin_fault(w, &mut sched, rec, f, "nemesis").await else {
+            continue;
         };
-        rec.record(
-            "nemesis",
-            OpType::Info,
-            None,
-            Body::Nemesis {
-                fault: f.name().to_string(),
-                target: target.clone(),
-                phase: FaultPhase::Start,
-            },
-            None,
-        );
-        println!("[{:>7.1} s] nemesis: {} {target}", rec.elapsed_s(), f.name());
         let hold = Duration::from_secs(rng.random_range(o.fault_s.0..=o.fault_s.1));
         let mut interrupted = false;
         tokio::select! {
