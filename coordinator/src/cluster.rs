@@ -2,7 +2,8 @@
 //! starts `coordinator serve` children, kills them with SIGKILL or stops them
 //! with SIGTERM, and finds the leader. Used by `coordinator dev`, the bench
 //! and the integration tests, so all of them run real processes on real
-//! sockets.
+//! sockets. `BankProcess` does the same for the example bank's participant
+//! services (`coordinator bank-serve`): demo, bench, tests and jepsen-tests.
 
 use std::fs;
 use std::path::Path;
@@ -17,6 +18,165 @@ use tokio::time::Instant;
 use crate::client::cluster_status_at;
 use crate::config::Config;
 use crate::config::Member;
+
+/// One bank participant service: `coordinator bank-serve` on its own
+/// loopback address and data directory.
+pub struct BankProcess {
+    pub id: String,
+    pub prefix: String,
+    pub ip: String,
+    pub addr: String,
+    pub data_dir: PathBuf,
+    pub log_path: PathBuf,
+    bin: PathBuf,
+    cluster: Vec<String>,
+    pub accounts: usize,
+    pub initial: i64,
+    child: Option<Child>,
+}
+
+impl BankProcess {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        bin: &Path,
+        dir: &Path,
+        id: &str,
+        prefix: &str,
+        ip: &str,
+        port: u16,
+        cluster: Vec<String>,
+        accounts: usize,
+        initial: i64,
+    ) -> BankProcess {
+        BankProcess {
+            id: id.to_string(),
+            prefix: prefix.to_string(),
+            ip: ip.to_string(),
+            addr: format!("{ip}:{port}"),
+            data_dir: dir.join(id),
+            log_path: dir.join(format!("{id}.log")),
+            bin: bin.to_path_buf(),
+            cluster,
+            accounts,
+            initial,
+            child: None,
+        }
+    }
+
+    /// Waits until the process ends by itself; `None` if none was running.
+    pub fn wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.take().and_then(|mut c| c.wait().ok())
+    }
+
+    /// Starts the service (no-op if running) with extra environment.
+    pub fn start(&mut self, env: &[(String, String)]) -> std::io::Result<()> {
+        if self.is_running() {
+            return Ok(());
+        }
+        use std::os::unix::process::CommandExt;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        let child = Command::new(&self.bin)
+            .process_group(0)
+            .args([
+                "bank-serve",
+                "--id",
+                &self.id,
+                "--prefix",
+                &self.prefix,
+                "--listen",
+                &self.addr,
+            ])
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(["--cluster", &self.cluster.join(",")])
+            .args(["--accounts", &self.accounts.to_string()])
+            .args(["--initial", &self.initial.to_string()])
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    pub fn signal(&mut self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill(2) on a child pid we own; no memory is touched.
+            unsafe {
+                libc::kill(c.id() as i32, sig);
+            }
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGCONT (in case it is paused), SIGTERM, then SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        self.signal(libc::SIGCONT);
+        self.signal(libc::SIGTERM);
+        if let Some(mut c) = self.child.take() {
+            let until = std::time::Instant::now() + grace;
+            while std::time::Instant::now() < until {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Reads the stopped service's store with `coordinator bank-audit
+    /// --json`: balances, locks, in-doubt count and apply log.
+    pub fn audit(&self) -> anyhow::Result<serde_json::Value> {
+        let out = Command::new(&self.bin)
+            .args(["bank-audit", "--json", "--data-dir"])
+            .arg(&self.data_dir)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "bank-audit of {} failed: {}",
+            self.id,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+}
+
+impl Drop for BankProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub async fn wait_listening(addr: &str, timeout: Duration) -> bool {
+    let until = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < until {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
 
 /// Where one node listens and what it advertises (they differ when a test
 /// puts a proxy in front of it).

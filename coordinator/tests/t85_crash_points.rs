@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::process::Command;
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::participants::Svc;
@@ -97,92 +95,67 @@ async fn t85_leader_dies_mid_prepare_one_decision_applied_everywhere() {
 /// A bank participant process (`coordinator bank-serve`) with its own data
 /// directory, optionally armed to abort once at a crash point.
 struct BankProc {
+    proc_: coordinator::cluster::BankProcess,
     id: &'static str,
     prefix: &'static str,
     addr: String,
-    data: std::path::PathBuf,
     log: std::path::PathBuf,
     once: std::path::PathBuf,
-    api: String,
-    child: Option<std::process::Child>,
 }
 
 impl BankProc {
     fn new(c: &TestCluster, id: &'static str, prefix: &'static str) -> BankProc {
         let port = coordinator::cluster::free_port("127.0.0.1").unwrap();
+        let proc_ = coordinator::cluster::BankProcess::new(
+            common::bin(),
+            c.dir.path(),
+            id,
+            prefix,
+            "127.0.0.1",
+            port,
+            c.procs.api_addrs(),
+            10,
+            1000,
+        );
         BankProc {
             id,
             prefix,
-            addr: format!("127.0.0.1:{port}"),
-            data: c.dir.path().join(id),
-            log: c.dir.path().join(format!("{id}.log")),
+            addr: proc_.addr.clone(),
+            log: proc_.log_path.clone(),
             once: c.dir.path().join(format!("{id}-fired")),
-            api: c.procs.api_addrs().join(","),
-            child: None,
+            proc_,
         }
     }
 
     async fn start(&mut self, armed_at: Option<&str>) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let mut cmd = Command::new(common::bin());
-        cmd.args([
-            "bank-serve",
-            "--id",
-            self.id,
-            "--prefix",
-            self.prefix,
-            "--listen",
-            &self.addr,
-            "--data-dir",
-        ])
-        .arg(&self.data)
-        .args(["--cluster", &self.api])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log);
+        let mut env = vec![("RUST_LOG".to_string(), "warn".to_string())];
         if let Some(point) = armed_at {
-            cmd.env("DTX_FAILPOINT", point).env("DTX_FAILPOINT_ONCE", &self.once);
+            env.push(("DTX_FAILPOINT".into(), point.into()));
+            env.push(("DTX_FAILPOINT_ONCE".into(), self.once.display().to_string()));
         }
-        self.child = Some(cmd.spawn().unwrap());
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(&self.addr).await.is_ok() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("{} did not start listening", self.id);
+        self.proc_.start(&env).unwrap();
+        let listening = coordinator::cluster::wait_listening(&self.addr, Duration::from_secs(10)).await;
+        assert!(listening, "{} did not start listening", self.id);
     }
 
     /// Waits for the process to end by itself (at its crash point).
     fn wait_crashed(&mut self) {
-        let status = self.child.take().unwrap().wait().unwrap();
+        let status = self.proc_.wait().expect("a running process");
         assert!(!status.success(), "{} should have aborted at its crash point", self.id);
         assert!(self.once.exists(), "{}: crash point not reached", self.id);
     }
 
     fn kill9(&mut self) {
-        if let Some(mut ch) = self.child.take() {
-            let _ = ch.kill();
-            let _ = ch.wait();
-        }
+        self.proc_.kill9();
     }
 
     fn stop(&mut self) {
-        if let Some(mut ch) = self.child.take() {
-            unsafe {
-                libc::kill(ch.id() as i32, libc::SIGTERM);
-            }
-            ch.wait().unwrap();
-        }
+        self.proc_.stop(Duration::from_secs(10));
     }
 
     /// Opens the (stopped) bank's store: (entry state of txid, total, locked, in doubt).
     async fn audit(&self, txid: u64) -> (Option<LocalState>, i64, usize, usize) {
-        let store = coordinator::demo::bank::open_bank(&self.data, self.prefix, 10, 1000)
+        let store = coordinator::demo::bank::open_bank(&self.proc_.data_dir, self.prefix, 10, 1000)
             .await
             .unwrap();
         let (total, _, locked) = coordinator::demo::bank::audit(&store).unwrap();

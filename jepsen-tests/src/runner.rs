@@ -20,6 +20,8 @@ use coordinator::client::ClientConfig;
 use coordinator::client::ClientError;
 use coordinator::client::ParticipantSpec;
 use coordinator::client::TxOutcome;
+use coordinator::cluster::wait_listening;
+use coordinator::cluster::BankProcess as BankProc;
 use coordinator::cluster::NodePlan;
 use coordinator::cluster::ProcessCluster;
 use dtx_proto::v1 as pb;
@@ -40,7 +42,6 @@ use crate::nemesis::Fault;
 use crate::nemesis::Schedule;
 use crate::plot;
 use crate::procs::check_bindable;
-use crate::procs::BankProc;
 use crate::procs::Net;
 
 /// Where libfaketime lives on Debian (package `faketime`).
@@ -145,7 +146,10 @@ impl World {
     }
 
     fn bank_env(&self) -> Vec<(String, String)> {
-        vec![("DTX_FAILPOINT_FILE".into(), self.fp_banks.display().to_string())]
+        vec![
+            ("DTX_FAILPOINT_FILE".into(), self.fp_banks.display().to_string()),
+            ("RUST_LOG".into(), "warn".into()),
+        ]
     }
 
     /// The leader as most running nodes report it.
@@ -639,7 +643,13 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         dir.display()
     );
     for b in &w.banks {
-        wait_listening(&b.addr, Duration::from_secs(20)).await?;
+        anyhow::ensure!(
+            wait_listening(&b.addr, Duration::from_secs(20)).await,
+            "{} is not listening on {} after 20 s (see {})",
+            b.id,
+            b.addr,
+            b.log_path.display()
+        );
     }
     let mut setup = BTreeMap::new();
     for (bi, b) in w.banks.iter().enumerate() {
@@ -781,17 +791,6 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     let report = checker::check(&history, &opts);
     write_results(&dir, &o, &history, &report, interrupted)?;
     Ok(RunResult { dir, report })
-}
-
-async fn wait_listening(addr: &str, timeout: Duration) -> anyhow::Result<()> {
-    let until = Instant::now() + timeout;
-    while Instant::now() < until {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("nothing listening on {addr} after {timeout:?}")
 }
 
 /// A fault that is still in force.

@@ -10,9 +10,6 @@ pub mod bank;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Child;
-use std::process::Command;
-use std::process::Stdio;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
@@ -31,6 +28,7 @@ use crate::client::DecisionRead;
 use crate::client::ParticipantSpec;
 use crate::client::TxOutcome;
 use crate::cluster::free_port;
+use crate::cluster::BankProcess;
 use crate::cluster::ProcessCluster;
 
 #[derive(clap::Args, Debug)]
@@ -57,75 +55,31 @@ pub struct DemoArgs {
     pub keep_serving: bool,
 }
 
-pub(crate) struct BankProc {
-    pub id: &'static str,
-    pub prefix: &'static str,
-    pub addr: String,
-    pub dir: PathBuf,
-    pub child: Child,
-}
-
-impl Drop for BankProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// Starts one bank service on a free loopback port (its log and data under
+/// `dir`).
 pub(crate) fn start_bank(
     bin: &std::path::Path,
     dir: &std::path::Path,
-    id: &'static str,
-    prefix: &'static str,
+    id: &str,
+    prefix: &str,
     cluster: &[String],
     accounts: usize,
     initial: i64,
-) -> anyhow::Result<BankProc> {
-    use std::os::unix::process::CommandExt;
-    let addr = format!("127.0.0.1:{}", free_port("127.0.0.1")?);
-    let data = dir.join(id);
-    let log = std::fs::File::create(dir.join(format!("{id}.log")))?;
-    let child = Command::new(bin)
-        .process_group(0)
-        .args([
-            "bank-serve",
-            "--id",
-            id,
-            "--prefix",
-            prefix,
-            "--listen",
-            &addr,
-            "--data-dir",
-        ])
-        .arg(&data)
-        .args(["--cluster", &cluster.join(",")])
-        .args(["--accounts", &accounts.to_string(), "--initial", &initial.to_string()])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()?;
-    Ok(BankProc {
+) -> anyhow::Result<BankProcess> {
+    let port = free_port("127.0.0.1")?;
+    let mut b = BankProcess::new(
+        bin,
+        dir,
         id,
         prefix,
-        addr,
-        dir: data,
-        child,
-    })
-}
-
-fn stop_child(child: &mut Child) {
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
-    }
-    for _ in 0..200 {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+        "127.0.0.1",
+        port,
+        cluster.to_vec(),
+        accounts,
+        initial,
+    );
+    b.start(&[])?;
+    Ok(b)
 }
 
 #[derive(Default)]
@@ -136,14 +90,9 @@ struct Counts {
     failed_to_start: AtomicU64,
 }
 
+/// Waits up to 10 s for a bank service to listen.
 pub(crate) async fn wait_listening(addr: &str) -> bool {
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+    crate::cluster::wait_listening(addr, Duration::from_secs(10)).await
 }
 
 /// One transfer between the two banks; returns the caller's view of it.
@@ -362,10 +311,10 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     let mut totals = Vec::new();
     let mut per_bank: Vec<BTreeMap<u64, LocalState>> = Vec::new();
     for b in banks_procs.iter_mut() {
-        stop_child(&mut b.child);
+        b.stop(Duration::from_secs(5));
     }
     for b in &banks_procs {
-        let store = bank::open_bank(&b.dir, b.prefix, a.accounts, a.initial).await?;
+        let store = bank::open_bank(&b.data_dir, &b.prefix, a.accounts, a.initial).await?;
         // Anything still in doubt asks the cluster, as a restarted service does.
         for _ in 0..40 {
             if store.in_doubt()?.is_empty() {
