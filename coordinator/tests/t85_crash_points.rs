@@ -402,8 +402,16 @@ async fn t85_coordinator_crash_points_leave_one_decision_everywhere() {
                 shot.outcome
             );
         }
-        // (Delivery runs after the answer, so its crash point comes last.)
-        assert!(c.dir.path().join("failpoint-fired").exists(), "{point}: not reached");
+        // Delivery runs after the answer, and its crash point comes after the
+        // participant applied and its ack was recorded: wait for it.
+        let fired = c.dir.path().join("failpoint-fired");
+        for _ in 0..100 {
+            if fired.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(fired.exists(), "{point}: not reached");
         let read = c.client().decision(t).await.unwrap();
         let agrees = matches!(
             (read, shot.outcome),
