@@ -4,7 +4,8 @@
 //! - `history`: the recorded operations (JSON lines).
 //! - `checker`: finds anomalies in a history (safety and liveness).
 //! - `plot`: latency and throughput over time as PNG, faults shaded.
-//! - `procs`: the node and bank processes, and network rules (nftables).
+//! - `procs`: network rules (nftables); the node and bank processes are
+//!   `coordinator::cluster::{ProcessCluster, BankProcess}`.
 //! - `nemesis`: the faults and their seeded schedule.
 //! - `runner`: one run: start, workload + nemesis, heal, final reads, check.
 
