@@ -213,6 +213,29 @@ pub fn decode_entry(b: &[u8]) -> Result<LogEntry, String> {
     Ok(LogEntry { state, term })
 }
 
+/// How long `open` waits for a directory lock that is held. sled releases the
+/// lock only when its last background I/O task has finished, which can be a
+/// moment after the previous store in this process was dropped; a lock held by
+/// another live process is still reported, after this wait.
+const OPEN_LOCK_WAIT_MS: u64 = 3_000;
+
+fn is_lock_error(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock)
+        || e.to_string().contains("could not acquire lock")
+}
+
+fn open_sled(path: &std::path::Path) -> Result<sled::Db, sled::Error> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(OPEN_LOCK_WAIT_MS);
+    loop {
+        match sled::Config::new().path(path).flush_every_ms(None).open() {
+            Err(e) if is_lock_error(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn run_flusher(db: sled::Db, rx: mpsc::Receiver<oneshot::Sender<Result<(), String>>>) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
@@ -232,11 +255,18 @@ impl<R: Resource> ParticipantStore<R> {
             path: path.display().to_string(),
             message: e.to_string(),
         };
-        let db = sled::Config::new()
-            .path(path)
-            .flush_every_ms(None)
-            .open()
-            .map_err(open_err)?;
+        let db = open_sled(path).map_err(|e| {
+            if is_lock_error(&e) {
+                StoreError::Open {
+                    path: path.display().to_string(),
+                    message: format!(
+                        "in use by another process or store (its lock was still held after {OPEN_LOCK_WAIT_MS} ms); stop that one first"
+                    ),
+                }
+            } else {
+                open_err(e)
+            }
+        })?;
         let tree = db.open_tree("participant").map_err(open_err)?;
         let (flusher, rx) = mpsc::channel();
         let d = db.clone();

@@ -280,3 +280,28 @@ async fn decided_records_are_garbage_collected_after_retention_but_in_doubt_ones
     );
     assert_eq!(s.forget_decided(u64::MAX, 100).unwrap(), 0);
 }
+
+/// A store reopened in the same process right after the previous one was
+/// dropped must open (sled releases its lock from background I/O threads a
+/// moment later), while a store that is still open keeps its directory to
+/// itself and the second open says why it failed.
+#[tokio::test]
+async fn reopen_after_drop_succeeds_and_a_held_directory_is_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    for txid in 1..=20u64 {
+        let s = open(dir.path(), &probe);
+        s.handle(txid, Message::Prepare { term: 1 }, b"v").await.unwrap();
+        s.handle(txid, Message::Commit { term: 1 }, b"").await.unwrap();
+    }
+    assert_eq!(probe.commits.load(Ordering::SeqCst), 20);
+    let held = open(dir.path(), &probe);
+    match ParticipantStore::open(dir.path(), probe.clone()) {
+        Err(StoreError::Open { message, .. }) => {
+            assert!(message.contains("in use"), "unclear message: {message}")
+        }
+        Err(other) => panic!("wrong error: {other:?}"),
+        Ok(_) => panic!("a directory held by an open store was opened twice"),
+    }
+    assert!(held.in_doubt().unwrap().is_empty());
+}
