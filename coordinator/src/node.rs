@@ -245,7 +245,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let raft_router = tonic::transport::Server::builder().tcp_nodelay(true).add_service(
+    let raft_router = tonic::transport::Server::builder().add_service(
         RaftTransportServer::new(RaftService {
             raft: raft.clone(),
             cluster_id: config.cluster_id.clone(),
@@ -255,7 +255,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     );
     let raft_server = serve(raft_router, raft_listen, "raft_addr", stop_rx.clone()).await?;
     let api_router = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(CoordinatorServer::new(
             crate::api::coordinator::CoordinatorService::new(ctx.clone()),
         ))
@@ -317,7 +316,7 @@ async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {what} {addr}"))?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = dtx_proto::incoming(listener);
     Ok(tokio::spawn(router.serve_with_incoming_shutdown(
         incoming,
         async move {

@@ -226,13 +226,12 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
         .with_context(|| format!("cannot listen on {}", a.listen))?;
     tracing::info!(id = %a.id, listen = %a.listen, data_dir = %a.data_dir.display(), "bank service started");
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(
             dtx_proto::v1::participant_service_server::ParticipantServiceServer::new(
                 participant_sdk::server::ParticipantServer::new(store.clone(), &a.id),
             ),
         )
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(dtx_proto::incoming(listener), shutdown)
         .await?;
     recovery.abort();
     store.flush().await?;

@@ -125,7 +125,7 @@ impl Svc {
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
+                .serve_with_incoming_shutdown(dtx_proto::incoming(listener), async {
                     let _ = rx.await;
                 }),
         );
