@@ -52,10 +52,11 @@ pub enum ProposeError {
     TooLarge { size: usize, max: usize },
 }
 
+/// One caller's commands: they go into the same Raft entry, in order.
 struct Pending {
-    cmd: Command,
+    cmds: Vec<Command>,
     size: usize,
-    reply: oneshot::Sender<Result<CommandResult, ProposeError>>,
+    reply: oneshot::Sender<Result<Vec<CommandResult>, ProposeError>>,
 }
 
 #[derive(Clone)]
@@ -73,15 +74,31 @@ impl Batcher {
 
     /// Proposes one command and waits until it is applied (or refused).
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
-        let size = codec::encode(&cmd).map(|b| b.len()).unwrap_or(usize::MAX);
+        let mut results = self.propose_together(vec![cmd]).await?;
+        results
+            .pop()
+            .ok_or_else(|| ProposeError::Unavailable("state machine returned too few results".into()))
+    }
+
+    /// Proposes `cmds` in one Raft entry (with whatever else is waiting) and
+    /// waits until they are applied; one result per command, in order. The
+    /// caller keeps them within `entries_max` commands and `bytes_max` bytes.
+    pub async fn propose_together(&self, cmds: Vec<Command>) -> Result<Vec<CommandResult>, ProposeError> {
+        let size = cmds
+            .iter()
+            .map(|c| codec::encode(c).map(|b| b.len()).unwrap_or(usize::MAX))
+            .fold(0usize, usize::saturating_add);
         if size > self.settings.bytes_max {
             return Err(ProposeError::TooLarge {
                 size,
                 max: self.settings.bytes_max,
             });
         }
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
         let (reply, rx) = oneshot::channel();
-        self.tx.try_send(Pending { cmd, size, reply }).map_err(|e| match e {
+        self.tx.try_send(Pending { cmds, size, reply }).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => ProposeError::Overloaded(self.settings.queue_max),
             mpsc::error::TrySendError::Closed(_) => ProposeError::Unavailable("batcher stopped".into()),
         })?;
@@ -106,9 +123,10 @@ async fn run(raft: Raft, s: BatchSettings, mut rx: mpsc::Receiver<Pending>) {
             },
         };
         let mut bytes = first.size;
+        let mut count = first.cmds.len();
         let mut batch = vec![first];
         let wait_until = Instant::now() + Duration::from_micros(s.wait_us);
-        while batch.len() < s.entries_max {
+        while count < s.entries_max {
             let next = match rx.try_recv() {
                 Ok(p) => p,
                 Err(_) if s.wait_us == 0 => break,
@@ -117,14 +135,15 @@ async fn run(raft: Raft, s: BatchSettings, mut rx: mpsc::Receiver<Pending>) {
                     _ => break,
                 },
             };
-            if bytes + next.size > s.bytes_max {
+            if bytes + next.size > s.bytes_max || count + next.cmds.len() > s.entries_max {
                 carry = Some(next);
                 break;
             }
             bytes += next.size;
+            count += next.cmds.len();
             batch.push(next);
         }
-        metrics::histogram!("dtx_batch_commands").record(batch.len() as f64);
+        metrics::histogram!("dtx_batch_commands").record(count as f64);
         let raft = raft.clone();
         tokio::spawn(async move {
             write(raft, batch).await;
@@ -134,14 +153,22 @@ async fn run(raft: Raft, s: BatchSettings, mut rx: mpsc::Receiver<Pending>) {
 }
 
 async fn write(raft: Raft, batch: Vec<Pending>) {
-    let (cmds, replies): (Vec<Command>, Vec<_>) = batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
-    match raft.client_write(Batch { commands: cmds }).await {
+    let mut commands = Vec::new();
+    let mut replies = Vec::with_capacity(batch.len());
+    for p in batch {
+        replies.push((p.cmds.len(), p.reply));
+        commands.extend(p.cmds);
+    }
+    match raft.client_write(Batch { commands }).await {
         Ok(resp) => {
             let mut results = resp.data.results.into_iter();
-            for r in replies {
-                let res = results
-                    .next()
-                    .ok_or_else(|| ProposeError::Unavailable("state machine returned too few results".into()));
+            for (n, r) in replies {
+                let mine: Vec<CommandResult> = results.by_ref().take(n).collect();
+                let res = if mine.len() == n {
+                    Ok(mine)
+                } else {
+                    Err(ProposeError::Unavailable("state machine returned too few results".into()))
+                };
                 let _ = r.send(res);
             }
         }
@@ -154,7 +181,7 @@ async fn write(raft: Raft, batch: Vec<Pending>) {
                 RaftError::APIError(other) => ProposeError::Unavailable(other.to_string()),
                 RaftError::Fatal(f) => ProposeError::Unavailable(f.to_string()),
             };
-            for r in replies {
+            for (_, r) in replies {
                 let _ = r.send(Err(err.clone()));
             }
         }

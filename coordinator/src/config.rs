@@ -112,6 +112,9 @@ pub struct TxnConfig {
     pub delivery_retry_base_ms: u64,
     /// Largest delay between phase-two delivery attempts.
     pub delivery_retry_max_ms: u64,
+    /// Participant acks wait up to this long to go through Raft together in
+    /// one entry (0 = as soon as possible, still grouped with whatever waits).
+    pub ack_batch_wait_ms: u64,
     /// Commit a transaction with a single participant in one phase (one
     /// message, no separate prepare round).
     pub one_phase_commit: bool,
@@ -184,6 +187,7 @@ impl Default for TxnConfig {
             prepare_timeout_ms: 5_000,
             delivery_retry_base_ms: 50,
             delivery_retry_max_ms: 2_000,
+            ack_batch_wait_ms: 50,
             one_phase_commit: true,
         }
     }
@@ -326,6 +330,12 @@ impl Config {
                 "txn.prepare_timeout_ms and txn.delivery_retry_base_ms must be > 0, and txn.delivery_retry_max_ms >= txn.delivery_retry_base_ms"
                     .into(),
             );
+        }
+        if t.ack_batch_wait_ms > 10_000 {
+            return bad(format!(
+                "txn.ack_batch_wait_ms must be at most 10000 (10 s), got {}",
+                t.ack_batch_wait_ms
+            ));
         }
         if self.api.read_timeout_ms == 0 || self.api.write_timeout_ms == 0 {
             return bad("api.read_timeout_ms and api.write_timeout_ms must be > 0".into());

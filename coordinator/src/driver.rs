@@ -11,7 +11,9 @@
 //! table only.
 //!
 //! Delivery retries with exponential backoff and jitter until the
-//! participant acks, then records the Ack through Raft. It stops as soon as
+//! participant acks, then records the Ack through Raft: acks wait up to
+//! `txn.ack_batch_wait_ms` and go in one Raft entry together, so they do not
+//! cost the next client write a Raft round of its own. It stops as soon as
 //! this node is no longer the leader of the term it started in (invariant
 //! 9: every message carries that term; a deposed leader stops sending). The
 //! leader's loop restarts delivery for every decided, unacked transaction
@@ -43,9 +45,20 @@ use crate::sm::Txid;
 #[derive(Default)]
 pub struct DriverState {
     delivering: Mutex<HashSet<Txid>>,
+    /// Acks waiting to go through Raft together.
+    acks: Mutex<AckQueue>,
     /// Being driven (by a client's Commit or a re-drive): the leader loop
     /// does not start a second prepare round for them.
     driving: Mutex<HashSet<Txid>>,
+}
+
+type AckReply = tokio::sync::oneshot::Sender<Result<(), ApiError>>;
+
+#[derive(Default)]
+struct AckQueue {
+    waiting: Vec<(Command, AckReply)>,
+    /// A task will take `waiting` after `txn.ack_batch_wait_ms`.
+    flush_scheduled: bool,
 }
 
 /// Marks a transaction as being driven on this node until dropped: the
@@ -328,21 +341,88 @@ impl NodeCtx {
         if recorded {
             info!(txid, outcome = %d.outcome, "decision recorded");
         }
-        // READ_ONLY voters need no phase two: ack them now.
+        // READ_ONLY voters need no phase two: record their acks, off the
+        // caller's path. Should delivery reach one before its ack is
+        // recorded, the participant answers the decision with an ack anyway.
         if d.outcome == outcome {
             for (p, v) in participants.iter().zip(&votes) {
                 if *v == VoteResult::ReadOnly {
-                    let _ = self
-                        .propose(Command::Ack {
-                            txid,
-                            participant_id: p.id.clone(),
-                        })
-                        .await;
+                    let ctx = self.clone();
+                    let id = p.id.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = ctx.record_ack(txid, id.clone()).await {
+                            warn!(txid, participant = %id, "READ_ONLY ack not recorded yet (delivery will ack it): {e}");
+                        }
+                    });
                 }
             }
         }
         self.spawn_delivery(txid);
         Ok(d)
+    }
+
+    /// Records through Raft that `participant_id` applied the decision of
+    /// `txid`. The ack waits up to `txn.ack_batch_wait_ms` for others and
+    /// they are proposed together; the result is this ack's own.
+    async fn record_ack(self: &Arc<Self>, txid: Txid, participant_id: String) -> Result<(), ApiError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let schedule = {
+            let mut q = self.driver.acks.lock().expect("lock");
+            q.waiting.push((Command::Ack { txid, participant_id }, tx));
+            !std::mem::replace(&mut q.flush_scheduled, true)
+        };
+        if schedule {
+            let ctx = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ctx.config.txn.ack_batch_wait_ms)).await;
+                let waiting = {
+                    let mut q = ctx.driver.acks.lock().expect("lock");
+                    q.flush_scheduled = false;
+                    std::mem::take(&mut q.waiting)
+                };
+                ctx.propose_acks(waiting).await;
+            });
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(ApiError::Unavailable("the ack batch was dropped before it was proposed".into())))
+    }
+
+    /// Proposes waiting acks, as few Raft entries as `batch.entries_max` and
+    /// `batch.bytes_max` allow, and answers each waiter.
+    async fn propose_acks(&self, waiting: Vec<(Command, AckReply)>) {
+        let entries_max = self.config.batch.entries_max.max(1);
+        // Leave room for the batch's own framing.
+        let bytes_max = self.config.batch.bytes_max / 2;
+        let mut chunks: Vec<Vec<(Command, AckReply)>> = Vec::new();
+        let mut bytes = 0usize;
+        for (cmd, reply) in waiting {
+            let size = crate::codec::encode(&cmd).map(|b| b.len()).unwrap_or(bytes_max);
+            let full = chunks
+                .last()
+                .is_none_or(|c| c.len() >= entries_max || bytes + size > bytes_max);
+            if full {
+                chunks.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += size;
+            chunks.last_mut().expect("a chunk").push((cmd, reply));
+        }
+        futures::future::join_all(chunks.into_iter().map(|chunk| async move {
+            let (cmds, replies): (Vec<Command>, Vec<AckReply>) = chunk.into_iter().unzip();
+            match self.propose_together(cmds).await {
+                Ok(results) => {
+                    for (r, reply) in results.into_iter().zip(replies) {
+                        let _ = reply.send(r.map(|_| ()));
+                    }
+                }
+                Err(e) => {
+                    for reply in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }))
+        .await;
     }
 
     /// Starts phase two for `txid` unless it is already running here.
@@ -395,11 +475,7 @@ impl NodeCtx {
             }
             match self.send_decision(txid, term, outcome, p).await {
                 Ok(()) => {
-                    let ack = Command::Ack {
-                        txid,
-                        participant_id: p.id.clone(),
-                    };
-                    match self.propose(ack).await {
+                    match self.record_ack(txid, p.id.clone()).await {
                         Ok(_) => {
                             metrics::counter!("dtx_deliveries_total", "outcome" => outcome.to_string()).increment(1);
                             participant_sdk::failpoint!("coordinator_mid_delivery");

@@ -111,6 +111,16 @@ impl NodeCtx {
     /// Proposes one command through the batcher and waits until it is
     /// applied. A write that does not finish in time is UNKNOWN.
     pub async fn propose(&self, cmd: Command) -> Result<CommandOk, ApiError> {
+        self.propose_together(vec![cmd])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(ApiError::Internal("the state machine returned no result".into())))
+    }
+
+    /// Proposes `cmds` in one Raft entry. The outer error means none was
+    /// applied (or, for UNKNOWN, that it is not known whether they were);
+    /// otherwise each command has its own result, in order.
+    pub async fn propose_together(&self, cmds: Vec<Command>) -> Result<Vec<Result<CommandOk, ApiError>>, ApiError> {
         if !self.is_leader() {
             return Err(self.not_leader());
         }
@@ -124,8 +134,8 @@ impl NodeCtx {
             )));
         }
         let timeout = Duration::from_millis(self.config.api.write_timeout_ms);
-        match tokio::time::timeout(timeout, self.batcher.propose(cmd)).await {
-            Ok(Ok(result)) => result.map_err(ApiError::from),
+        match tokio::time::timeout(timeout, self.batcher.propose_together(cmds)).await {
+            Ok(Ok(results)) => Ok(results.into_iter().map(|r| r.map_err(ApiError::from)).collect()),
             Ok(Err(e)) => Err(ApiError::from(e)),
             Err(_) => Err(ApiError::Unknown(format!(
                 "not applied within api.write_timeout_ms = {} ms; it may still be applied",

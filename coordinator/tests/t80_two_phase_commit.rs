@@ -421,3 +421,61 @@ async fn t80_cancelled_client_call_does_not_strand_a_one_phase_commit() {
     assert_eq!(settled_decision(&cl, t).await, DecisionRead::Committed);
     assert_eq!(a.state(t), Some(LocalState::Committed));
 }
+
+/// Issue 3, "record acks in batches": the phase-two acks of several
+/// transactions wait up to `txn.ack_batch_wait_ms` and go through Raft in one
+/// entry, instead of costing a Raft entry each (which at low load also made
+/// the next client write wait for them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_acks_of_several_transactions_share_a_raft_entry() {
+    let mut c = TestCluster::start_with("t80k", 3, |cfg| {
+        cfg.txn.ack_batch_wait_ms = 3_000;
+    });
+    let leader = c.leader().await;
+    let cl = c.client();
+    let leader_api = c.api(leader);
+    let last_index = || async {
+        coordinator::client::cluster_status_at(&leader_api, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .last_log_index
+    };
+    let a = Svc::new("bank-a").await;
+    let b = Svc::new("bank-b").await;
+    // Settle: the leader's first entry (and any membership entry) is in.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = last_index().await;
+    let started = std::time::Instant::now();
+    let mut txids = Vec::new();
+    for i in 0..5 {
+        let mut both = one(&a, b"x");
+        both.extend(one(&b, b"y"));
+        let r = cl.begin_and_commit(&format!("acks-{i}"), 30_000, b"", &both).await.unwrap();
+        assert_eq!(r.outcome, TxOutcome::Committed);
+        txids.push(r.txid.unwrap());
+    }
+    let commits_took = started.elapsed();
+    let mut all_acked = false;
+    for _ in 0..200 {
+        let mut acked = true;
+        for t in &txids {
+            let st = cl.status(*t).await.unwrap();
+            acked &= st.participants.iter().all(|p| p.acked);
+        }
+        if acked {
+            all_acked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(all_acked, "the acks were not all recorded within 10 s");
+    let entries = last_index().await - before;
+    // Two entries per transaction (BeginAndCommit, Decide); the ten acks
+    // take one more, or two if the commits outlasted one batching window.
+    let ack_entries = entries.saturating_sub(2 * txids.len() as u64);
+    let windows = 1 + commits_took.as_millis() as u64 / 3_000;
+    assert!(
+        (1..=windows + 1).contains(&ack_entries),
+        "{entries} Raft entries for 5 transactions and their 10 acks: {ack_entries} for acks (commits took {commits_took:?})"
+    );
+}
