@@ -167,7 +167,9 @@ async fn write(raft: Raft, batch: Vec<Pending>) {
                 let res = if mine.len() == n {
                     Ok(mine)
                 } else {
-                    Err(ProposeError::Unavailable("state machine returned too few results".into()))
+                    Err(ProposeError::Unavailable(
+                        "state machine returned too few results".into(),
+                    ))
                 };
                 let _ = r.send(res);
             }

@@ -383,8 +383,11 @@ impl NodeCtx {
                 ctx.propose_acks(waiting).await;
             });
         }
-        rx.await
-            .unwrap_or_else(|_| Err(ApiError::Unavailable("the ack batch was dropped before it was proposed".into())))
+        rx.await.unwrap_or_else(|_| {
+            Err(ApiError::Unavailable(
+                "the ack batch was dropped before it was proposed".into(),
+            ))
+        })
     }
 
     /// Proposes waiting acks, as few Raft entries as `batch.entries_max` and
@@ -474,16 +477,14 @@ impl NodeCtx {
                 return; // The new leader delivers (invariant 9).
             }
             match self.send_decision(txid, term, outcome, p).await {
-                Ok(()) => {
-                    match self.record_ack(txid, p.id.clone()).await {
-                        Ok(_) => {
-                            metrics::counter!("dtx_deliveries_total", "outcome" => outcome.to_string()).increment(1);
-                            participant_sdk::failpoint!("coordinator_mid_delivery");
-                            return;
-                        }
-                        Err(e) => warn!(txid, participant = %p.id, "ack not recorded yet: {e}"),
+                Ok(()) => match self.record_ack(txid, p.id.clone()).await {
+                    Ok(_) => {
+                        metrics::counter!("dtx_deliveries_total", "outcome" => outcome.to_string()).increment(1);
+                        participant_sdk::failpoint!("coordinator_mid_delivery");
+                        return;
                     }
-                }
+                    Err(e) => warn!(txid, participant = %p.id, "ack not recorded yet: {e}"),
+                },
                 Err(e) => {
                     if attempt.is_multiple_of(10) {
                         warn!(txid, participant = %p.id, attempt, "{outcome} not delivered yet: {e}");

@@ -450,7 +450,10 @@ async fn t80_acks_of_several_transactions_share_a_raft_entry() {
     for i in 0..5 {
         let mut both = one(&a, b"x");
         both.extend(one(&b, b"y"));
-        let r = cl.begin_and_commit(&format!("acks-{i}"), 30_000, b"", &both).await.unwrap();
+        let r = cl
+            .begin_and_commit(&format!("acks-{i}"), 30_000, b"", &both)
+            .await
+            .unwrap();
         assert_eq!(r.outcome, TxOutcome::Committed);
         txids.push(r.txid.unwrap());
     }

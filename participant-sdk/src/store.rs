@@ -7,7 +7,10 @@
 //! Key layout in the tree: `l` + txid (big-endian) -> encoded `LogEntry`;
 //! `d` + key -> the resource's value; `g` + decided time (ms since the Unix
 //! epoch, big-endian) + txid -> empty: the decided records in the order
-//! they may be garbage-collected (`forget_decided`).
+//! they may be garbage-collected (`forget_decided`); `i` + txid -> empty:
+//! the in-doubt records (YES vote, no decision), so recovery finds them
+//! without reading the whole log. Both indexes are written in the same
+//! atomic batch as the record they index. `m` + name -> store metadata.
 
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -27,6 +30,10 @@ use crate::log::Vote;
 const LOG_PREFIX: u8 = b'l';
 const DATA_PREFIX: u8 = b'd';
 const GC_PREFIX: u8 = b'g';
+const DOUBT_PREFIX: u8 = b'i';
+/// Present once the in-doubt index covers every record (stores written
+/// before the index existed get it built on open).
+const DOUBT_INDEX_READY_KEY: &[u8] = b"mdoubt-index-v1";
 const ENTRY_FORMAT: u8 = 1;
 
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +159,27 @@ fn log_key(txid: u64) -> [u8; 9] {
     k
 }
 
+fn doubt_key(txid: u64) -> [u8; 9] {
+    let mut k = [DOUBT_PREFIX; 9];
+    k[1..].copy_from_slice(&txid.to_be_bytes());
+    k
+}
+
+/// Adds `txid`'s record `e` to `batch`, with the index changes that go with
+/// moving from `before` to `e`.
+fn put_record(batch: &mut sled::Batch, txid: u64, before: Option<&LogEntry>, e: &LogEntry) {
+    batch.insert(&log_key(txid)[..], &encode_entry(e)[..]);
+    let was_in_doubt = before.is_some_and(crate::log::in_doubt);
+    match (was_in_doubt, crate::log::in_doubt(e)) {
+        (false, true) => batch.insert(&doubt_key(txid)[..], &[][..]),
+        (true, false) => batch.remove(&doubt_key(txid)[..]),
+        _ => {}
+    }
+    if is_decided(e) && !before.is_some_and(is_decided) {
+        batch.insert(&gc_key(unix_ms(), txid)[..], &[][..]);
+    }
+}
+
 fn gc_key(decided_ms: u64, txid: u64) -> [u8; 17] {
     let mut k = [GC_PREFIX; 17];
     k[1..9].copy_from_slice(&decided_ms.to_be_bytes());
@@ -274,7 +302,7 @@ impl<R: Resource> ParticipantStore<R> {
             .name("dtx-participant-flusher".into())
             .spawn(move || run_flusher(d, rx))
             .map_err(|e| StoreError::Io(e.to_string()))?;
-        Ok(Arc::new(ParticipantStore {
+        let store = Arc::new(ParticipantStore {
             db,
             tree,
             resource,
@@ -282,7 +310,9 @@ impl<R: Resource> ParticipantStore<R> {
             prepared_at: Mutex::new(HashMap::new()),
             flusher: Some(flusher),
             flusher_thread: Some(thread),
-        }))
+        });
+        store.ensure_doubt_index()?;
+        Ok(store)
     }
 
     pub fn resource(&self) -> &R {
@@ -319,13 +349,47 @@ impl<R: Resource> ParticipantStore<R> {
     }
 
     /// Transactions holding a YES vote without a known decision: on start and
-    /// periodically, their decisions must be asked of the cluster.
+    /// periodically, their decisions must be asked of the cluster. Reads the
+    /// in-doubt index, so its cost follows the number in doubt, not the
+    /// size of the log.
     pub fn in_doubt(&self) -> Result<Vec<(u64, LogEntry)>, StoreError> {
-        Ok(self
-            .entries()?
-            .into_iter()
-            .filter(|(_, e)| crate::log::in_doubt(e))
-            .collect())
+        let mut out = Vec::new();
+        for r in self.tree.scan_prefix([DOUBT_PREFIX]) {
+            let (k, _) = r.map_err(|e| StoreError::Io(e.to_string()))?;
+            let txid = u64::from_be_bytes(k[1..].try_into().map_err(|_| StoreError::Damaged {
+                txid: 0,
+                message: format!("in-doubt index key of {} bytes", k.len()),
+            })?);
+            match self.entry(txid)? {
+                Some(e) if crate::log::in_doubt(&e) => out.push((txid, e)),
+                other => {
+                    return Err(StoreError::Damaged {
+                        txid,
+                        message: format!("in the in-doubt index, but its record is {other:?}"),
+                    })
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Builds the in-doubt index of a store written before it existed: one
+    /// pass over the log, once.
+    fn ensure_doubt_index(&self) -> Result<(), StoreError> {
+        let io = |e: sled::Error| StoreError::Io(e.to_string());
+        if self.tree.get(DOUBT_INDEX_READY_KEY).map_err(io)?.is_some() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for (txid, e) in self.entries()? {
+            if crate::log::in_doubt(&e) {
+                batch.insert(&doubt_key(txid)[..], &[][..]);
+            }
+        }
+        batch.insert(DOUBT_INDEX_READY_KEY, &[][..]);
+        self.tree.apply_batch(batch).map_err(io)?;
+        self.db.flush().map_err(io)?;
+        Ok(())
     }
 
     /// In-doubt transactions whose YES vote is at least `age_min` old (every
@@ -361,6 +425,9 @@ impl<R: Resource> ParticipantStore<R> {
             }
             let txid = u64::from_be_bytes(k[9..17].try_into().unwrap_or([0; 8]));
             batch.remove(&log_key(txid)[..]);
+            // Never in doubt (only decided records are indexed here);
+            // removed anyway so no index entry can outlive its record.
+            batch.remove(&doubt_key(txid)[..]);
             batch.remove(k);
             n += 1;
         }
@@ -379,6 +446,8 @@ impl<R: Resource> ParticipantStore<R> {
             let _serial = self.serial.lock().expect("participant store lock");
             let before = self.entry(txid)?;
             let (after, action) = step(before.as_ref(), msg);
+            // The record as last written (the one-phase path writes twice).
+            let mut prior = before;
             let mut staged = Staged::default();
             let view = self.view();
             let (reply, record) = match action {
@@ -398,10 +467,11 @@ impl<R: Resource> ParticipantStore<R> {
                             // ordinary in-doubt entry, never orphaned locks.
                             let mut batch = std::mem::take(&mut staged).into_batch();
                             let prepared = crate::log::prepared(msg.term(), Vote::Yes);
-                            batch.insert(&log_key(txid)[..], &encode_entry(&prepared)[..]);
+                            put_record(&mut batch, txid, prior.as_ref(), &prepared);
                             self.tree
                                 .apply_batch(batch)
                                 .map_err(|e| StoreError::Io(e.to_string()))?;
+                            prior = Some(prepared);
                             self.resource.commit(&view, txid, &mut staged);
                             let committed = LogEntry {
                                 state: LocalState::Committed,
@@ -449,11 +519,7 @@ impl<R: Resource> ParticipantStore<R> {
             if changed {
                 let mut batch = staged.into_batch();
                 if let Some(e) = record {
-                    batch.insert(&log_key(txid)[..], &encode_entry(&e)[..]);
-                    let decided_now = is_decided(&e) && !before.as_ref().is_some_and(is_decided);
-                    if decided_now {
-                        batch.insert(&gc_key(unix_ms(), txid)[..], &[][..]);
-                    }
+                    put_record(&mut batch, txid, prior.as_ref(), &e);
                 }
                 self.tree
                     .apply_batch(batch)
