@@ -7,8 +7,10 @@ use serde::Serialize;
 
 use crate::limits::DECODE_BYTES_MAX;
 
-/// Bumped whenever an encoded type changes incompatibly.
-pub const FORMAT_VERSION: u8 = 1;
+/// Bumped whenever an encoded type changes incompatibly. 2: one-phase
+/// commit and BeginAndCommit (new command kinds, `one_phase` in every
+/// transaction record).
+pub const FORMAT_VERSION: u8 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

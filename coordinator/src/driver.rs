@@ -61,25 +61,50 @@ struct AckQueue {
     flush_scheduled: bool,
 }
 
-/// Marks a transaction as being driven on this node until dropped: the
-/// mark cannot outlive the work, whether it finishes, fails, panics or is
-/// cancelled (a mark left behind would stop the leader loop from ever
-/// re-driving it; found by the jepsen harness with a one-phase commit).
-struct DrivingMark {
-    ctx: Arc<NodeCtx>,
-    txid: Txid,
+/// Which of the driver's "task running here" sets a mark is in.
+#[derive(Clone, Copy)]
+enum Work {
+    Driving,
+    Delivering,
 }
 
-impl DrivingMark {
-    fn new(ctx: &Arc<NodeCtx>, txid: Txid) -> DrivingMark {
-        ctx.driver.driving.lock().expect("lock").insert(txid);
-        DrivingMark { ctx: ctx.clone(), txid }
+impl DriverState {
+    fn set(&self, work: Work) -> &Mutex<HashSet<Txid>> {
+        match work {
+            Work::Driving => &self.driving,
+            Work::Delivering => &self.delivering,
+        }
     }
 }
 
-impl Drop for DrivingMark {
+/// Marks a transaction as having a task of one kind on this node until
+/// dropped: the mark cannot outlive the work, whether it finishes, fails,
+/// panics or is cancelled (a mark left behind would stop the leader loop
+/// from ever starting that work again; found by the jepsen harness with a
+/// one-phase commit).
+struct TaskMark {
+    ctx: Arc<NodeCtx>,
+    work: Work,
+    txid: Txid,
+}
+
+impl TaskMark {
+    /// Sets the mark, or `None` if a task of this kind already holds it.
+    fn try_new(ctx: &Arc<NodeCtx>, work: Work, txid: Txid) -> Option<TaskMark> {
+        if !ctx.driver.set(work).lock().expect("lock").insert(txid) {
+            return None;
+        }
+        Some(TaskMark {
+            ctx: ctx.clone(),
+            work,
+            txid,
+        })
+    }
+}
+
+impl Drop for TaskMark {
     fn drop(&mut self) {
-        if let Ok(mut d) = self.ctx.driver.driving.lock() {
+        if let Ok(mut d) = self.ctx.driver.set(self.work).lock() {
             d.remove(&self.txid);
         }
     }
@@ -169,7 +194,9 @@ impl NodeCtx {
         txid: Txid,
         known: Option<(Vec<Participant>, bool)>,
     ) -> Result<Decision, ApiError> {
-        let guard = DrivingMark::new(self, txid);
+        // If a re-drive already holds the mark, this drive runs alongside it
+        // (every step is idempotent) and leaves the mark to its owner.
+        let guard = TaskMark::try_new(self, Work::Driving, txid);
         let ctx = self.clone();
         let task = tokio::spawn(async move {
             let _guard = guard;
@@ -430,23 +457,22 @@ impl NodeCtx {
 
     /// Starts phase two for `txid` unless it is already running here.
     pub fn spawn_delivery(self: &Arc<Self>, txid: Txid) {
-        if !self.driver.delivering.lock().expect("lock").insert(txid) {
+        let Some(guard) = TaskMark::try_new(self, Work::Delivering, txid) else {
             return;
-        }
+        };
         let ctx = self.clone();
         tokio::spawn(async move {
+            let _guard = guard;
             ctx.deliver(txid).await;
-            ctx.driver.delivering.lock().expect("lock").remove(&txid);
         });
     }
 
     /// Re-drives a PREPARING transaction (after a leader change, or a caller
     /// that went away) unless one is already running here.
     pub fn spawn_redrive(self: &Arc<Self>, txid: Txid) {
-        if self.driver.driving.lock().expect("lock").contains(&txid) {
+        let Some(guard) = TaskMark::try_new(self, Work::Driving, txid) else {
             return;
-        }
-        let guard = DrivingMark::new(self, txid);
+        };
         let ctx = self.clone();
         tokio::spawn(async move {
             let _guard = guard;

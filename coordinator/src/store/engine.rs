@@ -90,19 +90,32 @@ pub struct SledEngine {
     trees: Vec<(Space, sled::Tree)>,
 }
 
+/// Longest wait for a held directory lock on open.
+pub const OPEN_LOCK_WAIT_MS: u64 = 3_000;
+
 impl SledEngine {
     pub fn open(path: &Path) -> Result<Self, EngineError> {
         let open_err = |e: sled::Error| EngineError::Open {
             path: path.display().to_string(),
             message: e.to_string(),
         };
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(path)
             .mode(sled::Mode::HighThroughput)
             // We flush explicitly where durability is required; no timer.
-            .flush_every_ms(None)
-            .open()
-            .map_err(open_err)?;
+            .flush_every_ms(None);
+        // A directory reopened in the same process right after it was closed
+        // can still be locked for a moment by sled's background I/O threads;
+        // a lock held by another process is reported after this wait.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(OPEN_LOCK_WAIT_MS);
+        let db = loop {
+            match config.open() {
+                Err(e) if super::is_lock_error(&e.to_string()) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => break other.map_err(open_err)?,
+            }
+        };
         let mut trees = Vec::new();
         for s in Space::ALL {
             trees.push((s, db.open_tree(s.name()).map_err(open_err)?));

@@ -44,6 +44,8 @@ pub enum OpenError {
     Missing { dir: String },
     #[error("data directory {dir} is in use by another process (its lock is held); stop that process first")]
     InUse { dir: String },
+    #[error("data directory {dir} was written in format version {found}, which this build cannot read (it reads version {supported}); run the build that wrote it, or start this one on a new data directory")]
+    OtherFormat { dir: String, found: u8, supported: u8 },
     #[error("data directory {dir} is damaged: {message}; the node stops and leaves it untouched for inspection (never reset it silently)")]
     Damaged { dir: String, message: String },
 }
@@ -56,6 +58,22 @@ fn is_lock_error(message: &str) -> bool {
         || message.contains("os error 11")
         || message.contains("WouldBlock")
         || message.contains("temporarily unavailable")
+}
+
+/// The identity record is the first thing read from a data directory, so
+/// an older or newer format shows there first.
+fn identity_unreadable(dir: &str, e: codec::CodecError) -> OpenError {
+    match e {
+        codec::CodecError::Version { found } => OpenError::OtherFormat {
+            dir: dir.to_string(),
+            found,
+            supported: codec::FORMAT_VERSION,
+        },
+        e => OpenError::Damaged {
+            dir: dir.to_string(),
+            message: format!("node identity record unreadable: {e}"),
+        },
+    }
 }
 
 /// Opens (or creates) a node's data directory and checks its identity.
@@ -75,10 +93,7 @@ pub fn open_data_dir(dir: &Path, cluster_id: &str, node_id: u64) -> Result<Arc<d
     };
     match engine.get(Space::NodeMeta, IDENTITY_KEY)? {
         Some(bytes) => {
-            let found: NodeIdentity = codec::decode(&bytes).map_err(|e| OpenError::Damaged {
-                dir: dir_s.clone(),
-                message: format!("node identity record unreadable: {e}"),
-            })?;
+            let found: NodeIdentity = codec::decode(&bytes).map_err(|e| identity_unreadable(&dir_s, e))?;
             if found.cluster_id != want.cluster_id {
                 return Err(OpenError::OtherCluster {
                     dir: dir_s,
@@ -132,7 +147,7 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
         message: m,
     };
     let identity: Option<NodeIdentity> = match engine.get(Space::NodeMeta, IDENTITY_KEY)? {
-        Some(b) => Some(codec::decode(&b).map_err(|e| damaged(e.to_string()))?),
+        Some(b) => Some(codec::decode(&b).map_err(|e| identity_unreadable(&dir_s, e))?),
         None => None,
     };
     let first_log = engine
@@ -170,4 +185,35 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
         "next_txid": st.table.next_txid(),
         "transactions": records,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A data directory written in another format version is refused with
+    /// a message naming both versions, and left as it was.
+    #[test]
+    fn other_format_version_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = open_data_dir(dir.path(), "c", 1).unwrap();
+        let mut identity = engine.get(Space::NodeMeta, IDENTITY_KEY).unwrap().unwrap();
+        identity[0] = codec::FORMAT_VERSION - 1;
+        let mut b = engine::WriteBatch::default();
+        b.put(IDENTITY_KEY.to_vec(), identity.clone());
+        engine.write_batch(Space::NodeMeta, b).unwrap();
+        engine.flush().unwrap();
+        drop(engine);
+
+        let err = open_data_dir(dir.path(), "c", 1).err().expect("refused");
+        assert!(
+            matches!(err, OpenError::OtherFormat { found, supported, .. }
+                if found == codec::FORMAT_VERSION - 1 && supported == codec::FORMAT_VERSION),
+            "{err}"
+        );
+        assert!(err.to_string().contains("new data directory"), "{err}");
+        // Untouched: the old identity record is still there.
+        let engine = SledEngine::open(dir.path()).unwrap();
+        assert_eq!(engine.get(Space::NodeMeta, IDENTITY_KEY).unwrap(), Some(identity));
+    }
 }
