@@ -407,6 +407,7 @@ impl NodeCtx {
                     q.flush_scheduled = false;
                     std::mem::take(&mut q.waiting)
                 };
+                metrics::histogram!("dtx_ack_batch_acks").record(waiting.len() as f64);
                 ctx.propose_acks(waiting).await;
             });
         }
