@@ -482,3 +482,46 @@ async fn t80_acks_of_several_transactions_share_a_raft_entry() {
         "{entries} Raft entries for 5 transactions and their 10 acks: {ack_entries} for acks (commits took {commits_took:?})"
     );
 }
+
+/// Invariant 2 with a READ_ONLY vote, end to end: it counts as agreement
+/// (COMMIT with the other participant's YES), it needs no phase two, and it
+/// is acked by the leader from the vote itself: the read-only participant
+/// refuses every delivery here, so its ack cannot have come from one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_inv2_read_only_vote_commits_without_phase_two() {
+    let mut c = TestCluster::start_with("t80r", 3, |cfg| {
+        cfg.txn.ack_batch_wait_ms = 20;
+    });
+    c.leader().await;
+    let cl = c.client();
+    let reader = Svc::new("reader").await;
+    let writer = Svc::new("writer").await;
+    reader.hold_decisions.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    let mut both = one(&reader, b"ro");
+    both.extend(one(&writer, b"w"));
+    let r = cl.begin_and_commit("ro-1", 30_000, b"", &both).await.unwrap();
+    assert_eq!(r.outcome, TxOutcome::Committed);
+    let t = r.txid.unwrap();
+    assert!(
+        writer
+            .wait_state(t, LocalState::Committed, Duration::from_secs(10))
+            .await
+    );
+    assert_eq!(reader.state(t), Some(LocalState::Prepared { vote: Vote::ReadOnly }));
+    let mut acked = (false, false);
+    for _ in 0..100 {
+        let st = cl.status(t).await.unwrap();
+        let of = |id: &str| st.participants.iter().any(|p| p.id == id && p.acked);
+        acked = (of("reader"), of("writer"));
+        if acked == (true, true) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(acked, (true, true), "(reader, writer) acked");
+    assert!(
+        reader.store.in_doubt().unwrap().is_empty(),
+        "a READ_ONLY vote is never in doubt"
+    );
+}

@@ -15,13 +15,16 @@ use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::View;
 
-/// Stages the payload on prepare, applies it on commit; payload "no" votes NO.
+/// Stages the payload on prepare, applies it on commit; payload "no" votes
+/// NO, payload "ro" votes READ_ONLY (nothing to commit).
 pub struct Stage;
 
 impl Resource for Stage {
     fn prepare(&self, _v: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
-        if payload == b"no" {
-            return Vote::No;
+        match payload {
+            b"no" => return Vote::No,
+            b"ro" => return Vote::ReadOnly,
+            _ => {}
         }
         staged.put(format!("staged/{txid}").as_bytes(), payload);
         Vote::Yes
