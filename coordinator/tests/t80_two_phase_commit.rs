@@ -525,3 +525,57 @@ async fn t80_inv2_read_only_vote_commits_without_phase_two() {
         "a READ_ONLY vote is never in doubt"
     );
 }
+
+/// Invariant 8 across log garbage collection: a participant that committed
+/// in one phase but whose answer never reached the coordinator keeps its
+/// record past retention while the transaction reads PENDING (a re-sent
+/// `CommitOnePhase` must find it, or the work would be applied again), and
+/// collects it once the decision is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_inv8_log_gc_keeps_a_one_phase_record_the_coordinator_has_not_recorded() {
+    let mut c = TestCluster::start_with("t80l", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 500;
+        cfg.txn.reaper_interval_ms = 100;
+    });
+    c.leader().await;
+    let cl = c.client();
+    let endpoints = c.procs.api_addrs();
+    let a = Svc::new("bank-a").await;
+    a.lose_one_phase_answers
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = cl
+        .begin_and_commit("one-lost", 30_000, b"", &one(&a, b"w"))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, TxOutcome::Unknown, "the answer was lost");
+    let t = txid_enlisting(&cl, &a.id).await;
+    assert!(a.wait_state(t, LocalState::Committed, Duration::from_secs(10)).await);
+    assert_eq!(cl.decision(t).await.unwrap(), DecisionRead::Pending);
+
+    // Retention 0: the record is a candidate, but the cluster has no
+    // decision yet, so it stays.
+    let n = participant_sdk::server::collect_decided(&a.store, &endpoints, u64::MAX, 100, None)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "collected a record whose one-phase answer is not recorded");
+    assert_eq!(a.state(t), Some(LocalState::Committed));
+
+    // The answers get through: the re-drive records COMMIT; now it goes.
+    a.lose_one_phase_answers
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(settled_decision(&cl, t).await, DecisionRead::Committed);
+    let n = participant_sdk::server::collect_decided(&a.store, &endpoints, u64::MAX, 100, None)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(a.state(t), None);
+    assert_eq!(
+        a.store
+            .view()
+            .get(format!("applied/{t}").as_bytes())
+            .unwrap()
+            .as_deref(),
+        Some(&b"1"[..]),
+        "the work stays applied"
+    );
+}

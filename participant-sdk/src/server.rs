@@ -149,8 +149,37 @@ pub async fn recover_older_than<R: Resource>(
     if in_doubt.is_empty() {
         return Ok(0);
     }
+    let txids: Vec<u64> = in_doubt.iter().map(|(t, _)| *t).collect();
+    let outcomes = ask_decisions(endpoints, &txids, local_ip).await?;
+    let mut resolved = 0;
+    for (outcome, (txid, entry)) in outcomes.into_iter().zip(&in_doubt) {
+        let msg = match outcome {
+            pb::Outcome::Commit => Message::Commit { term: entry.term },
+            pb::Outcome::Abort | pb::Outcome::UnknownPresumedAbort => Message::Abort { term: entry.term },
+            _ => continue, // still undecided: keep waiting
+        };
+        match store.handle(*txid, msg, b"").await {
+            Ok(_) => {
+                info!(txid, "in-doubt transaction resolved by recovery: {msg:?}");
+                resolved += 1;
+            }
+            Err(e) => warn!(txid, "recovery could not apply {msg:?}: {e}"),
+        }
+    }
+    Ok(resolved)
+}
+
+/// The cluster's decision for each of `txids`, in order: one node of
+/// `endpoints` (the first that answers every batch) is asked with
+/// `GetDecisions`, at most 1000 txids per call, 3 s per call. The read is
+/// linearizable. An error means no node could answer (no quorum).
+pub async fn ask_decisions(
+    endpoints: &[String],
+    txids: &[u64],
+    local_ip: Option<std::net::IpAddr>,
+) -> Result<Vec<pb::Outcome>, String> {
     let mut last_err = String::from("no endpoint");
-    for ep in endpoints {
+    'nodes: for ep in endpoints {
         let endpoint = match dtx_proto::endpoint(ep) {
             Ok(e) => e,
             Err(e) => {
@@ -162,44 +191,77 @@ pub async fn recover_older_than<R: Resource>(
             .connect_timeout(Duration::from_millis(500))
             .local_address(local_ip)
             .connect_lazy();
-        let mut resolved = 0;
-        let mut ok = true;
-        for chunk in in_doubt.chunks(1000) {
-            let mut req = Request::new(pb::GetDecisionsRequest {
-                txids: chunk.iter().map(|(t, _)| *t).collect(),
-            });
+        let mut out = Vec::with_capacity(txids.len());
+        for chunk in txids.chunks(1000) {
+            let mut req = Request::new(pb::GetDecisionsRequest { txids: chunk.to_vec() });
             req.set_timeout(Duration::from_secs(3));
             match CoordinatorClient::new(ch.clone()).get_decisions(req).await {
                 Ok(r) => {
-                    for (d, (txid, entry)) in r.into_inner().decisions.iter().zip(chunk) {
-                        let msg = match pb::Outcome::try_from(d.outcome) {
-                            Ok(pb::Outcome::Commit) => Message::Commit { term: entry.term },
-                            Ok(pb::Outcome::Abort) | Ok(pb::Outcome::UnknownPresumedAbort) => {
-                                Message::Abort { term: entry.term }
-                            }
-                            _ => continue, // still undecided: keep waiting
-                        };
-                        match store.handle(*txid, msg, b"").await {
-                            Ok(_) => {
-                                info!(txid, "in-doubt transaction resolved by recovery: {msg:?}");
-                                resolved += 1;
-                            }
-                            Err(e) => warn!(txid, "recovery could not apply {msg:?}: {e}"),
-                        }
+                    let ds = r.into_inner().decisions;
+                    if ds.len() != chunk.len() {
+                        last_err = format!("{ep}: {} decisions for {} txids", ds.len(), chunk.len());
+                        continue 'nodes;
                     }
+                    // An outcome this SDK does not know counts as undecided.
+                    out.extend(
+                        ds.iter()
+                            .map(|d| pb::Outcome::try_from(d.outcome).unwrap_or(pb::Outcome::Unspecified)),
+                    );
                 }
                 Err(s) => {
                     last_err = format!("{ep}: {}: {}", s.code(), s.message());
-                    ok = false;
-                    break;
+                    continue 'nodes;
                 }
             }
         }
-        if ok {
-            return Ok(resolved);
-        }
+        return Ok(out);
     }
     Err(last_err)
+}
+
+/// Garbage-collects decided log records decided at or before
+/// `decided_before_ms`, at most `max`, but only those for which the cluster
+/// will send nothing more: it has a decision (COMMIT or ABORT), or it has
+/// forgotten the transaction (UNKNOWN_PRESUMED_ABORT: every participant
+/// acked). A record whose transaction still reads PENDING is kept: its
+/// one-phase answer never reached the coordinator, which keeps re-sending
+/// `CommitOnePhase`, and only the record turns a re-send into a repeat
+/// instead of a second commit. Returns how many were removed; an error
+/// means the cluster could not be asked, and nothing was removed.
+pub async fn collect_decided<R: Resource>(
+    store: &ParticipantStore<R>,
+    endpoints: &[String],
+    decided_before_ms: u64,
+    max: usize,
+    local_ip: Option<std::net::IpAddr>,
+) -> Result<usize, String> {
+    let candidates = store.gc_candidates(decided_before_ms, max).map_err(|e| e.to_string())?;
+    if candidates.is_empty() {
+        return Ok(0);
+    }
+    let txids: Vec<u64> = candidates.iter().map(|(_, t)| *t).collect();
+    let outcomes = ask_decisions(endpoints, &txids, local_ip).await?;
+    let mut kept = 0;
+    let safe: Vec<(u64, u64)> = candidates
+        .into_iter()
+        .zip(outcomes)
+        .filter(|(_, o)| {
+            let done = matches!(
+                o,
+                pb::Outcome::Commit | pb::Outcome::Abort | pb::Outcome::UnknownPresumedAbort
+            );
+            kept += usize::from(!done);
+            done
+        })
+        .map(|(c, _)| c)
+        .collect();
+    if kept > 0 {
+        warn!(
+            kept,
+            "decided log records kept past retention: the cluster has not recorded their outcome yet"
+        );
+    }
+    store.forget_records(&safe).map_err(|e| e.to_string())
 }
 
 /// How the recovery loop runs.
@@ -211,9 +273,13 @@ pub struct RecoveryOptions {
     /// ask only about YES votes at least this old: younger ones are normally
     /// still in the coordinator's hands.
     pub prepared_age_min: Duration,
-    /// Decided log records older than this are garbage-collected; `None`
-    /// keeps them forever. Keep it far above any transaction timeout.
+    /// Decided log records older than this are garbage-collected once the
+    /// cluster has recorded their outcome (`collect_decided`); `None` keeps
+    /// them forever. Keep it far above any transaction timeout.
     pub log_retention: Option<Duration>,
+    /// Time between garbage-collection passes (each may ask the cluster
+    /// about up to 10,000 records).
+    pub gc_interval: Duration,
     /// Source address for the connections to the cluster (the service's
     /// own address, so network rules on it apply both ways); `None` lets
     /// the system choose.
@@ -226,6 +292,7 @@ impl Default for RecoveryOptions {
             interval: Duration::from_millis(500),
             prepared_age_min: Duration::from_secs(1),
             log_retention: Some(Duration::from_secs(24 * 3600)),
+            gc_interval: Duration::from_secs(10),
             local_ip: None,
         }
     }
@@ -255,13 +322,15 @@ pub fn spawn_recovery_with<R: Resource>(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut age_min = Duration::ZERO;
+        let mut next_gc = tokio::time::Instant::now();
         loop {
-            if let Some(keep) = opts.log_retention {
+            if let Some(keep) = opts.log_retention.filter(|_| tokio::time::Instant::now() >= next_gc) {
+                next_gc = tokio::time::Instant::now() + opts.gc_interval;
                 let before = crate::store::unix_ms().saturating_sub(keep.as_millis() as u64);
-                match store.forget_decided(before, 10_000) {
+                match collect_decided(&store, &endpoints, before, 10_000, opts.local_ip).await {
                     Ok(0) => {}
                     Ok(n) => info!(forgotten = n, "decided log records garbage-collected"),
-                    Err(e) => warn!("log garbage collection failed: {e}"),
+                    Err(e) => warn!("log garbage collection waits for the cluster: {e}"),
                 }
             }
             let doubt = store.in_doubt_older_than(age_min).map(|v| v.len()).unwrap_or(0);

@@ -404,16 +404,11 @@ impl<R: Resource> ParticipantStore<R> {
             .collect())
     }
 
-    /// Garbage-collects decided records (committed, aborted, tombstones)
-    /// decided at or before `decided_before_ms` (ms since the Unix epoch), at
-    /// most `max`; returns how many. Safe once the coordinator can no longer
-    /// send messages for them: keep the retention far above any transaction
-    /// timeout (a Prepare arriving after its record is gone would be treated
-    /// as new). Not synced: a crash only means collecting them again.
-    pub fn forget_decided(&self, decided_before_ms: u64, max: usize) -> Result<usize, StoreError> {
-        let _serial = self.serial.lock().expect("participant store lock");
-        let mut batch = sled::Batch::default();
-        let mut n = 0;
+    /// Decided records (committed, aborted, tombstones) decided at or before
+    /// `decided_before_ms` (ms since the Unix epoch), oldest first, at most
+    /// `max`: candidates for `forget_records`, as `(decided_ms, txid)`.
+    pub fn gc_candidates(&self, decided_before_ms: u64, max: usize) -> Result<Vec<(u64, u64)>, StoreError> {
+        let mut out = Vec::new();
         for r in self.tree.scan_prefix([GC_PREFIX]).take(max) {
             let (k, _) = r.map_err(|e| StoreError::Io(e.to_string()))?;
             if k.len() != 17 {
@@ -423,12 +418,32 @@ impl<R: Resource> ParticipantStore<R> {
             if decided_ms > decided_before_ms {
                 break;
             }
-            let txid = u64::from_be_bytes(k[9..17].try_into().unwrap_or([0; 8]));
+            out.push((decided_ms, u64::from_be_bytes(k[9..17].try_into().unwrap_or([0; 8]))));
+        }
+        Ok(out)
+    }
+
+    /// Removes the given decided records (from `gc_candidates`); returns
+    /// how many. Only safe once the coordinator will send nothing more for
+    /// them: it has recorded a decision, or forgotten the transaction (a
+    /// message arriving after its record is gone is taken as the first; for
+    /// a `CommitOnePhase` that would apply the work again). The recovery
+    /// loop checks that with the cluster first. A record that is no longer
+    /// decided is left alone. Not synced: a crash only means collecting them
+    /// again.
+    pub fn forget_records(&self, records: &[(u64, u64)]) -> Result<usize, StoreError> {
+        let _serial = self.serial.lock().expect("participant store lock");
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for &(decided_ms, txid) in records {
+            if !self.entry(txid)?.as_ref().is_some_and(is_decided) {
+                continue;
+            }
             batch.remove(&log_key(txid)[..]);
-            // Never in doubt (only decided records are indexed here);
-            // removed anyway so no index entry can outlive its record.
+            // Never in doubt (the record is decided); removed anyway so no
+            // index entry can outlive its record.
             batch.remove(&doubt_key(txid)[..]);
-            batch.remove(k);
+            batch.remove(&gc_key(decided_ms, txid)[..]);
             n += 1;
         }
         self.tree

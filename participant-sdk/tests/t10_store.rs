@@ -268,9 +268,14 @@ async fn decided_records_are_garbage_collected_after_retention_but_in_doubt_ones
     s.handle(1, Message::Commit { term: 1 }, b"").await.unwrap();
     s.handle(2, Message::Abort { term: 1 }, b"").await.unwrap();
     s.handle(3, Message::Prepare { term: 1 }, b"w").await.unwrap();
-    assert_eq!(s.forget_decided(0, 100).unwrap(), 0, "nothing decided that long ago");
+    assert!(
+        s.gc_candidates(0, 100).unwrap().is_empty(),
+        "nothing decided that long ago"
+    );
     assert_eq!(s.entries().unwrap().len(), 3);
-    assert_eq!(s.forget_decided(u64::MAX, 100).unwrap(), 2);
+    let candidates = s.gc_candidates(u64::MAX, 100).unwrap();
+    assert_eq!(candidates.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(s.forget_records(&candidates).unwrap(), 2);
     let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| *t).collect();
     assert_eq!(left, vec![3], "the in-doubt record stays (invariant 5)");
     assert_eq!(
@@ -278,7 +283,10 @@ async fn decided_records_are_garbage_collected_after_retention_but_in_doubt_ones
         Some(&b"w"[..]),
         "data is kept"
     );
-    assert_eq!(s.forget_decided(u64::MAX, 100).unwrap(), 0);
+    assert!(s.gc_candidates(u64::MAX, 100).unwrap().is_empty());
+    // An in-doubt record handed to forget_records anyway is not removed.
+    assert_eq!(s.forget_records(&[(0, 3)]).unwrap(), 0);
+    assert_eq!(s.entries().unwrap().len(), 1);
 }
 
 /// A store reopened in the same process right after the previous one was

@@ -46,6 +46,8 @@ pub struct Gated {
     /// Milliseconds a one-phase commit waits before it is handled (a slow
     /// participant).
     one_phase_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// While set, a one-phase commit is handled but its answer is lost.
+    lose_one_phase_answers: Arc<std::sync::atomic::AtomicBool>,
 }
 
 type R<T> = Result<tonic::Response<T>, tonic::Status>;
@@ -64,7 +66,11 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         }
         let delay = self.one_phase_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
-        self.inner.commit_one_phase(req).await
+        let answer = self.inner.commit_one_phase(req).await;
+        if self.lose_one_phase_answers.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unavailable("answer lost by the test"));
+        }
+        answer
     }
     async fn commit(
         &self,
@@ -94,6 +100,7 @@ pub struct Svc {
     pub store: Arc<ParticipantStore<Stage>>,
     pub hold_decisions: Arc<std::sync::atomic::AtomicBool>,
     pub one_phase_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    pub lose_one_phase_answers: Arc<std::sync::atomic::AtomicBool>,
     /// Dropping it stops the server.
     _stop: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
@@ -110,6 +117,7 @@ impl Svc {
             store,
             hold_decisions: Arc::default(),
             one_phase_delay_ms: Arc::default(),
+            lose_one_phase_answers: Arc::default(),
             _stop: None,
             _dir: dir,
         };
@@ -124,6 +132,7 @@ impl Svc {
             inner: ParticipantServer::new(self.store.clone(), &self.id),
             hold_decisions: self.hold_decisions.clone(),
             one_phase_delay_ms: self.one_phase_delay_ms.clone(),
+            lose_one_phase_answers: self.lose_one_phase_answers.clone(),
         });
         tokio::spawn(
             tonic::transport::Server::builder()
