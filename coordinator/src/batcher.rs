@@ -72,14 +72,6 @@ impl Batcher {
         Batcher { tx, settings }
     }
 
-    /// Proposes one command and waits until it is applied (or refused).
-    pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
-        let mut results = self.propose_together(vec![cmd]).await?;
-        results
-            .pop()
-            .ok_or_else(|| ProposeError::Unavailable("state machine returned too few results".into()))
-    }
-
     /// Proposes `cmds` in one Raft entry (with whatever else is waiting) and
     /// waits until they are applied; one result per command, in order. The
     /// caller keeps them within `entries_max` commands and `bytes_max` bytes.
