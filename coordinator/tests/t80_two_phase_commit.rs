@@ -579,3 +579,83 @@ async fn t80_inv8_log_gc_keeps_a_one_phase_record_the_coordinator_has_not_record
         "the work stays applied"
     );
 }
+
+/// Invariant 1 under races on one transaction: a client Abort that arrives
+/// while the leader's driver waits for a slow vote, and the reaper's ABORT
+/// at a deadline that passes while the driver waits. Whoever wins, there is
+/// one decision: every caller is told the same outcome, every node's read
+/// agrees, and both participants apply it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_inv1_driver_racing_client_abort_and_reaper_gives_one_decision() {
+    let mut c = TestCluster::start_with("t80m", 3, |cfg| {
+        cfg.txn.reaper_interval_ms = 50;
+        cfg.txn.one_phase_commit = false;
+    });
+    c.leader().await;
+    let cl = c.client();
+    let a = Svc::new("bank-a").await;
+    let b = Svc::new("bank-b").await;
+    a.prepare_delay_ms.store(1_500, std::sync::atomic::Ordering::SeqCst);
+
+    // Case 1: client Abort while Commit waits for bank-a's vote.
+    let t = cl.begin("race-abort", 30_000, b"").await.unwrap().txid;
+    cl.enlist(t, &a.id, &a.addr, b"x").await.unwrap();
+    cl.enlist(t, &b.id, &b.addr, b"y").await.unwrap();
+    let committer = {
+        let cl = c.client();
+        tokio::spawn(async move { cl.commit(t).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let aborted = cl.abort(t, "racing the driver").await.unwrap();
+    let committed = committer.await.unwrap().unwrap();
+    assert_eq!(aborted, committed, "the two callers were told different outcomes");
+    assert_eq!(
+        aborted,
+        TxOutcome::Aborted,
+        "the Abort came first: the vote was still outstanding"
+    );
+    check_one_decision(&c, t, DecisionRead::Aborted, &[&a, &b]).await;
+
+    // Case 2: the deadline passes while the driver waits for the vote: the
+    // reaper and the driver both decide ABORT, once.
+    let t = cl.begin("race-reaper", 300, b"").await.unwrap().txid;
+    cl.enlist(t, &a.id, &a.addr, b"x").await.unwrap();
+    cl.enlist(t, &b.id, &b.addr, b"y").await.unwrap();
+    assert_eq!(cl.commit(t).await.unwrap(), TxOutcome::Aborted);
+    check_one_decision(&c, t, DecisionRead::Aborted, &[&a, &b]).await;
+}
+
+/// The decision of `t` read from every node equals `want`, and every
+/// participant ends in it (an ABORT may reach a participant whose vote was
+/// still on its way as a tombstone or as an abort of its prepared work).
+async fn check_one_decision(c: &TestCluster, t: u64, want: DecisionRead, svcs: &[&Svc]) {
+    for id in 1..=3 {
+        let mut read = DecisionRead::Pending;
+        for _ in 0..50 {
+            read = c.client_at(id).decision(t).await.unwrap();
+            if read != DecisionRead::Pending {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(read, want, "node {id}");
+    }
+    for s in svcs {
+        let ok = match want {
+            DecisionRead::Committed => s.wait_state(t, LocalState::Committed, Duration::from_secs(10)).await,
+            _ => {
+                let until = tokio::time::Instant::now() + Duration::from_secs(10);
+                loop {
+                    if matches!(s.state(t), Some(LocalState::Aborted { .. })) {
+                        break true;
+                    }
+                    if tokio::time::Instant::now() > until {
+                        break false;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        assert!(ok, "{} ended in {:?}, not {want:?}", s.id, s.state(t));
+    }
+}

@@ -48,6 +48,8 @@ pub struct Gated {
     one_phase_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     /// While set, a one-phase commit is handled but its answer is lost.
     lose_one_phase_answers: Arc<std::sync::atomic::AtomicBool>,
+    /// Milliseconds a Prepare waits before it is handled (a slow voter).
+    prepare_delay_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 type R<T> = Result<tonic::Response<T>, tonic::Status>;
@@ -55,6 +57,8 @@ type R<T> = Result<tonic::Response<T>, tonic::Status>;
 #[tonic::async_trait]
 impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
     async fn prepare(&self, req: tonic::Request<dtx_proto::v1::PrepareRequest>) -> R<dtx_proto::v1::PrepareResponse> {
+        let delay = self.prepare_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
         self.inner.prepare(req).await
     }
     async fn commit_one_phase(
@@ -101,6 +105,7 @@ pub struct Svc {
     pub hold_decisions: Arc<std::sync::atomic::AtomicBool>,
     pub one_phase_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     pub lose_one_phase_answers: Arc<std::sync::atomic::AtomicBool>,
+    pub prepare_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     /// Dropping it stops the server.
     _stop: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
@@ -118,6 +123,7 @@ impl Svc {
             hold_decisions: Arc::default(),
             one_phase_delay_ms: Arc::default(),
             lose_one_phase_answers: Arc::default(),
+            prepare_delay_ms: Arc::default(),
             _stop: None,
             _dir: dir,
         };
@@ -133,6 +139,7 @@ impl Svc {
             hold_decisions: self.hold_decisions.clone(),
             one_phase_delay_ms: self.one_phase_delay_ms.clone(),
             lose_one_phase_answers: self.lose_one_phase_answers.clone(),
+            prepare_delay_ms: self.prepare_delay_ms.clone(),
         });
         tokio::spawn(
             tonic::transport::Server::builder()
