@@ -7,10 +7,13 @@
 //! - `procs`: network rules (nftables); the node and bank processes are
 //!   `coordinator::cluster::{ProcessCluster, BankProcess}`.
 //! - `nemesis`: the faults and their seeded schedule.
+//! - `msgproxy`: the gRPC proxies in front of the banks that delay,
+//!   duplicate and replay late the coordinator's messages (`message-chaos`).
 //! - `runner`: one run: start, workload + nemesis, heal, final reads, check.
 
 pub mod checker;
 pub mod history;
+pub mod msgproxy;
 pub mod nemesis;
 pub mod plot;
 pub mod procs;

@@ -33,10 +33,13 @@ pub enum Fault {
     ClockSkew,
     /// A crash point of the `failpoints` build armed for one process.
     CrashPoint,
+    /// Messages from the coordinator to participants delayed, duplicated
+    /// and replayed late, by the proxies in front of the banks (`msgproxy`).
+    MessageChaos,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 12] = [
         Fault::KillLeader,
         Fault::KillNode,
         Fault::KillParticipant,
@@ -48,6 +51,7 @@ impl Fault {
         Fault::PartitionLeaderFollowers,
         Fault::ClockSkew,
         Fault::CrashPoint,
+        Fault::MessageChaos,
     ];
 
     pub fn name(self) -> &'static str {
@@ -63,6 +67,7 @@ impl Fault {
             Fault::PartitionLeaderFollowers => "partition-leader-followers",
             Fault::ClockSkew => "clock-skew",
             Fault::CrashPoint => "crash-point",
+            Fault::MessageChaos => "message-chaos",
         }
     }
 

@@ -30,6 +30,7 @@ use rand::Rng;
 use rand::SeedableRng;
 
 use crate::checker;
+use crate::msgproxy;
 use crate::history::Account;
 use crate::history::Applied;
 use crate::history::ApplyEntry;
@@ -129,6 +130,9 @@ impl Recorder {
 struct World {
     cluster: ProcessCluster,
     banks: Vec<BankProc>,
+    /// Where clients tell the coordinator each bank is: its message proxy.
+    proxy_addrs: Vec<String>,
+    chaos: Arc<msgproxy::Chaos>,
     net: Option<Net>,
     node_ips: Vec<String>,
     /// Run-time crash point files (see participant_sdk::failpoint).
@@ -216,6 +220,7 @@ enum Undo {
     HealNet,
     Unskew(u64),
     Disarm { file: PathBuf, point: &'static str },
+    ChaosOff,
 }
 
 async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Result<(String, Undo)> {
@@ -309,6 +314,10 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             std::fs::write(&file, point)?;
             (point.to_string(), Undo::Disarm { file, point })
         }
+        Fault::MessageChaos => {
+            w.chaos.set(true);
+            ("coordinator -> banks".to_string(), Undo::ChaosOff)
+        }
     })
 }
 
@@ -342,6 +351,10 @@ fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
             w.cluster.kill9(id);
             w.restart_node(id, &[])?;
             String::new()
+        }
+        Undo::ChaosOff => {
+            w.chaos.set(false);
+            w.chaos.summary()
         }
         Undo::Disarm { file, point } => {
             let fired = !file.exists();
@@ -555,6 +568,10 @@ fn addrs(o: &RunOptions) -> Vec<(String, u16)> {
     for i in 0..o.banks as u16 {
         v.push((format!("127.0.0.{}", 21 + i), o.base_port + 100 + i));
     }
+    // The message proxies, each on its bank's IP (see msgproxy).
+    for i in 0..o.banks as u16 {
+        v.push((format!("127.0.0.{}", 21 + i), o.base_port + 200 + i));
+    }
     v
 }
 
@@ -623,9 +640,19 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             )
         })
         .collect();
+    let chaos = Arc::new(msgproxy::Chaos::default());
+    let mut proxy_addrs = Vec::new();
+    for (i, b) in banks.iter().enumerate() {
+        let (ip, port) = a[6 + o.banks + i].clone();
+        let listen: std::net::SocketAddr = format!("{ip}:{port}").parse()?;
+        msgproxy::spawn(listen, &b.addr, chaos.clone(), o.seed ^ (0xC4A0 + i as u64)).await?;
+        proxy_addrs.push(listen.to_string());
+    }
     let mut w = World {
         cluster,
         banks,
+        proxy_addrs,
+        chaos,
         net,
         node_ips,
         fp_nodes: dir.join("failpoint-nodes"),
@@ -674,7 +701,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     let bank_list: Vec<(String, String, String)> = w
         .banks
         .iter()
-        .map(|b| (b.id.clone(), b.addr.clone(), b.prefix.clone()))
+        .zip(&w.proxy_addrs)
+        .map(|(b, proxy)| (b.id.clone(), proxy.clone(), b.prefix.clone()))
         .collect();
     let mut tasks = Vec::new();
     for id in 0..o.clients {

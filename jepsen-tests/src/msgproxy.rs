@@ -1,0 +1,192 @@
+//! The `message-chaos` nemesis: a gRPC proxy in front of each bank service
+//! that, while the fault is on, delays, duplicates and replays late the
+//! coordinator's messages to participants (Prepare, CommitOnePhase, Commit,
+//! Abort). This kernel has no netem, and a TCP-level proxy cannot duplicate
+//! a gRPC message, so it is done per call: DESIGN's "duplicate and late
+//! messages across txids".
+//!
+//! Every participant address the clients hand to the coordinator is the
+//! proxy's, on the bank's own IP (so partitions on that IP still cut it).
+//! While the fault is off the proxy only relays. While it is on, each call:
+//! - waits 0-250 ms first, half of the time (delay, and so reordering
+//!   between concurrent calls);
+//! - is sent a second time at once, a quarter of the time (duplicate; the
+//!   copy's answer is dropped);
+//! - is sent again 1-4 s later, one time in six (a late message, usually
+//!   after its transaction was decided; its answer is dropped). Late copies
+//!   still arrive after the fault ends.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
+use dtx_proto::v1::participant_service_server::ParticipantService;
+use dtx_proto::v1::participant_service_server::ParticipantServiceServer;
+use rand::rngs::StdRng;
+use rand::Rng;
+use rand::SeedableRng;
+use tonic::transport::Channel;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+
+/// Shared by every proxy: whether the fault is on, and what it did.
+#[derive(Default)]
+pub struct Chaos {
+    on: AtomicBool,
+    pub delayed: AtomicU64,
+    pub duplicated: AtomicU64,
+    pub replayed_late: AtomicU64,
+}
+
+impl Chaos {
+    pub fn set(&self, on: bool) {
+        self.on.store(on, Ordering::SeqCst);
+    }
+
+    /// "delayed D, duplicated U, late L" since the start of the run.
+    pub fn summary(&self) -> String {
+        format!(
+            "delayed {}, duplicated {}, late {}",
+            self.delayed.load(Ordering::Relaxed),
+            self.duplicated.load(Ordering::Relaxed),
+            self.replayed_late.load(Ordering::Relaxed)
+        )
+    }
+}
+
+/// Per call: what the chaos does to it.
+struct Plan {
+    delay_ms: u64,
+    duplicate: bool,
+    late_ms: Option<u64>,
+}
+
+struct Proxy {
+    upstream: ParticipantServiceClient<Channel>,
+    chaos: Arc<Chaos>,
+    rng: Mutex<StdRng>,
+}
+
+/// How long a relayed call may take (the coordinator has its own, shorter,
+/// timeouts).
+const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Proxy {
+    fn plan(&self) -> Plan {
+        if !self.chaos.on.load(Ordering::SeqCst) {
+            return Plan {
+                delay_ms: 0,
+                duplicate: false,
+                late_ms: None,
+            };
+        }
+        let mut rng = self.rng.lock().expect("rng");
+        Plan {
+            delay_ms: if rng.random_bool(0.5) { rng.random_range(0..=250) } else { 0 },
+            duplicate: rng.random_bool(0.25),
+            late_ms: rng.random_bool(1.0 / 6.0).then(|| rng.random_range(1_000..=4_000)),
+        }
+    }
+
+    /// Relays `body` with `call`, after applying the chaos plan.
+    async fn relay<Q, A, F, Fut>(&self, body: Q, call: F) -> Result<Response<A>, Status>
+    where
+        Q: Clone + Send + 'static,
+        A: Send + 'static,
+        F: Fn(ParticipantServiceClient<Channel>, Request<Q>) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = Result<Response<A>, Status>> + Send + 'static,
+    {
+        let plan = self.plan();
+        let request = |b: Q| {
+            let mut r = Request::new(b);
+            r.set_timeout(RELAY_TIMEOUT);
+            r
+        };
+        if plan.delay_ms > 0 {
+            self.chaos.delayed.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(plan.delay_ms)).await;
+        }
+        if plan.duplicate {
+            self.chaos.duplicated.fetch_add(1, Ordering::Relaxed);
+            let (c, b, f) = (self.upstream.clone(), body.clone(), call.clone());
+            let r = request(b);
+            tokio::spawn(async move {
+                let _ = f(c, r).await;
+            });
+        }
+        if let Some(ms) = plan.late_ms {
+            self.chaos.replayed_late.fetch_add(1, Ordering::Relaxed);
+            let (c, b, f) = (self.upstream.clone(), body.clone(), call.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                let _ = f(c, request(b)).await;
+            });
+        }
+        call(self.upstream.clone(), request(body)).await
+    }
+}
+
+#[tonic::async_trait]
+impl ParticipantService for Proxy {
+    async fn prepare(&self, req: Request<pb::PrepareRequest>) -> Result<Response<pb::PrepareResponse>, Status> {
+        self.relay(req.into_inner(), |mut c, r| async move { c.prepare(r).await })
+            .await
+    }
+
+    async fn commit_one_phase(
+        &self,
+        req: Request<pb::PrepareRequest>,
+    ) -> Result<Response<pb::OnePhaseResponse>, Status> {
+        self.relay(req.into_inner(), |mut c, r| async move { c.commit_one_phase(r).await })
+            .await
+    }
+
+    async fn commit(
+        &self,
+        req: Request<pb::ParticipantDecisionRequest>,
+    ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
+        self.relay(req.into_inner(), |mut c, r| async move { c.commit(r).await })
+            .await
+    }
+
+    async fn abort(
+        &self,
+        req: Request<pb::ParticipantDecisionRequest>,
+    ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
+        self.relay(req.into_inner(), |mut c, r| async move { c.abort(r).await })
+            .await
+    }
+}
+
+/// Starts a proxy on `listen` in front of the bank at `upstream`; it
+/// connects to the bank from `listen`'s IP. It runs until the process ends.
+pub async fn spawn(listen: SocketAddr, upstream: &str, chaos: Arc<Chaos>, seed: u64) -> anyhow::Result<()> {
+    let endpoint = dtx_proto::endpoint(upstream).map_err(|e| anyhow::anyhow!(e))?;
+    let channel = endpoint
+        .connect_timeout(Duration::from_millis(500))
+        .tcp_nodelay(true)
+        .local_address(Some(listen.ip()))
+        .connect_lazy();
+    let proxy = Proxy {
+        upstream: ParticipantServiceClient::new(channel),
+        chaos,
+        rng: Mutex::new(StdRng::seed_from_u64(seed)),
+    };
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("message proxy cannot listen on {listen}: {e}"))?;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(ParticipantServiceServer::new(proxy))
+            .serve_with_incoming(dtx_proto::incoming(listener)),
+    );
+    Ok(())
+}
