@@ -90,7 +90,11 @@ impl Proxy {
         }
         let mut rng = self.rng.lock().expect("rng");
         Plan {
-            delay_ms: if rng.random_bool(0.5) { rng.random_range(0..=250) } else { 0 },
+            delay_ms: if rng.random_bool(0.5) {
+                rng.random_range(0..=250)
+            } else {
+                0
+            },
             duplicate: rng.random_bool(0.25),
             late_ms: rng.random_bool(1.0 / 6.0).then(|| rng.random_range(1_000..=4_000)),
         }

@@ -30,7 +30,6 @@ use rand::Rng;
 use rand::SeedableRng;
 
 use crate::checker;
-use crate::msgproxy;
 use crate::history::Account;
 use crate::history::Applied;
 use crate::history::ApplyEntry;
@@ -39,6 +38,7 @@ use crate::history::DecisionSeen;
 use crate::history::FaultPhase;
 use crate::history::Op;
 use crate::history::OpType;
+use crate::msgproxy;
 use crate::nemesis::Fault;
 use crate::nemesis::Schedule;
 use crate::plot;
