@@ -421,23 +421,18 @@ impl NodeCtx {
     /// Proposes waiting acks, as few Raft entries as `batch.entries_max` and
     /// `batch.bytes_max` allow, and answers each waiter.
     async fn propose_acks(&self, waiting: Vec<(Command, AckReply)>) {
-        let entries_max = self.config.batch.entries_max.max(1);
-        // Leave room for the batch's own framing.
-        let bytes_max = self.config.batch.bytes_max / 2;
-        let mut chunks: Vec<Vec<(Command, AckReply)>> = Vec::new();
-        let mut bytes = 0usize;
-        for (cmd, reply) in waiting {
-            let size = crate::codec::encode(&cmd).map(|b| b.len()).unwrap_or(bytes_max);
-            let full = chunks
-                .last()
-                .is_none_or(|c| c.len() >= entries_max || bytes + size > bytes_max);
-            if full {
-                chunks.push(Vec::new());
-                bytes = 0;
-            }
-            bytes += size;
-            chunks.last_mut().expect("a chunk").push((cmd, reply));
-        }
+        // Recorded participant ids are at most ID_BYTES_MAX bytes, so every
+        // encoded Ack fits ACK_BYTES_MAX: counting acks keeps each entry
+        // within bytes_max without encoding them here.
+        const ACK_BYTES_MAX: usize = crate::limits::ID_BYTES_MAX + 32;
+        let b = &self.config.batch;
+        let per_entry = b.entries_max.min(b.bytes_max / ACK_BYTES_MAX).max(1);
+        let mut waiting = waiting.into_iter();
+        let chunks: Vec<Vec<(Command, AckReply)>> = std::iter::from_fn(|| {
+            let chunk: Vec<_> = waiting.by_ref().take(per_entry).collect();
+            (!chunk.is_empty()).then_some(chunk)
+        })
+        .collect();
         futures::future::join_all(chunks.into_iter().map(|chunk| async move {
             let (cmds, replies): (Vec<Command>, Vec<AckReply>) = chunk.into_iter().unzip();
             match self.propose_together(cmds).await {
