@@ -14,6 +14,7 @@ use tonic::Status;
 use tracing::info;
 use tracing::warn;
 
+use crate::log::LogEntry;
 use crate::log::Message;
 use crate::log::Refusal;
 use crate::log::Vote;
@@ -146,13 +147,23 @@ pub async fn recover_older_than<R: Resource>(
     local_ip: Option<std::net::IpAddr>,
 ) -> Result<usize, String> {
     let in_doubt = store.in_doubt_older_than(age_min).map_err(|e| e.to_string())?;
+    resolve_in_doubt(store, &in_doubt, endpoints, local_ip).await
+}
+
+/// Asks the cluster about `in_doubt` and applies the known decisions.
+async fn resolve_in_doubt<R: Resource>(
+    store: &ParticipantStore<R>,
+    in_doubt: &[(u64, LogEntry)],
+    endpoints: &[String],
+    local_ip: Option<std::net::IpAddr>,
+) -> Result<usize, String> {
     if in_doubt.is_empty() {
         return Ok(0);
     }
     let txids: Vec<u64> = in_doubt.iter().map(|(t, _)| *t).collect();
     let outcomes = ask_decisions(endpoints, &txids, local_ip).await?;
     let mut resolved = 0;
-    for (outcome, (txid, entry)) in outcomes.into_iter().zip(&in_doubt) {
+    for (outcome, (txid, entry)) in outcomes.into_iter().zip(in_doubt) {
         let msg = match outcome {
             pb::Outcome::Commit => Message::Commit { term: entry.term },
             pb::Outcome::Abort | pb::Outcome::UnknownPresumedAbort => Message::Abort { term: entry.term },
@@ -241,20 +252,18 @@ pub async fn collect_decided<R: Resource>(
     }
     let txids: Vec<u64> = candidates.iter().map(|(_, t)| *t).collect();
     let outcomes = ask_decisions(endpoints, &txids, local_ip).await?;
-    let mut kept = 0;
     let safe: Vec<(u64, u64)> = candidates
-        .into_iter()
+        .iter()
         .zip(outcomes)
         .filter(|(_, o)| {
-            let done = matches!(
+            matches!(
                 o,
                 pb::Outcome::Commit | pb::Outcome::Abort | pb::Outcome::UnknownPresumedAbort
-            );
-            kept += usize::from(!done);
-            done
+            )
         })
-        .map(|(c, _)| c)
+        .map(|(c, _)| *c)
         .collect();
+    let kept = candidates.len() - safe.len();
     if kept > 0 {
         warn!(
             kept,
@@ -333,9 +342,10 @@ pub fn spawn_recovery_with<R: Resource>(
                     Err(e) => warn!("log garbage collection waits for the cluster: {e}"),
                 }
             }
-            let doubt = store.in_doubt_older_than(age_min).map(|v| v.len()).unwrap_or(0);
+            let in_doubt = store.in_doubt_older_than(age_min).unwrap_or_default();
+            let doubt = in_doubt.len();
             if doubt > 0 {
-                match recover_older_than(&store, &endpoints, age_min, opts.local_ip).await {
+                match resolve_in_doubt(&store, &in_doubt, &endpoints, opts.local_ip).await {
                     Ok(n) if n > 0 => info!(resolved = n, in_doubt = doubt, "recovery pass"),
                     Ok(_) => {}
                     Err(e) => warn!(

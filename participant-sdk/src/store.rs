@@ -7,10 +7,11 @@
 //! Key layout in the tree: `l` + txid (big-endian) -> encoded `LogEntry`;
 //! `d` + key -> the resource's value; `g` + decided time (ms since the Unix
 //! epoch, big-endian) + txid -> empty: the decided records in the order
-//! they may be garbage-collected (`forget_decided`); `i` + txid -> empty:
-//! the in-doubt records (YES vote, no decision), so recovery finds them
-//! without reading the whole log. Both indexes are written in the same
-//! atomic batch as the record they index. `m` + name -> store metadata.
+//! they may be garbage-collected (`gc_candidates`, `forget_records`);
+//! `i` + txid -> empty: the in-doubt records (YES vote, no decision), so
+//! recovery finds them without reading the whole log. Both indexes are
+//! written in the same atomic batch as the record they index. `m` + name ->
+//! store metadata.
 
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -247,9 +248,10 @@ pub fn decode_entry(b: &[u8]) -> Result<LogEntry, String> {
 /// another live process is still reported, after this wait.
 const OPEN_LOCK_WAIT_MS: u64 = 3_000;
 
+/// sled reports a held directory lock as an I/O error of kind `Other`
+/// carrying this text.
 fn is_lock_error(e: &sled::Error) -> bool {
-    matches!(e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock)
-        || e.to_string().contains("could not acquire lock")
+    e.to_string().contains("could not acquire lock")
 }
 
 fn open_sled(path: &std::path::Path) -> Result<sled::Db, sled::Error> {
