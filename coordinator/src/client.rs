@@ -445,7 +445,10 @@ impl Client {
     }
 
     pub async fn decisions(&self, txids: &[u64]) -> Result<Vec<(u64, DecisionRead)>, ClientError> {
-        let req = pb::GetDecisionsRequest { txids: txids.to_vec() };
+        let req = pb::GetDecisionsRequest {
+            txids: txids.to_vec(),
+            participant_id: String::new(),
+        };
         let r = self
             .call(Kind::Read, |ch, t| {
                 let mut rq = tonic::Request::new(req.clone());

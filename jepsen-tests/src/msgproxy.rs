@@ -168,6 +168,11 @@ impl ParticipantService for Proxy {
         self.relay(req.into_inner(), |mut c, r| async move { c.abort(r).await })
             .await
     }
+
+    /// Read-only: passed straight through (no chaos on an inquiry).
+    async fn inquire(&self, req: Request<pb::InquireRequest>) -> Result<Response<pb::InquireResponse>, Status> {
+        self.upstream.clone().inquire(req.into_inner()).await
+    }
 }
 
 /// Starts a proxy on `listen` in front of the bank at `upstream`; it

@@ -511,7 +511,10 @@ async fn read_decisions(addr: &str, txids: &[u64]) -> anyhow::Result<Vec<(u64, D
         .await?;
     let mut out = Vec::new();
     for chunk in txids.chunks(1000) {
-        let mut req = tonic::Request::new(pb::GetDecisionsRequest { txids: chunk.to_vec() });
+        let mut req = tonic::Request::new(pb::GetDecisionsRequest {
+            txids: chunk.to_vec(),
+            participant_id: String::new(),
+        });
         req.set_timeout(Duration::from_secs(5));
         let r = pb::coordinator_client::CoordinatorClient::new(ch.clone())
             .get_decisions(req)

@@ -14,6 +14,7 @@ use tonic::Status;
 use tracing::info;
 use tracing::warn;
 
+use crate::log::LocalState;
 use crate::log::LogEntry;
 use crate::log::Message;
 use crate::log::Refusal;
@@ -127,6 +128,27 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
         self.run(r.txid, Message::Abort { term: r.term }, b"").await?;
         Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
     }
+
+    async fn inquire(&self, req: Request<pb::InquireRequest>) -> Result<Response<pb::InquireResponse>, Status> {
+        let r = req.into_inner();
+        self.check_target(&r.participant_id)?;
+        let entry = self.store.entry(r.txid).map_err(|e| Status::internal(e.to_string()))?;
+        let record = match entry.map(|e| e.state) {
+            None => pb::LocalRecord::None,
+            Some(LocalState::Prepared { vote: Vote::Yes }) => pb::LocalRecord::PreparedYes,
+            Some(LocalState::Prepared { vote: Vote::ReadOnly }) => pb::LocalRecord::PreparedReadOnly,
+            // A NO vote is recorded as aborted (its work is rolled back).
+            Some(LocalState::Prepared { vote: Vote::No }) | Some(LocalState::Aborted { tombstone: false }) => {
+                pb::LocalRecord::Aborted
+            }
+            Some(LocalState::Committed) => pb::LocalRecord::Committed,
+            Some(LocalState::Aborted { tombstone: true }) => pb::LocalRecord::Tombstone,
+        };
+        Ok(Response::new(pb::InquireResponse {
+            record: record as i32,
+            term: entry.map(|e| e.term).unwrap_or(0),
+        }))
+    }
 }
 
 /// Asks the cluster (any node of `endpoints`; reads are linearizable and
@@ -204,7 +226,10 @@ pub async fn ask_decisions(
             .connect_lazy();
         let mut out = Vec::with_capacity(txids.len());
         for chunk in txids.chunks(1000) {
-            let mut req = Request::new(pb::GetDecisionsRequest { txids: chunk.to_vec() });
+            let mut req = Request::new(pb::GetDecisionsRequest {
+                txids: chunk.to_vec(),
+                participant_id: String::new(),
+            });
             req.set_timeout(Duration::from_secs(3));
             match CoordinatorClient::new(ch.clone()).get_decisions(req).await {
                 Ok(r) => {

@@ -117,6 +117,7 @@ fn status_pb(r: &TxRecord) -> pb::StatusResponse {
                 id: p.id.clone(),
                 address: p.address.clone(),
                 acked: p.acked,
+                ..Default::default()
             })
             .collect(),
         begun_unix_ms: r.begun_ms,
@@ -325,6 +326,7 @@ impl NodeCtx {
                 .map(|&txid| pb::GetDecisionResponse {
                     txid,
                     outcome: view_pb(&st.table.decision_view(txid)) as i32,
+                    awaiting_ack: false,
                 })
                 .collect()
         })

@@ -94,6 +94,9 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         }
         self.inner.abort(req).await
     }
+    async fn inquire(&self, req: tonic::Request<dtx_proto::v1::InquireRequest>) -> R<dtx_proto::v1::InquireResponse> {
+        self.inner.inquire(req).await
+    }
 }
 
 /// A participant service on its own address over a durable store; it stops
