@@ -11,6 +11,7 @@ use dtx_proto::v1::participant_service_server::ParticipantService;
 use tonic::Request;
 use tonic::Response;
 use tonic::Status;
+use tracing::error;
 use tracing::info;
 use tracing::warn;
 
@@ -367,7 +368,17 @@ pub fn spawn_recovery_with<R: Resource>(
                     Err(e) => warn!("log garbage collection waits for the cluster: {e}"),
                 }
             }
-            let in_doubt = store.in_doubt_older_than(age_min).unwrap_or_default();
+            let in_doubt = match store.in_doubt_older_than(age_min) {
+                Ok(v) => v,
+                Err(e) => {
+                    // Never taken as "nothing in doubt": said, counted and
+                    // tried again on the next pass.
+                    metrics::counter!("dtx_participant_recovery_errors_total").increment(1);
+                    error!("recovery pass could not list the in-doubt transactions; trying again: {e}");
+                    tokio::time::sleep(opts.interval).await;
+                    continue;
+                }
+            };
             let doubt = in_doubt.len();
             if doubt > 0 {
                 match resolve_in_doubt(&store, &in_doubt, &endpoints, opts.local_ip).await {

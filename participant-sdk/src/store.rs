@@ -138,6 +138,8 @@ pub struct ParticipantStore<R: Resource> {
     /// When this process recorded each YES vote still in doubt. Records from
     /// before the process started are absent and count as old.
     prepared_at: Mutex<HashMap<u64, std::time::Instant>>,
+    /// In-doubt index entries already reported as inconsistent.
+    inconsistent: Mutex<std::collections::HashSet<Vec<u8>>>,
     /// `None` only while dropping.
     flusher: Option<mpsc::Sender<oneshot::Sender<Result<(), String>>>>,
     flusher_thread: Option<std::thread::JoinHandle<()>>,
@@ -310,6 +312,7 @@ impl<R: Resource> ParticipantStore<R> {
             resource,
             serial: Mutex::new(()),
             prepared_at: Mutex::new(HashMap::new()),
+            inconsistent: Mutex::new(Default::default()),
             flusher: Some(flusher),
             flusher_thread: Some(thread),
         });
@@ -354,25 +357,78 @@ impl<R: Resource> ParticipantStore<R> {
     /// periodically, their decisions must be asked of the cluster. Reads the
     /// in-doubt index, so its cost follows the number in doubt, not the
     /// size of the log.
+    ///
+    /// The scan runs beside concurrent Commit and Abort: an index entry it
+    /// yields may have been removed (with its record decided, in one batch)
+    /// a moment after the scan read it. So an entry whose record is not in
+    /// doubt is looked at again under the store's serialisation: the index
+    /// entry gone means a concurrent decision (skipped); still there means
+    /// the log is inconsistent, which is logged, counted in
+    /// `dtx_participant_log_inconsistencies_total` (once per entry in this
+    /// process) and skipped, so the other in-doubt transactions are still
+    /// recovered. An error means the index could not be read at all.
     pub fn in_doubt(&self) -> Result<Vec<(u64, LogEntry)>, StoreError> {
         let mut out = Vec::new();
         for r in self.tree.scan_prefix([DOUBT_PREFIX]) {
             let (k, _) = r.map_err(|e| StoreError::Io(e.to_string()))?;
-            let txid = u64::from_be_bytes(k[1..].try_into().map_err(|_| StoreError::Damaged {
-                txid: 0,
-                message: format!("in-doubt index key of {} bytes", k.len()),
-            })?);
-            match self.entry(txid)? {
-                Some(e) if crate::log::in_doubt(&e) => out.push((txid, e)),
-                other => {
-                    return Err(StoreError::Damaged {
-                        txid,
-                        message: format!("in the in-doubt index, but its record is {other:?}"),
-                    })
+            let Ok(id) = <[u8; 8]>::try_from(&k[1..]) else {
+                self.report_inconsistency(&k, None, format!("in-doubt index key of {} bytes", k.len()));
+                continue;
+            };
+            let txid = u64::from_be_bytes(id);
+            match self.entry(txid) {
+                Ok(Some(e)) if crate::log::in_doubt(&e) => {
+                    out.push((txid, e));
+                    continue;
                 }
+                Err(StoreError::Io(e)) => return Err(StoreError::Io(e)),
+                _ => {}
+            }
+            // Look again, with no decision running: a decision removes the
+            // index entry in the same batch that writes its record.
+            let _serial = self.serial.lock().expect("participant store lock");
+            if !self
+                .tree
+                .contains_key(doubt_key(txid))
+                .map_err(|e| StoreError::Io(e.to_string()))?
+            {
+                continue;
+            }
+            match self.entry(txid) {
+                Ok(Some(e)) if crate::log::in_doubt(&e) => out.push((txid, e)),
+                Ok(other) => self.report_inconsistency(
+                    &k,
+                    Some(txid),
+                    format!("in the in-doubt index, but its record is {other:?}"),
+                ),
+                Err(StoreError::Damaged { message, .. }) => {
+                    self.report_inconsistency(&k, Some(txid), format!("in the in-doubt index, but {message}"))
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(out)
+    }
+
+    /// Logs and counts one inconsistent in-doubt index entry, once per
+    /// entry for the life of this store.
+    fn report_inconsistency(&self, index_key: &[u8], txid: Option<u64>, what: String) {
+        let first = self
+            .inconsistent
+            .lock()
+            .expect("inconsistent lock")
+            .insert(index_key.to_vec());
+        if first {
+            metrics::counter!("dtx_participant_log_inconsistencies_total").increment(1);
+            tracing::error!(
+                txid,
+                "participant log inconsistent: {what}; skipped by recovery (the other in-doubt \
+                 transactions are still recovered); check this transaction with the cluster and \
+                 repair the record by hand"
+            );
+        } else {
+            tracing::debug!(txid, "participant log inconsistent (reported before): {what}");
+        }
     }
 
     /// Builds the in-doubt index of a store written before it existed: one

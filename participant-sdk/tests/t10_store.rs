@@ -363,3 +363,152 @@ async fn inv5_in_doubt_index_follows_every_transition_and_is_built_for_old_store
     s.handle(4, Message::Commit { term: 3 }, b"").await.unwrap();
     assert_eq!(doubt_txids(&s), vec![3]);
 }
+
+/// Invariant 5 (recovery keeps finding every in-doubt vote) under
+/// concurrent decisions: `in_doubt()` scans the in-doubt index while Commit
+/// and Abort remove entries from it. An entry removed after the scan
+/// already read its place in the index is a concurrent decision, not a
+/// damaged log, and must never fail the whole scan (which the recovery loop
+/// would take as "nothing in doubt"). The scan runs on its own thread as
+/// fast as it can while every one of many in-doubt votes is decided, so
+/// thousands of scans overlap a removal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inv5_in_doubt_scan_is_consistent_under_concurrent_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    let s = open(dir.path(), &probe);
+    const N: u64 = 600;
+    for t in 1..=N {
+        s.handle(t, Message::Prepare { term: 1 }, b"v").await.unwrap();
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scanner = {
+        let (s, done) = (s.clone(), done.clone());
+        std::thread::spawn(move || {
+            let (mut scans, mut errors) = (0u64, Vec::new());
+            while !done.load(Ordering::SeqCst) {
+                match s.in_doubt() {
+                    Ok(list) => {
+                        // Whatever it lists is really in doubt right now or
+                        // was a moment ago; it never lists a txid twice.
+                        let mut ids: Vec<u64> = list.iter().map(|(t, _)| *t).collect();
+                        ids.dedup();
+                        assert_eq!(ids.len(), list.len());
+                        assert!(list
+                            .iter()
+                            .all(|(_, e)| e.state == LocalState::Prepared { vote: Vote::Yes }));
+                    }
+                    Err(e) => errors.push(e.to_string()),
+                }
+                scans += 1;
+            }
+            (scans, errors)
+        })
+    };
+    for t in 1..=N {
+        let msg = if t % 2 == 0 {
+            Message::Commit { term: 1 }
+        } else {
+            Message::Abort { term: 1 }
+        };
+        s.handle(t, msg, b"").await.unwrap();
+    }
+    done.store(true, Ordering::SeqCst);
+    let (scans, errors) = scanner.join().unwrap();
+    eprintln!("{scans} scans during {N} decisions");
+    assert!(
+        errors.is_empty(),
+        "{} of {scans} scans failed, first: {}",
+        errors.len(),
+        errors[0]
+    );
+    assert!(s.in_doubt().unwrap().is_empty());
+}
+
+/// Counts increments of one counter (a metrics recorder for this thread).
+struct CountOne {
+    name: &'static str,
+    n: Arc<std::sync::atomic::AtomicU64>,
+}
+
+struct CountFn(Arc<std::sync::atomic::AtomicU64>);
+
+impl metrics::CounterFn for CountFn {
+    fn increment(&self, v: u64) {
+        self.0.fetch_add(v, Ordering::SeqCst);
+    }
+    fn absolute(&self, v: u64) {
+        self.0.store(v, Ordering::SeqCst);
+    }
+}
+
+impl metrics::Recorder for CountOne {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        if key.name() == self.name {
+            metrics::Counter::from_arc(Arc::new(CountFn(self.n.clone())))
+        } else {
+            metrics::Counter::noop()
+        }
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+/// Invariant 5 with a really inconsistent log: in-doubt index entries whose
+/// record is missing, decided, or unreadable are reported (logged, counted
+/// in `dtx_participant_log_inconsistencies_total`, once per transaction)
+/// and skipped; the real in-doubt transactions are still listed, so
+/// recovery of the others goes on.
+#[tokio::test]
+async fn inv5_inconsistent_in_doubt_entry_is_reported_and_skipped_while_others_are_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    let s = open(dir.path(), &probe);
+    for t in [2, 5] {
+        s.handle(t, Message::Prepare { term: 1 }, b"v").await.unwrap();
+    }
+    // Behind the store's back: an index entry without any record (1), one
+    // whose record is decided (3), and one whose record cannot be read (4).
+    let tree = s.db().open_tree("participant").unwrap();
+    let key = |p: u8, t: u64| {
+        let mut k = vec![p];
+        k.extend_from_slice(&t.to_be_bytes());
+        k
+    };
+    tree.insert(key(b'i', 1), &[][..]).unwrap();
+    tree.insert(key(b'i', 3), &[][..]).unwrap();
+    let committed = participant_sdk::log::LogEntry {
+        state: LocalState::Committed,
+        term: 1,
+    };
+    tree.insert(key(b'l', 3), &participant_sdk::store::encode_entry(&committed)[..])
+        .unwrap();
+    tree.insert(key(b'i', 4), &[][..]).unwrap();
+    tree.insert(key(b'l', 4), &b"garbage"[..]).unwrap();
+
+    let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let rec = CountOne {
+        name: "dtx_participant_log_inconsistencies_total",
+        n: n.clone(),
+    };
+    for pass in 0..3 {
+        let listed = metrics::with_local_recorder(&rec, || s.in_doubt());
+        let listed: Vec<u64> = listed
+            .unwrap_or_else(|e| panic!("pass {pass}: the scan failed as a whole: {e}"))
+            .iter()
+            .map(|(t, _)| *t)
+            .collect();
+        assert_eq!(listed, vec![2, 5], "pass {pass}");
+    }
+    assert_eq!(n.load(Ordering::SeqCst), 3, "each inconsistency counted once");
+    // The others are still recovered: deciding them works as usual.
+    s.handle(2, Message::Commit { term: 1 }, b"").await.unwrap();
+    assert_eq!(doubt_txids(&s), vec![5]);
+}
