@@ -233,7 +233,18 @@ impl Client {
                 Code::AlreadyExists => return Err(ClientError::AlreadyExists(status.message().into())),
                 Code::FailedPrecondition => return Err(ClientError::FailedPrecondition(status.message().into())),
                 Code::Unimplemented => return Err(ClientError::Unimplemented(status.message().into())),
-                Code::Internal | Code::DataLoss => return Err(ClientError::Internal(status.message().into())),
+                Code::Internal | Code::DataLoss if kind == Kind::Read || not_applied(&status) => {
+                    return Err(ClientError::Internal(status.message().into()))
+                }
+                Code::Internal | Code::DataLoss => {
+                    // tonic reports an HTTP/2 reset or a broken stream as
+                    // INTERNAL, and a server may fail after it proposed: a
+                    // write may have been applied (issue 8, defect 6). Ask
+                    // again (every write is idempotent or write-once); if
+                    // no definite answer comes, the outcome is UNKNOWN.
+                    maybe_applied = true;
+                    *self.leader.lock().expect("lock") = None;
+                }
                 Code::Unavailable => {
                     // Redirected or refused; it may still have been applied
                     // unless the server says it certainly was not.

@@ -77,21 +77,73 @@ where
             if let Some(t) = deadline {
                 fwd.metadata_mut().insert("grpc-timeout", t);
             }
-            remote(channel, fwd).await.map_err(|s| {
-                let transport_failed = matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown);
-                if transport_failed || (s.code() == tonic::Code::Unavailable && error::leader_hint(&s).is_none()) {
-                    // Keep the hint so the client can go to the leader itself.
-                    Status::from(ApiError::NotLeader {
-                        leader_id: Some(leader),
-                        leader_api_addr: Some(addr.clone()),
-                        proposed: proposed || !error::not_applied(&s),
-                    })
-                } else {
-                    s
-                }
-            })
+            remote(channel, fwd)
+                .await
+                .map_err(|s| forwarded_error(s, leader, &addr, proposed))
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The error a node returns for a request it forwarded to `leader` (at
+/// `addr`) after its own attempt, which may have `proposed` the command.
+/// A transport failure keeps the leader hint so the client can go there
+/// itself. A command this node proposed may still be applied (by the new
+/// leader, from the log), so the leader's "certainly not applied" does not
+/// speak for it and is dropped: the caller then treats the call as
+/// possibly applied, UNKNOWN if nothing definite follows (defect 6).
+fn forwarded_error(s: Status, leader: crate::raft::NodeId, addr: &str, proposed: bool) -> Status {
+    let transport_failed = matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown);
+    if transport_failed || (s.code() == tonic::Code::Unavailable && error::leader_hint(&s).is_none()) {
+        return Status::from(ApiError::NotLeader {
+            leader_id: Some(leader),
+            leader_api_addr: Some(addr.to_string()),
+            proposed: proposed || !error::not_applied(&s),
+        });
+    }
+    let mut s = s;
+    if proposed {
+        s.metadata_mut().remove(error::NOT_APPLIED_HEADER);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Defect 6: a follower that proposed the command before it learned it
+    /// is not the leader forwards it; the leader's "not applied" answer
+    /// covers only the leader's own attempt, so it must not reach the
+    /// client, or the client would report a failure for a command that may
+    /// still be applied.
+    #[test]
+    fn forwarded_refusal_keeps_may_have_been_applied_when_this_node_proposed() {
+        let leader_says = || {
+            Status::from(ApiError::NotLeader {
+                leader_id: Some(3),
+                leader_api_addr: Some("127.0.0.1:9".into()),
+                proposed: false,
+            })
+        };
+        assert!(error::not_applied(&leader_says()));
+        let s = forwarded_error(leader_says(), 2, "127.0.0.1:8", true);
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert!(!error::not_applied(&s), "this node proposed: may be applied");
+        assert_eq!(error::leader_hint(&s).as_deref(), Some("127.0.0.1:9"), "hint kept");
+        // Nothing proposed here: the leader's word stands.
+        let s = forwarded_error(leader_says(), 2, "127.0.0.1:8", false);
+        assert!(error::not_applied(&s));
+        // A definite refusal by the leader (bad input) stays definite.
+        let s = forwarded_error(Status::from(ApiError::InvalidArgument("bad".into())), 2, "a:1", true);
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        // A broken forward: the hint to the leader, possibly applied.
+        let s = forwarded_error(Status::unknown("stream reset"), 2, "127.0.0.1:8", true);
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert!(!error::not_applied(&s));
+        assert_eq!(error::leader_hint(&s).as_deref(), Some("127.0.0.1:8"));
+        let s = forwarded_error(Status::unknown("stream reset"), 2, "127.0.0.1:8", false);
+        assert!(!error::not_applied(&s), "a lost reply may have been applied");
     }
 }
 
