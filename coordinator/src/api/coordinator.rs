@@ -135,6 +135,13 @@ fn check_participant(id: &str, address: &str, payload: &[u8]) -> Result<(), ApiE
         )));
     }
     check_len("address", address.len(), limits::ADDRESS_BYTES_MAX)?;
+    // The parser the driver connects with: what is accepted here can be
+    // reached at commit time, and a mistake shows now, not as an ABORT
+    // later. (Only here, not in the state machine: the state machine must
+    // decide the same on every node and every version, and this parser is
+    // tonic's.)
+    dtx_proto::endpoint(address)
+        .map_err(|e| ApiError::InvalidArgument(format!("participant {id:?}: field address: {e}")))?;
     check_len("payload", payload.len(), limits::PAYLOAD_BYTES_MAX)?;
     Ok(())
 }
@@ -438,5 +445,35 @@ impl Coordinator for CoordinatorService {
             |ch, r| async move { CoordinatorClient::new(ch).get_decisions(r).await },
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_participant;
+    use crate::api::error::ApiError;
+
+    #[test]
+    fn enlist_refuses_an_address_the_driver_could_not_use() {
+        for (addr, why) in [
+            ("https://10.0.0.7:7000", "TLS"),
+            ("10.0.0.7", "no port"),
+            ("bank a:7000", "whitespace"),
+            ("grpc://10.0.0.7:7000", "unsupported scheme"),
+            ("10.0.0.7:70000", "not a number"),
+        ] {
+            match check_participant("bank-a", addr, b"") {
+                Err(ApiError::InvalidArgument(m)) => {
+                    assert!(
+                        m.contains("\"bank-a\"") && m.contains("address") && m.contains(why),
+                        "{addr}: {m}"
+                    )
+                }
+                other => panic!("{addr}: expected INVALID_ARGUMENT, got {other:?}"),
+            }
+        }
+        for addr in ["10.0.0.7:7000", "http://10.0.0.7:7000", "bank-a.internal:7000"] {
+            check_participant("bank-a", addr, b"").unwrap_or_else(|e| panic!("{addr}: {e}"));
+        }
     }
 }
