@@ -1,6 +1,7 @@
 //! `coordinator dev`: a local three-node cluster of real node processes on
 //! loopback. Prints where its data lives and where to connect, reports leader
-//! changes, and stops every node cleanly on Ctrl-C.
+//! changes, reports a node that exits (once) and starts exited nodes again
+//! when Enter is pressed, and stops every node cleanly on Ctrl-C.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -73,15 +74,49 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
         None => println!("no leader yet; see the node logs. Serving until Ctrl-C."),
     }
     println!("try: coordinator admin --addr {} status", cluster.api_addrs().join(","));
+    // Enter on stdin starts exited nodes again. A node that exits is not
+    // restarted by itself: it may have been stopped on purpose (to watch a
+    // failover), or it may fail again at once (a port in use, a full disk),
+    // and a restart loop would hide that.
+    let mut enter = Some(stdin_lines());
+    let mut reported = std::collections::BTreeSet::new();
     tokio::pin!(shutdown);
     let mut last = leader;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
+            line = async { enter.as_mut().expect("guarded").recv().await }, if enter.is_some() => {
+                if line.is_none() {
+                    // stdin closed (not a terminal): nothing more to read.
+                    enter = None;
+                    continue;
+                }
+                let mut started = false;
+                let exited: Vec<u64> = cluster
+                    .nodes
+                    .iter_mut()
+                    .filter_map(|n| (!n.is_running()).then_some(n.plan.id))
+                    .collect();
+                for n in exited {
+                    match cluster.start(n) {
+                        Ok(()) => println!("node {n}: started again"),
+                        Err(e) => println!("node {n}: cannot start it again: {e}"),
+                    }
+                    reported.remove(&n);
+                    started = true;
+                }
+                if !started {
+                    println!("every node is running");
+                }
+            }
             _ = tokio::time::sleep(Duration::from_secs(1)) => {
                 for n in cluster.nodes.iter_mut() {
-                    if !n.is_running() {
-                        println!("node {} exited; see {}", n.plan.id, n.log_path.display());
+                    if !n.is_running() && reported.insert(n.plan.id) {
+                        println!(
+                            "node {} exited; its log is {}. Press Enter here to start it again (its data is kept).",
+                            n.plan.id,
+                            n.log_path.display()
+                        );
                     }
                 }
                 let now = cluster.current_leader().await;
@@ -96,4 +131,25 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
     cluster.stop_all(Duration::from_secs(10));
     println!("stopped; data kept in {}", dir.display());
     Ok(())
+}
+
+/// Lines typed on stdin, read on a thread of their own (stdin has no async
+/// reader that can be cancelled); the channel closes at end of input.
+fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match std::io::stdin().read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    if tx.send(line.clone()).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    rx
 }
