@@ -179,8 +179,12 @@ async fn t80_participant_restarted_without_quorum_waits_then_resolves() {
     c.procs.kill9(leader);
     c.procs.kill9(others[0]);
     // The participant "restarts": its recovery loop runs against the cluster.
-    let recovery =
-        participant_sdk::server::spawn_recovery(a.store.clone(), c.procs.api_addrs(), Duration::from_millis(500));
+    let recovery = participant_sdk::server::spawn_recovery(
+        a.store.clone(),
+        c.procs.api_addrs(),
+        &a.id,
+        Duration::from_millis(500),
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
     // Invariant 5: still in doubt, work (and its locks) still held.
     assert_eq!(a.state(t), Some(LocalState::Prepared { vote: Vote::Yes }));
@@ -554,7 +558,7 @@ async fn t80_inv8_log_gc_keeps_a_one_phase_record_the_coordinator_has_not_record
 
     // Retention 0: the record is a candidate, but the cluster has no
     // decision yet, so it stays.
-    let n = participant_sdk::server::collect_decided(&a.store, &endpoints, u64::MAX, 100, None)
+    let n = participant_sdk::server::collect_decided(&a.store, &endpoints, &a.id, u64::MAX, 100, None)
         .await
         .unwrap();
     assert_eq!(n, 0, "collected a record whose one-phase answer is not recorded");
@@ -564,7 +568,7 @@ async fn t80_inv8_log_gc_keeps_a_one_phase_record_the_coordinator_has_not_record
     a.lose_one_phase_answers
         .store(false, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(settled_decision(&cl, t).await, DecisionRead::Committed);
-    let n = participant_sdk::server::collect_decided(&a.store, &endpoints, u64::MAX, 100, None)
+    let n = participant_sdk::server::collect_decided(&a.store, &endpoints, &a.id, u64::MAX, 100, None)
         .await
         .unwrap();
     assert_eq!(n, 1);

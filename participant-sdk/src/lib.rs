@@ -13,6 +13,19 @@
 //! Done: `server`, the gRPC server of `dtx.v1.ParticipantService` on the
 //! store, and recovery: asking the cluster (linearizable, batched, any node)
 //! for the decisions of in-doubt transactions, on start and periodically.
+//! The in-doubt list is consistent under concurrent Commit/Abort; a log
+//! entry that is really inconsistent is logged, counted
+//! (`dtx_participant_log_inconsistencies_total`) and skipped, never taken
+//! as "nothing in doubt".
+//!
+//! Done: log garbage collection (`server::collect_decided`, run by the
+//! recovery loop past `RecoveryOptions::log_retention`): a decided record
+//! or a READ_ONLY vote is removed only once the cluster will send nothing
+//! more for it: decided with this participant's ack recorded
+//! (`GetDecisions` with `RecoveryOptions::participant_id` answers
+//! `awaiting_ack`), or forgotten. Until then a redelivered decision must
+//! find the record, or a Commit would be refused as a commit without
+//! prepare, forever.
 //!
 //! Done: `enlist`, self-enlistment of a service that received a txid from
 //! its caller (`dtx_proto::attach_txid` / `dtx_proto::txid_of` carry it in

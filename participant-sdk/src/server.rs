@@ -184,10 +184,10 @@ async fn resolve_in_doubt<R: Resource>(
         return Ok(0);
     }
     let txids: Vec<u64> = in_doubt.iter().map(|(t, _)| *t).collect();
-    let outcomes = ask_decisions(endpoints, &txids, local_ip).await?;
+    let answers = ask_decisions(endpoints, &txids, "", local_ip).await?;
     let mut resolved = 0;
-    for (outcome, (txid, entry)) in outcomes.into_iter().zip(in_doubt) {
-        let msg = match outcome {
+    for (answer, (txid, entry)) in answers.into_iter().zip(in_doubt) {
+        let msg = match answer.outcome {
             pb::Outcome::Commit => Message::Commit { term: entry.term },
             pb::Outcome::Abort | pb::Outcome::UnknownPresumedAbort => Message::Abort { term: entry.term },
             _ => continue, // still undecided: keep waiting
@@ -203,15 +203,29 @@ async fn resolve_in_doubt<R: Resource>(
     Ok(resolved)
 }
 
-/// The cluster's decision for each of `txids`, in order: one node of
+/// What the cluster says about one transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterAnswer {
+    /// PENDING, COMMIT, ABORT or UNKNOWN_PRESUMED_ABORT (an outcome this SDK
+    /// does not know reads as UNSPECIFIED, which counts as undecided).
+    pub outcome: pb::Outcome,
+    /// Only when asked with a participant id: the decision is recorded and
+    /// that participant's ack is not, so the leader will still deliver it.
+    pub awaiting_ack: bool,
+}
+
+/// The cluster's answer for each of `txids`, in order: one node of
 /// `endpoints` (the first that answers every batch) is asked with
 /// `GetDecisions`, at most 1000 txids per call, 3 s per call. The read is
-/// linearizable. An error means no node could answer (no quorum).
+/// linearizable. With a `participant_id` (not empty) each answer also says
+/// whether the cluster still awaits that participant's ack. An error means
+/// no node could answer (no quorum).
 pub async fn ask_decisions(
     endpoints: &[String],
     txids: &[u64],
+    participant_id: &str,
     local_ip: Option<std::net::IpAddr>,
-) -> Result<Vec<pb::Outcome>, String> {
+) -> Result<Vec<ClusterAnswer>, String> {
     let mut last_err = String::from("no endpoint");
     'nodes: for ep in endpoints {
         let endpoint = match dtx_proto::endpoint(ep) {
@@ -229,21 +243,25 @@ pub async fn ask_decisions(
         for chunk in txids.chunks(1000) {
             let mut req = Request::new(pb::GetDecisionsRequest {
                 txids: chunk.to_vec(),
-                participant_id: String::new(),
+                participant_id: participant_id.to_string(),
             });
             req.set_timeout(Duration::from_secs(3));
             match CoordinatorClient::new(ch.clone()).get_decisions(req).await {
                 Ok(r) => {
                     let ds = r.into_inner().decisions;
-                    if ds.len() != chunk.len() {
-                        last_err = format!("{ep}: {} decisions for {} txids", ds.len(), chunk.len());
+                    if ds.len() != chunk.len() || ds.iter().zip(chunk).any(|(d, t)| d.txid != *t) {
+                        last_err = format!(
+                            "{ep}: {} decisions for {} txids, or not in order",
+                            ds.len(),
+                            chunk.len()
+                        );
                         continue 'nodes;
                     }
                     // An outcome this SDK does not know counts as undecided.
-                    out.extend(
-                        ds.iter()
-                            .map(|d| pb::Outcome::try_from(d.outcome).unwrap_or(pb::Outcome::Unspecified)),
-                    );
+                    out.extend(ds.iter().map(|d| ClusterAnswer {
+                        outcome: pb::Outcome::try_from(d.outcome).unwrap_or(pb::Outcome::Unspecified),
+                        awaiting_ack: d.awaiting_ack,
+                    }));
                 }
                 Err(s) => {
                     last_err = format!("{ep}: {}: {}", s.code(), s.message());
@@ -256,47 +274,68 @@ pub async fn ask_decisions(
     Err(last_err)
 }
 
-/// Garbage-collects decided log records decided at or before
-/// `decided_before_ms`, at most `max`, but only those for which the cluster
-/// will send nothing more: it has a decision (COMMIT or ABORT), or it has
-/// forgotten the transaction (UNKNOWN_PRESUMED_ABORT: every participant
-/// acked). A record whose transaction still reads PENDING is kept: its
-/// one-phase answer never reached the coordinator, which keeps re-sending
-/// `CommitOnePhase`, and only the record turns a re-send into a repeat
-/// instead of a second commit. Returns how many were removed; an error
-/// means the cluster could not be asked, and nothing was removed.
+/// Garbage-collects log records (decided ones and READ_ONLY votes) that
+/// became so at or before `decided_before_ms`, at most `max`, but only
+/// those for which the cluster will send nothing more to `participant_id`
+/// (this participant, as enlisted):
+/// - COMMIT or ABORT with this participant's ack recorded
+///   (`awaiting_ack == false`). While its ack is not recorded the leader
+///   keeps delivering the decision, and only the record makes that
+///   delivery a repeat (acked) instead of a commit without prepare
+///   (refused forever): the case of a decision learned by recovery before
+///   the leader's delivery got through;
+/// - UNKNOWN_PRESUMED_ABORT: forgotten, which the cluster does only after
+///   every participant acked.
+///
+/// A record whose transaction still reads PENDING is kept: a READ_ONLY vote
+/// of an undecided transaction, or a one-phase commit whose answer never
+/// reached the coordinator, which keeps re-sending `CommitOnePhase` (only
+/// the record turns a re-send into a repeat instead of a second commit).
+/// Returns how many were removed; an error means the cluster could not be
+/// asked (or `participant_id` is empty), and nothing was removed.
 pub async fn collect_decided<R: Resource>(
     store: &ParticipantStore<R>,
     endpoints: &[String],
+    participant_id: &str,
     decided_before_ms: u64,
     max: usize,
     local_ip: Option<std::net::IpAddr>,
 ) -> Result<usize, String> {
+    if participant_id.is_empty() {
+        return Err(
+            "log garbage collection needs this participant's id (as enlisted) to ask whether the cluster still awaits its ack".into(),
+        );
+    }
     let candidates = store.gc_candidates(decided_before_ms, max).map_err(|e| e.to_string())?;
     if candidates.is_empty() {
         return Ok(0);
     }
     let txids: Vec<u64> = candidates.iter().map(|(_, t)| *t).collect();
-    let outcomes = ask_decisions(endpoints, &txids, local_ip).await?;
+    let answers = ask_decisions(endpoints, &txids, participant_id, local_ip).await?;
     let safe: Vec<(u64, u64)> = candidates
         .iter()
-        .zip(outcomes)
-        .filter(|(_, o)| {
-            matches!(
-                o,
-                pb::Outcome::Commit | pb::Outcome::Abort | pb::Outcome::UnknownPresumedAbort
-            )
-        })
+        .zip(answers)
+        .filter(|(_, a)| gc_safe(a))
         .map(|(c, _)| *c)
         .collect();
     let kept = candidates.len() - safe.len();
     if kept > 0 {
         warn!(
             kept,
-            "decided log records kept past retention: the cluster has not recorded their outcome yet"
+            "decided log records kept past retention: the cluster has not recorded their outcome or this participant's ack yet"
         );
     }
     store.forget_records(&safe).map_err(|e| e.to_string())
+}
+
+/// True when the cluster will send nothing more for the transaction to the
+/// participant that asked (see `collect_decided`).
+pub fn gc_safe(a: &ClusterAnswer) -> bool {
+    match a.outcome {
+        pb::Outcome::Commit | pb::Outcome::Abort => !a.awaiting_ack,
+        pb::Outcome::UnknownPresumedAbort => true,
+        _ => false,
+    }
 }
 
 /// How the recovery loop runs.
@@ -308,9 +347,10 @@ pub struct RecoveryOptions {
     /// ask only about YES votes at least this old: younger ones are normally
     /// still in the coordinator's hands.
     pub prepared_age_min: Duration,
-    /// Decided log records older than this are garbage-collected once the
-    /// cluster has recorded their outcome (`collect_decided`); `None` keeps
-    /// them forever. Keep it far above any transaction timeout.
+    /// Decided log records and READ_ONLY votes older than this are
+    /// garbage-collected once the cluster will send nothing more for them
+    /// (`collect_decided`); `None` keeps them forever. Keep it far above any
+    /// transaction timeout.
     pub log_retention: Option<Duration>,
     /// Time between garbage-collection passes (each may ask the cluster
     /// about up to 10,000 records).
@@ -319,6 +359,11 @@ pub struct RecoveryOptions {
     /// own address, so network rules on it apply both ways); `None` lets
     /// the system choose.
     pub local_ip: Option<std::net::IpAddr>,
+    /// This participant's id, as enlisted (the one given to
+    /// `ParticipantServer::new`): log garbage collection asks the cluster
+    /// whether it still awaits this participant's ack. Empty: no garbage
+    /// collection (said once at start, at error level).
+    pub participant_id: String,
 }
 
 impl Default for RecoveryOptions {
@@ -329,18 +374,22 @@ impl Default for RecoveryOptions {
             log_retention: Some(Duration::from_secs(24 * 3600)),
             gc_interval: Duration::from_secs(10),
             local_ip: None,
+            participant_id: String::new(),
         }
     }
 }
 
-/// `spawn_recovery_with` with the default options and the given interval.
+/// `spawn_recovery_with` with the default options, the given interval and
+/// this participant's id (as enlisted).
 pub fn spawn_recovery<R: Resource>(
     store: Arc<ParticipantStore<R>>,
     endpoints: Vec<String>,
+    participant_id: &str,
     interval: Duration,
 ) -> tokio::task::JoinHandle<()> {
     let opts = RecoveryOptions {
         interval,
+        participant_id: participant_id.to_string(),
         ..RecoveryOptions::default()
     };
     spawn_recovery_with(store, endpoints, opts)
@@ -349,7 +398,8 @@ pub fn spawn_recovery<R: Resource>(
 /// Asks about every in-doubt transaction now, then every `interval` about
 /// those older than `prepared_age_min`, logging while the cluster cannot
 /// answer (the locks stay held: invariant 5); also garbage-collects decided
-/// records past `log_retention`. Ends when the returned handle is aborted.
+/// and READ_ONLY records past `log_retention` (see `collect_decided`). Ends
+/// when the returned handle is aborted.
 pub fn spawn_recovery_with<R: Resource>(
     store: Arc<ParticipantStore<R>>,
     endpoints: Vec<String>,
@@ -358,11 +408,18 @@ pub fn spawn_recovery_with<R: Resource>(
     tokio::spawn(async move {
         let mut age_min = Duration::ZERO;
         let mut next_gc = tokio::time::Instant::now();
+        let mut retention = opts.log_retention;
+        if retention.is_some() && opts.participant_id.is_empty() {
+            error!(
+                "participant log garbage collection is off: RecoveryOptions.participant_id is empty (set it to the id this participant is enlisted with)"
+            );
+            retention = None;
+        }
         loop {
-            if let Some(keep) = opts.log_retention.filter(|_| tokio::time::Instant::now() >= next_gc) {
+            if let Some(keep) = retention.filter(|_| tokio::time::Instant::now() >= next_gc) {
                 next_gc = tokio::time::Instant::now() + opts.gc_interval;
                 let before = crate::store::unix_ms().saturating_sub(keep.as_millis() as u64);
-                match collect_decided(&store, &endpoints, before, 10_000, opts.local_ip).await {
+                match collect_decided(&store, &endpoints, &opts.participant_id, before, 10_000, opts.local_ip).await {
                     Ok(0) => {}
                     Ok(n) => info!(forgotten = n, "decided log records garbage-collected"),
                     Err(e) => warn!("log garbage collection waits for the cluster: {e}"),

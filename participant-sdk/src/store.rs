@@ -6,8 +6,9 @@
 //!
 //! Key layout in the tree: `l` + txid (big-endian) -> encoded `LogEntry`;
 //! `d` + key -> the resource's value; `g` + decided time (ms since the Unix
-//! epoch, big-endian) + txid -> empty: the decided records in the order
-//! they may be garbage-collected (`gc_candidates`, `forget_records`);
+//! epoch, big-endian) + txid -> empty: the records that may one day be
+//! garbage-collected (decided ones, and READ_ONLY votes, which never change
+//! again), in the order they became so (`gc_candidates`, `forget_records`);
 //! `i` + txid -> empty: the in-doubt records (YES vote, no decision), so
 //! recovery finds them without reading the whole log. Both indexes are
 //! written in the same atomic batch as the record they index. `m` + name ->
@@ -35,6 +36,9 @@ const DOUBT_PREFIX: u8 = b'i';
 /// Present once the in-doubt index covers every record (stores written
 /// before the index existed get it built on open).
 const DOUBT_INDEX_READY_KEY: &[u8] = b"mdoubt-index-v1";
+/// Present once every READ_ONLY record is in the GC index (stores written
+/// before READ_ONLY records were collected get them added on open).
+const READ_ONLY_GC_READY_KEY: &[u8] = b"mgc-read-only-v1";
 const ENTRY_FORMAT: u8 = 1;
 
 #[derive(Debug, thiserror::Error)]
@@ -178,7 +182,7 @@ fn put_record(batch: &mut sled::Batch, txid: u64, before: Option<&LogEntry>, e: 
         (true, false) => batch.remove(&doubt_key(txid)[..]),
         _ => {}
     }
-    if is_decided(e) && !before.is_some_and(is_decided) {
+    if is_collectable(e) && !before.is_some_and(is_collectable) {
         batch.insert(&gc_key(unix_ms(), txid)[..], &[][..]);
     }
 }
@@ -190,8 +194,14 @@ fn gc_key(decided_ms: u64, txid: u64) -> [u8; 17] {
     k
 }
 
-fn is_decided(e: &LogEntry) -> bool {
-    matches!(e.state, LocalState::Committed | LocalState::Aborted { .. })
+/// Decided (committed, aborted, tombstone), or a READ_ONLY vote: records
+/// that never change again and that the log GC may remove once the cluster
+/// will send nothing more for them. An in-doubt YES vote never is.
+fn is_collectable(e: &LogEntry) -> bool {
+    matches!(
+        e.state,
+        LocalState::Committed | LocalState::Aborted { .. } | LocalState::Prepared { vote: Vote::ReadOnly }
+    )
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
@@ -317,6 +327,7 @@ impl<R: Resource> ParticipantStore<R> {
             flusher_thread: Some(thread),
         });
         store.ensure_doubt_index()?;
+        store.ensure_read_only_gc_index()?;
         Ok(store)
     }
 
@@ -450,6 +461,27 @@ impl<R: Resource> ParticipantStore<R> {
         Ok(())
     }
 
+    /// Adds the READ_ONLY records of a store written before they were
+    /// collected to the GC index (as if voted now): one pass over the log,
+    /// once.
+    fn ensure_read_only_gc_index(&self) -> Result<(), StoreError> {
+        let io = |e: sled::Error| StoreError::Io(e.to_string());
+        if self.tree.get(READ_ONLY_GC_READY_KEY).map_err(io)?.is_some() {
+            return Ok(());
+        }
+        let now = unix_ms();
+        let mut batch = sled::Batch::default();
+        for (txid, e) in self.entries()? {
+            if e.state == (LocalState::Prepared { vote: Vote::ReadOnly }) {
+                batch.insert(&gc_key(now, txid)[..], &[][..]);
+            }
+        }
+        batch.insert(READ_ONLY_GC_READY_KEY, &[][..]);
+        self.tree.apply_batch(batch).map_err(io)?;
+        self.db.flush().map_err(io)?;
+        Ok(())
+    }
+
     /// In-doubt transactions whose YES vote is at least `age_min` old (every
     /// one recorded before this process started counts as old): recovery
     /// asks about these, not about votes the coordinator is still collecting.
@@ -462,9 +494,10 @@ impl<R: Resource> ParticipantStore<R> {
             .collect())
     }
 
-    /// Decided records (committed, aborted, tombstones) decided at or before
-    /// `decided_before_ms` (ms since the Unix epoch), oldest first, at most
-    /// `max`: candidates for `forget_records`, as `(decided_ms, txid)`.
+    /// Records that may be collected (committed, aborted, tombstones, and
+    /// READ_ONLY votes) that became so at or before `decided_before_ms` (ms
+    /// since the Unix epoch), oldest first, at most `max`: candidates for
+    /// `forget_records`, as `(decided_ms, txid)`.
     pub fn gc_candidates(&self, decided_before_ms: u64, max: usize) -> Result<Vec<(u64, u64)>, StoreError> {
         let mut out = Vec::new();
         for r in self.tree.scan_prefix([GC_PREFIX]).take(max) {
@@ -481,24 +514,25 @@ impl<R: Resource> ParticipantStore<R> {
         Ok(out)
     }
 
-    /// Removes the given decided records (from `gc_candidates`); returns
-    /// how many. Only safe once the coordinator will send nothing more for
-    /// them: it has recorded a decision, or forgotten the transaction (a
-    /// message arriving after its record is gone is taken as the first; for
-    /// a `CommitOnePhase` that would apply the work again). The recovery
-    /// loop checks that with the cluster first. A record that is no longer
-    /// decided is left alone. Not synced: a crash only means collecting them
-    /// again.
+    /// Removes the given records (from `gc_candidates`); returns how many.
+    /// Only safe once the coordinator will send nothing more for them: it
+    /// has recorded a decision and this participant's ack, or forgotten the
+    /// transaction. A message arriving after its record is gone is taken as
+    /// the first: a redelivered Commit would be refused as a commit without
+    /// prepare (never acked), a re-sent `CommitOnePhase` would apply the
+    /// work again. `server::collect_decided` checks that with the cluster
+    /// first. A record that is no longer collectable (in doubt) is left
+    /// alone. Not synced: a crash only means collecting them again.
     pub fn forget_records(&self, records: &[(u64, u64)]) -> Result<usize, StoreError> {
         let _serial = self.serial.lock().expect("participant store lock");
         let mut batch = sled::Batch::default();
         let mut n = 0;
         for &(decided_ms, txid) in records {
-            if !self.entry(txid)?.as_ref().is_some_and(is_decided) {
+            if !self.entry(txid)?.as_ref().is_some_and(is_collectable) {
                 continue;
             }
             batch.remove(&log_key(txid)[..]);
-            // Never in doubt (the record is decided); removed anyway so no
+            // Never in doubt (the record is collectable); removed anyway so no
             // index entry can outlive its record.
             batch.remove(&doubt_key(txid)[..]);
             batch.remove(&gc_key(decided_ms, txid)[..]);

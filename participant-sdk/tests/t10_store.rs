@@ -512,3 +512,74 @@ async fn inv5_inconsistent_in_doubt_entry_is_reported_and_skipped_while_others_a
     s.handle(2, Message::Commit { term: 1 }, b"").await.unwrap();
     assert_eq!(doubt_txids(&s), vec![5]);
 }
+
+/// Invariant 10 at the participant (issue 8, defect 10): a READ_ONLY vote's
+/// record never changes again, so it is a garbage-collection candidate like
+/// a decided one (the cluster is asked before it goes; see
+/// `server::collect_decided`), and the log does not grow without bound
+/// under read-only traffic. READ_ONLY records of a store written before
+/// they were collected are added to the GC index when it is opened.
+#[tokio::test]
+async fn inv10_read_only_votes_are_gc_candidates_and_old_stores_get_them_indexed() {
+    struct ReadOnly;
+    impl Resource for ReadOnly {
+        fn prepare(&self, _: &View<'_>, _: u64, payload: &[u8], _: &mut Staged) -> Vote {
+            if payload == b"ro" {
+                Vote::ReadOnly
+            } else {
+                Vote::Yes
+            }
+        }
+        fn commit(&self, _: &View<'_>, _: u64, _: &mut Staged) {}
+        fn abort(&self, _: &View<'_>, _: u64, _: &mut Staged) {}
+    }
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = ParticipantStore::open(dir.path(), ReadOnly).unwrap();
+        for t in 1..=3 {
+            assert_eq!(
+                s.handle(t, Message::Prepare { term: 1 }, b"ro").await.unwrap(),
+                Reply::Vote(Vote::ReadOnly)
+            );
+        }
+        s.handle(4, Message::Prepare { term: 1 }, b"w").await.unwrap();
+        // A decision delivered to a READ_ONLY voter changes nothing and
+        // does not index it twice.
+        s.handle(2, Message::Commit { term: 2 }, b"").await.unwrap();
+        let c: Vec<u64> = s
+            .gc_candidates(u64::MAX, 100)
+            .unwrap()
+            .iter()
+            .map(|(_, t)| *t)
+            .collect();
+        assert_eq!(c, vec![1, 2, 3], "every READ_ONLY vote, never the in-doubt one");
+        let first = s.gc_candidates(u64::MAX, 1).unwrap();
+        assert_eq!(s.forget_records(&first).unwrap(), 1);
+        let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| *t).collect();
+        assert_eq!(left, vec![2, 3, 4]);
+
+        // A store from before: drop the GC index and its marker.
+        let tree = s.db().open_tree("participant").unwrap();
+        let stale: Vec<_> = tree
+            .iter()
+            .keys()
+            .map(|k| k.unwrap())
+            .filter(|k| k[0] == b'g' || k.starts_with(b"mgc-"))
+            .collect();
+        assert_eq!(stale.len(), 3, "two index entries and the marker: {stale:?}");
+        for k in stale {
+            tree.remove(k).unwrap();
+        }
+        s.db().flush().unwrap();
+    }
+    let s = ParticipantStore::open(dir.path(), ReadOnly).unwrap();
+    let c = s.gc_candidates(u64::MAX, 100).unwrap();
+    assert_eq!(
+        c.iter().map(|(_, t)| *t).collect::<Vec<_>>(),
+        vec![2, 3],
+        "indexed on open"
+    );
+    assert_eq!(s.forget_records(&c).unwrap(), 2);
+    let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| *t).collect();
+    assert_eq!(left, vec![4], "the in-doubt vote stays (invariant 5)");
+}

@@ -319,7 +319,14 @@ impl NodeCtx {
             })
     }
 
-    async fn get_decisions(&self, txids: Vec<u64>) -> Result<Vec<pb::GetDecisionResponse>, ApiError> {
+    /// The decisions of `txids`; with a `participant_id` (not empty), also
+    /// whether the cluster still awaits that participant's ack of each, so
+    /// the participant keeps its log record until then (issue 8, defect 2).
+    async fn get_decisions(
+        &self,
+        txids: Vec<u64>,
+        participant_id: &str,
+    ) -> Result<Vec<pb::GetDecisionResponse>, ApiError> {
         if txids.len() > limits::DECISION_BATCH_TXIDS_MAX {
             return Err(ApiError::InvalidArgument(format!(
                 "txids has {} ids; the limit is {} per call",
@@ -327,13 +334,16 @@ impl NodeCtx {
                 limits::DECISION_BATCH_TXIDS_MAX
             )));
         }
+        if !participant_id.is_empty() {
+            check_id("participant_id", participant_id)?;
+        }
         self.read_linearizable(|st| {
             txids
                 .iter()
                 .map(|&txid| pb::GetDecisionResponse {
                     txid,
                     outcome: view_pb(&st.table.decision_view(txid)) as i32,
-                    awaiting_ack: false,
+                    awaiting_ack: !participant_id.is_empty() && st.table.awaiting_ack(txid, participant_id),
                 })
                 .collect()
         })
@@ -421,7 +431,7 @@ impl Coordinator for CoordinatorService {
             &self.ctx,
             req,
             |r| async move {
-                let mut v = ctx.get_decisions(vec![r.txid]).await?;
+                let mut v = ctx.get_decisions(vec![r.txid], "").await?;
                 v.pop().ok_or_else(|| ApiError::Internal("empty decision read".into()))
             },
             |ch, r| async move { CoordinatorClient::new(ch).get_decision(r).await },
@@ -439,7 +449,7 @@ impl Coordinator for CoordinatorService {
             req,
             |r| async move {
                 Ok(pb::GetDecisionsResponse {
-                    decisions: ctx.get_decisions(r.txids).await?,
+                    decisions: ctx.get_decisions(r.txids, &r.participant_id).await?,
                 })
             },
             |ch, r| async move { CoordinatorClient::new(ch).get_decisions(r).await },

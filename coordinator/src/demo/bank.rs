@@ -218,6 +218,7 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
     let opts = participant_sdk::server::RecoveryOptions {
         interval: Duration::from_millis(500),
         local_ip,
+        participant_id: a.id.clone(),
         ..Default::default()
     };
     let recovery = participant_sdk::server::spawn_recovery_with(store.clone(), a.cluster.clone(), opts);

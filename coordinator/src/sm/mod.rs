@@ -795,6 +795,18 @@ impl TxTable {
         effects.push(Effect::Remove(txid));
         Ok(CommandOk::Forgotten)
     }
+
+    /// True while `participant_id` is enlisted in `txid`, its decision is
+    /// recorded and that participant's ack is not: the leader will still
+    /// deliver the decision to it. A participant keeps its log record while
+    /// this holds, since only the record makes a redelivered COMMIT a
+    /// repeat (acked) rather than a commit without prepare (refused): issue
+    /// 8, defect 2. False for an unknown (forgotten) transaction.
+    pub fn awaiting_ack(&self, txid: Txid, participant_id: &str) -> bool {
+        self.txs.get(&txid).is_some_and(|r| {
+            r.decision().is_some() && r.participants.iter().any(|p| p.id == participant_id && !p.acked)
+        })
+    }
 }
 
 /// The existing transaction a command is about (Begin creates one).

@@ -1582,3 +1582,47 @@ fn one_phase_answer_is_the_decision_and_the_ack() {
     assert!(t.undelivered(10).is_empty());
     assert_eq!(t.forgettable(1100, 10), vec![txid]);
 }
+
+// ---------------------------------------------------------------- awaiting_ack
+
+/// Invariant 10 at participants (issue 8, defect 2): `awaiting_ack` tells a
+/// participant whether the cluster still owes it the decision, so it keeps
+/// its log record: true only once decided, only for an enlisted
+/// participant, and no longer once that participant's ack is recorded or
+/// the transaction is forgotten.
+#[test]
+fn inv10_awaiting_ack_is_true_only_between_the_decision_and_that_participants_ack() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "gc", &["p1", "p2"]);
+    assert!(!t.awaiting_ack(txid, "p1"), "undecided: nothing to deliver yet");
+    run(&mut t, Command::RequestCommit { txid }).0.unwrap();
+    assert!(!t.awaiting_ack(txid, "p1"), "preparing: nothing to deliver yet");
+    let (res, _) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1", "p2"], DecisionSource::Driver, 1200),
+    );
+    decided_ok(&res);
+    assert!(t.awaiting_ack(txid, "p1"));
+    assert!(t.awaiting_ack(txid, "p2"));
+    assert!(!t.awaiting_ack(txid, "stranger"), "not enlisted: nothing is sent to it");
+    run(&mut t, ack_cmd(txid, "p1")).0.unwrap();
+    assert!(!t.awaiting_ack(txid, "p1"), "acked");
+    assert!(t.awaiting_ack(txid, "p2"), "one ack says nothing about another");
+    run(&mut t, ack_cmd(txid, "p2")).0.unwrap();
+    assert!(!t.awaiting_ack(txid, "p2"));
+    run(&mut t, Command::Forget { txid }).0.unwrap();
+    assert_eq!(t.decision_view(txid), DecisionView::Unknown);
+    assert!(!t.awaiting_ack(txid, "p1"), "forgotten");
+    assert!(!t.awaiting_ack(txid + 100, "p1"), "never begun");
+
+    // ABORT is delivered too: awaited until acked.
+    let aborted = tx_with(&mut t, "gc-abort", &["p1"]);
+    let (res, _) = run(
+        &mut t,
+        decide_cmd(aborted, Outcome::Abort, &[], DecisionSource::Client, 1300),
+    );
+    decided_ok(&res);
+    assert!(t.awaiting_ack(aborted, "p1"));
+    run(&mut t, ack_cmd(aborted, "p1")).0.unwrap();
+    assert!(!t.awaiting_ack(aborted, "p1"));
+}
