@@ -24,8 +24,15 @@ use crate::limits;
 use crate::node::NodeCtx;
 use crate::raft::NodeId;
 use crate::raft::NodeInfo;
+use crate::sm::Command;
+use crate::sm::CommandOk;
 use crate::sm::DecisionSource;
 use crate::sm::Outcome;
+
+/// Membership changes made through this node run one at a time, so an
+/// AddNode cannot pass its retired-id check while a RemoveNode of the same id
+/// is between recording the id and changing the membership.
+static MEMBERSHIP_CHANGES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub struct AdminService {
     ctx: Arc<NodeCtx>,
@@ -101,6 +108,19 @@ impl NodeCtx {
             v.parse::<std::net::SocketAddr>()
                 .map_err(|e| ApiError::InvalidArgument(format!("{field} = {v:?} is not an IP:port address: {e}")))?;
         }
+        let _serial = MEMBERSHIP_CHANGES.lock().await;
+        // Node ids are never reused: a removed node may still run with its
+        // old log and vote, and Raft would take its messages (and its old
+        // vote in a term it already voted in) as the new member's. The read
+        // is linearizable, so a removal applied anywhere before is seen.
+        let id = req.node_id;
+        if self.read_linearizable(|st| st.table.is_retired_node_id(id)).await? {
+            return Err(ApiError::FailedPrecondition(format!(
+                "node id {id} belonged to a node that was removed from this cluster, and node ids are never reused \
+                 (the removed node may still run with its old log and vote, which Raft would take for the new \
+                 node's); start the new node with an id this cluster never used, on an empty data directory"
+            )));
+        }
         let node = NodeInfo {
             raft_addr: req.raft_addr,
             api_addr: req.api_addr,
@@ -148,10 +168,18 @@ impl NodeCtx {
     }
 
     async fn remove_node(&self, req: pb::RemoveNodeRequest) -> Result<pb::RemoveNodeResponse, ApiError> {
+        let _serial = MEMBERSHIP_CHANGES.lock().await;
         let ids: BTreeSet<NodeId> = [req.node_id].into();
         let membership = self.raft.metrics().borrow().membership_config.membership().clone();
         if membership.get_node(&req.node_id).is_none() {
             return Err(ApiError::NotFound(format!("node {} is not a member", req.node_id)));
+        }
+        // Remember the id BEFORE the membership changes, so that a removal
+        // that happened is always remembered (a crash in between leaves the
+        // id retired and still a member: RemoveNode again finishes it).
+        match self.propose(Command::RetireNodeId { node_id: req.node_id }).await? {
+            CommandOk::NodeIdRetired { .. } => {}
+            other => return Err(ApiError::Internal(format!("unexpected state-machine result {other:?}"))),
         }
         if membership.voter_ids().any(|v| v == req.node_id) {
             self.raft

@@ -160,6 +160,11 @@ pub enum Command {
     Ack { txid: Txid, participant_id: String },
     /// Garbage-collect a decided, fully acked record (invariant 10).
     Forget { txid: Txid },
+    /// Remember that node `node_id` left the cluster, so the id is never
+    /// used again (AddNode refuses it). Recorded by RemoveNode BEFORE the
+    /// membership change, so a removal that happened is always remembered.
+    /// Idempotent. Appended last: older log entries keep their encoding.
+    RetireNodeId { node_id: u64 },
 }
 
 /// One participant named at BeginAndCommit.
@@ -205,6 +210,10 @@ pub enum CommandOk {
         all_acked: bool,
     },
     Forgotten,
+    /// `RetireNodeId`: `newly` is false when the id was retired before.
+    NodeIdRetired {
+        newly: bool,
+    },
 }
 
 /// Refusals. They are part of the replicated result, so they are data.
@@ -255,6 +264,8 @@ pub enum Effect {
     Remove(Txid),
     /// A decision was recorded (only on first recording).
     Decided(Txid, Outcome),
+    /// The set of retired node ids changed: persist it.
+    RetiredNodeIdsChanged,
 }
 
 /// All replicated transaction state.
@@ -277,6 +288,8 @@ pub struct TxTable {
     /// Derived index: decided transactions with a participant that has not
     /// acked (the leader delivers their decision).
     undelivered: BTreeSet<Txid>,
+    /// Ids of nodes removed from the cluster: never to be used again.
+    retired_node_ids: BTreeSet<u64>,
 }
 
 /// What a reader learns about a decision (linearizable reads return this).
@@ -304,6 +317,7 @@ impl TxTable {
             done: BTreeSet::new(),
             preparing: BTreeSet::new(),
             undelivered: BTreeSet::new(),
+            retired_node_ids: BTreeSet::new(),
         }
     }
 
@@ -439,7 +453,7 @@ impl TxTable {
                 .iter()
                 .filter_map(|e| match e {
                     Effect::Put(t) | Effect::Remove(t) => Some(*t),
-                    Effect::Decided(..) => None,
+                    Effect::Decided(..) | Effect::RetiredNodeIdsChanged => None,
                 })
                 .collect();
             for t in changed {
@@ -501,6 +515,7 @@ impl TxTable {
             }
             Command::Ack { txid, participant_id } => self.ack(*txid, participant_id, effects),
             Command::Forget { txid } => self.forget(*txid, effects),
+            Command::RetireNodeId { node_id } => self.retire_node_id(*node_id, effects),
         }
     }
 
@@ -809,10 +824,42 @@ impl TxTable {
     }
 }
 
+/// Membership memory: node ids that must never be used again (issue 8).
+/// Kept in the same replicated table so it travels in the same snapshots.
+impl TxTable {
+    fn retire_node_id(&mut self, node_id: u64, effects: &mut Vec<Effect>) -> CommandResult {
+        if node_id == 0 {
+            return Err(CommandError::Invalid("node id 0 is not a node".to_string()));
+        }
+        let newly = self.retired_node_ids.insert(node_id);
+        if newly {
+            effects.push(Effect::RetiredNodeIdsChanged);
+        }
+        Ok(CommandOk::NodeIdRetired { newly })
+    }
+
+    /// True when `node_id` was removed from the cluster (never to be reused).
+    pub fn is_retired_node_id(&self, node_id: u64) -> bool {
+        self.retired_node_ids.contains(&node_id)
+    }
+
+    /// Every retired node id, lowest first.
+    pub fn retired_node_ids(&self) -> &BTreeSet<u64> {
+        &self.retired_node_ids
+    }
+
+    /// This table with `ids` as its retired node ids (rebuilding from
+    /// persisted parts; see `from_parts`).
+    pub fn with_retired_node_ids(mut self, ids: BTreeSet<u64>) -> Self {
+        self.retired_node_ids = ids;
+        self
+    }
+}
+
 /// The existing transaction a command is about (Begin creates one).
 fn command_txid(cmd: &Command) -> Option<Txid> {
     match cmd {
-        Command::Begin { .. } | Command::BeginAndCommit { .. } => None,
+        Command::Begin { .. } | Command::BeginAndCommit { .. } | Command::RetireNodeId { .. } => None,
         Command::Enlist { txid, .. }
         | Command::RequestCommit { txid }
         | Command::RequestCommitOnePhase { txid }

@@ -1276,6 +1276,7 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
                         assert_eq!(a.decision_view(*id), DecisionView::Decided(*o));
                         assert!(pre.get(*id).unwrap().decision().is_none());
                     }
+                    Effect::RetiredNodeIdsChanged => assert_ne!(a.retired_node_ids(), pre.retired_node_ids()),
                 }
             }
             let changed: BTreeSet<Txid> = pre
@@ -1288,7 +1289,7 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
                 .iter()
                 .filter_map(|e| match e {
                     Effect::Put(id) | Effect::Remove(id) => Some(*id),
-                    Effect::Decided(..) => None,
+                    Effect::Decided(..) | Effect::RetiredNodeIdsChanged => None,
                 })
                 .collect();
             assert_eq!(
@@ -1625,4 +1626,79 @@ fn inv10_awaiting_ack_is_true_only_between_the_decision_and_that_participants_ac
     assert!(t.awaiting_ack(aborted, "p1"));
     run(&mut t, ack_cmd(aborted, "p1")).0.unwrap();
     assert!(!t.awaiting_ack(aborted, "p1"));
+}
+
+// ------------------------------------------------ retired node ids (issue 8)
+
+#[test]
+fn retire_node_id_is_remembered_idempotent_and_touches_no_transaction() {
+    let mut t = TxTable::new();
+    let (r, _) = run(&mut t, begin_cmd("k", fp(1), 0, 1_000));
+    assert!(r.is_ok());
+    let before: Vec<TxRecord> = t.records().cloned().collect();
+    assert!(!t.is_retired_node_id(4));
+
+    let (r, e) = run(&mut t, Command::RetireNodeId { node_id: 4 });
+    assert_eq!(r, Ok(CommandOk::NodeIdRetired { newly: true }));
+    assert_eq!(e, vec![Effect::RetiredNodeIdsChanged]);
+    assert!(t.is_retired_node_id(4));
+    assert!(!t.is_retired_node_id(3));
+
+    // Again: the same answer, marked not new, and nothing to persist.
+    let (r, e) = run(&mut t, Command::RetireNodeId { node_id: 4 });
+    assert_eq!(r, Ok(CommandOk::NodeIdRetired { newly: false }));
+    assert!(e.is_empty());
+    assert_eq!(t.retired_node_ids(), &BTreeSet::from([4]));
+
+    // Transactions and the txid counter are untouched (invariant 10: the
+    // counter only moves on Begin).
+    assert_eq!(t.records().cloned().collect::<Vec<_>>(), before);
+    assert_eq!(t.next_txid(), 2);
+}
+
+#[test]
+fn retire_node_id_zero_is_refused_without_effect() {
+    let mut t = TxTable::new();
+    let (r, e) = run(&mut t, Command::RetireNodeId { node_id: 0 });
+    assert!(
+        matches!(r, Err(CommandError::Invalid(ref m)) if m.contains("node id 0")),
+        "{r:?}"
+    );
+    assert!(e.is_empty());
+    assert!(t.retired_node_ids().is_empty());
+}
+
+#[test]
+fn retired_node_ids_are_deterministic_and_kept_when_rebuilt() {
+    // Two replicas applying the same commands agree; a table rebuilt from
+    // persisted parts keeps the set (the store adds it back).
+    let cmds = [
+        Command::RetireNodeId { node_id: 2 },
+        begin_cmd("k", fp(1), 0, 1_000),
+        Command::RetireNodeId { node_id: 7 },
+        Command::RetireNodeId { node_id: 2 },
+    ];
+    let (mut a, mut b) = (TxTable::new(), TxTable::new());
+    for c in &cmds {
+        assert_eq!(run(&mut a, c.clone()), run(&mut b, c.clone()));
+    }
+    assert_eq!(a, b);
+    let rebuilt =
+        TxTable::from_parts(a.next_txid(), a.records().cloned()).with_retired_node_ids(a.retired_node_ids().clone());
+    assert_eq!(rebuilt, a);
+}
+
+#[test]
+fn older_commands_keep_their_encoding_after_retire_node_id_was_added() {
+    // Raft log entries written before RetireNodeId existed must decode the
+    // same: the new variant is appended, so existing variant indexes (the
+    // first byte after the format version) are unchanged.
+    let forget = crate::codec::encode(&Command::Forget { txid: 5 }).unwrap();
+    assert_eq!(forget, vec![crate::codec::FORMAT_VERSION, 7, 5]);
+    let retire = crate::codec::encode(&Command::RetireNodeId { node_id: 4 }).unwrap();
+    assert_eq!(retire, vec![crate::codec::FORMAT_VERSION, 8, 4]);
+    assert_eq!(
+        crate::codec::decode::<Command>(&forget).unwrap(),
+        Command::Forget { txid: 5 }
+    );
 }

@@ -2,7 +2,8 @@
 //! the table in memory for reads, and persists every changed record together
 //! with the last-applied log id in ONE atomic engine batch per `apply` call,
 //! so a restart finds the state of a whole prefix of the log: no gap and no
-//! double application. Snapshots serialize the whole table.
+//! double application. Snapshots serialize the whole table, and the ids of
+//! nodes removed from the cluster (never to be reused).
 
 use std::collections::BTreeSet;
 use std::io::Cursor;
@@ -38,6 +39,9 @@ const RECORD_PREFIX: &[u8] = b"t";
 const NEXT_TXID_KEY: &[u8] = b"m/next_txid";
 const APPLIED_KEY: &[u8] = b"m/applied";
 const MEMBERSHIP_KEY: &[u8] = b"m/membership";
+/// The retired node ids (`Command::RetireNodeId`). A key of its own, absent
+/// in data directories written before it existed: absent = none retired.
+const RETIRED_NODE_IDS_KEY: &[u8] = b"m/retired_node_ids";
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
 
@@ -62,6 +66,39 @@ struct SnapshotData {
     records: Vec<TxRecord>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
+    /// Added after the fields above (last, so the layout before it is a
+    /// prefix of this one); see `decode_snapshot`.
+    retired_node_ids: BTreeSet<u64>,
+}
+
+/// The layout of snapshots built before retired node ids were recorded.
+#[derive(Serialize, Deserialize)]
+struct SnapshotDataWithoutRetiredIds {
+    next_txid: Txid,
+    records: Vec<TxRecord>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+}
+
+/// Decodes a snapshot of either layout. The encoding is not self-describing:
+/// an older snapshot is exactly the current layout without its last field,
+/// so the current decode fails on it at the end of input (never succeeds
+/// wrongly), and the older layout is tried then. A current snapshot decoded
+/// as the older layout would leave trailing bytes, which the codec refuses.
+fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
+    match codec::decode::<SnapshotData>(bytes) {
+        Ok(d) => Ok(d),
+        Err(current) => match codec::decode::<SnapshotDataWithoutRetiredIds>(bytes) {
+            Ok(old) => Ok(SnapshotData {
+                next_txid: old.next_txid,
+                records: old.records,
+                last_applied: old.last_applied,
+                membership: old.membership,
+                retired_node_ids: BTreeSet::new(),
+            }),
+            Err(_) => Err(current),
+        },
+    }
 }
 
 #[derive(Clone)]
@@ -105,8 +142,12 @@ impl StateMachineStore {
             Some(b) => codec::decode(&b).map_err(read_err)?,
             None => StoredMembership::default(),
         };
+        let retired: BTreeSet<u64> = match get(RETIRED_NODE_IDS_KEY)? {
+            Some(b) => codec::decode(&b).map_err(read_err)?,
+            None => BTreeSet::new(),
+        };
         let state = SmState {
-            table: TxTable::from_parts(next_txid, records),
+            table: TxTable::from_parts(next_txid, records).with_retired_node_ids(retired),
             last_applied,
             membership,
         };
@@ -129,6 +170,7 @@ impl StateMachineStore {
             records: st.table.records().cloned().collect(),
             last_applied: st.last_applied,
             membership: st.membership.clone(),
+            retired_node_ids: st.table.retired_node_ids().clone(),
         };
         let bytes = codec::encode(&data).map_err(snap_err)?;
         let snapshot_id = match st.last_applied {
@@ -223,6 +265,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 codec::encode(&st.membership).map_err(write_err)?,
             );
         }
+        if effects.contains(&Effect::RetiredNodeIdsChanged) {
+            b.put(
+                RETIRED_NODE_IDS_KEY.to_vec(),
+                codec::encode(st.table.retired_node_ids()).map_err(write_err)?,
+            );
+        }
         self.engine.write_batch(Space::StateMachine, b).map_err(write_err)?;
         for e in &effects {
             if let Effect::Decided(_, outcome) = e {
@@ -246,7 +294,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
-        let data: SnapshotData = codec::decode(&bytes)
+        let data: SnapshotData = decode_snapshot(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e)))?;
         let mut st = self.state.write().expect("state machine lock poisoned");
         // Replace the persisted state in one atomic batch.
@@ -269,9 +317,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             MEMBERSHIP_KEY.to_vec(),
             codec::encode(&meta.last_membership).map_err(write_err)?,
         );
+        b.put(
+            RETIRED_NODE_IDS_KEY.to_vec(),
+            codec::encode(&data.retired_node_ids).map_err(write_err)?,
+        );
         self.engine.write_batch(Space::StateMachine, b).map_err(write_err)?;
         self.save_snapshot(meta, &bytes)?;
-        st.table = TxTable::from_parts(data.next_txid, data.records);
+        st.table = TxTable::from_parts(data.next_txid, data.records).with_retired_node_ids(data.retired_node_ids);
         st.last_applied = meta.last_log_id;
         st.membership = meta.last_membership.clone();
         drop(st);
@@ -289,5 +341,128 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             })),
             _ => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::CommittedLeaderId;
+    use openraft::Entry as RaftEntry;
+
+    use super::*;
+    use crate::raft::Batch;
+    use crate::sm::Command;
+
+    fn entry(index: u64, commands: Vec<Command>) -> Entry {
+        RaftEntry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Batch { commands }),
+        }
+    }
+
+    fn fresh() -> (tempfile::TempDir, Arc<dyn KvEngine>, StateMachineStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = crate::store::open_data_dir(dir.path(), "c", 1).unwrap();
+        let sm = StateMachineStore::open(engine.clone()).unwrap();
+        (dir, engine, sm)
+    }
+
+    /// Retired node ids are persisted with the apply that records them, and
+    /// are there after a restart (issue 8: ids are never reused).
+    #[tokio::test]
+    async fn retired_node_ids_survive_a_restart() {
+        let (_dir, engine, mut sm) = fresh();
+        sm.apply(vec![entry(1, vec![Command::RetireNodeId { node_id: 4 }])])
+            .await
+            .unwrap();
+        sm.apply(vec![entry(2, vec![Command::RetireNodeId { node_id: 2 }])])
+            .await
+            .unwrap();
+        drop(sm);
+        let sm = StateMachineStore::open(engine).unwrap();
+        let st = sm.state();
+        assert_eq!(st.table.retired_node_ids(), &BTreeSet::from([2, 4]));
+        assert_eq!(st.last_applied.map(|l| l.index), Some(2));
+    }
+
+    /// A node that catches up by snapshot learns the retired ids too, and
+    /// keeps them across its own restart.
+    #[tokio::test]
+    async fn snapshots_carry_retired_node_ids() {
+        let (_d1, _e1, mut leader) = fresh();
+        leader
+            .apply(vec![entry(
+                1,
+                vec![
+                    Command::RetireNodeId { node_id: 3 },
+                    Command::Begin {
+                        idempotency_key: "k".into(),
+                        fingerprint: [1; 32],
+                        now_ms: 1,
+                        timeout_ms: 1_000,
+                    },
+                ],
+            )])
+            .await
+            .unwrap();
+        let snap = leader.build_snapshot().await.unwrap();
+        let (_d2, e2, mut follower) = fresh();
+        follower.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+        assert!(follower.state().table.is_retired_node_id(3));
+        assert_eq!(follower.state().table.len(), 1);
+        drop(follower);
+        let reopened = StateMachineStore::open(e2).unwrap();
+        assert!(reopened.state().table.is_retired_node_id(3));
+    }
+
+    /// A snapshot built before retired ids were recorded (the older layout)
+    /// still installs, with none retired; a data directory written before
+    /// (no retired-ids key) opens with none retired.
+    #[tokio::test]
+    async fn snapshot_of_the_older_layout_still_installs() {
+        let (_d1, _e1, mut leader) = fresh();
+        leader
+            .apply(vec![entry(
+                1,
+                vec![Command::Begin {
+                    idempotency_key: "k".into(),
+                    fingerprint: [1; 32],
+                    now_ms: 1,
+                    timeout_ms: 1_000,
+                }],
+            )])
+            .await
+            .unwrap();
+        let (meta, _) = leader.build_snapshot_bytes().unwrap();
+        let st = leader.state();
+        let old = SnapshotDataWithoutRetiredIds {
+            next_txid: st.table.next_txid(),
+            records: st.table.records().cloned().collect(),
+            last_applied: st.last_applied,
+            membership: st.membership.clone(),
+        };
+        let old_bytes = codec::encode(&old).unwrap();
+        drop(st);
+        // The current decode alone refuses it; the fallback takes it.
+        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
+        let (_d2, e2, mut follower) = fresh();
+        follower
+            .install_snapshot(&meta, Box::new(Cursor::new(old_bytes)))
+            .await
+            .unwrap();
+        assert_eq!(follower.state().table.len(), 1);
+        assert!(follower.state().table.retired_node_ids().is_empty());
+        // And the current layout is never taken for the older one.
+        let (_, new_bytes) = leader.build_snapshot_bytes().unwrap();
+        assert!(codec::decode::<SnapshotDataWithoutRetiredIds>(&new_bytes).is_err());
+
+        // An older data directory: no retired-ids key at all.
+        let mut b = WriteBatch::default();
+        b.delete(RETIRED_NODE_IDS_KEY.to_vec());
+        e2.write_batch(Space::StateMachine, b).unwrap();
+        drop(follower);
+        let reopened = StateMachineStore::open(e2).unwrap();
+        assert_eq!(reopened.state().table.len(), 1);
+        assert!(reopened.state().table.retired_node_ids().is_empty());
     }
 }
