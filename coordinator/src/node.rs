@@ -241,7 +241,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         batcher,
         engine: engine.clone(),
         channels: ChannelCache::new(local_ip, Duration::from_millis(config.raft.connect_timeout_ms)),
-        driver: Default::default(),
+        driver: crate::driver::DriverState::new(
+            Duration::from_millis(config.txn.delivery_retry_base_ms),
+            Duration::from_millis(config.txn.delivery_retry_max_ms),
+        ),
     });
 
     if let Some(addr) = &config.metrics_addr {
@@ -374,7 +377,15 @@ async fn report_gauges(ctx: Arc<NodeCtx>) {
             metrics::gauge!("dtx_raft_last_applied_index").set(m.last_applied.map(|l| l.index).unwrap_or(0) as f64);
             metrics::gauge!("dtx_raft_snapshot_index").set(m.snapshot.map(|l| l.index).unwrap_or(0) as f64);
         }
-        metrics::gauge!("dtx_transactions").set(ctx.sm.state().table.len() as f64);
+        {
+            let st = ctx.sm.state();
+            metrics::gauge!("dtx_transactions").set(st.table.len() as f64);
+            // Decided but not acked by every participant: a number that only
+            // grows points at a participant gone for good.
+            metrics::gauge!("dtx_undelivered_transactions").set(st.table.undelivered_count() as f64);
+            metrics::gauge!("dtx_preparing_transactions").set(st.table.preparing_count() as f64);
+        }
+        metrics::gauge!("dtx_participants_failing").set(ctx.driver.failing_participants() as f64);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
@@ -397,18 +408,19 @@ async fn leader_loops(ctx: Arc<NodeCtx>, mut stop: tokio::sync::watch::Receiver<
         let term = ctx.current_term();
         let retention = ctx.config.txn.retention_ms;
         let max = ctx.config.txn.reaper_batch_max;
-        let (expired, forgettable, undelivered, preparing) = {
+        let (expired, forgettable) = {
             let st = ctx.sm.state();
             (
                 st.table.expired(now, max),
                 st.table.forgettable(now.saturating_sub(retention), max),
-                st.table.undelivered(max),
-                st.table.preparing(max),
             )
         };
         // Phase two for every decided, unacked transaction, and a re-drive
         // of every PREPARING one: this is also how a new leader resumes the
-        // work of the old one.
+        // work of the old one. Each round takes the next ones after the
+        // last round's, skipping those already running here, so stuck ones
+        // never starve the rest (invariant 11).
+        let (undelivered, preparing) = ctx.pick_background_work(max);
         for txid in undelivered {
             ctx.spawn_delivery(txid);
         }

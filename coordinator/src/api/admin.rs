@@ -227,9 +227,31 @@ impl NodeCtx {
         for v in &req.voters {
             check_id("voters", v)?;
         }
-        let note = format!("operator {}: {}", req.operator, req.reason);
+        let mut note = format!("operator {}: {}", req.operator, req.reason);
+        let (voters, read_only) = match outcome {
+            Outcome::Abort => (Vec::new(), Vec::new()),
+            Outcome::Commit => {
+                // Invariant 2 binds operators too: COMMIT only when every
+                // participant is known to hold a durable YES. The leader
+                // asks each one (a read-only Inquire) and refuses otherwise,
+                // naming who and why (issue 8, defect 5). Voters an operator
+                // names must be exactly the enlisted participants.
+                let confirmed = self.confirm_votes(req.txid).await?;
+                let named: BTreeSet<&str> = req.voters.iter().map(String::as_str).collect();
+                let enlisted: BTreeSet<&str> = confirmed.all.iter().map(String::as_str).collect();
+                if !req.voters.is_empty() && named != enlisted {
+                    return Err(ApiError::FailedPrecondition(format!(
+                        "voters {:?} differ from the participants of transaction {}: {:?}",
+                        req.voters, req.txid, confirmed.all
+                    )));
+                }
+                note = format!("{note} ({})", confirmed.note);
+                (confirmed.all, confirmed.read_only)
+            }
+        };
+        crate::driver::truncate_note(&mut note);
         let (d, recorded) = self
-            .decide(req.txid, outcome, req.voters, DecisionSource::Operator, note)
+            .decide_with_acks(req.txid, outcome, voters, DecisionSource::Operator, note, &read_only)
             .await?;
         self.spawn_delivery(req.txid);
         Ok(pb::ResolveResponse {

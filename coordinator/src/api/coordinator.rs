@@ -310,13 +310,24 @@ impl NodeCtx {
 
     async fn status(&self, req: pb::StatusRequest) -> Result<pb::StatusResponse, ApiError> {
         let txid = req.txid;
-        self.read_linearizable(|st| st.table.get(txid).map(status_pb))
+        let mut status = self
+            .read_linearizable(|st| st.table.get(txid).map(status_pb))
             .await?
             .ok_or_else(|| {
                 ApiError::NotFound(format!(
                     "transaction {txid} not found (never begun here, or forgotten after every participant acked)"
                 ))
-            })
+            })?;
+        // This leader's phase-two attempts, so a transaction stuck on a
+        // participant shows why (invariant 11).
+        for p in &mut status.participants {
+            if let Some(a) = self.driver.delivery_attempts(txid, &p.id) {
+                p.delivery_attempts = a.attempts;
+                p.last_delivery_error = a.last_error;
+                p.next_delivery_unix_ms = a.next_unix_ms;
+            }
+        }
+        Ok(status)
     }
 
     /// The decisions of `txids`; with a `participant_id` (not empty), also

@@ -61,7 +61,8 @@ impl From<CommandError> for ApiError {
             | CommandError::NotDecided { .. }
             | CommandError::NotAllAcked { .. }
             | CommandError::UnknownParticipant { .. }
-            | CommandError::OnePhaseOnly { .. } => ApiError::FailedPrecondition(m),
+            | CommandError::OnePhaseOnly { .. }
+            | CommandError::OperatorCommitNotPrepared { .. } => ApiError::FailedPrecondition(m),
         }
     }
 }

@@ -15,10 +15,22 @@
 //! `txn.ack_batch_wait_ms` and go in one Raft entry together, so they do not
 //! cost the next client write a Raft round of its own. It stops as soon as
 //! this node is no longer the leader of the term it started in (invariant
-//! 9: every message carries that term; a deposed leader stops sending). The
+//! 9: every message carries that term; a deposed leader stops sending), or
+//! the participant's ack is recorded, or the transaction is forgotten. The
 //! leader's loop restarts delivery for every decided, unacked transaction
 //! and re-drives every PREPARING one, which is how a new leader resumes.
+//!
+//! Fairness (invariant 11): the loop scans from a cursor and skips
+//! transactions that already have a task here, so any number stuck for good
+//! at low txids never starves the others; deliveries to one participant
+//! share its health record (`health`): while it fails, one call at a time
+//! probes it with backoff, and its failure is logged once per participant.
+//! READ_ONLY voters get no phase two: their acks go into the decision's own
+//! Raft entry.
 
+pub mod health;
+
+use std::collections::HashMap;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -41,8 +53,8 @@ use crate::sm::Outcome;
 use crate::sm::Participant;
 use crate::sm::Txid;
 
-/// Transactions with a task running on this node.
-#[derive(Default)]
+/// The driver's leader-local state: which transactions have a task
+/// running on this node, and what deliveries and re-drives have seen.
 pub struct DriverState {
     delivering: Mutex<HashSet<Txid>>,
     /// Acks waiting to go through Raft together.
@@ -50,6 +62,84 @@ pub struct DriverState {
     /// Being driven (by a client's Commit or a re-drive): the leader loop
     /// does not start a second prepare round for them.
     driving: Mutex<HashSet<Txid>>,
+    /// Every participant address deliveries go to, and how it is doing.
+    peers: Mutex<health::Peers>,
+    /// Per (txid, participant id): the delivery attempts so far (for Status).
+    attempts: Mutex<HashMap<(Txid, String), DeliveryAttempts>>,
+    /// PREPARING transactions whose re-drive ended without a decision: not
+    /// re-driven again before their backoff has passed.
+    redrive_backoff: Mutex<HashMap<Txid, Backoff>>,
+    /// Where the leader loop's scans go on from (invariant 11).
+    cursors: Mutex<Cursors>,
+    retry_base: Duration,
+    retry_max: Duration,
+}
+
+/// What the answering leader knows of one participant's phase two in one
+/// transaction (not replicated; shown by Status).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeliveryAttempts {
+    pub attempts: u32,
+    pub last_error: String,
+    /// When the next attempt is due, ms since the Unix epoch (0: none).
+    pub next_unix_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    failures: u32,
+    not_before: tokio::time::Instant,
+}
+
+/// The txid each background scan took last.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cursors {
+    pub undelivered: Txid,
+    pub preparing: Txid,
+}
+
+/// How often a participant that keeps failing is reported again.
+const PEER_WARN_EVERY: Duration = Duration::from_secs(30);
+
+impl DriverState {
+    pub fn new(retry_base: Duration, retry_max: Duration) -> Self {
+        DriverState {
+            delivering: Mutex::default(),
+            acks: Mutex::default(),
+            driving: Mutex::default(),
+            peers: Mutex::new(health::Peers::new(retry_base, retry_max, PEER_WARN_EVERY)),
+            attempts: Mutex::default(),
+            redrive_backoff: Mutex::default(),
+            cursors: Mutex::default(),
+            retry_base,
+            retry_max,
+        }
+    }
+
+    /// The delivery attempts to `participant_id` in `txid` this leader has
+    /// made, if a delivery task is running for it.
+    pub fn delivery_attempts(&self, txid: Txid, participant_id: &str) -> Option<DeliveryAttempts> {
+        self.attempts
+            .lock()
+            .expect("lock")
+            .get(&(txid, participant_id.to_string()))
+            .cloned()
+    }
+
+    /// Participant addresses that are failing now.
+    pub fn failing_participants(&self) -> usize {
+        self.peers.lock().expect("lock").failing()
+    }
+
+    /// The backoff after `failures` failures, with equal jitter.
+    fn backoff(&self, failures: u32) -> Duration {
+        let exp = self
+            .retry_base
+            .saturating_mul(1u32 << failures.min(20))
+            .min(self.retry_max)
+            .max(Duration::from_millis(1));
+        exp.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
 }
 
 type AckReply = tokio::sync::oneshot::Sender<Result<(), ApiError>>;
@@ -108,6 +198,11 @@ impl Drop for TaskMark {
             d.remove(&self.txid);
         }
     }
+}
+
+/// Cuts a decision note to `limits::NOTE_BYTES_MAX` bytes.
+pub(crate) fn truncate_note(note: &mut String) {
+    truncate_utf8(note, crate::limits::NOTE_BYTES_MAX);
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
@@ -205,8 +300,13 @@ impl NodeCtx {
                 None => ctx.drive_commit_inner(txid).await,
             }
         });
-        task.await
-            .map_err(|e| ApiError::Internal(format!("the driver of {txid} stopped: {e}")))?
+        // A drive that panicked or was cancelled may have recorded a
+        // decision before it stopped: its outcome is not known (defect 6).
+        task.await.map_err(|e| {
+            ApiError::Unknown(format!(
+                "the driver of {txid} stopped ({e}); the decision may or may not be recorded: ask again"
+            ))
+        })?
     }
 
     async fn drive_commit_inner(self: &Arc<Self>, txid: Txid) -> Result<Decision, ApiError> {
@@ -362,30 +462,133 @@ impl NodeCtx {
             truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
             (Outcome::Abort, Vec::new(), note)
         };
+        // READ_ONLY voters need no phase two, whatever the decision: their
+        // acks go into the decision's own Raft entry, so delivery never
+        // sees them pending (defect 4).
+        let read_only: Vec<String> = participants
+            .iter()
+            .zip(&votes)
+            .filter(|(_, v)| **v == VoteResult::ReadOnly)
+            .map(|(p, _)| p.id.clone())
+            .collect();
         participant_sdk::failpoint!("coordinator_votes_in_before_decide");
-        let (d, recorded) = self.decide(txid, outcome, voters, DecisionSource::Driver, note).await?;
+        let (d, recorded) = self
+            .decide_with_acks(txid, outcome, voters, DecisionSource::Driver, note, &read_only)
+            .await?;
         participant_sdk::failpoint!("coordinator_decided_before_delivery");
         if recorded {
             info!(txid, outcome = %d.outcome, "decision recorded");
         }
-        // READ_ONLY voters need no phase two: record their acks, off the
-        // caller's path. Should delivery reach one before its ack is
-        // recorded, the participant answers the decision with an ack anyway.
-        if d.outcome == outcome {
-            for (p, v) in participants.iter().zip(&votes) {
-                if *v == VoteResult::ReadOnly {
-                    let ctx = self.clone();
-                    let id = p.id.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = ctx.record_ack(txid, id.clone()).await {
-                            warn!(txid, participant = %id, "READ_ONLY ack not recorded yet (delivery will ack it): {e}");
-                        }
-                    });
-                }
-            }
-        }
         self.spawn_delivery(txid);
         Ok(d)
+    }
+
+    /// Records a decision (write-once) and, in the same Raft entry, the acks
+    /// of `acked`: participants that need no phase two (READ_ONLY voters,
+    /// who have nothing to do for either outcome). Returns the recorded
+    /// decision, which may be an earlier, different one.
+    pub(crate) async fn decide_with_acks(
+        &self,
+        txid: Txid,
+        outcome: Outcome,
+        voters: Vec<String>,
+        source: DecisionSource,
+        note: String,
+        acked: &[String],
+    ) -> Result<(Decision, bool), ApiError> {
+        let mut cmds = vec![Command::Decide {
+            txid,
+            outcome,
+            voters,
+            source,
+            term: self.current_term(),
+            now_ms: now_ms(),
+            note,
+        }];
+        cmds.extend(acked.iter().map(|id| Command::Ack {
+            txid,
+            participant_id: id.clone(),
+        }));
+        let mut results = self.propose_together(cmds).await?.into_iter();
+        let decided = results
+            .next()
+            .unwrap_or_else(|| Err(ApiError::Internal("the state machine returned no result".into())))?;
+        for (r, id) in results.zip(acked) {
+            if let Err(e) = r {
+                warn!(txid, participant = %id, "ack recorded with the decision refused: {e}");
+            }
+        }
+        match decided {
+            CommandOk::Decided { decision, recorded } => Ok((decision, recorded)),
+            other => Err(ApiError::Internal(format!("unexpected state-machine result {other:?}"))),
+        }
+    }
+
+    /// Asks every participant of `txid` what its durable log holds (the
+    /// read-only `Inquire` call), for an operator's COMMIT: it is allowed
+    /// only when each one holds a YES (or READ_ONLY) vote (invariant 2 binds
+    /// operators too). Returns the participants and the READ_ONLY ones, or
+    /// a refusal that names every participant whose vote is not a known
+    /// YES, and why.
+    pub(crate) async fn confirm_votes(self: &Arc<Self>, txid: Txid) -> Result<ConfirmedVotes, ApiError> {
+        let record =
+            self.sm.state().table.get(txid).cloned().ok_or_else(|| {
+                ApiError::NotFound(format!("transaction {txid} not found (never begun, or forgotten)"))
+            })?;
+        if let Some(d) = record.decision() {
+            // Write-once: the caller reads the recorded decision back.
+            return Ok(ConfirmedVotes {
+                all: record.participants.iter().map(|p| p.id.clone()).collect(),
+                read_only: Vec::new(),
+                note: format!("already decided {}", d.outcome),
+            });
+        }
+        let timeout = Duration::from_millis(self.config.txn.prepare_timeout_ms);
+        let answers = futures::future::join_all(record.participants.iter().map(|p| async move {
+            let res = async {
+                let ch = self.api_channel(&p.address).map_err(|e| e.to_string())?;
+                let mut req = tonic::Request::new(pb::InquireRequest {
+                    txid,
+                    participant_id: p.id.clone(),
+                });
+                req.set_timeout(timeout);
+                match tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).inquire(req)).await {
+                    Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+                    Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
+                    Ok(Ok(r)) => Ok(pb::LocalRecord::try_from(r.into_inner().record).unwrap_or_default()),
+                }
+            }
+            .await;
+            (p.id.clone(), res)
+        }))
+        .await;
+        let mut refusals = Vec::new();
+        let mut seen = Vec::new();
+        let mut read_only = Vec::new();
+        for (id, res) in &answers {
+            match res {
+                Ok(pb::LocalRecord::PreparedYes) => seen.push(format!("{id}=YES")),
+                Ok(pb::LocalRecord::PreparedReadOnly) => {
+                    seen.push(format!("{id}=READ_ONLY"));
+                    read_only.push(id.clone());
+                }
+                Ok(other) => refusals.push(format!("{id} holds no YES vote (its log says {})", other.as_str_name())),
+                Err(e) => refusals.push(format!("{id} could not be asked for its vote ({e})")),
+            }
+        }
+        if !refusals.is_empty() {
+            let mut why = format!(
+                "operator COMMIT of transaction {txid} refused: every participant must hold a durable YES vote                  (invariant 2): {}; resolve it with ABORT, or bring the participants back and retry",
+                refusals.join("; ")
+            );
+            truncate_utf8(&mut why, crate::limits::REASON_BYTES_MAX);
+            return Err(ApiError::FailedPrecondition(why));
+        }
+        Ok(ConfirmedVotes {
+            all: record.participants.iter().map(|p| p.id.clone()).collect(),
+            read_only,
+            note: format!("votes confirmed by inquiry: {}", seen.join(", ")),
+        })
     }
 
     /// Records through Raft that `participant_id` applied the decision of
@@ -464,7 +667,9 @@ impl NodeCtx {
     }
 
     /// Re-drives a PREPARING transaction (after a leader change, or a caller
-    /// that went away) unless one is already running here.
+    /// that went away) unless one is already running here. A re-drive that
+    /// ends without a decision (a one-phase participant that does not
+    /// answer) backs off before the next.
     pub fn spawn_redrive(self: &Arc<Self>, txid: Txid) {
         let Some(guard) = TaskMark::try_new(self, Work::Driving, txid) else {
             return;
@@ -472,10 +677,76 @@ impl NodeCtx {
         let ctx = self.clone();
         tokio::spawn(async move {
             let _guard = guard;
-            if let Err(e) = ctx.drive_commit_inner(txid).await {
-                warn!(txid, "re-drive of a PREPARING transaction not finished: {e}");
+            // Already PREPARING with a frozen set: no RequestCommit write.
+            let known =
+                ctx.sm.state().table.get(txid).and_then(|r| {
+                    (r.phase == crate::sm::Phase::Preparing).then(|| (r.participants.clone(), r.one_phase))
+                });
+            let res = match known {
+                Some((participants, one_phase)) => ctx.drive_preparing(txid, participants, one_phase).await,
+                None => ctx.drive_commit_inner(txid).await,
+            };
+            let mut backoff = ctx.driver.redrive_backoff.lock().expect("lock");
+            match res {
+                Ok(_) => {
+                    backoff.remove(&txid);
+                }
+                Err(e) => {
+                    let failures = backoff.get(&txid).map(|b| b.failures).unwrap_or(0).saturating_add(1);
+                    let wait = ctx.driver.backoff(failures);
+                    backoff.insert(
+                        txid,
+                        Backoff {
+                            failures,
+                            not_before: tokio::time::Instant::now() + wait,
+                        },
+                    );
+                    if failures.is_power_of_two() {
+                        warn!(txid, failures, "re-drive of a PREPARING transaction not finished: {e}");
+                    }
+                }
             }
         });
+    }
+
+    /// The leader loop's share of background work for one round: up to
+    /// `max` decided, unacked transactions to deliver and up to `max`
+    /// PREPARING ones to re-drive. Each scan starts after the last txid it
+    /// took and wraps around, and skips transactions that already have a
+    /// task here (or whose re-drive is backing off), so transactions stuck
+    /// for good never starve the others (invariant 11).
+    pub fn pick_background_work(&self, max: usize) -> (Vec<Txid>, Vec<Txid>) {
+        let now = tokio::time::Instant::now();
+        let mut cursors = self.driver.cursors.lock().expect("lock");
+        let st = self.sm.state();
+        let undelivered: Vec<Txid> = {
+            let busy = self.driver.delivering.lock().expect("lock");
+            st.table
+                .undelivered_after(cursors.undelivered)
+                .filter(|t| !busy.contains(t))
+                .take(max)
+                .collect()
+        };
+        let preparing: Vec<Txid> = {
+            let busy = self.driver.driving.lock().expect("lock");
+            let mut backoff = self.driver.redrive_backoff.lock().expect("lock");
+            // Forget backoffs of transactions no longer PREPARING.
+            if backoff.len() > st.table.preparing_count() {
+                backoff.retain(|t, _| st.table.get(*t).is_some_and(|r| r.phase == crate::sm::Phase::Preparing));
+            }
+            st.table
+                .preparing_after(cursors.preparing)
+                .filter(|t| !busy.contains(t) && backoff.get(t).is_none_or(|b| b.not_before <= now))
+                .take(max)
+                .collect()
+        };
+        if let Some(&t) = undelivered.last() {
+            cursors.undelivered = t;
+        }
+        if let Some(&t) = preparing.last() {
+            cursors.preparing = t;
+        }
+        (undelivered, preparing)
     }
 
     async fn deliver(self: &Arc<Self>, txid: Txid) {
@@ -490,39 +761,146 @@ impl NodeCtx {
         futures::future::join_all(pending.iter().map(|p| self.deliver_one(txid, term, decision, p))).await;
     }
 
+    /// True while the applied record of `txid` still waits for the ack of
+    /// `participant_id` (false once acked, or once the transaction is
+    /// forgotten).
+    fn awaits_ack(&self, txid: Txid, participant_id: &str) -> bool {
+        let st = self.sm.state();
+        st.table
+            .get(txid)
+            .is_some_and(|r| r.participants.iter().any(|p| p.id == participant_id && !p.acked))
+    }
+
+    fn note_attempt(&self, txid: Txid, p: &Participant, error: Option<&str>, next_in: Option<Duration>) {
+        let mut map = self.driver.attempts.lock().expect("lock");
+        let a = map.entry((txid, p.id.clone())).or_default();
+        if let Some(e) = error {
+            a.attempts = a.attempts.saturating_add(1);
+            a.last_error = e.to_string();
+        }
+        a.next_unix_ms = next_in
+            .map(|d| now_ms().saturating_add(d.as_millis() as u64))
+            .unwrap_or(0);
+    }
+
     async fn deliver_one(self: &Arc<Self>, txid: Txid, term: u64, outcome: Outcome, p: &Participant) {
-        let base = self.config.txn.delivery_retry_base_ms;
-        let max = self.config.txn.delivery_retry_max_ms;
-        let mut attempt: u32 = 0;
+        // Whatever ends this task, its attempts stop being shown.
+        struct Shown<'a>(&'a NodeCtx, (Txid, String));
+        impl Drop for Shown<'_> {
+            fn drop(&mut self) {
+                if let Ok(mut m) = self.0.driver.attempts.lock() {
+                    m.remove(&self.1);
+                }
+            }
+        }
+        let _shown = Shown(self, (txid, p.id.clone()));
+        let mut refusals: u32 = 0;
         loop {
             if !self.is_leader_of(term) {
                 return; // The new leader delivers (invariant 9).
             }
-            match self.send_decision(txid, term, outcome, p).await {
+            if !self.awaits_ack(txid, &p.id) {
+                return; // Acked (e.g. with a READ_ONLY vote) or forgotten (defect 4).
+            }
+            let turn = self
+                .driver
+                .peers
+                .lock()
+                .expect("lock")
+                .turn(&p.address, tokio::time::Instant::now());
+            let probe = match turn {
+                health::Turn::Go { probe } => probe,
+                health::Turn::Wait(wait) => {
+                    // The participant is failing: another delivery probes
+                    // it; look again after the wait.
+                    self.note_attempt(txid, p, None, Some(wait));
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+            };
+            let sent = {
+                // A probe that does not report (its task cancelled) must
+                // not keep the others waiting.
+                struct Probe<'a>(&'a NodeCtx, &'a str, bool);
+                impl Drop for Probe<'_> {
+                    fn drop(&mut self) {
+                        if self.2 {
+                            if let Ok(mut peers) = self.0.driver.peers.lock() {
+                                peers.release(self.1);
+                            }
+                        }
+                    }
+                }
+                let mut armed = Probe(self, &p.address, probe);
+                let sent = self.send_decision(txid, term, outcome, p).await;
+                let seen = match &sent {
+                    Err(DeliveryError::NoAnswer(e)) => health::Seen::Failed(e.clone()),
+                    _ => health::Seen::Answered,
+                };
+                let jitter = rand::rng().random_range(0.5..=1.0);
+                let event = self.driver.peers.lock().expect("lock").report(
+                    &p.address,
+                    probe,
+                    seen,
+                    tokio::time::Instant::now(),
+                    jitter,
+                );
+                // Reported: the probe's end is recorded (and another task
+                // may already hold the next one).
+                armed.2 = false;
+                log_peer_event(&p.id, &p.address, event);
+                sent
+            };
+            match sent {
                 Ok(()) => match self.record_ack(txid, p.id.clone()).await {
                     Ok(_) => {
                         metrics::counter!("dtx_deliveries_total", "outcome" => outcome.to_string()).increment(1);
                         participant_sdk::failpoint!("coordinator_mid_delivery");
                         return;
                     }
-                    Err(e) => warn!(txid, participant = %p.id, "ack not recorded yet: {e}"),
-                },
-                Err(e) => {
-                    if attempt.is_multiple_of(10) {
-                        warn!(txid, participant = %p.id, attempt, "{outcome} not delivered yet: {e}");
+                    Err(e) => {
+                        warn!(txid, participant = %p.id, "ack not recorded yet: {e}");
+                        let wait = self.driver.backoff(0);
+                        self.note_attempt(txid, p, Some(&format!("ack not recorded: {e}")), Some(wait));
+                        tokio::time::sleep(wait).await;
                     }
-                    metrics::counter!("dtx_delivery_failures_total").increment(1);
+                },
+                Err(DeliveryError::NoAnswer(e)) => {
+                    // Logged once per participant by its health record;
+                    // the next attempt waits for its backoff.
+                    metrics::counter!("dtx_delivery_failures_total", "kind" => "no_answer").increment(1);
+                    self.note_attempt(txid, p, Some(&e), None);
+                }
+                Err(DeliveryError::Refused { message, stale_term }) => {
+                    // The participant answered and refused this message:
+                    // about this transaction only (others go on).
+                    metrics::counter!("dtx_delivery_failures_total", "kind" => "refused").increment(1);
+                    refusals = refusals.saturating_add(1);
+                    if !stale_term {
+                        metrics::counter!("dtx_participant_protocol_errors_total").increment(1);
+                        if refusals.is_power_of_two() {
+                            warn!(txid, participant = %p.id, refusals, "participant refused {outcome}: {message}");
+                        }
+                    }
+                    let wait = self.driver.backoff(refusals);
+                    self.note_attempt(txid, p, Some(&message), Some(wait));
+                    tokio::time::sleep(wait).await;
                 }
             }
-            let exp = base.saturating_mul(1u64 << attempt.min(20)).min(max);
-            let wait = rand::rng().random_range(exp / 2..=exp.max(1));
-            tokio::time::sleep(Duration::from_millis(wait)).await;
-            attempt = attempt.saturating_add(1);
         }
     }
 
-    async fn send_decision(&self, txid: Txid, term: u64, outcome: Outcome, p: &Participant) -> Result<(), String> {
-        let ch = self.api_channel(&p.address).map_err(|e| e.to_string())?;
+    async fn send_decision(
+        &self,
+        txid: Txid,
+        term: u64,
+        outcome: Outcome,
+        p: &Participant,
+    ) -> Result<(), DeliveryError> {
+        let ch = self.api_channel(&p.address).map_err(|e| DeliveryError::Refused {
+            message: format!("bad participant address {:?}: {e}", p.address),
+            stale_term: false,
+        })?;
         let mut client = ParticipantServiceClient::new(ch);
         let body = pb::ParticipantDecisionRequest {
             txid,
@@ -539,18 +917,93 @@ impl NodeCtx {
             }
         };
         match tokio::time::timeout(timeout, call).await {
-            Err(_) => Err("timed out".into()),
-            Ok(Err(s)) => {
-                // A refusal for an older term is fencing at work (a newer
-                // leader talked to it); anything else is a protocol error.
-                if s.code() == tonic::Code::FailedPrecondition && !s.message().contains("older than term") {
-                    metrics::counter!("dtx_participant_protocol_errors_total").increment(1);
-                    warn!(txid, participant = %p.id, "participant refused {outcome}: {}", s.message());
-                }
-                Err(format!("{}: {}", s.code(), s.message()))
-            }
+            Err(_) => Err(DeliveryError::NoAnswer(format!(
+                "no answer within {} ms",
+                timeout.as_millis()
+            ))),
+            Ok(Err(s)) => Err(DeliveryError::from_status(&s)),
             Ok(Ok(r)) if r.get_ref().applied => Ok(()),
-            Ok(Ok(_)) => Err("participant answered applied = false".into()),
+            Ok(Ok(_)) => Err(DeliveryError::Refused {
+                message: "participant answered applied = false".into(),
+                stale_term: false,
+            }),
         }
+    }
+}
+
+/// What an operator's COMMIT learned from asking every participant.
+#[derive(Debug, Clone)]
+pub struct ConfirmedVotes {
+    /// Every enlisted participant (the voter set of the COMMIT).
+    pub all: Vec<String>,
+    /// Those that voted READ_ONLY (acked with the decision).
+    pub read_only: Vec<String>,
+    /// What was found, for the decision's note.
+    pub note: String,
+}
+
+/// Why one delivery call did not end in an ack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum DeliveryError {
+    /// No answer (no connection, a timeout, a transport failure) or the
+    /// participant failed as a whole (INTERNAL, e.g. its disk is full):
+    /// about the participant, shared by every delivery to it.
+    NoAnswer(String),
+    /// The participant answered and refused this message: about this
+    /// transaction only. `stale_term`: it has seen a newer leader's term
+    /// (fencing at work, invariant 9), not a protocol error.
+    Refused { message: String, stale_term: bool },
+}
+
+impl DeliveryError {
+    fn from_status(s: &tonic::Status) -> DeliveryError {
+        use tonic::Code;
+        let message = format!("{}: {}", s.code(), s.message());
+        match s.code() {
+            Code::FailedPrecondition
+            | Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::OutOfRange => DeliveryError::Refused {
+                stale_term: s.code() == Code::FailedPrecondition && s.message().contains("older than term"),
+                message,
+            },
+            _ => DeliveryError::NoAnswer(message),
+        }
+    }
+}
+
+fn log_peer_event(id: &str, addr: &str, event: Option<health::Event>) {
+    match event {
+        None => {}
+        Some(health::Event::StartedFailing { error, retry_in }) => {
+            metrics::counter!("dtx_participant_outages_total").increment(1);
+            warn!(
+                participant = %id,
+                address = %addr,
+                "participant not answering deliveries ({error}); deliveries to it now wait, one probe every {} ms at most",
+                retry_in.as_millis()
+            );
+        }
+        Some(health::Event::StillFailing {
+            for_,
+            failures,
+            error,
+            retry_in,
+        }) => warn!(
+            participant = %id,
+            address = %addr,
+            failures,
+            "participant still not answering deliveries after {} s ({error}); next probe in {} ms",
+            for_.as_secs(),
+            retry_in.as_millis()
+        ),
+        Some(health::Event::Recovered { after, failures }) => info!(
+            participant = %id,
+            address = %addr,
+            failures,
+            "participant answers deliveries again after {} ms",
+            after.as_millis()
+        ),
     }
 }

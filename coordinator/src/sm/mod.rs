@@ -249,6 +249,10 @@ pub enum CommandError {
         "transaction {txid} is committing in one phase: only its participant's answer decides it (bring the participant back)"
     )]
     OnePhaseOnly { txid: Txid },
+    #[error(
+        "operator COMMIT of transaction {txid} refused: it is {phase}, so no prepare round was recorded and no participant can hold a YES vote (invariant 2); resolve it with ABORT"
+    )]
+    OperatorCommitNotPrepared { txid: Txid, phase: String },
     #[error("{0}")]
     Invalid(String),
 }
@@ -384,12 +388,36 @@ impl TxTable {
 
     /// Transactions in PREPARING, at most `max`, lowest txid first.
     pub fn preparing(&self, max: usize) -> Vec<Txid> {
-        self.preparing.iter().take(max).copied().collect()
+        self.preparing_after(0).take(max).collect()
     }
 
     /// Decided transactions with a participant still to ack, at most `max`.
     pub fn undelivered(&self, max: usize) -> Vec<Txid> {
-        self.undelivered.iter().take(max).copied().collect()
+        self.undelivered_after(0).take(max).collect()
+    }
+
+    /// Every transaction in PREPARING, starting after `cursor` and wrapping
+    /// around: a caller that takes a few per round and moves its cursor to
+    /// the last one taken visits each in turn, so transactions stuck for good
+    /// at low txids never starve the others (invariant 11).
+    pub fn preparing_after(&self, cursor: Txid) -> impl Iterator<Item = Txid> + '_ {
+        wrapped_after(&self.preparing, cursor)
+    }
+
+    /// Every decided transaction with a participant still to ack, starting
+    /// after `cursor` and wrapping around (see `preparing_after`).
+    pub fn undelivered_after(&self, cursor: Txid) -> impl Iterator<Item = Txid> + '_ {
+        wrapped_after(&self.undelivered, cursor)
+    }
+
+    /// How many decided transactions wait for at least one ack.
+    pub fn undelivered_count(&self) -> usize {
+        self.undelivered.len()
+    }
+
+    /// How many transactions are in PREPARING.
+    pub fn preparing_count(&self) -> usize {
+        self.preparing.len()
     }
 
     /// Rebuilds a table from persisted parts (keys are derived).
@@ -726,6 +754,18 @@ impl TxTable {
             (Outcome::Commit, DecisionSource::Reaper) => {
                 return Err(CommandError::Invalid("the reaper may only decide ABORT".to_string()));
             }
+            (Outcome::Commit, DecisionSource::Operator) if r.phase != Phase::Preparing => {
+                // Invariant 2 binds operators too: their COMMIT needs every
+                // participant's durable YES, which the leader confirms by
+                // asking each one before proposing; without a recorded
+                // prepare round no participant can hold one. (The driver
+                // may decide COMMIT from ACTIVE with the voter set it
+                // collected: DESIGN lets Decide itself freeze the set.)
+                return Err(CommandError::OperatorCommitNotPrepared {
+                    txid,
+                    phase: r.phase.name().to_string(),
+                });
+            }
             (Outcome::Commit, _) => {
                 // Invariant 2: COMMIT only with a YES from every enlisted
                 // participant. The set that voted must equal the set enlisted.
@@ -822,6 +862,14 @@ impl TxTable {
             r.decision().is_some() && r.participants.iter().any(|p| p.id == participant_id && !p.acked)
         })
     }
+}
+
+/// The members of `set` above `cursor`, then those up to and including it.
+fn wrapped_after(set: &BTreeSet<Txid>, cursor: Txid) -> impl Iterator<Item = Txid> + '_ {
+    use std::ops::Bound;
+    set.range((Bound::Excluded(cursor), Bound::Unbounded))
+        .chain(set.range(..=cursor))
+        .copied()
 }
 
 /// Membership memory: node ids that must never be used again (issue 8).

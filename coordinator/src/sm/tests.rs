@@ -686,6 +686,93 @@ fn inv2_voters_mismatch_does_not_block_a_later_abort() {
     assert_eq!(eff, vec![Effect::Put(txid), Effect::Decided(txid, Outcome::Abort)]);
 }
 
+/// Issue 8, defect 5: an operator's COMMIT of a transaction that never had a
+/// prepare round recorded (ACTIVE) is refused, even with the exact voter
+/// set: no participant can hold a YES vote, so the others would commit and
+/// the one that never prepared would refuse (a split, invariants 2 and 3).
+/// From PREPARING it is accepted (the leader has asked every participant for
+/// its durable YES first); ABORT stays allowed from ACTIVE.
+#[test]
+fn inv2_inv3_operator_commit_refused_without_a_prepare_round() {
+    let mut t = TxTable::new();
+    let txid = tx_with(&mut t, "k", &["p1", "p2"]);
+    let before = t.clone();
+    let (res, eff) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1", "p2"], DecisionSource::Operator, 1100),
+    );
+    assert_eq!(
+        res,
+        Err(CommandError::OperatorCommitNotPrepared {
+            txid,
+            phase: "ACTIVE".into()
+        })
+    );
+    assert!(res.unwrap_err().to_string().contains("no participant can hold a YES"));
+    assert!(eff.is_empty());
+    assert_eq!(t, before, "a refused operator COMMIT records nothing");
+
+    // After RequestCommit (PREPARING) the operator's COMMIT with every
+    // participant is recorded.
+    run(&mut t, Command::RequestCommit { txid }).0.unwrap();
+    let (res, eff) = run(
+        &mut t,
+        decide_cmd(txid, Outcome::Commit, &["p1", "p2"], DecisionSource::Operator, 1100),
+    );
+    let (d, rec) = decided_ok(&res);
+    assert!(rec);
+    assert_eq!((d.outcome, d.source), (Outcome::Commit, DecisionSource::Operator));
+    assert_eq!(eff, vec![Effect::Put(txid), Effect::Decided(txid, Outcome::Commit)]);
+
+    // An operator ABORT needs no prepare round.
+    let other = tx_with(&mut t, "k2", &["p1"]);
+    let (res, _) = run(
+        &mut t,
+        decide_cmd(other, Outcome::Abort, &[], DecisionSource::Operator, 1100),
+    );
+    assert!(decided_ok(&res).1);
+}
+
+/// Invariant 11: the cursor scans over PREPARING and undelivered
+/// transactions start after the cursor and wrap around, each id once, so a
+/// caller taking a few per round reaches every one in turn.
+#[test]
+fn inv11_background_scans_start_after_the_cursor_and_wrap_around() {
+    let mut t = TxTable::new();
+    let ids: Vec<Txid> = (0..5).map(|i| tx_with(&mut t, &format!("k{i}"), &["p1"])).collect();
+    for &id in &ids {
+        run(&mut t, Command::RequestCommit { txid: id }).0.unwrap();
+    }
+    let all = |it: &mut dyn Iterator<Item = Txid>| it.collect::<Vec<_>>();
+    assert_eq!(all(&mut t.preparing_after(0)), ids);
+    assert_eq!(
+        all(&mut t.preparing_after(ids[2])),
+        vec![ids[3], ids[4], ids[0], ids[1], ids[2]]
+    );
+    assert_eq!(all(&mut t.preparing_after(Txid::MAX)), ids, "no duplicates at the top");
+    // Decided, unacked: in the undelivered scan, out of the preparing one.
+    for &id in &ids[..3] {
+        run(
+            &mut t,
+            decide_cmd(id, Outcome::Abort, &[], DecisionSource::Client, 1100),
+        )
+        .0
+        .unwrap();
+    }
+    assert_eq!(all(&mut t.preparing_after(ids[4])), vec![ids[3], ids[4]]);
+    assert_eq!(all(&mut t.undelivered_after(ids[1])), vec![ids[2], ids[0], ids[1]]);
+    assert_eq!((t.undelivered_count(), t.preparing_count()), (3, 2));
+    // Taking one per round and moving the cursor visits each in turn.
+    let mut cursor = 0;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let next = t.undelivered_after(cursor).next().unwrap();
+        seen.push(next);
+        cursor = next;
+    }
+    assert_eq!(seen, ids[..3].to_vec());
+}
+
 // ---------------------------------------------------------------- Decide (invariant 7)
 
 #[test]

@@ -50,6 +50,11 @@ pub struct Gated {
     lose_one_phase_answers: Arc<std::sync::atomic::AtomicBool>,
     /// Milliseconds a Prepare waits before it is handled (a slow voter).
     prepare_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Milliseconds a handled Prepare waits before its vote is sent (the
+    /// vote is durable meanwhile).
+    prepare_reply_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Commit and Abort calls received (held or not).
+    decisions_received: Arc<std::sync::atomic::AtomicU32>,
 }
 
 type R<T> = Result<tonic::Response<T>, tonic::Status>;
@@ -59,7 +64,10 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
     async fn prepare(&self, req: tonic::Request<dtx_proto::v1::PrepareRequest>) -> R<dtx_proto::v1::PrepareResponse> {
         let delay = self.prepare_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
-        self.inner.prepare(req).await
+        let vote = self.inner.prepare(req).await;
+        let delay = self.prepare_reply_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        vote
     }
     async fn commit_one_phase(
         &self,
@@ -80,6 +88,8 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         &self,
         req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,
     ) -> R<dtx_proto::v1::ParticipantDecisionResponse> {
+        self.decisions_received
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(tonic::Status::unavailable("held by the test"));
         }
@@ -89,6 +99,8 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         &self,
         req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,
     ) -> R<dtx_proto::v1::ParticipantDecisionResponse> {
+        self.decisions_received
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(tonic::Status::unavailable("held by the test"));
         }
@@ -109,6 +121,9 @@ pub struct Svc {
     pub one_phase_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     pub lose_one_phase_answers: Arc<std::sync::atomic::AtomicBool>,
     pub prepare_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    pub prepare_reply_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Commit and Abort calls that reached this participant.
+    pub decisions_received: Arc<std::sync::atomic::AtomicU32>,
     /// Dropping it stops the server.
     _stop: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
@@ -127,6 +142,8 @@ impl Svc {
             one_phase_delay_ms: Arc::default(),
             lose_one_phase_answers: Arc::default(),
             prepare_delay_ms: Arc::default(),
+            prepare_reply_delay_ms: Arc::default(),
+            decisions_received: Arc::default(),
             _stop: None,
             _dir: dir,
         };
@@ -143,6 +160,8 @@ impl Svc {
             one_phase_delay_ms: self.one_phase_delay_ms.clone(),
             lose_one_phase_answers: self.lose_one_phase_answers.clone(),
             prepare_delay_ms: self.prepare_delay_ms.clone(),
+            prepare_reply_delay_ms: self.prepare_reply_delay_ms.clone(),
+            decisions_received: self.decisions_received.clone(),
         });
         tokio::spawn(
             tonic::transport::Server::builder()
