@@ -236,15 +236,23 @@ impl NodeCtx {
                 // asks each one (a read-only Inquire) and refuses otherwise,
                 // naming who and why (issue 8, defect 5). Voters an operator
                 // names must be exactly the enlisted participants.
-                let confirmed = self.confirm_votes(req.txid).await?;
-                let named: BTreeSet<&str> = req.voters.iter().map(String::as_str).collect();
-                let enlisted: BTreeSet<&str> = confirmed.all.iter().map(String::as_str).collect();
-                if !req.voters.is_empty() && named != enlisted {
-                    return Err(ApiError::FailedPrecondition(format!(
-                        "voters {:?} differ from the participants of transaction {}: {:?}",
-                        req.voters, req.txid, confirmed.all
-                    )));
+                let enlisted: Option<Vec<String>> = {
+                    let st = self.sm.state();
+                    let r = st.table.get(req.txid);
+                    r.filter(|r| r.decision().is_none())
+                        .map(|r| r.participants.iter().map(|p| p.id.clone()).collect())
+                };
+                if let Some(enlisted) = enlisted.filter(|_| !req.voters.is_empty()) {
+                    let named: BTreeSet<&str> = req.voters.iter().map(String::as_str).collect();
+                    let set: BTreeSet<&str> = enlisted.iter().map(String::as_str).collect();
+                    if named != set || named.len() != req.voters.len() {
+                        return Err(ApiError::FailedPrecondition(format!(
+                            "COMMIT of transaction {} refused: voters {:?} differ from enlisted participants {:?}",
+                            req.txid, req.voters, enlisted
+                        )));
+                    }
                 }
+                let confirmed = self.confirm_votes(req.txid).await?;
                 note = format!("{note} ({})", confirmed.note);
                 (confirmed.all, confirmed.read_only)
             }
