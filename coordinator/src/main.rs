@@ -49,7 +49,9 @@ enum Cmd {
     /// Measure Decide throughput and latency on a local three-node cluster,
     /// and this disk's fsync rate.
     Bench(coordinator::bench::BenchArgs),
-    /// Print what a stopped node's data directory holds, as JSON (read-only).
+    /// Print what a stopped node's data directory holds, as JSON. Writes
+    /// nothing there: it reads a private copy under TMPDIR (works on a full
+    /// disk; needs room for the copy in TMPDIR).
     Inspect {
         #[arg(long)]
         data_dir: PathBuf,

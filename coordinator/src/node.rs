@@ -200,10 +200,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let engine = store::open_data_dir(&config.data_dir, &config.cluster_id, config.node_id)?;
     let log_store = LogStore::new(engine.clone());
     let sm = StateMachineStore::open(engine.clone()).map_err(|e| {
-        anyhow::anyhow!(
-            "data directory {} is damaged: {e}; the node stops and leaves it untouched",
-            config.data_dir.display()
-        )
+        let e = e.to_string();
+        if e.contains(store::engine::DISK_FULL) {
+            anyhow::anyhow!("cannot load the state machine from data directory {}: {e}", config.data_dir.display())
+        } else {
+            anyhow::anyhow!(
+                "data directory {} is damaged: the state machine cannot be read: {e}; the node does not start on it and never resets or repairs it: copy it aside and keep it for inspection",
+                config.data_dir.display()
+            )
+        }
     })?;
     let local_ip = Some(raft_listen.ip()).filter(|ip| !ip.is_unspecified());
     let network = Network::new(NetworkSettings {
@@ -305,6 +310,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         _ = shutdown => Ok(()),
         reason = fatal => Err(anyhow::anyhow!("raft stopped on a fatal error: {reason}")),
     };
+    // The alert line goes out first: nothing below (for example a final
+    // flush that fails on the same full disk) may keep it from the log.
+    if let Err(e) = &outcome {
+        error!(node_id = config.node_id, "{e:#}");
+    }
     info!(node_id = config.node_id, "node stopping");
     let _ = stop_tx.send(true);
     let _ = raft.shutdown().await;
@@ -312,9 +322,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     gauges.abort();
     let _ = raft_server.await;
     let _ = api_server.await;
-    engine.flush().context("final flush")?;
-    if let Err(e) = &outcome {
-        error!(node_id = config.node_id, "{e:#}");
+    if let Err(e) = engine.flush() {
+        // After a fatal storage error this usually fails the same way; the
+        // node exits with the fatal error, and this is logged beside it.
+        error!(node_id = config.node_id, "final flush failed: {e}");
+        if outcome.is_ok() {
+            return Err(anyhow::Error::new(e).context("final flush failed"));
+        }
     }
     outcome
 }

@@ -2,7 +2,11 @@
 //! `KvEngine`, so sled can be replaced without touching Raft or the state
 //! machine (docs/adr/0002-sled.md).
 
+use std::fs::File;
 use std::path::Path;
+use std::path::PathBuf;
+use std::time::Duration;
+use std::time::Instant;
 
 /// Independent key spaces. Writes within one space can be made atomic with
 /// `write_batch`.
@@ -46,6 +50,90 @@ pub enum EngineError {
     Io { space: &'static str, message: String },
     #[error("cannot open data directory {path}: {message}")]
     Open { path: String, message: String },
+    /// The filesystem holding `path` has no room for a write. Always says
+    /// "disk full" (operators and tests grep for it), how much is free, and
+    /// what to do.
+    #[error("disk full: no space left for data directory {path} ({}): {message}; free space on that filesystem (or move the directory to a larger one), then start the node again: what it acknowledged is on disk, and it catches up from the leader", describe_free(*free_bytes))]
+    NoSpace {
+        path: String,
+        free_bytes: Option<u64>,
+        message: String,
+    },
+}
+
+impl EngineError {
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, EngineError::NoSpace { .. })
+    }
+}
+
+/// The words every disk-full message carries.
+pub const DISK_FULL: &str = "disk full";
+
+fn describe_free(free_bytes: Option<u64>) -> String {
+    match free_bytes {
+        Some(b) => format!("{} free on its filesystem", human_bytes(b)),
+        None => "free space unknown".to_string(),
+    }
+}
+
+/// `12345678` -> `"12345678 bytes (11.8 MiB)"`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if b < 1024 {
+        return format!("{b} bytes");
+    }
+    let mut v = b as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{b} bytes ({v:.1} {})", UNITS[unit])
+}
+
+/// Bytes an unprivileged writer can still use on the filesystem holding
+/// `path` (what `df` shows as available).
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    // SAFETY: statvfs(3) only writes into the zeroed struct we pass; `c` is
+    // a valid NUL-terminated path for the duration of the call.
+    let (rc, st) = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        let rc = libc::statvfs(c.as_ptr(), &mut st);
+        (rc, st)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The field types differ between platforms (u32 on some 32-bit ones).
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, block_size) = (st.f_bavail as u64, st.f_frsize as u64);
+    Ok(blocks.saturating_mul(block_size))
+}
+
+/// True for an I/O error that means "no space left": ENOSPC or EDQUOT,
+/// also after sled has re-wrapped the error (its `Clone` keeps only the
+/// kind and the debug text).
+pub fn is_no_space_io(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+        return true;
+    }
+    if matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded) {
+        return true;
+    }
+    let text = format!("{e:?}");
+    text.contains("No space left on device") || text.contains("Disk quota exceeded")
+}
+
+fn sled_no_space(e: &sled::Error) -> bool {
+    match e {
+        sled::Error::Io(io) => is_no_space_io(io),
+        _ => false,
+    }
 }
 
 /// One atomic group of writes to one space.
@@ -84,10 +172,174 @@ pub trait KvEngine: Send + Sync + 'static {
     fn flush(&self) -> Result<(), EngineError>;
 }
 
+/// sled's data file in a data directory; sled locks it (flock) while open.
+const DB_FILE: &str = "db";
+
+/// True if `dir` holds a sled database (its data file exists).
+pub fn is_data_dir(dir: &Path) -> bool {
+    dir.join(DB_FILE).is_file()
+}
+
+/// sled 0.34 writes its recovery snapshot to `snap.<16 hex digits>.generating`,
+/// syncs it, then renames it to `snap.<16 hex digits>`. A file still called
+/// `.generating` was therefore never finished (a failed write, for example
+/// on a full disk, or a crash before the rename), and sled never relied on
+/// it: the complete snapshot before it and the log are still there. sled
+/// does not skip such files when it looks for its newest snapshot, so an
+/// empty one makes the directory unopenable as "corrupt" (spacejam/sled#1527).
+pub fn is_incomplete_snapshot_name(name: &str) -> bool {
+    let Some(mid) = name
+        .strip_prefix("snap.")
+        .and_then(|rest| rest.strip_suffix(".generating"))
+    else {
+        return false;
+    };
+    mid.len() == 16 && mid.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// sled's incomplete snapshot files directly in `dir` (where sled keeps
+/// its snapshots): name and size of each, in name order.
+pub fn incomplete_snapshots(dir: &Path) -> std::io::Result<Vec<(String, u64)>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        let meta = entry.metadata()?;
+        if meta.is_file() && is_incomplete_snapshot_name(&name) {
+            found.push((name, meta.len()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Removes sled's incomplete snapshot files from `dir` and nothing else;
+/// returns what it removed. Call it only while holding the directory's lock
+/// (`DirLock`), so no sled in another process is writing one right now.
+pub fn remove_incomplete_snapshots(dir: &Path) -> Result<Vec<(String, u64)>, EngineError> {
+    let open_err = |e: std::io::Error| EngineError::Open {
+        path: dir.display().to_string(),
+        message: format!("cannot remove sled's incomplete snapshot files: {e}"),
+    };
+    let found = incomplete_snapshots(dir).map_err(open_err)?;
+    for (name, _) in &found {
+        match std::fs::remove_file(dir.join(name)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(open_err(e)),
+        }
+    }
+    Ok(found)
+}
+
+/// The lock sled itself takes on a data directory (flock on its data
+/// file), taken without opening sled: exclusive to prepare a directory
+/// for opening, shared to copy it. Released on drop.
+pub struct DirLock {
+    _file: File,
+}
+
+impl DirLock {
+    /// Waits up to `wait` while another process (or a sled instance of this
+    /// one that is still closing) holds it. `Ok(None)`: the directory holds
+    /// no database yet, so there is nothing to lock.
+    pub fn acquire(dir: &Path, shared: bool, wait: Duration) -> Result<Option<DirLock>, EngineError> {
+        use std::os::fd::AsRawFd;
+        let db = dir.join(DB_FILE);
+        let open_err = |message: String| EngineError::Open {
+            path: dir.display().to_string(),
+            message,
+        };
+        // Read-only: taking the lock writes nothing.
+        let file = match File::open(&db) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(open_err(format!("cannot open {}: {e}", db.display()))),
+        };
+        let op = if shared { libc::LOCK_SH } else { libc::LOCK_EX } | libc::LOCK_NB;
+        let deadline = Instant::now() + wait;
+        loop {
+            // SAFETY: flock(2) on a descriptor owned by `file`, which lives
+            // as long as the lock.
+            if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+                return Ok(Some(DirLock { _file: file }));
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EWOULDBLOCK) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                // The same words sled uses, so callers see one kind of error.
+                Some(libc::EWOULDBLOCK) => {
+                    return Err(open_err(format!(
+                        "could not acquire lock on {}: another process holds it",
+                        db.display()
+                    )))
+                }
+                _ => return Err(open_err(format!("cannot lock {}: {e}", db.display()))),
+            }
+        }
+    }
+}
+
+/// Copies the data directory `src` into the empty directory `dst` for a
+/// private look (`inspect`), leaving out sled's incomplete snapshot files;
+/// returns their names. Hold a `DirLock` on `src` while copying.
+pub fn copy_data_dir(src: &Path, dst: &Path) -> std::io::Result<Vec<String>> {
+    let mut skipped = Vec::new();
+    copy_tree(src, dst, true, &mut skipped)?;
+    skipped.sort();
+    Ok(skipped)
+}
+
+fn copy_tree(src: &Path, dst: &Path, top: bool, skipped: &mut Vec<String>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let meta = std::fs::symlink_metadata(entry.path())?;
+        let to = dst.join(&name);
+        if meta.is_dir() {
+            std::fs::create_dir(&to)?;
+            copy_tree(&entry.path(), &to, false, skipped)?;
+        } else if meta.is_file() {
+            let name = name.to_string_lossy().to_string();
+            if top && is_incomplete_snapshot_name(&name) {
+                skipped.push(name);
+                continue;
+            }
+            std::fs::copy(entry.path(), &to)?;
+        } else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} is neither a file nor a directory", entry.path().display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Total size of the files under `dir`.
+pub fn tree_bytes(dir: &Path) -> std::io::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = std::fs::symlink_metadata(entry.path())?;
+        total += if meta.is_dir() {
+            tree_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
 /// sled 0.34 behind `KvEngine`: one `sled::Db` per node, one tree per space.
 pub struct SledEngine {
     db: sled::Db,
     trees: Vec<(Space, sled::Tree)>,
+    /// The data directory, to say how much room is left when a write fails.
+    path: PathBuf,
 }
 
 /// Longest wait for a held directory lock on open.
@@ -95,9 +347,15 @@ pub const OPEN_LOCK_WAIT_MS: u64 = 3_000;
 
 impl SledEngine {
     pub fn open(path: &Path) -> Result<Self, EngineError> {
-        let open_err = |e: sled::Error| EngineError::Open {
-            path: path.display().to_string(),
-            message: e.to_string(),
+        let open_err = |e: sled::Error| {
+            if sled_no_space(&e) {
+                no_space(path, e.to_string())
+            } else {
+                EngineError::Open {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                }
+            }
         };
         let config = sled::Config::new()
             .path(path)
@@ -120,7 +378,11 @@ impl SledEngine {
         for s in Space::ALL {
             trees.push((s, db.open_tree(s.name()).map_err(open_err)?));
         }
-        Ok(SledEngine { db, trees })
+        Ok(SledEngine {
+            db,
+            trees,
+            path: path.to_path_buf(),
+        })
     }
 
     fn tree(&self, space: Space) -> &sled::Tree {
@@ -133,24 +395,46 @@ impl SledEngine {
     }
 }
 
-fn io(space: Space) -> impl Fn(sled::Error) -> EngineError {
-    move |e| EngineError::Io {
-        space: space.name(),
-        message: e.to_string(),
+fn no_space(path: &Path, message: String) -> EngineError {
+    EngineError::NoSpace {
+        path: path.display().to_string(),
+        free_bytes: free_bytes(path).ok(),
+        message,
     }
 }
 
-fn pairs(
-    space: Space,
-    it: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
-) -> Result<Vec<KvPair>, EngineError> {
-    it.map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(io(space)))
-        .collect()
+impl SledEngine {
+    /// Maps a sled error of an operation on `space`; a full disk is said so.
+    fn io(&self, space: &'static str) -> impl Fn(sled::Error) -> EngineError + '_ {
+        move |e| {
+            if sled_no_space(&e) {
+                no_space(&self.path, format!("in {space}: {e}"))
+            } else {
+                EngineError::Io {
+                    space,
+                    message: e.to_string(),
+                }
+            }
+        }
+    }
+
+    fn pairs(
+        &self,
+        space: Space,
+        it: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
+    ) -> Result<Vec<KvPair>, EngineError> {
+        it.map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(self.io(space.name())))
+            .collect()
+    }
 }
 
 impl KvEngine for SledEngine {
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
-        Ok(self.tree(space).get(key).map_err(io(space))?.map(|v| v.to_vec()))
+        Ok(self
+            .tree(space)
+            .get(key)
+            .map_err(self.io(space.name()))?
+            .map(|v| v.to_vec()))
     }
 
     fn write_batch(&self, space: Space, batch: WriteBatch) -> Result<(), EngineError> {
@@ -161,26 +445,26 @@ impl KvEngine for SledEngine {
                 None => b.remove(k),
             }
         }
-        self.tree(space).apply_batch(b).map_err(io(space))
+        self.tree(space).apply_batch(b).map_err(self.io(space.name()))
     }
 
     fn scan(&self, space: Space, from: &[u8], to: Option<&[u8]>) -> Result<Vec<KvPair>, EngineError> {
         let t = self.tree(space);
         match to {
-            Some(to) => pairs(space, t.range(from..to)),
-            None => pairs(space, t.range(from..)),
+            Some(to) => self.pairs(space, t.range(from..to)),
+            None => self.pairs(space, t.range(from..)),
         }
     }
 
     fn scan_prefix(&self, space: Space, prefix: &[u8]) -> Result<Vec<KvPair>, EngineError> {
-        pairs(space, self.tree(space).scan_prefix(prefix))
+        self.pairs(space, self.tree(space).scan_prefix(prefix))
     }
 
     fn first(&self, space: Space) -> Result<Option<KvPair>, EngineError> {
         Ok(self
             .tree(space)
             .first()
-            .map_err(io(space))?
+            .map_err(self.io(space.name()))?
             .map(|(k, v)| (k.to_vec(), v.to_vec())))
     }
 
@@ -188,7 +472,7 @@ impl KvEngine for SledEngine {
         Ok(self
             .tree(space)
             .last()
-            .map_err(io(space))?
+            .map_err(self.io(space.name()))?
             .map(|(k, v)| (k.to_vec(), v.to_vec())))
     }
 
@@ -201,9 +485,32 @@ impl KvEngine for SledEngine {
     }
 
     fn flush(&self) -> Result<(), EngineError> {
-        self.db.flush().map(|_| ()).map_err(|e| EngineError::Io {
-            space: "db",
-            message: e.to_string(),
-        })
+        self.db.flush().map(|_| ()).map_err(self.io("db"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ENOSPC and EDQUOT are "no space", also after sled re-wraps the error
+    /// (its `Clone` keeps only the kind and the debug text).
+    #[test]
+    fn no_space_is_recognised_in_every_form() {
+        let raw = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        assert!(is_no_space_io(&raw));
+        assert!(is_no_space_io(&std::io::Error::from_raw_os_error(libc::EDQUOT)));
+        let rewrapped = std::io::Error::new(raw.kind(), format!("{raw:?}"));
+        assert!(is_no_space_io(&rewrapped));
+        assert!(sled_no_space(&sled::Error::Io(rewrapped)));
+        assert!(!is_no_space_io(&std::io::Error::from_raw_os_error(libc::EIO)));
+        assert!(!sled_no_space(&sled::Error::Unsupported("x".into())));
+    }
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human_bytes(0), "0 bytes");
+        assert_eq!(human_bytes(1023), "1023 bytes");
+        assert_eq!(human_bytes(4 * 1024 * 1024), "4194304 bytes (4.0 MiB)");
     }
 }
