@@ -27,6 +27,16 @@
 //! find the record, or a Commit would be refused as a commit without
 //! prepare, forever.
 //!
+//! Done: a store that cannot write stops. sled 0.34.7 refuses every write
+//! after a failed one (a full disk) until it is reopened, so at its first
+//! failed write or fsync the store refuses every request (a full disk as
+//! `StoreError::Stopped` with `is_disk_full()`, RESOURCE_EXHAUSTED "the
+//! disk is full" over gRPC), acknowledges nothing more, and
+//! `ParticipantStore::stopped()` tells the service to exit so that its
+//! supervisor restarts it on what is on disk. A start on a full disk says
+//! so, and never leaves the directory unopenable (sled's unfinished
+//! snapshot files are removed).
+//!
 //! Done: `enlist`, self-enlistment of a service that received a txid from
 //! its caller (`dtx_proto::attach_txid` / `dtx_proto::txid_of` carry it in
 //! gRPC metadata).

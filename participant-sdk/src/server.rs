@@ -57,8 +57,21 @@ impl<R: Resource> ParticipantServer<R> {
                 }
                 Status::failed_precondition(r.to_string())
             }
-            other => Status::internal(other.to_string()),
+            other => store_status(other),
         })
+    }
+}
+
+/// The gRPC status of a store error other than a refusal: a stopped store
+/// is RESOURCE_EXHAUSTED when its disk is full (the gRPC code for an
+/// exhausted file system) and UNAVAILABLE otherwise; the coordinator
+/// retries both later (a restarted participant answers), and a Prepare it
+/// could not get counts as no YES vote.
+fn store_status(e: StoreError) -> Status {
+    match e {
+        StoreError::Stopped(f) if f.disk_full => Status::resource_exhausted(f.to_string()),
+        StoreError::Stopped(f) => Status::unavailable(f.to_string()),
+        other => Status::internal(other.to_string()),
     }
 }
 
@@ -133,7 +146,10 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
     async fn inquire(&self, req: Request<pb::InquireRequest>) -> Result<Response<pb::InquireResponse>, Status> {
         let r = req.into_inner();
         self.check_target(&r.participant_id)?;
-        let entry = self.store.entry(r.txid).map_err(|e| Status::internal(e.to_string()))?;
+        let entry = self.store.entry(r.txid).map_err(store_status)?;
+        // Answer only what is on disk: the record read may have been written
+        // by a request whose fsync is still running (or failed).
+        self.store.flush().await.map_err(store_status)?;
         let record = match entry.map(|e| e.state) {
             None => pb::LocalRecord::None,
             Some(LocalState::Prepared { vote: Vote::Yes }) => pb::LocalRecord::PreparedYes,
@@ -416,6 +432,12 @@ pub fn spawn_recovery_with<R: Resource>(
             retention = None;
         }
         loop {
+            if let Some(f) = store.failure() {
+                // Nothing can be applied any more; the service is expected
+                // to stop (`ParticipantStore::stopped`) and be restarted.
+                error!("recovery stopped: {f}");
+                return;
+            }
             if let Some(keep) = retention.filter(|_| tokio::time::Instant::now() >= next_gc) {
                 next_gc = tokio::time::Instant::now() + opts.gc_interval;
                 let before = crate::store::unix_ms().saturating_sub(keep.as_millis() as u64);

@@ -43,14 +43,88 @@ const ENTRY_FORMAT: u8 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The store could not be opened; `disk_full` when for lack of space.
     #[error("participant store at {path}: {message}")]
-    Open { path: String, message: String },
+    Open {
+        path: String,
+        message: String,
+        disk_full: bool,
+    },
     #[error("participant store I/O: {0}")]
     Io(String),
     #[error("participant log record for transaction {txid} is damaged: {message}")]
     Damaged { txid: u64, message: String },
     #[error(transparent)]
     Refused(#[from] Refusal),
+    /// A write failed earlier, so the store takes no more requests (see
+    /// `ParticipantStore::stopped`).
+    #[error("{0}")]
+    Stopped(StoreFailure),
+}
+
+impl StoreError {
+    /// True when the cause is a full disk (or an exceeded disk quota).
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StoreError::Open { disk_full, .. } => *disk_full,
+            StoreError::Stopped(f) => f.disk_full,
+            _ => false,
+        }
+    }
+}
+
+/// Why a store stopped taking writes: the first write (or fsync) that
+/// failed. sled 0.34.7 keeps such an error for the life of the open
+/// database, refusing every later write and flush even once the cause is
+/// gone (participant-sdk/tests/t30_disk_full.rs pins that), so the store
+/// cannot go on in place: it acknowledges nothing more, and the service
+/// must be restarted (reopening the store), once space is freed for a full
+/// disk. What was acknowledged before is on disk (every reply waits for its
+/// fsync).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreFailure {
+    /// The store's directory.
+    pub path: String,
+    /// The file system is full (ENOSPC) or over its quota (EDQUOT).
+    pub disk_full: bool,
+    /// The error as sled reported it.
+    pub detail: String,
+}
+
+impl std::fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.disk_full {
+            write!(
+                f,
+                "participant store at {}: the disk is full ({}); the store stopped and acknowledges nothing more; restart the service once space is freed (sled cannot write again without being reopened; everything acknowledged is on disk)",
+                self.path, self.detail
+            )
+        } else {
+            write!(
+                f,
+                "participant store at {}: a write failed ({}); the store stopped and acknowledges nothing more; restart the service (sled cannot write again without being reopened; everything acknowledged is on disk)",
+                self.path, self.detail
+            )
+        }
+    }
+}
+
+/// True when `e` says the file system is full or over quota.
+fn sled_disk_full(e: &sled::Error) -> bool {
+    matches!(
+        e,
+        sled::Error::Io(io) if matches!(io.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
+    )
+}
+
+/// A short description of `e` (sled's copies of an I/O error nest the
+/// original's debug form).
+fn sled_detail(e: &sled::Error) -> String {
+    match e {
+        sled::Error::Io(io) if io.kind() == std::io::ErrorKind::StorageFull => "no space left on device".into(),
+        sled::Error::Io(io) if io.kind() == std::io::ErrorKind::QuotaExceeded => "disk quota exceeded".into(),
+        other => other.to_string(),
+    }
 }
 
 /// Writes a resource stages during prepare, commit or abort. They become
@@ -135,6 +209,10 @@ pub enum Reply {
 
 pub struct ParticipantStore<R: Resource> {
     db: sled::Db,
+    /// The directory, for messages.
+    path: String,
+    /// Set by the first failed write; then every request is refused.
+    failure: tokio::sync::watch::Sender<Option<StoreFailure>>,
     tree: sled::Tree,
     resource: R,
     /// Serializes read-step-write; never held across the fsync.
@@ -145,7 +223,7 @@ pub struct ParticipantStore<R: Resource> {
     /// In-doubt index entries already reported as inconsistent.
     inconsistent: Mutex<std::collections::HashSet<Vec<u8>>>,
     /// `None` only while dropping.
-    flusher: Option<mpsc::Sender<oneshot::Sender<Result<(), String>>>>,
+    flusher: Option<mpsc::Sender<oneshot::Sender<Result<(), sled::Error>>>>,
     flusher_thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -266,6 +344,105 @@ fn is_lock_error(e: &sled::Error) -> bool {
     e.to_string().contains("could not acquire lock")
 }
 
+/// Opens sled at `path`; if that fails and sled left an unfinished snapshot
+/// (`snap.<16 hex digits>.generating`) there, removes it, and tries once
+/// more unless the disk is full. sled 0.34.7 writes a snapshot only while it
+/// opens a directory, into such a file, which it renames once complete and
+/// only then removes the previous snapshot; a start that fails on a full
+/// disk leaves the file empty, and every later start takes it as the newest
+/// snapshot and fails as "corrupted", even once space is freed. Such a file
+/// is never needed: the previous snapshot and the log it was built from are
+/// still there, as after a crash during a start. It is removed only while
+/// this process holds the directory's lock, so never while another sled is
+/// writing it.
+fn open_sled_cleaning(path: &std::path::Path) -> Result<sled::Db, sled::Error> {
+    let mut retried = false;
+    loop {
+        match open_sled(path) {
+            Err(e) if !is_lock_error(&e) => {
+                let removed = remove_unfinished_snapshots(path);
+                if removed > 0 && !retried && !sled_disk_full(&e) {
+                    retried = true;
+                    continue;
+                }
+                return Err(e);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// sled's name for a snapshot being written: `snap.` + the log sequence
+/// number as 16 hex digits + `.generating`.
+fn is_unfinished_snapshot(name: &str) -> bool {
+    name.strip_prefix("snap.")
+        .and_then(|n| n.strip_suffix(".generating"))
+        .is_some_and(|lsn| lsn.len() == 16 && lsn.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Takes the lock sled takes on `path/db` (an exclusive `flock`), waiting
+/// up to a second for a sled of this process that is still closing; `None`
+/// if there is no `db` file or another holder keeps it.
+fn lock_sled_dir(path: &std::path::Path) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path.join("db")).ok()?;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        // SAFETY: flock(2) on a descriptor owned by `file`; the lock lasts
+        // as long as the returned file.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Some(file);
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EWOULDBLOCK)
+            || std::time::Instant::now() >= until
+        {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Removes sled's unfinished snapshot files directly in `path` (nothing
+/// else), under the directory's lock; returns how many.
+fn remove_unfinished_snapshots(path: &std::path::Path) -> usize {
+    let Ok(dir) = std::fs::read_dir(path) else {
+        return 0;
+    };
+    let found: Vec<std::fs::DirEntry> = dir
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| is_unfinished_snapshot(&e.file_name().to_string_lossy()))
+        .collect();
+    if found.is_empty() {
+        return 0;
+    }
+    let Some(_lock) = lock_sled_dir(path) else {
+        tracing::warn!(
+            dir = %path.display(),
+            "an unfinished sled snapshot is left in place: the directory's lock is held"
+        );
+        return 0;
+    };
+    let mut n = 0;
+    for entry in found {
+        let bytes = entry.metadata().map(|m| m.len()).unwrap_or(0);
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) => {
+                tracing::warn!(
+                    file = %entry.path().display(),
+                    bytes,
+                    "removed an unfinished sled snapshot (left by a start that failed, for example on a full disk; sled would take it as its newest snapshot and refuse the directory as corrupted)"
+                );
+                n += 1;
+            }
+            Err(e) => {
+                tracing::warn!(file = %entry.path().display(), "could not remove an unfinished sled snapshot: {e}")
+            }
+        }
+    }
+    n
+}
+
 fn open_sled(path: &std::path::Path) -> Result<sled::Db, sled::Error> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(OPEN_LOCK_WAIT_MS);
     loop {
@@ -278,13 +455,13 @@ fn open_sled(path: &std::path::Path) -> Result<sled::Db, sled::Error> {
     }
 }
 
-fn run_flusher(db: sled::Db, rx: mpsc::Receiver<oneshot::Sender<Result<(), String>>>) {
+fn run_flusher(db: sled::Db, rx: mpsc::Receiver<oneshot::Sender<Result<(), sled::Error>>>) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
         while let Ok(more) = rx.try_recv() {
             group.push(more);
         }
-        let res = db.flush().map(|_| ()).map_err(|e| e.to_string());
+        let res = db.flush().map(|_| ());
         for w in group {
             let _ = w.send(res.clone());
         }
@@ -292,18 +469,34 @@ fn run_flusher(db: sled::Db, rx: mpsc::Receiver<oneshot::Sender<Result<(), Strin
 }
 
 impl<R: Resource> ParticipantStore<R> {
+    /// Opens (or creates) the store at `path`. A full disk is reported as
+    /// such (`StoreError::is_disk_full`), and a start that fails on a full
+    /// disk leaves the directory so that a start after space is freed
+    /// succeeds (see `open_sled_cleaning`).
     pub fn open(path: &std::path::Path, resource: R) -> Result<Arc<Self>, StoreError> {
-        let open_err = |e: sled::Error| StoreError::Open {
-            path: path.display().to_string(),
-            message: e.to_string(),
+        let open_err = |e: sled::Error| {
+            let disk_full = sled_disk_full(&e);
+            StoreError::Open {
+                path: path.display().to_string(),
+                message: if disk_full {
+                    format!(
+                        "the disk is full ({}); start again once space is freed",
+                        sled_detail(&e)
+                    )
+                } else {
+                    e.to_string()
+                },
+                disk_full,
+            }
         };
-        let db = open_sled(path).map_err(|e| {
+        let db = open_sled_cleaning(path).map_err(|e| {
             if is_lock_error(&e) {
                 StoreError::Open {
                     path: path.display().to_string(),
                     message: format!(
                         "in use by another process or store (its lock was still held after {OPEN_LOCK_WAIT_MS} ms); stop that one first"
                     ),
+                    disk_full: false,
                 }
             } else {
                 open_err(e)
@@ -318,6 +511,8 @@ impl<R: Resource> ParticipantStore<R> {
             .map_err(|e| StoreError::Io(e.to_string()))?;
         let store = Arc::new(ParticipantStore {
             db,
+            path: path.display().to_string(),
+            failure: tokio::sync::watch::Sender::new(None),
             tree,
             resource,
             serial: Mutex::new(()),
@@ -326,9 +521,22 @@ impl<R: Resource> ParticipantStore<R> {
             flusher: Some(flusher),
             flusher_thread: Some(thread),
         });
-        store.ensure_doubt_index()?;
-        store.ensure_read_only_gc_index()?;
-        Ok(store)
+        let opened = store
+            .ensure_doubt_index()
+            .and_then(|_| store.ensure_read_only_gc_index());
+        match (opened, store.failure()) {
+            (Ok(()), _) => Ok(store),
+            (Err(_), Some(f)) => Err(StoreError::Open {
+                path: f.path.clone(),
+                message: if f.disk_full {
+                    format!("the disk is full ({}); start again once space is freed", f.detail)
+                } else {
+                    format!("a write failed ({})", f.detail)
+                },
+                disk_full: f.disk_full,
+            }),
+            (Err(e), None) => Err(e),
+        }
     }
 
     pub fn resource(&self) -> &R {
@@ -456,8 +664,8 @@ impl<R: Resource> ParticipantStore<R> {
             }
         }
         batch.insert(DOUBT_INDEX_READY_KEY, &[][..]);
-        self.tree.apply_batch(batch).map_err(io)?;
-        self.db.flush().map_err(io)?;
+        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+        self.db.flush().map_err(|e| self.fail(&e))?;
         Ok(())
     }
 
@@ -477,8 +685,8 @@ impl<R: Resource> ParticipantStore<R> {
             }
         }
         batch.insert(READ_ONLY_GC_READY_KEY, &[][..]);
-        self.tree.apply_batch(batch).map_err(io)?;
-        self.db.flush().map_err(io)?;
+        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+        self.db.flush().map_err(|e| self.fail(&e))?;
         Ok(())
     }
 
@@ -524,6 +732,7 @@ impl<R: Resource> ParticipantStore<R> {
     /// first. A record that is no longer collectable (in doubt) is left
     /// alone. Not synced: a crash only means collecting them again.
     pub fn forget_records(&self, records: &[(u64, u64)]) -> Result<usize, StoreError> {
+        self.check_running()?;
         let _serial = self.serial.lock().expect("participant store lock");
         let mut batch = sled::Batch::default();
         let mut n = 0;
@@ -538,9 +747,7 @@ impl<R: Resource> ParticipantStore<R> {
             batch.remove(&gc_key(decided_ms, txid)[..]);
             n += 1;
         }
-        self.tree
-            .apply_batch(batch)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
+        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
         Ok(n)
     }
 
@@ -549,6 +756,7 @@ impl<R: Resource> ParticipantStore<R> {
     /// atomic batch, waits for an fsync covering it (and every earlier write),
     /// then returns the reply.
     pub async fn handle(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Reply, StoreError> {
+        self.check_running()?;
         let (reply, wrote) = {
             let _serial = self.serial.lock().expect("participant store lock");
             let before = self.entry(txid)?;
@@ -575,9 +783,7 @@ impl<R: Resource> ParticipantStore<R> {
                             let mut batch = std::mem::take(&mut staged).into_batch();
                             let prepared = crate::log::prepared(msg.term(), Vote::Yes);
                             put_record(&mut batch, txid, prior.as_ref(), &prepared);
-                            self.tree
-                                .apply_batch(batch)
-                                .map_err(|e| StoreError::Io(e.to_string()))?;
+                            self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
                             prior = Some(prepared);
                             self.resource.commit(&view, txid, &mut staged);
                             let committed = LogEntry {
@@ -628,9 +834,7 @@ impl<R: Resource> ParticipantStore<R> {
                 if let Some(e) = record {
                     put_record(&mut batch, txid, prior.as_ref(), &e);
                 }
-                self.tree
-                    .apply_batch(batch)
-                    .map_err(|e| StoreError::Io(e.to_string()))?;
+                self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
                 let mut at = self.prepared_at.lock().expect("prepared_at lock");
                 match record {
                     Some(e) if crate::log::in_doubt(&e) => {
@@ -664,19 +868,20 @@ impl<R: Resource> ParticipantStore<R> {
     /// Writes the resource's data outside any transaction (for example the
     /// initial accounts of a new service), atomically and durably.
     pub async fn write_data(&self, f: impl FnOnce(&View<'_>, &mut Staged)) -> Result<(), StoreError> {
+        self.check_running()?;
         {
             let _serial = self.serial.lock().expect("participant store lock");
             let mut staged = Staged::default();
             f(&self.view(), &mut staged);
-            self.tree
-                .apply_batch(staged.into_batch())
-                .map_err(|e| StoreError::Io(e.to_string()))?;
+            self.tree.apply_batch(staged.into_batch()).map_err(|e| self.fail(&e))?;
         }
         self.flush().await
     }
 
     /// Waits for an fsync that covers every write issued before the call.
+    /// An fsync that fails stops the store (see `stopped`).
     pub async fn flush(&self) -> Result<(), StoreError> {
+        self.check_running()?;
         let (tx, rx) = oneshot::channel();
         self.flusher
             .as_ref()
@@ -685,7 +890,61 @@ impl<R: Resource> ParticipantStore<R> {
             .map_err(|_| StoreError::Io("flusher thread stopped".into()))?;
         rx.await
             .map_err(|_| StoreError::Io("flusher thread stopped".into()))?
-            .map_err(StoreError::Io)
+            .map_err(|e| self.fail(&e))
+    }
+
+    /// Records the first failed write (the store stops: every later request
+    /// is refused, since sled refuses every later write anyway and reads
+    /// could show writes that never reached the disk), logs it once, and
+    /// returns the error to give the caller.
+    fn fail(&self, e: &sled::Error) -> StoreError {
+        let failure = StoreFailure {
+            path: self.path.clone(),
+            disk_full: sled_disk_full(e),
+            detail: sled_detail(e),
+        };
+        let first = self.failure.send_if_modified(|f| {
+            if f.is_none() {
+                *f = Some(failure.clone());
+                true
+            } else {
+                false
+            }
+        });
+        if first {
+            metrics::counter!("dtx_participant_store_failures_total", "disk_full" => failure.disk_full.to_string())
+                .increment(1);
+            tracing::error!(disk_full = failure.disk_full, "{failure}");
+        }
+        StoreError::Stopped(self.failure().unwrap_or(failure))
+    }
+
+    fn check_running(&self) -> Result<(), StoreError> {
+        match self.failure() {
+            Some(f) => Err(StoreError::Stopped(f)),
+            None => Ok(()),
+        }
+    }
+
+    /// Why the store stopped, if it has (a write or fsync failed).
+    pub fn failure(&self) -> Option<StoreFailure> {
+        self.failure.borrow().clone()
+    }
+
+    /// Waits until the store stops (a write or fsync failed) and says why.
+    /// A service should then stop (exit with this message) so that its
+    /// supervisor starts it again: the store refuses every request from
+    /// then on, and a restart reopens it on what is on disk, which holds
+    /// everything acknowledged. For a full disk the restart fails, saying
+    /// so, until space is freed.
+    pub async fn stopped(&self) -> StoreFailure {
+        let mut rx = self.failure.subscribe();
+        let failure = match rx.wait_for(|f| f.is_some()).await {
+            Ok(f) => f.clone(),
+            // The sender lives as long as the store.
+            Err(_) => None,
+        };
+        failure.expect("the store's failure is set before it is signalled")
     }
 
     /// For tests and tools: the underlying database handle.

@@ -205,6 +205,13 @@ pub struct BankServeArgs {
 }
 
 /// `coordinator bank-serve`: one bank participant service until SIGTERM.
+///
+/// If its store stops (a write failed: the disk is full, say), the service
+/// stops too and returns the store's message (the process exits non-zero
+/// with it), so a supervisor starts it again: sled cannot write again
+/// without being reopened, and a start reopens it on what is on disk, which
+/// holds everything acknowledged. Started while the disk is still full, it
+/// exits at once saying so (see `ParticipantStore::open`).
 pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let store = open_bank(&a.data_dir, &a.prefix, a.accounts, a.initial).await?;
     // Recovery connects from the service's own address, so network rules on
@@ -226,15 +233,27 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
     tracing::info!(id = %a.id, listen = %a.listen, data_dir = %a.data_dir.display(), "bank service started");
+    let stop = {
+        let store = store.clone();
+        async move {
+            tokio::select! {
+                _ = shutdown => {}
+                f = store.stopped() => tracing::error!("bank service stopping: {f}"),
+            }
+        }
+    };
     tonic::transport::Server::builder()
         .add_service(
             dtx_proto::v1::participant_service_server::ParticipantServiceServer::new(
                 participant_sdk::server::ParticipantServer::new(store.clone(), &a.id),
             ),
         )
-        .serve_with_incoming_shutdown(dtx_proto::incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(dtx_proto::incoming(listener), stop)
         .await?;
     recovery.abort();
+    if let Some(f) = store.failure() {
+        anyhow::bail!("{f}");
+    }
     store.flush().await?;
     Ok(())
 }
