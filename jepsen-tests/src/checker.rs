@@ -31,7 +31,24 @@
 //! | `applied-never-begun` | an apply log has a txid that no transfer (any kind) and no decision read mentions | 5 (only a recorded decision resolves a participant), 10 (txids are not reused) |
 //! | `wrong-bank-total` | the sum of all final balances differs from the sum of the opening balances | 3, 4, 8 together (money is neither created nor lost) |
 //! | `negative-balance` | a final balance is below zero | 2 (the paying participant votes NO without funds, so COMMIT is never decided) |
-//! | `liveness-bound-exceeded` | an in-doubt participant was resolved later than the bound after the final heal, or not at all | 6 (non-blocking) |
+//! | `liveness-bound-exceeded` | an in-doubt participant was resolved later than the bound after the final heal, or not at all | 6 (non-blocking); with a participant gone for good also 11 (said in the detail) |
+//! | `stuck-after-heal` | at least the bound after the final heal, the cluster still waits for a participant's ack of a transaction (or the transaction has no decision), and that participant is not gone | 6, 11 (nothing stuck for good delays any other transaction) |
+//! | `gone-participant-outcome` | a transfer begun after one of its participants was gone for good was committed (told COMMITTED, read COMMIT or applied COMMIT), or, with two participants, still had no decision at the end instead of ABORT | 2, 7, 11 |
+//! | `in-doubt-at-end` | a participant that is not gone still held a prepared transaction without a decision when its store was audited at the end | 6 |
+//! | `disk-full-not-recovered` | a process whose filesystem was filled did not serve again within the recovery wait after space was freed (and it was restarted if it had exited) | 6 |
+//! | `disk-full-unnoticed` | a process whose filesystem was filled stayed up, acknowledged writes, and neither refused anything nor said its disk was full | 4 |
+//!
+//! # A participant gone for good
+//!
+//! The `participant-gone` nemesis kills a participant service and never
+//! restarts it (its nemesis start event names the service as its target).
+//! From then on exactly this is excused, and nothing else: its own in-doubt
+//! resolutions and unacked decisions (liveness); a COMMIT it is missing for a
+//! transaction its store still holds prepared (acked-commit-lost); and, in
+//! the bank total, the work of those transactions that were decided COMMIT
+//! (the other participants applied their part, it could not). Its apply log,
+//! balances and in-doubt list are still read from its data directory and
+//! checked like any other.
 //!
 //! Liveness numbers ([`Liveness`]) come from the `resolution` observations:
 //! nearest-rank p50 and p99 and the maximum over the resolved ones.
@@ -55,6 +72,9 @@ use crate::history::Applied;
 use crate::history::ApplyEntry;
 use crate::history::Body;
 use crate::history::DecisionSeen;
+use crate::history::DiskFullSeen;
+use crate::history::FaultPhase;
+use crate::history::InDoubtEntry;
 use crate::history::Op;
 use crate::history::OpType;
 
@@ -63,6 +83,9 @@ mod tests;
 
 /// How many examples [`Report::summary`] prints per anomaly kind.
 const SUMMARY_EXAMPLES: usize = 5;
+
+/// The nemesis whose start event makes its target service gone for good.
+pub const GONE_FAULT: &str = "participant-gone";
 
 /// The verdict of a check.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -103,11 +126,16 @@ pub enum AnomalyKind {
     WrongBankTotal,
     NegativeBalance,
     LivenessBoundExceeded,
+    StuckAfterHeal,
+    GoneParticipantOutcome,
+    InDoubtAtEnd,
+    DiskFullNotRecovered,
+    DiskFullUnnoticed,
 }
 
 impl AnomalyKind {
     /// Every kind, in report order.
-    pub const ALL: [AnomalyKind; 11] = [
+    pub const ALL: [AnomalyKind; 16] = [
         AnomalyKind::SplitOutcome,
         AnomalyKind::AppliedAgainstDecision,
         AnomalyKind::DecisionChanged,
@@ -119,6 +147,11 @@ impl AnomalyKind {
         AnomalyKind::WrongBankTotal,
         AnomalyKind::NegativeBalance,
         AnomalyKind::LivenessBoundExceeded,
+        AnomalyKind::StuckAfterHeal,
+        AnomalyKind::GoneParticipantOutcome,
+        AnomalyKind::InDoubtAtEnd,
+        AnomalyKind::DiskFullNotRecovered,
+        AnomalyKind::DiskFullUnnoticed,
     ];
 
     /// The kebab-case name used in results.json.
@@ -135,6 +168,11 @@ impl AnomalyKind {
             AnomalyKind::WrongBankTotal => "wrong-bank-total",
             AnomalyKind::NegativeBalance => "negative-balance",
             AnomalyKind::LivenessBoundExceeded => "liveness-bound-exceeded",
+            AnomalyKind::StuckAfterHeal => "stuck-after-heal",
+            AnomalyKind::GoneParticipantOutcome => "gone-participant-outcome",
+            AnomalyKind::InDoubtAtEnd => "in-doubt-at-end",
+            AnomalyKind::DiskFullNotRecovered => "disk-full-not-recovered",
+            AnomalyKind::DiskFullUnnoticed => "disk-full-unnoticed",
         }
     }
 
@@ -152,6 +190,11 @@ impl AnomalyKind {
             AnomalyKind::WrongBankTotal => "3, 4, 8",
             AnomalyKind::NegativeBalance => "2",
             AnomalyKind::LivenessBoundExceeded => "6",
+            AnomalyKind::StuckAfterHeal => "6, 11",
+            AnomalyKind::GoneParticipantOutcome => "2, 7, 11",
+            AnomalyKind::InDoubtAtEnd => "6",
+            AnomalyKind::DiskFullNotRecovered => "6",
+            AnomalyKind::DiskFullUnnoticed => "4",
         }
     }
 }
@@ -180,6 +223,14 @@ pub struct Liveness {
     pub unresolved: usize,
     /// The bound used.
     pub bound_ms: u64,
+    /// Resolutions of a participant gone for good: excused, in none of the
+    /// numbers above.
+    #[serde(default)]
+    pub excused_gone: usize,
+    /// Unacked (txid, participant) pairs read at least the bound after the
+    /// heal, not counting the gone participants' own.
+    #[serde(default)]
+    pub stuck_after_heal: usize,
 }
 
 /// Counts of what the history holds.
@@ -216,6 +267,19 @@ pub struct Stats {
     /// without a txid, bank setups that are `fail` or `info`. (A completion
     /// without an invoke is not ignored: it counts as a transfer.)
     pub ignored_ops: usize,
+    /// Participant services gone for good (`participant-gone`).
+    #[serde(default)]
+    pub gone: Vec<String>,
+    /// Transactions a gone participant still held prepared at the end.
+    #[serde(default)]
+    pub gone_in_doubt: usize,
+    /// Of those, decided COMMIT: their work there is excused from the bank
+    /// total.
+    #[serde(default)]
+    pub gone_in_doubt_committed: usize,
+    /// `disk-full` observations (one per filled process per fault).
+    #[serde(default)]
+    pub disk_full_observations: usize,
 }
 
 /// What [`check`] found. Serialized into results.json.
@@ -275,6 +339,13 @@ impl Report {
             l.bound_ms,
             l.unresolved
         );
+        if l.excused_gone > 0 || l.stuck_after_heal > 0 {
+            let _ = writeln!(
+                out,
+                "  excused (participant gone): {}; stuck after the heal: {}",
+                l.excused_gone, l.stuck_after_heal
+            );
+        }
         let s = &self.stats;
         let _ = writeln!(
             out,
@@ -294,6 +365,18 @@ impl Report {
             s.balances_services,
             s.nemesis_events
         );
+        if !s.gone.is_empty() {
+            let _ = writeln!(
+                out,
+                "gone for good: {}; held prepared there at the end: {} ({} decided COMMIT, excused from the total)",
+                s.gone.join(", "),
+                s.gone_in_doubt,
+                s.gone_in_doubt_committed
+            );
+        }
+        if s.disk_full_observations > 0 {
+            let _ = writeln!(out, "disk-full observations: {}", s.disk_full_observations);
+        }
         out
     }
 }
@@ -376,6 +459,8 @@ struct Transfer<'a> {
     to: &'a Account,
     /// History index of the completion (or of the invoke if none).
     index: u64,
+    /// History index of the invoke (of the completion if none was seen).
+    invoked: u64,
     /// False when the invoke never got a completion.
     completed: bool,
 }
@@ -394,6 +479,8 @@ struct Read<'a> {
     node: &'a str,
     seen: DecisionSeen,
     index: u64,
+    /// Made after the final heal (process "final").
+    final_read: bool,
 }
 
 /// The history, indexed for the passes.
@@ -410,6 +497,16 @@ struct Index<'a> {
     balances: BTreeMap<&'a str, &'a BTreeMap<String, i64>>,
     /// (txid, service, resolved_after_ms) of every resolution.
     resolutions: Vec<(Option<u64>, &'a str, Option<u64>)>,
+    /// service gone for good -> history index of its `participant-gone`
+    /// start (the first one).
+    gone: BTreeMap<&'a str, u64>,
+    /// service -> its (last) in-doubt list at the end.
+    in_doubt: BTreeMap<&'a str, &'a [InDoubtEntry]>,
+    /// (txid, service, decision, ms after the heal) of every unacked pair
+    /// read after the heal.
+    unacked: Vec<(u64, &'a str, DecisionSeen, u64)>,
+    /// Every disk-full observation.
+    disk: Vec<&'a DiskFullSeen>,
 }
 
 /// What the decision reads say about one txid.
@@ -486,9 +583,16 @@ impl<'a> Run<'a> {
         budget.tick("checking client answers")?;
         self.check_client_answers(&ix, &summaries, &applied, budget)?;
         budget.tick("checking balances")?;
-        self.check_bank(&ix, budget)?;
+        self.check_bank(&ix, &summaries, budget)?;
         budget.tick("checking liveness")?;
         self.check_liveness(&ix);
+        budget.tick("checking transactions stuck after the heal")?;
+        self.check_stuck(&ix, budget)?;
+        budget.tick("checking transfers to gone participants")?;
+        self.check_gone(&ix, &summaries, &applied, budget)?;
+        budget.tick("checking in-doubt lists")?;
+        self.check_in_doubt(&ix);
+        self.check_disk(&ix);
         Ok(())
     }
 
@@ -510,6 +614,7 @@ impl<'a> Run<'a> {
                             from,
                             to,
                             index: op.index,
+                            invoked: op.index,
                             completed: false,
                         };
                         if let Some(earlier) = open.insert(op.process.as_str(), invoke) {
@@ -526,16 +631,45 @@ impl<'a> Run<'a> {
                             _ => Told::Unknown,
                         };
                         ix.transfers.push(Transfer {
-                            txid: op.txid.or(invoke.and_then(|i| i.txid)),
+                            txid: op.txid.or(invoke.as_ref().and_then(|i| i.txid)),
                             told,
                             from,
                             to,
                             index: op.index,
+                            invoked: invoke.map(|i| i.invoked).unwrap_or(op.index),
                             completed: true,
                         });
                     }
                 },
-                Body::Nemesis { .. } => self.stats.nemesis_events += 1,
+                Body::Nemesis { fault, target, phase } => {
+                    self.stats.nemesis_events += 1;
+                    if fault == GONE_FAULT && *phase == FaultPhase::Start {
+                        ix.gone.entry(target.as_str()).or_insert(op.index);
+                    }
+                }
+                Body::InDoubt { service, entries } => {
+                    if op.kind == OpType::Ok {
+                        ix.in_doubt.insert(service, entries);
+                    } else {
+                        self.stats.ignored_ops += 1;
+                    }
+                }
+                Body::Unacked {
+                    service,
+                    decision,
+                    read_after_heal_ms,
+                    ..
+                } => match (op.kind, op.txid) {
+                    (OpType::Ok, Some(txid)) => ix.unacked.push((txid, service, *decision, *read_after_heal_ms)),
+                    _ => self.stats.ignored_ops += 1,
+                },
+                Body::DiskFull(seen) => {
+                    if op.kind == OpType::Ok {
+                        ix.disk.push(seen);
+                    } else {
+                        self.stats.ignored_ops += 1;
+                    }
+                }
                 Body::BankSetup { balances } => {
                     if matches!(op.kind, OpType::Invoke | OpType::Ok) {
                         ix.setup = Some(balances);
@@ -548,6 +682,7 @@ impl<'a> Run<'a> {
                         node,
                         seen: *decision,
                         index: op.index,
+                        final_read: op.process == "final",
                     }),
                     _ => self.stats.ignored_ops += 1,
                 },
@@ -601,6 +736,8 @@ impl<'a> Run<'a> {
         s.apply_logs = ix.apply_logs.len();
         s.applied_entries = ix.apply_logs.values().map(|l| l.len()).sum();
         s.balances_services = ix.balances.len();
+        s.gone = ix.gone.keys().map(|g| g.to_string()).collect();
+        s.disk_full_observations = ix.disk.len();
         Ok(ix)
     }
 
@@ -823,7 +960,7 @@ impl<'a> Run<'a> {
                     continue; // not observed; noted as missing
                 }
                 let here = outcomes.get(service).map(Vec::as_slice).unwrap_or(&[]);
-                if !here.contains(&Applied::Commit) {
+                if !here.contains(&Applied::Commit) && !held_by_gone(ix, service, txid) {
                     why.push(format!("{service} has no COMMIT"));
                 }
                 if here.contains(&Applied::Abort) {
@@ -873,7 +1010,7 @@ impl<'a> Run<'a> {
     }
 
     /// negative-balance and wrong-bank-total.
-    fn check_bank(&mut self, ix: &Index, budget: &Budget) -> Result<(), OutOfTime> {
+    fn check_bank(&mut self, ix: &Index, reads: &BTreeMap<u64, ReadSummary>, budget: &Budget) -> Result<(), OutOfTime> {
         for (&service, balances) in &ix.balances {
             for (account, &value) in balances.iter() {
                 budget.tick("checking balances")?;
@@ -911,12 +1048,54 @@ impl<'a> Run<'a> {
             .flat_map(|a| a.values())
             .map(|&v| i128::from(v))
             .sum();
-        if opening != closing {
+        // A participant gone for good could not apply its part of the
+        // transactions it holds prepared; those decided COMMIT had the other
+        // parts applied, so the total is off by exactly the gone part.
+        let mut gone_part: i128 = 0;
+        let mut unreadable = Vec::new();
+        for &service in ix.gone.keys() {
+            let Some(entries) = ix.in_doubt.get(service) else {
+                self.unknown.push(format!(
+                    "no in-doubt list of {service} (gone): the bank total was not checked"
+                ));
+                return Ok(());
+            };
+            self.stats.gone_in_doubt += entries.len();
+            for e in entries.iter() {
+                budget.tick("checking balances")?;
+                if reads.get(&e.txid).and_then(ReadSummary::agreed) != Some(Applied::Commit) {
+                    continue;
+                }
+                self.stats.gone_in_doubt_committed += 1;
+                match &e.work {
+                    Some(work) => gone_part += work.iter().map(|(_, d)| i128::from(*d)).sum::<i128>(),
+                    None => unreadable.push(e.txid),
+                }
+            }
+        }
+        if !unreadable.is_empty() {
+            self.unknown.push(format!(
+                "the prepared work of {} committed transaction(s) held by a gone participant is unknown (e.g. txid {}): \
+                 the bank total was not checked",
+                unreadable.len(),
+                unreadable[0]
+            ));
+            return Ok(());
+        }
+        let expected = opening - gone_part;
+        if expected != closing {
+            let excuse = if gone_part != 0 {
+                format!(
+                    " ({gone_part:+} of committed work a gone participant holds prepared is excused: expected {expected})"
+                )
+            } else {
+                String::new()
+            };
             self.report(
                 AnomalyKind::WrongBankTotal,
                 None,
                 format!(
-                    "opening total {opening}, final total {closing} (difference {})",
+                    "opening total {opening}, final total {closing} (difference {}){excuse}",
                     closing - opening
                 ),
             );
@@ -930,7 +1109,22 @@ impl<'a> Run<'a> {
         let mut resolved = Vec::new();
         let mut exceeded = 0;
         let mut unresolved = 0;
+        let mut excused = 0;
+        // With a participant gone for good, the others' liveness is also
+        // invariant 11: its stuck transactions must not delay them.
+        let gone = if ix.gone.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (gone for good: {}; invariant 11)",
+                join(&ix.gone.keys().copied().collect())
+            )
+        };
         for &(txid, service, after) in &ix.resolutions {
+            if ix.gone.contains_key(service) {
+                excused += 1;
+                continue;
+            }
             match after {
                 Some(ms) => {
                     resolved.push(ms);
@@ -939,7 +1133,7 @@ impl<'a> Run<'a> {
                         self.report(
                             AnomalyKind::LivenessBoundExceeded,
                             txid,
-                            format!("{service} resolved it {ms} ms after the heal (bound {bound} ms)"),
+                            format!("{service} resolved it {ms} ms after the heal (bound {bound} ms){gone}"),
                         );
                     }
                 }
@@ -949,22 +1143,222 @@ impl<'a> Run<'a> {
                     self.report(
                         AnomalyKind::LivenessBoundExceeded,
                         txid,
-                        format!("{service} was still in doubt when the run stopped waiting"),
+                        format!("{service} was still in doubt when the run stopped waiting{gone}"),
                     );
                 }
             }
         }
         resolved.sort_unstable();
         self.liveness = Liveness {
-            in_doubt: ix.resolutions.len(),
+            in_doubt: ix.resolutions.len() - excused,
             p50_ms: nearest_rank(&resolved, 50),
             p99_ms: nearest_rank(&resolved, 99),
             max_ms: resolved.last().copied(),
             exceeded,
             unresolved,
             bound_ms: bound,
+            excused_gone: excused,
+            stuck_after_heal: 0,
         };
     }
+
+    /// stuck-after-heal: every pair the cluster still waited on at least the
+    /// bound after the heal, except a gone participant's own and the pairs
+    /// the liveness measurement already reported.
+    fn check_stuck(&mut self, ix: &Index, budget: &Budget) -> Result<(), OutOfTime> {
+        let bound = self.opts.liveness_bound_ms;
+        let measured: BTreeSet<(u64, &str)> = ix
+            .resolutions
+            .iter()
+            .filter_map(|&(txid, service, _)| Some((txid?, service)))
+            .collect();
+        let mut stuck = 0;
+        for &(txid, service, decision, after_ms) in &ix.unacked {
+            budget.tick("checking transactions stuck after the heal")?;
+            if ix.gone.contains_key(service) {
+                continue;
+            }
+            stuck += 1;
+            if after_ms < bound || measured.contains(&(txid, service)) {
+                continue;
+            }
+            let what = match decision {
+                DecisionSeen::Pending => "the transaction still had no decision".to_string(),
+                d => format!("{service} had not acked {}", seen_name(d)),
+            };
+            let gone = if ix.gone.is_empty() {
+                String::new()
+            } else {
+                format!(" (gone for good: {})", join(&ix.gone.keys().copied().collect()))
+            };
+            self.report(
+                AnomalyKind::StuckAfterHeal,
+                Some(txid),
+                format!("{after_ms} ms after the final heal (bound {bound} ms) {what}{gone}"),
+            );
+        }
+        self.liveness.stuck_after_heal = stuck;
+        Ok(())
+    }
+
+    /// gone-participant-outcome: transfers begun after one of their
+    /// participants was gone for good.
+    fn check_gone(
+        &mut self,
+        ix: &Index,
+        reads: &BTreeMap<u64, ReadSummary>,
+        applied: &AppliedMap,
+        budget: &Budget,
+    ) -> Result<(), OutOfTime> {
+        if ix.gone.is_empty() {
+            return Ok(());
+        }
+        for t in &ix.transfers {
+            budget.tick("checking transfers to gone participants")?;
+            let services = t.services();
+            let Some(gone) = services
+                .iter()
+                .copied()
+                .find(|s| ix.gone.get(s).is_some_and(|&at| at < t.invoked))
+            else {
+                continue;
+            };
+            let mut why = Vec::new();
+            if t.told == Told::Committed {
+                why.push("the client was told COMMITTED".to_string());
+            }
+            let Some(txid) = t.txid else {
+                if !why.is_empty() {
+                    self.report(
+                        AnomalyKind::GoneParticipantOutcome,
+                        None,
+                        format!("transfer (op {}) with {gone} gone: {}", t.index, why.join(", ")),
+                    );
+                }
+                continue;
+            };
+            if let Some(r) = reads.get(&txid) {
+                if !r.commit_nodes.is_empty() {
+                    why.push(format!("COMMIT read from {}", join(&r.commit_nodes)));
+                }
+            }
+            if let Some(at) = applied.get(&txid) {
+                let c: BTreeSet<&str> = at
+                    .iter()
+                    .filter(|(_, o)| o.contains(&Applied::Commit))
+                    .map(|(s, _)| *s)
+                    .collect();
+                if !c.is_empty() {
+                    why.push(format!("COMMIT applied at {}", join(&c)));
+                }
+            }
+            // Two participants: the live one's NO-or-no-answer must end in
+            // ABORT. One participant (one-phase): only it can decide, so it
+            // may stay undecided for good.
+            if services.len() == 2 {
+                let last_final = ix
+                    .reads
+                    .get(&txid)
+                    .and_then(|rs| rs.iter().rev().find(|r| r.final_read))
+                    .map(|r| r.seen);
+                if last_final == Some(DecisionSeen::Pending) {
+                    why.push("the final reads found no decision (stuck instead of aborted)".to_string());
+                }
+            }
+            if !why.is_empty() {
+                self.report(
+                    AnomalyKind::GoneParticipantOutcome,
+                    Some(txid),
+                    format!("begun after {gone} was gone for good, but {}", why.join(", ")),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// in-doubt-at-end: a participant that is not gone kept a prepared,
+    /// undecided transaction to the end. Also a gone participant holding a
+    /// transaction begun after it was gone (it cannot have prepared it).
+    fn check_in_doubt(&mut self, ix: &Index) {
+        let begun_after: BTreeMap<&str, BTreeSet<u64>> = ix
+            .gone
+            .iter()
+            .map(|(&g, &at)| {
+                let txids = ix
+                    .transfers
+                    .iter()
+                    .filter(|t| t.invoked > at && t.services().contains(g))
+                    .filter_map(|t| t.txid)
+                    .collect();
+                (g, txids)
+            })
+            .collect();
+        for (&service, entries) in &ix.in_doubt {
+            for e in entries.iter() {
+                match begun_after.get(service) {
+                    None => self.report(
+                        AnomalyKind::InDoubtAtEnd,
+                        Some(e.txid),
+                        format!("{service} still held it prepared, without a decision, at the end"),
+                    ),
+                    Some(after) if after.contains(&e.txid) => self.report(
+                        AnomalyKind::InDoubtAtEnd,
+                        Some(e.txid),
+                        format!("{service} holds it prepared, but it was begun after {service} was gone"),
+                    ),
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+
+    /// disk-full-not-recovered and disk-full-unnoticed.
+    fn check_disk(&mut self, ix: &Index) {
+        for d in &ix.disk {
+            if d.back_after_ms.is_none() {
+                let how = if d.restarted {
+                    "restarted after space was freed"
+                } else {
+                    "still running when space was freed"
+                };
+                self.report(
+                    AnomalyKind::DiskFullNotRecovered,
+                    None,
+                    format!(
+                        "{} ({how}) did not serve again within {} ms{}",
+                        d.process,
+                        d.recovery_wait_ms,
+                        d.first_message
+                            .as_ref()
+                            .map(|m| format!("; it said: {m}"))
+                            .unwrap_or_default()
+                    ),
+                );
+            }
+            if !d.exited && d.disk_messages == 0 && d.refused_while_full == 0 && d.writes_while_full > 0 {
+                self.report(
+                    AnomalyKind::DiskFullUnnoticed,
+                    None,
+                    format!(
+                        "{} stayed up for {} ms on a full filesystem, acknowledged {} write(s), refused none and \
+                         logged nothing about the full disk",
+                        d.process, d.full_ms, d.writes_while_full
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Whether `service` is gone for good and its store still holds `txid`
+/// prepared: its missing COMMIT is then excused. Without its in-doubt list
+/// this cannot be told, and the verdict is unknown (see `check_bank`).
+fn held_by_gone(ix: &Index, service: &str, txid: u64) -> bool {
+    ix.gone.contains_key(service)
+        && ix
+            .in_doubt
+            .get(service)
+            .is_none_or(|entries| entries.iter().any(|e| e.txid == txid))
 }
 
 /// txid -> service -> outcomes it applied, in apply-log order.

@@ -101,6 +101,70 @@ pub enum Body {
         service: String,
         resolved_after_ms: Option<u64>,
     },
+    /// One participant service's durable log at the end: every transaction
+    /// it holds prepared (voted YES) with no decision applied, and the work
+    /// (account, delta) it prepared for it, when readable.
+    InDoubt {
+        service: String,
+        entries: Vec<InDoubtEntry>,
+    },
+    /// The cluster's record of `txid` (the op's txid), read at least the
+    /// liveness bound after the final heal: participant `service` has not
+    /// acked its decision, or the transaction has none (`decision` PENDING).
+    Unacked {
+        service: String,
+        decision: DecisionSeen,
+        read_after_heal_ms: u64,
+        /// Deliveries the answering leader had tried to it (leader-local).
+        #[serde(default)]
+        delivery_attempts: u32,
+    },
+    /// What one process whose data directory was on the filled filesystem
+    /// did during a `disk-full` fault (`process` "nemesis", type `ok`).
+    DiskFull(DiskFullSeen),
+}
+
+/// A prepared, undecided transaction in a participant's log at the end.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct InDoubtEntry {
+    pub txid: u64,
+    /// The work prepared for it: (account, delta). `None` when the
+    /// participant's store did not say.
+    pub work: Option<Vec<(String, i64)>>,
+}
+
+/// One filled process in one `disk-full` fault.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct DiskFullSeen {
+    /// "n2" (a coordinator node) or a bank service id.
+    pub process: String,
+    /// Bytes the filler wrote before the filesystem said ENOSPC.
+    pub filled_bytes: u64,
+    /// How long the filesystem stayed full, ms.
+    pub full_ms: u64,
+    /// The process was not running any more when space was freed.
+    pub exited: bool,
+    /// Lines it logged while full that name the full disk (no space left,
+    /// os error 28, disk full, ENOSPC), and the first of them.
+    pub disk_messages: u64,
+    pub first_message: Option<String>,
+    /// Writes through it while full: probe transfers (banks) that were
+    /// committed, or Raft log entries it appended (nodes).
+    pub writes_while_full: u64,
+    /// Probe transfers (banks) that were refused while full, or calls the
+    /// node refused.
+    pub refused_while_full: u64,
+    /// The harness restarted it after freeing space (it had exited).
+    pub restarted: bool,
+    /// ms from freeing space until it served again (a bank committed a
+    /// probe transfer; a node caught up with the others); `None` = not
+    /// within the recovery wait.
+    pub back_after_ms: Option<u64>,
+    /// The recovery wait, ms.
+    pub recovery_wait_ms: u64,
+    /// The last line of its log at the end of the recovery wait.
+    #[serde(default)]
+    pub last_log_line: Option<String>,
 }
 
 /// One history entry.

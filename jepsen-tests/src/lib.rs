@@ -8,10 +8,13 @@
 //!   `coordinator::cluster::{ProcessCluster, BankProcess}`.
 //! - `nemesis`: the faults and their seeded schedule.
 //! - `msgproxy`: the gRPC proxies in front of the banks that delay,
-//!   duplicate and replay late the coordinator's messages (`message-chaos`).
+//!   duplicate and replay late the coordinator's messages (`message-chaos`),
+//!   and stop answering for a participant gone for good (`participant-gone`).
+//! - `disk`: the small filesystems the `disk-full` nemesis fills.
 //! - `runner`: one run: start, workload + nemesis, heal, final reads, check.
 
 pub mod checker;
+pub mod disk;
 pub mod history;
 pub mod msgproxy;
 pub mod nemesis;

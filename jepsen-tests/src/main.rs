@@ -32,8 +32,9 @@ enum Cmd {
         /// Faults, comma-separated: kill-leader, kill-node, kill-participant,
         /// pause-leader, partition-isolate, partition-majority,
         /// partition-bridge, partition-leader-participants,
-        /// partition-leader-followers, clock-skew, crash-point; or the
-        /// groups all, kill, partition, none.
+        /// partition-leader-followers, clock-skew, crash-point,
+        /// message-chaos, participant-gone, disk-full; or the groups all,
+        /// kill, partition, none.
         #[arg(long, default_value = "all")]
         nemesis: String,
         /// Seed of the fault schedule and the clients' choices.

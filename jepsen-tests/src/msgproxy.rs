@@ -15,6 +15,10 @@
 //! - is sent again 1-4 s later, one time in six (a late message, usually
 //!   after its transaction was decided; its answer is dropped). Late copies
 //!   still arrive after the fault ends.
+//!
+//! The `participant-gone` nemesis also shuts a proxy down for good
+//! ([`ProxyHandle::go_away`]): its address then refuses connections, as the
+//! address of a process that is gone does.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -73,6 +77,25 @@ struct Proxy {
     upstream: ParticipantServiceClient<Channel>,
     chaos: Arc<Chaos>,
     rng: Mutex<StdRng>,
+    gone: Arc<AtomicBool>,
+}
+
+/// Controls one running proxy; dropping it stops the proxy.
+pub struct ProxyHandle {
+    gone: Arc<AtomicBool>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl ProxyHandle {
+    /// The participant is gone for good: calls still in flight on open
+    /// connections fail at once, the listener closes (new connections are
+    /// refused) and open connections are told to go away.
+    pub fn go_away(&mut self) {
+        self.gone.store(true, Ordering::SeqCst);
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
 }
 
 /// How long a relayed call may take (the coordinator has its own, shorter,
@@ -108,6 +131,9 @@ impl Proxy {
         F: Fn(ParticipantServiceClient<Channel>, Request<Q>) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = Result<Response<A>, Status>> + Send + 'static,
     {
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("participant gone"));
+        }
         let plan = self.plan();
         let request = |b: Q| {
             let mut r = Request::new(b);
@@ -171,31 +197,43 @@ impl ParticipantService for Proxy {
 
     /// Read-only: passed straight through (no chaos on an inquiry).
     async fn inquire(&self, req: Request<pb::InquireRequest>) -> Result<Response<pb::InquireResponse>, Status> {
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("participant gone"));
+        }
         self.upstream.clone().inquire(req.into_inner()).await
     }
 }
 
 /// Starts a proxy on `listen` in front of the bank at `upstream`; it
-/// connects to the bank from `listen`'s IP. It runs until the process ends.
-pub async fn spawn(listen: SocketAddr, upstream: &str, chaos: Arc<Chaos>, seed: u64) -> anyhow::Result<()> {
+/// connects to the bank from `listen`'s IP. It runs until the process ends
+/// or [`ProxyHandle::go_away`].
+pub async fn spawn(listen: SocketAddr, upstream: &str, chaos: Arc<Chaos>, seed: u64) -> anyhow::Result<ProxyHandle> {
     let endpoint = dtx_proto::endpoint(upstream).map_err(|e| anyhow::anyhow!(e))?;
     let channel = endpoint
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
         .local_address(Some(listen.ip()))
         .connect_lazy();
+    let gone = Arc::new(AtomicBool::new(false));
     let proxy = Proxy {
         upstream: ParticipantServiceClient::new(channel),
         chaos,
         rng: Mutex::new(StdRng::seed_from_u64(seed)),
+        gone: gone.clone(),
     };
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| anyhow::anyhow!("message proxy cannot listen on {listen}: {e}"))?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(ParticipantServiceServer::new(proxy))
-            .serve_with_incoming(dtx_proto::incoming(listener)),
+            .serve_with_incoming_shutdown(dtx_proto::incoming(listener), async move {
+                let _ = rx.await;
+            }),
     );
-    Ok(())
+    Ok(ProxyHandle {
+        gone,
+        shutdown: Some(tx),
+    })
 }

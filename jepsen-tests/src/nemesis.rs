@@ -1,6 +1,7 @@
 //! The faults (nemeses) and their schedule. Every fault acts at the
 //! operating-system or network level (signals, nftables, libfaketime,
-//! crash points armed from outside); none asks a node to cooperate.
+//! crash points armed from outside, a filesystem filled up); none asks a
+//! node to cooperate.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -36,10 +37,17 @@ pub enum Fault {
     /// Messages from the coordinator to participants delayed, duplicated
     /// and replayed late, by the proxies in front of the banks (`msgproxy`).
     MessageChaos,
+    /// A bank participant killed (-9) and never restarted; its address
+    /// stops answering. Once per run: later turns are skipped.
+    ParticipantGone,
+    /// The small filesystem (tmpfs) holding one node's and one bank's data
+    /// directories filled until ENOSPC, then freed; processes that exited
+    /// are restarted after space is freed.
+    DiskFull,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 14] = [
         Fault::KillLeader,
         Fault::KillNode,
         Fault::KillParticipant,
@@ -52,6 +60,8 @@ impl Fault {
         Fault::ClockSkew,
         Fault::CrashPoint,
         Fault::MessageChaos,
+        Fault::ParticipantGone,
+        Fault::DiskFull,
     ];
 
     pub fn name(self) -> &'static str {
@@ -68,6 +78,8 @@ impl Fault {
             Fault::ClockSkew => "clock-skew",
             Fault::CrashPoint => "crash-point",
             Fault::MessageChaos => "message-chaos",
+            Fault::ParticipantGone => crate::checker::GONE_FAULT,
+            Fault::DiskFull => "disk-full",
         }
     }
 
@@ -176,6 +188,10 @@ mod tests {
         assert!(parse_list("none").unwrap().is_empty());
         let err = parse_list("kill-leader,explode").unwrap_err();
         assert!(err.contains("\"explode\"") && err.contains("clock-skew"), "{err}");
+        let both = parse_list("participant-gone,disk-full").unwrap();
+        assert_eq!(both, vec![Fault::ParticipantGone, Fault::DiskFull]);
+        assert!(parse_list("all").unwrap().contains(&Fault::ParticipantGone));
+        assert!(parse_list("all").unwrap().contains(&Fault::DiskFull));
     }
 
     #[test]

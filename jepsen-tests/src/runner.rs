@@ -1,8 +1,9 @@
 //! One run: start three coordinator nodes and the bank services, run
 //! concurrent transfer clients and a decision reader while the nemesis
 //! injects faults, heal everything, measure how long in-doubt transactions
-//! take to resolve, read every decision from every node and every bank's
-//! apply log and balances, then check the history and write the results.
+//! take to resolve, look for transactions still unacked after that, read
+//! every decision from every node and every bank's apply log, balances and
+//! in-doubt list, then check the history and write the results.
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -30,12 +31,16 @@ use rand::Rng;
 use rand::SeedableRng;
 
 use crate::checker;
+use crate::disk;
+use crate::disk::SmallFs;
 use crate::history::Account;
 use crate::history::Applied;
 use crate::history::ApplyEntry;
 use crate::history::Body;
 use crate::history::DecisionSeen;
+use crate::history::DiskFullSeen;
 use crate::history::FaultPhase;
+use crate::history::InDoubtEntry;
 use crate::history::Op;
 use crate::history::OpType;
 use crate::msgproxy;
@@ -138,7 +143,32 @@ struct World {
     /// Run-time crash point files (see participant_sdk::failpoint).
     fp_nodes: PathBuf,
     fp_banks: PathBuf,
+    rec: Recorder,
+    /// The message proxies, one per bank (dropping one stops it).
+    proxies: Vec<msgproxy::ProxyHandle>,
+    /// The bank gone for good (`participant-gone`), once it is.
+    gone: Option<usize>,
+    /// The same, for the clients.
+    gone_tx: tokio::sync::watch::Sender<Option<usize>>,
+    /// Probe transfers made so far (for their unique keys).
+    probes: Arc<std::sync::atomic::AtomicU64>,
+    /// `disk-full`: the node and bank on small filesystems. Last, so the
+    /// processes are stopped (fields drop in order) before the unmount.
+    disk: Option<DiskTargets>,
 }
+
+/// The processes whose data directories are on small filesystems.
+struct DiskTargets {
+    node: u64,
+    bank: usize,
+    node_fs: SmallFs,
+    bank_fs: SmallFs,
+}
+
+/// How long a process whose disk was filled has to serve again after space
+/// is freed (and after it is restarted, if it had exited): a node restart,
+/// catching up with the leader, a bank restart and its recovery pass.
+const DISK_RECOVERY_WAIT: Duration = Duration::from_secs(10);
 
 impl World {
     fn api_addrs(&self) -> Vec<String> {
@@ -204,11 +234,34 @@ impl World {
             }
         }
         let env = self.bank_env();
-        for b in &mut self.banks {
+        for (i, b) in self.banks.iter_mut().enumerate() {
+            if self.gone == Some(i) {
+                continue; // gone for good
+            }
             b.signal(libc::SIGCONT);
             b.start(&env)?;
         }
         Ok(())
+    }
+
+    /// Starts every bank that is not running, except the one gone for good.
+    fn restart_banks(&mut self) -> anyhow::Result<()> {
+        let env = self.bank_env();
+        for (i, b) in self.banks.iter_mut().enumerate() {
+            if self.gone != Some(i) {
+                b.start(&env)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The transfer clients' view of bank `i`: (id, proxy address, prefix).
+    fn bank_entry(&self, i: usize) -> (String, String, String) {
+        (
+            self.banks[i].id.clone(),
+            self.proxy_addrs[i].clone(),
+            self.banks[i].prefix.clone(),
+        )
     }
 }
 
@@ -219,8 +272,44 @@ enum Undo {
     Cont(u64),
     HealNet,
     Unskew(u64),
-    Disarm { file: PathBuf, point: &'static str },
+    Disarm {
+        file: PathBuf,
+        point: &'static str,
+    },
     ChaosOff,
+    /// Nothing to undo: the participant stays gone.
+    Gone,
+    FreeDisk(Box<DiskFault>),
+}
+
+/// A `disk-full` fault in force: when it filled, where the logs stood, and
+/// the tasks watching the filled processes.
+struct DiskFault {
+    filled_at: Instant,
+    node_filled: u64,
+    bank_filled: u64,
+    node_log_from: u64,
+    bank_log_from: u64,
+    stop: tokio::sync::watch::Sender<bool>,
+    node_watch: tokio::task::JoinHandle<NodeWatch>,
+    bank_watch: tokio::task::JoinHandle<(u64, u64)>,
+}
+
+/// What the node watch saw while the disk was full.
+#[derive(Default)]
+struct NodeWatch {
+    /// Raft log entries the node appended while full.
+    appended: u64,
+    /// Status polls it did not answer, or answered as shut down.
+    refused: u64,
+}
+
+/// What `stop_fault` hands back for the work after the stop is recorded.
+struct DiskFreed {
+    fault: DiskFault,
+    freed_at: Instant,
+    node_exited: bool,
+    bank_exited: bool,
 }
 
 async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Result<(String, Undo)> {
@@ -239,9 +328,38 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             (format!("n{random_node}"), Undo::RestartNode(random_node))
         }
         Fault::KillParticipant => {
-            let i = s.rng().random_range(0..w.banks.len());
+            let live: Vec<usize> = (0..w.banks.len()).filter(|i| w.gone != Some(*i)).collect();
+            let i = live[s.rng().random_range(0..live.len())];
             w.banks[i].kill9();
             (w.banks[i].id.clone(), Undo::RestartBank(i))
+        }
+        Fault::ParticipantGone => {
+            if let Some(g) = w.gone {
+                anyhow::bail!("{} is already gone (one participant per run); skipped", w.banks[g].id);
+            }
+            // Not the bank on the small filesystem: disk-full needs it.
+            let disk_bank = w.disk.as_ref().map(|d| d.bank);
+            let candidates: Vec<usize> = (0..w.banks.len()).filter(|i| Some(*i) != disk_bank).collect();
+            let i = candidates[s.rng().random_range(0..candidates.len())];
+            w.banks[i].kill9();
+            w.proxies[i].go_away();
+            w.gone = Some(i);
+            w.gone_tx.send_replace(Some(i));
+            (w.banks[i].id.clone(), Undo::Gone)
+        }
+        Fault::DiskFull => {
+            let fault = fill_disk(w).await?;
+            let d = w.disk.as_ref().expect("disk-full has its filesystems");
+            (
+                format!(
+                    "n{}+{}: full (filler {} KiB + {} KiB)",
+                    d.node,
+                    w.banks[d.bank].id,
+                    fault.node_filled >> 10,
+                    fault.bank_filled >> 10
+                ),
+                Undo::FreeDisk(Box::new(fault)),
+            )
         }
         Fault::PauseLeader => {
             w.cluster.signal(leader, libc::SIGSTOP);
@@ -327,55 +445,62 @@ fn net(w: &World) -> anyhow::Result<&Net> {
         .ok_or_else(|| anyhow::anyhow!("partition faults need nftables"))
 }
 
-/// Undoes one fault; returns a note for the history (crash points: fired or not).
-fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
-    Ok(match undo {
-        Undo::RestartNode(id) => {
-            w.restart_node(id, &[])?;
-            String::new()
-        }
-        Undo::RestartBank(i) => {
-            let env = w.bank_env();
-            w.banks[i].start(&env)?;
-            String::new()
-        }
-        Undo::Cont(id) => {
-            w.cluster.signal(id, libc::SIGCONT);
-            String::new()
-        }
-        Undo::HealNet => {
-            net(w)?.heal()?;
-            String::new()
-        }
-        Undo::Unskew(id) => {
-            w.cluster.kill9(id);
-            w.restart_node(id, &[])?;
-            String::new()
-        }
-        Undo::ChaosOff => {
-            w.chaos.set(false);
-            w.chaos.summary()
-        }
-        Undo::Disarm { file, point } => {
-            let fired = !file.exists();
-            let _ = std::fs::remove_file(&file);
-            // Restart whichever process the crash point took down.
-            for id in 1..=3u64 {
-                if !w.cluster.node(id).is_running() {
-                    w.restart_node(id, &[])?;
+/// Undoes one fault; returns a note for the history (crash points: fired or
+/// not) and, for `disk-full`, what the recovery check after the recorded
+/// stop needs.
+fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<(String, Option<DiskFreed>)> {
+    if let Undo::FreeDisk(fault) = undo {
+        return free_disk(w, *fault).map(|(note, freed)| (note, Some(freed)));
+    }
+    Ok((
+        match undo {
+            Undo::RestartNode(id) => {
+                w.restart_node(id, &[])?;
+                String::new()
+            }
+            Undo::RestartBank(i) => {
+                let env = w.bank_env();
+                w.banks[i].start(&env)?;
+                String::new()
+            }
+            Undo::Gone => "gone for good (not restarted)".to_string(),
+            Undo::FreeDisk(_) => unreachable!("handled above"),
+            Undo::Cont(id) => {
+                w.cluster.signal(id, libc::SIGCONT);
+                String::new()
+            }
+            Undo::HealNet => {
+                net(w)?.heal()?;
+                String::new()
+            }
+            Undo::Unskew(id) => {
+                w.cluster.kill9(id);
+                w.restart_node(id, &[])?;
+                String::new()
+            }
+            Undo::ChaosOff => {
+                w.chaos.set(false);
+                w.chaos.summary()
+            }
+            Undo::Disarm { file, point } => {
+                let fired = !file.exists();
+                let _ = std::fs::remove_file(&file);
+                // Restart whichever process the crash point took down.
+                for id in 1..=3u64 {
+                    if !w.cluster.node(id).is_running() {
+                        w.restart_node(id, &[])?;
+                    }
+                }
+                w.restart_banks()?;
+                if fired {
+                    format!("{point} fired")
+                } else {
+                    format!("{point} not reached")
                 }
             }
-            let env = w.bank_env();
-            for b in &mut w.banks {
-                b.start(&env)?;
-            }
-            if fired {
-                format!("{point} fired")
-            } else {
-                format!("{point} not reached")
-            }
-        }
-    })
+        },
+        None,
+    ))
 }
 
 fn account(w: &World, bank: usize, acct: usize) -> Account {
@@ -388,6 +513,7 @@ fn account(w: &World, bank: usize, acct: usize) -> Account {
 /// One client: transfers until `stop`, each its own transaction with a
 /// unique key. 1 in 5 moves money between two accounts of one bank (a
 /// single participant: one-phase commit).
+#[allow(clippy::too_many_arguments)]
 async fn client_loop(
     id: usize,
     seed: u64,
@@ -395,78 +521,422 @@ async fn client_loop(
     client: Client,
     banks: Vec<(String, String, String)>,
     accounts: usize,
+    gone: tokio::sync::watch::Receiver<Option<usize>>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut rng = StdRng::seed_from_u64(seed ^ (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let process = format!("client-{id}");
     let mut n = 0u64;
+    // A one-phase transfer at a gone bank can only stay undecided (only the
+    // participant could decide it), and the call waits out its deadline:
+    // each client sends one, then moves such picks to two banks.
+    let mut one_phase_to_gone = false;
     while !*stop.borrow() {
         n += 1;
         let fb = rng.random_range(0..banks.len());
-        let same = rng.random_ratio(1, 5);
-        let tb = if same {
-            fb
-        } else {
-            (fb + rng.random_range(1..banks.len())) % banks.len()
-        };
+        let mut same = rng.random_ratio(1, 5);
+        let other = (fb + rng.random_range(1..banks.len())) % banks.len();
+        if same && *gone.borrow() == Some(fb) {
+            same = !one_phase_to_gone;
+            one_phase_to_gone = true;
+        }
+        let tb = if same { fb } else { other };
         let fa = rng.random_range(0..accounts);
         let mut ta = rng.random_range(0..accounts);
         if same && ta == fa {
             ta = (fa + 1) % accounts;
         }
         let amount = rng.random_range(1..=5i64);
-        let from = Account {
-            service: banks[fb].0.clone(),
-            account: format!("{}{fa}", banks[fb].2),
-        };
-        let to = Account {
-            service: banks[tb].0.clone(),
-            account: format!("{}{ta}", banks[tb].2),
-        };
-        let body = Body::Transfer {
-            from: from.clone(),
-            to: to.clone(),
-            amount,
-        };
-        let parts: Vec<ParticipantSpec> = if same {
-            vec![ParticipantSpec {
-                participant_id: banks[fb].0.clone(),
-                address: banks[fb].1.clone(),
-                payload: format!("{}:-{amount};{}:{amount}", from.account, to.account).into_bytes(),
-            }]
-        } else {
-            vec![
-                ParticipantSpec {
-                    participant_id: banks[fb].0.clone(),
-                    address: banks[fb].1.clone(),
-                    payload: format!("{}:-{amount}", from.account).into_bytes(),
-                },
-                ParticipantSpec {
-                    participant_id: banks[tb].0.clone(),
-                    address: banks[tb].1.clone(),
-                    payload: format!("{}:{amount}", to.account).into_bytes(),
-                },
-            ]
-        };
-        rec.record(&process, OpType::Invoke, None, body.clone(), None);
         let key = format!("c{id}-{n}");
-        let res = client.begin_and_commit(&key, 10_000, b"jepsen", &parts).await;
-        let (kind, txid, err) = match res {
-            Ok(r) => match r.outcome {
-                TxOutcome::Committed => (OpType::Ok, r.txid, None),
-                TxOutcome::Aborted => (OpType::Fail, r.txid, None),
-                TxOutcome::Unknown => (OpType::Info, r.txid, Some("outcome unknown".to_string())),
-            },
-            // Refused before anything began: certainly no effect.
-            Err(e @ ClientError::InvalidArgument(_)) => (OpType::Fail, None, Some(e.to_string())),
-            // Anything else may or may not have happened.
-            Err(e) => (OpType::Info, None, Some(e.to_string())),
-        };
-        let failed = kind != OpType::Ok;
-        rec.record(&process, kind, txid, body, err);
-        if failed {
+        let kind = transfer(
+            &rec,
+            &process,
+            &client,
+            &key,
+            (&banks[fb], fa),
+            (&banks[tb], ta),
+            amount,
+        )
+        .await;
+        if kind != OpType::Ok {
             tokio::time::sleep(Duration::from_millis(rng.random_range(20..100))).await;
         }
+    }
+}
+
+/// A bank as the clients see it: (id, proxy address, account prefix).
+type BankEntry = (String, String, String);
+
+/// One transfer of `amount` from account `from.1` of bank `from.0` to
+/// account `to.1` of bank `to.0`, as one transaction with idempotency key
+/// `key`: one participant (one-phase commit) when both are at one bank.
+/// Recorded as an invoke and its completion; returns the completion's type.
+async fn transfer(
+    rec: &Recorder,
+    process: &str,
+    client: &Client,
+    key: &str,
+    from: (&BankEntry, usize),
+    to: (&BankEntry, usize),
+    amount: i64,
+) -> OpType {
+    let ((fb, fa), (tb, ta)) = (from, to);
+    let from = Account {
+        service: fb.0.clone(),
+        account: format!("{}{fa}", fb.2),
+    };
+    let to = Account {
+        service: tb.0.clone(),
+        account: format!("{}{ta}", tb.2),
+    };
+    let body = Body::Transfer {
+        from: from.clone(),
+        to: to.clone(),
+        amount,
+    };
+    let parts: Vec<ParticipantSpec> = if fb.0 == tb.0 {
+        vec![ParticipantSpec {
+            participant_id: fb.0.clone(),
+            address: fb.1.clone(),
+            payload: format!("{}:-{amount};{}:{amount}", from.account, to.account).into_bytes(),
+        }]
+    } else {
+        vec![
+            ParticipantSpec {
+                participant_id: fb.0.clone(),
+                address: fb.1.clone(),
+                payload: format!("{}:-{amount}", from.account).into_bytes(),
+            },
+            ParticipantSpec {
+                participant_id: tb.0.clone(),
+                address: tb.1.clone(),
+                payload: format!("{}:{amount}", to.account).into_bytes(),
+            },
+        ]
+    };
+    rec.record(process, OpType::Invoke, None, body.clone(), None);
+    let res = client.begin_and_commit(key, 10_000, b"jepsen", &parts).await;
+    let (kind, txid, err) = match res {
+        Ok(r) => match r.outcome {
+            TxOutcome::Committed => (OpType::Ok, r.txid, None),
+            TxOutcome::Aborted => (OpType::Fail, r.txid, None),
+            TxOutcome::Unknown => (OpType::Info, r.txid, Some("outcome unknown".to_string())),
+        },
+        // Refused before anything began: certainly no effect.
+        Err(e @ ClientError::InvalidArgument(_)) => (OpType::Fail, None, Some(e.to_string())),
+        // Anything else may or may not have happened.
+        Err(e) => (OpType::Info, None, Some(e.to_string())),
+    };
+    rec.record(process, kind, txid, body, err);
+    kind
+}
+
+/// A client like the transfer clients', for the harness's own probes.
+fn probe_client(w: &World) -> anyhow::Result<Client> {
+    let mut cfg = ClientConfig::new(w.api_addrs());
+    cfg.attempt_timeout = Duration::from_secs(3);
+    cfg.call_deadline = Duration::from_secs(6);
+    Client::new(cfg).map_err(|e| anyhow::anyhow!("client: {e}"))
+}
+
+/// Probe transfers through the bank on the small filesystem (process
+/// `disk-probe` in the history; ordinary transfers to every checker):
+/// 1 from its account to the same account of another live bank, or to its
+/// next account when there is no other.
+struct Prober {
+    rec: Recorder,
+    client: Client,
+    from: BankEntry,
+    to: BankEntry,
+    accounts: usize,
+    count: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Prober {
+    fn new(w: &World, bank: usize) -> anyhow::Result<Prober> {
+        let other = (0..w.banks.len())
+            .find(|i| *i != bank && w.gone != Some(*i))
+            .unwrap_or(bank);
+        Ok(Prober {
+            rec: w.rec.clone(),
+            client: probe_client(w)?,
+            from: w.bank_entry(bank),
+            to: w.bank_entry(other),
+            accounts: w.banks[bank].accounts,
+            count: w.probes.clone(),
+        })
+    }
+
+    /// One probe; true if it was committed.
+    async fn once(&self) -> bool {
+        let n = self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let a = (n as usize) % self.accounts;
+        let b = if self.from.0 == self.to.0 {
+            (a + 1) % self.accounts
+        } else {
+            a
+        };
+        let key = format!("disk-probe-{n}");
+        transfer(
+            &self.rec,
+            "disk-probe",
+            &self.client,
+            &key,
+            (&self.from, a),
+            (&self.to, b),
+            1,
+        )
+        .await
+            == OpType::Ok
+    }
+}
+
+/// Fills both small filesystems and starts watching the filled processes:
+/// a task that keeps the filesystems full and polls the node, and probe
+/// transfers through the bank every half second.
+async fn fill_disk(w: &mut World) -> anyhow::Result<DiskFault> {
+    let (node, bank) = match &w.disk {
+        Some(d) => (d.node, d.bank),
+        None => anyhow::bail!("disk-full has no small filesystems (they are mounted at the start of a run)"),
+    };
+    let node_api = w.cluster.node(node).plan.api_listen.clone();
+    let node_log_from = disk::file_len(&w.cluster.node(node).log_path);
+    let bank_log_from = disk::file_len(&w.banks[bank].log_path);
+    let prober = Prober::new(w, bank)?;
+    let d = w.disk.as_mut().expect("checked above");
+    let node_filled = d.node_fs.fill()?;
+    let bank_filled = match d.bank_fs.fill() {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = d.node_fs.free();
+            let _ = d.bank_fs.free();
+            return Err(e);
+        }
+    };
+    let filled_at = Instant::now();
+    let paths = [d.node_fs.path.clone(), d.bank_fs.path.clone()];
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+
+    let mut rx = stop_rx.clone();
+    let node_watch = tokio::spawn(async move {
+        let status = |addr: String| async move {
+            coordinator::client::cluster_status_at(&addr, Duration::from_millis(300))
+                .await
+                .ok()
+                .filter(|s| s.role != "Shutdown")
+        };
+        let first = status(node_api.clone()).await.map(|s| s.last_log_index);
+        let mut seen = NodeWatch::default();
+        if first.is_none() {
+            seen.refused += 1;
+        }
+        let mut highest = first;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = rx.wait_for(|s| *s) => break,
+            }
+            for p in &paths {
+                let _ = disk::top_up(p);
+            }
+            match status(node_api.clone()).await {
+                Some(s) => highest = highest.max(Some(s.last_log_index)),
+                None => seen.refused += 1,
+            }
+        }
+        if let (Some(a), Some(b)) = (first, highest) {
+            seen.appended = b.saturating_sub(a);
+        }
+        seen
+    });
+
+    let mut rx = stop_rx;
+    let bank_watch = tokio::spawn(async move {
+        let (mut ok, mut refused) = (0u64, 0u64);
+        while !*rx.borrow() {
+            let committed = prober.once().await;
+            // Only what completed while the disk was still full counts.
+            if *rx.borrow() {
+                break;
+            }
+            if committed {
+                ok += 1;
+            } else {
+                refused += 1;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = rx.wait_for(|s| *s) => break,
+            }
+        }
+        (ok, refused)
+    });
+    Ok(DiskFault {
+        filled_at,
+        node_filled,
+        bank_filled,
+        node_log_from,
+        bank_log_from,
+        stop,
+        node_watch,
+        bank_watch,
+    })
+}
+
+/// Frees the small filesystems (the watch stops first) and notes which
+/// filled process had exited.
+fn free_disk(w: &mut World, fault: DiskFault) -> anyhow::Result<(String, DiskFreed)> {
+    let _ = fault.stop.send(true);
+    let d = w.disk.as_ref().expect("a disk fault has its filesystems");
+    let (node, bank) = (d.node, d.bank);
+    let node_exited = !w.cluster.node(node).is_running();
+    let bank_exited = !w.banks[bank].is_running();
+    let d = w.disk.as_mut().expect("checked above");
+    d.node_fs.free()?;
+    d.bank_fs.free()?;
+    let freed_at = Instant::now();
+    let state = |exited: bool| if exited { "had exited" } else { "still running" };
+    let note = format!(
+        "freed after {} ms; n{node} {}, {} {}",
+        fault.filled_at.elapsed().as_millis(),
+        state(node_exited),
+        w.banks[bank].id,
+        state(bank_exited)
+    );
+    Ok((
+        note,
+        DiskFreed {
+            fault,
+            freed_at,
+            node_exited,
+            bank_exited,
+        },
+    ))
+}
+
+/// After space is freed: restarts whichever filled process is not running
+/// (as a supervisor would), waits until each serves again (the node caught
+/// up with the others, the bank committed a probe transfer) and records
+/// what each did while its disk was full.
+async fn disk_recovery(w: &mut World, freed: DiskFreed) {
+    let DiskFreed {
+        fault,
+        freed_at,
+        node_exited,
+        bank_exited,
+    } = freed;
+    let full_ms = freed_at.duration_since(fault.filled_at).as_millis() as u64;
+    let node_seen = fault.node_watch.await.unwrap_or_default();
+    let (bank_ok, bank_refused) = fault.bank_watch.await.unwrap_or_default();
+    let Some(d) = w.disk.as_ref() else { return };
+    let (node, bank) = (d.node, d.bank);
+    let node_log = w.cluster.node(node).log_path.clone();
+    let bank_log = w.banks[bank].log_path.clone();
+    let (node_msgs, node_first) = disk::disk_full_lines(&node_log, fault.node_log_from);
+    let (bank_msgs, bank_first) = disk::disk_full_lines(&bank_log, fault.bank_log_from);
+
+    // The supervisor: whatever is not running now is started again.
+    let node_restarted = !w.cluster.node(node).is_running();
+    if node_restarted {
+        if let Err(e) = w.restart_node(node, &[]) {
+            eprintln!("jepsen: could not restart n{node}: {e}");
+        }
+    }
+    let bank_restarted = !w.banks[bank].is_running();
+    if bank_restarted {
+        let env = w.bank_env();
+        if let Err(e) = w.banks[bank].start(&env) {
+            eprintln!("jepsen: could not restart {}: {e}", w.banks[bank].id);
+        }
+    }
+
+    // Back: the node applied as far as the other nodes had when space was
+    // freed, under a known leader; the bank committed a probe transfer.
+    let others: Vec<String> = w
+        .cluster
+        .nodes
+        .iter()
+        .filter(|n| n.plan.id != node)
+        .map(|n| n.plan.api_listen.clone())
+        .collect();
+    let mut target = 0;
+    for a in &others {
+        if let Ok(s) = coordinator::client::cluster_status_at(a, Duration::from_millis(500)).await {
+            target = target.max(s.last_applied_index);
+        }
+    }
+    let node_api = w.cluster.node(node).plan.api_listen.clone();
+    let until = freed_at + DISK_RECOVERY_WAIT;
+    let node_back = async {
+        while Instant::now() < until {
+            if let Ok(s) = coordinator::client::cluster_status_at(&node_api, Duration::from_millis(300)).await {
+                if s.leader_id != 0 && s.role != "Shutdown" && s.last_applied_index >= target {
+                    return Some(freed_at.elapsed().as_millis() as u64);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        None
+    };
+    let prober = Prober::new(w, bank);
+    let bank_back = async {
+        let Ok(prober) = prober else { return None };
+        while Instant::now() < until {
+            if prober.once().await {
+                return Some(freed_at.elapsed().as_millis() as u64);
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        None
+    };
+    let (node_back, bank_back) = tokio::join!(node_back, bank_back);
+
+    let seen = [
+        DiskFullSeen {
+            process: format!("n{node}"),
+            filled_bytes: fault.node_filled,
+            full_ms,
+            exited: node_exited,
+            disk_messages: node_msgs,
+            first_message: node_first,
+            writes_while_full: node_seen.appended,
+            refused_while_full: node_seen.refused,
+            restarted: node_restarted,
+            back_after_ms: node_back,
+            recovery_wait_ms: DISK_RECOVERY_WAIT.as_millis() as u64,
+            last_log_line: disk::last_line(&node_log),
+        },
+        DiskFullSeen {
+            process: w.banks[bank].id.clone(),
+            filled_bytes: fault.bank_filled,
+            full_ms,
+            exited: bank_exited,
+            disk_messages: bank_msgs,
+            first_message: bank_first,
+            writes_while_full: bank_ok,
+            refused_while_full: bank_refused,
+            restarted: bank_restarted,
+            back_after_ms: bank_back,
+            recovery_wait_ms: DISK_RECOVERY_WAIT.as_millis() as u64,
+            last_log_line: disk::last_line(&bank_log),
+        },
+    ];
+    for s in seen {
+        println!(
+            "[{:>7.1} s] disk-full: {}: {}, {} disk message(s), {} write(s) and {} refusal(s) while full, {}{}",
+            w.rec.elapsed_s(),
+            s.process,
+            if s.exited { "exited" } else { "stayed up" },
+            s.disk_messages,
+            s.writes_while_full,
+            s.refused_while_full,
+            if s.restarted { "restarted, " } else { "" },
+            match s.back_after_ms {
+                Some(ms) => format!("back after {ms} ms"),
+                None => format!("NOT back within {} ms", s.recovery_wait_ms),
+            }
+        );
+        w.rec.record("nemesis", OpType::Ok, None, Body::DiskFull(s), None);
     }
 }
 
@@ -551,6 +1021,9 @@ pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
         Net::new(&format!("dtx_jepsen_probe_{}", o.base_port))
             .context("partition nemeses need nftables (apt-get install nftables) and root")?;
     }
+    if o.faults.contains(&Fault::DiskFull) {
+        disk::probe(&std::env::temp_dir(), o.base_port)?;
+    }
     if o.faults.contains(&Fault::ClockSkew) {
         anyhow::ensure!(
             Path::new(LIBFAKETIME).exists(),
@@ -586,6 +1059,16 @@ pub struct RunResult {
 
 pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     preflight(&o)?;
+    // Ctrl-C from here on stops the run in order (the schedule ends, every
+    // process is stopped, the small filesystems are unmounted) instead of
+    // killing this program halfway.
+    let (interrupt_tx, interrupt) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("jepsen: interrupted; stopping in order");
+            let _ = interrupt_tx.send(true);
+        }
+    });
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -612,10 +1095,17 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         })
         .collect();
     let node_ips: Vec<String> = (1..=3).map(|id| format!("127.0.0.{}", 10 + id)).collect();
+    // With a participant gone for good, its transactions stay undelivered
+    // (and its one-phase ones undecided) for good: a small batch makes any
+    // starvation of the other transactions by them show (invariant 11).
+    let gone_enabled = o.faults.contains(&Fault::ParticipantGone);
     let cluster = ProcessCluster::new(&o.coordinator_bin, &dir.join("nodes"), "dtx-jepsen", plans, |c| {
         c.txn.prepare_timeout_ms = 2_000;
         c.txn.delivery_retry_max_ms = 500;
         c.txn.retention_ms = 120_000;
+        if gone_enabled {
+            c.txn.reaper_batch_max = GONE_REAPER_BATCH_MAX;
+        }
     })?;
     let net = if o.faults.iter().any(|f| f.is_partition()) {
         // One table per base port: runs on other ports keep their rules.
@@ -645,10 +1135,11 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         .collect();
     let chaos = Arc::new(msgproxy::Chaos::default());
     let mut proxy_addrs = Vec::new();
+    let mut proxies = Vec::new();
     for (i, b) in banks.iter().enumerate() {
         let (ip, port) = a[6 + o.banks + i].clone();
         let listen: std::net::SocketAddr = format!("{ip}:{port}").parse()?;
-        msgproxy::spawn(listen, &b.addr, chaos.clone(), o.seed ^ (0xC4A0 + i as u64)).await?;
+        proxies.push(msgproxy::spawn(listen, &b.addr, chaos.clone(), o.seed ^ (0xC4A0 + i as u64)).await?);
         proxy_addrs.push(listen.to_string());
     }
     let mut w = World {
@@ -660,7 +1151,36 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         node_ips,
         fp_nodes: dir.join("failpoint-nodes"),
         fp_banks: dir.join("failpoint-banks"),
+        rec: rec.clone(),
+        proxies,
+        gone: None,
+        gone_tx: tokio::sync::watch::channel(None).0,
+        probes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        disk: None,
     };
+    if o.faults.contains(&Fault::DiskFull) {
+        // One node and one bank, fixed for the run by the seed, get a small
+        // filesystem of their own before they first start.
+        disk::unmount_stale(o.base_port);
+        let mut rng = StdRng::seed_from_u64(o.seed ^ 0xD15C);
+        let node = rng.random_range(1..=3u64);
+        let bank = rng.random_range(0..o.banks);
+        let node_dir = w.cluster.node(node).config.data_dir.clone();
+        let node_fs = SmallFs::mount(&node_dir, o.base_port)?;
+        let bank_fs = SmallFs::mount(&w.banks[bank].data_dir, o.base_port)?;
+        println!(
+            "jepsen: disk-full: n{node} ({}) and {} ({}) on small filesystems (tmpfs)",
+            node_dir.display(),
+            w.banks[bank].id,
+            w.banks[bank].data_dir.display()
+        );
+        w.disk = Some(DiskTargets {
+            node,
+            bank,
+            node_fs,
+            bank_fs,
+        });
+    }
     w.cluster.env = w.node_env();
     w.cluster.start_all()?;
     let env = w.bank_env();
@@ -720,6 +1240,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             client,
             bank_list.clone(),
             o.accounts,
+            w.gone_tx.subscribe(),
             stop_rx.clone(),
         )));
     }
@@ -733,7 +1254,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     // Nemesis, in this task, until the time is up or Ctrl-C. A fault still
     // active then is healed only after the clients stopped, so the final
     // heal can leave participants in doubt and liveness measures something.
-    let (interrupted, mut active) = nemesis_loop(&mut w, &o, &rec).await;
+    let (interrupted, mut active) = nemesis_loop(&mut w, &o, interrupt.clone()).await;
     // The last stretch (when that partition is enabled): whatever fault is
     // in force is healed, then the leader is cut off from every participant
     // while the clients still run, so transactions that got their YES votes
@@ -741,12 +1262,12 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     // to measure (invariant 6).
     if !interrupted && o.faults.contains(&Fault::PartitionLeaderParticipants) {
         if let Some((f, target, undo)) = active.take() {
-            end_fault(&mut w, &rec, f, target, undo);
+            end_fault(&mut w, f, target, undo).await;
         }
         let _ = w.wait_leader(Duration::from_secs(10)).await;
         let mut sched = Schedule::new(o.seed, &[]);
         let f = Fault::PartitionLeaderParticipants;
-        if let Ok((target, undo)) = begin_fault(&mut w, &mut sched, &rec, f, "nemesis (final)").await {
+        if let Ok((target, undo)) = begin_fault(&mut w, &mut sched, f, "nemesis (final)").await {
             tokio::time::sleep(Duration::from_secs(o.fault_s.0)).await;
             active = Some((f, target, undo));
         }
@@ -755,16 +1276,53 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     for t in tasks {
         let _ = t.await;
     }
+    // With a participant gone for good, the leader is then killed: a new
+    // leader must deliver (and re-drive) everything the old one left, past
+    // the gone participant's transactions that stay stuck (invariant 11).
+    let mut final_kill = None;
+    if !interrupted && w.gone.is_some() {
+        // Another node down or cut off as well would leave no quorum.
+        if active
+            .as_ref()
+            .is_some_and(|(f, _, _)| *f != Fault::PartitionLeaderParticipants)
+        {
+            if let Some((f, target, undo)) = active.take() {
+                end_fault(&mut w, f, target, undo).await;
+            }
+        }
+        let mut sched = Schedule::new(o.seed, &[]);
+        let f = Fault::KillLeader;
+        if let Ok((target, undo)) = begin_fault(&mut w, &mut sched, f, "nemesis (final)").await {
+            if let Undo::RestartNode(old) = undo {
+                let until = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < until && w.leader().await.is_none_or(|l| l == old) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            final_kill = Some((f, target, undo));
+        }
+    }
     // Who is in doubt before the heal: every participant that has not
     // acked its transaction's decision (or that has none yet).
     let max_txid = rec.snapshot().iter().filter_map(|op| op.txid).max().unwrap_or(0) + 50;
-    let in_doubt = unacked(&w, max_txid).await;
+    let mut in_doubt = unacked(&w, max_txid).await;
+    // A gone participant's own stay in doubt for good: not measured.
+    let gone_id = w.gone.map(|g| w.banks[g].id.clone());
+    let before = in_doubt.len();
+    in_doubt.retain(|(_, p)| Some(p) != gone_id.as_ref());
     println!(
-        "jepsen: workload stopped; {} participant(s) in doubt; healing everything",
-        in_doubt.len()
+        "jepsen: workload stopped; {} participant(s) in doubt{}; healing everything",
+        in_doubt.len(),
+        match &gone_id {
+            Some(g) => format!(" (and {} of {g}, gone for good)", before - in_doubt.len()),
+            None => String::new(),
+        }
     );
     if let Some((f, target, undo)) = active {
-        end_fault(&mut w, &rec, f, target, undo);
+        end_fault(&mut w, f, target, undo).await;
+    }
+    if let Some((f, target, undo)) = final_kill {
+        end_fault(&mut w, f, target, undo).await;
     }
 
     // Final heal, then liveness: how long until every in-doubt participant
@@ -776,6 +1334,11 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         eprintln!("jepsen: no leader {settle} s after the final heal");
     }
     measure_liveness(&w, &rec, in_doubt, healed, Duration::from_secs(settle)).await;
+    // Anything still unacked the bound after the heal (also older than the
+    // in-doubt scan reached) is stuck (invariants 6, 11).
+    let until = healed + Duration::from_millis(o.liveness_bound_ms);
+    tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
+    stuck_scan(&w, &rec, max_txid, healed, gone_id.as_deref()).await;
 
     // Final reads: every decision from every node; then each bank's store.
     let all: Vec<u64> = (1..=max_txid).collect();
@@ -809,8 +1372,36 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             Ok(v) => record_audit(&rec, &b.id, &v),
             Err(e) => eprintln!("jepsen: {e}"),
         }
+        match in_doubt_list(b).await {
+            Ok(entries) => rec.record(
+                "final",
+                OpType::Ok,
+                None,
+                Body::InDoubt {
+                    service: b.id.clone(),
+                    entries,
+                },
+                None,
+            ),
+            Err(e) => eprintln!("jepsen: in-doubt list of {}: {e:#}", b.id),
+        }
     }
     w.cluster.stop_all(Duration::from_secs(5));
+    // Keep what the small filesystems held in the results folder.
+    if let Some(d) = w.disk.as_mut() {
+        for fs in [&mut d.node_fs, &mut d.bank_fs] {
+            let saved = fs.path.with_extension("saved");
+            let r = fs.save(&saved);
+            fs.unmount();
+            match r {
+                Ok(()) => {
+                    let _ = std::fs::remove_dir(&fs.path);
+                    let _ = std::fs::rename(&saved, &fs.path);
+                }
+                Err(e) => eprintln!("jepsen: could not save {}: {e:#}", fs.path.display()),
+            }
+        }
+    }
     drop(w);
 
     // Check and write the results.
@@ -827,32 +1418,39 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
 /// A fault that is still in force.
 type Active = (Fault, String, Undo);
 
-/// Undoes a fault and records its end.
-fn end_fault(w: &mut World, rec: &Recorder, f: Fault, target: String, undo: Undo) {
-    let note = stop_fault(w, undo).unwrap_or_else(|e| format!("heal failed: {e}"));
+/// Undoes a fault and records its end (a participant gone for good has no
+/// end: its fault lasts to the end of the run). After `disk-full`, checks
+/// that the filled processes serve again.
+async fn end_fault(w: &mut World, f: Fault, target: String, undo: Undo) {
+    let (note, freed) = stop_fault(w, undo).unwrap_or_else(|e| (format!("heal failed: {e}"), None));
+    if f == Fault::ParticipantGone {
+        println!(
+            "[{:>7.1} s] nemesis: {} {target} stays gone",
+            w.rec.elapsed_s(),
+            f.name()
+        );
+        return;
+    }
     let target = if note.is_empty() {
         target
     } else {
         format!("{target}: {note}")
     };
-    record_fault(rec, f, target, FaultPhase::Stop);
-    println!("[{:>7.1} s] nemesis: healed {} {note}", rec.elapsed_s(), f.name());
+    record_fault(&w.rec, f, target, FaultPhase::Stop);
+    println!("[{:>7.1} s] nemesis: healed {} {note}", w.rec.elapsed_s(), f.name());
+    if let Some(freed) = freed {
+        disk_recovery(w, freed).await;
+    }
 }
 
 /// Starts a fault and records its start; a fault that cannot be started is
 /// reported and not recorded.
-async fn begin_fault(
-    w: &mut World,
-    sched: &mut Schedule,
-    rec: &Recorder,
-    f: Fault,
-    label: &str,
-) -> anyhow::Result<(String, Undo)> {
+async fn begin_fault(w: &mut World, sched: &mut Schedule, f: Fault, label: &str) -> anyhow::Result<(String, Undo)> {
     let (target, undo) = start_fault(w, sched, f).await.inspect_err(|e| {
         eprintln!("jepsen: could not start {}: {e}", f.name());
     })?;
-    record_fault(rec, f, target.clone(), FaultPhase::Start);
-    println!("[{:>7.1} s] {label}: {} {target}", rec.elapsed_s(), f.name());
+    record_fault(&w.rec, f, target.clone(), FaultPhase::Start);
+    println!("[{:>7.1} s] {label}: {} {target}", w.rec.elapsed_s(), f.name());
     Ok((target, undo))
 }
 
@@ -868,10 +1466,16 @@ fn record_fault(rec: &Recorder, f: Fault, target: String, phase: FaultPhase) {
 
 /// Runs the fault schedule until the time is up or Ctrl-C; returns whether
 /// it was interrupted and the fault still in force, if any.
-async fn nemesis_loop(w: &mut World, o: &RunOptions, rec: &Recorder) -> (bool, Option<Active>) {
+async fn nemesis_loop(
+    w: &mut World,
+    o: &RunOptions,
+    mut interrupt: tokio::sync::watch::Receiver<bool>,
+) -> (bool, Option<Active>) {
     let mut sched = Schedule::new(o.seed, &o.faults);
     let end = Instant::now() + Duration::from_secs(o.time_s);
-    let ctrl_c = tokio::signal::ctrl_c();
+    let ctrl_c = async move {
+        let _ = interrupt.wait_for(|i| *i).await;
+    };
     tokio::pin!(ctrl_c);
     let sleep_until = |t: Instant| tokio::time::sleep_until(tokio::time::Instant::from_std(t.min(end)));
     let mut rng = StdRng::seed_from_u64(o.seed ^ 0x4E3E);
@@ -891,7 +1495,7 @@ async fn nemesis_loop(w: &mut World, o: &RunOptions, rec: &Recorder) -> (bool, O
                 _ = &mut ctrl_c => return (true, None),
             }
         };
-        let Ok((target, undo)) = begin_fault(w, &mut sched, rec, f, "nemesis").await else {
+        let Ok((target, undo)) = begin_fault(w, &mut sched, f, "nemesis").await else {
             continue;
         };
         let hold = Duration::from_secs(rng.random_range(o.fault_s.0..=o.fault_s.1));
@@ -903,8 +1507,111 @@ async fn nemesis_loop(w: &mut World, o: &RunOptions, rec: &Recorder) -> (bool, O
         if interrupted || Instant::now() >= end {
             return (interrupted, Some((f, target, undo)));
         }
-        end_fault(w, rec, f, target, undo);
+        end_fault(w, f, target, undo).await;
     }
+}
+
+/// `txn.reaper_batch_max` of the nodes when `participant-gone` is enabled.
+pub const GONE_REAPER_BATCH_MAX: usize = 2;
+
+/// A bank's in-doubt list, read from its stopped service's store: every
+/// transaction it holds prepared without a decision, with the work it
+/// prepared (the example bank keeps it under `pending/<txid>`).
+async fn in_doubt_list(b: &BankProc) -> anyhow::Result<Vec<InDoubtEntry>> {
+    let store = coordinator::demo::bank::open_bank(&b.data_dir, &b.prefix, b.accounts, b.initial).await?;
+    let held = store.in_doubt().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut out = Vec::new();
+    for (txid, _) in held {
+        let work = store
+            .view()
+            .get(format!("pending/{txid}").as_bytes())
+            .ok()
+            .flatten()
+            .and_then(|p| coordinator::demo::bank::parse_work(&p));
+        out.push(InDoubtEntry { txid, work });
+    }
+    Ok(out)
+}
+
+/// After the heal and the bound: every (txid, participant) whose ack the
+/// cluster still waits for, among the transactions it still holds (those
+/// whose decision reads UNKNOWN were forgotten after every ack). A gone
+/// participant's own are counted, not recorded.
+async fn stuck_scan(w: &World, rec: &Recorder, max_txid: u64, healed: Instant, gone: Option<&str>) {
+    use futures::StreamExt;
+    let all: Vec<u64> = (1..=max_txid).collect();
+    let mut held = Vec::new();
+    let mut read = false;
+    for addr in w.api_addrs() {
+        if let Ok(ds) = read_decisions(&addr, &all).await {
+            held = ds
+                .into_iter()
+                .filter(|(_, d)| *d != DecisionSeen::Unknown)
+                .map(|(t, _)| t)
+                .collect();
+            read = true;
+            break;
+        }
+    }
+    if !read {
+        eprintln!("jepsen: the stuck scan could not read decisions from any node");
+        return;
+    }
+    let mut cfg = ClientConfig::new(w.api_addrs());
+    cfg.call_deadline = Duration::from_secs(5);
+    let Ok(client) = Client::new(cfg) else { return };
+    let client = &client;
+    let statuses: Vec<(u64, Option<pb::StatusResponse>, u64)> = futures::stream::iter(held)
+        .map(|t| async move {
+            let s = client.status(t).await.ok();
+            (t, s, healed.elapsed().as_millis() as u64)
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let (mut stuck, mut gone_own, mut unread) = (0usize, 0usize, 0usize);
+    for (t, s, after) in statuses {
+        let Some(s) = s else {
+            unread += 1;
+            continue;
+        };
+        let decision = match s.decision.as_ref().map(|d| pb::Outcome::try_from(d.outcome)) {
+            Some(Ok(pb::Outcome::Commit)) => DecisionSeen::Commit,
+            Some(Ok(pb::Outcome::Abort)) => DecisionSeen::Abort,
+            _ => DecisionSeen::Pending,
+        };
+        for p in s.participants.iter().filter(|p| !p.acked) {
+            if Some(p.id.as_str()) == gone {
+                gone_own += 1;
+                continue;
+            }
+            stuck += 1;
+            rec.record(
+                "final",
+                OpType::Ok,
+                Some(t),
+                Body::Unacked {
+                    service: p.id.clone(),
+                    decision,
+                    read_after_heal_ms: after,
+                    delivery_attempts: p.delivery_attempts,
+                },
+                None,
+            );
+        }
+    }
+    println!(
+        "jepsen: {stuck} participant(s) still unacked after the heal and the bound{}{}",
+        match gone {
+            Some(g) => format!(" (and {gone_own} of {g}, gone for good)"),
+            None => String::new(),
+        },
+        if unread > 0 {
+            format!("; {unread} status read(s) failed")
+        } else {
+            String::new()
+        }
+    );
 }
 
 /// How many of the newest transaction ids the in-doubt scan reads. It must

@@ -111,6 +111,33 @@ impl HistoryBuilder {
         };
         self.push("nemesis", OpType::Info, None, body)
     }
+
+    fn gone(&mut self, service: &str) -> &mut Self {
+        let body = Body::Nemesis {
+            fault: GONE_FAULT.into(),
+            target: service.into(),
+            phase: FaultPhase::Start,
+        };
+        self.push("nemesis", OpType::Info, None, body)
+    }
+
+    fn in_doubt(&mut self, service: &str, entries: &[InDoubtEntry]) -> &mut Self {
+        let body = Body::InDoubt {
+            service: service.into(),
+            entries: entries.to_vec(),
+        };
+        self.push("final", OpType::Ok, None, body)
+    }
+
+    fn unacked(&mut self, service: &str, txid: u64, decision: DecisionSeen, after_ms: u64) -> &mut Self {
+        let body = Body::Unacked {
+            service: service.into(),
+            decision,
+            read_after_heal_ms: after_ms,
+            delivery_attempts: 0,
+        };
+        self.push("final", OpType::Ok, Some(txid), body)
+    }
 }
 
 /// One client transfer; `done` = None: invoked, never completed.
@@ -123,6 +150,9 @@ struct Transfer {
     amount: i64,
 }
 
+/// Prepared work: (account, delta).
+type Work = Vec<(&'static str, i64)>;
+
 /// A run described by parts, so each test changes just what it needs.
 struct Scenario {
     setup: Vec<(&'static str, &'static str, i64)>,
@@ -131,6 +161,14 @@ struct Scenario {
     logs: BTreeMap<&'static str, Vec<(u64, Applied)>>,
     balances: BTreeMap<&'static str, Vec<(&'static str, i64)>>,
     resolutions: Vec<(&'static str, u64, Option<u64>)>,
+    /// `participant-gone` of this service, recorded just before the invoke
+    /// of the transfer at this position.
+    gone: Option<(&'static str, usize)>,
+    /// In-doubt lists at the end: service -> (txid, prepared work).
+    in_doubt: BTreeMap<&'static str, Vec<(u64, Option<Work>)>>,
+    /// Unacked pairs read after the heal: (service, txid, decision, ms).
+    unacked: Vec<(&'static str, u64, DecisionSeen, u64)>,
+    disk: Vec<DiskFullSeen>,
 }
 
 use Applied::Abort as A;
@@ -157,6 +195,10 @@ impl Scenario {
                 ("bank-b", 1, Some(300)),
                 ("bank-b", 2, Some(450)),
             ],
+            gone: None,
+            in_doubt: BTreeMap::new(),
+            unacked: Vec::new(),
+            disk: Vec::new(),
         };
         s.transfer(Some(OpType::Ok), Some(1), A1, B1, 10)
             .transfer(Some(OpType::Fail), Some(2), B1, A2, 5)
@@ -226,8 +268,18 @@ impl Scenario {
     fn history(&self) -> Vec<Op> {
         let mut h = HistoryBuilder::default();
         h.setup(&self.setup).nemesis(FaultPhase::Start);
-        for t in &self.transfers {
+        for (i, t) in self.transfers.iter().enumerate() {
+            if let Some((service, at)) = self.gone {
+                if at == i {
+                    h.gone(service);
+                }
+            }
             h.transfer_op(t, OpType::Invoke, None);
+        }
+        if let Some((service, at)) = self.gone {
+            if at >= self.transfers.len() {
+                h.gone(service);
+            }
         }
         for t in self.transfers.iter().rev() {
             if let Some(kind) = t.done {
@@ -246,6 +298,24 @@ impl Scenario {
         }
         for &(service, txid, after) in &self.resolutions {
             h.resolution(service, txid, after);
+        }
+        for (service, entries) in &self.in_doubt {
+            let entries: Vec<InDoubtEntry> = entries
+                .iter()
+                .map(|(txid, work)| InDoubtEntry {
+                    txid: *txid,
+                    work: work
+                        .as_ref()
+                        .map(|w| w.iter().map(|(a, d)| (a.to_string(), *d)).collect()),
+                })
+                .collect();
+            h.in_doubt(service, &entries);
+        }
+        for &(service, txid, decision, after) in &self.unacked {
+            h.unacked(service, txid, decision, after);
+        }
+        for d in &self.disk {
+            h.push("nemesis", OpType::Ok, None, Body::DiskFull(d.clone()));
         }
         h.ops
     }
@@ -699,4 +769,301 @@ fn summary_names_kinds_with_counts_and_at_most_five_examples() {
         text.contains("transfers: 12 (ok 1, fail 2, info 9 of which 1 never completed)"),
         "{text}"
     );
+}
+
+// ---- a participant gone for good (participant-gone) ----
+
+const B2: (&str, &str) = ("bank-b", "b2");
+
+impl Scenario {
+    /// The clean run with bank-b gone for good after one more transfer:
+    /// txid 12 (a1 -> b1, 4) was committed and applied at bank-a, and
+    /// bank-b still holds it prepared; then, begun after bank-b was gone,
+    /// txid 10 (two participants) was aborted and txid 11 (one-phase at
+    /// bank-b) stays undecided. Nothing wrong.
+    fn gone() -> Self {
+        let mut s = Scenario::clean();
+        s.setup.push(("bank-b", "b2", 100));
+        s.set_balance("bank-b", "b2", 100);
+        s.transfer(Some(OpType::Ok), Some(12), A1, B1, 4)
+            .read_all(12, ReadCommit)
+            .log("bank-a", 12, C)
+            .set_balance("bank-a", "a1", 79);
+        s.gone = Some(("bank-b", s.transfers.len()));
+        s.in_doubt.insert("bank-a", vec![]);
+        s.in_doubt.insert("bank-b", vec![(12, Some(vec![("b1", 4)]))]);
+        s.transfer(Some(OpType::Fail), Some(10), A1, B1, 2)
+            .read_all(10, ReadAbort)
+            .log("bank-a", 10, A);
+        s.transfer(Some(OpType::Info), Some(11), B1, B2, 3)
+            .read_all(11, ReadPending);
+        // After the heal a gone participant resolves nothing.
+        s.resolutions.retain(|(service, _, _)| *service != "bank-b");
+        s.resolutions.push(("bank-b", 12, None));
+        s.resolutions.push(("bank-b", 10, None));
+        s.unacked = vec![
+            ("bank-b", 10, ReadAbort, 2 * BOUND_MS),
+            ("bank-b", 11, ReadPending, 2 * BOUND_MS),
+            ("bank-b", 12, ReadCommit, 2 * BOUND_MS),
+        ];
+        s
+    }
+}
+
+#[test]
+fn gone_participant_history_is_valid_and_only_its_own_is_excused() {
+    let r = Scenario::gone().check();
+    assert_valid(&r);
+    assert_eq!(r.stats.gone, vec!["bank-b".to_string()]);
+    assert_eq!((r.stats.gone_in_doubt, r.stats.gone_in_doubt_committed), (1, 1));
+    assert_eq!(r.liveness.excused_gone, 2);
+    assert_eq!(r.liveness.in_doubt, 1);
+    assert_eq!(r.liveness.stuck_after_heal, 0);
+    assert!(r.summary().contains("gone for good: bank-b"), "{}", r.summary());
+}
+
+#[test]
+fn inv11_transaction_stuck_behind_a_gone_participant_is_found() {
+    // bank-a never acked txid 3's decision, though it is not gone: the
+    // leader's loops starved it.
+    let mut s = Scenario::gone();
+    s.unacked.push(("bank-a", 3, ReadCommit, 2 * BOUND_MS));
+    s.unacked.push(("bank-a", 10, ReadAbort, 2 * BOUND_MS));
+    let r = s.check();
+    let found = assert_only(&r, AnomalyKind::StuckAfterHeal);
+    assert_eq!(found.len(), 2);
+    assert!(
+        found[0].detail.contains("bank-a had not acked COMMIT"),
+        "{}",
+        found[0].detail
+    );
+    assert!(found[0].detail.contains("gone for good: bank-b"), "{}", found[0].detail);
+    assert_eq!(r.liveness.stuck_after_heal, 2);
+}
+
+#[test]
+fn inv6_stuck_after_heal_without_any_gone_participant_is_found() {
+    let mut s = Scenario::clean();
+    s.unacked.push(("bank-a", 3, ReadPending, BOUND_MS + 5));
+    let found = assert_only(&s.check(), AnomalyKind::StuckAfterHeal);
+    assert!(found[0].detail.contains("no decision"), "{}", found[0].detail);
+}
+
+#[test]
+fn stuck_pairs_the_liveness_measure_reported_are_not_reported_twice() {
+    let mut s = Scenario::clean();
+    s.resolutions.push(("bank-a", 3, None));
+    s.unacked.push(("bank-a", 3, ReadCommit, 2 * BOUND_MS));
+    assert_only(&s.check(), AnomalyKind::LivenessBoundExceeded);
+}
+
+#[test]
+fn liveness_of_other_participants_is_not_excused_by_a_gone_one() {
+    let mut s = Scenario::gone();
+    s.resolutions.push(("bank-a", 10, None));
+    let found = assert_only(&s.check(), AnomalyKind::LivenessBoundExceeded);
+    assert_eq!(found.len(), 1);
+    assert!(found[0].detail.starts_with("bank-a"), "{}", found[0].detail);
+    assert!(found[0].detail.contains("invariant 11"), "{}", found[0].detail);
+}
+
+#[test]
+fn inv2_commit_begun_after_its_participant_was_gone_is_found() {
+    let mut s = Scenario::gone();
+    s.transfer(Some(OpType::Ok), Some(13), B1, A2, 1)
+        .read_all(13, ReadCommit);
+    let found = assert_has(&s.check(), AnomalyKind::GoneParticipantOutcome);
+    assert!(found[0].detail.contains("told COMMITTED"), "{}", found[0].detail);
+    assert!(
+        found[0].detail.contains("COMMIT read from n1, n2, n3"),
+        "{}",
+        found[0].detail
+    );
+}
+
+#[test]
+fn inv7_two_participant_transfer_to_a_gone_one_left_undecided_is_found() {
+    // Its client saw UNKNOWN, which is fine; the final reads still PENDING
+    // are not: the live participant's NO or silence must end in ABORT.
+    let mut s = Scenario::gone();
+    s.transfer(Some(OpType::Info), Some(14), A2, B1, 1)
+        .read_all(14, ReadPending);
+    let found = assert_only(&s.check(), AnomalyKind::GoneParticipantOutcome);
+    assert_eq!(found[0].txid, Some(14));
+    assert!(
+        found[0].detail.contains("stuck instead of aborted"),
+        "{}",
+        found[0].detail
+    );
+}
+
+#[test]
+fn a_transfer_begun_before_the_participant_went_is_not_judged_as_gone() {
+    // Undecided at the end, begun before bank-b went: a liveness matter (the
+    // in-doubt and stuck checks), not a gone participant's outcome.
+    let mut s = Scenario::gone();
+    s.transfer(Some(OpType::Info), Some(15), A2, B1, 1)
+        .read_all(15, ReadPending);
+    assert_has(&s.check(), AnomalyKind::GoneParticipantOutcome);
+    let t = s.transfers.pop().unwrap();
+    s.transfers.insert(0, t);
+    s.gone = Some(("bank-b", 7));
+    let r = s.check();
+    assert!(r.of(AnomalyKind::GoneParticipantOutcome).is_empty(), "{}", r.summary());
+}
+
+#[test]
+fn a_missing_commit_is_excused_only_at_the_gone_participant_holding_it_prepared() {
+    // bank-b not gone: the same history is a lost commit, a wrong total and
+    // a transaction left in doubt.
+    let mut s = Scenario::gone();
+    s.gone = None;
+    let r = s.check();
+    assert_has(&r, AnomalyKind::AckedCommitLost);
+    assert_has(&r, AnomalyKind::WrongBankTotal);
+    assert_has(&r, AnomalyKind::InDoubtAtEnd);
+    // bank-b gone but not holding txid 12 prepared: lost.
+    let mut s = Scenario::gone();
+    s.in_doubt.insert("bank-b", vec![]);
+    let r = s.check();
+    let found = assert_has(&r, AnomalyKind::AckedCommitLost);
+    assert!(found[0].detail.contains("bank-b has no COMMIT"), "{}", found[0].detail);
+    assert_has(&r, AnomalyKind::WrongBankTotal);
+}
+
+#[test]
+fn inv3_wrong_total_with_a_gone_participant_is_found() {
+    let mut s = Scenario::gone();
+    s.set_balance("bank-b", "b2", 101);
+    let found = assert_only(&s.check(), AnomalyKind::WrongBankTotal);
+    assert!(found[0].detail.contains("+4 of committed work"), "{}", found[0].detail);
+    // Work held for an ABORT decision is not excused.
+    let mut s = Scenario::gone();
+    s.in_doubt.get_mut("bank-b").unwrap().push((2, Some(vec![("b1", -5)])));
+    s.set_balance("bank-b", "b1", 105);
+    assert_only(&s.check(), AnomalyKind::WrongBankTotal);
+}
+
+#[test]
+fn gone_participant_without_an_in_doubt_list_is_unknown() {
+    let mut s = Scenario::gone();
+    s.in_doubt.remove("bank-b");
+    assert_unknown(&s.check(), "no in-doubt list of bank-b");
+    let mut s = Scenario::gone();
+    s.in_doubt.insert("bank-b", vec![(12, None)]);
+    assert_unknown(&s.check(), "prepared work");
+}
+
+#[test]
+fn inv6_in_doubt_at_a_live_participant_at_the_end_is_found() {
+    let mut s = Scenario::clean();
+    s.in_doubt
+        .insert("bank-a", vec![(3, Some(vec![("a1", -7), ("a2", 7)]))]);
+    let found = assert_only(&s.check(), AnomalyKind::InDoubtAtEnd);
+    assert!(
+        found[0].detail.contains("bank-a still held it prepared"),
+        "{}",
+        found[0].detail
+    );
+}
+
+#[test]
+fn gone_participant_holding_a_transaction_begun_after_it_went_is_found() {
+    let mut s = Scenario::gone();
+    s.in_doubt.get_mut("bank-b").unwrap().push((10, Some(vec![("b1", 2)])));
+    let found = assert_only(&s.check(), AnomalyKind::InDoubtAtEnd);
+    assert!(
+        found[0].detail.contains("begun after bank-b was gone"),
+        "{}",
+        found[0].detail
+    );
+}
+
+// ---- disk-full ----
+
+fn disk_seen(process: &str) -> DiskFullSeen {
+    DiskFullSeen {
+        process: process.into(),
+        filled_bytes: 4 << 20,
+        full_ms: 5000,
+        exited: false,
+        disk_messages: 3,
+        first_message: Some("ERROR flush: No space left on device (os error 28)".into()),
+        writes_while_full: 0,
+        refused_while_full: 4,
+        restarted: false,
+        back_after_ms: Some(800),
+        recovery_wait_ms: 20_000,
+        last_log_line: None,
+    }
+}
+
+#[test]
+fn disk_full_that_refused_or_stopped_and_came_back_is_valid() {
+    let mut s = Scenario::clean();
+    s.disk.push(disk_seen("bank-a"));
+    s.disk.push(DiskFullSeen {
+        exited: true,
+        disk_messages: 0,
+        first_message: None,
+        refused_while_full: 0,
+        restarted: true,
+        ..disk_seen("n2")
+    });
+    let r = s.check();
+    assert_valid(&r);
+    assert_eq!(r.stats.disk_full_observations, 2);
+}
+
+#[test]
+fn disk_full_process_that_did_not_come_back_is_found() {
+    let mut s = Scenario::clean();
+    s.disk.push(DiskFullSeen {
+        exited: true,
+        restarted: true,
+        back_after_ms: None,
+        ..disk_seen("n2")
+    });
+    s.disk.push(disk_seen("bank-a"));
+    let found = assert_only(&s.check(), AnomalyKind::DiskFullNotRecovered);
+    assert_eq!(found.len(), 1);
+    assert!(found[0].detail.starts_with("n2 (restarted"), "{}", found[0].detail);
+    assert!(found[0].detail.contains("No space left"), "{}", found[0].detail);
+}
+
+#[test]
+fn disk_full_process_that_acknowledged_writes_silently_is_found() {
+    let mut s = Scenario::clean();
+    s.disk.push(DiskFullSeen {
+        disk_messages: 0,
+        first_message: None,
+        refused_while_full: 0,
+        writes_while_full: 6,
+        ..disk_seen("bank-a")
+    });
+    let found = assert_only(&s.check(), AnomalyKind::DiskFullUnnoticed);
+    assert!(
+        found[0].detail.contains("acknowledged 6 write(s)"),
+        "{}",
+        found[0].detail
+    );
+    // It said so, or it refused something: noticed.
+    let mut s = Scenario::clean();
+    s.disk.push(DiskFullSeen {
+        refused_while_full: 0,
+        writes_while_full: 6,
+        ..disk_seen("bank-a")
+    });
+    assert_valid(&s.check());
+}
+
+#[test]
+fn new_observations_round_trip_through_json_lines() {
+    let mut s = Scenario::gone();
+    s.disk.push(disk_seen("bank-a"));
+    let mut buf = Vec::new();
+    write_jsonl(&mut buf, &s.history()).unwrap();
+    let ops = read_jsonl(&buf[..]).unwrap();
+    assert_eq!(ops, s.history());
+    assert_valid(&check(&ops, &opts()));
 }
