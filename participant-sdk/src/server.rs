@@ -317,13 +317,63 @@ pub async fn collect_decided<R: Resource>(
     max: usize,
     local_ip: Option<std::net::IpAddr>,
 ) -> Result<usize, String> {
+    let mut from_the_start = GcCursor::default();
+    collect_decided_from(
+        store,
+        endpoints,
+        participant_id,
+        decided_before_ms,
+        max,
+        local_ip,
+        &mut from_the_start,
+    )
+    .await
+}
+
+/// Where the next garbage-collection pass goes on from: after the last
+/// candidate the previous pass looked at, back to the start once a pass
+/// reached the end of what is old enough. Records the cluster still needs
+/// are kept at the front of the index; without the cursor, `max` of them
+/// would hide every later record from every pass (invariant 11).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcCursor(Option<(u64, u64)>);
+
+impl GcCursor {
+    /// Moves on after a pass that looked at `candidates` out of at most `max`.
+    pub fn advance(&mut self, candidates: &[(u64, u64)], max: usize) {
+        self.0 = if candidates.len() < max {
+            None
+        } else {
+            candidates.last().copied()
+        };
+    }
+
+    /// The candidate the next pass starts after (`None`: from the start).
+    pub fn after(&self) -> Option<(u64, u64)> {
+        self.0
+    }
+}
+
+/// `collect_decided` for the candidates after `cursor`, which it moves on.
+pub async fn collect_decided_from<R: Resource>(
+    store: &ParticipantStore<R>,
+    endpoints: &[String],
+    participant_id: &str,
+    decided_before_ms: u64,
+    max: usize,
+    local_ip: Option<std::net::IpAddr>,
+    cursor: &mut GcCursor,
+) -> Result<usize, String> {
     if participant_id.is_empty() {
         return Err(
             "log garbage collection needs this participant's id (as enlisted) to ask whether the cluster still awaits its ack".into(),
         );
     }
-    let candidates = store.gc_candidates(decided_before_ms, max).map_err(|e| e.to_string())?;
+    let candidates = store
+        .gc_candidates_after(cursor.0, decided_before_ms, max)
+        .map_err(|e| e.to_string())?;
     if candidates.is_empty() {
+        cursor.advance(&candidates, max);
         return Ok(0);
     }
     let txids: Vec<u64> = candidates.iter().map(|(_, t)| *t).collect();
@@ -341,7 +391,9 @@ pub async fn collect_decided<R: Resource>(
             "decided log records kept past retention: the cluster has not recorded their outcome or this participant's ack yet"
         );
     }
-    store.forget_records(&safe).map_err(|e| e.to_string())
+    let removed = store.forget_records(&safe).map_err(|e| e.to_string())?;
+    cursor.advance(&candidates, max);
+    Ok(removed)
 }
 
 /// True when the cluster will send nothing more for the transaction to the
@@ -424,6 +476,7 @@ pub fn spawn_recovery_with<R: Resource>(
     tokio::spawn(async move {
         let mut age_min = Duration::ZERO;
         let mut next_gc = tokio::time::Instant::now();
+        let mut gc_cursor = GcCursor::default();
         let mut retention = opts.log_retention;
         if retention.is_some() && opts.participant_id.is_empty() {
             error!(
@@ -441,7 +494,16 @@ pub fn spawn_recovery_with<R: Resource>(
             if let Some(keep) = retention.filter(|_| tokio::time::Instant::now() >= next_gc) {
                 next_gc = tokio::time::Instant::now() + opts.gc_interval;
                 let before = crate::store::unix_ms().saturating_sub(keep.as_millis() as u64);
-                match collect_decided(&store, &endpoints, &opts.participant_id, before, 10_000, opts.local_ip).await {
+                let gc = collect_decided_from(
+                    &store,
+                    &endpoints,
+                    &opts.participant_id,
+                    before,
+                    10_000,
+                    opts.local_ip,
+                    &mut gc_cursor,
+                );
+                match gc.await {
                     Ok(0) => {}
                     Ok(n) => info!(forgotten = n, "decided log records garbage-collected"),
                     Err(e) => warn!("log garbage collection waits for the cluster: {e}"),

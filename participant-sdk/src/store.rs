@@ -707,9 +707,35 @@ impl<R: Resource> ParticipantStore<R> {
     /// since the Unix epoch), oldest first, at most `max`: candidates for
     /// `forget_records`, as `(decided_ms, txid)`.
     pub fn gc_candidates(&self, decided_before_ms: u64, max: usize) -> Result<Vec<(u64, u64)>, StoreError> {
+        self.gc_candidates_after(None, decided_before_ms, max)
+    }
+
+    /// `gc_candidates` starting after `after` (a candidate an earlier call
+    /// returned), so a caller that moves on through the index never looks
+    /// at the same kept records forever: records the cluster still needs
+    /// (kept past retention) stay at the front of the index, and a scan
+    /// from the start could see nothing else (invariant 11).
+    pub fn gc_candidates_after(
+        &self,
+        after: Option<(u64, u64)>,
+        decided_before_ms: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        let start: Vec<u8> = match after {
+            // The smallest key above the cursor's.
+            Some((ms, txid)) => {
+                let mut k = gc_key(ms, txid).to_vec();
+                k.push(0);
+                k
+            }
+            None => vec![GC_PREFIX],
+        };
         let mut out = Vec::new();
-        for r in self.tree.scan_prefix([GC_PREFIX]).take(max) {
+        for r in self.tree.range(start..).take(max) {
             let (k, _) = r.map_err(|e| StoreError::Io(e.to_string()))?;
+            if k.first() != Some(&GC_PREFIX) {
+                break;
+            }
             if k.len() != 17 {
                 continue;
             }

@@ -583,3 +583,35 @@ async fn inv10_read_only_votes_are_gc_candidates_and_old_stores_get_them_indexed
     let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| *t).collect();
     assert_eq!(left, vec![4], "the in-doubt vote stays (invariant 5)");
 }
+
+/// Invariant 11 at the participant: records the cluster still needs stay
+/// at the front of the garbage-collection index past retention; a scan that
+/// always started there would see nothing else once `max` of them pile up.
+/// Scans from a cursor move past them, and start over at the end.
+#[tokio::test]
+async fn inv11_gc_scan_moves_past_kept_records_and_starts_over_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    let s = open(dir.path(), &probe);
+    for txid in 1..=5u64 {
+        s.handle(txid, Message::Abort { term: 1 }, b"").await.unwrap();
+    }
+    let ids = |c: &[(u64, u64)]| c.iter().map(|(_, t)| *t).collect::<Vec<_>>();
+    let mut cursor = participant_sdk::server::GcCursor::default();
+    // Say 1 and 2 are kept (the cluster still awaits their acks): a scan
+    // from the start with max 2 would return them for ever.
+    assert_eq!(ids(&s.gc_candidates(u64::MAX, 2).unwrap()), vec![1, 2]);
+    let first = s.gc_candidates_after(None, u64::MAX, 2).unwrap();
+    cursor.advance(&first, 2);
+    assert_eq!(cursor.after(), Some(first[1]), "a full page: go on after its last");
+    let second = s.gc_candidates_after(cursor.after(), u64::MAX, 2).unwrap();
+    assert_eq!(ids(&second), vec![3, 4], "the scan goes on past the kept ones");
+    let third = s.gc_candidates_after(Some(second[1]), u64::MAX, 2).unwrap();
+    assert_eq!(ids(&third), vec![5]);
+    // A short page means the end was reached: the next pass starts over.
+    let mut c = participant_sdk::server::GcCursor::default();
+    c.advance(&third, 2);
+    assert_eq!(c.after(), None);
+    // The cursor never leaves the index (other key prefixes follow it).
+    assert!(s.gc_candidates_after(Some(third[0]), u64::MAX, 10).unwrap().is_empty());
+}
