@@ -434,15 +434,16 @@ mod tests {
             .await
             .unwrap();
         let (meta, _) = leader.build_snapshot_bytes().unwrap();
-        let st = leader.state();
-        let old = SnapshotDataWithoutRetiredIds {
-            next_txid: st.table.next_txid(),
-            records: st.table.records().cloned().collect(),
-            last_applied: st.last_applied,
-            membership: st.membership.clone(),
+        let old_bytes = {
+            let st = leader.state();
+            codec::encode(&SnapshotDataWithoutRetiredIds {
+                next_txid: st.table.next_txid(),
+                records: st.table.records().cloned().collect(),
+                last_applied: st.last_applied,
+                membership: st.membership.clone(),
+            })
+            .unwrap()
         };
-        let old_bytes = codec::encode(&old).unwrap();
-        drop(st);
         // The current decode alone refuses it; the fallback takes it.
         assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
         let (_d2, e2, mut follower) = fresh();
