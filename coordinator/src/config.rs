@@ -76,6 +76,12 @@ pub struct RaftConfig {
     /// Snapshot chunk size, in bytes.
     pub snapshot_chunk_bytes: u64,
     pub connect_timeout_ms: u64,
+    /// How often this node checks that it reaches a quorum of voters over
+    /// the Raft transport; while it does not, it does not campaign (its term
+    /// stays, and it cannot depose the leader when it comes back). Each
+    /// probe waits at most twice this long. 0 = no probe: openraft's own
+    /// election timer alone (docs/adr/0008-disruptive-rejoins.md).
+    pub quorum_probe_interval_ms: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -160,6 +166,7 @@ impl Default for RaftConfig {
             max_message_bytes: 64 * 1024 * 1024,
             snapshot_chunk_bytes: 4 * 1024 * 1024,
             connect_timeout_ms: 500,
+            quorum_probe_interval_ms: 100,
         }
     }
 }
@@ -293,6 +300,15 @@ impl Config {
                     .into(),
             );
         }
+        if r.quorum_probe_interval_ms != 0 && r.quorum_probe_interval_ms.saturating_mul(3) > r.election_timeout_min_ms {
+            // A probe round (interval + timeout of twice the interval) must
+            // end before a cut-off follower's first election, which comes no
+            // sooner than election_timeout_max_ms + election_timeout_min_ms.
+            return bad(format!(
+                "raft.quorum_probe_interval_ms ({}) must be 0 (off) or at most a third of raft.election_timeout_min_ms ({})",
+                r.quorum_probe_interval_ms, r.election_timeout_min_ms
+            ));
+        }
         if r.max_message_bytes < 1024 * 1024 {
             return bad("raft.max_message_bytes must be at least 1048576".into());
         }
@@ -381,6 +397,25 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(e.to_string().contains("cluster_id"), "{e}");
+    }
+
+    #[test]
+    fn quorum_probe_interval_must_fit_before_the_first_election() {
+        // Probe interval + probe timeout (twice the interval) must end
+        // before a cut-off follower could campaign (docs/adr/0008).
+        let e = Config::from_toml("[raft]\nquorum_probe_interval_ms = 101")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("raft.quorum_probe_interval_ms"), "{e}");
+        for ok in ["0", "100"] {
+            Config::from_toml(&format!("[raft]\nquorum_probe_interval_ms = {ok}"))
+                .unwrap()
+                .validate()
+                .unwrap();
+        }
+        // Older config files without the key get the probe.
+        assert_eq!(Config::from_toml("").unwrap().raft.quorum_probe_interval_ms, 100);
     }
 
     #[test]

@@ -227,6 +227,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     )
     .await
     .context("cannot start raft")?;
+    let _quorum_probe = crate::raft::quorum_probe::spawn(raft.clone(), &config);
 
     let batcher = Batcher::start(
         raft.clone(),

@@ -3,6 +3,7 @@
 //! the transaction words live in `sm`.
 
 pub mod network;
+pub mod quorum_probe;
 pub mod service;
 
 use std::fmt;

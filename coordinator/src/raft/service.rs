@@ -2,6 +2,8 @@
 //! the local Raft, encodes the result. Calls for another cluster are refused.
 
 use dtx_proto::v1::raft_transport_server::RaftTransport;
+use dtx_proto::v1::ProbeRequest;
+use dtx_proto::v1::ProbeResponse;
 use dtx_proto::v1::RaftMessage;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -20,6 +22,13 @@ pub struct RaftService {
 
 impl RaftService {
     fn check_and_decode<T: DeserializeOwned>(&self, req: Request<RaftMessage>) -> Result<T, Status> {
+        self.check_cluster(&req)?;
+        codec::decode(&req.into_inner().payload)
+            .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
+    }
+
+    /// Refuses a call that does not come from this cluster.
+    fn check_cluster<T>(&self, req: &Request<T>) -> Result<(), Status> {
         let cluster = req
             .metadata()
             .get(CLUSTER_ID_HEADER)
@@ -32,8 +41,7 @@ impl RaftService {
                 self.cluster_id, cluster
             )));
         }
-        codec::decode(&req.into_inner().payload)
-            .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
+        Ok(())
     }
 }
 
@@ -57,5 +65,11 @@ impl RaftTransport for RaftService {
     async fn install_snapshot(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let rpc = self.check_and_decode(req)?;
         reply(&self.raft.install_snapshot(rpc).await)
+    }
+
+    async fn probe(&self, req: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        self.check_cluster(&req)?;
+        let node_id = self.raft.metrics().borrow().id;
+        Ok(Response::new(ProbeResponse { node_id }))
     }
 }
