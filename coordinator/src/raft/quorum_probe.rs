@@ -131,7 +131,10 @@ impl Probe {
                 // own quorum.
                 true
             } else if round.quorum() {
-                now.duration_since(*quorum_since.get_or_insert(now)) >= self.grace
+                // The grace applies to switching elections on; a node whose
+                // elections are on and that reaches a quorum keeps them.
+                let since = *quorum_since.get_or_insert(now);
+                enabled || now.duration_since(since) >= self.grace
             } else {
                 quorum_since = None;
                 false
