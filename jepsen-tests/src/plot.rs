@@ -172,7 +172,9 @@ const BACKGROUND: Rgb = Rgb(0xff, 0xff, 0xff);
 const INK: Rgb = Rgb(0x20, 0x20, 0x20);
 
 /// Colours for fault bands; none is close to an outcome colour.
-const FAULT_PALETTE: [Rgb; 8] = [
+/// As many as there are nemeses (fourteen), so every fault of a run with
+/// all of them has a colour of its own.
+const FAULT_PALETTE: [Rgb; 14] = [
     Rgb(0x2c, 0xa0, 0x2c), // green
     Rgb(0x94, 0x67, 0xbd), // purple
     Rgb(0x8c, 0x56, 0x4b), // brown
@@ -181,6 +183,12 @@ const FAULT_PALETTE: [Rgb; 8] = [
     Rgb(0xbc, 0xbd, 0x22), // olive
     Rgb(0x17, 0xbe, 0xcf), // cyan
     Rgb(0x00, 0x60, 0x60), // dark teal
+    Rgb(0xe6, 0xc2, 0x00), // gold
+    Rgb(0x1b, 0x2a, 0x7a), // navy
+    Rgb(0xb0, 0x00, 0xb0), // magenta
+    Rgb(0x7f, 0xe0, 0x00), // lime
+    Rgb(0xd2, 0xb4, 0x8c), // sand
+    Rgb(0x1e, 0x5a, 0x1e), // forest
 ];
 
 // ---------------------------------------------------------------------------
@@ -1169,6 +1177,7 @@ mod tests {
             .collect();
         let colors = fault_colors(&faults);
         assert_eq!(colors.len(), FAULT_PALETTE.len());
+        assert!(FAULT_PALETTE.len() >= crate::nemesis::Fault::ALL.len());
         for (i, (_, a)) in colors.iter().enumerate() {
             assert!(colors[i + 1..].iter().all(|(_, b)| a != b));
         }
