@@ -110,7 +110,9 @@ pub struct TxnConfig {
     pub retention_ms: u64,
     /// How often the leader scans for expired and forgettable transactions.
     pub reaper_interval_ms: u64,
-    /// Most Decide/Forget commands the leader's loops propose per scan.
+    /// Most Decide/Forget commands the leader's loops propose per scan (the
+    /// deadline reaper's ABORTs and Forgets). Deliveries and re-drives are
+    /// not limited per scan: every one without a task gets one.
     pub reaper_batch_max: usize,
     /// Longest wait for all Prepare votes (also bounded by the deadline).
     pub prepare_timeout_ms: u64,
@@ -118,6 +120,9 @@ pub struct TxnConfig {
     pub delivery_retry_base_ms: u64,
     /// Largest delay between phase-two delivery attempts.
     pub delivery_retry_max_ms: u64,
+    /// Phase-two calls in flight to one participant address at most; the
+    /// rest wait their turn (a new leader may start thousands at once).
+    pub delivery_inflight_calls_max: u32,
     /// Participant acks wait up to this long to go through Raft together in
     /// one entry (0 = as soon as possible, still grouped with whatever waits).
     pub ack_batch_wait_ms: u64,
@@ -194,6 +199,7 @@ impl Default for TxnConfig {
             prepare_timeout_ms: 5_000,
             delivery_retry_base_ms: 50,
             delivery_retry_max_ms: 2_000,
+            delivery_inflight_calls_max: 64,
             ack_batch_wait_ms: 50,
             one_phase_commit: true,
         }
@@ -337,6 +343,9 @@ impl Config {
         }
         if t.reaper_interval_ms == 0 || t.reaper_batch_max == 0 {
             return bad("txn.reaper_interval_ms and txn.reaper_batch_max must be > 0".into());
+        }
+        if t.delivery_inflight_calls_max == 0 {
+            return bad("txn.delivery_inflight_calls_max must be > 0 (calls to one participant at a time)".into());
         }
         if t.prepare_timeout_ms == 0
             || t.delivery_retry_base_ms == 0

@@ -250,6 +250,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         driver: crate::driver::DriverState::new(
             Duration::from_millis(config.txn.delivery_retry_base_ms),
             Duration::from_millis(config.txn.delivery_retry_max_ms),
+            config.txn.delivery_inflight_calls_max,
         ),
     });
 
@@ -411,16 +412,23 @@ async fn report_gauges(ctx: Arc<NodeCtx>) {
 async fn leader_loops(ctx: Arc<NodeCtx>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let ctx = &ctx;
     let interval = Duration::from_millis(ctx.config.txn.reaper_interval_ms);
+    let mut last_term = 0;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
+        let term = ctx.current_term();
+        if term != last_term {
+            // Parked deliveries look at their leadership again: those of
+            // an older term end, so a re-elected node starts them afresh.
+            last_term = term;
+            ctx.driver.wake_all();
+        }
         if !ctx.is_leader() {
             continue;
         }
         let now = now_ms();
-        let term = ctx.current_term();
         let retention = ctx.config.txn.retention_ms;
         let max = ctx.config.txn.reaper_batch_max;
         let (expired, forgettable) = {
@@ -432,10 +440,13 @@ async fn leader_loops(ctx: Arc<NodeCtx>, mut stop: tokio::sync::watch::Receiver<
         };
         // Phase two for every decided, unacked transaction, and a re-drive
         // of every PREPARING one: this is also how a new leader resumes the
-        // work of the old one. Each round takes the next ones after the
-        // last round's, skipping those already running here, so stuck ones
-        // never starve the rest (invariant 11).
-        let (undelivered, preparing) = ctx.pick_background_work(max);
+        // work of the old one. Every one without a task here gets one, at
+        // once (not `max` per round: a new leader would then walk through
+        // every stuck transaction before reaching live ones); a stuck one
+        // keeps its parked task and is skipped after that, so stuck ones
+        // never starve the rest (invariant 11). Calls to each participant
+        // are limited by txn.delivery_inflight_calls_max.
+        let (undelivered, preparing) = ctx.pick_background_work(usize::MAX);
         for txid in undelivered {
             ctx.spawn_delivery(txid);
         }

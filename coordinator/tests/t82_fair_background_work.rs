@@ -26,10 +26,13 @@ fn gone_address() -> String {
     format!("127.0.0.1:{}", coordinator::cluster::free_port("127.0.0.1").unwrap())
 }
 
-/// A decided transaction whose participant is gone for good sits at the
-/// lowest txid; the leader dies after a second transaction's COMMIT, before
-/// one of its participants got it. The new leader still delivers the second
-/// one (invariants 4, 6, 11), and the stuck one shows why in Status.
+/// Decided transactions whose participant is gone for good sit at the
+/// lowest txids (300 of them); the leader dies after a second transaction's
+/// COMMIT, before one of its participants got it. The new leader still
+/// delivers the second one (invariants 4, 6, 11), and a stuck one shows why
+/// in Status. (Taking `reaper_batch_max` = 1 per 100 ms round from a cursor
+/// would reach the second only after 30 s: the first round of a new leader
+/// must not cost a turn per stuck transaction either.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t82_inv11_stuck_delivery_does_not_starve_a_new_leaders_delivery() {
     let mut c = TestCluster::start_with("t82a", 3, |cfg| {
@@ -46,9 +49,32 @@ async fn t82_inv11_stuck_delivery_does_not_starve_a_new_leaders_delivery() {
     // Stuck for good: ABORT decided (the ghost never voted), and the ghost
     // never acks it.
     let stuck = cl.begin("stuck", 60_000, b"").await.unwrap().txid;
+    let ghost_addr = gone_address();
     cl.enlist(stuck, &a.id, &a.addr, b"x").await.unwrap();
-    cl.enlist(stuck, "ghost", &gone_address(), b"").await.unwrap();
+    cl.enlist(stuck, "ghost", &ghost_addr, b"").await.unwrap();
     assert_eq!(cl.commit(stuck).await.unwrap(), TxOutcome::Aborted);
+    // 299 more like it, 20 at a time.
+    let specs = vec![
+        coordinator::client::ParticipantSpec {
+            participant_id: a.id.clone(),
+            address: a.addr.clone(),
+            payload: b"x".to_vec(),
+        },
+        coordinator::client::ParticipantSpec {
+            participant_id: "ghost".into(),
+            address: ghost_addr.clone(),
+            payload: Vec::new(),
+        },
+    ];
+    for chunk in (0..299).collect::<Vec<u32>>().chunks(20) {
+        let calls = chunk.iter().map(|i| {
+            let (cl, specs) = (&cl, &specs);
+            async move { cl.begin_and_commit(&format!("stuck-{i}"), 60_000, b"", specs).await }
+        });
+        for r in futures::future::join_all(calls).await {
+            assert_eq!(r.unwrap().outcome, TxOutcome::Aborted);
+        }
+    }
 
     // The second transaction commits; bank-b refuses phase two for now.
     b.hold_decisions.store(true, Ordering::SeqCst);

@@ -108,6 +108,14 @@ fn forwarded_error(s: Status, leader: crate::raft::NodeId, addr: &str, proposed:
     s
 }
 
+pub(crate) fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
+    crate::sm::check_id(field, v).map_err(ApiError::from)
+}
+
+pub(crate) fn check_len(field: &str, len: usize, max: usize) -> Result<(), ApiError> {
+    crate::sm::check_len(field, len, max).map_err(ApiError::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,12 +153,4 @@ mod tests {
         let s = forwarded_error(Status::unknown("stream reset"), 2, "127.0.0.1:8", false);
         assert!(!error::not_applied(&s), "a lost reply may have been applied");
     }
-}
-
-pub(crate) fn check_id(field: &str, v: &str) -> Result<(), ApiError> {
-    crate::sm::check_id(field, v).map_err(ApiError::from)
-}
-
-pub(crate) fn check_len(field: &str, len: usize, max: usize) -> Result<(), ApiError> {
-    crate::sm::check_len(field, len, max).map_err(ApiError::from)
 }

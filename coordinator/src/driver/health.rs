@@ -1,19 +1,23 @@
-//! How each participant address is doing, as the leader's deliveries see it.
-//! Pure: time and randomness come in as arguments; the caller sleeps, calls
-//! and logs.
+//! How each participant address is doing, as the leader's deliveries see it,
+//! and who may call it next. Pure: time and randomness come in as
+//! arguments; the caller sleeps, calls, wakes waiters and logs.
 //!
-//! Every phase-two delivery to one address shares one `Peer` record. While a
-//! participant answers, deliveries go straight through. Once a call fails
-//! for a reason that is about the participant as a whole (no connection, no
-//! answer in time, an internal error such as a full disk), the address is
-//! *failing*: one call at a time (a probe) may go, no earlier than an
-//! exponential backoff with jitter allows, and every other delivery to it
-//! waits. A participant gone for good therefore costs one call per backoff
-//! interval (at most `delivery_retry_max_ms`), not one per transaction, and
-//! its failure is logged once per participant at most every `warn_every`,
-//! not once per transaction (issue 8, defect 9). A refusal that is about one
-//! transaction (the participant answered) never slows the others down
-//! (invariant 11).
+//! Every phase-two delivery to one address shares one `Peer` record:
+//! - **In flight.** At most `inflight_max` calls to one address at a time;
+//!   the rest park until a call ends. A new leader may start thousands of
+//!   deliveries at once; they go out at the rate the participant answers.
+//! - **Failing.** Once a call fails for a reason that is about the
+//!   participant as a whole (no connection, no answer in time, an internal
+//!   error such as a full disk), the address is *failing*: one delivery
+//!   holds the probe turn and calls again after an exponential backoff with
+//!   jitter; every other delivery to it parks, costing nothing, until the
+//!   probe gets an answer (then all go) or the probe's holder ends without
+//!   one (then the turn passes on). A participant gone for good therefore
+//!   costs one call per backoff (at most `delivery_retry_max_ms`) however
+//!   many transactions wait for it, and its failure is logged once per
+//!   participant at most every `warn_every` (issue 8, defect 9). A refusal
+//!   (the participant answered) is about one transaction and never slows
+//!   the others down (invariant 11).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -32,11 +36,25 @@ pub enum Seen {
 /// May a delivery call this address now?
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Turn {
-    /// Yes. `probe`: the address is failing and this call is the one probe
-    /// allowed; report its result (or `release`) so the next may go.
+    /// Yes: the call is counted in flight; report it (or `abandon` it).
+    /// `probe`: the address is failing and this is its probe; the caller
+    /// holds the probe turn until it reports an answer or `release`s it.
     Go { probe: bool },
-    /// Not before this long.
-    Wait(Duration),
+    /// The caller holds the probe turn: ask again after this long.
+    Hold(Duration),
+    /// Wait until woken (a call ended, the probe turn is free, or the
+    /// address answers again), then ask again.
+    Park,
+}
+
+/// Whom to wake after a change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    Nobody,
+    /// One parked delivery (a slot or the probe turn is free).
+    One,
+    /// Every parked delivery (the address answers again).
+    All,
 }
 
 /// What the caller should log after a report.
@@ -57,32 +75,50 @@ pub enum Event {
 
 #[derive(Clone, Debug)]
 struct Peer {
+    /// Calls in flight.
+    inflight: u32,
     /// Failed probes in a row (0 = healthy).
     failures: u32,
-    /// No call before this (while failing).
+    /// No probe before this (while failing).
     retry_at: Instant,
-    /// A probe is in flight.
-    probing: bool,
+    /// Some delivery holds the probe turn.
+    turn_taken: bool,
     failing_since: Instant,
     last_warned: Instant,
     last_error: String,
 }
 
-/// The backoff settings and every address's record.
+impl Peer {
+    fn new(now: Instant) -> Peer {
+        Peer {
+            inflight: 0,
+            failures: 0,
+            retry_at: now,
+            turn_taken: false,
+            failing_since: now,
+            last_warned: now,
+            last_error: String::new(),
+        }
+    }
+}
+
+/// The settings and every address's record.
 #[derive(Debug)]
 pub struct Peers {
     base: Duration,
     max: Duration,
     warn_every: Duration,
+    inflight_max: u32,
     map: HashMap<String, Peer>,
 }
 
 impl Peers {
-    pub fn new(base: Duration, max: Duration, warn_every: Duration) -> Self {
+    pub fn new(base: Duration, max: Duration, warn_every: Duration, inflight_max: u32) -> Self {
         Peers {
             base: base.max(Duration::from_millis(1)),
             max: max.max(base),
             warn_every,
+            inflight_max: inflight_max.max(1),
             map: HashMap::new(),
         }
     }
@@ -90,96 +126,113 @@ impl Peers {
     /// The backoff after `failures` failed probes, scaled by `jitter` (in
     /// 0.5..=1.0 for "equal jitter").
     pub fn backoff(&self, failures: u32, jitter: f64) -> Duration {
-        let exp = self
-            .base
-            .saturating_mul(1u32 << failures.saturating_sub(1).min(20))
-            .min(self.max);
-        exp.mul_f64(jitter.clamp(0.0, 1.0))
+        backoff(self.base, self.max, failures, jitter)
     }
 
-    pub fn turn(&mut self, addr: &str, now: Instant) -> Turn {
-        let Some(p) = self.map.get_mut(addr) else {
-            return Turn::Go { probe: false };
-        };
+    /// `holder`: the caller holds this address's probe turn (it was given
+    /// `Go { probe: true }` or `Hold` and has not released it).
+    pub fn turn(&mut self, addr: &str, now: Instant, holder: bool) -> Turn {
+        let inflight_max = self.inflight_max;
+        let p = self.map.entry(addr.to_string()).or_insert_with(|| Peer::new(now));
         if p.failures == 0 {
-            return Turn::Go { probe: false };
+            if p.inflight < inflight_max {
+                p.inflight += 1;
+                return Turn::Go { probe: false };
+            }
+            return Turn::Park;
         }
-        if p.probing {
-            // Look again after the current backoff (not sooner: every
-            // delivery to this address is waiting, possibly thousands).
-            let failures = p.failures;
-            return Turn::Wait(self.backoff(failures, 1.0));
+        if !holder && p.turn_taken {
+            return Turn::Park;
         }
+        p.turn_taken = true;
         if now >= p.retry_at {
-            p.probing = true;
+            p.inflight += 1;
             return Turn::Go { probe: true };
         }
-        Turn::Wait(p.retry_at - now)
+        Turn::Hold(p.retry_at - now)
     }
 
-    /// Records what a call showed; `probe` as `turn` said. `jitter` in
-    /// 0.5..=1.0 spreads the next retry.
-    pub fn report(&mut self, addr: &str, probe: bool, seen: Seen, now: Instant, jitter: f64) -> Option<Event> {
+    /// Records what a call (given `Go { probe }`) showed. `jitter` in
+    /// 0.5..=1.0 spreads the next probe.
+    pub fn report(&mut self, addr: &str, probe: bool, seen: Seen, now: Instant, jitter: f64) -> (Option<Event>, Wake) {
+        let warn_every = self.warn_every;
+        let Some(p) = self.map.get_mut(addr) else {
+            return (None, Wake::Nobody);
+        };
+        p.inflight = p.inflight.saturating_sub(1);
         match seen {
             Seen::Answered => {
-                let p = self.map.remove(addr)?;
-                (p.failures > 0).then(|| Event::Recovered {
+                let event = (p.failures > 0).then(|| Event::Recovered {
                     after: now.saturating_duration_since(p.failing_since),
                     failures: p.failures,
-                })
+                });
+                p.failures = 0;
+                p.turn_taken = false;
+                if p.inflight == 0 {
+                    self.map.remove(addr);
+                }
+                let wake = if event.is_some() { Wake::All } else { Wake::One };
+                (event, wake)
             }
             Seen::Failed(error) => {
-                let warn_every = self.warn_every;
-                let failures = match self.map.get(addr) {
-                    // A call sent while the address still looked healthy
-                    // failing after it was marked failing is the same
-                    // outage: it does not lengthen the backoff.
-                    Some(p) if !probe && p.failures > 0 => p.failures,
-                    Some(p) => p.failures.saturating_add(1),
-                    None => 1,
+                // A call sent while the address still looked healthy that
+                // fails after it was marked failing is the same outage: it
+                // does not lengthen the backoff.
+                let failures = if !probe && p.failures > 0 {
+                    p.failures
+                } else {
+                    p.failures.saturating_add(1)
                 };
-                let retry_in = self.backoff(failures, jitter);
-                let p = self.map.entry(addr.to_string()).or_insert_with(|| Peer {
-                    failures: 0,
-                    retry_at: now,
-                    probing: false,
-                    failing_since: now,
-                    last_warned: now,
-                    last_error: String::new(),
-                });
+                let retry_in = backoff(self.base, self.max, failures, jitter);
                 let started = p.failures == 0;
                 if probe || started {
                     p.retry_at = now + retry_in;
-                }
-                if probe {
-                    p.probing = false;
                 }
                 p.failures = failures;
                 p.last_error = error.clone();
                 if started {
                     p.failing_since = now;
                     p.last_warned = now;
-                    return Some(Event::StartedFailing { error, retry_in });
+                    // Someone must take the probe turn.
+                    return (Some(Event::StartedFailing { error, retry_in }), Wake::One);
                 }
                 if now.saturating_duration_since(p.last_warned) >= warn_every {
                     p.last_warned = now;
-                    return Some(Event::StillFailing {
+                    let event = Event::StillFailing {
                         for_: now.saturating_duration_since(p.failing_since),
                         failures,
                         error,
                         retry_in: p.retry_at.saturating_duration_since(now),
-                    });
+                    };
+                    return (Some(event), Wake::Nobody);
                 }
-                None
+                (None, Wake::Nobody)
             }
         }
     }
 
-    /// A probe ended without a result (its task was cancelled or the
-    /// leader stepped down): let the next one go.
-    pub fn release(&mut self, addr: &str) {
-        if let Some(p) = self.map.get_mut(addr) {
-            p.probing = false;
+    /// A call given `Go` ended without a result (its task was cancelled):
+    /// its slot, and the probe turn if it was a probe, are free.
+    pub fn abandon(&mut self, addr: &str, probe: bool) -> Wake {
+        let Some(p) = self.map.get_mut(addr) else {
+            return Wake::Nobody;
+        };
+        p.inflight = p.inflight.saturating_sub(1);
+        if probe {
+            p.turn_taken = false;
+        }
+        Wake::One
+    }
+
+    /// The holder of the probe turn ends (its transaction was acked, the
+    /// leader stepped down): the turn passes on.
+    pub fn release(&mut self, addr: &str) -> Wake {
+        match self.map.get_mut(addr) {
+            Some(p) if p.turn_taken => {
+                p.turn_taken = false;
+                Wake::One
+            }
+            _ => Wake::Nobody,
         }
     }
 
@@ -187,11 +240,12 @@ impl Peers {
     pub fn failing(&self) -> usize {
         self.map.values().filter(|p| p.failures > 0).count()
     }
+}
 
-    /// The last error of a failing address.
-    pub fn last_error(&self, addr: &str) -> Option<&str> {
-        self.map.get(addr).map(|p| p.last_error.as_str())
-    }
+/// `base * 2^(failures - 1)`, at most `max`, scaled by `jitter`.
+fn backoff(base: Duration, max: Duration, failures: u32, jitter: f64) -> Duration {
+    let exp = base.saturating_mul(1u32 << failures.saturating_sub(1).min(20)).min(max);
+    exp.mul_f64(jitter.clamp(0.0, 1.0))
 }
 
 #[cfg(test)]
@@ -203,28 +257,37 @@ mod tests {
     }
 
     fn peers() -> Peers {
-        Peers::new(ms(50), ms(2_000), Duration::from_secs(30))
+        Peers::new(ms(50), ms(2_000), Duration::from_secs(30), 4)
     }
 
     #[test]
-    fn healthy_addresses_go_straight_through() {
+    fn healthy_addresses_go_straight_through_up_to_the_in_flight_limit() {
         let mut p = peers();
         let now = Instant::now();
-        assert_eq!(p.turn("a", now), Turn::Go { probe: false });
-        assert_eq!(p.report("a", false, Seen::Answered, now, 1.0), None);
+        for _ in 0..4 {
+            assert_eq!(p.turn("a", now, false), Turn::Go { probe: false });
+        }
+        assert_eq!(p.turn("a", now, false), Turn::Park, "the fifth call waits");
+        assert_eq!(p.turn("b", now, false), Turn::Go { probe: false }, "per address");
+        assert_eq!(p.report("a", false, Seen::Answered, now, 1.0), (None, Wake::One));
+        assert_eq!(p.turn("a", now, false), Turn::Go { probe: false });
         assert_eq!(p.failing(), 0);
     }
 
-    /// Defect 9 / invariant 11: a failing address admits one probe at a
-    /// time, after a backoff that doubles per failed probe up to the max;
-    /// the failure is announced once, then at most every `warn_every`.
+    /// Defect 9 / invariant 11: a failing address has one probe turn; its
+    /// holder calls after a backoff that doubles per failed probe up to the
+    /// max, everyone else parks; the failure is announced once, then at
+    /// most every `warn_every`; an answer wakes everyone.
     #[test]
-    fn a_failing_address_admits_one_probe_per_backoff_and_logs_once() {
+    fn a_failing_address_has_one_probe_turn_with_backoff_and_logs_once() {
         let mut p = peers();
         let t0 = Instant::now();
-        // Many deliveries sent while it looked healthy all fail: one event,
-        // one failure counted.
-        let first = p.report("a", false, Seen::Failed("refused".into()), t0, 1.0);
+        for _ in 0..4 {
+            assert_eq!(p.turn("a", t0, false), Turn::Go { probe: false });
+        }
+        // All four fail: one event, one failure counted, one waiter woken
+        // to take the probe turn.
+        let (first, wake) = p.report("a", false, Seen::Failed("refused".into()), t0, 1.0);
         assert_eq!(
             first,
             Some(Event::StartedFailing {
@@ -232,59 +295,83 @@ mod tests {
                 retry_in: ms(50)
             })
         );
-        for _ in 0..100 {
-            assert_eq!(p.report("a", false, Seen::Failed("refused".into()), t0, 1.0), None);
+        assert_eq!(wake, Wake::One);
+        for _ in 0..3 {
+            assert_eq!(
+                p.report("a", false, Seen::Failed("refused".into()), t0, 1.0),
+                (None, Wake::Nobody)
+            );
         }
         assert_eq!(p.failing(), 1);
-        assert_eq!(p.turn("a", t0), Turn::Wait(ms(50)));
-        assert_eq!(p.turn("b", t0), Turn::Go { probe: false }, "other addresses unaffected");
-        // At retry time exactly one probe goes; the rest wait.
+        // The first to ask takes the turn and holds it until the retry
+        // time; everyone else parks.
+        assert_eq!(p.turn("a", t0, false), Turn::Hold(ms(50)));
+        assert_eq!(p.turn("a", t0, false), Turn::Park);
+        assert_eq!(
+            p.turn("b", t0, false),
+            Turn::Go { probe: false },
+            "other addresses unaffected"
+        );
         let t1 = t0 + ms(50);
-        assert_eq!(p.turn("a", t1), Turn::Go { probe: true });
-        assert_eq!(p.turn("a", t1), Turn::Wait(ms(50)), "one probe at a time");
-        // Each failed probe doubles the backoff, capped at 2 s.
+        assert_eq!(p.turn("a", t1, false), Turn::Park, "not the holder");
+        assert_eq!(p.turn("a", t1, true), Turn::Go { probe: true });
+        // Each failed probe doubles the backoff, capped at 2 s; the holder
+        // keeps the turn.
         let mut now = t1;
         let mut waits = Vec::new();
         for _ in 0..8 {
-            assert_eq!(p.report("a", true, Seen::Failed("refused".into()), now, 1.0), None);
-            match p.turn("a", now) {
-                Turn::Wait(w) => {
+            assert_eq!(
+                p.report("a", true, Seen::Failed("refused".into()), now, 1.0).1,
+                Wake::Nobody
+            );
+            match p.turn("a", now, true) {
+                Turn::Hold(w) => {
                     waits.push(w.as_millis() as u64);
                     now += w;
                 }
                 other => panic!("{other:?}"),
             }
-            assert_eq!(p.turn("a", now), Turn::Go { probe: true });
+            assert_eq!(p.turn("a", now, false), Turn::Park);
+            assert_eq!(p.turn("a", now, true), Turn::Go { probe: true });
         }
         assert_eq!(waits, vec![100, 200, 400, 800, 1600, 2000, 2000, 2000]);
-        // 30 s later a reminder, with how long it has been failing.
+        // 30 s after it started: a reminder, with how long it has failed.
         let later = t0 + Duration::from_secs(31);
-        match p.report("a", true, Seen::Failed("still".into()), later, 1.0) {
+        match p.report("a", true, Seen::Failed("still".into()), later, 1.0).0 {
             Some(Event::StillFailing { for_, error, .. }) => {
                 assert_eq!(for_, Duration::from_secs(31));
                 assert_eq!(error, "still");
             }
             other => panic!("{other:?}"),
         }
-        // It answers: recovered, healthy again.
-        assert_eq!(p.turn("a", later + ms(2_000)), Turn::Go { probe: true });
-        match p.report("a", true, Seen::Answered, later + ms(2_000), 1.0) {
-            Some(Event::Recovered { failures, .. }) => assert_eq!(failures, 10),
+        // It answers: recovered, everyone woken, healthy again.
+        let back = later + ms(2_000);
+        assert_eq!(p.turn("a", back, true), Turn::Go { probe: true });
+        match p.report("a", true, Seen::Answered, back, 1.0) {
+            (Some(Event::Recovered { failures, .. }), Wake::All) => assert_eq!(failures, 10),
             other => panic!("{other:?}"),
         }
-        assert_eq!(p.turn("a", later), Turn::Go { probe: false });
+        assert_eq!(p.turn("a", back, false), Turn::Go { probe: false });
         assert_eq!(p.failing(), 0);
     }
 
     #[test]
-    fn a_released_probe_lets_the_next_one_go() {
+    fn the_probe_turn_passes_on_when_its_holder_ends() {
         let mut p = peers();
         let t0 = Instant::now();
+        assert_eq!(p.turn("a", t0, false), Turn::Go { probe: false });
         p.report("a", false, Seen::Failed("x".into()), t0, 1.0);
-        let t1 = t0 + ms(60);
-        assert_eq!(p.turn("a", t1), Turn::Go { probe: true });
-        p.release("a");
-        assert_eq!(p.turn("a", t1), Turn::Go { probe: true });
+        assert_eq!(p.turn("a", t0, false), Turn::Hold(ms(50)));
+        assert_eq!(p.turn("a", t0, false), Turn::Park);
+        // The holder's transaction was acked elsewhere: the turn is free.
+        assert_eq!(p.release("a"), Wake::One);
+        assert_eq!(p.turn("a", t0 + ms(60), false), Turn::Go { probe: true });
+        // A probe cancelled mid-call frees its slot and the turn.
+        assert_eq!(p.abandon("a", true), Wake::One);
+        assert_eq!(p.turn("a", t0 + ms(60), false), Turn::Go { probe: true });
+        // Releasing without holding wakes nobody.
+        let mut q = peers();
+        assert_eq!(q.release("a"), Wake::Nobody);
     }
 
     #[test]

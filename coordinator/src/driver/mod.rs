@@ -64,6 +64,8 @@ pub struct DriverState {
     driving: Mutex<HashSet<Txid>>,
     /// Every participant address deliveries go to, and how it is doing.
     peers: Mutex<health::Peers>,
+    /// Per address: wakes deliveries parked on it.
+    wakers: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
     /// Per (txid, participant id): the delivery attempts so far (for Status).
     attempts: Mutex<HashMap<(Txid, String), DeliveryAttempts>>,
     /// PREPARING transactions whose re-drive ended without a decision: not
@@ -101,13 +103,20 @@ pub struct Cursors {
 /// How often a participant that keeps failing is reported again.
 const PEER_WARN_EVERY: Duration = Duration::from_secs(30);
 
+/// The longest a parked delivery sleeps before it looks at its leadership
+/// and its record again (it is normally woken sooner: by a freed slot, a
+/// free probe turn, the participant answering again, or a new term).
+const PARKED_MAX: Duration = Duration::from_secs(10);
+
 impl DriverState {
-    pub fn new(retry_base: Duration, retry_max: Duration) -> Self {
+    /// `inflight_max`: calls in flight to one participant address at most.
+    pub fn new(retry_base: Duration, retry_max: Duration, inflight_max: u32) -> Self {
         DriverState {
             delivering: Mutex::default(),
             acks: Mutex::default(),
             driving: Mutex::default(),
-            peers: Mutex::new(health::Peers::new(retry_base, retry_max, PEER_WARN_EVERY)),
+            peers: Mutex::new(health::Peers::new(retry_base, retry_max, PEER_WARN_EVERY, inflight_max)),
+            wakers: Mutex::default(),
             attempts: Mutex::default(),
             redrive_backoff: Mutex::default(),
             cursors: Mutex::default(),
@@ -129,6 +138,32 @@ impl DriverState {
     /// Participant addresses that are failing now.
     pub fn failing_participants(&self) -> usize {
         self.peers.lock().expect("lock").failing()
+    }
+
+    /// The notifier of deliveries parked on `addr`.
+    fn waker(&self, addr: &str) -> Arc<tokio::sync::Notify> {
+        self.wakers
+            .lock()
+            .expect("lock")
+            .entry(addr.to_string())
+            .or_default()
+            .clone()
+    }
+
+    fn wake(&self, addr: &str, wake: health::Wake) {
+        match wake {
+            health::Wake::Nobody => {}
+            health::Wake::One => self.waker(addr).notify_one(),
+            health::Wake::All => self.waker(addr).notify_waiters(),
+        }
+    }
+
+    /// Wakes every parked delivery (the term changed: each looks at its
+    /// leadership again).
+    pub fn wake_all(&self) {
+        for w in self.wakers.lock().expect("lock").values() {
+            w.notify_waiters();
+        }
     }
 
     /// The backoff after `failures` failures, with equal jitter.
@@ -709,12 +744,14 @@ impl NodeCtx {
         });
     }
 
-    /// The leader loop's share of background work for one round: up to
-    /// `max` decided, unacked transactions to deliver and up to `max`
-    /// PREPARING ones to re-drive. Each scan starts after the last txid it
-    /// took and wraps around, and skips transactions that already have a
-    /// task here (or whose re-drive is backing off), so transactions stuck
-    /// for good never starve the others (invariant 11).
+    /// The leader loop's background work for one round: up to `max` decided,
+    /// unacked transactions to deliver and up to `max` PREPARING ones to
+    /// re-drive, among those with no task here (and no re-drive backing
+    /// off). Each scan starts after the last txid it took and wraps around.
+    /// A stuck transaction keeps its task (parked, at no cost) and is then
+    /// skipped, so stuck ones never starve the others (invariant 11); the
+    /// leader loop passes `usize::MAX` so that even a new leader's first
+    /// round reaches every transaction at once, whatever number is stuck.
     pub fn pick_background_work(&self, max: usize) -> (Vec<Txid>, Vec<Txid>) {
         let now = tokio::time::Instant::now();
         let mut cursors = self.driver.cursors.lock().expect("lock");
@@ -784,16 +821,35 @@ impl NodeCtx {
     }
 
     async fn deliver_one(self: &Arc<Self>, txid: Txid, term: u64, outcome: Outcome, p: &Participant) {
-        // Whatever ends this task, its attempts stop being shown.
-        struct Shown<'a>(&'a NodeCtx, (Txid, String));
-        impl Drop for Shown<'_> {
+        /// Whatever ends this task: its attempts stop being shown, and a
+        /// probe turn it holds passes on.
+        struct Leaving<'a> {
+            ctx: &'a NodeCtx,
+            key: (Txid, String),
+            addr: &'a str,
+            holder: bool,
+        }
+        impl Drop for Leaving<'_> {
             fn drop(&mut self) {
-                if let Ok(mut m) = self.0.driver.attempts.lock() {
-                    m.remove(&self.1);
+                if let Ok(mut m) = self.ctx.driver.attempts.lock() {
+                    m.remove(&self.key);
+                }
+                if self.holder {
+                    let wake = match self.ctx.driver.peers.lock() {
+                        Ok(mut peers) => peers.release(self.addr),
+                        Err(_) => health::Wake::Nobody,
+                    };
+                    self.ctx.driver.wake(self.addr, wake);
                 }
             }
         }
-        let _shown = Shown(self, (txid, p.id.clone()));
+        let mut leaving = Leaving {
+            ctx: self,
+            key: (txid, p.id.clone()),
+            addr: &p.address,
+            holder: false,
+        };
+        let waker = self.driver.waker(&p.address);
         let mut refusals: u32 = 0;
         loop {
             if !self.is_leader_of(term) {
@@ -802,78 +858,102 @@ impl NodeCtx {
             if !self.awaits_ack(txid, &p.id) {
                 return; // Acked (e.g. with a READ_ONLY vote) or forgotten (defect 4).
             }
-            let turn = self
-                .driver
-                .peers
-                .lock()
-                .expect("lock")
-                .turn(&p.address, tokio::time::Instant::now());
+            // Registered before asking, so a wake-up between the answer
+            // and the wait is not lost.
+            let parked = waker.notified();
+            tokio::pin!(parked);
+            parked.as_mut().enable();
+            let turn =
+                self.driver
+                    .peers
+                    .lock()
+                    .expect("lock")
+                    .turn(&p.address, tokio::time::Instant::now(), leaving.holder);
             let probe = match turn {
-                health::Turn::Go { probe } => probe,
-                health::Turn::Wait(wait) => {
-                    // The participant is failing: another delivery probes
-                    // it; look again after the wait.
+                health::Turn::Go { probe } => {
+                    leaving.holder = probe;
+                    probe
+                }
+                health::Turn::Hold(wait) => {
+                    // This delivery probes the failing participant next.
+                    leaving.holder = true;
                     self.note_attempt(txid, p, None, Some(wait));
                     tokio::time::sleep(wait).await;
                     continue;
                 }
+                health::Turn::Park => {
+                    // Another delivery probes it, or the in-flight limit is
+                    // reached: wait to be woken, at no cost.
+                    leaving.holder = false;
+                    self.note_attempt(txid, p, None, None);
+                    tokio::select! {
+                        _ = &mut parked => {}
+                        _ = tokio::time::sleep(PARKED_MAX) => {}
+                    }
+                    continue;
+                }
             };
             let sent = {
-                // A probe that does not report (its task cancelled) must
-                // not keep the others waiting.
-                struct Probe<'a>(&'a NodeCtx, &'a str, bool);
-                impl Drop for Probe<'_> {
+                // A call that does not report (its task cancelled) must
+                // not keep its slot or the probe turn.
+                struct InFlight<'a>(&'a NodeCtx, &'a str, Option<bool>);
+                impl Drop for InFlight<'_> {
                     fn drop(&mut self) {
-                        if self.2 {
-                            if let Ok(mut peers) = self.0.driver.peers.lock() {
-                                peers.release(self.1);
-                            }
+                        if let Some(probe) = self.2 {
+                            let wake = match self.0.driver.peers.lock() {
+                                Ok(mut peers) => peers.abandon(self.1, probe),
+                                Err(_) => health::Wake::Nobody,
+                            };
+                            self.0.driver.wake(self.1, wake);
                         }
                     }
                 }
-                let mut armed = Probe(self, &p.address, probe);
+                let mut call = InFlight(self, &p.address, Some(probe));
                 let sent = self.send_decision(txid, term, outcome, p).await;
                 let seen = match &sent {
                     Err(DeliveryError::NoAnswer(e)) => health::Seen::Failed(e.clone()),
                     _ => health::Seen::Answered,
                 };
                 let jitter = rand::rng().random_range(0.5..=1.0);
-                let event = self.driver.peers.lock().expect("lock").report(
+                let (event, wake) = self.driver.peers.lock().expect("lock").report(
                     &p.address,
                     probe,
                     seen,
                     tokio::time::Instant::now(),
                     jitter,
                 );
-                // Reported: the probe's end is recorded (and another task
-                // may already hold the next one).
-                armed.2 = false;
+                call.2 = None;
+                self.driver.wake(&p.address, wake);
                 log_peer_event(&p.id, &p.address, event);
                 sent
             };
             match sent {
-                Ok(()) => match self.record_ack(txid, p.id.clone()).await {
-                    Ok(_) => {
-                        metrics::counter!("dtx_deliveries_total", "outcome" => outcome.to_string()).increment(1);
-                        participant_sdk::failpoint!("coordinator_mid_delivery");
-                        return;
+                Ok(()) => {
+                    leaving.holder = false;
+                    match self.record_ack(txid, p.id.clone()).await {
+                        Ok(_) => {
+                            metrics::counter!("dtx_deliveries_total", "outcome" => outcome.to_string()).increment(1);
+                            participant_sdk::failpoint!("coordinator_mid_delivery");
+                            return;
+                        }
+                        Err(e) => {
+                            warn!(txid, participant = %p.id, "ack not recorded yet: {e}");
+                            let wait = self.driver.backoff(0);
+                            self.note_attempt(txid, p, Some(&format!("ack not recorded: {e}")), Some(wait));
+                            tokio::time::sleep(wait).await;
+                        }
                     }
-                    Err(e) => {
-                        warn!(txid, participant = %p.id, "ack not recorded yet: {e}");
-                        let wait = self.driver.backoff(0);
-                        self.note_attempt(txid, p, Some(&format!("ack not recorded: {e}")), Some(wait));
-                        tokio::time::sleep(wait).await;
-                    }
-                },
+                }
                 Err(DeliveryError::NoAnswer(e)) => {
-                    // Logged once per participant by its health record;
-                    // the next attempt waits for its backoff.
+                    // Logged once per participant by its health record; the
+                    // next attempt waits for the probe turn or its backoff.
                     metrics::counter!("dtx_delivery_failures_total", "kind" => "no_answer").increment(1);
                     self.note_attempt(txid, p, Some(&e), None);
                 }
                 Err(DeliveryError::Refused { message, stale_term }) => {
                     // The participant answered and refused this message:
                     // about this transaction only (others go on).
+                    leaving.holder = false;
                     metrics::counter!("dtx_delivery_failures_total", "kind" => "refused").increment(1);
                     refusals = refusals.saturating_add(1);
                     if !stale_term {
