@@ -275,19 +275,7 @@ impl NodeCtx {
         source: DecisionSource,
         note: String,
     ) -> Result<(Decision, bool), ApiError> {
-        let cmd = Command::Decide {
-            txid,
-            outcome,
-            voters,
-            source,
-            term: self.current_term(),
-            now_ms: now_ms(),
-            note,
-        };
-        match self.propose(cmd).await? {
-            CommandOk::Decided { decision, recorded } => Ok((decision, recorded)),
-            other => Err(unexpected(other)),
-        }
+        self.decide_with_acks(txid, outcome, voters, source, note, &[]).await
     }
 
     async fn commit(self: &Arc<Self>, req: pb::CommitRequest) -> Result<pb::CommitResponse, ApiError> {

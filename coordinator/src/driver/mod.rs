@@ -235,6 +235,18 @@ impl Drop for TaskMark {
     }
 }
 
+/// The Prepare (or CommitOnePhase) message for `p`, with its deadline.
+fn prepare_request(txid: Txid, term: u64, p: &Participant, timeout: Duration) -> tonic::Request<pb::PrepareRequest> {
+    let mut req = tonic::Request::new(pb::PrepareRequest {
+        txid,
+        term,
+        participant_id: p.id.clone(),
+        payload: p.payload.clone(),
+    });
+    req.set_timeout(timeout);
+    req
+}
+
 /// Cuts a decision note to `limits::NOTE_BYTES_MAX` bytes.
 pub(crate) fn truncate_note(note: &mut String) {
     truncate_utf8(note, crate::limits::NOTE_BYTES_MAX);
@@ -273,13 +285,7 @@ impl NodeCtx {
             Ok(c) => c,
             Err(e) => return VoteResult::Failed(e.to_string()),
         };
-        let mut req = tonic::Request::new(pb::PrepareRequest {
-            txid,
-            term,
-            participant_id: p.id.clone(),
-            payload: p.payload.clone(),
-        });
-        req.set_timeout(timeout);
+        let req = prepare_request(txid, term, p, timeout);
         let res = tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).prepare(req)).await;
         match res {
             Err(_) => VoteResult::Failed(format!("no vote within {} ms", timeout.as_millis())),
@@ -397,13 +403,7 @@ impl NodeCtx {
         let timeout = Duration::from_millis(self.config.txn.prepare_timeout_ms);
         participant_sdk::failpoint!("coordinator_before_prepare");
         let ch = self.api_channel(&p.address)?;
-        let mut req = tonic::Request::new(pb::PrepareRequest {
-            txid,
-            term,
-            participant_id: p.id.clone(),
-            payload: p.payload.clone(),
-        });
-        req.set_timeout(timeout);
+        let req = prepare_request(txid, term, p, timeout);
         let answer = tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).commit_one_phase(req)).await;
         let (outcome, note) = match answer {
             Ok(Ok(r)) => {
