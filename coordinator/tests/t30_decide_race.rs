@@ -2,27 +2,56 @@
 //! invariant 1): exactly one decision per transaction; every racer is told
 //! that same decision; every node reads it identically, both through the API
 //! (linearizable reads) and from its own data directory after the run.
+//!
+//! The transactions are PREPARING with a durable YES from both participants
+//! (p2's votes are recorded but its replies are slow), so an operator's
+//! COMMIT is allowed (invariant 2 binds operators: the leader asks every
+//! participant first) and races the clients' ABORTs and the driver's own
+//! decision.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::participants::Svc;
 use common::TestCluster;
 use coordinator::client::DecisionRead;
 use coordinator::client::TxOutcome;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t30_conflicting_decides_yield_exactly_one_decision() {
-    let mut c = TestCluster::start("t30");
+    let mut c = TestCluster::start_with("t30", 3, |cfg| {
+        cfg.txn.prepare_timeout_ms = 30_000;
+    });
     c.leader().await;
     let setup = c.client();
+    let p1 = Svc::new("p1").await;
+    let p2 = Svc::new("p2").await;
+    p2.prepare_reply_delay_ms
+        .store(8_000, std::sync::atomic::Ordering::SeqCst);
     let mut txids = Vec::new();
+    let mut drivers = Vec::new();
     for i in 0..20 {
         let b = setup.begin(&format!("race-{i}"), 600_000, b"").await.unwrap();
-        setup.enlist(b.txid, "p1", "127.0.0.1:9", b"").await.unwrap();
-        setup.enlist(b.txid, "p2", "127.0.0.1:9", b"").await.unwrap();
+        setup.enlist(b.txid, &p1.id, &p1.addr, b"x").await.unwrap();
+        setup.enlist(b.txid, &p2.id, &p2.addr, b"y").await.unwrap();
         txids.push(b.txid);
+        let client = c.client();
+        let t = b.txid;
+        drivers.push(tokio::spawn(async move { (t, client.commit(t).await) }));
+    }
+    // Both participants hold a durable YES for every transaction.
+    for &t in &txids {
+        let mut voted = false;
+        for _ in 0..200 {
+            if p1.state(t).is_some() && p2.state(t).is_some() {
+                voted = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(voted, "tx {t}: the participants never prepared");
     }
 
     // 24 racers, each bound to one node (so followers forward), alternating
@@ -55,6 +84,11 @@ async fn t30_conflicting_decides_yield_exactly_one_decision() {
         for (t, o) in r.await.unwrap() {
             answers.entry(t).or_default().push(o);
         }
+    }
+    // The drivers' own Commit calls are told the same decision.
+    for d in drivers {
+        let (t, o) = d.await.unwrap();
+        answers.entry(t).or_default().push(o.expect("commit answered"));
     }
     let mut decided = std::collections::BTreeMap::new();
     for (t, outs) in &answers {
