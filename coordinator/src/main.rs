@@ -291,7 +291,11 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
     };
-    rt.block_on(run(cli))
+    let outcome = rt.block_on(run(cli));
+    // Tasks still running (a blocking storage call, a stuck connection)
+    // never keep the process from exiting.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    outcome
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -319,21 +319,72 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     }
     info!(node_id = config.node_id, "node stopping");
     let _ = stop_tx.send(true);
-    let _ = raft.shutdown().await;
     loops.abort();
     gauges.abort();
-    let _ = raft_server.await;
-    let _ = api_server.await;
-    if let Err(e) = engine.flush() {
+    // Every step of the way out is bounded: a node whose Raft stopped must
+    // exit (so a supervisor restarts it), not wait for clients to close
+    // their connections (found by the jepsen disk-full nemesis: a leader
+    // stopped on a full disk stayed up 90 s serving nothing).
+    let grace = if outcome.is_ok() {
+        SHUTDOWN_GRACE_MAX
+    } else {
+        FATAL_SHUTDOWN_GRACE_MAX
+    };
+    // Each step says when it is done, so a slow one shows in the log.
+    if tokio::time::timeout(grace, raft.shutdown()).await.is_err() {
+        warn!(
+            node_id = config.node_id,
+            "raft did not shut down within {grace:?}; going on"
+        );
+    } else {
+        info!(node_id = config.node_id, "node stopping: raft shut down");
+    }
+    let servers = [raft_server.abort_handle(), api_server.abort_handle()];
+    let closed = tokio::time::timeout(grace, async {
+        let _ = raft_server.await;
+        let _ = api_server.await;
+    })
+    .await;
+    if closed.is_err() {
+        warn!(
+            node_id = config.node_id,
+            "connections still open after {grace:?}; closing them"
+        );
+        for s in servers {
+            s.abort();
+        }
+    } else {
+        info!(node_id = config.node_id, "node stopping: servers closed");
+    }
+    // Everything acknowledged is on disk already (each append is synced
+    // before it counts); this flush only covers writes nobody waits for.
+    // It runs on a blocking thread, bounded too: after a failed write the
+    // store may never finish it.
+    let flushing = tokio::task::spawn_blocking({
+        let engine = engine.clone();
+        move || engine.flush()
+    });
+    let flushed = match tokio::time::timeout(grace, flushing).await {
+        Ok(Ok(r)) => r.map_err(anyhow::Error::new),
+        Ok(Err(e)) => Err(anyhow::anyhow!("the flush task failed: {e}")),
+        Err(_) => Err(anyhow::anyhow!("not finished within {grace:?}")),
+    };
+    if let Err(e) = flushed {
         // After a fatal storage error this usually fails the same way; the
         // node exits with the fatal error, and this is logged beside it.
-        error!(node_id = config.node_id, "final flush failed: {e}");
+        error!(node_id = config.node_id, "final flush failed: {e:#}");
         if outcome.is_ok() {
-            return Err(anyhow::Error::new(e).context("final flush failed"));
+            return Err(e.context("final flush failed"));
         }
     }
     outcome
 }
+
+/// How long a stopping node waits for Raft to shut down and, then, for
+/// in-flight calls to finish, on a requested stop.
+const SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(5);
+/// The same after Raft stopped on a fatal error: nothing can be served.
+const FATAL_SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(1);
 
 /// Binds `addr` and serves `router` on it until `stop` turns true.
 async fn serve(
