@@ -4,7 +4,10 @@
 //! Module map (data flows top to bottom):
 //! - `api`      gRPC services (Coordinator, Admin); error -> status mapping
 //!   in one place (`api::error`).
-//! - `driver`   the leader's 2PC driver: prepare, decide, deliver, resume.
+//! - `driver`   the leader's 2PC driver (`Driver`, one owner): prepare,
+//!   decide, deliver, resume; `driver::health` per participant address.
+//! - `ctx`      `NodeCtx`, what the API and the driver share: Raft, the
+//!   state machine, the batcher, channels; propose and linearizable reads.
 //! - `batcher`  group commit: many concurrent commands -> one Raft entry.
 //! - `raft`     openraft type config, network client, transport service.
 //! - `store`    `KvEngine` (sled) plus the log store and state-machine store.
@@ -31,6 +34,7 @@ pub mod client;
 pub mod cluster;
 pub mod codec;
 pub mod config;
+pub mod ctx;
 pub mod demo;
 pub mod dev;
 pub mod driver;

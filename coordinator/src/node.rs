@@ -8,25 +8,23 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use std::time::SystemTime;
-use std::time::UNIX_EPOCH;
 
 use anyhow::Context;
 use dtx_proto::v1::admin_server::AdminServer;
 use dtx_proto::v1::coordinator_server::CoordinatorServer;
 use dtx_proto::v1::raft_transport_server::RaftTransportServer;
-use openraft::error::CheckIsLeaderError;
 use openraft::error::RaftError;
 use openraft::SnapshotPolicy;
-use tonic::transport::Channel;
 use tracing::error;
 use tracing::info;
 use tracing::warn;
 
-use crate::api::error::ApiError;
 use crate::batcher::BatchSettings;
 use crate::batcher::Batcher;
 use crate::config::Config;
+use crate::ctx::now_ms;
+use crate::ctx::NodeCtx;
+use crate::driver::Driver;
 use crate::raft::network::ChannelCache;
 use crate::raft::network::Network;
 use crate::raft::network::NetworkSettings;
@@ -39,140 +37,8 @@ use crate::sm::CommandOk;
 use crate::sm::DecisionSource;
 use crate::sm::Outcome;
 use crate::store;
-use crate::store::sm_store::SmState;
-use crate::store::KvEngine;
 use crate::store::LogStore;
 use crate::store::StateMachineStore;
-
-/// Milliseconds since the Unix epoch by this node's clock. Only the leader
-/// reads it, to put the time into commands; the state machine never does.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// Everything a request handler needs; shared by the services.
-pub struct NodeCtx {
-    pub id: NodeId,
-    pub config: Config,
-    pub raft: Raft,
-    pub sm: StateMachineStore,
-    pub batcher: Batcher,
-    pub engine: Arc<dyn KvEngine>,
-    channels: ChannelCache,
-    /// Transactions this node is delivering a decision for, or re-driving.
-    pub(crate) driver: crate::driver::DriverState,
-}
-
-impl NodeCtx {
-    /// The leader this node knows of, with its advertised addresses.
-    pub fn leader(&self) -> Option<(NodeId, Option<NodeInfo>)> {
-        let rx = self.raft.metrics();
-        let m = rx.borrow();
-        let id = m.current_leader?;
-        let node = m.membership_config.membership().get_node(&id).cloned();
-        Some((id, node))
-    }
-
-    pub fn current_term(&self) -> u64 {
-        self.raft.metrics().borrow().current_term
-    }
-
-    fn not_leader(&self) -> ApiError {
-        match self.leader() {
-            Some((id, node)) if id != self.id => ApiError::NotLeader {
-                leader_id: Some(id),
-                leader_api_addr: node.map(|n| n.api_addr),
-                proposed: false,
-            },
-            _ => ApiError::NoLeader("no leader is known yet (election in progress or no quorum)".into()),
-        }
-    }
-
-    /// For a leader that has not heard from a quorum for longer than twice
-    /// the longest election timeout (a majority has likely elected another
-    /// leader): how long, in ms. `None` otherwise.
-    fn quorum_silence_ms(&self) -> Option<u64> {
-        let rx = self.raft.metrics();
-        let m = rx.borrow();
-        let limit_ms = self.config.raft.election_timeout_max_ms.saturating_mul(2);
-        match (m.current_leader == Some(self.id), m.millis_since_quorum_ack) {
-            (true, Some(ms)) if ms > limit_ms => Some(ms),
-            _ => None,
-        }
-    }
-
-    fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow().current_leader == Some(self.id)
-    }
-
-    /// Proposes one command through the batcher and waits until it is
-    /// applied. A write that does not finish in time is UNKNOWN.
-    pub async fn propose(&self, cmd: Command) -> Result<CommandOk, ApiError> {
-        self.propose_together(vec![cmd])
-            .await?
-            .pop()
-            .unwrap_or_else(|| Err(ApiError::Internal("the state machine returned no result".into())))
-    }
-
-    /// Proposes `cmds` in one Raft entry. The outer error means none was
-    /// applied (or, for UNKNOWN, that it is not known whether they were);
-    /// otherwise each command has its own result, in order.
-    pub async fn propose_together(&self, cmds: Vec<Command>) -> Result<Vec<Result<CommandOk, ApiError>>, ApiError> {
-        if !self.is_leader() {
-            return Err(self.not_leader());
-        }
-        if let Some(ms) = self.quorum_silence_ms() {
-            // Cut off from the majority: the write could only wait out its
-            // timeout. Refuse it now (certainly not applied), so the caller
-            // tries another node, where a new leader is being elected.
-            metrics::counter!("dtx_writes_refused_no_quorum_total").increment(1);
-            return Err(ApiError::NoLeader(format!(
-                "this leader has heard from no quorum for {ms} ms (cut off?); try another node"
-            )));
-        }
-        let timeout = Duration::from_millis(self.config.api.write_timeout_ms);
-        match tokio::time::timeout(timeout, self.batcher.propose_together(cmds)).await {
-            Ok(Ok(results)) => Ok(results.into_iter().map(|r| r.map_err(ApiError::from)).collect()),
-            Ok(Err(e)) => Err(ApiError::from(e)),
-            Err(_) => Err(ApiError::Unknown(format!(
-                "not applied within api.write_timeout_ms = {} ms; it may still be applied",
-                self.config.api.write_timeout_ms
-            ))),
-        }
-    }
-
-    /// Runs `f` on the state machine after a read-index round on the leader:
-    /// linearizable (DESIGN invariant 7). A node that cannot confirm its
-    /// leadership with a quorum does not answer.
-    pub async fn read_linearizable<T>(&self, f: impl FnOnce(&SmState) -> T) -> Result<T, ApiError> {
-        if !self.is_leader() {
-            return Err(self.not_leader());
-        }
-        let timeout = Duration::from_millis(self.config.api.read_timeout_ms);
-        match tokio::time::timeout(timeout, self.raft.ensure_linearizable()).await {
-            Ok(Ok(_)) => Ok(f(&self.sm.state())),
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(fw)))) => Err(ApiError::NotLeader {
-                leader_id: fw.leader_id,
-                leader_api_addr: fw.leader_node.map(|n| n.api_addr),
-                proposed: false,
-            }),
-            Ok(Err(e)) => Err(ApiError::Unavailable(format!("cannot confirm leadership: {e}"))),
-            Err(_) => Err(ApiError::Unavailable(format!(
-                "no quorum confirmed this leader within api.read_timeout_ms = {} ms",
-                self.config.api.read_timeout_ms
-            ))),
-        }
-    }
-
-    /// A cached channel to another node's API or to a participant service,
-    /// bound to our own IP.
-    pub fn api_channel(&self, addr: &str) -> Result<Channel, ApiError> {
-        self.channels.get(addr).map_err(ApiError::Unavailable)
-    }
-}
 
 fn raft_config(c: &Config) -> anyhow::Result<openraft::Config> {
     let rc = openraft::Config {
@@ -247,12 +113,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         batcher,
         engine: engine.clone(),
         channels: ChannelCache::new(local_ip, Duration::from_millis(config.raft.connect_timeout_ms)),
-        driver: crate::driver::DriverState::new(
-            Duration::from_millis(config.txn.delivery_retry_base_ms),
-            Duration::from_millis(config.txn.delivery_retry_max_ms),
-            config.txn.delivery_inflight_calls_max,
-        ),
     });
+    let driver = Driver::new(ctx.clone());
 
     if let Some(addr) = &config.metrics_addr {
         let addr: SocketAddr = addr.parse()?;
@@ -276,9 +138,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let raft_server = serve(raft_router, raft_listen, "raft_addr", stop_rx.clone()).await?;
     let api_router = tonic::transport::Server::builder()
         .add_service(CoordinatorServer::new(
-            crate::api::coordinator::CoordinatorService::new(ctx.clone()),
+            crate::api::coordinator::CoordinatorService::new(driver.clone()),
         ))
-        .add_service(AdminServer::new(crate::api::admin::AdminService::new(ctx.clone())));
+        .add_service(AdminServer::new(crate::api::admin::AdminService::new(driver.clone())));
     let api_server = serve(api_router, api_listen, "api_addr", stop_rx.clone()).await?;
     info!(
         node_id = config.node_id,
@@ -292,8 +154,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     if config.bootstrap.enabled {
         bootstrap(&raft, &config).await?;
     }
-    let loops = tokio::spawn(leader_loops(ctx.clone(), stop_rx.clone()));
-    let gauges = tokio::spawn(report_gauges(ctx.clone()));
+    let loops = tokio::spawn(leader_loops(driver.clone(), stop_rx.clone()));
+    let gauges = tokio::spawn(report_gauges(driver.clone()));
 
     // Stop on the caller's signal, or when Raft stops on a fatal error (for
     // example a storage failure): the node never keeps serving without Raft.
@@ -433,7 +295,8 @@ async fn bootstrap(raft: &Raft, config: &Config) -> anyhow::Result<()> {
 }
 
 /// Exports this node's Raft position and table size as gauges, every second.
-async fn report_gauges(ctx: Arc<NodeCtx>) {
+async fn report_gauges(driver: Arc<Driver>) {
+    let ctx = &driver.ctx;
     loop {
         {
             let rx = ctx.raft.metrics();
@@ -452,7 +315,7 @@ async fn report_gauges(ctx: Arc<NodeCtx>) {
             metrics::gauge!("dtx_undelivered_transactions").set(st.table.undelivered_count() as f64);
             metrics::gauge!("dtx_preparing_transactions").set(st.table.preparing_count() as f64);
         }
-        metrics::gauge!("dtx_participants_failing").set(ctx.driver.failing_participants() as f64);
+        metrics::gauge!("dtx_participants_failing").set(driver.failing_participants() as f64);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
@@ -460,8 +323,8 @@ async fn report_gauges(ctx: Arc<NodeCtx>) {
 /// Leader-only background work: abort expired undecided transactions through
 /// Raft (invariant 7) and forget decided, fully acked ones after the
 /// retention period (invariant 10).
-async fn leader_loops(ctx: Arc<NodeCtx>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let ctx = &ctx;
+async fn leader_loops(driver: Arc<Driver>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let ctx = &driver.ctx;
     let interval = Duration::from_millis(ctx.config.txn.reaper_interval_ms);
     let mut last_term = 0;
     loop {
@@ -474,7 +337,7 @@ async fn leader_loops(ctx: Arc<NodeCtx>, mut stop: tokio::sync::watch::Receiver<
             // Parked deliveries look at their leadership again: those of
             // an older term end, so a re-elected node starts them afresh.
             last_term = term;
-            ctx.driver.wake_all();
+            driver.wake_all();
         }
         if !ctx.is_leader() {
             continue;
@@ -497,12 +360,12 @@ async fn leader_loops(ctx: Arc<NodeCtx>, mut stop: tokio::sync::watch::Receiver<
         // keeps its parked task and is skipped after that, so stuck ones
         // never starve the rest (invariant 11). Calls to each participant
         // are limited by txn.delivery_inflight_calls_max.
-        let (undelivered, preparing) = ctx.pick_background_work(usize::MAX);
+        let (undelivered, preparing) = driver.pick_background_work();
         for txid in undelivered {
-            ctx.spawn_delivery(txid);
+            driver.spawn_delivery(txid);
         }
         for txid in preparing {
-            ctx.spawn_redrive(txid);
+            driver.spawn_redrive(txid);
         }
         let mut cmds: Vec<Command> = expired
             .into_iter()

@@ -20,8 +20,9 @@ use super::check_len;
 use super::coordinator::outcome_pb;
 use super::error::ApiError;
 use super::serve_or_forward;
+use crate::ctx::NodeCtx;
+use crate::driver::Driver;
 use crate::limits;
-use crate::node::NodeCtx;
 use crate::raft::NodeId;
 use crate::raft::NodeInfo;
 use crate::sm::Command;
@@ -35,12 +36,16 @@ use crate::sm::Outcome;
 static MEMBERSHIP_CHANGES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub struct AdminService {
-    ctx: Arc<NodeCtx>,
+    driver: Arc<Driver>,
 }
 
 impl AdminService {
-    pub fn new(ctx: Arc<NodeCtx>) -> Self {
-        AdminService { ctx }
+    pub fn new(driver: Arc<Driver>) -> Self {
+        AdminService { driver }
+    }
+
+    fn ctx(&self) -> &Arc<NodeCtx> {
+        &self.driver.ctx
     }
 }
 
@@ -56,9 +61,10 @@ fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>) ->
     }
 }
 
-impl NodeCtx {
+impl AdminService {
     fn voters(&self) -> Vec<u64> {
-        self.raft
+        self.ctx()
+            .raft
             .metrics()
             .borrow()
             .membership_config
@@ -68,7 +74,7 @@ impl NodeCtx {
     }
 
     fn cluster_status(&self) -> pb::ClusterStatusResponse {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.ctx().raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let leader_api_addr = m
@@ -77,8 +83,8 @@ impl NodeCtx {
             .map(|n| n.api_addr.clone())
             .unwrap_or_default();
         pb::ClusterStatusResponse {
-            cluster_id: self.config.cluster_id.clone(),
-            node_id: self.id,
+            cluster_id: self.ctx().config.cluster_id.clone(),
+            node_id: self.ctx().id,
             role: format!("{:?}", m.state),
             leader_id: m.current_leader.unwrap_or(0),
             leader_api_addr,
@@ -96,7 +102,7 @@ impl NodeCtx {
                     voter: voters.contains(id),
                 })
                 .collect(),
-            transactions: self.sm.state().table.len() as u64,
+            transactions: self.ctx().sm.state().table.len() as u64,
         }
     }
 
@@ -114,7 +120,11 @@ impl NodeCtx {
         // vote in a term it already voted in) as the new member's. The read
         // is linearizable, so a removal applied anywhere before is seen.
         let id = req.node_id;
-        if self.read_linearizable(|st| st.table.is_retired_node_id(id)).await? {
+        if self
+            .ctx()
+            .read_linearizable(|st| st.table.is_retired_node_id(id))
+            .await?
+        {
             return Err(ApiError::FailedPrecondition(format!(
                 "node id {id} belonged to a node that was removed from this cluster, and node ids are never reused \
                  (the removed node may still run with its old log and vote, which Raft would take for the new \
@@ -129,16 +139,18 @@ impl NodeCtx {
         // caught up, then it may become a voter without stalling the quorum.
         // Not openraft's blocking mode: it waits without a time limit when
         // the new node is down. We bound the wait ourselves below.
-        self.raft
+        self.ctx()
+            .raft
             .add_learner(req.node_id, node, false)
             .await
             .map_err(membership_error)?;
         if req.voter {
             // Promote only a learner that has really caught up: a voter that
             // cannot be reached would shrink the fault tolerance to zero.
-            let target = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
+            let target = self.ctx().raft.metrics().borrow().last_log_index.unwrap_or(0);
             let id = req.node_id;
             let caught_up = self
+                .ctx()
                 .raft
                 .wait(Some(Duration::from_secs(30)))
                 .metrics(
@@ -159,7 +171,8 @@ impl NodeCtx {
                 )));
             }
             let ids: BTreeSet<NodeId> = [req.node_id].into();
-            self.raft
+            self.ctx()
+                .raft
                 .change_membership(ChangeMembers::AddVoterIds(ids), false)
                 .await
                 .map_err(membership_error)?;
@@ -170,24 +183,37 @@ impl NodeCtx {
     async fn remove_node(&self, req: pb::RemoveNodeRequest) -> Result<pb::RemoveNodeResponse, ApiError> {
         let _serial = MEMBERSHIP_CHANGES.lock().await;
         let ids: BTreeSet<NodeId> = [req.node_id].into();
-        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
+        let membership = self
+            .ctx()
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .clone();
         if membership.get_node(&req.node_id).is_none() {
             return Err(ApiError::NotFound(format!("node {} is not a member", req.node_id)));
         }
         // Remember the id BEFORE the membership changes, so that a removal
         // that happened is always remembered (a crash in between leaves the
         // id retired and still a member: RemoveNode again finishes it).
-        match self.propose(Command::RetireNodeId { node_id: req.node_id }).await? {
+        match self
+            .ctx()
+            .propose(Command::RetireNodeId { node_id: req.node_id })
+            .await?
+        {
             CommandOk::NodeIdRetired { .. } => {}
             other => return Err(ApiError::Internal(format!("unexpected state-machine result {other:?}"))),
         }
         if membership.voter_ids().any(|v| v == req.node_id) {
-            self.raft
+            self.ctx()
+                .raft
                 .change_membership(ChangeMembers::RemoveVoters(ids.clone()), false)
                 .await
                 .map_err(membership_error)?;
         }
-        self.raft
+        self.ctx()
+            .raft
             .change_membership(ChangeMembers::RemoveNodes(ids), false)
             .await
             .map_err(membership_error)?;
@@ -195,13 +221,22 @@ impl NodeCtx {
     }
 
     async fn trigger_snapshot(&self) -> Result<pb::TriggerSnapshotResponse, ApiError> {
-        let target = self.raft.metrics().borrow().last_applied.map(|l| l.index).unwrap_or(0);
-        self.raft
+        let target = self
+            .ctx()
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map(|l| l.index)
+            .unwrap_or(0);
+        self.ctx()
+            .raft
             .trigger()
             .snapshot()
             .await
             .map_err(|e| ApiError::Unavailable(e.to_string()))?;
         let wait = self
+            .ctx()
             .raft
             .wait(Some(Duration::from_secs(30)))
             .metrics(|m| m.snapshot.map(|s| s.index).unwrap_or(0) >= target, "snapshot built")
@@ -212,7 +247,7 @@ impl NodeCtx {
         })
     }
 
-    async fn resolve(self: &Arc<Self>, req: pb::ResolveRequest) -> Result<pb::ResolveResponse, ApiError> {
+    async fn resolve(&self, req: pb::ResolveRequest) -> Result<pb::ResolveResponse, ApiError> {
         check_id("operator", &req.operator)?;
         check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
         let outcome = match pb::Outcome::try_from(req.outcome) {
@@ -237,7 +272,7 @@ impl NodeCtx {
                 // naming who and why (issue 8, defect 5). Voters an operator
                 // names must be exactly the enlisted participants.
                 let enlisted: Option<Vec<String>> = {
-                    let st = self.sm.state();
+                    let st = self.ctx().sm.state();
                     let r = st.table.get(req.txid);
                     r.filter(|r| r.decision().is_none())
                         .map(|r| r.participants.iter().map(|p| p.id.clone()).collect())
@@ -252,16 +287,17 @@ impl NodeCtx {
                         )));
                     }
                 }
-                let confirmed = self.confirm_votes(req.txid).await?;
+                let confirmed = self.driver.confirm_votes(req.txid).await?;
                 note = format!("{note} ({})", confirmed.note);
                 (confirmed.all, confirmed.read_only)
             }
         };
         crate::driver::truncate_note(&mut note);
         let (d, recorded) = self
+            .driver
             .decide_with_acks(req.txid, outcome, voters, DecisionSource::Operator, note, &read_only)
             .await?;
-        self.spawn_delivery(req.txid);
+        self.driver.spawn_delivery(req.txid);
         Ok(pb::ResolveResponse {
             outcome: outcome_pb(d.outcome) as i32,
             recorded,
@@ -275,15 +311,14 @@ impl Admin for AdminService {
         &self,
         _req: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
-        Ok(Response::new(self.ctx.cluster_status()))
+        Ok(Response::new(self.cluster_status()))
     }
 
     async fn add_node(&self, req: Request<pb::AddNodeRequest>) -> Result<Response<pb::AddNodeResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
-            |r| async move { ctx.add_node(r).await },
+            |r| async move { self.add_node(r).await },
             |ch, r| async move { AdminClient::new(ch).add_node(r).await },
         )
         .await
@@ -293,11 +328,10 @@ impl Admin for AdminService {
         &self,
         req: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
-            |r| async move { ctx.remove_node(r).await },
+            |r| async move { self.remove_node(r).await },
             |ch, r| async move { AdminClient::new(ch).remove_node(r).await },
         )
         .await
@@ -307,15 +341,14 @@ impl Admin for AdminService {
         &self,
         _req: Request<pb::TriggerSnapshotRequest>,
     ) -> Result<Response<pb::TriggerSnapshotResponse>, Status> {
-        Ok(Response::new(self.ctx.trigger_snapshot().await?))
+        Ok(Response::new(self.trigger_snapshot().await?))
     }
 
     async fn resolve(&self, req: Request<pb::ResolveRequest>) -> Result<Response<pb::ResolveResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
-            |r| async move { ctx.resolve(r).await },
+            |r| async move { self.resolve(r).await },
             |ch, r| async move { AdminClient::new(ch).resolve(r).await },
         )
         .await

@@ -16,9 +16,10 @@ use super::check_id;
 use super::check_len;
 use super::error::ApiError;
 use super::serve_or_forward;
+use crate::ctx::now_ms;
+use crate::ctx::NodeCtx;
+use crate::driver::Driver;
 use crate::limits;
-use crate::node::now_ms;
-use crate::node::NodeCtx;
 use crate::sm::Command;
 use crate::sm::CommandOk;
 use crate::sm::Decision;
@@ -30,12 +31,16 @@ use crate::sm::Phase;
 use crate::sm::TxRecord;
 
 pub struct CoordinatorService {
-    ctx: Arc<NodeCtx>,
+    driver: Arc<Driver>,
 }
 
 impl CoordinatorService {
-    pub fn new(ctx: Arc<NodeCtx>) -> Self {
-        CoordinatorService { ctx }
+    pub fn new(driver: Arc<Driver>) -> Self {
+        CoordinatorService { driver }
+    }
+
+    fn ctx(&self) -> &Arc<NodeCtx> {
+        &self.driver.ctx
     }
 }
 
@@ -150,12 +155,12 @@ fn unexpected(ok: CommandOk) -> ApiError {
     ApiError::Internal(format!("unexpected state-machine result {ok:?}"))
 }
 
-impl NodeCtx {
+impl CoordinatorService {
     /// Checks what Begin and BeginAndCommit share; returns the timeout to use.
     fn check_begin(&self, key: &str, timeout_ms: u64, description: &[u8]) -> Result<u64, ApiError> {
         check_id("idempotency_key", key)?;
         check_len("description", description.len(), limits::DESCRIPTION_BYTES_MAX)?;
-        let t = &self.config.txn;
+        let t = &self.ctx().config.txn;
         if timeout_ms > t.max_timeout_ms {
             return Err(ApiError::InvalidArgument(format!(
                 "timeout_ms is {timeout_ms}; the limit is txn.max_timeout_ms = {} ms",
@@ -177,7 +182,7 @@ impl NodeCtx {
             now_ms: now_ms(),
             timeout_ms,
         };
-        let began = self.propose(cmd).await?;
+        let began = self.ctx().propose(cmd).await?;
         participant_sdk::failpoint!("coordinator_after_begin");
         match began {
             CommandOk::Began {
@@ -193,10 +198,7 @@ impl NodeCtx {
         }
     }
 
-    async fn begin_and_commit(
-        self: &Arc<Self>,
-        req: pb::BeginAndCommitRequest,
-    ) -> Result<pb::BeginAndCommitResponse, ApiError> {
+    async fn begin_and_commit(&self, req: pb::BeginAndCommitRequest) -> Result<pb::BeginAndCommitResponse, ApiError> {
         let timeout_ms = self.check_begin(&req.idempotency_key, req.timeout_ms, &req.description)?;
         if req.participants.is_empty() {
             return Err(ApiError::InvalidArgument(
@@ -220,9 +222,9 @@ impl NodeCtx {
                     payload: p.payload,
                 })
                 .collect(),
-            one_phase_allowed: self.config.txn.one_phase_commit,
+            one_phase_allowed: self.ctx().config.txn.one_phase_commit,
         };
-        let (txid, existing, participants, decision, one_phase) = match self.propose(cmd).await? {
+        let (txid, existing, participants, decision, one_phase) = match self.ctx().propose(cmd).await? {
             CommandOk::BegunCommitting {
                 txid,
                 existing,
@@ -236,13 +238,13 @@ impl NodeCtx {
         participant_sdk::failpoint!("coordinator_after_begin");
         let d = match decision {
             Some(d) => {
-                self.spawn_delivery(txid);
+                self.driver.spawn_delivery(txid);
                 d
             }
             // A retry: the first call (or a re-drive) may still be running;
             // driving again is idempotent.
-            None if existing => self.drive_commit(txid).await?,
-            None => self.drive_begun(txid, participants, one_phase).await?,
+            None if existing => self.driver.drive_commit(txid).await?,
+            None => self.driver.drive_begun(txid, participants, one_phase).await?,
         };
         Ok(pb::BeginAndCommitResponse {
             txid,
@@ -259,38 +261,26 @@ impl NodeCtx {
             address: req.address,
             payload: req.payload,
         };
-        match self.propose(cmd).await? {
+        match self.ctx().propose(cmd).await? {
             CommandOk::Enlisted { participant_count } => Ok(pb::EnlistResponse { participant_count }),
             other => Err(unexpected(other)),
         }
     }
 
-    /// Records a decision through Raft (write-once) and returns the recorded
-    /// one, which may be an earlier, different decision.
-    pub(crate) async fn decide(
-        &self,
-        txid: u64,
-        outcome: Outcome,
-        voters: Vec<String>,
-        source: DecisionSource,
-        note: String,
-    ) -> Result<(Decision, bool), ApiError> {
-        self.decide_with_acks(txid, outcome, voters, source, note, &[]).await
-    }
-
-    async fn commit(self: &Arc<Self>, req: pb::CommitRequest) -> Result<pb::CommitResponse, ApiError> {
-        let d = self.drive_commit(req.txid).await?;
+    async fn commit(&self, req: pb::CommitRequest) -> Result<pb::CommitResponse, ApiError> {
+        let d = self.driver.drive_commit(req.txid).await?;
         Ok(pb::CommitResponse {
             outcome: outcome_pb(d.outcome) as i32,
         })
     }
 
-    async fn abort(self: &Arc<Self>, req: pb::AbortRequest) -> Result<pb::AbortResponse, ApiError> {
+    async fn abort(&self, req: pb::AbortRequest) -> Result<pb::AbortResponse, ApiError> {
         check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
         let (d, _) = self
+            .driver
             .decide(req.txid, Outcome::Abort, Vec::new(), DecisionSource::Client, req.reason)
             .await?;
-        self.spawn_delivery(req.txid);
+        self.driver.spawn_delivery(req.txid);
         Ok(pb::AbortResponse {
             outcome: outcome_pb(d.outcome) as i32,
         })
@@ -299,6 +289,7 @@ impl NodeCtx {
     async fn status(&self, req: pb::StatusRequest) -> Result<pb::StatusResponse, ApiError> {
         let txid = req.txid;
         let mut status = self
+            .ctx()
             .read_linearizable(|st| st.table.get(txid).map(status_pb))
             .await?
             .ok_or_else(|| {
@@ -336,28 +327,28 @@ impl NodeCtx {
         if !participant_id.is_empty() {
             check_id("participant_id", participant_id)?;
         }
-        self.read_linearizable(|st| {
-            txids
-                .iter()
-                .map(|&txid| pb::GetDecisionResponse {
-                    txid,
-                    outcome: view_pb(&st.table.decision_view(txid)) as i32,
-                    awaiting_ack: !participant_id.is_empty() && st.table.awaiting_ack(txid, participant_id),
-                })
-                .collect()
-        })
-        .await
+        self.ctx()
+            .read_linearizable(|st| {
+                txids
+                    .iter()
+                    .map(|&txid| pb::GetDecisionResponse {
+                        txid,
+                        outcome: view_pb(&st.table.decision_view(txid)) as i32,
+                        awaiting_ack: !participant_id.is_empty() && st.table.awaiting_ack(txid, participant_id),
+                    })
+                    .collect()
+            })
+            .await
     }
 }
 
 #[tonic::async_trait]
 impl Coordinator for CoordinatorService {
     async fn begin(&self, req: Request<pb::BeginRequest>) -> Result<Response<pb::BeginResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
-            |r| async move { ctx.begin(r).await },
+            |r| async move { self.begin(r).await },
             |ch, r| async move { CoordinatorClient::new(ch).begin(r).await },
         )
         .await
@@ -367,55 +358,50 @@ impl Coordinator for CoordinatorService {
         &self,
         req: Request<pb::BeginAndCommitRequest>,
     ) -> Result<Response<pb::BeginAndCommitResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
-            |r| async move { ctx.begin_and_commit(r).await },
+            |r| async move { self.begin_and_commit(r).await },
             |ch, r| async move { CoordinatorClient::new(ch).begin_and_commit(r).await },
         )
         .await
     }
 
     async fn enlist(&self, req: Request<pb::EnlistRequest>) -> Result<Response<pb::EnlistResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
-            |r| async move { ctx.enlist(r).await },
+            |r| async move { self.enlist(r).await },
             |ch, r| async move { CoordinatorClient::new(ch).enlist(r).await },
         )
         .await
     }
 
     async fn commit(&self, req: Request<pb::CommitRequest>) -> Result<Response<pb::CommitResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
-            |r| async move { ctx.commit(r).await },
+            |r| async move { self.commit(r).await },
             |ch, r| async move { CoordinatorClient::new(ch).commit(r).await },
         )
         .await
     }
 
     async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
-            |r| async move { ctx.abort(r).await },
+            |r| async move { self.abort(r).await },
             |ch, r| async move { CoordinatorClient::new(ch).abort(r).await },
         )
         .await
     }
 
     async fn status(&self, req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
-            |r| async move { ctx.status(r).await },
+            |r| async move { self.status(r).await },
             |ch, r| async move { CoordinatorClient::new(ch).status(r).await },
         )
         .await
@@ -425,12 +411,11 @@ impl Coordinator for CoordinatorService {
         &self,
         req: Request<pb::GetDecisionRequest>,
     ) -> Result<Response<pb::GetDecisionResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
             |r| async move {
-                let mut v = ctx.get_decisions(vec![r.txid], "").await?;
+                let mut v = self.get_decisions(vec![r.txid], "").await?;
                 v.pop().ok_or_else(|| ApiError::Internal("empty decision read".into()))
             },
             |ch, r| async move { CoordinatorClient::new(ch).get_decision(r).await },
@@ -442,13 +427,12 @@ impl Coordinator for CoordinatorService {
         &self,
         req: Request<pb::GetDecisionsRequest>,
     ) -> Result<Response<pb::GetDecisionsResponse>, Status> {
-        let ctx = self.ctx.clone();
         serve_or_forward(
-            &self.ctx,
+            self.ctx(),
             req,
             |r| async move {
                 Ok(pb::GetDecisionsResponse {
-                    decisions: ctx.get_decisions(r.txids, &r.participant_id).await?,
+                    decisions: self.get_decisions(r.txids, &r.participant_id).await?,
                 })
             },
             |ch, r| async move { CoordinatorClient::new(ch).get_decisions(r).await },

@@ -16,7 +16,7 @@ use tonic::Status;
 
 use self::error::ApiError;
 use self::error::FORWARDED_HEADER;
-use crate::node::NodeCtx;
+use crate::ctx::NodeCtx;
 
 /// Runs `local` here; when this node is not the leader and the request was
 /// not forwarded already, sends it once to the leader with `remote`.

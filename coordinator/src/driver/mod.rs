@@ -43,8 +43,8 @@ use tracing::info;
 use tracing::warn;
 
 use crate::api::error::ApiError;
-use crate::node::now_ms;
-use crate::node::NodeCtx;
+use crate::ctx::now_ms;
+use crate::ctx::NodeCtx;
 use crate::sm::Command;
 use crate::sm::CommandOk;
 use crate::sm::Decision;
@@ -53,9 +53,47 @@ use crate::sm::Outcome;
 use crate::sm::Participant;
 use crate::sm::Txid;
 
+/// The leader's transaction driver: the one owner of prepare rounds,
+/// decisions, delivery, acks and re-drives on this node. The API and the
+/// leader loop call it; it stands on the node's shared context (Raft, the
+/// state machine, the channels) and never the other way round.
+pub struct Driver {
+    pub ctx: Arc<NodeCtx>,
+    state: DriverState,
+}
+
+impl Driver {
+    pub fn new(ctx: Arc<NodeCtx>) -> Arc<Driver> {
+        let t = &ctx.config.txn;
+        let state = DriverState::new(
+            Duration::from_millis(t.delivery_retry_base_ms),
+            Duration::from_millis(t.delivery_retry_max_ms),
+            t.delivery_inflight_calls_max,
+        );
+        Arc::new(Driver { ctx, state })
+    }
+
+    /// The delivery attempts to `participant_id` in `txid` this leader has
+    /// made, if a delivery task is running for it.
+    pub fn delivery_attempts(&self, txid: Txid, participant_id: &str) -> Option<DeliveryAttempts> {
+        self.state.delivery_attempts(txid, participant_id)
+    }
+
+    /// Participant addresses that are failing now.
+    pub fn failing_participants(&self) -> usize {
+        self.state.failing_participants()
+    }
+
+    /// Wakes every parked delivery (the term changed: each looks at its
+    /// leadership again).
+    pub fn wake_all(&self) {
+        self.state.wake_all()
+    }
+}
+
 /// The driver's leader-local state: which transactions have a task
 /// running on this node, and what deliveries and re-drives have seen.
-pub struct DriverState {
+struct DriverState {
     delivering: Mutex<HashSet<Txid>>,
     /// Acks waiting to go through Raft together.
     acks: Mutex<AckQueue>,
@@ -110,7 +148,7 @@ const PARKED_MAX: Duration = Duration::from_secs(10);
 
 impl DriverState {
     /// `inflight_max`: calls in flight to one participant address at most.
-    pub fn new(retry_base: Duration, retry_max: Duration, inflight_max: u32) -> Self {
+    fn new(retry_base: Duration, retry_max: Duration, inflight_max: u32) -> Self {
         DriverState {
             delivering: Mutex::default(),
             acks: Mutex::default(),
@@ -125,9 +163,7 @@ impl DriverState {
         }
     }
 
-    /// The delivery attempts to `participant_id` in `txid` this leader has
-    /// made, if a delivery task is running for it.
-    pub fn delivery_attempts(&self, txid: Txid, participant_id: &str) -> Option<DeliveryAttempts> {
+    fn delivery_attempts(&self, txid: Txid, participant_id: &str) -> Option<DeliveryAttempts> {
         self.attempts
             .lock()
             .expect("lock")
@@ -135,8 +171,7 @@ impl DriverState {
             .cloned()
     }
 
-    /// Participant addresses that are failing now.
-    pub fn failing_participants(&self) -> usize {
+    fn failing_participants(&self) -> usize {
         self.peers.lock().expect("lock").failing()
     }
 
@@ -158,9 +193,7 @@ impl DriverState {
         }
     }
 
-    /// Wakes every parked delivery (the term changed: each looks at its
-    /// leadership again).
-    pub fn wake_all(&self) {
+    fn wake_all(&self) {
         for w in self.wakers.lock().expect("lock").values() {
             w.notify_waiters();
         }
@@ -208,19 +241,19 @@ impl DriverState {
 /// from ever starting that work again; found by the jepsen harness with a
 /// one-phase commit).
 struct TaskMark {
-    ctx: Arc<NodeCtx>,
+    driver: Arc<Driver>,
     work: Work,
     txid: Txid,
 }
 
 impl TaskMark {
     /// Sets the mark, or `None` if a task of this kind already holds it.
-    fn try_new(ctx: &Arc<NodeCtx>, work: Work, txid: Txid) -> Option<TaskMark> {
-        if !ctx.driver.set(work).lock().expect("lock").insert(txid) {
+    fn try_new(driver: &Arc<Driver>, work: Work, txid: Txid) -> Option<TaskMark> {
+        if !driver.state.set(work).lock().expect("lock").insert(txid) {
             return None;
         }
         Some(TaskMark {
-            ctx: ctx.clone(),
+            driver: driver.clone(),
             work,
             txid,
         })
@@ -229,7 +262,7 @@ impl TaskMark {
 
 impl Drop for TaskMark {
     fn drop(&mut self) {
-        if let Ok(mut d) = self.ctx.driver.set(self.work).lock() {
+        if let Ok(mut d) = self.driver.state.set(self.work).lock() {
             d.remove(&self.txid);
         }
     }
@@ -273,15 +306,9 @@ enum VoteResult {
     Failed(String),
 }
 
-impl NodeCtx {
-    fn is_leader_of(&self, term: u64) -> bool {
-        let rx = self.raft.metrics();
-        let m = rx.borrow();
-        m.current_leader == Some(self.id) && m.current_term == term
-    }
-
+impl Driver {
     async fn prepare_one(&self, txid: Txid, term: u64, p: &Participant, timeout: Duration) -> VoteResult {
-        let ch = match self.api_channel(&p.address) {
+        let ch = match self.ctx.api_channel(&p.address) {
             Ok(c) => c,
             Err(e) => return VoteResult::Failed(e.to_string()),
         };
@@ -333,12 +360,12 @@ impl NodeCtx {
         // If a re-drive already holds the mark, this drive runs alongside it
         // (every step is idempotent) and leaves the mark to its owner.
         let guard = TaskMark::try_new(self, Work::Driving, txid);
-        let ctx = self.clone();
+        let driver = self.clone();
         let task = tokio::spawn(async move {
             let _guard = guard;
             match known {
-                Some((participants, one_phase)) => ctx.drive_preparing(txid, participants, one_phase).await,
-                None => ctx.drive_commit_inner(txid).await,
+                Some((participants, one_phase)) => driver.drive_preparing(txid, participants, one_phase).await,
+                None => driver.drive_commit_inner(txid).await,
             }
         });
         // A drive that panicked or was cancelled may have recorded a
@@ -351,12 +378,12 @@ impl NodeCtx {
     }
 
     async fn drive_commit_inner(self: &Arc<Self>, txid: Txid) -> Result<Decision, ApiError> {
-        let request = if self.config.txn.one_phase_commit {
+        let request = if self.ctx.config.txn.one_phase_commit {
             Command::RequestCommitOnePhase { txid }
         } else {
             Command::RequestCommit { txid }
         };
-        let (participants, one_phase) = match self.propose(request).await? {
+        let (participants, one_phase) = match self.ctx.propose(request).await? {
             CommandOk::CommitRequested { decision: Some(d), .. } => {
                 self.spawn_delivery(txid);
                 return Ok(d);
@@ -399,10 +426,10 @@ impl NodeCtx {
     /// it). No answer is not a NO: it may have committed, so the outcome is
     /// UNKNOWN and the transaction stays PREPARING for the leader to re-send.
     async fn commit_one_phase(self: &Arc<Self>, txid: Txid, p: &Participant) -> Result<Decision, ApiError> {
-        let term = self.current_term();
-        let timeout = Duration::from_millis(self.config.txn.prepare_timeout_ms);
+        let term = self.ctx.current_term();
+        let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
         participant_sdk::failpoint!("coordinator_before_prepare");
-        let ch = self.api_channel(&p.address)?;
+        let ch = self.ctx.api_channel(&p.address)?;
         let req = prepare_request(txid, term, p, timeout);
         let answer = tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).commit_one_phase(req)).await;
         let (outcome, note) = match answer {
@@ -448,8 +475,8 @@ impl NodeCtx {
         txid: Txid,
         participants: Vec<Participant>,
     ) -> Result<Decision, ApiError> {
-        let term = self.current_term();
-        let deadline_ms = self.sm.state().table.get(txid).map(|r| r.deadline_ms).unwrap_or(0);
+        let term = self.ctx.current_term();
+        let deadline_ms = self.ctx.sm.state().table.get(txid).map(|r| r.deadline_ms).unwrap_or(0);
         if now_ms() >= deadline_ms {
             // Past the deadline: no new prepare round; ABORT (invariant 7).
             let (d, _) = self
@@ -465,7 +492,7 @@ impl NodeCtx {
             return Ok(d);
         }
         let left_ms = deadline_ms.saturating_sub(now_ms());
-        let timeout = Duration::from_millis(left_ms.min(self.config.txn.prepare_timeout_ms).max(1));
+        let timeout = Duration::from_millis(left_ms.min(self.ctx.config.txn.prepare_timeout_ms).max(1));
         participant_sdk::failpoint!("coordinator_before_prepare");
         let votes = futures::future::join_all(participants.iter().enumerate().map(|(i, p)| async move {
             let v = self.prepare_one(txid, term, p, timeout).await;
@@ -518,6 +545,19 @@ impl NodeCtx {
         Ok(d)
     }
 
+    /// Records a decision through Raft (write-once) and returns the recorded
+    /// one, which may be an earlier, different decision.
+    pub(crate) async fn decide(
+        &self,
+        txid: Txid,
+        outcome: Outcome,
+        voters: Vec<String>,
+        source: DecisionSource,
+        note: String,
+    ) -> Result<(Decision, bool), ApiError> {
+        self.decide_with_acks(txid, outcome, voters, source, note, &[]).await
+    }
+
     /// Records a decision (write-once) and, in the same Raft entry, the acks
     /// of `acked`: participants that need no phase two (READ_ONLY voters,
     /// who have nothing to do for either outcome). Returns the recorded
@@ -536,7 +576,7 @@ impl NodeCtx {
             outcome,
             voters,
             source,
-            term: self.current_term(),
+            term: self.ctx.current_term(),
             now_ms: now_ms(),
             note,
         }];
@@ -544,7 +584,7 @@ impl NodeCtx {
             txid,
             participant_id: id.clone(),
         }));
-        let mut results = self.propose_together(cmds).await?.into_iter();
+        let mut results = self.ctx.propose_together(cmds).await?.into_iter();
         let decided = results
             .next()
             .unwrap_or_else(|| Err(ApiError::Internal("the state machine returned no result".into())))?;
@@ -567,7 +607,7 @@ impl NodeCtx {
     /// YES, and why.
     pub(crate) async fn confirm_votes(self: &Arc<Self>, txid: Txid) -> Result<ConfirmedVotes, ApiError> {
         let record =
-            self.sm.state().table.get(txid).cloned().ok_or_else(|| {
+            self.ctx.sm.state().table.get(txid).cloned().ok_or_else(|| {
                 ApiError::NotFound(format!("transaction {txid} not found (never begun, or forgotten)"))
             })?;
         if let Some(d) = record.decision() {
@@ -578,10 +618,10 @@ impl NodeCtx {
                 note: format!("already decided {}", d.outcome),
             });
         }
-        let timeout = Duration::from_millis(self.config.txn.prepare_timeout_ms);
+        let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
         let answers = futures::future::join_all(record.participants.iter().map(|p| async move {
             let res = async {
-                let ch = self.api_channel(&p.address).map_err(|e| e.to_string())?;
+                let ch = self.ctx.api_channel(&p.address).map_err(|e| e.to_string())?;
                 let mut req = tonic::Request::new(pb::InquireRequest {
                     txid,
                     participant_id: p.id.clone(),
@@ -632,21 +672,21 @@ impl NodeCtx {
     async fn record_ack(self: &Arc<Self>, txid: Txid, participant_id: String) -> Result<(), ApiError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let schedule = {
-            let mut q = self.driver.acks.lock().expect("lock");
+            let mut q = self.state.acks.lock().expect("lock");
             q.waiting.push((Command::Ack { txid, participant_id }, tx));
             !std::mem::replace(&mut q.flush_scheduled, true)
         };
         if schedule {
-            let ctx = self.clone();
+            let driver = self.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(ctx.config.txn.ack_batch_wait_ms)).await;
+                tokio::time::sleep(Duration::from_millis(driver.ctx.config.txn.ack_batch_wait_ms)).await;
                 let waiting = {
-                    let mut q = ctx.driver.acks.lock().expect("lock");
+                    let mut q = driver.state.acks.lock().expect("lock");
                     q.flush_scheduled = false;
                     std::mem::take(&mut q.waiting)
                 };
                 metrics::histogram!("dtx_ack_batch_acks").record(waiting.len() as f64);
-                ctx.propose_acks(waiting).await;
+                driver.propose_acks(waiting).await;
             });
         }
         rx.await.unwrap_or_else(|_| {
@@ -663,7 +703,7 @@ impl NodeCtx {
         // encoded Ack fits ACK_BYTES_MAX: counting acks keeps each entry
         // within bytes_max without encoding them here.
         const ACK_BYTES_MAX: usize = crate::limits::ID_BYTES_MAX + 32;
-        let b = &self.config.batch;
+        let b = &self.ctx.config.batch;
         let per_entry = b.entries_max.min(b.bytes_max / ACK_BYTES_MAX).max(1);
         let mut waiting = waiting.into_iter();
         let chunks: Vec<Vec<(Command, AckReply)>> = std::iter::from_fn(|| {
@@ -673,7 +713,7 @@ impl NodeCtx {
         .collect();
         futures::future::join_all(chunks.into_iter().map(|chunk| async move {
             let (cmds, replies): (Vec<Command>, Vec<AckReply>) = chunk.into_iter().unzip();
-            match self.propose_together(cmds).await {
+            match self.ctx.propose_together(cmds).await {
                 Ok(results) => {
                     for (r, reply) in results.into_iter().zip(replies) {
                         let _ = reply.send(r.map(|_| ()));
@@ -694,10 +734,10 @@ impl NodeCtx {
         let Some(guard) = TaskMark::try_new(self, Work::Delivering, txid) else {
             return;
         };
-        let ctx = self.clone();
+        let driver = self.clone();
         tokio::spawn(async move {
             let _guard = guard;
-            ctx.deliver(txid).await;
+            driver.deliver(txid).await;
         });
     }
 
@@ -709,26 +749,26 @@ impl NodeCtx {
         let Some(guard) = TaskMark::try_new(self, Work::Driving, txid) else {
             return;
         };
-        let ctx = self.clone();
+        let driver = self.clone();
         tokio::spawn(async move {
             let _guard = guard;
             // Already PREPARING with a frozen set: no RequestCommit write.
             let known =
-                ctx.sm.state().table.get(txid).and_then(|r| {
+                driver.ctx.sm.state().table.get(txid).and_then(|r| {
                     (r.phase == crate::sm::Phase::Preparing).then(|| (r.participants.clone(), r.one_phase))
                 });
             let res = match known {
-                Some((participants, one_phase)) => ctx.drive_preparing(txid, participants, one_phase).await,
-                None => ctx.drive_commit_inner(txid).await,
+                Some((participants, one_phase)) => driver.drive_preparing(txid, participants, one_phase).await,
+                None => driver.drive_commit_inner(txid).await,
             };
-            let mut backoff = ctx.driver.redrive_backoff.lock().expect("lock");
+            let mut backoff = driver.state.redrive_backoff.lock().expect("lock");
             match res {
                 Ok(_) => {
                     backoff.remove(&txid);
                 }
                 Err(e) => {
                     let failures = backoff.get(&txid).map(|b| b.failures).unwrap_or(0).saturating_add(1);
-                    let wait = ctx.driver.backoff(failures);
+                    let wait = driver.state.backoff(failures);
                     backoff.insert(
                         txid,
                         Backoff {
@@ -744,29 +784,28 @@ impl NodeCtx {
         });
     }
 
-    /// The leader loop's background work for one round: up to `max` decided,
-    /// unacked transactions to deliver and up to `max` PREPARING ones to
-    /// re-drive, among those with no task here (and no re-drive backing
-    /// off). Each scan starts after the last txid it took and wraps around.
-    /// A stuck transaction keeps its task (parked, at no cost) and is then
-    /// skipped, so stuck ones never starve the others (invariant 11); the
-    /// leader loop passes `usize::MAX` so that even a new leader's first
-    /// round reaches every transaction at once, whatever number is stuck.
-    pub fn pick_background_work(&self, max: usize) -> (Vec<Txid>, Vec<Txid>) {
+    /// The leader loop's background work for one round: every decided,
+    /// unacked transaction to deliver and every PREPARING one to re-drive,
+    /// among those with no task here (and no re-drive backing off), so even
+    /// a new leader's first round reaches every transaction, whatever
+    /// number is stuck. A stuck transaction keeps its task (parked, at no
+    /// cost) and is then skipped, so stuck ones never starve the others
+    /// (invariant 11). Each scan starts after the last txid it took and
+    /// wraps around, so the order tasks start in rotates between rounds.
+    pub fn pick_background_work(&self) -> (Vec<Txid>, Vec<Txid>) {
         let now = tokio::time::Instant::now();
-        let mut cursors = self.driver.cursors.lock().expect("lock");
-        let st = self.sm.state();
+        let mut cursors = self.state.cursors.lock().expect("lock");
+        let st = self.ctx.sm.state();
         let undelivered: Vec<Txid> = {
-            let busy = self.driver.delivering.lock().expect("lock");
+            let busy = self.state.delivering.lock().expect("lock");
             st.table
                 .undelivered_after(cursors.undelivered)
                 .filter(|t| !busy.contains(t))
-                .take(max)
                 .collect()
         };
         let preparing: Vec<Txid> = {
-            let busy = self.driver.driving.lock().expect("lock");
-            let mut backoff = self.driver.redrive_backoff.lock().expect("lock");
+            let busy = self.state.driving.lock().expect("lock");
+            let mut backoff = self.state.redrive_backoff.lock().expect("lock");
             // Forget backoffs of transactions no longer PREPARING.
             if backoff.len() > st.table.preparing_count() {
                 backoff.retain(|t, _| st.table.get(*t).is_some_and(|r| r.phase == crate::sm::Phase::Preparing));
@@ -774,7 +813,6 @@ impl NodeCtx {
             st.table
                 .preparing_after(cursors.preparing)
                 .filter(|t| !busy.contains(t) && backoff.get(t).is_none_or(|b| b.not_before <= now))
-                .take(max)
                 .collect()
         };
         if let Some(&t) = undelivered.last() {
@@ -787,9 +825,9 @@ impl NodeCtx {
     }
 
     async fn deliver(self: &Arc<Self>, txid: Txid) {
-        let term = self.current_term();
+        let term = self.ctx.current_term();
         let (decision, pending) = {
-            let st = self.sm.state();
+            let st = self.ctx.sm.state();
             let Some(r) = st.table.get(txid) else { return };
             let Some(d) = r.decision() else { return };
             let pending: Vec<Participant> = r.participants.iter().filter(|p| !p.acked).cloned().collect();
@@ -802,14 +840,14 @@ impl NodeCtx {
     /// `participant_id` (false once acked, or once the transaction is
     /// forgotten).
     fn awaits_ack(&self, txid: Txid, participant_id: &str) -> bool {
-        let st = self.sm.state();
+        let st = self.ctx.sm.state();
         st.table
             .get(txid)
             .is_some_and(|r| r.participants.iter().any(|p| p.id == participant_id && !p.acked))
     }
 
     fn note_attempt(&self, txid: Txid, p: &Participant, error: Option<&str>, next_in: Option<Duration>) {
-        let mut map = self.driver.attempts.lock().expect("lock");
+        let mut map = self.state.attempts.lock().expect("lock");
         let a = map.entry((txid, p.id.clone())).or_default();
         if let Some(e) = error {
             a.attempts = a.attempts.saturating_add(1);
@@ -824,35 +862,35 @@ impl NodeCtx {
         /// Whatever ends this task: its attempts stop being shown, and a
         /// probe turn it holds passes on.
         struct Leaving<'a> {
-            ctx: &'a NodeCtx,
+            driver: &'a Driver,
             key: (Txid, String),
             addr: &'a str,
             holder: bool,
         }
         impl Drop for Leaving<'_> {
             fn drop(&mut self) {
-                if let Ok(mut m) = self.ctx.driver.attempts.lock() {
+                if let Ok(mut m) = self.driver.state.attempts.lock() {
                     m.remove(&self.key);
                 }
                 if self.holder {
-                    let wake = match self.ctx.driver.peers.lock() {
+                    let wake = match self.driver.state.peers.lock() {
                         Ok(mut peers) => peers.release(self.addr),
                         Err(_) => health::Wake::Nobody,
                     };
-                    self.ctx.driver.wake(self.addr, wake);
+                    self.driver.state.wake(self.addr, wake);
                 }
             }
         }
         let mut leaving = Leaving {
-            ctx: self,
+            driver: self,
             key: (txid, p.id.clone()),
             addr: &p.address,
             holder: false,
         };
-        let waker = self.driver.waker(&p.address);
+        let waker = self.state.waker(&p.address);
         let mut refusals: u32 = 0;
         loop {
-            if !self.is_leader_of(term) {
+            if !self.ctx.is_leader_of(term) {
                 return; // The new leader delivers (invariant 9).
             }
             if !self.awaits_ack(txid, &p.id) {
@@ -864,7 +902,7 @@ impl NodeCtx {
             tokio::pin!(parked);
             parked.as_mut().enable();
             let turn =
-                self.driver
+                self.state
                     .peers
                     .lock()
                     .expect("lock")
@@ -896,15 +934,15 @@ impl NodeCtx {
             let sent = {
                 // A call that does not report (its task cancelled) must
                 // not keep its slot or the probe turn.
-                struct InFlight<'a>(&'a NodeCtx, &'a str, Option<bool>);
+                struct InFlight<'a>(&'a Driver, &'a str, Option<bool>);
                 impl Drop for InFlight<'_> {
                     fn drop(&mut self) {
                         if let Some(probe) = self.2 {
-                            let wake = match self.0.driver.peers.lock() {
+                            let wake = match self.0.state.peers.lock() {
                                 Ok(mut peers) => peers.abandon(self.1, probe),
                                 Err(_) => health::Wake::Nobody,
                             };
-                            self.0.driver.wake(self.1, wake);
+                            self.0.state.wake(self.1, wake);
                         }
                     }
                 }
@@ -915,7 +953,7 @@ impl NodeCtx {
                     _ => health::Seen::Answered,
                 };
                 let jitter = rand::rng().random_range(0.5..=1.0);
-                let (event, wake) = self.driver.peers.lock().expect("lock").report(
+                let (event, wake) = self.state.peers.lock().expect("lock").report(
                     &p.address,
                     probe,
                     seen,
@@ -923,7 +961,7 @@ impl NodeCtx {
                     jitter,
                 );
                 call.2 = None;
-                self.driver.wake(&p.address, wake);
+                self.state.wake(&p.address, wake);
                 log_peer_event(&p.id, &p.address, event);
                 sent
             };
@@ -938,7 +976,7 @@ impl NodeCtx {
                         }
                         Err(e) => {
                             warn!(txid, participant = %p.id, "ack not recorded yet: {e}");
-                            let wait = self.driver.backoff(0);
+                            let wait = self.state.backoff(0);
                             self.note_attempt(txid, p, Some(&format!("ack not recorded: {e}")), Some(wait));
                             tokio::time::sleep(wait).await;
                         }
@@ -962,7 +1000,7 @@ impl NodeCtx {
                             warn!(txid, participant = %p.id, refusals, "participant refused {outcome}: {message}");
                         }
                     }
-                    let wait = self.driver.backoff(refusals);
+                    let wait = self.state.backoff(refusals);
                     self.note_attempt(txid, p, Some(&message), Some(wait));
                     tokio::time::sleep(wait).await;
                 }
@@ -977,7 +1015,7 @@ impl NodeCtx {
         outcome: Outcome,
         p: &Participant,
     ) -> Result<(), DeliveryError> {
-        let ch = self.api_channel(&p.address).map_err(|e| DeliveryError::Refused {
+        let ch = self.ctx.api_channel(&p.address).map_err(|e| DeliveryError::Refused {
             message: format!("bad participant address {:?}: {e}", p.address),
             stale_term: false,
         })?;
@@ -987,7 +1025,7 @@ impl NodeCtx {
             term,
             participant_id: p.id.clone(),
         };
-        let timeout = Duration::from_millis(self.config.txn.prepare_timeout_ms);
+        let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
         let mut req = tonic::Request::new(body);
         req.set_timeout(timeout);
         let call = async {

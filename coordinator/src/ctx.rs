@@ -1,0 +1,163 @@
+//! What every part of a running node shares: its id and configuration,
+//! Raft, the state machine, the batcher and the channels to other nodes and
+//! participants, with the Raft-level helpers on top (propose and wait,
+//! linearizable reads, the leader hint). It imports nothing of the API or
+//! the 2PC driver: both stand on it, and `node` wires them together.
+
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::SystemTime;
+use std::time::UNIX_EPOCH;
+
+use openraft::error::CheckIsLeaderError;
+use openraft::error::RaftError;
+use tonic::transport::Channel;
+
+use crate::api::error::ApiError;
+use crate::batcher::Batcher;
+use crate::config::Config;
+use crate::raft::network::ChannelCache;
+use crate::raft::NodeId;
+use crate::raft::NodeInfo;
+use crate::raft::Raft;
+use crate::sm::Command;
+use crate::sm::CommandOk;
+use crate::store::sm_store::SmState;
+use crate::store::KvEngine;
+use crate::store::StateMachineStore;
+
+/// Milliseconds since the Unix epoch by this node's clock. Only the leader
+/// reads it, to put the time into commands; the state machine never does.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Everything a request handler needs; shared by the services.
+pub struct NodeCtx {
+    pub id: NodeId,
+    pub config: Config,
+    pub raft: Raft,
+    pub sm: StateMachineStore,
+    pub batcher: Batcher,
+    pub engine: Arc<dyn KvEngine>,
+    pub(crate) channels: ChannelCache,
+}
+
+impl NodeCtx {
+    /// The leader this node knows of, with its advertised addresses.
+    pub fn leader(&self) -> Option<(NodeId, Option<NodeInfo>)> {
+        let rx = self.raft.metrics();
+        let m = rx.borrow();
+        let id = m.current_leader?;
+        let node = m.membership_config.membership().get_node(&id).cloned();
+        Some((id, node))
+    }
+
+    pub fn current_term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
+    fn not_leader(&self) -> ApiError {
+        match self.leader() {
+            Some((id, node)) if id != self.id => ApiError::NotLeader {
+                leader_id: Some(id),
+                leader_api_addr: node.map(|n| n.api_addr),
+                proposed: false,
+            },
+            _ => ApiError::NoLeader("no leader is known yet (election in progress or no quorum)".into()),
+        }
+    }
+
+    /// For a leader that has not heard from a quorum for longer than twice
+    /// the longest election timeout (a majority has likely elected another
+    /// leader): how long, in ms. `None` otherwise.
+    fn quorum_silence_ms(&self) -> Option<u64> {
+        let rx = self.raft.metrics();
+        let m = rx.borrow();
+        let limit_ms = self.config.raft.election_timeout_max_ms.saturating_mul(2);
+        match (m.current_leader == Some(self.id), m.millis_since_quorum_ack) {
+            (true, Some(ms)) if ms > limit_ms => Some(ms),
+            _ => None,
+        }
+    }
+
+    /// True while this node is the leader of `term` (a delivery or drive
+    /// that started in `term` stops once it is not, invariant 9).
+    pub fn is_leader_of(&self, term: u64) -> bool {
+        let rx = self.raft.metrics();
+        let m = rx.borrow();
+        m.current_leader == Some(self.id) && m.current_term == term
+    }
+
+    pub(crate) fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.id)
+    }
+
+    /// Proposes one command through the batcher and waits until it is
+    /// applied. A write that does not finish in time is UNKNOWN.
+    pub async fn propose(&self, cmd: Command) -> Result<CommandOk, ApiError> {
+        self.propose_together(vec![cmd])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(ApiError::Internal("the state machine returned no result".into())))
+    }
+
+    /// Proposes `cmds` in one Raft entry. The outer error means none was
+    /// applied (or, for UNKNOWN, that it is not known whether they were);
+    /// otherwise each command has its own result, in order.
+    pub async fn propose_together(&self, cmds: Vec<Command>) -> Result<Vec<Result<CommandOk, ApiError>>, ApiError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        if let Some(ms) = self.quorum_silence_ms() {
+            // Cut off from the majority: the write could only wait out its
+            // timeout. Refuse it now (certainly not applied), so the caller
+            // tries another node, where a new leader is being elected.
+            metrics::counter!("dtx_writes_refused_no_quorum_total").increment(1);
+            return Err(ApiError::NoLeader(format!(
+                "this leader has heard from no quorum for {ms} ms (cut off?); try another node"
+            )));
+        }
+        let timeout = Duration::from_millis(self.config.api.write_timeout_ms);
+        match tokio::time::timeout(timeout, self.batcher.propose_together(cmds)).await {
+            Ok(Ok(results)) => Ok(results.into_iter().map(|r| r.map_err(ApiError::from)).collect()),
+            Ok(Err(e)) => Err(ApiError::from(e)),
+            Err(_) => Err(ApiError::Unknown(format!(
+                "not applied within api.write_timeout_ms = {} ms; it may still be applied",
+                self.config.api.write_timeout_ms
+            ))),
+        }
+    }
+
+    /// Runs `f` on the state machine after a read-index round on the leader:
+    /// linearizable (DESIGN invariant 7). A node that cannot confirm its
+    /// leadership with a quorum does not answer.
+    pub async fn read_linearizable<T>(&self, f: impl FnOnce(&SmState) -> T) -> Result<T, ApiError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        let timeout = Duration::from_millis(self.config.api.read_timeout_ms);
+        match tokio::time::timeout(timeout, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => Ok(f(&self.sm.state())),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(fw)))) => Err(ApiError::NotLeader {
+                leader_id: fw.leader_id,
+                leader_api_addr: fw.leader_node.map(|n| n.api_addr),
+                proposed: false,
+            }),
+            Ok(Err(e)) => Err(ApiError::Unavailable(format!("cannot confirm leadership: {e}"))),
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "no quorum confirmed this leader within api.read_timeout_ms = {} ms",
+                self.config.api.read_timeout_ms
+            ))),
+        }
+    }
+
+    /// A cached channel to another node's API or to a participant service,
+    /// bound to our own IP.
+    pub fn api_channel(&self, addr: &str) -> Result<Channel, ApiError> {
+        self.channels.get(addr).map_err(ApiError::Unavailable)
+    }
+}
