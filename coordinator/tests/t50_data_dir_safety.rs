@@ -8,6 +8,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::bin;
+use common::dir_digest;
+use common::walk;
 use common::TestCluster;
 
 fn serve_once(config: &std::path::Path, extra: &[&str]) -> (bool, String) {
@@ -20,28 +22,6 @@ fn serve_once(config: &std::path::Path, extra: &[&str]) -> (bool, String) {
         .output()
         .expect("run coordinator");
     (out.status.success(), String::from_utf8_lossy(&out.stderr).to_string())
-}
-
-fn dir_digest(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
-    let mut v = Vec::new();
-    for e in walk(dir) {
-        v.push((e.display().to_string(), std::fs::read(&e).unwrap()));
-    }
-    v.sort();
-    v
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,14 +32,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::bin;
-use common::node_ip;
+use common::dir_digest;
 use common::test_dir;
+use common::walk;
 use common::TestCluster;
 use coordinator::client::DecisionRead;
 use coordinator::client::TxOutcome;
-use coordinator::cluster::free_port;
-use coordinator::cluster::NodePlan;
-use coordinator::cluster::ProcessCluster;
 use coordinator::store::START_FREE_BYTES_MIN;
 
 /// Size of each node's filesystem: room for the test's writes many times
@@ -114,30 +112,6 @@ fn free_bytes(dir: &Path) -> u64 {
     }
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
-
-/// Every file under `dir` with its bytes (directories show through their
-/// files' paths).
-fn dir_digest(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<(String, Vec<u8>)> = walk(dir)
-        .into_iter()
-        .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
-        .collect();
-    v.sort();
-    v
-}
-
 fn sizes(digest: &[(String, Vec<u8>)]) -> Vec<(&str, usize)> {
     digest.iter().map(|(p, b)| (p.as_str(), b.len())).collect()
 }
@@ -193,34 +167,12 @@ async fn t51_full_disk_stops_the_node_which_restarts_cleanly_once_space_is_freed
         .collect();
     let disk_of = |id: u64| mounts[(id - 1) as usize].dir.clone();
 
-    let dir = test_dir();
-    let plans: Vec<NodePlan> = (1..=3u64)
-        .map(|id| {
-            let ip = node_ip(id);
-            let raft = format!("{ip}:{}", free_port(&ip).unwrap());
-            let api = format!("{ip}:{}", free_port(&ip).unwrap());
-            NodePlan {
-                id,
-                raft_listen: raft.clone(),
-                api_listen: api.clone(),
-                raft_advertise: raft,
-                api_advertise: api,
-            }
-        })
-        .collect();
     let disks_path = disks.path().to_path_buf();
-    let mut procs = ProcessCluster::new(bin(), dir.path(), "t51", plans, |c| {
+    let mut c = TestCluster::start_with("t51", 3, |c| {
         c.data_dir = disks_path.join(format!("disk{}", c.node_id)).join("data");
         // Nothing is forgotten while the test runs.
         c.txn.retention_ms = 3_600_000;
-    })
-    .expect("cluster config");
-    procs.start_all().expect("start nodes");
-    let mut c = TestCluster {
-        dir,
-        procs,
-        proxies: Vec::new(),
-    };
+    });
 
     let full = c.leader().await;
     let full_data = c.procs.node(full).config.data_dir.clone();
