@@ -999,21 +999,7 @@ impl<'a> Run<'a> {
             if let Some(&other) = told_commit.get(&txid) {
                 why.push(format!("a client was told COMMITTED (op {other})"));
             }
-            if let Some(r) = reads.get(&txid) {
-                if !r.commit_nodes.is_empty() {
-                    why.push(format!("COMMIT read from {}", join(&r.commit_nodes)));
-                }
-            }
-            if let Some(outcomes) = applied.get(&txid) {
-                let at: BTreeSet<&str> = outcomes
-                    .iter()
-                    .filter(|(_, o)| o.contains(&Applied::Commit))
-                    .map(|(s, _)| *s)
-                    .collect();
-                if !at.is_empty() {
-                    why.push(format!("COMMIT applied at {}", join(&at)));
-                }
-            }
+            commit_evidence(txid, reads, applied, &mut why);
             if !why.is_empty() {
                 self.report(
                     AnomalyKind::AckedAbortButApplied,
@@ -1253,21 +1239,7 @@ impl<'a> Run<'a> {
                 }
                 continue;
             };
-            if let Some(r) = reads.get(&txid) {
-                if !r.commit_nodes.is_empty() {
-                    why.push(format!("COMMIT read from {}", join(&r.commit_nodes)));
-                }
-            }
-            if let Some(at) = applied.get(&txid) {
-                let c: BTreeSet<&str> = at
-                    .iter()
-                    .filter(|(_, o)| o.contains(&Applied::Commit))
-                    .map(|(s, _)| *s)
-                    .collect();
-                if !c.is_empty() {
-                    why.push(format!("COMMIT applied at {}", join(&c)));
-                }
-            }
+            commit_evidence(txid, reads, applied, &mut why);
             // Two participants: the live one's NO-or-no-answer must end in
             // ABORT. One participant (one-phase): only it can decide, so it
             // may stay undecided for good.
@@ -1351,6 +1323,26 @@ impl<'a> Run<'a> {
                     ),
                 );
             }
+        }
+    }
+}
+
+/// Adds to `why` what shows that `txid` was committed: nodes that read
+/// COMMIT, services that applied COMMIT.
+fn commit_evidence(txid: u64, reads: &BTreeMap<u64, ReadSummary>, applied: &AppliedMap, why: &mut Vec<String>) {
+    if let Some(r) = reads.get(&txid) {
+        if !r.commit_nodes.is_empty() {
+            why.push(format!("COMMIT read from {}", join(&r.commit_nodes)));
+        }
+    }
+    if let Some(outcomes) = applied.get(&txid) {
+        let at: BTreeSet<&str> = outcomes
+            .iter()
+            .filter(|(_, o)| o.contains(&Applied::Commit))
+            .map(|(s, _)| *s)
+            .collect();
+        if !at.is_empty() {
+            why.push(format!("COMMIT applied at {}", join(&at)));
         }
     }
 }
