@@ -242,9 +242,13 @@ impl Peers {
     }
 }
 
-/// `base * 2^(failures - 1)`, at most `max`, scaled by `jitter`.
-fn backoff(base: Duration, max: Duration, failures: u32, jitter: f64) -> Duration {
-    let exp = base.saturating_mul(1u32 << failures.saturating_sub(1).min(20)).min(max);
+/// `base * 2^(failures - 1)` (at least 1 ms), at most `max`, scaled by
+/// `jitter`: the one backoff formula of phase two.
+pub(crate) fn backoff(base: Duration, max: Duration, failures: u32, jitter: f64) -> Duration {
+    let exp = base
+        .max(Duration::from_millis(1))
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(20))
+        .min(max);
     exp.mul_f64(jitter.clamp(0.0, 1.0))
 }
 

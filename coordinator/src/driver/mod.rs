@@ -201,12 +201,8 @@ impl DriverState {
 
     /// The backoff after `failures` failures, with equal jitter.
     fn backoff(&self, failures: u32) -> Duration {
-        let exp = self
-            .retry_base
-            .saturating_mul(1u32 << failures.min(20))
-            .min(self.retry_max)
-            .max(Duration::from_millis(1));
-        exp.mul_f64(rand::rng().random_range(0.5..=1.0))
+        let jitter = rand::rng().random_range(0.5..=1.0);
+        health::backoff(self.retry_base, self.retry_max, failures.saturating_add(1), jitter)
     }
 }
 
