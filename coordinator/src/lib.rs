@@ -29,17 +29,14 @@
 
 pub mod api;
 pub mod batcher;
-pub mod bench;
-pub mod client;
-pub mod cluster;
 pub mod codec;
 pub mod config;
 pub mod ctx;
-pub mod demo;
-pub mod dev;
 pub mod driver;
-pub mod limits;
 pub mod node;
 pub mod raft;
 pub mod sm;
 pub mod store;
+
+/// The request limits live with the wire contract (`dtx_proto::limits`).
+pub use dtx_proto::limits;

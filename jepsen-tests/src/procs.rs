@@ -1,7 +1,7 @@
 //! The network rules that cut a run's processes apart (nftables on their
 //! loopback addresses), torn down on drop so a run that fails or panics
 //! leaves nothing behind. The processes themselves are
-//! `coordinator::cluster::{ProcessCluster, BankProcess}`.
+//! `dtx_testkit::cluster::{ProcessCluster, BankProcess}`.
 
 use std::process::Command;
 use std::process::Stdio;

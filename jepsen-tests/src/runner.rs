@@ -16,16 +16,16 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Context;
-use coordinator::client::Client;
-use coordinator::client::ClientConfig;
-use coordinator::client::ClientError;
-use coordinator::client::ParticipantSpec;
-use coordinator::client::TxOutcome;
-use coordinator::cluster::wait_listening;
-use coordinator::cluster::BankProcess as BankProc;
-use coordinator::cluster::NodePlan;
-use coordinator::cluster::ProcessCluster;
+use dtx_client::Client;
+use dtx_client::ClientConfig;
+use dtx_client::ClientError;
+use dtx_client::ParticipantSpec;
+use dtx_client::TxOutcome;
 use dtx_proto::v1 as pb;
+use dtx_testkit::cluster::wait_listening;
+use dtx_testkit::cluster::BankProcess as BankProc;
+use dtx_testkit::cluster::NodePlan;
+use dtx_testkit::cluster::ProcessCluster;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
@@ -140,7 +140,7 @@ struct World {
     chaos: Arc<msgproxy::Chaos>,
     net: Option<Net>,
     node_ips: Vec<String>,
-    /// Run-time crash point files (see participant_sdk::failpoint).
+    /// Run-time crash point files (see the dtx-failpoint crate).
     fp_nodes: PathBuf,
     fp_banks: PathBuf,
     rec: Recorder,
@@ -190,7 +190,7 @@ impl World {
     async fn leader(&self) -> Option<u64> {
         let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
         for addr in self.api_addrs() {
-            if let Ok(s) = coordinator::client::cluster_status_at(&addr, Duration::from_millis(500)).await {
+            if let Ok(s) = dtx_client::cluster_status_at(&addr, Duration::from_millis(500)).await {
                 if s.leader_id != 0 {
                     *votes.entry(s.leader_id).or_default() += 1;
                 }
@@ -720,7 +720,7 @@ async fn fill_disk(w: &mut World) -> anyhow::Result<DiskFault> {
     let mut rx = stop_rx.clone();
     let node_watch = tokio::spawn(async move {
         let status = |addr: String| async move {
-            coordinator::client::cluster_status_at(&addr, Duration::from_millis(300))
+            dtx_client::cluster_status_at(&addr, Duration::from_millis(300))
                 .await
                 .ok()
                 .filter(|s| s.role != "Shutdown")
@@ -861,7 +861,7 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
         .collect();
     let mut target = 0;
     for a in &others {
-        if let Ok(s) = coordinator::client::cluster_status_at(a, Duration::from_millis(500)).await {
+        if let Ok(s) = dtx_client::cluster_status_at(a, Duration::from_millis(500)).await {
             target = target.max(s.last_applied_index);
         }
     }
@@ -869,7 +869,7 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
     let until = freed_at + DISK_RECOVERY_WAIT;
     let node_back = async {
         while Instant::now() < until {
-            if let Ok(s) = coordinator::client::cluster_status_at(&node_api, Duration::from_millis(300)).await {
+            if let Ok(s) = dtx_client::cluster_status_at(&node_api, Duration::from_millis(300)).await {
                 if s.leader_id != 0 && s.role != "Shutdown" && s.last_applied_index >= target {
                     return Some(freed_at.elapsed().as_millis() as u64);
                 }
@@ -1006,7 +1006,7 @@ async fn read_decisions(addr: &str, txids: &[u64]) -> anyhow::Result<Vec<(u64, D
 pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
     anyhow::ensure!(
         o.coordinator_bin.is_file(),
-        "coordinator binary not found at {}; build it with `cargo build --release -p coordinator --features failpoints` \
+        "coordinator binary not found at {}; build it with `cargo build --release -p dtx-cli --features failpoints` \
          (scripts/jepsen does) or pass --coordinator-bin",
         o.coordinator_bin.display()
     );
@@ -1518,7 +1518,7 @@ pub const GONE_REAPER_BATCH_MAX: usize = 2;
 /// transaction it holds prepared without a decision, with the work it
 /// prepared (the example bank keeps it under `pending/<txid>`).
 async fn in_doubt_list(b: &BankProc) -> anyhow::Result<Vec<InDoubtEntry>> {
-    let store = coordinator::demo::bank::open_bank(&b.data_dir, &b.prefix, b.accounts, b.initial).await?;
+    let store = dtx_bank::open_bank(&b.data_dir, &b.prefix, b.accounts, b.initial).await?;
     let held = store.in_doubt().map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut out = Vec::new();
     for (txid, _) in held {
@@ -1527,7 +1527,7 @@ async fn in_doubt_list(b: &BankProc) -> anyhow::Result<Vec<InDoubtEntry>> {
             .get(format!("pending/{txid}").as_bytes())
             .ok()
             .flatten()
-            .and_then(|p| coordinator::demo::bank::parse_work(&p));
+            .and_then(|p| dtx_bank::parse_work(&p));
         out.push(InDoubtEntry { txid, work });
     }
     Ok(out)

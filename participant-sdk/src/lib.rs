@@ -44,8 +44,6 @@
 //! To come: an external-resource variant (PostgreSQL prepared transactions)
 //! that records intent before calling the resource.
 
-pub mod enlist;
-pub mod failpoint;
 pub mod log;
 pub mod server;
 pub mod store;

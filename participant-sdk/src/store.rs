@@ -874,7 +874,7 @@ impl<R: Resource> ParticipantStore<R> {
             (reply, changed)
         };
         if matches!(reply, Reply::Vote(Vote::Yes)) && wrote {
-            crate::failpoint!("participant_before_durable_prepare");
+            dtx_failpoint::failpoint!("participant_before_durable_prepare");
         }
         // Always sync before answering: a repeated message may find a record
         // that a concurrent request wrote but whose fsync is still running,
@@ -882,9 +882,11 @@ impl<R: Resource> ParticipantStore<R> {
         let _ = wrote;
         self.flush().await?;
         match (msg, reply) {
-            (Message::Prepare { .. }, Reply::Vote(_)) => crate::failpoint!("participant_after_prepare_before_reply"),
+            (Message::Prepare { .. }, Reply::Vote(_)) => {
+                dtx_failpoint::failpoint!("participant_after_prepare_before_reply")
+            }
             (Message::Commit { .. } | Message::Abort { .. } | Message::CommitOnePhase { .. }, Reply::Ack) => {
-                crate::failpoint!("participant_after_decision_before_ack")
+                dtx_failpoint::failpoint!("participant_after_decision_before_ack")
             }
             _ => {}
         }

@@ -1,155 +1,32 @@
-//! The versioned gRPC API of the coordinator (`dtx.v1`).
+//! The wire contract of the dtx coordinator: what every process that talks
+//! to a node, a participant or another node shares, and nothing else.
 //!
-//! The `.proto` files under `proto/dtx/v1/` are the source of truth and
-//! document every field; this crate only compiles them.
+//! - [`v1`]: the versioned gRPC API (`dtx.v1`), compiled from the `.proto`
+//!   files under `proto/dtx/v1/` (the source of truth; they document every
+//!   field).
+//! - [`limits`]: documented request limits, each name with its unit.
+//! - [`metadata`]: the gRPC metadata keys (the txid a request carries,
+//!   leader hints, "not applied", the Raft transport's cluster id) and
+//!   their readers.
+//! - [`endpoint`]: the one parser of addresses, and the server-side
+//!   accepted-connection stream.
+//! - [`channel`]: lazily connecting channels and the per-address channel
+//!   cache used by nodes, the client and participants.
+//!
+//! It depends on tonic, prost and tokio only, so a client or a participant
+//! that embeds it pulls in no Raft and no storage.
 pub mod v1 {
     tonic::include_proto!("dtx.v1");
 }
 
-/// gRPC metadata key that carries a transaction id from a client to the
-/// services it calls, so a service can do its work under that transaction
-/// and enlist itself (see `participant_sdk::enlist`).
-pub const TXID_METADATA_KEY: &str = "x-dtx-txid";
+pub mod channel;
+pub mod endpoint;
+pub mod limits;
+pub mod metadata;
 
-/// Puts `txid` into a request's metadata.
-pub fn attach_txid<T>(req: &mut tonic::Request<T>, txid: u64) {
-    req.metadata_mut().insert(TXID_METADATA_KEY, txid.into());
-}
-
-/// The transaction id a request carries, if any (and if well-formed).
-pub fn txid_of<T>(req: &tonic::Request<T>) -> Option<u64> {
-    req.metadata()
-        .get(TXID_METADATA_KEY)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.parse().ok())
-}
-
-/// What an address may look like, for error messages.
-pub const ADDRESS_FORMS: &str = "host:port or http://host[:port] (plain-text gRPC; TLS is not supported yet)";
-
-/// A gRPC endpoint for `addr`: `host:port` (an IP, `[IPv6]` or a DNS name,
-/// and a port), or `http://host[:port]` (port 80 when left out). The one place
-/// addresses given by users, configs and Enlist are parsed, so an address
-/// that passes here is one a channel can be built for.
-///
-/// Refused, with a message that says what was wrong and what is accepted:
-/// `https://` (there is no TLS yet, and using it as plain text would be a
-/// silent downgrade), any other scheme, a bare `host` without a port, a
-/// path, query or user name, whitespace, and anything that does not parse
-/// as a URI authority.
-pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, String> {
-    let bad = |why: &str| Err(format!("address {addr:?} {why}; expected {ADDRESS_FORMS}"));
-    if addr.is_empty() {
-        return bad("is empty");
-    }
-    if addr.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return bad("contains whitespace or a control character");
-    }
-    let (uri, bare) = match addr.split_once("://") {
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") => (addr.to_string(), false),
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-            return bad("asks for TLS (https://), which this build does not support; it is refused rather than used as plain text");
-        }
-        Some((scheme, _)) => return bad(&format!("has the unsupported scheme {scheme:?}")),
-        None => (format!("http://{addr}"), true),
-    };
-    let ep = match tonic::transport::Endpoint::from_shared(uri) {
-        Ok(ep) => ep,
-        Err(e) => return bad(&format!("is not a valid host and port ({e})")),
-    };
-    let u = ep.uri();
-    let authority = u.authority().map(|a| a.as_str()).unwrap_or("");
-    if u.host().unwrap_or("").is_empty() {
-        return bad("has no host");
-    }
-    if authority.contains('@') {
-        return bad("has a user name (user@host), which is not supported");
-    }
-    // The URI parser keeps any text after the host's ':' as the port, so
-    // check it ourselves: digits that fit in 16 bits, not 0.
-    let host = u.host().unwrap_or("");
-    let after_host = authority.get(host.len()..).unwrap_or("");
-    match after_host.strip_prefix(':') {
-        None if after_host.is_empty() && bare => return bad("has no port"),
-        None if after_host.is_empty() => {}
-        None => return bad("is not a valid host and port"),
-        Some(p) => match p.parse::<u16>() {
-            Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => {}
-            _ => return bad(&format!("has the port {p:?}, not a number from 1 to 65535")),
-        },
-    }
-    if u.query().is_some() || !matches!(u.path(), "" | "/") || (bare && addr.ends_with('/')) {
-        return bad("has a path or query, which gRPC does not use");
-    }
-    Ok(ep)
-}
-
-/// The accepted-connection stream for a gRPC server on `listener`, with
-/// `TCP_NODELAY` and keep-alive set on every accepted socket.
-///
-/// tonic applies `Server::tcp_nodelay` only to listeners it binds itself;
-/// with `serve_with_incoming` the accepted sockets keep Nagle's algorithm,
-/// and a small reply can then wait for the peer's delayed ACK (about 40 ms
-/// on Linux). Every server of ours is built on a listener we bind, so every
-/// one goes through here.
-pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(std::time::Duration::from_secs(30)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::endpoint;
-
-    fn refused(addr: &str, why: &str) {
-        let e = endpoint(addr).expect_err(addr);
-        assert!(e.contains(why), "{addr}: {e}");
-        // Every refusal says what is accepted.
-        assert!(e.contains("host:port or http://host[:port]"), "{addr}: {e}");
-    }
-
-    #[test]
-    fn accepted_forms_keep_host_and_port() {
-        for (addr, host, port) in [
-            ("127.0.0.1:7000", "127.0.0.1", Some(7000)),
-            ("bank-a.internal:7000", "bank-a.internal", Some(7000)),
-            ("[::1]:7000", "[::1]", Some(7000)),
-            ("http://10.0.0.7:7000", "10.0.0.7", Some(7000)),
-            ("HTTP://10.0.0.7:7000/", "10.0.0.7", Some(7000)),
-            ("http://bank-a.internal", "bank-a.internal", None),
-        ] {
-            let ep = endpoint(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
-            assert_eq!(ep.uri().host(), Some(host), "{addr}");
-            assert_eq!(ep.uri().port_u16(), port, "{addr}");
-            assert_eq!(ep.uri().scheme_str(), Some("http"), "{addr}");
-        }
-    }
-
-    #[test]
-    fn https_is_refused_never_downgraded() {
-        refused("https://10.0.0.7:7000", "TLS");
-        refused("HTTPS://10.0.0.7:7000", "https://");
-    }
-
-    #[test]
-    fn malformed_addresses_say_what_is_wrong() {
-        refused("", "is empty");
-        refused("grpc://10.0.0.7:7000", "unsupported scheme \"grpc\"");
-        refused("unix:///tmp/p.sock", "unsupported scheme");
-        refused("bank-a", "no port");
-        refused("10.0.0.7", "no port");
-        refused("10.0.0.7:port", "not a number from 1 to 65535");
-        refused("10.0.0.7:99999", "not a number from 1 to 65535");
-        refused("10.0.0.7:0", "not a number from 1 to 65535");
-        refused("10.0.0.7:", "not a number from 1 to 65535");
-        refused("10.0.0.7:7000:1", "");
-        refused(" 10.0.0.7:7000", "whitespace");
-        refused("10.0.0.7:7000/x", "path");
-        refused("http://10.0.0.7:7000/dtx", "path");
-        refused("http://10.0.0.7:7000?x=1", "query");
-        refused("http://user@10.0.0.7:7000", "user name");
-        refused("http://:7000", "host");
-        refused("http://", "");
-    }
-}
+pub use endpoint::endpoint;
+pub use endpoint::incoming;
+pub use endpoint::ADDRESS_FORMS;
+pub use metadata::attach_txid;
+pub use metadata::txid_of;
+pub use metadata::TXID_METADATA_KEY;

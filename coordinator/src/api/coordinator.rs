@@ -183,7 +183,7 @@ impl CoordinatorService {
             timeout_ms,
         };
         let began = self.ctx().propose(cmd).await?;
-        participant_sdk::failpoint!("coordinator_after_begin");
+        dtx_failpoint::failpoint!("coordinator_after_begin");
         match began {
             CommandOk::Began {
                 txid,
@@ -235,7 +235,7 @@ impl CoordinatorService {
             } => (txid, existing, participants, decision, one_phase),
             other => return Err(unexpected(other)),
         };
-        participant_sdk::failpoint!("coordinator_after_begin");
+        dtx_failpoint::failpoint!("coordinator_after_begin");
         let d = match decision {
             Some(d) => {
                 self.driver.spawn_delivery(txid);

@@ -9,12 +9,10 @@ use crate::batcher::ProposeError;
 use crate::raft::NodeId;
 use crate::sm::CommandError;
 
-pub const LEADER_ID_HEADER: &str = "x-dtx-leader-id";
-pub const LEADER_ADDR_HEADER: &str = "x-dtx-leader-addr";
-pub const FORWARDED_HEADER: &str = "x-dtx-forwarded";
-/// Set on a refusal that happened before anything was proposed: the call
-/// certainly had no effect (a client may report it as a plain failure).
-pub const NOT_APPLIED_HEADER: &str = "x-dtx-not-applied";
+pub use dtx_proto::metadata::FORWARDED_HEADER;
+use dtx_proto::metadata::LEADER_ADDR_HEADER;
+use dtx_proto::metadata::LEADER_ID_HEADER;
+pub use dtx_proto::metadata::NOT_APPLIED_HEADER;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
@@ -124,18 +122,4 @@ impl From<ApiError> for Status {
         }
         status
     }
-}
-
-/// True when the status says the call certainly had no effect.
-pub fn not_applied(status: &Status) -> bool {
-    status.metadata().get(NOT_APPLIED_HEADER).is_some()
-}
-
-/// Reads the leader hint from a status (used by the client library).
-pub fn leader_hint(status: &Status) -> Option<String> {
-    status
-        .metadata()
-        .get(LEADER_ADDR_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
 }

@@ -94,11 +94,11 @@ where
 /// possibly applied, UNKNOWN if nothing definite follows (defect 6).
 fn forwarded_error(s: Status, leader: crate::raft::NodeId, addr: &str, proposed: bool) -> Status {
     let transport_failed = matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown);
-    if transport_failed || (s.code() == tonic::Code::Unavailable && error::leader_hint(&s).is_none()) {
+    if transport_failed || (s.code() == tonic::Code::Unavailable && dtx_proto::metadata::leader_hint(&s).is_none()) {
         return Status::from(ApiError::NotLeader {
             leader_id: Some(leader),
             leader_api_addr: Some(addr.to_string()),
-            proposed: proposed || !error::not_applied(&s),
+            proposed: proposed || !dtx_proto::metadata::not_applied(&s),
         });
     }
     let mut s = s;
@@ -134,23 +134,33 @@ mod tests {
                 proposed: false,
             })
         };
-        assert!(error::not_applied(&leader_says()));
+        assert!(dtx_proto::metadata::not_applied(&leader_says()));
         let s = forwarded_error(leader_says(), 2, "127.0.0.1:8", true);
         assert_eq!(s.code(), tonic::Code::Unavailable);
-        assert!(!error::not_applied(&s), "this node proposed: may be applied");
-        assert_eq!(error::leader_hint(&s).as_deref(), Some("127.0.0.1:9"), "hint kept");
+        assert!(
+            !dtx_proto::metadata::not_applied(&s),
+            "this node proposed: may be applied"
+        );
+        assert_eq!(
+            dtx_proto::metadata::leader_hint(&s).as_deref(),
+            Some("127.0.0.1:9"),
+            "hint kept"
+        );
         // Nothing proposed here: the leader's word stands.
         let s = forwarded_error(leader_says(), 2, "127.0.0.1:8", false);
-        assert!(error::not_applied(&s));
+        assert!(dtx_proto::metadata::not_applied(&s));
         // A definite refusal by the leader (bad input) stays definite.
         let s = forwarded_error(Status::from(ApiError::InvalidArgument("bad".into())), 2, "a:1", true);
         assert_eq!(s.code(), tonic::Code::InvalidArgument);
         // A broken forward: the hint to the leader, possibly applied.
         let s = forwarded_error(Status::unknown("stream reset"), 2, "127.0.0.1:8", true);
         assert_eq!(s.code(), tonic::Code::Unavailable);
-        assert!(!error::not_applied(&s));
-        assert_eq!(error::leader_hint(&s).as_deref(), Some("127.0.0.1:8"));
+        assert!(!dtx_proto::metadata::not_applied(&s));
+        assert_eq!(dtx_proto::metadata::leader_hint(&s).as_deref(), Some("127.0.0.1:8"));
         let s = forwarded_error(Status::unknown("stream reset"), 2, "127.0.0.1:8", false);
-        assert!(!error::not_applied(&s), "a lost reply may have been applied");
+        assert!(
+            !dtx_proto::metadata::not_applied(&s),
+            "a lost reply may have been applied"
+        );
     }
 }

@@ -424,7 +424,7 @@ impl Driver {
     async fn commit_one_phase(self: &Arc<Self>, txid: Txid, p: &Participant) -> Result<Decision, ApiError> {
         let term = self.ctx.current_term();
         let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
-        participant_sdk::failpoint!("coordinator_before_prepare");
+        dtx_failpoint::failpoint!("coordinator_before_prepare");
         let ch = self.ctx.api_channel(&p.address)?;
         let req = prepare_request(txid, term, p, timeout);
         let answer = tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).commit_one_phase(req)).await;
@@ -455,7 +455,7 @@ impl Driver {
                 )))
             }
         };
-        participant_sdk::failpoint!("coordinator_votes_in_before_decide");
+        dtx_failpoint::failpoint!("coordinator_votes_in_before_decide");
         let (d, recorded) = self
             .decide(txid, outcome, vec![p.id.clone()], DecisionSource::Driver, note)
             .await?;
@@ -489,11 +489,11 @@ impl Driver {
         }
         let left_ms = deadline_ms.saturating_sub(now_ms());
         let timeout = Duration::from_millis(left_ms.min(self.ctx.config.txn.prepare_timeout_ms).max(1));
-        participant_sdk::failpoint!("coordinator_before_prepare");
+        dtx_failpoint::failpoint!("coordinator_before_prepare");
         let votes = futures::future::join_all(participants.iter().enumerate().map(|(i, p)| async move {
             let v = self.prepare_one(txid, term, p, timeout).await;
             if i == 0 {
-                participant_sdk::failpoint!("coordinator_mid_prepare");
+                dtx_failpoint::failpoint!("coordinator_mid_prepare");
             }
             v
         }))
@@ -529,11 +529,11 @@ impl Driver {
             .filter(|(_, v)| **v == VoteResult::ReadOnly)
             .map(|(p, _)| p.id.clone())
             .collect();
-        participant_sdk::failpoint!("coordinator_votes_in_before_decide");
+        dtx_failpoint::failpoint!("coordinator_votes_in_before_decide");
         let (d, recorded) = self
             .decide_with_acks(txid, outcome, voters, DecisionSource::Driver, note, &read_only)
             .await?;
-        participant_sdk::failpoint!("coordinator_decided_before_delivery");
+        dtx_failpoint::failpoint!("coordinator_decided_before_delivery");
         if recorded {
             info!(txid, outcome = %d.outcome, "decision recorded");
         }
@@ -967,7 +967,7 @@ impl Driver {
                     match self.record_ack(txid, p.id.clone()).await {
                         Ok(_) => {
                             metrics::counter!("dtx_deliveries_total", "outcome" => outcome.to_string()).increment(1);
-                            participant_sdk::failpoint!("coordinator_mid_delivery");
+                            dtx_failpoint::failpoint!("coordinator_mid_delivery");
                             return;
                         }
                         Err(e) => {

@@ -33,9 +33,11 @@ use super::NodeInfo;
 use super::TypeConfig;
 use crate::codec;
 
+pub use dtx_proto::channel::channel;
+pub use dtx_proto::channel::ChannelCache;
 /// Metadata keys on every Raft call.
-pub const CLUSTER_ID_HEADER: &str = "x-dtx-cluster-id";
-pub const FROM_NODE_HEADER: &str = "x-dtx-from-node";
+pub use dtx_proto::metadata::CLUSTER_ID_HEADER;
+pub use dtx_proto::metadata::FROM_NODE_HEADER;
 
 #[derive(Clone)]
 pub struct NetworkSettings {
@@ -45,36 +47,6 @@ pub struct NetworkSettings {
     pub local_ip: Option<IpAddr>,
     pub max_message_bytes: usize,
     pub connect_timeout: Duration,
-}
-
-/// One lazily connecting, multiplexed channel per address, built with the
-/// same source IP and connect timeout. Used by the Raft network, the node's
-/// forwarding and driver, and the client.
-pub struct ChannelCache {
-    local_ip: Option<IpAddr>,
-    connect_timeout: Duration,
-    map: std::sync::Mutex<std::collections::HashMap<String, Channel>>,
-}
-
-impl ChannelCache {
-    pub fn new(local_ip: Option<IpAddr>, connect_timeout: Duration) -> Self {
-        ChannelCache {
-            local_ip,
-            connect_timeout,
-            map: Default::default(),
-        }
-    }
-
-    /// The cached channel to `addr`, built on first use.
-    pub fn get(&self, addr: &str) -> Result<Channel, String> {
-        let mut map = self.map.lock().expect("channel cache lock");
-        if let Some(c) = map.get(addr) {
-            return Ok(c.clone());
-        }
-        let c = channel(addr, self.local_ip, self.connect_timeout)?;
-        map.insert(addr.to_string(), c.clone());
-        Ok(c)
-    }
 }
 
 /// Builds one `Connection` per target node. Channels are cached per address:
@@ -91,18 +63,6 @@ impl Network {
         let channels = std::sync::Arc::new(ChannelCache::new(settings.local_ip, settings.connect_timeout));
         Network { settings, channels }
     }
-}
-
-/// Builds a lazily connecting channel to `addr` bound to `local_ip`.
-pub fn channel(addr: &str, local_ip: Option<IpAddr>, connect_timeout: Duration) -> Result<Channel, String> {
-    let ep = dtx_proto::endpoint(addr)?;
-    Ok(ep
-        .connect_timeout(connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .local_address(local_ip)
-        .connect_lazy())
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {

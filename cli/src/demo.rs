@@ -1,0 +1,301 @@
+//! `coordinator demo`, the main job: a three-node coordinator cluster and two
+//! bank participant services, all real processes; clients transfer money
+//! between the banks under two-phase commit while the leader is killed with
+//! SIGKILL every few seconds. It prints live progress and ends with a summary
+//! and an audit: the total of all balances must be unchanged, no account
+//! locked, no transaction in doubt, and no transaction committed at one bank
+//! but not at the other. It exits non-zero if the audit fails.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::Instant;
+
+use anyhow::Context;
+use participant_sdk::log::LocalState;
+
+use dtx_client::Client;
+use dtx_client::ClientConfig;
+use dtx_client::ClientError;
+use dtx_client::DecisionRead;
+use dtx_client::TxOutcome;
+use dtx_testkit::cluster::ProcessCluster;
+
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Seconds of transfers.
+    #[arg(long, default_value_t = 40)]
+    pub seconds: u64,
+    /// Concurrent transfer clients.
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// Kill -9 the leader this often (0: never); it restarts 2 s later.
+    #[arg(long, default_value_t = 10)]
+    pub kill_every_secs: u64,
+    /// Accounts per bank, and the starting balance of each.
+    #[arg(long, default_value_t = 50)]
+    pub accounts: usize,
+    #[arg(long, default_value_t = 1000)]
+    pub initial: i64,
+    /// Working directory (recreated on each run).
+    #[arg(long, default_value = ".dtx-demo")]
+    pub dir: PathBuf,
+    /// After the transfers, keep everything serving until Ctrl-C.
+    #[arg(long)]
+    pub keep_serving: bool,
+}
+
+#[derive(Default)]
+struct Counts {
+    committed: AtomicU64,
+    aborted: AtomicU64,
+    unknown: AtomicU64,
+    failed_to_start: AtomicU64,
+}
+
+/// Waits up to 10 s for a bank service to listen.
+async fn wait_listening(addr: &str) -> bool {
+    dtx_testkit::cluster::wait_listening(addr, Duration::from_secs(10)).await
+}
+
+pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    let _ = std::fs::remove_dir_all(&a.dir);
+    std::fs::create_dir_all(&a.dir)?;
+    let dir = a.dir.canonicalize()?;
+    let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
+    let plans = ProcessCluster::plan_local("127.0.0.1", 3)?;
+    let mut cluster = ProcessCluster::new(&bin, &dir.join("cluster"), "dtx-demo", plans, |_| {})?;
+    cluster.start_all()?;
+    let api = cluster.api_addrs();
+    let banks_procs = vec![
+        dtx_testkit::cluster::start_bank(&bin, &dir, "bank-a", "a", &api, a.accounts, a.initial)?,
+        dtx_testkit::cluster::start_bank(&bin, &dir, "bank-b", "b", &api, a.accounts, a.initial)?,
+    ];
+    println!(
+        "dtx demo: 3 coordinator nodes, 2 bank services, {} clients, {} s",
+        a.clients, a.seconds
+    );
+    println!("  working directory: {}", dir.display());
+    let mut leader = cluster
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .context("no leader")?;
+    for b in &banks_procs {
+        anyhow::ensure!(wait_listening(&b.addr).await, "{} did not start; see its log", b.id);
+    }
+    println!(
+        "  leader: node {leader}; banks: bank-a {} / bank-b {}",
+        banks_procs[0].addr, banks_procs[1].addr
+    );
+    let expected_total = 2 * a.accounts as i64 * a.initial;
+    let banks: Arc<Vec<(String, String, String)>> = Arc::new(
+        banks_procs
+            .iter()
+            .map(|b| (b.id.to_string(), b.addr.clone(), b.prefix.to_string()))
+            .collect(),
+    );
+
+    let counts = Arc::new(Counts::default());
+    let unknown: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
+    let told: Arc<std::sync::Mutex<BTreeMap<u64, TxOutcome>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..a.clients {
+        let (counts, unknown, told, stop, banks, api) = (
+            counts.clone(),
+            unknown.clone(),
+            told.clone(),
+            stop.clone(),
+            banks.clone(),
+            api.clone(),
+        );
+        let accounts = a.accounts;
+        workers.push(tokio::spawn(async move {
+            let mut cfg = ClientConfig::new(api);
+            cfg.call_deadline = Duration::from_secs(8);
+            let client = Client::new(cfg).expect("client");
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("demo-{w}-{i}");
+                i += 1;
+                let (txid, res) = dtx_bank::transfer(&client, &key, &banks, accounts).await;
+                match (txid, res) {
+                    (Some(t), Ok(TxOutcome::Committed)) => {
+                        counts.committed.fetch_add(1, Ordering::Relaxed);
+                        told.lock().expect("lock").insert(t, TxOutcome::Committed);
+                    }
+                    (Some(t), Ok(TxOutcome::Aborted)) => {
+                        counts.aborted.fetch_add(1, Ordering::Relaxed);
+                        told.lock().expect("lock").insert(t, TxOutcome::Aborted);
+                    }
+                    (Some(t), Ok(TxOutcome::Unknown)) | (Some(t), Err(ClientError::Unknown(_))) => {
+                        counts.unknown.fetch_add(1, Ordering::Relaxed);
+                        unknown.lock().expect("lock").push(t);
+                    }
+                    // Still no txid: unknown to the client; the audit at
+                    // both banks still covers it.
+                    (None, Ok(TxOutcome::Unknown)) | (None, Err(ClientError::Unknown(_))) => {
+                        counts.unknown.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {
+                        counts.failed_to_start.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+
+    let started = Instant::now();
+    let mut next_kill = if a.kill_every_secs > 0 {
+        a.kill_every_secs
+    } else {
+        u64::MAX
+    };
+    let mut restart_at: Option<(u64, Instant)> = None;
+    let mut kills = 0;
+    while started.elapsed() < Duration::from_secs(a.seconds) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let t = started.elapsed().as_secs();
+        if let Some((id, at)) = restart_at {
+            if Instant::now() >= at {
+                cluster.start(id)?;
+                println!("  t={t:>3}s  node {id} restarted");
+                restart_at = None;
+            }
+        }
+        if t >= next_kill && restart_at.is_none() {
+            if let Some(l) = cluster.current_leader().await {
+                cluster.kill9(l);
+                kills += 1;
+                println!("  t={t:>3}s  kill -9 leader node {l}");
+                restart_at = Some((l, Instant::now() + Duration::from_secs(2)));
+            }
+            next_kill = t + a.kill_every_secs;
+        }
+        if let Some(l) = cluster.current_leader().await {
+            leader = l;
+        }
+        println!(
+            "  t={t:>3}s  committed {:>6}  aborted {:>5}  unknown {:>3}  not started {:>3}  leader node {leader}",
+            counts.committed.load(Ordering::Relaxed),
+            counts.aborted.load(Ordering::Relaxed),
+            counts.unknown.load(Ordering::Relaxed),
+            counts.failed_to_start.load(Ordering::Relaxed),
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let _ = w.await;
+    }
+    if let Some((id, _)) = restart_at {
+        cluster.start(id)?;
+    }
+    cluster
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .context("no leader after the run")?;
+
+    // Unknown outcomes are asked again: they have a decision by now (or the
+    // reaper records ABORT at their deadline).
+    let check = Client::new(ClientConfig::new(api.clone()))?;
+    let mut resolved_unknown = BTreeMap::new();
+    let unknown_txids: Vec<u64> = unknown.lock().expect("lock").clone();
+    for t in unknown_txids {
+        for _ in 0..60 {
+            match check.decision(t).await {
+                Ok(DecisionRead::Committed) => {
+                    resolved_unknown.insert(t, "COMMIT");
+                    break;
+                }
+                Ok(DecisionRead::Aborted) | Ok(DecisionRead::UnknownPresumedAbort) => {
+                    resolved_unknown.insert(t, "ABORT");
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+
+    if a.keep_serving {
+        println!("transfers stopped; everything keeps serving until Ctrl-C");
+        println!("  coordinator API: {}", api.join(","));
+        shutdown.await;
+    }
+
+    // Stop the banks and audit their stores; whatever phase two did not
+    // deliver yet is learned by recovery, as a restarted service would.
+    let mut banks_procs = banks_procs;
+    let mut in_doubt_left = 0;
+    let mut totals = Vec::new();
+    let mut per_bank: Vec<BTreeMap<u64, LocalState>> = Vec::new();
+    for b in banks_procs.iter_mut() {
+        b.stop(Duration::from_secs(5));
+    }
+    for b in &banks_procs {
+        let store = dtx_bank::open_bank(&b.data_dir, &b.prefix, a.accounts, a.initial).await?;
+        // Anything still in doubt asks the cluster, as a restarted service does.
+        for _ in 0..40 {
+            if store.in_doubt()?.is_empty() {
+                break;
+            }
+            let _ = participant_sdk::server::recover_once(&store, &api).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        in_doubt_left += store.in_doubt()?.len();
+        totals.push(dtx_bank::audit(&store)?);
+        per_bank.push(store.entries()?.into_iter().map(|(t, e)| (t, e.state)).collect());
+    }
+    cluster.stop_all(Duration::from_secs(10));
+
+    let mut split = Vec::new();
+    let mut lost_commit = Vec::new();
+    let all_txids: std::collections::BTreeSet<u64> = per_bank.iter().flat_map(|m| m.keys().copied()).collect();
+    for t in all_txids {
+        let c0 = per_bank[0].get(&t) == Some(&LocalState::Committed);
+        let c1 = per_bank[1].get(&t) == Some(&LocalState::Committed);
+        if c0 != c1 {
+            split.push(t);
+        }
+    }
+    for (t, o) in told.lock().expect("lock").iter() {
+        if *o == TxOutcome::Committed && per_bank.iter().any(|m| m.get(t) != Some(&LocalState::Committed)) {
+            lost_commit.push(*t);
+        }
+    }
+    let total: i64 = totals.iter().map(|(t, _, _)| t).sum();
+    let locked: usize = totals.iter().map(|(_, _, l)| l).sum();
+    println!();
+    println!("summary after {} s, {kills} leader kill(s):", a.seconds);
+    println!(
+        "  committed                 {}",
+        counts.committed.load(Ordering::Relaxed)
+    );
+    println!("  aborted                   {}", counts.aborted.load(Ordering::Relaxed));
+    println!(
+        "  unknown to the client     {} (later: {} COMMIT, {} ABORT)",
+        counts.unknown.load(Ordering::Relaxed),
+        resolved_unknown.values().filter(|v| **v == "COMMIT").count(),
+        resolved_unknown.values().filter(|v| **v == "ABORT").count()
+    );
+    println!(
+        "  not started (begin/enlist refused or timed out) {}",
+        counts.failed_to_start.load(Ordering::Relaxed)
+    );
+    println!("  in doubt at the end       {in_doubt_left}");
+    println!("  accounts still locked     {locked}");
+    println!("  split outcomes            {}", split.len());
+    println!("  acknowledged COMMIT not applied everywhere {}", lost_commit.len());
+    println!("  audit: total {total}, expected {expected_total}");
+    let ok = total == expected_total && in_doubt_left == 0 && locked == 0 && split.is_empty() && lost_commit.is_empty();
+    if ok {
+        println!("audit: OK");
+        Ok(())
+    } else {
+        println!("audit: FAILED (split {split:?}, lost {lost_commit:?})");
+        anyhow::bail!("the audit failed; logs and data are in {}", dir.display())
+    }
+}

@@ -1,0 +1,362 @@
+//! `coordinator`: the node binary. It only parses arguments; the library
+//! does the work.
+
+mod demo;
+mod dev;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use clap::Subcommand;
+use coordinator::config::Config;
+use dtx_client::Client;
+use dtx_client::ClientConfig;
+
+#[derive(Parser)]
+#[command(
+    name = "coordinator",
+    version,
+    about = "dtx: a two-phase-commit coordinator replicated by Raft"
+)]
+struct Cli {
+    /// Log format: text or json.
+    #[arg(long, global = true, default_value = "text", env = "DTX_LOG_FORMAT")]
+    log_format: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one node.
+    Serve(ServeArgs),
+    /// The main job: cluster + two bank services, transfers while the leader
+    /// is killed, live progress, then a summary and an audit.
+    Demo(demo::DemoArgs),
+    /// Run one bank participant service (the example; used by `demo`).
+    BankServe(dtx_bank::BankServeArgs),
+    /// Sum the balances of stopped bank services' data directories.
+    BankAudit {
+        /// Data directories of the bank services (stopped), comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        data_dir: Vec<PathBuf>,
+        /// Print one JSON object per directory (balances, locks, in-doubt
+        /// count and the apply log) instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a local three-node cluster on loopback until Ctrl-C.
+    Dev(dev::DevArgs),
+    /// Measure Decide throughput and latency on a local three-node cluster,
+    /// and this disk's fsync rate.
+    Bench(dtx_testkit::bench::BenchArgs),
+    /// Print what a stopped node's data directory holds, as JSON. Writes
+    /// nothing there: it reads a private copy under TMPDIR (works on a full
+    /// disk; needs room for the copy in TMPDIR).
+    Inspect {
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
+    /// Operator commands against a running cluster.
+    Admin {
+        /// API address(es) of any node(s), comma-separated.
+        #[arg(long, default_value = "127.0.0.1:7201", value_delimiter = ',')]
+        addr: Vec<String>,
+        #[command(subcommand)]
+        cmd: AdminCmd,
+    },
+}
+
+#[derive(Parser)]
+struct ServeArgs {
+    /// TOML configuration file (see etc/coordinator.example.toml).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    node_id: Option<u64>,
+    #[arg(long)]
+    cluster_id: Option<String>,
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long)]
+    raft_addr: Option<String>,
+    #[arg(long)]
+    api_addr: Option<String>,
+    #[arg(long)]
+    metrics_addr: Option<String>,
+    /// Initialize a new cluster from the config's bootstrap.members.
+    #[arg(long)]
+    bootstrap: bool,
+}
+
+#[derive(Subcommand)]
+enum AdminCmd {
+    /// Show the cluster as the first reachable node sees it.
+    Status,
+    /// Add a node (as a learner, then a voter unless --learner).
+    AddNode {
+        #[arg(long)]
+        node_id: u64,
+        #[arg(long)]
+        raft_addr: String,
+        #[arg(long)]
+        api_addr: String,
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a node from the cluster.
+    RemoveNode {
+        #[arg(long)]
+        node_id: u64,
+    },
+    /// Build a snapshot on the addressed node now.
+    Snapshot,
+    /// Show one transaction's replicated record.
+    Txn {
+        #[arg(long)]
+        txid: u64,
+    },
+    /// Record a decision by hand (write-once; never overrides one).
+    Resolve {
+        #[arg(long)]
+        txid: u64,
+        #[arg(long, conflicts_with = "abort", required_unless_present = "abort")]
+        commit: bool,
+        #[arg(long)]
+        abort: bool,
+        /// Participants known to hold a YES vote (required for --commit).
+        #[arg(long, value_delimiter = ',')]
+        voters: Vec<String>,
+        #[arg(long)]
+        operator: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn,h2=warn,tower=warn"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn load_config(a: ServeArgs) -> anyhow::Result<Config> {
+    let mut c = match &a.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    if let Some(v) = a.node_id {
+        c.node_id = v;
+    }
+    if let Some(v) = a.cluster_id {
+        c.cluster_id = v;
+    }
+    if let Some(v) = a.data_dir {
+        c.data_dir = v;
+    }
+    if let Some(v) = a.raft_addr {
+        c.raft_addr = v;
+    }
+    if let Some(v) = a.api_addr {
+        c.api_addr = v;
+    }
+    if let Some(v) = a.metrics_addr {
+        c.metrics_addr = Some(v);
+    }
+    if a.bootstrap {
+        c.bootstrap.enabled = true;
+    }
+    c.validate()?;
+    Ok(c)
+}
+
+async fn admin(addrs: Vec<String>, cmd: AdminCmd) -> anyhow::Result<()> {
+    let mut cfg = ClientConfig::new(addrs.clone());
+    cfg.call_deadline = Duration::from_secs(30);
+    let client = Client::new(cfg)?;
+    match cmd {
+        AdminCmd::Status => {
+            let s = client.cluster_status().await?;
+            println!("{}", serde_json::to_string_pretty(&status_json(&s))?);
+        }
+        AdminCmd::AddNode {
+            node_id,
+            raft_addr,
+            api_addr,
+            learner,
+        } => {
+            let ch = coordinator::raft::network::channel(&addrs[0], None, Duration::from_secs(5))
+                .map_err(anyhow::Error::msg)?;
+            let r = dtx_proto::v1::admin_client::AdminClient::new(ch)
+                .add_node(dtx_proto::v1::AddNodeRequest {
+                    node_id,
+                    raft_addr,
+                    api_addr,
+                    voter: !learner,
+                })
+                .await?;
+            println!("voters now: {:?}", r.into_inner().voters);
+        }
+        AdminCmd::RemoveNode { node_id } => {
+            let ch = coordinator::raft::network::channel(&addrs[0], None, Duration::from_secs(5))
+                .map_err(anyhow::Error::msg)?;
+            let r = dtx_proto::v1::admin_client::AdminClient::new(ch)
+                .remove_node(dtx_proto::v1::RemoveNodeRequest { node_id })
+                .await?;
+            println!("voters now: {:?}", r.into_inner().voters);
+        }
+        AdminCmd::Snapshot => {
+            let ch = coordinator::raft::network::channel(&addrs[0], None, Duration::from_secs(5))
+                .map_err(anyhow::Error::msg)?;
+            let r = dtx_proto::v1::admin_client::AdminClient::new(ch)
+                .trigger_snapshot(dtx_proto::v1::TriggerSnapshotRequest {})
+                .await?;
+            println!("snapshot index: {}", r.into_inner().snapshot_index);
+        }
+        AdminCmd::Txn { txid } => {
+            let s = client.status(txid).await?;
+            println!("{s:#?}");
+        }
+        AdminCmd::Resolve {
+            txid,
+            commit,
+            abort: _,
+            voters,
+            operator,
+            reason,
+        } => {
+            let (outcome, recorded) = client.resolve(txid, commit, &voters, &operator, &reason).await?;
+            if recorded {
+                println!("recorded {outcome:?} for transaction {txid}");
+            } else {
+                println!("transaction {txid} was already decided: {outcome:?} (unchanged)");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn status_json(s: &dtx_proto::v1::ClusterStatusResponse) -> serde_json::Value {
+    serde_json::json!({
+        "cluster_id": s.cluster_id,
+        "node_id": s.node_id,
+        "role": s.role,
+        "leader_id": s.leader_id,
+        "leader_api_addr": s.leader_api_addr,
+        "term": s.term,
+        "last_log_index": s.last_log_index,
+        "last_applied_index": s.last_applied_index,
+        "snapshot_index": s.snapshot_index,
+        "purged_index": s.purged_index,
+        "transactions": s.transactions,
+        "members": s.members.iter().map(|m| serde_json::json!({
+            "node_id": m.node_id, "raft_addr": m.raft_addr, "api_addr": m.api_addr, "voter": m.voter
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing(&cli.log_format);
+    // A node runs on one thread by default (its fsyncs run on their own
+    // thread): on small machines this avoids cross-thread wake-ups on every
+    // step of a Raft round. DTX_WORKER_THREADS=N selects a thread pool.
+    let threads: usize = std::env::var("DTX_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let rt = if threads == 0 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?
+    };
+    let outcome = rt.block_on(run(cli));
+    // Tasks still running (a blocking storage call, a stuck connection)
+    // never keep the process from exiting.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    outcome
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.cmd {
+        Cmd::Serve(a) => {
+            let config = load_config(a).context("configuration")?;
+            coordinator::node::run(config, shutdown_signal()).await
+        }
+        Cmd::Dev(a) => dev::run(a, shutdown_signal()).await,
+        Cmd::Demo(a) => demo::run(a, shutdown_signal()).await,
+        Cmd::BankServe(a) => dtx_bank::serve(a, shutdown_signal()).await,
+        Cmd::BankAudit { data_dir, json: true } => {
+            for d in &data_dir {
+                anyhow::ensure!(d.exists(), "bank data directory {} does not exist", d.display());
+                let store = participant_sdk::store::ParticipantStore::open(d, dtx_bank::Bank)?;
+                let (_, _, locked) = dtx_bank::audit(&store)?;
+                let applied: Vec<serde_json::Value> = dtx_bank::apply_log(&store)?
+                    .into_iter()
+                    .map(|(txid, outcome)| serde_json::json!({"txid": txid, "outcome": outcome}))
+                    .collect();
+                let balances: serde_json::Map<String, serde_json::Value> = dtx_bank::balances(&store)?
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into()))
+                    .collect();
+                let line = serde_json::json!({
+                    "data_dir": d.display().to_string(),
+                    "balances": balances,
+                    "locked": locked,
+                    "in_doubt": store.in_doubt()?.len(),
+                    "applied": applied,
+                });
+                println!("{line}");
+            }
+            Ok(())
+        }
+        Cmd::BankAudit { data_dir, json: false } => {
+            let mut total = 0i64;
+            let mut locked = 0;
+            let mut in_doubt = 0;
+            for d in &data_dir {
+                anyhow::ensure!(d.exists(), "bank data directory {} does not exist", d.display());
+                let store = participant_sdk::store::ParticipantStore::open(d, dtx_bank::Bank)?;
+                let (t, n, l) = dtx_bank::audit(&store)?;
+                let doubt = store.in_doubt()?.len();
+                println!("{}: {n} accounts, total {t}, {l} locked, {doubt} in doubt", d.display());
+                total += t;
+                locked += l;
+                in_doubt += doubt;
+            }
+            println!("total {total}, {locked} locked, {in_doubt} in doubt");
+            Ok(())
+        }
+        Cmd::Bench(a) => dtx_testkit::bench::run(a).await,
+        Cmd::Admin { addr, cmd } => admin(addr, cmd).await,
+        Cmd::Inspect { data_dir } => {
+            let v = coordinator::store::inspect(&data_dir)?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Shared harness for the integration tests: real node processes (the
+//! `coordinator` binary), real sockets, SIGKILL, and a userspace TCP proxy
+//! that cuts chosen nodes off from each other.
+#![allow(dead_code)]
+
+pub mod participants;
+pub mod proxy;
+
+use std::path::Path;
+use std::time::Duration;
+
+use coordinator::config::Config;
+use dtx_client::Client;
+use dtx_client::ClientConfig;
+use dtx_testkit::cluster::free_port;
+use dtx_testkit::cluster::NodePlan;
+use dtx_testkit::cluster::ProcessCluster;
+use tempfile::TempDir;
+
+pub use self::proxy::Proxy;
+
+/// A temporary directory for a test cluster; kept after the test when
+/// `DTX_KEEP_TEST_DIRS` is set (for reading node logs after a failure).
+pub fn test_dir() -> TempDir {
+    let mut dir = TempDir::new().expect("tempdir");
+    if std::env::var_os("DTX_KEEP_TEST_DIRS").is_some() {
+        dir.disable_cleanup(true);
+        eprintln!("test data kept in {}", dir.path().display());
+    }
+    dir
+}
+
+pub fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_coordinator"))
+}
+
+/// Loopback IP of node `id` in a test cluster: each node has its own source
+/// address, so the proxies can tell who is calling.
+pub fn node_ip(id: u64) -> String {
+    format!("127.0.0.{}", 10 + id)
+}
+
+pub struct TestCluster {
+    pub dir: TempDir,
+    pub procs: ProcessCluster,
+    /// Present when the cluster was built with proxies (index = node id - 1):
+    /// (raft proxy, api proxy).
+    pub proxies: Vec<(Proxy, Proxy)>,
+}
+
+impl TestCluster {
+    /// Three nodes with default settings on their own loopback IPs.
+    pub fn start(name: &str) -> TestCluster {
+        Self::start_with(name, 3, |_| {})
+    }
+
+    pub fn start_with(name: &str, n: u64, tune: impl Fn(&mut Config)) -> TestCluster {
+        let dir = test_dir();
+        let plans: Vec<NodePlan> = (1..=n)
+            .map(|id| {
+                let ip = node_ip(id);
+                let raft = format!("{ip}:{}", free_port(&ip).unwrap());
+                let api = format!("{ip}:{}", free_port(&ip).unwrap());
+                NodePlan {
+                    id,
+                    raft_listen: raft.clone(),
+                    api_listen: api.clone(),
+                    raft_advertise: raft,
+                    api_advertise: api,
+                }
+            })
+            .collect();
+        let mut procs = ProcessCluster::new(bin(), dir.path(), name, plans, tune).expect("cluster config");
+        procs.start_all().expect("start nodes");
+        TestCluster {
+            dir,
+            procs,
+            proxies: Vec::new(),
+        }
+    }
+
+    /// Three nodes whose peers reach each other only through proxies, so a
+    /// test can partition them; clients still reach every node directly.
+    pub async fn start_partitionable(name: &str, tune: impl Fn(&mut Config)) -> TestCluster {
+        let dir = test_dir();
+        let mut plans = Vec::new();
+        let mut proxies = Vec::new();
+        for id in 1..=3u64 {
+            let ip = node_ip(id);
+            let raft = format!("{ip}:{}", free_port(&ip).unwrap());
+            let api = format!("{ip}:{}", free_port(&ip).unwrap());
+            let raft_proxy = Proxy::start(&raft).await;
+            let api_proxy = Proxy::start(&api).await;
+            plans.push(NodePlan {
+                id,
+                raft_listen: raft,
+                api_listen: api,
+                raft_advertise: raft_proxy.addr.clone(),
+                api_advertise: api_proxy.addr.clone(),
+            });
+            proxies.push((raft_proxy, api_proxy));
+        }
+        let mut procs = ProcessCluster::new(bin(), dir.path(), name, plans, tune).expect("cluster config");
+        procs.start_all().expect("start nodes");
+        TestCluster { dir, procs, proxies }
+    }
+
+    /// Cuts node `id` off from every other node, both directions.
+    pub fn isolate(&self, id: u64) {
+        for other in 1..=self.proxies.len() as u64 {
+            if other == id {
+                continue;
+            }
+            let ip_other = node_ip(other).parse().unwrap();
+            let ip_id = node_ip(id).parse().unwrap();
+            let (r, a) = &self.proxies[(id - 1) as usize];
+            r.block(ip_other);
+            a.block(ip_other);
+            let (r, a) = &self.proxies[(other - 1) as usize];
+            r.block(ip_id);
+            a.block(ip_id);
+        }
+    }
+
+    pub fn heal(&self) {
+        for (r, a) in &self.proxies {
+            r.unblock_all();
+            a.unblock_all();
+        }
+    }
+
+    pub fn api(&self, id: u64) -> String {
+        self.procs.nodes[(id - 1) as usize].plan.api_listen.clone()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(ClientConfig::new(self.procs.api_addrs())).unwrap()
+    }
+
+    /// A client that talks to one node only (it may still forward).
+    pub fn client_at(&self, id: u64) -> Client {
+        Client::new(ClientConfig::new(vec![self.api(id)])).unwrap()
+    }
+
+    pub async fn leader(&mut self) -> u64 {
+        self.procs
+            .wait_for_leader(Duration::from_secs(20))
+            .await
+            .expect("a leader within 20 s")
+    }
+
+    /// Waits until node `id` has applied at least `index`.
+    pub async fn wait_applied(&self, id: u64, index: u64, timeout: Duration) -> bool {
+        let until = tokio::time::Instant::now() + timeout;
+        while tokio::time::Instant::now() < until {
+            if let Ok(s) = dtx_client::cluster_status_at(&self.api(id), Duration::from_millis(500)).await {
+                if s.last_applied_index >= index {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    pub async fn status_of(&self, id: u64) -> dtx_proto::v1::ClusterStatusResponse {
+        dtx_client::cluster_status_at(&self.api(id), Duration::from_secs(2))
+            .await
+            .expect("cluster status")
+    }
+
+    /// Runs `coordinator inspect` on a stopped node's data directory.
+    pub fn inspect(&self, id: u64) -> serde_json::Value {
+        let data_dir = &self.procs.nodes[(id - 1) as usize].config.data_dir;
+        let out = std::process::Command::new(bin())
+            .args(["inspect", "--data-dir"])
+            .arg(data_dir)
+            .output()
+            .expect("run inspect");
+        assert!(
+            out.status.success(),
+            "inspect failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("inspect prints JSON")
+    }
+
+    /// Prints every node's log (call on failure paths for diagnosis).
+    pub fn dump_logs(&self) {
+        for n in &self.procs.nodes {
+            if let Ok(s) = std::fs::read_to_string(&n.log_path) {
+                let tail: Vec<&str> = s.lines().rev().take(40).collect();
+                eprintln!("---- node {} log (last lines) ----", n.plan.id);
+                for l in tail.into_iter().rev() {
+                    eprintln!("{l}");
+                }
+            }
+        }
+    }
+}
+
+/// Every file below `dir`, depth first.
+pub fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Every file below `dir` with its bytes, sorted by path (directories show
+/// through their files' paths): two digests are equal when nothing in the
+/// directory changed.
+pub fn dir_digest(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = walk(dir)
+        .into_iter()
+        .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+        .collect();
+    v.sort();
+    v
+}
+
+pub fn tokio_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}

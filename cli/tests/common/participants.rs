@@ -1,0 +1,190 @@
+//! In-process participant services for tests: the SDK's gRPC server on a
+//! durable store, on a real socket, with a switch that refuses phase-two
+//! deliveries (to keep a participant in doubt).
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dtx_proto::v1::participant_service_server::ParticipantServiceServer;
+use participant_sdk::log::LocalState;
+use participant_sdk::log::Vote;
+use participant_sdk::server::ParticipantServer;
+use participant_sdk::store::ParticipantStore;
+use participant_sdk::store::Resource;
+use participant_sdk::store::Staged;
+use participant_sdk::store::View;
+
+/// Stages the payload on prepare, applies it on commit; payload "no" votes
+/// NO, payload "ro" votes READ_ONLY (nothing to commit).
+pub struct Stage;
+
+impl Resource for Stage {
+    fn prepare(&self, _v: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+        match payload {
+            b"no" => return Vote::No,
+            b"ro" => return Vote::ReadOnly,
+            _ => {}
+        }
+        staged.put(format!("staged/{txid}").as_bytes(), payload);
+        Vote::Yes
+    }
+    fn commit(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
+        staged.delete(format!("staged/{txid}").as_bytes());
+        staged.put(format!("applied/{txid}").as_bytes(), b"1");
+    }
+    fn abort(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
+        staged.delete(format!("staged/{txid}").as_bytes());
+    }
+}
+
+/// Wraps the SDK server; while `hold_decisions` is set, Commit and Abort
+/// deliveries are refused as if the participant were unreachable.
+pub struct Gated {
+    inner: ParticipantServer<Stage>,
+    hold_decisions: Arc<std::sync::atomic::AtomicBool>,
+    /// Milliseconds a one-phase commit waits before it is handled (a slow
+    /// participant).
+    one_phase_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// While set, a one-phase commit is handled but its answer is lost.
+    lose_one_phase_answers: Arc<std::sync::atomic::AtomicBool>,
+    /// Milliseconds a Prepare waits before it is handled (a slow voter).
+    prepare_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Milliseconds a handled Prepare waits before its vote is sent (the
+    /// vote is durable meanwhile).
+    prepare_reply_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Commit and Abort calls received (held or not).
+    decisions_received: Arc<std::sync::atomic::AtomicU32>,
+}
+
+type R<T> = Result<tonic::Response<T>, tonic::Status>;
+
+#[tonic::async_trait]
+impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
+    async fn prepare(&self, req: tonic::Request<dtx_proto::v1::PrepareRequest>) -> R<dtx_proto::v1::PrepareResponse> {
+        let delay = self.prepare_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let vote = self.inner.prepare(req).await;
+        let delay = self.prepare_reply_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        vote
+    }
+    async fn commit_one_phase(
+        &self,
+        req: tonic::Request<dtx_proto::v1::PrepareRequest>,
+    ) -> R<dtx_proto::v1::OnePhaseResponse> {
+        if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unavailable("held by the test"));
+        }
+        let delay = self.one_phase_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let answer = self.inner.commit_one_phase(req).await;
+        if self.lose_one_phase_answers.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unavailable("answer lost by the test"));
+        }
+        answer
+    }
+    async fn commit(
+        &self,
+        req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,
+    ) -> R<dtx_proto::v1::ParticipantDecisionResponse> {
+        self.decisions_received
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unavailable("held by the test"));
+        }
+        self.inner.commit(req).await
+    }
+    async fn abort(
+        &self,
+        req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,
+    ) -> R<dtx_proto::v1::ParticipantDecisionResponse> {
+        self.decisions_received
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unavailable("held by the test"));
+        }
+        self.inner.abort(req).await
+    }
+    async fn inquire(&self, req: tonic::Request<dtx_proto::v1::InquireRequest>) -> R<dtx_proto::v1::InquireResponse> {
+        self.inner.inquire(req).await
+    }
+}
+
+/// A participant service on its own address over a durable store; it stops
+/// when dropped.
+pub struct Svc {
+    pub id: String,
+    pub addr: String,
+    pub store: Arc<ParticipantStore<Stage>>,
+    pub hold_decisions: Arc<std::sync::atomic::AtomicBool>,
+    pub one_phase_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    pub lose_one_phase_answers: Arc<std::sync::atomic::AtomicBool>,
+    pub prepare_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    pub prepare_reply_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Commit and Abort calls that reached this participant.
+    pub decisions_received: Arc<std::sync::atomic::AtomicU32>,
+    /// Dropping it stops the server.
+    _stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Svc {
+    pub async fn new(id: &str) -> Svc {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ParticipantStore::open(dir.path(), Stage).unwrap();
+        let port = dtx_testkit::cluster::free_port("127.0.0.1").unwrap();
+        let mut s = Svc {
+            id: id.to_string(),
+            addr: format!("127.0.0.1:{port}"),
+            store,
+            hold_decisions: Arc::default(),
+            one_phase_delay_ms: Arc::default(),
+            lose_one_phase_answers: Arc::default(),
+            prepare_delay_ms: Arc::default(),
+            prepare_reply_delay_ms: Arc::default(),
+            decisions_received: Arc::default(),
+            _stop: None,
+            _dir: dir,
+        };
+        s.start().await;
+        s
+    }
+
+    pub async fn start(&mut self) {
+        let listener = tokio::net::TcpListener::bind(&self.addr).await.unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let svc = ParticipantServiceServer::new(Gated {
+            inner: ParticipantServer::new(self.store.clone(), &self.id),
+            hold_decisions: self.hold_decisions.clone(),
+            one_phase_delay_ms: self.one_phase_delay_ms.clone(),
+            lose_one_phase_answers: self.lose_one_phase_answers.clone(),
+            prepare_delay_ms: self.prepare_delay_ms.clone(),
+            prepare_reply_delay_ms: self.prepare_reply_delay_ms.clone(),
+            decisions_received: self.decisions_received.clone(),
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(dtx_proto::incoming(listener), async {
+                    let _ = rx.await;
+                }),
+        );
+        self._stop = Some(tx);
+    }
+
+    pub fn state(&self, txid: u64) -> Option<LocalState> {
+        self.store.entry(txid).unwrap().map(|e| e.state)
+    }
+
+    pub async fn wait_state(&self, txid: u64, want: LocalState, timeout: Duration) -> bool {
+        let until = tokio::time::Instant::now() + timeout;
+        while tokio::time::Instant::now() < until {
+            if self.state(txid) == Some(want) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+}

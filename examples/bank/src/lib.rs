@@ -1,0 +1,312 @@
+//! The example bank: each participant service holds some accounts in its
+//! participant store. A transfer debits an account at one service and
+//! credits one at another, under two-phase commit.
+//!
+//! Accounts touched by a prepared transaction stay locked until the
+//! decision; a Prepare that finds a locked account (or too little money)
+//! votes NO, so conflicting transfers abort instead of waiting: no
+//! distributed deadlock.
+//!
+//! Payload of a participant's work: `account:delta` items separated by `;`,
+//! e.g. `a3:-25`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use dtx_client::Client;
+use dtx_client::ClientError;
+use dtx_client::ParticipantSpec;
+use dtx_client::TxOutcome;
+use participant_sdk::log::Vote;
+use participant_sdk::store::ParticipantStore;
+use participant_sdk::store::Resource;
+use participant_sdk::store::Staged;
+use participant_sdk::store::View;
+use rand::Rng;
+
+pub struct Bank;
+
+fn acct_key(name: &str) -> Vec<u8> {
+    format!("acct/{name}").into_bytes()
+}
+
+fn lock_key(name: &str) -> Vec<u8> {
+    format!("lock/{name}").into_bytes()
+}
+
+/// The apply log: `applog/<txid, 20 digits>/<n>` -> "COMMIT" or "ABORT",
+/// one key per time a decision was applied to the transaction's work
+/// (written in the same atomic batch as the work), so a second apply of the
+/// same transaction would show as a second key (checked by jepsen-tests).
+fn applog_prefix(txid: u64) -> Vec<u8> {
+    format!("applog/{txid:020}/").into_bytes()
+}
+
+fn log_apply(view: &View<'_>, txid: u64, outcome: &str, staged: &mut Staged) {
+    let n = view.scan(&applog_prefix(txid)).map(|v| v.len()).unwrap_or(0);
+    let mut key = applog_prefix(txid);
+    key.extend_from_slice(n.to_string().as_bytes());
+    staged.put(&key, outcome.as_bytes());
+}
+
+/// Every applied decision in the apply log: (txid, "COMMIT" | "ABORT"), in
+/// txid order, one item per apply.
+pub fn apply_log(store: &ParticipantStore<Bank>) -> anyhow::Result<Vec<(u64, String)>> {
+    let mut out = Vec::new();
+    for (k, v) in store.view().scan(b"applog/")? {
+        let k = String::from_utf8_lossy(&k).to_string();
+        let txid = k
+            .split('/')
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("bad apply log key {k:?}"))?;
+        out.push((txid, String::from_utf8_lossy(&v).to_string()));
+    }
+    Ok(out)
+}
+
+/// Every account and its balance.
+pub fn balances(store: &ParticipantStore<Bank>) -> anyhow::Result<Vec<(String, i64)>> {
+    let mut out = Vec::new();
+    for (k, v) in store.view().scan(b"acct/")? {
+        let name = String::from_utf8_lossy(&k["acct/".len()..]).to_string();
+        let bal = i64::from_be_bytes(v.try_into().map_err(|_| anyhow::anyhow!("bad balance of {name}"))?);
+        out.push((name, bal));
+    }
+    Ok(out)
+}
+
+fn pending_key(txid: u64) -> Vec<u8> {
+    format!("pending/{txid}").into_bytes()
+}
+
+pub fn parse_work(payload: &[u8]) -> Option<Vec<(String, i64)>> {
+    let s = std::str::from_utf8(payload).ok()?;
+    s.split(';')
+        .filter(|p| !p.is_empty())
+        .map(|item| {
+            let (a, d) = item.split_once(':')?;
+            Some((a.to_string(), d.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The work `txid` prepared here (empty if none).
+fn pending_work(view: &View<'_>, txid: u64) -> Vec<(String, i64)> {
+    view.get(&pending_key(txid))
+        .ok()
+        .flatten()
+        .and_then(|p| parse_work(&p))
+        .unwrap_or_default()
+}
+
+fn balance(view: &View<'_>, name: &str) -> Option<i64> {
+    view.get(&acct_key(name))
+        .ok()
+        .flatten()
+        .and_then(|v| v.try_into().ok().map(i64::from_be_bytes))
+}
+
+impl Resource for Bank {
+    fn prepare(&self, view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+        let Some(work) = parse_work(payload) else {
+            return Vote::No;
+        };
+        for (acct, delta) in &work {
+            let Some(bal) = balance(view, acct) else {
+                return Vote::No;
+            };
+            if let Ok(Some(holder)) = view.get(&lock_key(acct)) {
+                if holder != txid.to_be_bytes() {
+                    return Vote::No; // locked by another prepared transfer
+                }
+            }
+            if bal + delta < 0 {
+                return Vote::No;
+            }
+            staged.put(&lock_key(acct), &txid.to_be_bytes());
+        }
+        staged.put(&pending_key(txid), payload);
+        Vote::Yes
+    }
+
+    fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+        for (acct, delta) in pending_work(view, txid) {
+            let bal = balance(view, &acct).unwrap_or(0);
+            staged.put(&acct_key(&acct), &(bal + delta).to_be_bytes());
+            staged.delete(&lock_key(&acct));
+        }
+        staged.delete(&pending_key(txid));
+        log_apply(view, txid, "COMMIT", staged);
+    }
+
+    fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+        for (acct, _) in pending_work(view, txid) {
+            if view.get(&lock_key(&acct)).ok().flatten().as_deref() == Some(&txid.to_be_bytes()[..]) {
+                staged.delete(&lock_key(&acct));
+            }
+        }
+        staged.delete(&pending_key(txid));
+        log_apply(view, txid, "ABORT", staged);
+    }
+}
+
+/// Opens a bank's store, creating `accounts` accounts with `initial` each
+/// the first time (one durable write).
+pub async fn open_bank(
+    dir: &Path,
+    prefix: &str,
+    accounts: usize,
+    initial: i64,
+) -> anyhow::Result<Arc<ParticipantStore<Bank>>> {
+    std::fs::create_dir_all(dir)?;
+    let store = ParticipantStore::open(dir, Bank).with_context(|| format!("bank store {}", dir.display()))?;
+    if store.view().scan(b"acct/")?.is_empty() {
+        store
+            .write_data(|_, staged| {
+                for i in 0..accounts {
+                    staged.put(&acct_key(&format!("{prefix}{i}")), &initial.to_be_bytes());
+                }
+            })
+            .await?;
+    }
+    Ok(store)
+}
+
+/// Sum and count of every balance, and the accounts still locked.
+pub fn audit(store: &ParticipantStore<Bank>) -> anyhow::Result<(i64, usize, usize)> {
+    let view = store.view();
+    let mut total = 0;
+    let mut n = 0;
+    for (_, v) in view.scan(b"acct/")? {
+        total += i64::from_be_bytes(v.try_into().map_err(|_| anyhow::anyhow!("bad balance"))?);
+        n += 1;
+    }
+    let locked = view.scan(b"lock/")?.len();
+    Ok((total, n, locked))
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BankServeArgs {
+    /// Participant id (as enlisted), e.g. bank-a.
+    #[arg(long)]
+    pub id: String,
+    /// Account name prefix, e.g. a (accounts a0, a1, ...).
+    #[arg(long)]
+    pub prefix: String,
+    #[arg(long)]
+    pub listen: String,
+    #[arg(long)]
+    pub data_dir: std::path::PathBuf,
+    /// Coordinator API addresses, comma-separated (for recovery).
+    #[arg(long, value_delimiter = ',')]
+    pub cluster: Vec<String>,
+    #[arg(long, default_value_t = 10)]
+    pub accounts: usize,
+    #[arg(long, default_value_t = 1000)]
+    pub initial: i64,
+}
+
+/// `coordinator bank-serve`: one bank participant service until SIGTERM.
+///
+/// If its store stops (a write failed: the disk is full, say), the service
+/// stops too and returns the store's message (the process exits non-zero
+/// with it), so a supervisor starts it again: sled cannot write again
+/// without being reopened, and a start reopens it on what is on disk, which
+/// holds everything acknowledged. Started while the disk is still full, it
+/// exits at once saying so (see `ParticipantStore::open`).
+pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    let store = open_bank(&a.data_dir, &a.prefix, a.accounts, a.initial).await?;
+    // Recovery connects from the service's own address, so network rules on
+    // that address (the jepsen partitions) cut it both ways.
+    let local_ip = a
+        .listen
+        .parse::<std::net::SocketAddr>()
+        .ok()
+        .map(|sa| sa.ip())
+        .filter(|ip| !ip.is_unspecified());
+    let opts = participant_sdk::server::RecoveryOptions {
+        interval: Duration::from_millis(500),
+        local_ip,
+        participant_id: a.id.clone(),
+        ..Default::default()
+    };
+    let recovery = participant_sdk::server::spawn_recovery_with(store.clone(), a.cluster.clone(), opts);
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", a.listen))?;
+    tracing::info!(id = %a.id, listen = %a.listen, data_dir = %a.data_dir.display(), "bank service started");
+    let stop = {
+        let store = store.clone();
+        async move {
+            tokio::select! {
+                _ = shutdown => {}
+                f = store.stopped() => tracing::error!("bank service stopping: {f}"),
+            }
+        }
+    };
+    tonic::transport::Server::builder()
+        .add_service(
+            dtx_proto::v1::participant_service_server::ParticipantServiceServer::new(
+                participant_sdk::server::ParticipantServer::new(store.clone(), &a.id),
+            ),
+        )
+        .serve_with_incoming_shutdown(dtx_proto::incoming(listener), stop)
+        .await?;
+    recovery.abort();
+    if let Some(f) = store.failure() {
+        anyhow::bail!("{f}");
+    }
+    store.flush().await?;
+    Ok(())
+}
+
+/// One transfer of a random amount between random accounts of two of
+/// `banks` (each `(participant id, address, account prefix)`), as one
+/// `BeginAndCommit` under `key`; returns the txid if one is known and the
+/// caller's view of the outcome (UNKNOWN is never reported as a failure).
+pub async fn transfer(
+    client: &Client,
+    key: &str,
+    banks: &[(String, String, String)],
+    accounts: usize,
+) -> (Option<u64>, Result<TxOutcome, ClientError>) {
+    let (from, to, amount) = {
+        let mut rng = rand::rng();
+        let f = rng.random_range(0..banks.len());
+        let t = (f + 1) % banks.len();
+        (f, t, rng.random_range(1..=50i64))
+    };
+    let (fa, ta) = {
+        let mut rng = rand::rng();
+        (rng.random_range(0..accounts), rng.random_range(0..accounts))
+    };
+    let debit = format!("{}{fa}:-{amount}", banks[from].2);
+    let credit = format!("{}{ta}:{amount}", banks[to].2);
+    // Both participants are known up front: one BeginAndCommit call (one
+    // Raft write for begin, enlistment and the commit request).
+    let spec = |i: usize, payload: String| ParticipantSpec {
+        participant_id: banks[i].0.clone(),
+        address: banks[i].1.clone(),
+        payload: payload.into_bytes(),
+    };
+    let parts = [spec(from, debit), spec(to, credit)];
+    let mut res = client.begin_and_commit(key, 10_000, b"transfer", &parts).await;
+    // UNKNOWN without a txid (no answer at all): the same key and request
+    // find the transaction again, so ask a few more times.
+    for _ in 0..3 {
+        match &res {
+            Ok(r) if r.outcome == TxOutcome::Unknown && r.txid.is_none() => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                res = client.begin_and_commit(key, 10_000, b"transfer", &parts).await;
+            }
+            _ => break,
+        }
+    }
+    match res {
+        Ok(r) => (r.txid, Ok(r.outcome)),
+        Err(e) => (None, Err(e)),
+    }
+}

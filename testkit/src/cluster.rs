@@ -1,0 +1,463 @@
+//! A supervisor for local node *processes*: writes one config per node,
+//! starts `coordinator serve` children, kills them with SIGKILL or stops them
+//! with SIGTERM, and finds the leader. Used by `coordinator dev`, the bench
+//! and the integration tests, so all of them run real processes on real
+//! sockets. `BankProcess` does the same for the example bank's participant
+//! services (`coordinator bank-serve`): demo, bench, tests and jepsen-tests.
+
+use std::fs;
+use std::path::Path;
+use std::path::PathBuf;
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use coordinator::config::Config;
+use coordinator::config::Member;
+use dtx_client::cluster_status_at;
+
+/// One bank participant service: `coordinator bank-serve` on its own
+/// loopback address and data directory.
+pub struct BankProcess {
+    pub id: String,
+    pub prefix: String,
+    pub ip: String,
+    pub addr: String,
+    pub data_dir: PathBuf,
+    pub log_path: PathBuf,
+    bin: PathBuf,
+    cluster: Vec<String>,
+    pub accounts: usize,
+    pub initial: i64,
+    child: Option<Child>,
+}
+
+impl BankProcess {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        bin: &Path,
+        dir: &Path,
+        id: &str,
+        prefix: &str,
+        ip: &str,
+        port: u16,
+        cluster: Vec<String>,
+        accounts: usize,
+        initial: i64,
+    ) -> BankProcess {
+        BankProcess {
+            id: id.to_string(),
+            prefix: prefix.to_string(),
+            ip: ip.to_string(),
+            addr: format!("{ip}:{port}"),
+            data_dir: dir.join(id),
+            log_path: dir.join(format!("{id}.log")),
+            bin: bin.to_path_buf(),
+            cluster,
+            accounts,
+            initial,
+            child: None,
+        }
+    }
+
+    /// Waits until the process ends by itself; `None` if none was running.
+    pub fn wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.take().and_then(|mut c| c.wait().ok())
+    }
+
+    /// Starts the service (no-op if running) with extra environment.
+    pub fn start(&mut self, env: &[(String, String)]) -> std::io::Result<()> {
+        if self.is_running() {
+            return Ok(());
+        }
+        use std::os::unix::process::CommandExt;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        let child = Command::new(&self.bin)
+            .process_group(0)
+            .args([
+                "bank-serve",
+                "--id",
+                &self.id,
+                "--prefix",
+                &self.prefix,
+                "--listen",
+                &self.addr,
+            ])
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(["--cluster", &self.cluster.join(",")])
+            .args(["--accounts", &self.accounts.to_string()])
+            .args(["--initial", &self.initial.to_string()])
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    pub fn signal(&mut self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill(2) on a child pid we own; no memory is touched.
+            unsafe {
+                libc::kill(c.id() as i32, sig);
+            }
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGCONT (in case it is paused), SIGTERM, then SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        self.signal(libc::SIGCONT);
+        self.signal(libc::SIGTERM);
+        if let Some(mut c) = self.child.take() {
+            let until = std::time::Instant::now() + grace;
+            while std::time::Instant::now() < until {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Reads the stopped service's store with `coordinator bank-audit
+    /// --json`: balances, locks, in-doubt count and apply log.
+    pub fn audit(&self) -> anyhow::Result<serde_json::Value> {
+        let out = Command::new(&self.bin)
+            .args(["bank-audit", "--json", "--data-dir"])
+            .arg(&self.data_dir)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "bank-audit of {} failed: {}",
+            self.id,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+}
+
+impl Drop for BankProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub async fn wait_listening(addr: &str, timeout: Duration) -> bool {
+    let until = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < until {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Where one node listens and what it advertises (they differ when a test
+/// puts a proxy in front of it).
+#[derive(Clone, Debug)]
+pub struct NodePlan {
+    pub id: u64,
+    pub raft_listen: String,
+    pub api_listen: String,
+    pub raft_advertise: String,
+    pub api_advertise: String,
+}
+
+pub struct NodeProc {
+    pub plan: NodePlan,
+    pub config: Config,
+    pub config_path: PathBuf,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl NodeProc {
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+pub struct ProcessCluster {
+    pub dir: PathBuf,
+    pub bin: PathBuf,
+    pub nodes: Vec<NodeProc>,
+    /// Extra environment for every node process (e.g. crash points).
+    pub env: Vec<(String, String)>,
+}
+
+/// Picks a free TCP port on `ip` (bind to port 0, read it, release it).
+pub fn free_port(ip: &str) -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind((ip, 0))?;
+    Ok(l.local_addr()?.port())
+}
+
+impl ProcessCluster {
+    /// Writes configs for `plans` under `dir`; node 1 bootstraps the cluster.
+    /// `tune` may adjust every node's config (timeouts, batch settings).
+    pub fn new(
+        bin: &Path,
+        dir: &Path,
+        cluster_id: &str,
+        plans: Vec<NodePlan>,
+        tune: impl Fn(&mut Config),
+    ) -> std::io::Result<ProcessCluster> {
+        fs::create_dir_all(dir)?;
+        let members: Vec<Member> = plans
+            .iter()
+            .map(|p| Member {
+                id: p.id,
+                raft_addr: p.raft_advertise.clone(),
+                api_addr: p.api_advertise.clone(),
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for (i, p) in plans.into_iter().enumerate() {
+            let mut c = Config {
+                node_id: p.id,
+                cluster_id: cluster_id.to_string(),
+                data_dir: dir.join(format!("node{}", p.id)),
+                raft_addr: p.raft_listen.clone(),
+                api_addr: p.api_listen.clone(),
+                ..Config::default()
+            };
+            c.bootstrap.enabled = i == 0;
+            c.bootstrap.members = members.clone();
+            tune(&mut c);
+            let config_path = dir.join(format!("node{}.toml", p.id));
+            fs::write(&config_path, toml::to_string(&c).map_err(std::io::Error::other)?)?;
+            nodes.push(NodeProc {
+                log_path: dir.join(format!("node{}.log", p.id)),
+                plan: p,
+                config: c,
+                config_path,
+                child: None,
+            });
+        }
+        Ok(ProcessCluster {
+            dir: dir.to_path_buf(),
+            bin: bin.to_path_buf(),
+            nodes,
+            env: Vec::new(),
+        })
+    }
+
+    /// Plans `n` nodes on `ip` with free ports, no proxies.
+    pub fn plan_local(ip: &str, n: u64) -> std::io::Result<Vec<NodePlan>> {
+        (1..=n)
+            .map(|id| {
+                let raft = format!("{ip}:{}", free_port(ip)?);
+                let api = format!("{ip}:{}", free_port(ip)?);
+                Ok(NodePlan {
+                    id,
+                    raft_listen: raft.clone(),
+                    api_listen: api.clone(),
+                    raft_advertise: raft,
+                    api_advertise: api,
+                })
+            })
+            .collect()
+    }
+
+    pub fn node(&mut self, id: u64) -> &mut NodeProc {
+        self.nodes.iter_mut().find(|n| n.plan.id == id).expect("no such node")
+    }
+
+    pub fn api_addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.plan.api_listen.clone()).collect()
+    }
+
+    pub fn start(&mut self, id: u64) -> std::io::Result<()> {
+        let bin = self.bin.clone();
+        let env = self.env.clone();
+        let n = self.node(id);
+        if n.is_running() {
+            return Ok(());
+        }
+        let log = fs::OpenOptions::new().create(true).append(true).open(&n.log_path)?;
+        use std::os::unix::process::CommandExt;
+        let child = Command::new(&bin)
+            // Its own process group: a Ctrl-C in the terminal reaches only
+            // the supervisor, which then stops the nodes in order.
+            .process_group(0)
+            .arg("serve")
+            .arg("--config")
+            .arg(&n.config_path)
+            .env(
+                "RUST_LOG",
+                std::env::var("DTX_NODE_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+            )
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        n.child = Some(child);
+        Ok(())
+    }
+
+    pub fn start_all(&mut self) -> std::io::Result<()> {
+        let ids: Vec<u64> = self.nodes.iter().map(|n| n.plan.id).collect();
+        for id in ids {
+            self.start(id)?;
+        }
+        Ok(())
+    }
+
+    /// SIGKILL, no chance to flush or say goodbye.
+    pub fn kill9(&mut self, id: u64) {
+        if let Some(mut c) = self.node(id).child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends a signal (SIGSTOP, SIGCONT, SIGTERM, ...) to a node process.
+    pub fn signal(&mut self, id: u64, sig: i32) {
+        if let Some(pid) = self.node(id).pid() {
+            // SAFETY: kill(2) on a child pid we own; no memory is touched.
+            unsafe {
+                libc::kill(pid as i32, sig);
+            }
+        }
+    }
+
+    /// SIGTERM, then wait up to `grace` before SIGKILL. Returns the exit
+    /// status when the node exited by itself.
+    pub fn stop(&mut self, id: u64, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.signal(id, libc::SIGTERM);
+        let n = self.node(id);
+        let mut child = n.child.take()?;
+        let until = std::time::Instant::now() + grace;
+        while std::time::Instant::now() < until {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    pub fn stop_all(&mut self, grace: Duration) {
+        let ids: Vec<u64> = self.nodes.iter().map(|n| n.plan.id).collect();
+        for id in ids {
+            self.stop(id, grace);
+        }
+    }
+
+    /// Waits until a node that is running reports itself leader and every
+    /// running node agrees on it; returns its id.
+    pub async fn wait_for_leader(&mut self, timeout: Duration) -> Option<u64> {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            let mut seen = Vec::new();
+            let addrs: Vec<(u64, String)> = self
+                .nodes
+                .iter_mut()
+                .filter_map(|n| {
+                    if n.is_running() {
+                        Some((n.plan.id, n.plan.api_listen.clone()))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            for (id, addr) in &addrs {
+                if let Ok(s) = cluster_status_at(addr, Duration::from_millis(300)).await {
+                    seen.push((*id, s.leader_id, s.role.clone()));
+                }
+            }
+            if let Some((lid, _, _)) = seen.iter().find(|(id, l, role)| id == l && role == "Leader") {
+                if seen.len() == addrs.len() && seen.iter().all(|(_, l, _)| l == lid) {
+                    return Some(*lid);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
+    /// The id of a node that currently believes it is the leader.
+    pub async fn current_leader(&mut self) -> Option<u64> {
+        for n in &self.nodes {
+            if let Ok(s) = cluster_status_at(&n.plan.api_listen, Duration::from_millis(300)).await {
+                if s.role == "Leader" && s.leader_id == n.plan.id {
+                    return Some(n.plan.id);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Drop for ProcessCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// Starts one bank service on a free loopback port (its log and data under
+/// `dir`).
+pub fn start_bank(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    id: &str,
+    prefix: &str,
+    cluster: &[String],
+    accounts: usize,
+    initial: i64,
+) -> anyhow::Result<BankProcess> {
+    let port = free_port("127.0.0.1")?;
+    let mut b = BankProcess::new(
+        bin,
+        dir,
+        id,
+        prefix,
+        "127.0.0.1",
+        port,
+        cluster.to_vec(),
+        accounts,
+        initial,
+    );
+    b.start(&[])?;
+    Ok(b)
+}
