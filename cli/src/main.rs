@@ -1,4 +1,5 @@
-//! `coordinator`: the node binary. It only parses arguments; the library
+//! `coordinator`: the command (package dtx-cli). It only parses arguments;
+//! the libraries (`coordinator`, `dtx-client`, `dtx-testkit`, `dtx-bank`)
 //! does the work.
 
 mod demo;

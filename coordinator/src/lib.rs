@@ -1,11 +1,17 @@
-//! dtx coordinator: a two-phase-commit transaction registry whose decisions
-//! are replicated by a three-node Raft group.
+//! dtx coordinator node: a two-phase-commit transaction registry whose
+//! decisions are replicated by a three-node Raft group, and the leader's
+//! 2PC driver. This crate is the node alone; the client applications embed
+//! is `dtx-client`, the wire contract `dtx-proto`, the participant side
+//! `participant-sdk`, and the `coordinator` command is built by `dtx-cli`.
 //!
-//! Module map (data flows top to bottom):
-//! - `api`      gRPC services (Coordinator, Admin); error -> status mapping
-//!   in one place (`api::error`).
+//! Module map (data flows top to bottom; imports run one way):
+//! - `node`     wires a node together: storage, Raft, servers, leader loops.
+//! - `api`      gRPC services (Coordinator, Admin): they translate requests
+//!   into state-machine commands or calls on the `Driver`; error -> status
+//!   mapping in one place (`api::error`).
 //! - `driver`   the leader's 2PC driver (`Driver`, one owner): prepare,
-//!   decide, deliver, resume; `driver::health` per participant address.
+//!   decide, deliver, the ack queue, re-drive; `driver::health` per
+//!   participant address.
 //! - `ctx`      `NodeCtx`, what the API and the driver share: Raft, the
 //!   state machine, the batcher, channels; propose and linearizable reads.
 //! - `batcher`  group commit: many concurrent commands -> one Raft entry.
@@ -13,15 +19,8 @@
 //! - `store`    `KvEngine` (sled) plus the log store and state-machine store.
 //! - `sm`       the pure transaction state machine (no I/O, no clock).
 //! - `codec`    every binary encoding: version byte + bincode 2.
-//! - `node`     wires a node together: storage, Raft, servers, leader loops.
 //! - `config`   TOML configuration with defaults and `validate()`.
-//! - `client`   Rust client: leader discovery, retries, deadlines, UNKNOWN.
-//! - `cluster`  supervisor of local node processes (dev, bench, tests).
-//! - `demo`     `coordinator demo`: the main job, the bank example under
-//!   leader kills, with an audit; `demo::bank` is the example participant.
-//! - `dev`      `coordinator dev`: a local three-node cluster.
-//! - `bench`    `coordinator bench`: throughput and latency benchmark.
-//! - `limits`   documented request limits.
+//! - `limits`   documented request limits (from `dtx_proto::limits`).
 
 // openraft's StorageError is large and is the error type its storage traits
 // require; boxing it at our boundary would only add allocations.

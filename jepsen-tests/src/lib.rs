@@ -5,7 +5,8 @@
 //! - `checker`: finds anomalies in a history (safety and liveness).
 //! - `plot`: latency and throughput over time as PNG, faults shaded.
 //! - `procs`: network rules (nftables); the node and bank processes are
-//!   `dtx_testkit::cluster::{ProcessCluster, BankProcess}`.
+//!   `dtx_testkit::cluster::{ProcessCluster, BankProcess}`, the bank itself
+//!   is the reference participant `dtx_bank`.
 //! - `nemesis`: the faults and their seeded schedule.
 //! - `msgproxy`: the gRPC proxies in front of the banks that delay,
 //!   duplicate and replay late the coordinator's messages (`message-chaos`),
