@@ -1,8 +1,10 @@
 //! What every part of a running node shares: its id and configuration,
 //! Raft, the state machine, the batcher and the channels to other nodes and
 //! participants, with the Raft-level helpers on top (propose and wait,
-//! linearizable reads, the leader hint). It imports nothing of the API or
-//! the 2PC driver: both stand on it, and `node` wires them together.
+//! linearizable reads, the leader hint), and `ApiError`, the error every
+//! call on it answers (`api::error` maps it to a gRPC status, in one place).
+//! It imports nothing of the API or the 2PC driver: both stand on it, and
+//! `node` wires them together.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,18 +15,88 @@ use openraft::error::CheckIsLeaderError;
 use openraft::error::RaftError;
 use tonic::transport::Channel;
 
-use crate::api::error::ApiError;
 use crate::batcher::Batcher;
+use crate::batcher::ProposeError;
 use crate::config::Config;
 use crate::raft::network::ChannelCache;
 use crate::raft::NodeId;
 use crate::raft::NodeInfo;
 use crate::raft::Raft;
 use crate::sm::Command;
+use crate::sm::CommandError;
 use crate::sm::CommandOk;
 use crate::store::sm_store::SmState;
 use crate::store::KvEngine;
 use crate::store::StateMachineStore;
+
+/// The error of a call on the node: what the API answers (mapped to a gRPC
+/// status in `api::error`) and what the driver and the node's loops get
+/// from proposing and reading.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// This node is not the leader. `proposed` tells whether the command was
+    /// handed to Raft before that was found out (then it may still apply).
+    #[error("not the leader; leader is {leader_id:?} at {leader_api_addr:?}")]
+    NotLeader {
+        leader_id: Option<NodeId>,
+        leader_api_addr: Option<String>,
+        proposed: bool,
+    },
+    /// No leader is known; nothing was proposed.
+    #[error("{0}")]
+    NoLeader(String),
+    #[error("{0}")]
+    Unavailable(String),
+    /// The outcome is not known: the command may or may not be applied.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<CommandError> for ApiError {
+    fn from(e: CommandError) -> Self {
+        let m = e.to_string();
+        match e {
+            CommandError::NotFound { .. } => ApiError::NotFound(m),
+            CommandError::KeyConflict { .. } => ApiError::AlreadyExists(m),
+            CommandError::Invalid(_) => ApiError::InvalidArgument(m),
+            CommandError::TooManyParticipants { .. } => ApiError::InvalidArgument(m),
+            CommandError::NotActive { .. }
+            | CommandError::ParticipantConflict { .. }
+            | CommandError::VotersMismatch { .. }
+            | CommandError::DeadlineNotReached { .. }
+            | CommandError::NotDecided { .. }
+            | CommandError::NotAllAcked { .. }
+            | CommandError::UnknownParticipant { .. }
+            | CommandError::OnePhaseOnly { .. }
+            | CommandError::OperatorCommitNotPrepared { .. } => ApiError::FailedPrecondition(m),
+        }
+    }
+}
+
+impl From<ProposeError> for ApiError {
+    fn from(e: ProposeError) -> Self {
+        match e {
+            ProposeError::NotLeader { leader_id, leader } => ApiError::NotLeader {
+                leader_id,
+                leader_api_addr: leader.map(|n| n.api_addr),
+                proposed: true,
+            },
+            ProposeError::TooLarge { .. } => ApiError::InvalidArgument(e.to_string()),
+            ProposeError::Overloaded(_) => ApiError::NoLeader(e.to_string()),
+            ProposeError::Unavailable(_) => ApiError::Unavailable(e.to_string()),
+        }
+    }
+}
 
 /// Milliseconds since the Unix epoch by this node's clock. Only the leader
 /// reads it, to put the time into commands; the state machine never does.

@@ -49,3 +49,110 @@ pub fn leader_hint(status: &Status) -> Option<String> {
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
 }
+
+/// On a participant's refusal of a coordinator message (FAILED_PRECONDITION):
+/// what kind of refusal it is (`RefusalKind::as_str`). The status message
+/// says the same for humans; programs read this key, never the text.
+pub const REFUSAL_HEADER: &str = "x-dtx-refusal";
+
+/// Why a participant refused a Prepare, Commit, Abort or CommitOnePhase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefusalKind {
+    /// The message's term is older than one the participant already saw for
+    /// the transaction: a newer leader exists (fencing, invariant 9), not a
+    /// protocol error.
+    StaleTerm,
+    /// Protocol violation: Commit for a transaction never prepared there.
+    CommitWithoutPrepare,
+    /// Protocol violation: Commit after a NO vote, an Abort or a tombstone.
+    CommitAfterAbort,
+    /// Protocol violation: Abort after the Commit was applied.
+    AbortAfterCommit,
+}
+
+impl RefusalKind {
+    /// Every kind, for tests and documentation.
+    pub const ALL: [RefusalKind; 4] = [
+        RefusalKind::StaleTerm,
+        RefusalKind::CommitWithoutPrepare,
+        RefusalKind::CommitAfterAbort,
+        RefusalKind::AbortAfterCommit,
+    ];
+
+    /// The value carried under `REFUSAL_HEADER`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalKind::StaleTerm => "stale-term",
+            RefusalKind::CommitWithoutPrepare => "commit-without-prepare",
+            RefusalKind::CommitAfterAbort => "commit-after-abort",
+            RefusalKind::AbortAfterCommit => "abort-after-commit",
+        }
+    }
+
+    /// The kind `as_str` names; `None` for any other value (a kind this
+    /// build does not know).
+    pub fn parse(s: &str) -> Option<RefusalKind> {
+        RefusalKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// Marks `status` as a refusal of `kind`.
+pub fn set_refusal(status: &mut Status, kind: RefusalKind) {
+    status.metadata_mut().insert(
+        REFUSAL_HEADER,
+        tonic::metadata::MetadataValue::from_static(kind.as_str()),
+    );
+}
+
+/// The kind of refusal `status` carries, if it names one this build knows.
+pub fn refusal(status: &Status) -> Option<RefusalKind> {
+    status
+        .metadata()
+        .get(REFUSAL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(RefusalKind::parse)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_kinds_round_trip_through_their_names_and_the_metadata() {
+        let names: Vec<&str> = RefusalKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "stale-term",
+                "commit-without-prepare",
+                "commit-after-abort",
+                "abort-after-commit"
+            ],
+            "the names are part of the wire contract"
+        );
+        for kind in RefusalKind::ALL {
+            assert_eq!(RefusalKind::parse(kind.as_str()), Some(kind));
+            let mut s = Status::failed_precondition("any text at all");
+            set_refusal(&mut s, kind);
+            assert_eq!(refusal(&s), Some(kind));
+            assert_eq!(s.message(), "any text at all", "the text stays for humans");
+        }
+    }
+
+    #[test]
+    fn refusal_is_read_from_the_metadata_never_from_the_text() {
+        // The stale-term text without the key is no refusal kind.
+        let s = Status::failed_precondition("message from term 3 is older than term 4 already seen");
+        assert_eq!(refusal(&s), None);
+        // An unknown or malformed value is no kind either.
+        for v in ["", "Stale-Term", "stale_term", "stale-term "] {
+            assert_eq!(RefusalKind::parse(v), None, "{v:?}");
+        }
+        let mut s = Status::failed_precondition("x");
+        s.metadata_mut().insert(
+            REFUSAL_HEADER,
+            tonic::metadata::MetadataValue::from_static("newer-kind"),
+        );
+        assert_eq!(refusal(&s), None);
+    }
+}

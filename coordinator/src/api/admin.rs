@@ -27,7 +27,6 @@ use crate::raft::NodeId;
 use crate::raft::NodeInfo;
 use crate::sm::Command;
 use crate::sm::CommandOk;
-use crate::sm::DecisionSource;
 use crate::sm::Outcome;
 
 /// Membership changes made through this node run one at a time, so an
@@ -262,42 +261,8 @@ impl AdminService {
         for v in &req.voters {
             check_id("voters", v)?;
         }
-        let mut note = format!("operator {}: {}", req.operator, req.reason);
-        let (voters, read_only) = match outcome {
-            Outcome::Abort => (Vec::new(), Vec::new()),
-            Outcome::Commit => {
-                // Invariant 2 binds operators too: COMMIT only when every
-                // participant is known to hold a durable YES. The leader
-                // asks each one (a read-only Inquire) and refuses otherwise,
-                // naming who and why (issue 8, defect 5). Voters an operator
-                // names must be exactly the enlisted participants.
-                let enlisted: Option<Vec<String>> = {
-                    let st = self.ctx().sm.state();
-                    let r = st.table.get(req.txid);
-                    r.filter(|r| r.decision().is_none())
-                        .map(|r| r.participants.iter().map(|p| p.id.clone()).collect())
-                };
-                if let Some(enlisted) = enlisted.filter(|_| !req.voters.is_empty()) {
-                    let named: BTreeSet<&str> = req.voters.iter().map(String::as_str).collect();
-                    let set: BTreeSet<&str> = enlisted.iter().map(String::as_str).collect();
-                    if named != set || named.len() != req.voters.len() {
-                        return Err(ApiError::FailedPrecondition(format!(
-                            "COMMIT of transaction {} refused: voters {:?} differ from enlisted participants {:?}",
-                            req.txid, req.voters, enlisted
-                        )));
-                    }
-                }
-                let confirmed = self.driver.confirm_votes(req.txid).await?;
-                note = format!("{note} ({})", confirmed.note);
-                (confirmed.all, confirmed.read_only)
-            }
-        };
-        crate::driver::truncate_note(&mut note);
-        let (d, recorded) = self
-            .driver
-            .decide_with_acks(req.txid, outcome, voters, DecisionSource::Operator, note, &read_only)
-            .await?;
-        self.driver.spawn_delivery(req.txid);
+        let note = format!("operator {}: {}", req.operator, req.reason);
+        let (d, recorded) = self.driver.resolve(req.txid, outcome, &req.voters, note).await?;
         Ok(pb::ResolveResponse {
             outcome: outcome_pb(d.outcome) as i32,
             recorded,

@@ -208,48 +208,24 @@ impl CoordinatorService {
         for p in &req.participants {
             check_participant(&p.participant_id, &p.address, &p.payload)?;
         }
-        let cmd = Command::BeginAndCommit {
-            fingerprint: begin_and_commit_fingerprint(req.timeout_ms, &req.description, &req.participants),
-            idempotency_key: req.idempotency_key,
-            now_ms: now_ms(),
-            timeout_ms,
-            participants: req
-                .participants
-                .into_iter()
-                .map(|p| Enlistment {
-                    participant_id: p.participant_id,
-                    address: p.address,
-                    payload: p.payload,
-                })
-                .collect(),
-            one_phase_allowed: self.ctx().config.txn.one_phase_commit,
-        };
-        let (txid, existing, participants, decision, one_phase) = match self.ctx().propose(cmd).await? {
-            CommandOk::BegunCommitting {
-                txid,
-                existing,
-                participants,
-                decision,
-                one_phase,
-                ..
-            } => (txid, existing, participants, decision, one_phase),
-            other => return Err(unexpected(other)),
-        };
-        dtx_failpoint::failpoint!("coordinator_after_begin");
-        let d = match decision {
-            Some(d) => {
-                self.driver.spawn_delivery(txid);
-                d
-            }
-            // A retry: the first call (or a re-drive) may still be running;
-            // driving again is idempotent.
-            None if existing => self.driver.drive_commit(txid).await?,
-            None => self.driver.drive_begun(txid, participants, one_phase).await?,
-        };
+        let fingerprint = begin_and_commit_fingerprint(req.timeout_ms, &req.description, &req.participants);
+        let participants = req
+            .participants
+            .into_iter()
+            .map(|p| Enlistment {
+                participant_id: p.participant_id,
+                address: p.address,
+                payload: p.payload,
+            })
+            .collect();
+        let done = self
+            .driver
+            .begin_and_commit(req.idempotency_key, fingerprint, timeout_ms, participants)
+            .await?;
         Ok(pb::BeginAndCommitResponse {
-            txid,
-            outcome: outcome_pb(d.outcome) as i32,
-            existing,
+            txid: done.txid,
+            outcome: outcome_pb(done.decision.outcome) as i32,
+            existing: done.existing,
         })
     }
 
@@ -276,11 +252,7 @@ impl CoordinatorService {
 
     async fn abort(&self, req: pb::AbortRequest) -> Result<pb::AbortResponse, ApiError> {
         check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
-        let (d, _) = self
-            .driver
-            .decide(req.txid, Outcome::Abort, Vec::new(), DecisionSource::Client, req.reason)
-            .await?;
-        self.driver.spawn_delivery(req.txid);
+        let d = self.driver.abort(req.txid, req.reason).await?;
         Ok(pb::AbortResponse {
             outcome: outcome_pb(d.outcome) as i32,
         })

@@ -1,6 +1,8 @@
 //! gRPC services. Handlers validate input against `limits`, turn requests
-//! into state-machine commands, and either run them here (leader) or forward
-//! them to the leader once (followers).
+//! into state-machine commands or, for everything that drives a transaction
+//! (commit, BeginAndCommit, abort, resolve), into calls on the one
+//! `driver::Driver`, and either run them here (leader) or forward them to
+//! the leader once (followers).
 
 pub mod admin;
 pub mod coordinator;

@@ -4,7 +4,12 @@
 //! every participant in parallel, bounded by `txn.prepare_timeout_ms` and the
 //! transaction's deadline -> record the decision through Raft (COMMIT only
 //! with a YES or READ_ONLY from every enlisted participant, invariant 2) ->
-//! answer the caller -> deliver the decision in the background.
+//! answer the caller -> deliver the decision in the background. Whether a
+//! round may start and what its votes decide is the pure `sm::tally`.
+//!
+//! The API's handlers call the driver for everything that drives a
+//! transaction (commit, BeginAndCommit, a client's abort, an operator's
+//! resolve); the driver stands on `ctx` and imports nothing of the API.
 //!
 //! Ordering rule: a decision is applied in Raft BEFORE any Commit or Abort
 //! is sent to a participant: delivery reads the decision from the applied
@@ -30,25 +35,31 @@
 
 pub mod health;
 
+use std::collections::BTreeSet;
 use std::collections::HashMap;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use dtx_proto::metadata::RefusalKind;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use rand::Rng;
 use tracing::info;
 use tracing::warn;
 
-use crate::api::error::ApiError;
 use crate::ctx::now_ms;
+use crate::ctx::ApiError;
 use crate::ctx::NodeCtx;
+use crate::sm::tally;
+use crate::sm::tally::Tally;
+use crate::sm::tally::Vote;
 use crate::sm::Command;
 use crate::sm::CommandOk;
 use crate::sm::Decision;
 use crate::sm::DecisionSource;
+use crate::sm::Enlistment;
 use crate::sm::Outcome;
 use crate::sm::Participant;
 use crate::sm::Txid;
@@ -277,7 +288,7 @@ fn prepare_request(txid: Txid, term: u64, p: &Participant, timeout: Duration) ->
 }
 
 /// Cuts a decision note to `limits::NOTE_BYTES_MAX` bytes.
-pub(crate) fn truncate_note(note: &mut String) {
+fn truncate_note(note: &mut String) {
     truncate_utf8(note, crate::limits::NOTE_BYTES_MAX);
 }
 
@@ -292,34 +303,25 @@ fn truncate_utf8(s: &mut String, max: usize) {
     }
 }
 
-/// What one participant answered to Prepare.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum VoteResult {
-    Yes,
-    ReadOnly,
-    No(String),
-    /// Unreachable, timed out or malformed: counts as NO.
-    Failed(String),
-}
-
 impl Driver {
-    async fn prepare_one(&self, txid: Txid, term: u64, p: &Participant, timeout: Duration) -> VoteResult {
+    /// What `p` answered to Prepare (no usable answer counts as NO).
+    async fn prepare_one(&self, txid: Txid, term: u64, p: &Participant, timeout: Duration) -> Vote {
         let ch = match self.ctx.api_channel(&p.address) {
             Ok(c) => c,
-            Err(e) => return VoteResult::Failed(e.to_string()),
+            Err(e) => return Vote::Failed(e.to_string()),
         };
         let req = prepare_request(txid, term, p, timeout);
         let res = tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).prepare(req)).await;
         match res {
-            Err(_) => VoteResult::Failed(format!("no vote within {} ms", timeout.as_millis())),
-            Ok(Err(s)) => VoteResult::Failed(format!("{}: {}", s.code(), s.message())),
+            Err(_) => Vote::Failed(format!("no vote within {} ms", timeout.as_millis())),
+            Ok(Err(s)) => Vote::Failed(format!("{}: {}", s.code(), s.message())),
             Ok(Ok(r)) => {
                 let r = r.into_inner();
                 match pb::Vote::try_from(r.vote) {
-                    Ok(pb::Vote::Yes) => VoteResult::Yes,
-                    Ok(pb::Vote::ReadOnly) => VoteResult::ReadOnly,
-                    Ok(pb::Vote::No) => VoteResult::No(r.reason),
-                    _ => VoteResult::Failed(format!("malformed vote value {}", r.vote)),
+                    Ok(pb::Vote::Yes) => Vote::Yes,
+                    Ok(pb::Vote::ReadOnly) => Vote::ReadOnly,
+                    Ok(pb::Vote::No) => Vote::No(r.reason),
+                    _ => Vote::Failed(format!("malformed vote value {}", r.vote)),
                 }
             }
         }
@@ -331,15 +333,112 @@ impl Driver {
         self.drive_detached(txid, None).await
     }
 
-    /// Drives a transaction that BeginAndCommit has just recorded in
-    /// PREPARING with `participants` (no RequestCommit needed).
-    pub async fn drive_begun(
+    /// BeginAndCommit: records the begin, the participants and PREPARING in
+    /// one command, then drives the transaction to its decision (no
+    /// RequestCommit needed). A retry with the same key finds the first
+    /// call's transaction: its recorded decision, or, still undecided (the
+    /// first call or a re-drive may still be running), a drive again, which
+    /// is idempotent.
+    pub async fn begin_and_commit(
+        self: &Arc<Self>,
+        idempotency_key: String,
+        fingerprint: [u8; 32],
+        timeout_ms: u64,
+        participants: Vec<Enlistment>,
+    ) -> Result<BegunAndDecided, ApiError> {
+        let cmd = Command::BeginAndCommit {
+            fingerprint,
+            idempotency_key,
+            now_ms: now_ms(),
+            timeout_ms,
+            participants,
+            one_phase_allowed: self.ctx.config.txn.one_phase_commit,
+        };
+        let (txid, existing, participants, decision, one_phase) = match self.ctx.propose(cmd).await? {
+            CommandOk::BegunCommitting {
+                txid,
+                existing,
+                participants,
+                decision,
+                one_phase,
+                ..
+            } => (txid, existing, participants, decision, one_phase),
+            other => return Err(ApiError::Internal(format!("unexpected state-machine result {other:?}"))),
+        };
+        dtx_failpoint::failpoint!("coordinator_after_begin");
+        let decision = match decision {
+            Some(d) => {
+                self.spawn_delivery(txid);
+                d
+            }
+            None if existing => self.drive_commit(txid).await?,
+            None => self.drive_detached(txid, Some((participants, one_phase))).await?,
+        };
+        Ok(BegunAndDecided {
+            txid,
+            existing,
+            decision,
+        })
+    }
+
+    /// A client's Abort: records ABORT (write-once: an earlier decision
+    /// stands and is returned) and delivers the recorded decision.
+    pub async fn abort(self: &Arc<Self>, txid: Txid, reason: String) -> Result<Decision, ApiError> {
+        let (d, _) = self
+            .decide(txid, Outcome::Abort, Vec::new(), DecisionSource::Client, reason)
+            .await?;
+        self.spawn_delivery(txid);
+        Ok(d)
+    }
+
+    /// An operator's Resolve: records `outcome` with `note` (write-once: an
+    /// earlier decision stands and is returned, `false`) and delivers the
+    /// recorded decision. Invariant 2 binds operators too: a COMMIT needs
+    /// the voters the operator names, if any, to be exactly the enlisted
+    /// participants, and every participant to hold a durable YES or
+    /// READ_ONLY vote when asked (issue 8, defect 5); READ_ONLY voters are
+    /// acked with the decision.
+    pub async fn resolve(
         self: &Arc<Self>,
         txid: Txid,
-        participants: Vec<Participant>,
-        one_phase: bool,
-    ) -> Result<Decision, ApiError> {
-        self.drive_detached(txid, Some((participants, one_phase))).await
+        outcome: Outcome,
+        named_voters: &[String],
+        note: String,
+    ) -> Result<(Decision, bool), ApiError> {
+        let mut note = note;
+        let (voters, read_only) = match outcome {
+            Outcome::Abort => (Vec::new(), Vec::new()),
+            Outcome::Commit => {
+                // The leader asks each participant (a read-only Inquire) and
+                // refuses otherwise, naming who and why. Voters an operator
+                // names must be exactly the enlisted participants.
+                let enlisted: Option<Vec<String>> = {
+                    let st = self.ctx.sm.state();
+                    let r = st.table.get(txid);
+                    r.filter(|r| r.decision().is_none())
+                        .map(|r| r.participants.iter().map(|p| p.id.clone()).collect())
+                };
+                if let Some(enlisted) = enlisted.filter(|_| !named_voters.is_empty()) {
+                    let named: BTreeSet<&str> = named_voters.iter().map(String::as_str).collect();
+                    let set: BTreeSet<&str> = enlisted.iter().map(String::as_str).collect();
+                    if named != set || named.len() != named_voters.len() {
+                        return Err(ApiError::FailedPrecondition(format!(
+                            "COMMIT of transaction {} refused: voters {:?} differ from enlisted participants {:?}",
+                            txid, named_voters, enlisted
+                        )));
+                    }
+                }
+                let confirmed = self.confirm_votes(txid).await?;
+                note = format!("{note} ({})", confirmed.note);
+                (confirmed.all, confirmed.read_only)
+            }
+        };
+        truncate_note(&mut note);
+        let (d, recorded) = self
+            .decide_with_acks(txid, outcome, voters, DecisionSource::Operator, note, &read_only)
+            .await?;
+        self.spawn_delivery(txid);
+        Ok((d, recorded))
     }
 
     /// Runs the drive in its own task, so a caller that goes away (its RPC
@@ -473,22 +572,25 @@ impl Driver {
     ) -> Result<Decision, ApiError> {
         let term = self.ctx.current_term();
         let deadline_ms = self.ctx.sm.state().table.get(txid).map(|r| r.deadline_ms).unwrap_or(0);
-        if now_ms() >= deadline_ms {
-            // Past the deadline: no new prepare round; ABORT (invariant 7).
-            let (d, _) = self
-                .decide(
-                    txid,
-                    Outcome::Abort,
-                    Vec::new(),
-                    DecisionSource::Driver,
-                    "deadline passed before the votes were in".into(),
-                )
-                .await?;
-            self.spawn_delivery(txid);
-            return Ok(d);
-        }
-        let left_ms = deadline_ms.saturating_sub(now_ms());
-        let timeout = Duration::from_millis(left_ms.min(self.ctx.config.txn.prepare_timeout_ms).max(1));
+        let voters: Vec<&str> = participants.iter().map(|p| p.id.as_str()).collect();
+        let round_started_ms = now_ms();
+        // The tally of no votes yet: past the deadline no new prepare round
+        // starts, the transaction aborts (invariant 7).
+        let wait_ms = match tally::tally(&voters, &[], deadline_ms, round_started_ms) {
+            Tally::Abort { reason, .. } => {
+                let mut note = reason.to_string();
+                truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
+                let (d, _) = self
+                    .decide(txid, Outcome::Abort, Vec::new(), DecisionSource::Driver, note)
+                    .await?;
+                self.spawn_delivery(txid);
+                return Ok(d);
+            }
+            Tally::Pending { wait_ms, .. } => wait_ms,
+            // No voters: nothing to ask.
+            Tally::Commit { .. } => 0,
+        };
+        let timeout = Duration::from_millis(wait_ms.min(self.ctx.config.txn.prepare_timeout_ms).max(1));
         dtx_failpoint::failpoint!("coordinator_before_prepare");
         let votes = futures::future::join_all(participants.iter().enumerate().map(|(i, p)| async move {
             let v = self.prepare_one(txid, term, p, timeout).await;
@@ -498,40 +600,42 @@ impl Driver {
             v
         }))
         .await;
-        let mut refusals = Vec::new();
         for (p, v) in participants.iter().zip(&votes) {
-            match v {
-                VoteResult::Yes | VoteResult::ReadOnly => {}
-                VoteResult::No(why) => refusals.push(format!("{} voted NO: {why}", p.id)),
-                VoteResult::Failed(why) => {
-                    warn!(txid, participant = %p.id, "prepare failed, counted as NO: {why}");
-                    refusals.push(format!("{}: {why}", p.id));
-                }
+            if let Vote::Failed(why) = v {
+                warn!(txid, participant = %p.id, "prepare failed, counted as NO: {why}");
             }
         }
-        let (outcome, voters, note) = if refusals.is_empty() {
-            (
-                Outcome::Commit,
-                participants.iter().map(|p| p.id.clone()).collect(),
-                String::new(),
-            )
-        } else {
-            let mut note = refusals.join("; ");
-            truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
-            (Outcome::Abort, Vec::new(), note)
-        };
+        let votes: Vec<(&str, Vote)> = voters.iter().copied().zip(votes).collect();
+        // Every voter has its vote now. Each wait above ended by the
+        // deadline, so a vote not in by then is already a failure (counted
+        // as NO): the tally is taken as of the round's start, when the
+        // deadline was checked.
+        let (outcome, decided_voters, note, read_only) =
+            match tally::tally(&voters, &votes, deadline_ms, round_started_ms) {
+                Tally::Commit {
+                    voters,
+                    read_only_voters,
+                } => (Outcome::Commit, voters, String::new(), read_only_voters),
+                Tally::Abort {
+                    reason,
+                    read_only_voters,
+                } => {
+                    let mut note = reason.to_string();
+                    truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
+                    (Outcome::Abort, Vec::new(), note, read_only_voters)
+                }
+                Tally::Pending { waiting_for, .. } => {
+                    return Err(ApiError::Internal(format!(
+                        "prepare round of {txid} ended without the votes of {waiting_for:?}"
+                    )))
+                }
+            };
         // READ_ONLY voters need no phase two, whatever the decision: their
         // acks go into the decision's own Raft entry, so delivery never
         // sees them pending (defect 4).
-        let read_only: Vec<String> = participants
-            .iter()
-            .zip(&votes)
-            .filter(|(_, v)| **v == VoteResult::ReadOnly)
-            .map(|(p, _)| p.id.clone())
-            .collect();
         dtx_failpoint::failpoint!("coordinator_votes_in_before_decide");
         let (d, recorded) = self
-            .decide_with_acks(txid, outcome, voters, DecisionSource::Driver, note, &read_only)
+            .decide_with_acks(txid, outcome, decided_voters, DecisionSource::Driver, note, &read_only)
             .await?;
         dtx_failpoint::failpoint!("coordinator_decided_before_delivery");
         if recorded {
@@ -543,7 +647,7 @@ impl Driver {
 
     /// Records a decision through Raft (write-once) and returns the recorded
     /// one, which may be an earlier, different decision.
-    pub(crate) async fn decide(
+    async fn decide(
         &self,
         txid: Txid,
         outcome: Outcome,
@@ -558,7 +662,7 @@ impl Driver {
     /// of `acked`: participants that need no phase two (READ_ONLY voters,
     /// who have nothing to do for either outcome). Returns the recorded
     /// decision, which may be an earlier, different one.
-    pub(crate) async fn decide_with_acks(
+    async fn decide_with_acks(
         &self,
         txid: Txid,
         outcome: Outcome,
@@ -601,7 +705,7 @@ impl Driver {
     /// operators too). Returns the participants and the READ_ONLY ones, or
     /// a refusal that names every participant whose vote is not a known
     /// YES, and why.
-    pub(crate) async fn confirm_votes(self: &Arc<Self>, txid: Txid) -> Result<ConfirmedVotes, ApiError> {
+    async fn confirm_votes(self: &Arc<Self>, txid: Txid) -> Result<ConfirmedVotes, ApiError> {
         let record =
             self.ctx.sm.state().table.get(txid).cloned().ok_or_else(|| {
                 ApiError::NotFound(format!("transaction {txid} not found (never begun, or forgotten)"))
@@ -1045,9 +1149,19 @@ impl Driver {
     }
 }
 
+/// What `Driver::begin_and_commit` recorded.
+#[derive(Debug, Clone)]
+pub struct BegunAndDecided {
+    pub txid: Txid,
+    /// The idempotency key found a transaction begun before.
+    pub existing: bool,
+    /// The recorded decision.
+    pub decision: Decision,
+}
+
 /// What an operator's COMMIT learned from asking every participant.
 #[derive(Debug, Clone)]
-pub struct ConfirmedVotes {
+struct ConfirmedVotes {
     /// Every enlisted participant (the voter set of the COMMIT).
     pub all: Vec<String>,
     /// Those that voted READ_ONLY (acked with the decision).
@@ -1070,6 +1184,8 @@ enum DeliveryError {
 }
 
 impl DeliveryError {
+    /// Sorts a participant's error answer by its code, and a refusal by the
+    /// kind it carries in its metadata (`x-dtx-refusal`), never by its text.
     fn from_status(s: &tonic::Status) -> DeliveryError {
         use tonic::Code;
         let message = format!("{}: {}", s.code(), s.message());
@@ -1079,7 +1195,7 @@ impl DeliveryError {
             | Code::NotFound
             | Code::AlreadyExists
             | Code::OutOfRange => DeliveryError::Refused {
-                stale_term: s.code() == Code::FailedPrecondition && s.message().contains("older than term"),
+                stale_term: dtx_proto::metadata::refusal(s) == Some(RefusalKind::StaleTerm),
                 message,
             },
             _ => DeliveryError::NoAnswer(message),
@@ -1119,5 +1235,104 @@ fn log_peer_event(id: &str, addr: &str, event: Option<health::Event>) {
             "participant answers deliveries again after {} ms",
             after.as_millis()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dtx_proto::metadata::set_refusal;
+    use dtx_proto::metadata::RefusalKind;
+    use tonic::Code;
+    use tonic::Status;
+
+    use super::DeliveryError;
+
+    /// The text the participant SDK puts on a stale-term refusal.
+    const STALE_TEXT: &str = "message from term 3 is older than term 4 already seen for this transaction";
+
+    fn status(code: Code, text: &str, kind: Option<RefusalKind>) -> Status {
+        let mut s = Status::new(code, text);
+        if let Some(k) = kind {
+            set_refusal(&mut s, k);
+        }
+        s
+    }
+
+    fn refused(code: Code, text: &str, stale_term: bool) -> DeliveryError {
+        DeliveryError::Refused {
+            message: format!("{code}: {text}"),
+            stale_term,
+        }
+    }
+
+    /// Invariant 9: a participant that saw a newer leader's term refuses
+    /// this leader's message; that is fencing at work, not a protocol
+    /// error. The driver knows it by the kind the SDK puts in the metadata
+    /// (`x-dtx-refusal`), never by the message text.
+    #[test]
+    fn inv9_a_stale_term_refusal_is_known_by_its_metadata_not_its_text() {
+        let fp = Code::FailedPrecondition;
+        assert_eq!(
+            DeliveryError::from_status(&status(fp, STALE_TEXT, Some(RefusalKind::StaleTerm))),
+            refused(fp, STALE_TEXT, true)
+        );
+        assert_eq!(
+            DeliveryError::from_status(&status(fp, "reworded", Some(RefusalKind::StaleTerm))),
+            refused(fp, "reworded", true),
+            "the text may change"
+        );
+        assert_eq!(
+            DeliveryError::from_status(&status(fp, STALE_TEXT, None)),
+            refused(fp, STALE_TEXT, false),
+            "the text alone is not read"
+        );
+    }
+
+    #[test]
+    fn protocol_refusals_are_refused_and_not_stale() {
+        for kind in [
+            RefusalKind::CommitWithoutPrepare,
+            RefusalKind::CommitAfterAbort,
+            RefusalKind::AbortAfterCommit,
+        ] {
+            assert_eq!(
+                DeliveryError::from_status(&status(Code::FailedPrecondition, "violation", Some(kind))),
+                refused(Code::FailedPrecondition, "violation", false),
+                "{kind:?}"
+            );
+        }
+        for code in [
+            Code::InvalidArgument,
+            Code::NotFound,
+            Code::AlreadyExists,
+            Code::OutOfRange,
+        ] {
+            assert_eq!(
+                DeliveryError::from_status(&status(code, "no", None)),
+                refused(code, "no", false),
+                "{code:?}"
+            );
+        }
+    }
+
+    /// An answer about the participant as a whole (down, disk full, an
+    /// internal failure) is no refusal of this message, whatever it
+    /// carries: it goes to the participant's shared health record.
+    #[test]
+    fn failures_of_the_participant_are_no_answer() {
+        for code in [
+            Code::Unavailable,
+            Code::ResourceExhausted,
+            Code::Internal,
+            Code::DeadlineExceeded,
+            Code::Unknown,
+            Code::Cancelled,
+        ] {
+            assert_eq!(
+                DeliveryError::from_status(&status(code, STALE_TEXT, Some(RefusalKind::StaleTerm))),
+                DeliveryError::NoAnswer(format!("{code}: {STALE_TEXT}")),
+                "{code:?}"
+            );
+        }
     }
 }

@@ -9,6 +9,12 @@
 //! to a participant; delivery code only ever reads decisions from this table.
 //!
 //! Transaction life (DESIGN.md): ACTIVE -> PREPARING -> DECIDED -> forgotten.
+//!
+//! `tally`: the vote tally of a prepare round and the deadline rule, pure
+//! too; the driver decides by it, and the reaper's ABORT is held to its
+//! deadline rule here.
+
+pub mod tally;
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -17,6 +23,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::Serialize;
 
+use self::tally::deadline_passed;
 use crate::limits;
 
 pub type Txid = u64;
@@ -364,12 +371,12 @@ impl TxTable {
             .map(|r| (r.deadline_ms, r.decision().map(|d| d.decided_ms), r.all_acked()))
     }
 
-    /// Undecided transactions whose deadline is at or before `now_ms`,
-    /// earliest first, at most `max`.
+    /// Undecided transactions whose deadline has passed at `now_ms` (the
+    /// tally's rule: at or before it), earliest first, at most `max`.
     pub fn expired(&self, now_ms: u64, max: usize) -> Vec<Txid> {
         self.deadlines
             .iter()
-            .take_while(|(d, _)| *d <= now_ms)
+            .take_while(|(d, _)| deadline_passed(*d, now_ms))
             .take(max)
             .map(|(_, t)| *t)
             .collect()
@@ -780,9 +787,10 @@ impl TxTable {
                 }
             }
             (Outcome::Abort, DecisionSource::Reaper) => {
-                // Invariant 7: presumed abort only past the deadline, and only
-                // as a recorded decision.
-                if decision.decided_ms < r.deadline_ms {
+                // Invariant 7: presumed abort only past the deadline (the
+                // rule the driver's tally applies), and only as a recorded
+                // decision.
+                if !deadline_passed(r.deadline_ms, decision.decided_ms) {
                     return Err(CommandError::DeadlineNotReached {
                         txid,
                         deadline_ms: r.deadline_ms,
