@@ -18,17 +18,9 @@ use common::TestCluster;
 use dtx_client::ClientError;
 use dtx_client::DecisionRead;
 use dtx_client::TxOutcome;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+use rand::rngs::StdRng;
+use rand::Rng;
+use rand::SeedableRng;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t22_kill9_loop_loses_nothing_acknowledged() {
@@ -43,7 +35,7 @@ async fn t22_kill9_loop_loses_nothing_acknowledged() {
                 | 1
         });
     eprintln!("t22 seed {seed} (DTX_SEED={seed} replays the kill schedule)");
-    let mut rng = Rng(seed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut c = TestCluster::start("t22");
     c.leader().await;
     let client = Arc::new(c.client());
@@ -83,15 +75,15 @@ async fn t22_kill9_loop_loses_nothing_acknowledged() {
     }
 
     for round in 0..6 {
-        tokio::time::sleep(Duration::from_millis(400 + rng.next() % 600)).await;
-        let victim = if rng.next().is_multiple_of(2) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(400..1000))).await;
+        let victim = if rng.random_bool(0.5) {
             c.procs.current_leader().await.unwrap_or(1)
         } else {
-            1 + rng.next() % 3
+            rng.random_range(1..=3)
         };
         eprintln!("round {round}: kill -9 node {victim}");
         c.procs.kill9(victim);
-        tokio::time::sleep(Duration::from_millis(200 + rng.next() % 500)).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..700))).await;
         c.procs.start(victim).unwrap();
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;

@@ -7,6 +7,11 @@
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::Rng;
+use rand::SeedableRng;
+
 use super::*;
 
 // ---------------------------------------------------------------- helpers
@@ -1172,97 +1177,82 @@ fn inv10_from_parts_never_reuses_a_live_txid() {
 
 // ---------------------------------------------------------------- property-style
 
-/// xorshift64*: tiny deterministic PRNG, enough for shuffling commands.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
-}
-
 const PIDS: [&str; 4] = ["p0", "p1", "p2", "p3"];
 const KEYS: [&str; 5] = ["k0", "k1", "k2", "k3", "k4"];
 
 /// One random command. It may peek at `t` (the reference table) to aim COMMIT
 /// voters at the enlisted set half of the time; the commands themselves are
-/// then applied identically to every table.
-fn random_command(rng: &mut XorShift, t: &TxTable, now_ms: u64) -> Command {
+/// then applied identically to every table. `rng` is seeded (StdRng), so a
+/// seed replays the same commands.
+fn random_command(rng: &mut StdRng, t: &TxTable, now_ms: u64) -> Command {
     // Mostly live txids, sometimes any id up to one past the end (forgotten,
     // never begun, 0).
     let live: Vec<Txid> = t.records().map(|r| r.txid).collect();
-    let txid = if !live.is_empty() && rng.below(5) != 0 {
-        *rng.pick(&live)
+    let txid = if !live.is_empty() && rng.random_ratio(4, 5) {
+        *live.choose(rng).unwrap()
     } else {
-        rng.below(t.next_txid() + 1)
+        rng.random_range(0..=t.next_txid())
     };
-    match rng.below(100) {
+    match rng.random_range(0..100) {
         0..=14 => Command::Begin {
-            idempotency_key: rng.pick(&KEYS).to_string(),
-            fingerprint: fp(rng.below(2) as u8),
+            idempotency_key: KEYS.choose(rng).unwrap().to_string(),
+            fingerprint: fp(rng.random_range(0..2)),
             now_ms,
-            timeout_ms: rng.below(60),
+            timeout_ms: rng.random_range(0..60),
         },
         15..=34 => Command::Enlist {
             txid,
-            participant_id: rng.pick(&PIDS).to_string(),
-            address: format!("a{}", rng.below(2)),
-            payload: vec![rng.below(2) as u8],
+            participant_id: PIDS.choose(rng).unwrap().to_string(),
+            address: format!("a{}", rng.random_range(0..2)),
+            payload: vec![rng.random_range(0..2)],
         },
         35..=44 => Command::RequestCommit { txid },
         45..=74 => {
-            let outcome = if rng.below(2) == 0 {
+            let outcome = if rng.random_bool(0.5) {
                 Outcome::Commit
             } else {
                 Outcome::Abort
             };
-            let source = *rng.pick(&[
+            let source = *[
                 DecisionSource::Driver,
                 DecisionSource::Client,
                 DecisionSource::Reaper,
                 DecisionSource::Operator,
-            ]);
-            let voters: Vec<String> = match (rng.below(2), t.get(txid)) {
-                (0, Some(r)) => {
+            ]
+            .choose(rng)
+            .unwrap();
+            let voters: Vec<String> = match (rng.random_bool(0.5), t.get(txid)) {
+                (true, Some(r)) => {
                     // The enlisted set, sometimes with one voter dropped,
                     // added or duplicated.
                     let mut v: Vec<String> = r.participants.iter().map(|p| p.id.clone()).collect();
-                    match rng.below(6) {
+                    match rng.random_range(0..6) {
                         0 if !v.is_empty() => {
-                            let i = rng.below(v.len() as u64) as usize;
+                            let i = rng.random_range(0..v.len());
                             v.remove(i);
                         }
-                        1 => v.push(rng.pick(&PIDS).to_string()),
+                        1 => v.push(PIDS.choose(rng).unwrap().to_string()),
                         _ => {}
                     }
                     v
                 }
-                _ => (0..rng.below(5)).map(|_| rng.pick(&PIDS).to_string()).collect(),
+                _ => (0..rng.random_range(0..5))
+                    .map(|_| PIDS.choose(rng).unwrap().to_string())
+                    .collect(),
             };
             Command::Decide {
                 txid,
                 outcome,
                 voters,
                 source,
-                term: rng.below(4),
+                term: rng.random_range(0..4),
                 now_ms,
-                note: format!("n{}", rng.below(3)),
+                note: format!("n{}", rng.random_range(0..3)),
             }
         }
         75..=89 => Command::Ack {
             txid,
-            participant_id: rng.pick(&PIDS).to_string(),
+            participant_id: PIDS.choose(rng).unwrap().to_string(),
         },
         _ => Command::Forget { txid },
     }
@@ -1271,7 +1261,10 @@ fn random_command(rng: &mut XorShift, t: &TxTable, now_ms: u64) -> Command {
 #[test]
 fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
     for seed in [0x9E37_79B9_7F4A_7C15u64, 1, 0xDEAD_BEEF, 42] {
-        let mut rng = XorShift(seed);
+        // Every failure below names its step; this line (shown with the
+        // failure's output) names the seed to replay.
+        println!("prop_random_commands: seed {seed:#x}");
+        let mut rng = StdRng::seed_from_u64(seed);
         let mut a = TxTable::new();
         let mut b = TxTable::new();
         let mut now_ms = 0u64;
@@ -1284,7 +1277,7 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
         let (mut commits, mut aborts, mut forgets) = (0, 0, 0);
 
         for step in 0..5000 {
-            now_ms += rng.below(20);
+            now_ms += rng.random_range(0..20);
             let cmd = random_command(&mut rng, &a, now_ms);
             let pre = a.clone();
 
