@@ -32,10 +32,6 @@ use crate::raft::service::RaftService;
 use crate::raft::NodeId;
 use crate::raft::NodeInfo;
 use crate::raft::Raft;
-use crate::sm::Command;
-use crate::sm::CommandOk;
-use crate::sm::DecisionSource;
-use crate::sm::Outcome;
 use crate::store;
 use crate::store::LogStore;
 use crate::store::StateMachineStore;
@@ -320,9 +316,10 @@ async fn report_gauges(driver: Arc<Driver>) {
     }
 }
 
-/// Leader-only background work: abort expired undecided transactions through
-/// Raft (invariant 7) and forget decided, fully acked ones after the
-/// retention period (invariant 10).
+/// The leader-only loop's clock: every `txn.reaper_interval_ms` the driver
+/// does one round of background work (`Driver::background_round`: phase two
+/// and re-drives to resume, the deadline reaper, forgetting) if this node
+/// leads; a change of term wakes parked deliveries first.
 async fn leader_loops(driver: Arc<Driver>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let ctx = &driver.ctx;
     let interval = Duration::from_millis(ctx.config.txn.reaper_interval_ms);
@@ -342,57 +339,6 @@ async fn leader_loops(driver: Arc<Driver>, mut stop: tokio::sync::watch::Receive
         if !ctx.is_leader() {
             continue;
         }
-        let now = now_ms();
-        let retention = ctx.config.txn.retention_ms;
-        let max = ctx.config.txn.reaper_batch_max;
-        let (expired, forgettable) = {
-            let st = ctx.sm.state();
-            (
-                st.table.expired(now, max),
-                st.table.forgettable(now.saturating_sub(retention), max),
-            )
-        };
-        // Phase two for every decided, unacked transaction, and a re-drive
-        // of every PREPARING one: this is also how a new leader resumes the
-        // work of the old one. Every one without a task here gets one, at
-        // once (not `max` per round: a new leader would then walk through
-        // every stuck transaction before reaching live ones); a stuck one
-        // keeps its parked task and is skipped after that, so stuck ones
-        // never starve the rest (invariant 11). Calls to each participant
-        // are limited by txn.delivery_inflight_calls_max.
-        let (undelivered, preparing) = driver.pick_background_work();
-        for txid in undelivered {
-            driver.spawn_delivery(txid);
-        }
-        for txid in preparing {
-            driver.spawn_redrive(txid);
-        }
-        let mut cmds: Vec<Command> = expired
-            .into_iter()
-            .map(|txid| Command::Decide {
-                txid,
-                outcome: Outcome::Abort,
-                voters: Vec::new(),
-                source: DecisionSource::Reaper,
-                term,
-                now_ms: now,
-                note: "deadline passed without a decision".into(),
-            })
-            .collect();
-        cmds.extend(forgettable.into_iter().map(|txid| Command::Forget { txid }));
-        if cmds.is_empty() {
-            continue;
-        }
-        let results = futures::future::join_all(cmds.into_iter().map(|c| ctx.propose(c))).await;
-        for r in results {
-            match r {
-                Ok(CommandOk::Decided { recorded: true, .. }) => {
-                    metrics::counter!("dtx_reaper_aborts_total").increment(1);
-                }
-                Ok(CommandOk::Forgotten) => metrics::counter!("dtx_forgotten_total").increment(1),
-                Ok(_) => {}
-                Err(e) => warn!("leader loop proposal not applied: {e}"),
-            }
-        }
+        driver.background_round(term, now_ms()).await;
     }
 }

@@ -884,6 +884,74 @@ impl Driver {
         });
     }
 
+    /// One round of the leader's background work, at `now_ms` in `term`
+    /// (called by the node's leader loop every `txn.reaper_interval_ms`
+    /// while it leads):
+    /// - phase two for every decided, unacked transaction and a re-drive of
+    ///   every PREPARING one without a task here (this is how a new leader
+    ///   resumes the old one's work);
+    /// - the deadline reaper: `Decide(ABORT)` with source `REAPER` for
+    ///   undecided transactions past their deadline (invariant 7; the state
+    ///   machine checks the deadline again, and a decision recorded first
+    ///   stays);
+    /// - `Forget` for decided, fully acked ones past `txn.retention_ms`
+    ///   (invariant 10).
+    ///
+    /// The reaper's and the forget lists are cut to `txn.reaper_batch_max`.
+    pub async fn background_round(self: &Arc<Self>, term: u64, now_ms: u64) {
+        let retention = self.ctx.config.txn.retention_ms;
+        let max = self.ctx.config.txn.reaper_batch_max;
+        let (expired, forgettable) = {
+            let st = self.ctx.sm.state();
+            (
+                st.table.expired(now_ms, max),
+                st.table.forgettable(now_ms.saturating_sub(retention), max),
+            )
+        };
+        // Phase two for every decided, unacked transaction, and a re-drive
+        // of every PREPARING one: this is also how a new leader resumes the
+        // work of the old one. Every one without a task here gets one, at
+        // once (not `max` per round: a new leader would then walk through
+        // every stuck transaction before reaching live ones); a stuck one
+        // keeps its parked task and is skipped after that, so stuck ones
+        // never starve the rest (invariant 11). Calls to each participant
+        // are limited by txn.delivery_inflight_calls_max.
+        let (undelivered, preparing) = self.pick_background_work();
+        for txid in undelivered {
+            self.spawn_delivery(txid);
+        }
+        for txid in preparing {
+            self.spawn_redrive(txid);
+        }
+        let mut cmds: Vec<Command> = expired
+            .into_iter()
+            .map(|txid| Command::Decide {
+                txid,
+                outcome: Outcome::Abort,
+                voters: Vec::new(),
+                source: DecisionSource::Reaper,
+                term,
+                now_ms,
+                note: "deadline passed without a decision".into(),
+            })
+            .collect();
+        cmds.extend(forgettable.into_iter().map(|txid| Command::Forget { txid }));
+        if cmds.is_empty() {
+            return;
+        }
+        let results = futures::future::join_all(cmds.into_iter().map(|c| self.ctx.propose(c))).await;
+        for r in results {
+            match r {
+                Ok(CommandOk::Decided { recorded: true, .. }) => {
+                    metrics::counter!("dtx_reaper_aborts_total").increment(1);
+                }
+                Ok(CommandOk::Forgotten) => metrics::counter!("dtx_forgotten_total").increment(1),
+                Ok(_) => {}
+                Err(e) => warn!("leader loop proposal not applied: {e}"),
+            }
+        }
+    }
+
     /// The leader loop's background work for one round: every decided,
     /// unacked transaction to deliver and every PREPARING one to re-drive,
     /// among those with no task here (and no re-drive backing off), so even
