@@ -62,8 +62,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let engine = store::open_data_dir(&config.data_dir, &config.cluster_id, config.node_id)?;
     let log_store = LogStore::new(engine.clone());
     let sm = StateMachineStore::open(engine.clone()).map_err(|e| {
-        let e = e.to_string();
-        if e.contains(store::engine::DISK_FULL) {
+        if e.is_no_space() {
             anyhow::anyhow!("cannot load the state machine from data directory {}: {e}", config.data_dir.display())
         } else {
             anyhow::anyhow!(

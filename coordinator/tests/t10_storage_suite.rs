@@ -19,7 +19,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for SledBuil
         let dir = TempDir::new().map_err(|e| StorageIOError::write(openraft::AnyError::new(&e)))?;
         let engine =
             open_data_dir(dir.path(), "suite", 1).map_err(|e| StorageIOError::write(openraft::AnyError::new(&e)))?;
-        let sm = StateMachineStore::open(engine.clone())?;
+        let sm =
+            StateMachineStore::open(engine.clone()).map_err(|e| StorageIOError::read(openraft::AnyError::new(&e)))?;
         Ok((dir, LogStore::new(engine), sm))
     }
 }

@@ -50,6 +50,10 @@ pub enum EngineError {
     Io { space: &'static str, message: String },
     #[error("cannot open data directory {path}: {message}")]
     Open { path: String, message: String },
+    /// Another process (or, for a moment after a close, this one) holds
+    /// the directory's lock.
+    #[error("data directory {path} is locked by another process: {message}")]
+    Locked { path: String, message: String },
     /// The filesystem holding `path` has no room for a write. Always says
     /// "disk full" (operators and tests grep for it), how much is free, and
     /// what to do.
@@ -270,12 +274,11 @@ impl DirLock {
                 Some(libc::EWOULDBLOCK) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                // The same words sled uses, so callers see one kind of error.
                 Some(libc::EWOULDBLOCK) => {
-                    return Err(open_err(format!(
-                        "could not acquire lock on {}: another process holds it",
-                        db.display()
-                    )))
+                    return Err(EngineError::Locked {
+                        path: dir.display().to_string(),
+                        message: format!("could not acquire lock on {}: another process holds it", db.display()),
+                    })
                 }
                 _ => return Err(open_err(format!("cannot lock {}: {e}", db.display()))),
             }
@@ -342,6 +345,23 @@ pub struct SledEngine {
     path: PathBuf,
 }
 
+/// sled reports a held directory lock as an I/O error whose kind does not
+/// say so (it wraps the lock call's error in its own text), so this is the
+/// one place that reads sled's words; everything above gets
+/// `EngineError::Locked`.
+fn sled_lock_held(e: &sled::Error) -> bool {
+    if let sled::Error::Io(io) = e {
+        if io.kind() == std::io::ErrorKind::WouldBlock || io.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return true;
+        }
+    }
+    let message = e.to_string();
+    message.contains("could not acquire lock")
+        || message.contains("os error 11")
+        || message.contains("WouldBlock")
+        || message.contains("temporarily unavailable")
+}
+
 /// Longest wait for a held directory lock on open.
 pub const OPEN_LOCK_WAIT_MS: u64 = 3_000;
 
@@ -350,6 +370,11 @@ impl SledEngine {
         let open_err = |e: sled::Error| {
             if sled_no_space(&e) {
                 no_space(path, e.to_string())
+            } else if sled_lock_held(&e) {
+                EngineError::Locked {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                }
             } else {
                 EngineError::Open {
                     path: path.display().to_string(),
@@ -368,7 +393,7 @@ impl SledEngine {
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(OPEN_LOCK_WAIT_MS);
         let db = loop {
             match config.open() {
-                Err(e) if super::is_lock_error(&e.to_string()) && std::time::Instant::now() < deadline => {
+                Err(e) if sled_lock_held(&e) && std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
                 other => break other.map_err(open_err)?,

@@ -79,6 +79,7 @@ impl From<EngineError> for OpenError {
                 free: free_text(free_bytes),
                 what: format!("a write to the data directory failed ({message})"),
             },
+            EngineError::Locked { path, .. } => OpenError::InUse { dir: path },
             e => OpenError::Engine(e),
         }
     }
@@ -99,17 +100,9 @@ pub const START_FREE_BYTES_MIN: u64 = 4 * 1024 * 1024;
 
 const IDENTITY_KEY: &[u8] = b"identity";
 
-/// sled reports a held directory lock as an I/O error (EWOULDBLOCK).
-fn is_lock_error(message: &str) -> bool {
-    message.contains("could not acquire lock")
-        || message.contains("os error 11")
-        || message.contains("WouldBlock")
-        || message.contains("temporarily unavailable")
-}
-
 fn lock_error(dir: &str, e: EngineError) -> OpenError {
     match e {
-        EngineError::Open { message, .. } if is_lock_error(&message) => OpenError::InUse { dir: dir.to_string() },
+        EngineError::Locked { .. } => OpenError::InUse { dir: dir.to_string() },
         other => OpenError::from(other),
     }
 }
@@ -190,7 +183,7 @@ pub fn open_data_dir(dir: &Path, cluster_id: &str, node_id: u64) -> Result<Arc<d
             }
         }
         match e {
-            EngineError::Open { message, .. } if is_lock_error(&message) => OpenError::InUse { dir: dir_s.clone() },
+            EngineError::Locked { .. } => OpenError::InUse { dir: dir_s.clone() },
             EngineError::Open { message, .. } => OpenError::Damaged {
                 dir: dir_s.clone(),
                 message,
@@ -538,5 +531,15 @@ mod tests {
         assert!(text.contains("8192 bytes (8.0 KiB) free"), "{text}");
         assert!(text.contains("Free space there"), "{text}");
         assert!(!text.contains("is damaged"), "{text}");
+    }
+
+    /// A directory another open holds is reported as in use (a typed
+    /// `EngineError::Locked` from the engine), never as damaged.
+    #[test]
+    fn a_directory_held_by_another_open_is_in_use_not_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held = open_data_dir(dir.path(), "c1", 1).expect("first open");
+        let err = open_data_dir(dir.path(), "c1", 1).err().expect("second open refused");
+        assert!(matches!(err, OpenError::InUse { .. }), "{err}");
     }
 }

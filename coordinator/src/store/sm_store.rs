@@ -107,6 +107,26 @@ pub struct StateMachineStore {
     state: Arc<RwLock<SmState>>,
 }
 
+/// Why a state machine could not be loaded from its engine at start.
+#[derive(Debug, thiserror::Error)]
+pub enum SmOpenError {
+    /// The engine could not read; a full disk is one cause
+    /// (`EngineError::NoSpace`).
+    #[error("{0}")]
+    Engine(#[from] super::engine::EngineError),
+    /// A stored value does not decode: the data directory is damaged.
+    #[error("a stored state-machine value does not decode: {0}")]
+    Decode(#[from] codec::CodecError),
+}
+
+impl SmOpenError {
+    /// The filesystem had no room (the node says so, rather than calling
+    /// the directory damaged).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, SmOpenError::Engine(e) if e.is_no_space())
+    }
+}
+
 fn read_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::read_state_machine(AnyError::new(&e)).into()
 }
@@ -121,29 +141,26 @@ fn snap_err(e: impl std::error::Error + 'static) -> StorageError {
 
 impl StateMachineStore {
     /// Loads the persisted state machine (empty on a new data directory).
-    pub fn open(engine: Arc<dyn KvEngine>) -> Result<Self, StorageError> {
+    pub fn open(engine: Arc<dyn KvEngine>) -> Result<Self, SmOpenError> {
         let mut records = Vec::new();
-        for (_, v) in engine
-            .scan_prefix(Space::StateMachine, RECORD_PREFIX)
-            .map_err(read_err)?
-        {
-            records.push(codec::decode::<TxRecord>(&v).map_err(read_err)?);
+        for (_, v) in engine.scan_prefix(Space::StateMachine, RECORD_PREFIX)? {
+            records.push(codec::decode::<TxRecord>(&v)?);
         }
-        let get = |key: &[u8]| engine.get(Space::StateMachine, key).map_err(read_err);
+        let get = |key: &[u8]| engine.get(Space::StateMachine, key);
         let next_txid: Txid = match get(NEXT_TXID_KEY)? {
-            Some(b) => codec::decode(&b).map_err(read_err)?,
+            Some(b) => codec::decode(&b)?,
             None => 1,
         };
         let last_applied: Option<LogId> = match get(APPLIED_KEY)? {
-            Some(b) => codec::decode(&b).map_err(read_err)?,
+            Some(b) => codec::decode(&b)?,
             None => None,
         };
         let membership: StoredMembership = match get(MEMBERSHIP_KEY)? {
-            Some(b) => codec::decode(&b).map_err(read_err)?,
+            Some(b) => codec::decode(&b)?,
             None => StoredMembership::default(),
         };
         let retired: BTreeSet<u64> = match get(RETIRED_NODE_IDS_KEY)? {
-            Some(b) => codec::decode(&b).map_err(read_err)?,
+            Some(b) => codec::decode(&b)?,
             None => BTreeSet::new(),
         };
         let state = SmState {
