@@ -3,7 +3,7 @@
 //!
 //! - `history`: the recorded operations (JSON lines).
 //! - `checker`: finds anomalies in a history (safety and liveness).
-//! - `plot`: latency and throughput over time as PNG, faults shaded.
+//! - `plot`: latency and throughput over time as SVG (plotters), faults shaded.
 //! - `procs`: network rules (nftables); the node and bank processes are
 //!   `dtx_testkit::cluster::{ProcessCluster, BankProcess}`, the bank itself
 //!   is the reference participant `dtx_bank`.

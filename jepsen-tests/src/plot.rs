@@ -1,11 +1,11 @@
-//! Latency and throughput over time as PNG images, drawn the way Jepsen
+//! Latency and throughput over time as SVG images, drawn the way Jepsen
 //! draws them, with every fault interval shaded.
 //!
-//! - [`latency_png`]: a scatter of every completed client operation at
+//! - [`latency_svg`]: a scatter of every completed client operation at
 //!   (completion time in seconds since the run started, latency in ms) on a
 //!   log-scale y axis, coloured by outcome (ok = blue, fail = red,
 //!   info = orange).
-//! - [`throughput_png`]: operations completed per second, binned (1-second
+//! - [`throughput_svg`]: operations completed per second, binned (1-second
 //!   bins, wider for long runs so there are at most [`MAX_BINS`] bins), one
 //!   line per outcome with the same colours.
 //!
@@ -16,21 +16,37 @@
 //! The input is independent of the history format: the runner converts its
 //! history into [`Sample`]s and [`FaultInterval`]s. Bad values never panic:
 //! a sample whose completion time is NaN, infinite or negative is skipped, a
-//! NaN or infinite latency leaves it out of the latency plot (it still counts
-//! as a completion for throughput), and a latency ≤ 0 is drawn on the lowest
-//! decade of the axis.
+//! NaN or +infinite latency leaves it out of the latency plot (it still
+//! counts as a completion for throughput), and a latency ≤ 0 is drawn on the
+//! lowest decade of the axis.
 //!
-//! Everything is drawn on a small RGB [`Canvas`] with an embedded bitmap
-//! font (see [`font`]) and written with the `png` crate, so no system fonts
-//! or plotting libraries are needed.
+//! The drawing is done by `plotters` with its SVG backend: SVG text is
+//! rendered by whatever displays the file, so no font files or system
+//! libraries are needed (plotters' bitmap text needs one or the other).
 
-mod font;
-
-use std::fs::File;
-use std::io::BufWriter;
-use std::io::Write;
 use std::path::Path;
 use std::path::PathBuf;
+
+use plotters::backend::SVGBackend;
+use plotters::chart::ChartBuilder;
+use plotters::chart::ChartContext;
+use plotters::coord::cartesian::Cartesian2d;
+use plotters::coord::combinators::IntoLogRange;
+use plotters::coord::ranged1d::Ranged;
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
+use plotters::drawing::DrawingArea;
+use plotters::drawing::DrawingAreaErrorKind;
+use plotters::drawing::IntoDrawingArea;
+use plotters::element::Circle;
+use plotters::element::Rectangle;
+use plotters::element::Text;
+use plotters::series::LineSeries;
+use plotters::style::Color;
+use plotters::style::IntoFont;
+use plotters::style::RGBColor;
+use plotters::style::TextStyle;
+use plotters::style::TRANSPARENT;
 
 /// How a client operation completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,11 +67,11 @@ impl Outcome {
     /// The outcomes in legend order.
     const LEGEND: [Outcome; 3] = [Outcome::Ok, Outcome::Fail, Outcome::Info];
 
-    fn color(self) -> Rgb {
+    fn color(self) -> RGBColor {
         match self {
-            Outcome::Ok => Rgb(0x1f, 0x77, 0xb4),
-            Outcome::Fail => Rgb(0xd6, 0x27, 0x28),
-            Outcome::Info => Rgb(0xff, 0x7f, 0x0e),
+            Outcome::Ok => RGBColor(0x1f, 0x77, 0xb4),
+            Outcome::Fail => RGBColor(0xd6, 0x27, 0x28),
+            Outcome::Info => RGBColor(0xff, 0x7f, 0x0e),
         }
     }
 
@@ -99,7 +115,7 @@ pub struct FaultInterval {
 /// Everything a plot needs.
 #[derive(Clone, Copy, Debug)]
 pub struct PlotInput<'a> {
-    /// Drawn as the title line at the top.
+    /// Drawn as the title at the top.
     pub title: &'a str,
     pub samples: &'a [Sample],
     pub faults: &'a [FaultInterval],
@@ -117,269 +133,85 @@ pub enum PlotError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot encode plot as PNG: {0}")]
-    Encode(#[from] png::EncodingError),
+    #[error("cannot draw plot: {0}")]
+    Draw(String),
 }
 
-/// Writes the latency-over-time scatter plot to `path` as a PNG.
-pub fn latency_png(input: &PlotInput, path: &Path) -> Result<(), PlotError> {
-    render_latency(input).write_png(path)
+impl<E: std::error::Error + Send + Sync> From<DrawingAreaErrorKind<E>> for PlotError {
+    fn from(e: DrawingAreaErrorKind<E>) -> PlotError {
+        PlotError::Draw(e.to_string())
+    }
 }
 
-/// Writes the throughput-over-time plot to `path` as a PNG.
-pub fn throughput_png(input: &PlotInput, path: &Path) -> Result<(), PlotError> {
-    render_throughput(input).write_png(path)
+/// Writes the latency-over-time scatter plot to `path` as an SVG.
+pub fn latency_svg(input: &PlotInput, path: &Path) -> Result<(), PlotError> {
+    write_file(path, &render_latency(input)?)
+}
+
+/// Writes the throughput-over-time plot to `path` as an SVG.
+pub fn throughput_svg(input: &PlotInput, path: &Path) -> Result<(), PlotError> {
+    write_file(path, &render_throughput(input)?)
+}
+
+fn write_file(path: &Path, svg: &str) -> Result<(), PlotError> {
+    std::fs::write(path, svg).map_err(|source| PlotError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 // ---------------------------------------------------------------------------
-// Layout
+// Layout and colours
 // ---------------------------------------------------------------------------
 
 /// Image size in pixels.
 const WIDTH: u32 = 1000;
 const HEIGHT: u32 = 500;
 
-/// The data area, inclusive pixel bounds. The frame is drawn one pixel
-/// outside it; ticks and labels further out.
-const PLOT_LEFT: i64 = 75;
-const PLOT_RIGHT: i64 = 830;
-const PLOT_TOP: i64 = 50;
-const PLOT_BOTTOM: i64 = 450;
+/// Width of the legend column on the right; the chart gets the rest.
+const LEGEND_WIDTH: u32 = 190;
+/// Legend geometry inside its column, in pixels.
+const LEGEND_TOP: i32 = 50;
+const LEGEND_ROW: i32 = 16;
+const SWATCH: i32 = 10;
 
-/// Where the title (scale 2) and the y-axis label (scale 1) start.
-const TITLE_Y: i64 = 8;
-const Y_LABEL_Y: i64 = 36;
-
-/// Left edge of the legend.
-const LEGEND_X: i64 = 846;
-const LEGEND_ROW: i64 = 14;
-const SWATCH: i64 = 10;
-
-/// Tick length, outside the frame.
-const TICK: i64 = 5;
-const MINOR_TICK: i64 = 2;
+/// Longest title and legend fault name drawn; longer ones are cut.
+const MAX_TITLE_CHARS: usize = 70;
+const MAX_LEGEND_CHARS: usize = 28;
 
 /// Throughput: at most this many bins; longer runs get wider bins.
 pub const MAX_BINS: usize = 300;
 
-/// Opacity of fault bands.
+/// Opacity of fault bands (their legend swatches use twice as much).
 const BAND_ALPHA: f64 = 0.22;
 
-/// Radius of a latency dot.
-const DOT_RADIUS: i64 = 2;
+/// Radius of a latency dot, pixels.
+const DOT_RADIUS: i32 = 2;
 
-const BACKGROUND: Rgb = Rgb(0xff, 0xff, 0xff);
-const INK: Rgb = Rgb(0x20, 0x20, 0x20);
+const FONT: &str = "sans-serif";
+const INK: RGBColor = RGBColor(0x20, 0x20, 0x20);
+const BACKGROUND: RGBColor = RGBColor(0xff, 0xff, 0xff);
+const GRID: RGBColor = RGBColor(0xe8, 0xe8, 0xe8);
 
 /// Colours for fault bands; none is close to an outcome colour.
 /// As many as there are nemeses (fourteen), so every fault of a run with
 /// all of them has a colour of its own.
-const FAULT_PALETTE: [Rgb; 14] = [
-    Rgb(0x2c, 0xa0, 0x2c), // green
-    Rgb(0x94, 0x67, 0xbd), // purple
-    Rgb(0x8c, 0x56, 0x4b), // brown
-    Rgb(0xe3, 0x77, 0xc2), // pink
-    Rgb(0x7f, 0x7f, 0x7f), // grey
-    Rgb(0xbc, 0xbd, 0x22), // olive
-    Rgb(0x17, 0xbe, 0xcf), // cyan
-    Rgb(0x00, 0x60, 0x60), // dark teal
-    Rgb(0xe6, 0xc2, 0x00), // gold
-    Rgb(0x1b, 0x2a, 0x7a), // navy
-    Rgb(0xb0, 0x00, 0xb0), // magenta
-    Rgb(0x7f, 0xe0, 0x00), // lime
-    Rgb(0xd2, 0xb4, 0x8c), // sand
-    Rgb(0x1e, 0x5a, 0x1e), // forest
+const FAULT_PALETTE: [RGBColor; 14] = [
+    RGBColor(0x2c, 0xa0, 0x2c), // green
+    RGBColor(0x94, 0x67, 0xbd), // purple
+    RGBColor(0x8c, 0x56, 0x4b), // brown
+    RGBColor(0xe3, 0x77, 0xc2), // pink
+    RGBColor(0x7f, 0x7f, 0x7f), // grey
+    RGBColor(0xbc, 0xbd, 0x22), // olive
+    RGBColor(0x17, 0xbe, 0xcf), // cyan
+    RGBColor(0x00, 0x60, 0x60), // dark teal
+    RGBColor(0xe6, 0xc2, 0x00), // gold
+    RGBColor(0x1b, 0x2a, 0x7a), // navy
+    RGBColor(0xb0, 0x00, 0xb0), // magenta
+    RGBColor(0x7f, 0xe0, 0x00), // lime
+    RGBColor(0xd2, 0xb4, 0x8c), // sand
+    RGBColor(0x1e, 0x5a, 0x1e), // forest
 ];
-
-// ---------------------------------------------------------------------------
-// Canvas
-// ---------------------------------------------------------------------------
-
-/// An RGB colour.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Rgb(u8, u8, u8);
-
-/// `over` drawn with opacity `alpha` (0..=1) on top of `under`.
-fn blend(under: Rgb, over: Rgb, alpha: f64) -> Rgb {
-    let a = alpha.clamp(0.0, 1.0);
-    let mix = |u: u8, o: u8| (f64::from(u) * (1.0 - a) + f64::from(o) * a).round() as u8;
-    Rgb(mix(under.0, over.0), mix(under.1, over.1), mix(under.2, over.2))
-}
-
-/// A small RGB raster. Coordinates are signed and everything is clipped, so
-/// callers never need to check bounds.
-struct Canvas {
-    width: u32,
-    height: u32,
-    /// Row-major, 3 bytes per pixel.
-    pixels: Vec<u8>,
-}
-
-impl Canvas {
-    fn new(width: u32, height: u32, background: Rgb) -> Canvas {
-        let mut pixels = Vec::with_capacity(width as usize * height as usize * 3);
-        for _ in 0..width as usize * height as usize {
-            pixels.extend_from_slice(&[background.0, background.1, background.2]);
-        }
-        Canvas { width, height, pixels }
-    }
-
-    /// Byte offset of pixel (x, y), or None if it is off the canvas.
-    fn offset(&self, x: i64, y: i64) -> Option<usize> {
-        if x < 0 || y < 0 || x >= i64::from(self.width) || y >= i64::from(self.height) {
-            return None;
-        }
-        Some((y as usize * self.width as usize + x as usize) * 3)
-    }
-
-    /// The colour at (x, y); off-canvas reads as black.
-    fn pixel(&self, x: i64, y: i64) -> Rgb {
-        match self.offset(x, y) {
-            Some(i) => Rgb(self.pixels[i], self.pixels[i + 1], self.pixels[i + 2]),
-            None => Rgb(0, 0, 0),
-        }
-    }
-
-    /// Sets one pixel (ignored off the canvas).
-    fn point(&mut self, x: i64, y: i64, c: Rgb) {
-        if let Some(i) = self.offset(x, y) {
-            self.pixels[i..i + 3].copy_from_slice(&[c.0, c.1, c.2]);
-        }
-    }
-
-    /// Clips the rectangle with corners (x0, y0) and (x1, y1), inclusive, in
-    /// any order, to the canvas; None if nothing is left.
-    fn clip(&self, x0: i64, y0: i64, x1: i64, y1: i64) -> Option<(i64, i64, i64, i64)> {
-        let (xa, xb) = (x0.min(x1).max(0), x0.max(x1).min(i64::from(self.width) - 1));
-        let (ya, yb) = (y0.min(y1).max(0), y0.max(y1).min(i64::from(self.height) - 1));
-        (xa <= xb && ya <= yb).then_some((xa, ya, xb, yb))
-    }
-
-    /// Fills a rectangle (corners inclusive).
-    fn fill_rect(&mut self, x0: i64, y0: i64, x1: i64, y1: i64, c: Rgb) {
-        if let Some((xa, ya, xb, yb)) = self.clip(x0, y0, x1, y1) {
-            for y in ya..=yb {
-                for x in xa..=xb {
-                    self.point(x, y, c);
-                }
-            }
-        }
-    }
-
-    /// Paints a rectangle (corners inclusive) translucently over what is
-    /// there.
-    fn blend_rect(&mut self, x0: i64, y0: i64, x1: i64, y1: i64, c: Rgb, alpha: f64) {
-        if let Some((xa, ya, xb, yb)) = self.clip(x0, y0, x1, y1) {
-            for y in ya..=yb {
-                for x in xa..=xb {
-                    let under = self.pixel(x, y);
-                    self.point(x, y, blend(under, c, alpha));
-                }
-            }
-        }
-    }
-
-    /// Draws the outline of a rectangle (corners inclusive).
-    fn rect_outline(&mut self, x0: i64, y0: i64, x1: i64, y1: i64, c: Rgb) {
-        self.line(x0, y0, x1, y0, c);
-        self.line(x0, y1, x1, y1, c);
-        self.line(x0, y0, x0, y1, c);
-        self.line(x1, y0, x1, y1, c);
-    }
-
-    /// A one-pixel line from (x0, y0) to (x1, y1), both ends included
-    /// (Bresenham's algorithm, all octants).
-    fn line(&mut self, x0: i64, y0: i64, x1: i64, y1: i64, c: Rgb) {
-        self.stamp_line(x0, y0, x1, y1, |canvas, x, y| canvas.point(x, y, c));
-    }
-
-    /// A line `thickness` pixels wide: a square stamped at every point.
-    fn thick_line(&mut self, x0: i64, y0: i64, x1: i64, y1: i64, thickness: i64, c: Rgb) {
-        let lo = -(thickness - 1) / 2;
-        let hi = lo + thickness - 1;
-        self.stamp_line(x0, y0, x1, y1, |canvas, x, y| {
-            canvas.fill_rect(x + lo, y + lo, x + hi, y + hi, c)
-        });
-    }
-
-    /// Bresenham's walk from (x0, y0) to (x1, y1), calling `plot` on every
-    /// pixel.
-    fn stamp_line(&mut self, x0: i64, y0: i64, x1: i64, y1: i64, mut plot: impl FnMut(&mut Canvas, i64, i64)) {
-        let dx = (x1 - x0).abs();
-        let dy = -(y1 - y0).abs();
-        let sx = if x0 < x1 { 1 } else { -1 };
-        let sy = if y0 < y1 { 1 } else { -1 };
-        let (mut x, mut y, mut err) = (x0, y0, dx + dy);
-        // An 8-connected line has exactly max(|dx|, |dy|) + 1 pixels.
-        for _ in 0..=dx.max(-dy) {
-            plot(self, x, y);
-            let e2 = 2 * err;
-            if e2 >= dy {
-                err += dy;
-                x += sx;
-            }
-            if e2 <= dx {
-                err += dx;
-                y += sy;
-            }
-        }
-    }
-
-    /// A filled disc of radius `r` centred on (cx, cy).
-    fn dot(&mut self, cx: i64, cy: i64, r: i64, c: Rgb) {
-        for dy in -r..=r {
-            for dx in -r..=r {
-                // `+ r` rounds the disc a little so small dots look round.
-                if dx * dx + dy * dy <= r * r + r {
-                    self.point(cx + dx, cy + dy, c);
-                }
-            }
-        }
-    }
-
-    /// Draws `text` with its top-left corner at (x, y), each font pixel
-    /// `scale` × `scale` pixels. Returns the width drawn.
-    fn text(&mut self, x: i64, y: i64, text: &str, c: Rgb, scale: i64) -> i64 {
-        let mut left = x;
-        for ch in text.chars() {
-            for row in 0..font::GLYPH_H {
-                for col in 0..font::GLYPH_W {
-                    if font::is_set(ch, col, row) {
-                        let px = left + col as i64 * scale;
-                        let py = y + row as i64 * scale;
-                        self.fill_rect(px, py, px + scale - 1, py + scale - 1, c);
-                    }
-                }
-            }
-            left += font::ADVANCE as i64 * scale;
-        }
-        left - x
-    }
-
-    /// Encodes the canvas as an 8-bit RGB PNG at `path`.
-    fn write_png(&self, path: &Path) -> Result<(), PlotError> {
-        let io_error = |source| PlotError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = File::create(path).map_err(io_error)?;
-        let mut out = BufWriter::new(file);
-        {
-            let mut encoder = png::Encoder::new(&mut out, self.width, self.height);
-            encoder.set_color(png::ColorType::Rgb);
-            encoder.set_depth(png::BitDepth::Eight);
-            let mut writer = encoder.write_header()?;
-            writer.write_image_data(&self.pixels)?;
-            writer.finish()?;
-        }
-        out.flush().map_err(io_error)
-    }
-}
-
-/// Width in pixels of `text` drawn at `scale`.
-fn text_width(text: &str, scale: i64) -> i64 {
-    text.chars().count() as i64 * font::ADVANCE as i64 * scale
-}
 
 /// `text` cut to at most `max_chars` characters, ending in ".." if cut.
 fn truncate(text: &str, max_chars: usize) -> String {
@@ -390,51 +222,13 @@ fn truncate(text: &str, max_chars: usize) -> String {
     format!("{kept}..")
 }
 
+fn text_style(size: u32) -> TextStyle<'static> {
+    (FONT, size).into_font().color(&INK)
+}
+
 // ---------------------------------------------------------------------------
-// Coordinates
+// Axes
 // ---------------------------------------------------------------------------
-
-/// How data values map onto the vertical axis.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum YScale {
-    /// 0..=max, linear.
-    Linear { max: f64 },
-    /// 10^lo..=10^hi, logarithmic (lo < hi).
-    Log10 { lo: i32, hi: i32 },
-}
-
-/// The mapping from data coordinates to pixels of one plot.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Frame {
-    /// The x axis spans 0..=x_max seconds.
-    x_max: f64,
-    y: YScale,
-}
-
-impl Frame {
-    /// Pixel column of time `t` (clamped to the axis).
-    fn x_px(&self, t: f64) -> i64 {
-        let frac = (t / self.x_max).clamp(0.0, 1.0);
-        PLOT_LEFT + (frac * (PLOT_RIGHT - PLOT_LEFT) as f64).round() as i64
-    }
-
-    /// Pixel row of value `v` (clamped to the axis; for a log axis, v ≤ 0
-    /// lands on the lowest decade).
-    fn y_px(&self, v: f64) -> i64 {
-        let frac = match self.y {
-            YScale::Linear { max } => v / max,
-            YScale::Log10 { lo, hi } => {
-                if v > 0.0 {
-                    (v.log10() - f64::from(lo)) / f64::from(hi - lo)
-                } else {
-                    0.0
-                }
-            }
-        };
-        let frac = if frac.is_nan() { 0.0 } else { frac.clamp(0.0, 1.0) };
-        PLOT_BOTTOM - (frac * (PLOT_BOTTOM - PLOT_TOP) as f64).round() as i64
-    }
-}
 
 /// Whether a sample's completion time can be plotted.
 fn valid_time(t: f64) -> bool {
@@ -463,10 +257,10 @@ fn x_axis_max(input: &PlotInput) -> f64 {
     }
 }
 
-/// The frame of the latency plot: a log axis from the decade below the
-/// smallest positive latency to the decade above the largest (1 ms..1 s if
-/// there are none), kept within 1 µs..10^7 ms.
-fn latency_frame(input: &PlotInput) -> Frame {
+/// The decades (lo, hi) of the latency plot's log axis, 10^lo..10^hi ms:
+/// from the decade below the smallest positive latency to the decade above
+/// the largest (1 ms..1 s if there are none), kept within 1 µs..10^7 ms.
+fn latency_decades(input: &PlotInput) -> (i32, i32) {
     const LOWEST: i32 = -3;
     const HIGHEST: i32 = 7;
     let positive = input
@@ -475,16 +269,35 @@ fn latency_frame(input: &PlotInput) -> Frame {
         .filter(|s| valid_time(s.done_s) && s.latency_ms.is_finite() && s.latency_ms > 0.0)
         .map(|s| s.latency_ms);
     let (min, max) = positive.fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let (lo, hi) = if max > 0.0 {
+    if max > 0.0 {
         let lo = (min.log10().floor() as i32).clamp(LOWEST, HIGHEST - 1);
         let hi = (max.log10().ceil() as i32).clamp(lo + 1, HIGHEST);
         (lo, hi)
     } else {
         (0, 3)
-    };
-    Frame {
-        x_max: x_axis_max(input),
-        y: YScale::Log10 { lo, hi },
+    }
+}
+
+/// A latency tick label: whole milliseconds, or as many decimals as a
+/// sub-millisecond value needs.
+fn format_ms(v: &f64) -> String {
+    if *v >= 1.0 || *v <= 0.0 {
+        format!("{v:.0}")
+    } else {
+        let decimals = (-v.log10()).ceil().max(0.0) as usize;
+        format!("{v:.decimals$}")
+    }
+}
+
+/// A linear-axis tick label: the value with at most three decimals and
+/// no trailing zeros ("0", "2.5", "0.125").
+fn format_tick(v: &f64) -> String {
+    let text = format!("{v:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text == "-0" {
+        "0".to_string()
+    } else {
+        text.to_string()
     }
 }
 
@@ -507,24 +320,6 @@ fn nice_step(range: f64, target: f64) -> f64 {
         10.0
     };
     nice * magnitude
-}
-
-/// Formats a tick value with as many decimals as `step` needs.
-fn format_tick(value: f64, step: f64) -> String {
-    let decimals = if step >= 1.0 {
-        0
-    } else {
-        (-step.log10().floor()).max(0.0) as usize
-    };
-    format!("{value:.decimals$}")
-}
-
-/// Ticks 0, step, 2·step, … up to `max` (at most 100 of them).
-fn linear_ticks(max: f64, step: f64) -> Vec<f64> {
-    (0..=100)
-        .map(|i| f64::from(i) * step)
-        .take_while(|v| *v <= max * (1.0 + 1e-9))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -566,24 +361,20 @@ fn bin_samples(samples: &[Sample], x_max: f64) -> Bins {
     Bins { width_s, counts }
 }
 
-/// The frame of the throughput plot: linear from 0 to a round number above
-/// the highest rate plus a little headroom (at least 1).
-fn throughput_frame(input: &PlotInput, bins: &Bins) -> Frame {
+/// The top of the throughput plot's linear y axis (which starts at 0): a
+/// round number above the highest rate plus a little headroom, at least 1.
+fn throughput_y_max(bins: &Bins) -> f64 {
     let peak = Outcome::ALL
         .iter()
         .flat_map(|o| (0..bins.len()).map(move |i| bins.rate(*o, i)))
         .fold(0.0, f64::max);
-    let max = if peak > 0.0 {
+    if peak > 0.0 {
         // 5% headroom so a line at the peak does not run along the frame.
         let top = peak * 1.05;
         let step = nice_step(top, 5.0);
         ((top / step).ceil() * step).max(1.0)
     } else {
         1.0
-    };
-    Frame {
-        x_max: x_axis_max(input),
-        y: YScale::Linear { max },
     }
 }
 
@@ -602,8 +393,8 @@ fn fnv1a(text: &str) -> u64 {
 /// colour: the palette entry picked by the name's hash, or the next free one
 /// if an earlier name already took it (so names differ in colour while the
 /// palette lasts).
-fn fault_colors(faults: &[FaultInterval]) -> Vec<(&str, Rgb)> {
-    let mut assigned: Vec<(&str, Rgb)> = Vec::new();
+fn fault_colors(faults: &[FaultInterval]) -> Vec<(&str, RGBColor)> {
+    let mut assigned: Vec<(&str, RGBColor)> = Vec::new();
     let mut taken = [false; FAULT_PALETTE.len()];
     for fault in faults {
         if assigned.iter().any(|(name, _)| *name == fault.name) {
@@ -620,189 +411,205 @@ fn fault_colors(faults: &[FaultInterval]) -> Vec<(&str, Rgb)> {
     assigned
 }
 
-/// Shades every fault interval as a translucent band over the data area.
-/// Intervals with a NaN end or that end before they start are skipped; an
-/// infinite end runs to the end of the axis.
-fn draw_fault_bands(canvas: &mut Canvas, frame: &Frame, faults: &[FaultInterval]) {
+/// The part of each fault interval on the axis 0..x_max, with its colour.
+/// Intervals with a NaN bound, that end before they start or that lie
+/// entirely off the axis are left out; an infinite end runs to the end of
+/// the axis, and every band is at least `min_width` wide.
+fn fault_bands(faults: &[FaultInterval], x_max: f64, min_width: f64) -> Vec<(f64, f64, RGBColor)> {
     let colors = fault_colors(faults);
-    for fault in faults {
-        if fault.start_s.is_nan() || fault.end_s.is_nan() || fault.end_s < fault.start_s {
-            continue;
-        }
-        if fault.end_s < 0.0 || fault.start_s > frame.x_max {
-            continue; // entirely off the axis
-        }
-        let color = colors
-            .iter()
-            .find(|(name, _)| *name == fault.name)
-            .map_or(FAULT_PALETTE[0], |(_, c)| *c);
-        let x0 = frame.x_px(fault.start_s);
-        let x1 = frame.x_px(fault.end_s).max(x0); // at least one pixel wide
-        canvas.blend_rect(x0, PLOT_TOP, x1, PLOT_BOTTOM, color, BAND_ALPHA);
-    }
+    faults
+        .iter()
+        .filter(|f| !(f.start_s.is_nan() || f.end_s.is_nan() || f.end_s < f.start_s))
+        .filter(|f| f.end_s >= 0.0 && f.start_s <= x_max)
+        .map(|f| {
+            let color = colors
+                .iter()
+                .find(|(name, _)| *name == f.name)
+                .map_or(FAULT_PALETTE[0], |(_, c)| *c);
+            let start = f.start_s.max(0.0);
+            let end = f.end_s.min(x_max).max((start + min_width).min(x_max));
+            let start = start.min(end - min_width).max(0.0);
+            (start, end, color)
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------
-// Axes, title and legend
+// Drawing
 // ---------------------------------------------------------------------------
 
-/// Draws the frame, ticks and tick labels of both axes, the axis labels,
-/// the title and the legend.
-fn draw_decorations(canvas: &mut Canvas, input: &PlotInput, frame: &Frame, y_label: &str, x_label: &str) {
-    // Frame, one pixel outside the data area.
-    canvas.rect_outline(PLOT_LEFT - 1, PLOT_TOP - 1, PLOT_RIGHT + 1, PLOT_BOTTOM + 1, INK);
+/// A chart with time (s) on the x axis and `Y` on the y axis.
+type Chart<'a, 'b, Y> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, Y>>;
 
-    // X axis: time in seconds.
-    let x_step = nice_step(frame.x_max, 10.0);
-    for t in linear_ticks(frame.x_max, x_step) {
-        let x = frame.x_px(t);
-        canvas.line(x, PLOT_BOTTOM + 2, x, PLOT_BOTTOM + 1 + TICK, INK);
-        let label = format_tick(t, x_step);
-        let w = text_width(&label, 1);
-        canvas.text(x - w / 2, PLOT_BOTTOM + TICK + 5, &label, INK, 1);
-    }
-    let w = text_width(x_label, 1);
-    canvas.text(
-        (PLOT_LEFT + PLOT_RIGHT) / 2 - w / 2,
-        PLOT_BOTTOM + TICK + 20,
-        x_label,
-        INK,
-        1,
-    );
-
-    // Y axis.
-    let y_tick = |canvas: &mut Canvas, v: f64, label: &str| {
-        let y = frame.y_px(v);
-        canvas.line(PLOT_LEFT - 1 - TICK, y, PLOT_LEFT - 2, y, INK);
-        let w = text_width(label, 1);
-        canvas.text(PLOT_LEFT - TICK - 4 - w, y - 3, label, INK, 1);
-    };
-    match frame.y {
-        YScale::Linear { max } => {
-            let step = nice_step(max, 8.0);
-            for v in linear_ticks(max, step) {
-                y_tick(canvas, v, &format_tick(v, step));
-            }
-        }
-        YScale::Log10 { lo, hi } => {
-            for decade in lo..=hi {
-                let value = 10f64.powi(decade);
-                let label = if decade >= 0 {
-                    format!("{value:.0}")
-                } else {
-                    format!("{value:.prec$}", prec = decade.unsigned_abs() as usize)
-                };
-                y_tick(canvas, value, &label);
-                // Minor ticks at 2..9 × 10^decade.
-                if decade < hi {
-                    for m in 2..10 {
-                        let y = frame.y_px(f64::from(m) * value);
-                        canvas.line(PLOT_LEFT - 1 - MINOR_TICK, y, PLOT_LEFT - 2, y, INK);
-                    }
-                }
-            }
-        }
-    }
-    canvas.text(PLOT_LEFT - TICK - 4 - 30, Y_LABEL_Y, y_label, INK, 1);
-
-    // Title.
-    let max_chars = ((i64::from(canvas.width) - PLOT_LEFT) / (font::ADVANCE as i64 * 2)) as usize;
-    canvas.text(PLOT_LEFT, TITLE_Y, &truncate(input.title, max_chars), INK, 2);
-
-    draw_legend(canvas, input.faults);
+/// Fills the background, splits off the legend column (drawn here) and
+/// returns the area for the chart.
+fn layout<'b>(
+    root: &DrawingArea<SVGBackend<'b>, Shift>,
+    faults: &[FaultInterval],
+) -> Result<DrawingArea<SVGBackend<'b>, Shift>, PlotError> {
+    root.fill(&BACKGROUND)?;
+    let (chart_area, legend_area) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
+    draw_legend(&legend_area, faults)?;
+    Ok(chart_area)
 }
 
-/// The legend right of the plot: outcome colours, then fault names.
-fn draw_legend(canvas: &mut Canvas, faults: &[FaultInterval]) {
-    let max_chars = ((i64::from(canvas.width) - LEGEND_X - SWATCH - 8) / font::ADVANCE as i64) as usize;
-    let mut y = PLOT_TOP;
+/// The chart builder both plots share: title on top, room for tick labels
+/// and axis descriptions.
+fn chart_builder<'a, 'b>(
+    area: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    title: &str,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut builder = ChartBuilder::on(area);
+    if !title.is_empty() {
+        builder.caption(truncate(title, MAX_TITLE_CHARS), text_style(24));
+    }
+    builder.margin(10).x_label_area_size(45).y_label_area_size(70);
+    builder
+}
+
+/// Shades the fault intervals over the whole height of the plot area, then
+/// outlines the plot area.
+fn draw_faults_and_frame<Y: Ranged<ValueType = f64>>(
+    chart: &mut Chart<Y>,
+    faults: &[FaultInterval],
+) -> Result<(), PlotError> {
+    let x = chart.x_range();
+    let y = chart.y_range();
+    // One pixel of the plot area in seconds, so no band is invisible.
+    let px = (x.end - x.start) / f64::from(chart.plotting_area().dim_in_pixel().0.max(1));
+    let bands = fault_bands(faults, x.end, px);
+    chart.draw_series(
+        bands.into_iter().map(|(start, end, color)| {
+            Rectangle::new([(start, y.end), (end, y.start)], color.mix(BAND_ALPHA).filled())
+        }),
+    )?;
+    chart.plotting_area().draw(&Rectangle::new(
+        [(x.start, y.end), (x.end, y.start)],
+        INK.stroke_width(1),
+    ))?;
+    Ok(())
+}
+
+/// The legend column: outcome colours, then fault names.
+fn draw_legend(area: &DrawingArea<SVGBackend, Shift>, faults: &[FaultInterval]) -> Result<(), PlotError> {
+    let label = |text: &str, x: i32, y: i32| Text::new(text.to_string(), (x, y - 2), text_style(14));
+    let mut y = LEGEND_TOP;
     for outcome in Outcome::LEGEND {
-        canvas.fill_rect(LEGEND_X, y, LEGEND_X + SWATCH - 1, y + SWATCH - 1, outcome.color());
-        canvas.text(LEGEND_X + SWATCH + 4, y + 1, outcome.label(), INK, 1);
+        area.draw(&Rectangle::new(
+            [(0, y), (SWATCH, y + SWATCH)],
+            outcome.color().filled(),
+        ))?;
+        area.draw(&label(outcome.label(), SWATCH + 4, y))?;
         y += LEGEND_ROW;
     }
     let colors = fault_colors(faults);
     if colors.is_empty() {
-        return;
+        return Ok(());
     }
     y += LEGEND_ROW / 2;
-    canvas.text(LEGEND_X, y + 1, "faults:", INK, 1);
+    area.draw(&label("faults:", 0, y))?;
     y += LEGEND_ROW;
+    let bottom = HEIGHT as i32 - 50;
     for (name, color) in colors {
-        if y + LEGEND_ROW > PLOT_BOTTOM {
-            canvas.text(LEGEND_X, y + 1, "...", INK, 1);
+        if y + LEGEND_ROW > bottom {
+            area.draw(&label("...", 0, y))?;
             break;
         }
         // The swatch looks like a band: translucent fill, solid outline.
-        canvas.blend_rect(
-            LEGEND_X,
-            y,
-            LEGEND_X + SWATCH - 1,
-            y + SWATCH - 1,
-            color,
-            BAND_ALPHA * 2.0,
-        );
-        canvas.rect_outline(LEGEND_X, y, LEGEND_X + SWATCH - 1, y + SWATCH - 1, color);
-        canvas.text(LEGEND_X + SWATCH + 4, y + 1, &truncate(name, max_chars), INK, 1);
+        let corners = [(0, y), (SWATCH, y + SWATCH)];
+        area.draw(&Rectangle::new(corners, color.mix(BAND_ALPHA * 2.0).filled()))?;
+        area.draw(&Rectangle::new(corners, color.stroke_width(1)))?;
+        area.draw(&label(&truncate(name, MAX_LEGEND_CHARS), SWATCH + 4, y))?;
         y += LEGEND_ROW;
     }
+    Ok(())
 }
 
-// ---------------------------------------------------------------------------
-// The two plots
-// ---------------------------------------------------------------------------
-
-/// Draws the latency scatter plot.
-fn render_latency(input: &PlotInput) -> Canvas {
-    let frame = latency_frame(input);
-    let mut canvas = Canvas::new(WIDTH, HEIGHT, BACKGROUND);
-    draw_fault_bands(&mut canvas, &frame, input.faults);
-    for outcome in Outcome::ALL {
-        let points = input.samples.iter().filter(|s| {
-            s.outcome == outcome && valid_time(s.done_s) && !s.latency_ms.is_nan()
-                // +inf has no place on the axis; -inf is ≤ 0 and clamps.
-                && s.latency_ms != f64::INFINITY
-        });
-        for s in points {
-            let (x, y) = (frame.x_px(s.done_s), frame.y_px(s.latency_ms));
-            canvas.dot(x, y, DOT_RADIUS, outcome.color());
+/// The latency scatter plot as an SVG document.
+fn render_latency(input: &PlotInput) -> Result<String, PlotError> {
+    let x_max = x_axis_max(input);
+    let (lo, hi) = latency_decades(input);
+    let (y_lo, y_hi) = (10f64.powi(lo), 10f64.powi(hi));
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        let area = layout(&root, input.faults)?;
+        let mut chart = chart_builder(&area, input.title).build_cartesian_2d(0.0..x_max, (y_lo..y_hi).log_scale())?;
+        chart
+            .configure_mesh()
+            .axis_style(INK)
+            .light_line_style(TRANSPARENT)
+            .bold_line_style(GRID)
+            .label_style(text_style(13))
+            .axis_desc_style(text_style(15))
+            .x_desc("time (s)")
+            .y_desc("latency (ms)")
+            .x_label_formatter(&format_tick)
+            .y_label_formatter(&format_ms)
+            .draw()?;
+        draw_faults_and_frame(&mut chart, input.faults)?;
+        for outcome in Outcome::ALL {
+            let points = input.samples.iter().filter(|s| {
+                s.outcome == outcome && valid_time(s.done_s) && !s.latency_ms.is_nan()
+                    // +inf has no place on the axis; -inf is ≤ 0 and clamps.
+                    && s.latency_ms != f64::INFINITY
+            });
+            let style = outcome.color().filled();
+            chart.draw_series(
+                points.map(|s| Circle::new((s.done_s, s.latency_ms.clamp(y_lo, y_hi)), DOT_RADIUS, style)),
+            )?;
         }
+        root.present()?;
     }
-    draw_decorations(&mut canvas, input, &frame, "latency (ms)", "time (s)");
-    canvas
+    Ok(svg)
 }
 
-/// Draws the throughput plot: one line per outcome through the bin centres.
-fn render_throughput(input: &PlotInput) -> Canvas {
-    let bins = bin_samples(input.samples, x_axis_max(input));
-    let frame = throughput_frame(input, &bins);
-    let mut canvas = Canvas::new(WIDTH, HEIGHT, BACKGROUND);
-    draw_fault_bands(&mut canvas, &frame, input.faults);
-    for outcome in Outcome::ALL {
-        if bins.counts[outcome.index()].iter().all(|c| *c == 0) {
-            continue; // no line for an outcome that never happened
-        }
-        let points: Vec<(i64, i64)> = (0..bins.len())
-            .map(|i| {
-                let centre = (i as f64 + 0.5) * bins.width_s;
-                (frame.x_px(centre), frame.y_px(bins.rate(outcome, i)))
-            })
-            .collect();
-        for pair in points.windows(2) {
-            let ((x0, y0), (x1, y1)) = (pair[0], pair[1]);
-            canvas.thick_line(x0, y0, x1, y1, 2, outcome.color());
-        }
-        if let [(x, y)] = points[..] {
-            canvas.dot(x, y, DOT_RADIUS, outcome.color());
-        }
-    }
-    let y_label = if bins.width_s > 1.0 {
+/// The throughput plot as an SVG document: one line per outcome through
+/// the bin centres.
+fn render_throughput(input: &PlotInput) -> Result<String, PlotError> {
+    let x_max = x_axis_max(input);
+    let bins = bin_samples(input.samples, x_max);
+    let y_max = throughput_y_max(&bins);
+    let y_desc = if bins.width_s > 1.0 {
         format!("throughput (ops/s, {} s bins)", bins.width_s)
     } else {
         "throughput (ops/s)".to_string()
     };
-    draw_decorations(&mut canvas, input, &frame, &y_label, "time (s)");
-    canvas
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        let area = layout(&root, input.faults)?;
+        let mut chart = chart_builder(&area, input.title).build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+        chart
+            .configure_mesh()
+            .axis_style(INK)
+            .light_line_style(TRANSPARENT)
+            .bold_line_style(GRID)
+            .label_style(text_style(13))
+            .axis_desc_style(text_style(15))
+            .x_desc("time (s)")
+            .y_desc(y_desc)
+            .x_label_formatter(&format_tick)
+            .y_label_formatter(&format_tick)
+            .draw()?;
+        draw_faults_and_frame(&mut chart, input.faults)?;
+        for outcome in Outcome::ALL {
+            if bins.counts[outcome.index()].iter().all(|c| *c == 0) {
+                continue; // no line for an outcome that never happened
+            }
+            let points: Vec<(f64, f64)> = (0..bins.len())
+                .map(|i| (((i as f64 + 0.5) * bins.width_s).min(x_max), bins.rate(outcome, i)))
+                .collect();
+            let color = outcome.color();
+            if let [point] = points[..] {
+                chart.draw_series([Circle::new(point, DOT_RADIUS, color.filled())])?;
+            } else {
+                chart.draw_series(LineSeries::new(points, color.stroke_width(2)))?;
+            }
+        }
+        root.present()?;
+    }
+    Ok(svg)
 }
 
 #[cfg(test)]
@@ -812,41 +619,178 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     /// A unique path in the system temp directory.
-    fn temp_png(name: &str) -> PathBuf {
+    fn temp_svg(name: &str) -> PathBuf {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        std::env::temp_dir().join(format!("jepsen-plot-{}-{n}-{name}.png", std::process::id()))
+        std::env::temp_dir().join(format!("jepsen-plot-{}-{n}-{name}.svg", std::process::id()))
     }
 
-    /// A decoded PNG: width, height and RGB pixels.
-    struct Decoded {
-        width: u32,
-        height: u32,
-        rgb: Vec<u8>,
+    /// One SVG element: its name, attributes and (for `<text>`) its text.
+    #[derive(Debug)]
+    struct Element {
+        name: String,
+        attrs: Vec<(String, String)>,
+        text: String,
     }
 
-    impl Decoded {
-        fn pixel(&self, x: i64, y: i64) -> Rgb {
-            let i = (y as usize * self.width as usize + x as usize) * 3;
-            Rgb(self.rgb[i], self.rgb[i + 1], self.rgb[i + 2])
+    impl Element {
+        fn attr(&self, key: &str) -> Option<&str> {
+            self.attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        }
+
+        fn num(&self, key: &str) -> f64 {
+            let v = self.attr(key).unwrap_or_else(|| panic!("{self:?} has no {key}"));
+            v.parse().unwrap_or_else(|_| panic!("{key}={v:?} is not a number"))
+        }
+
+        /// The points of a polyline.
+        fn points(&self) -> Vec<(f64, f64)> {
+            let points = self.attr("points").expect("points");
+            points
+                .split_whitespace()
+                .map(|p| {
+                    let (x, y) = p.split_once(',').expect("x,y");
+                    (x.parse().expect("x"), y.parse().expect("y"))
+                })
+                .collect()
         }
     }
 
-    /// Reads `path` back with the png decoder, then deletes it.
-    fn decode(path: &Path) -> Decoded {
-        let file = File::open(path).expect("open png");
-        let mut reader = png::Decoder::new(file).read_info().expect("png header");
-        let mut buf = vec![0; reader.output_buffer_size()];
-        let info = reader.next_frame(&mut buf).expect("png frame");
-        assert_eq!(info.color_type, png::ColorType::Rgb);
-        assert_eq!(info.bit_depth, png::BitDepth::Eight);
-        buf.truncate(info.buffer_size());
-        std::fs::remove_file(path).expect("remove png");
-        Decoded {
-            width: info.width,
-            height: info.height,
-            rgb: buf,
+    /// Replaces the five XML entities; panics on a bare `&`.
+    fn unescape(s: &str) -> String {
+        let mut out = String::new();
+        let mut rest = s;
+        while let Some(i) = rest.find('&') {
+            out.push_str(&rest[..i]);
+            rest = &rest[i..];
+            let entities = [
+                ("&lt;", '<'),
+                ("&gt;", '>'),
+                ("&amp;", '&'),
+                ("&quot;", '"'),
+                ("&apos;", '\''),
+            ];
+            let (entity, c) = entities
+                .iter()
+                .find(|(e, _)| rest.starts_with(e))
+                .unwrap_or_else(|| panic!("bare & in {s:?}"));
+            out.push(*c);
+            rest = &rest[entity.len()..];
         }
+        out.push_str(rest);
+        out
+    }
+
+    /// Parses the flat XML plotters writes into its elements, in document
+    /// order, checking that it is well formed: one `<svg>` root holding
+    /// everything, every tag closed in order, attributes quoted, no stray
+    /// `<` or `&`.
+    fn parse_svg(svg: &str) -> Vec<Element> {
+        let mut elements: Vec<Element> = Vec::new();
+        let mut open: Vec<usize> = Vec::new();
+        let mut rest = svg;
+        while let Some(lt) = rest.find('<') {
+            let between = &rest[..lt];
+            match open.last() {
+                Some(&top) => elements[top].text.push_str(&unescape(between)),
+                None => assert!(between.trim().is_empty(), "text outside the root: {between:?}"),
+            }
+            let gt = rest[lt..].find('>').expect("tag is closed") + lt;
+            let tag = &rest[lt + 1..gt];
+            rest = &rest[gt + 1..];
+            assert!(!tag.contains('<'), "stray < in {tag:?}");
+            if let Some(name) = tag.strip_prefix('/') {
+                let top = open.pop().unwrap_or_else(|| panic!("</{name}> closes nothing"));
+                assert_eq!(elements[top].name, name.trim(), "closing tag in order");
+                continue;
+            }
+            assert!(elements.is_empty() || !open.is_empty(), "a second root: {tag:?}");
+            let self_closing = tag.ends_with('/');
+            let body = tag.trim_end_matches('/').trim();
+            let (name, mut attrs_text) = body.split_once(char::is_whitespace).unwrap_or((body, ""));
+            let mut attrs = Vec::new();
+            loop {
+                attrs_text = attrs_text.trim_start();
+                if attrs_text.is_empty() {
+                    break;
+                }
+                let (key, after) = attrs_text.split_once("=\"").expect("key=\"value\"");
+                let (value, after) = after.split_once('"').expect("closing quote");
+                assert!(
+                    !key.is_empty() && !key.contains(char::is_whitespace),
+                    "attribute name {key:?}"
+                );
+                attrs.push((key.to_string(), unescape(value)));
+                attrs_text = after;
+            }
+            elements.push(Element {
+                name: name.to_string(),
+                attrs,
+                text: String::new(),
+            });
+            if !self_closing {
+                open.push(elements.len() - 1);
+            }
+        }
+        assert!(rest.trim().is_empty(), "text after the root");
+        assert!(open.is_empty(), "unclosed tags");
+        assert_eq!(elements.first().map(|e| e.name.as_str()), Some("svg"));
+        elements
+    }
+
+    /// `#RRGGBB`, the way the SVG backend writes colours.
+    fn hex(c: RGBColor) -> String {
+        format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
+    }
+
+    fn texts(elements: &[Element]) -> Vec<String> {
+        elements
+            .iter()
+            .filter(|e| e.name == "text")
+            .map(|e| e.text.trim().to_string())
+            .collect()
+    }
+
+    /// Filled dots of `color`.
+    fn dots(elements: &[Element], color: RGBColor) -> Vec<&Element> {
+        elements
+            .iter()
+            .filter(|e| e.name == "circle" && e.attr("fill") == Some(hex(color).as_str()))
+            .collect()
+    }
+
+    /// Fault bands (translucent filled rectangles) of `color`.
+    fn bands(elements: &[Element], color: RGBColor) -> Vec<&Element> {
+        elements
+            .iter()
+            .filter(|e| {
+                e.name == "rect"
+                    && e.attr("fill") == Some(hex(color).as_str())
+                    && e.attr("opacity") == Some(BAND_ALPHA.to_string().as_str())
+            })
+            .collect()
+    }
+
+    fn all_bands(elements: &[Element]) -> usize {
+        FAULT_PALETTE.iter().map(|c| bands(elements, *c).len()).sum()
+    }
+
+    /// The outline of the plot area: (left, top, right, bottom).
+    fn frame(elements: &[Element]) -> (f64, f64, f64, f64) {
+        let outlines: Vec<&Element> = elements
+            .iter()
+            .filter(|e| {
+                e.name == "rect" && e.attr("fill") == Some("none") && e.attr("stroke") == Some(hex(INK).as_str())
+            })
+            .collect();
+        assert_eq!(outlines.len(), 1, "one frame");
+        let f = outlines[0];
+        (
+            f.num("x"),
+            f.num("y"),
+            f.num("x") + f.num("width"),
+            f.num("y") + f.num("height"),
+        )
     }
 
     fn sample(done_s: f64, latency_ms: f64, outcome: Outcome) -> Sample {
@@ -865,7 +809,7 @@ mod tests {
         }
     }
 
-    fn color_of(faults: &[FaultInterval], name: &str) -> Rgb {
+    fn color_of(faults: &[FaultInterval], name: &str) -> RGBColor {
         fault_colors(faults)
             .into_iter()
             .find(|(n, _)| *n == name)
@@ -873,20 +817,8 @@ mod tests {
             .1
     }
 
-    fn is_dark(c: Rgb) -> bool {
-        u32::from(c.0) + u32::from(c.1) + u32::from(c.2) < 200
-    }
-
-    /// Dark pixels in the rows where the title is drawn.
-    fn dark_pixels_in_title(img: &Decoded) -> usize {
-        let rows = TITLE_Y..TITLE_Y + 2 * font::GLYPH_H as i64;
-        rows.flat_map(|y| (0..i64::from(img.width)).map(move |x| (x, y)))
-            .filter(|(x, y)| is_dark(img.pixel(*x, *y)))
-            .count()
-    }
-
     #[test]
-    fn latency_plot_has_bands_and_coloured_samples() {
+    fn latency_svg_shows_samples_bands_title_and_legend() {
         let samples = [
             sample(1.0, 5.0, Outcome::Ok),
             sample(5.0, 10.0, Outcome::Ok),
@@ -900,36 +832,94 @@ mod tests {
             faults: &faults,
             duration_s: 10.0,
         };
-        let path = temp_png("latency");
-        latency_png(&input, &path).expect("write latency plot");
-        let img = decode(&path);
-        assert_eq!((img.width, img.height), (WIDTH, HEIGHT));
+        let svg = render_latency(&input).expect("render");
+        let el = parse_svg(&svg);
+        assert_eq!(
+            (el[0].num("width"), el[0].num("height")),
+            (f64::from(WIDTH), f64::from(HEIGHT))
+        );
 
-        let frame = latency_frame(&input);
-        assert_eq!(frame.y, YScale::Log10 { lo: 0, hi: 3 });
-        let mid_y = (PLOT_TOP + PLOT_BOTTOM) / 2;
-
-        // Inside the partition band: its tint; at the same height outside
-        // any band: background.
-        let tint = blend(BACKGROUND, color_of(&faults, "partition"), BAND_ALPHA);
-        assert_ne!(tint, BACKGROUND);
-        assert_eq!(img.pixel(frame.x_px(3.0), mid_y), tint);
-        let kill_tint = blend(BACKGROUND, color_of(&faults, "kill"), BAND_ALPHA);
-        assert_eq!(img.pixel(frame.x_px(8.5), mid_y), kill_tint);
-        assert_eq!(img.pixel(frame.x_px(9.5), mid_y), BACKGROUND);
-        assert_eq!(img.pixel(frame.x_px(1.5), mid_y), BACKGROUND);
-
-        // Every sample's position has its outcome colour.
-        for s in &samples {
-            let (x, y) = (frame.x_px(s.done_s), frame.y_px(s.latency_ms));
-            assert_eq!(img.pixel(x, y), s.outcome.color(), "sample {s:?}");
+        let texts = texts(&el);
+        for expected in [
+            "bank latency",
+            "latency (ms)",
+            "time (s)",
+            "ok",
+            "fail",
+            "info",
+            "faults:",
+            "partition",
+            "kill",
+        ] {
+            assert!(texts.iter().any(|t| t == expected), "{expected:?} in {texts:?}");
+        }
+        // The log axis spans 1..1000 ms: its decades are labelled.
+        for label in ["1", "10", "100", "1000"] {
+            assert!(texts.iter().any(|t| t == label), "tick {label} in {texts:?}");
         }
 
-        assert!(dark_pixels_in_title(&img) > 20, "title is drawn");
+        // One dot per sample, in its outcome's colour, inside the frame.
+        let (left, top, right, bottom) = frame(&el);
+        assert_eq!(dots(&el, Outcome::Ok.color()).len(), 2);
+        assert_eq!(dots(&el, Outcome::Fail.color()).len(), 1);
+        assert_eq!(dots(&el, Outcome::Info.color()).len(), 1);
+        // The dot of a sample: its colour's dot nearest its time.
+        let dot_at = |s: &Sample| {
+            let x = left + s.done_s / 10.0 * (right - left);
+            let dist = |e: &Element| (e.num("cx") - x).abs();
+            let d = dots(&el, s.outcome.color())
+                .into_iter()
+                .min_by(|a, b| dist(a).total_cmp(&dist(b)))
+                .expect("a dot");
+            (d.num("cx"), d.num("cy"))
+        };
+        let ok_1s = dot_at(&samples[0]);
+        let ok_5s = dot_at(&samples[1]);
+        let fail = dot_at(&samples[2]);
+        let info = dot_at(&samples[3]);
+        for (x, y) in [ok_1s, ok_5s, fail, info] {
+            assert!(
+                left < x && x < right && top < y && y < bottom,
+                "({x}, {y}) inside the frame"
+            );
+        }
+        assert!(
+            ok_1s.0 < ok_5s.0 && ok_5s.0 < fail.0 && fail.0 < info.0,
+            "later is further right"
+        );
+        // Log scale: 200 ms is highest; 5 ms → 10 ms rises as much as
+        // 1.5 ms → 3 ms would, about a tenth of the 3 decades.
+        assert!(fail.1 < ok_5s.1 && ok_5s.1 < ok_1s.1 && ok_1s.1 < info.1);
+        let decade = (bottom - top) / 3.0;
+        assert!(((ok_1s.1 - ok_5s.1) - decade * 2f64.log10()).abs() < 2.0);
+
+        // Each fault is one band of its colour over the plot's full height,
+        // at its time: the partition between the 1 s and 5 s dots, the kill
+        // right of the info dot at 7 s.
+        let partition = bands(&el, color_of(&faults, "partition"));
+        let kill = bands(&el, color_of(&faults, "kill"));
+        assert_eq!((partition.len(), kill.len(), all_bands(&el)), (1, 1, 2));
+        for band in [partition[0], kill[0]] {
+            assert_eq!((band.num("y"), band.num("y") + band.num("height")), (top, bottom));
+        }
+        let (p0, p1) = (partition[0].num("x"), partition[0].num("x") + partition[0].num("width"));
+        assert!(
+            ok_1s.0 < p0 && p1 < ok_5s.0 && p1 > p0,
+            "partition band at 2..4 s: {p0}..{p1}"
+        );
+        assert!(info.0 < kill[0].num("x"));
+        // Bands are drawn before the dots, so they do not hide them.
+        let first_dot = el.iter().position(|e| e.name == "circle").expect("dots");
+        assert!(
+            el.iter()
+                .rposition(|e| e.attr("opacity") == Some("0.22"))
+                .expect("bands")
+                < first_dot
+        );
     }
 
     #[test]
-    fn throughput_plot_has_bands_and_lines() {
+    fn throughput_svg_shows_rate_lines_and_bands() {
         // 10 ok completions per second for 10 s, plus one failure at 4.5 s.
         let mut samples: Vec<Sample> = (0..100)
             .map(|i| sample(f64::from(i) * 0.1 + 0.05, 3.0, Outcome::Ok))
@@ -942,30 +932,203 @@ mod tests {
             faults: &faults,
             duration_s: 10.0,
         };
-        let path = temp_png("throughput");
-        throughput_png(&input, &path).expect("write throughput plot");
-        let img = decode(&path);
-        assert_eq!((img.width, img.height), (WIDTH, HEIGHT));
+        let el = parse_svg(&render_throughput(&input).expect("render"));
+        let labels = texts(&el);
+        for expected in ["bank throughput", "throughput (ops/s)", "time (s)", "clock-skew", "12"] {
+            assert!(labels.iter().any(|t| t == expected), "{expected:?} in {labels:?}");
+        }
+        let (left, top, right, bottom) = frame(&el);
+        let y_of = |rate: f64| bottom - rate / 12.0 * (bottom - top);
 
-        let bins = bin_samples(&samples, x_axis_max(&input));
-        assert_eq!(bins.counts[Outcome::Ok.index()], vec![10; 10]);
-        let frame = throughput_frame(&input, &bins);
-        assert_eq!(frame.y, YScale::Linear { max: 12.0 });
+        let line = |outcome: Outcome| {
+            let lines: Vec<&Element> = el
+                .iter()
+                .filter(|e| e.name == "polyline" && e.attr("stroke") == Some(hex(outcome.color()).as_str()))
+                .collect();
+            assert!(lines.len() <= 1, "one line per outcome");
+            lines.first().map(|l| l.points())
+        };
+        // The ok line is flat at 10 ops/s through the 10 bin centres.
+        let ok = line(Outcome::Ok).expect("ok line");
+        assert_eq!(ok.len(), 10);
+        assert!(ok.iter().all(|(_, y)| (y - y_of(10.0)).abs() <= 1.0), "{ok:?}");
+        assert!(ok.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(left < ok[0].0 && ok[9].0 < right);
+        // The fail line is 0 except for 1 op/s in the bin of 4.5 s.
+        let fail = line(Outcome::Fail).expect("fail line");
+        assert_eq!(fail.len(), 10);
+        for (i, (_, y)) in fail.iter().enumerate() {
+            let rate = if i == 4 { 1.0 } else { 0.0 };
+            assert!((y - y_of(rate)).abs() <= 1.0, "bin {i}: {y}");
+        }
+        assert!(line(Outcome::Info).is_none(), "no info line without info ops");
 
-        // The ok line is flat at 10 ops/s (below the top, 12). Away from
-        // the line, the band is tinted and the rest is background.
-        let ok_y = frame.y_px(10.0);
-        assert_eq!(img.pixel(frame.x_px(2.0), ok_y), Outcome::Ok.color());
-        let y = frame.y_px(5.0);
-        let tint = blend(BACKGROUND, color_of(&faults, "clock-skew"), BAND_ALPHA);
-        assert_eq!(img.pixel(frame.x_px(7.0), y), tint);
-        assert_eq!(img.pixel(frame.x_px(9.0), y), BACKGROUND);
+        // The clock-skew band covers bins 6 and 7 (centres 6.5 s, 7.5 s).
+        let band = bands(&el, color_of(&faults, "clock-skew"));
+        assert_eq!((band.len(), all_bands(&el)), (1, 1));
+        let (b0, b1) = (band[0].num("x"), band[0].num("x") + band[0].num("width"));
+        assert!(
+            b0 < ok[6].0 && ok[7].0 < b1 && ok[5].0 < b0 && b1 < ok[8].0,
+            "{b0}..{b1}"
+        );
 
-        // The fail line peaks at 1 op/s in the bin centred on 4.5 s.
-        let peak = (frame.x_px(4.5), frame.y_px(1.0));
-        assert_eq!(img.pixel(peak.0, peak.1), Outcome::Fail.color());
+        // A long run gets wider bins, and says so.
+        let long = PlotInput {
+            duration_s: 1000.0,
+            ..input
+        };
+        let long_texts = texts(&parse_svg(&render_throughput(&long).expect("render")));
+        assert!(
+            long_texts.iter().any(|t| t == "throughput (ops/s, 4 s bins)"),
+            "{long_texts:?}"
+        );
+    }
 
-        assert!(dark_pixels_in_title(&img) > 20, "title is drawn");
+    #[test]
+    fn no_faults_no_bands_or_fault_legend() {
+        let samples = [sample(1.0, 5.0, Outcome::Ok), sample(2.0, 7.0, Outcome::Info)];
+        let input = PlotInput {
+            title: "calm",
+            samples: &samples,
+            faults: &[],
+            duration_s: 3.0,
+        };
+        for svg in [render_latency(&input), render_throughput(&input)] {
+            let el = parse_svg(&svg.expect("render"));
+            assert_eq!(all_bands(&el), 0);
+            assert!(!el.iter().any(|e| e.attr("opacity") == Some("0.22")));
+            let texts = texts(&el);
+            assert!(!texts.iter().any(|t| t == "faults:"));
+            assert!(texts.iter().any(|t| t == "calm"));
+            frame(&el);
+        }
+    }
+
+    #[test]
+    fn empty_input_draws_axes_and_faults() {
+        let faults = [fault("partition", 2.0, 4.0)];
+        let input = PlotInput {
+            title: "nothing happened",
+            samples: &[],
+            faults: &faults,
+            duration_s: 10.0,
+        };
+        for svg in [render_latency(&input), render_throughput(&input)] {
+            let el = parse_svg(&svg.expect("render"));
+            assert_eq!(bands(&el, color_of(&faults, "partition")).len(), 1);
+            let data = |e: &Element| {
+                let colors = Outcome::ALL.map(|o| Some(hex(o.color())));
+                e.name == "circle" || (e.name == "polyline" && colors.contains(&e.attr("stroke").map(String::from)))
+            };
+            assert!(!el.iter().any(data), "no data drawn");
+            let texts = texts(&el);
+            assert!(texts.iter().any(|t| t == "nothing happened"));
+            // x ticks 0..10 s.
+            assert!(
+                texts.iter().any(|t| t == "0") && texts.iter().any(|t| t == "10"),
+                "{texts:?}"
+            );
+            frame(&el);
+        }
+    }
+
+    #[test]
+    fn nan_and_negative_values_do_not_panic() {
+        let samples = [
+            sample(f64::NAN, 5.0, Outcome::Ok),
+            sample(1.0, f64::NAN, Outcome::Ok),
+            sample(-3.0, 5.0, Outcome::Fail),
+            sample(f64::INFINITY, 5.0, Outcome::Info),
+            sample(2.0, f64::INFINITY, Outcome::Info),
+            sample(3.0, f64::NEG_INFINITY, Outcome::Info),
+            sample(4.0, -7.0, Outcome::Fail),
+            sample(5.0, 0.0, Outcome::Ok),
+            sample(6.0, 50.0, Outcome::Ok),
+        ];
+        let faults = [
+            fault("nan", f64::NAN, 3.0),
+            fault("backwards", 5.0, 2.0),
+            fault("open-ended", 8.0, f64::INFINITY),
+            fault("early", -5.0, -1.0),
+        ];
+        for duration_s in [f64::NAN, -1.0, 0.0, 10.0] {
+            let input = PlotInput {
+                title: "odd values",
+                samples: &samples,
+                faults: &faults,
+                duration_s,
+            };
+            parse_svg(&render_latency(&input).expect("render latency"));
+            parse_svg(&render_throughput(&input).expect("render throughput"));
+        }
+
+        // Latency ≤ 0 (and -inf) lands on the lowest decade, at the bottom
+        // edge; NaN and +inf latencies and bad times are not drawn.
+        let input = PlotInput {
+            title: "",
+            samples: &samples,
+            faults: &faults,
+            duration_s: 10.0,
+        };
+        assert_eq!(latency_decades(&input), (1, 2));
+        let el = parse_svg(&render_latency(&input).expect("render"));
+        let (_, _, right, bottom) = frame(&el);
+        let info = dots(&el, Outcome::Info.color());
+        let fail = dots(&el, Outcome::Fail.color());
+        let ok = dots(&el, Outcome::Ok.color());
+        assert_eq!((ok.len(), fail.len(), info.len()), (2, 1, 1));
+        for d in [info[0], fail[0]] {
+            assert_eq!(d.num("cy"), bottom);
+        }
+        assert_eq!(ok.iter().filter(|d| d.num("cy") == bottom).count(), 1);
+        // Only the open-ended fault is on the axis; it runs to the right edge.
+        let open = bands(&el, color_of(&faults, "open-ended"));
+        assert_eq!((open.len(), all_bands(&el)), (1, 1));
+        assert_eq!(open[0].num("x") + open[0].num("width"), right);
+        // An empty title draws no text of its own.
+        assert!(!texts(&el).iter().any(|t| t.is_empty()));
+    }
+
+    #[test]
+    fn writes_svg_files_with_escaped_text() {
+        let samples = [sample(0.5, 2.0, Outcome::Ok)];
+        let faults = [fault("a<b>&\"c\"", 0.0, 1.0)];
+        let input = PlotInput {
+            title: "seed <1> & \"2\"",
+            samples: &samples,
+            faults: &faults,
+            duration_s: 1.0,
+        };
+        let latency = temp_svg("latency");
+        let throughput = temp_svg("throughput");
+        latency_svg(&input, &latency).expect("write latency plot");
+        throughput_svg(&input, &throughput).expect("write throughput plot");
+        for path in [latency, throughput] {
+            let svg = std::fs::read_to_string(&path).expect("read back");
+            std::fs::remove_file(&path).expect("remove");
+            assert!(svg.starts_with("<svg"));
+            assert!(svg.contains("seed &lt;1&gt; &amp; &quot;2&quot;"));
+            let el = parse_svg(&svg);
+            let texts = texts(&el);
+            assert!(texts.iter().any(|t| t == "seed <1> & \"2\""), "{texts:?}");
+            assert!(texts.iter().any(|t| t == "a<b>&\"c\""), "{texts:?}");
+            assert_eq!(all_bands(&el), 1);
+        }
+    }
+
+    #[test]
+    fn unwritable_path_is_an_io_error() {
+        let input = PlotInput {
+            title: "t",
+            samples: &[],
+            faults: &[],
+            duration_s: 1.0,
+        };
+        let path = temp_svg("no-such-dir").join("plot.svg");
+        match latency_svg(&input, &path) {
+            Err(PlotError::Io { path: p, .. }) => assert_eq!(p, path),
+            other => panic!("expected an I/O error, got {other:?}"),
+        }
     }
 
     #[test]
@@ -1005,167 +1168,82 @@ mod tests {
     }
 
     #[test]
-    fn empty_input_draws_axes_and_faults() {
-        let faults = [fault("partition", 2.0, 4.0)];
-        let input = PlotInput {
-            title: "nothing happened",
-            samples: &[],
-            faults: &faults,
-            duration_s: 10.0,
-        };
-        let tint = blend(BACKGROUND, color_of(&faults, "partition"), BAND_ALPHA);
-        let mid_y = (PLOT_TOP + PLOT_BOTTOM) / 2;
-
-        let path = temp_png("empty-latency");
-        latency_png(&input, &path).expect("write latency plot");
-        let img = decode(&path);
-        let frame = latency_frame(&input);
-        assert_eq!(img.pixel(frame.x_px(3.0), mid_y), tint);
-        // The frame's left edge is drawn.
-        assert!(is_dark(img.pixel(PLOT_LEFT - 1, mid_y)));
-
-        let path = temp_png("empty-throughput");
-        throughput_png(&input, &path).expect("write throughput plot");
-        let img = decode(&path);
-        let frame = throughput_frame(&input, &bin_samples(&[], 10.0));
-        assert_eq!(img.pixel(frame.x_px(3.0), mid_y), tint);
-        assert!(is_dark(img.pixel(PLOT_LEFT - 1, mid_y)));
-    }
-
-    #[test]
-    fn nan_and_negative_values_do_not_panic() {
-        let samples = [
-            sample(f64::NAN, 5.0, Outcome::Ok),
-            sample(1.0, f64::NAN, Outcome::Ok),
-            sample(-3.0, 5.0, Outcome::Fail),
-            sample(f64::INFINITY, 5.0, Outcome::Info),
-            sample(2.0, f64::INFINITY, Outcome::Info),
-            sample(3.0, f64::NEG_INFINITY, Outcome::Info),
-            sample(4.0, -7.0, Outcome::Fail),
-            sample(5.0, 0.0, Outcome::Ok),
-            sample(6.0, 50.0, Outcome::Ok),
-        ];
-        let faults = [
-            fault("nan", f64::NAN, 3.0),
-            fault("backwards", 5.0, 2.0),
-            fault("open-ended", 8.0, f64::INFINITY),
-            fault("early", -5.0, -1.0),
-        ];
-        for duration_s in [f64::NAN, -1.0, 0.0, 10.0] {
-            let input = PlotInput {
-                title: "odd values",
-                samples: &samples,
-                faults: &faults,
-                duration_s,
-            };
-            let path = temp_png("nan-latency");
-            latency_png(&input, &path).expect("write latency plot");
-            let img = decode(&path);
-            assert_eq!((img.width, img.height), (WIDTH, HEIGHT));
-            let path = temp_png("nan-throughput");
-            throughput_png(&input, &path).expect("write throughput plot");
-            decode(&path);
-        }
-
-        // Latency ≤ 0 lands on the lowest decade, at the bottom edge.
-        let input = PlotInput {
+    fn axis_ranges() {
+        let input = |samples: &'static [Sample], duration_s: f64| PlotInput {
             title: "",
-            samples: &samples,
-            faults: &faults,
-            duration_s: 10.0,
-        };
-        let frame = latency_frame(&input);
-        assert_eq!(frame.y, YScale::Log10 { lo: 1, hi: 2 });
-        assert_eq!(frame.y_px(0.0), PLOT_BOTTOM);
-        assert_eq!(frame.y_px(-7.0), PLOT_BOTTOM);
-        let path = temp_png("clamp");
-        latency_png(&input, &path).expect("write latency plot");
-        let img = decode(&path);
-        assert_eq!(img.pixel(frame.x_px(5.0), PLOT_BOTTOM), Outcome::Ok.color());
-        assert_eq!(img.pixel(frame.x_px(4.0), PLOT_BOTTOM), Outcome::Fail.color());
-        // The open-ended fault runs to the right edge.
-        let tint = blend(BACKGROUND, color_of(&faults, "open-ended"), BAND_ALPHA);
-        assert_eq!(img.pixel(PLOT_RIGHT, PLOT_TOP + 100), tint);
-        // An empty title draws nothing in the title rows.
-        assert_eq!(dark_pixels_in_title(&img), 0);
-    }
-
-    #[test]
-    fn unwritable_path_is_an_io_error() {
-        let input = PlotInput {
-            title: "t",
-            samples: &[],
+            samples,
             faults: &[],
-            duration_s: 1.0,
+            duration_s,
         };
-        let path = temp_png("no-such-dir").join("plot.png");
-        match latency_png(&input, &path) {
-            Err(PlotError::Io { path: p, .. }) => assert_eq!(p, path),
-            other => panic!("expected an I/O error, got {other:?}"),
-        }
+        const SAMPLES: [Sample; 3] = [
+            Sample {
+                done_s: 1.0,
+                latency_ms: 1.5,
+                outcome: Outcome::Ok,
+            },
+            Sample {
+                done_s: 12.0,
+                latency_ms: 200.0,
+                outcome: Outcome::Fail,
+            },
+            Sample {
+                done_s: 2.0,
+                latency_ms: 0.0,
+                outcome: Outcome::Info,
+            },
+        ];
+        // Decades around the positive latencies; 1 ms..1 s with none.
+        assert_eq!(latency_decades(&input(&SAMPLES, 10.0)), (0, 3));
+        assert_eq!(latency_decades(&input(&[], 10.0)), (0, 3));
+        let tiny = [sample(1.0, 1e-9, Outcome::Ok), sample(1.0, 1e12, Outcome::Ok)];
+        let tiny = PlotInput {
+            samples: &tiny,
+            ..input(&[], 1.0)
+        };
+        assert_eq!(latency_decades(&tiny), (-3, 7));
+        // The x axis covers the run and every sample.
+        assert_eq!(x_axis_max(&input(&SAMPLES, 10.0)), 12.0);
+        assert_eq!(x_axis_max(&input(&SAMPLES, 30.0)), 30.0);
+        assert_eq!(x_axis_max(&input(&[], f64::NAN)), 1.0);
+        // The throughput axis: peak 10/s plus headroom rounds to 12.
+        let ten_per_s: Vec<Sample> = (0..30).map(|i| sample(f64::from(i) * 0.1, 1.0, Outcome::Ok)).collect();
+        assert_eq!(throughput_y_max(&bin_samples(&ten_per_s, 3.0)), 12.0);
+        assert_eq!(throughput_y_max(&bin_samples(&[], 3.0)), 1.0);
+        // Tick labels.
+        assert_eq!(format_tick(&2.5), "2.5");
+        assert_eq!(format_tick(&20.0), "20");
+        assert_eq!(format_tick(&0.125), "0.125");
+        assert_eq!(format_tick(&-0.0), "0");
+        assert_eq!(format_ms(&1000.0), "1000");
+        assert_eq!(format_ms(&0.01), "0.01");
+        assert_eq!(format_ms(&0.002), "0.002");
     }
 
     #[test]
-    fn canvas_primitives() {
-        let mut c = Canvas::new(20, 10, BACKGROUND);
-        let red = Rgb(255, 0, 0);
-
-        // Lines include both ends, in every direction, and clip silently.
-        c.line(2, 1, 12, 5, red);
-        assert_eq!(c.pixel(2, 1), red);
-        assert_eq!(c.pixel(12, 5), red);
-        c.line(15, 9, 15, 0, red);
-        assert!((0..10).all(|y| c.pixel(15, y) == red));
-        c.line(-100, -100, 100, 100, red);
-        assert_eq!(c.pixel(3, 3), red);
-
-        // fill_rect takes corners in any order and clips.
-        c.fill_rect(19, 9, 17, 7, red);
-        assert_eq!(c.pixel(18, 8), red);
-        c.fill_rect(-5, -5, 0, 0, red);
-        assert_eq!(c.pixel(0, 0), red);
-
-        // blend_rect mixes with what is there.
-        let mut c = Canvas::new(4, 4, BACKGROUND);
-        c.blend_rect(0, 0, 3, 3, Rgb(0, 0, 0), 0.5);
-        assert_eq!(c.pixel(1, 1), Rgb(128, 128, 128));
-        assert_eq!(blend(Rgb(0, 0, 0), Rgb(200, 100, 0), 1.0), Rgb(200, 100, 0));
-
-        // A dot covers its centre and its radius along the axes.
-        let mut c = Canvas::new(10, 10, BACKGROUND);
-        c.dot(5, 5, 2, red);
-        assert_eq!(c.pixel(5, 5), red);
-        assert_eq!(c.pixel(7, 5), red);
-        assert_eq!(c.pixel(5, 3), red);
-        assert_eq!(c.pixel(8, 5), BACKGROUND);
+    fn fault_bands_are_clipped_to_the_axis() {
+        let faults = [
+            fault("a", -2.0, 3.0),
+            fault("b", 8.0, f64::INFINITY),
+            fault("c", 5.0, 5.0),
+            fault("d", 11.0, 12.0),
+            fault("e", 4.0, 3.0),
+            fault("f", 1.0, f64::NAN),
+            fault("g", 10.0, 10.0),
+        ];
+        let bands: Vec<(f64, f64)> = fault_bands(&faults, 10.0, 0.5)
+            .into_iter()
+            .map(|(s, e, _)| (s, e))
+            .collect();
+        assert_eq!(bands, vec![(0.0, 3.0), (8.0, 10.0), (5.0, 5.5), (9.5, 10.0)]);
+        assert_eq!(fault_bands(&faults, 10.0, 0.5)[0].2, color_of(&faults, "a"));
     }
 
     #[test]
-    fn text_draws_glyph_pixels() {
-        let mut c = Canvas::new(40, 20, BACKGROUND);
-        let w = c.text(1, 1, "1-", INK, 1);
-        assert_eq!(w, 2 * font::ADVANCE as i64);
-        assert_eq!(w, text_width("1-", 1));
-        // '1' has its top pixel in the middle column; '-' is a bar on row 3.
-        assert_eq!(c.pixel(1 + 2, 1), INK);
-        assert!((0..5).all(|col| c.pixel(1 + 6 + col, 1 + 3) == INK));
-        assert_eq!(c.pixel(1 + 6, 1), BACKGROUND);
-        // At scale 2 each font pixel is 2×2.
-        let mut c = Canvas::new(40, 20, BACKGROUND);
-        c.text(0, 0, "-", INK, 2);
-        assert_eq!(c.pixel(9, 7), INK);
-        assert_eq!(c.pixel(9, 8), BACKGROUND);
-    }
-
-    #[test]
-    fn ticks_and_helpers() {
+    fn helpers_and_fault_colours() {
         assert_eq!(nice_step(10.0, 10.0), 1.0);
         assert_eq!(nice_step(60.0, 10.0), 5.0);
         assert!((nice_step(0.2, 10.0) - 0.02).abs() < 1e-12);
         assert_eq!(nice_step(f64::NAN, 10.0), 1.0);
-        assert_eq!(format_tick(2.5, 0.5), "2.5");
-        assert_eq!(format_tick(20.0, 5.0), "20");
-        assert_eq!(linear_ticks(10.0, 2.5), vec![0.0, 2.5, 5.0, 7.5, 10.0]);
         assert_eq!(truncate("abcdef", 4), "ab..");
         assert_eq!(truncate("abc", 4), "abc");
 

@@ -1823,10 +1823,10 @@ fn write_results(
         faults: &faults,
         duration_s: end_s,
     };
-    if let Err(e) = plot::latency_png(&input, &dir.join("latency.png")) {
+    if let Err(e) = plot::latency_svg(&input, &dir.join("latency.svg")) {
         eprintln!("jepsen: latency plot: {e}");
     }
-    if let Err(e) = plot::throughput_png(&input, &dir.join("throughput.png")) {
+    if let Err(e) = plot::throughput_svg(&input, &dir.join("throughput.svg")) {
         eprintln!("jepsen: throughput plot: {e}");
     }
     let crash_notes: Vec<String> = history
