@@ -1,24 +1,111 @@
-//! Rust client for the coordinator API.
+//! The Rust client of the dtx coordinator, for applications that run
+//! distributed transactions and for services that take part in them.
 //!
-//! - Leader discovery: it follows the `x-dtx-leader-addr` hint and otherwise
-//!   tries the configured endpoints in turn (any node forwards to the leader).
-//! - Retries with exponential backoff and full jitter, within one overall
-//!   deadline per call. Every write we expose is safe to retry: Begin is
-//!   idempotent by key, Enlist is idempotent, Decide is write-once.
-//! - A write whose outcome could not be learned before the deadline returns
-//!   UNKNOWN (`ClientError::Unknown` or `TxOutcome::Unknown`), never a
-//!   failure: it may have been applied.
+//! Embed [`Client`] in an application that begins and commits transactions:
+//! give it the API addresses of some or all cluster nodes
+//! ([`ClientConfig::new`]), then call [`Client::begin`], [`Client::enlist`]
+//! once per participant and [`Client::commit`] (or
+//! [`Client::begin_and_commit`] when every participant is known up front).
+//! It depends on the wire contract (`dtx-proto`), tonic and tokio only: no
+//! Raft, no storage.
+//!
+//! - **Leader discovery.** It follows the `x-dtx-leader-addr` hint of a
+//!   refusal and otherwise tries the configured endpoints in turn (any node
+//!   forwards to the leader).
+//! - **Retries.** Every call retries with exponential backoff and full
+//!   jitter ([`backoff`]) within one overall deadline
+//!   ([`ClientConfig::call_deadline`]). Every write it exposes is safe to
+//!   retry: Begin is idempotent by key, Enlist is idempotent, the decision
+//!   is write-once.
+//! - **UNKNOWN is not failure.** A write whose outcome could not be learned
+//!   before the deadline returns [`ClientError::Unknown`] (or
+//!   [`TxOutcome::Unknown`] from commit and abort): it may have been
+//!   applied. Ask again ([`Client::decision`], or the same call again).
+//! - **Participants.** A participant reads decisions with
+//!   [`Client::decisions_for`] (batched, linearizable, with the
+//!   `awaiting_ack` flag its log garbage collection needs); the participant
+//!   SDK's recovery does this. A service that learns the txid from its
+//!   caller enlists itself ([`enlist`]); [`propagate`] carries the txid
+//!   across gRPC calls without hand work.
+//!
+//! # Example
+//!
+//! A transfer between two participant services, with UNKNOWN handled:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use dtx_client::{Client, ClientConfig, ClientError, DecisionRead, TxOutcome};
+//!
+//! /// Moves 25 from account a3 at bank A to b7 at bank B; `Ok(true)` once
+//! /// it is committed at both, `Ok(false)` once it is aborted at both.
+//! async fn transfer(client: &Client, request_id: &str) -> Result<bool, ClientError> {
+//!     // Idempotent by key: after a crash, the same request id finds the
+//!     // same transaction (`existing == true`).
+//!     let tx = client.begin(request_id, 30_000, b"transfer a3 -> b7").await?;
+//!     for (participant, address, work) in [
+//!         ("bank-a", "10.0.1.1:7000", &b"a3:-25"[..]),
+//!         ("bank-b", "10.0.1.2:7000", &b"b7:25"[..]),
+//!     ] {
+//!         if let Err(e) = client.enlist(tx.txid, participant, address, work).await {
+//!             // Not enlisted (or not known to be): give up on the
+//!             // transaction. The decision is write-once, so ask for
+//!             // ABORT and go by what is recorded.
+//!             eprintln!("enlisting {participant}: {e}");
+//!             return match client.abort(tx.txid, "enlist failed").await? {
+//!                 TxOutcome::Committed => Ok(true),
+//!                 TxOutcome::Aborted => Ok(false),
+//!                 TxOutcome::Unknown => settle(client, tx.txid).await,
+//!             };
+//!         }
+//!     }
+//!     match client.commit(tx.txid).await? {
+//!         TxOutcome::Committed => Ok(true),
+//!         TxOutcome::Aborted => Ok(false),
+//!         // Not a failure: the decision may be recorded, or be about to.
+//!         TxOutcome::Unknown => settle(client, tx.txid).await,
+//!     }
+//! }
+//!
+//! /// Reads the decision until it is known.
+//! async fn settle(client: &Client, txid: u64) -> Result<bool, ClientError> {
+//!     loop {
+//!         match client.decision(txid).await {
+//!             Ok(DecisionRead::Committed) => return Ok(true),
+//!             Ok(DecisionRead::Aborted | DecisionRead::UnknownPresumedAbort) => return Ok(false),
+//!             // Still being decided, or no quorum right now: wait.
+//!             Ok(DecisionRead::Pending) | Err(ClientError::Unavailable(_)) => {
+//!                 tokio::time::sleep(Duration::from_millis(500)).await
+//!             }
+//!             Err(e) => return Err(e),
+//!         }
+//!     }
+//! }
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), ClientError> {
+//! let nodes = ["10.0.0.1:7201", "10.0.0.2:7201", "10.0.0.3:7201"];
+//! let client = Client::new(ClientConfig::new(nodes.iter().map(|s| s.to_string()).collect()))?;
+//! let committed = transfer(&client, "transfer-7f3a").await?;
+//! println!("committed: {committed}");
+//! # Ok(())
+//! # }
+//! ```
 
+#![warn(missing_docs)]
+
+pub mod backoff;
 pub mod enlist;
+pub mod propagate;
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::admin_client::AdminClient;
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
-use rand::Rng;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::Code;
@@ -26,23 +113,42 @@ use tonic::Status;
 
 use dtx_proto::channel::channel;
 use dtx_proto::channel::ChannelCache;
+use dtx_proto::limits::DECISION_BATCH_TXIDS_MAX;
 use dtx_proto::metadata::leader_hint;
 use dtx_proto::metadata::not_applied;
 
+use crate::backoff::Backoff;
+use crate::backoff::Jitter;
+
+/// Where the cluster is and how long a call may take.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
-    /// API addresses of cluster nodes (`host:port`), any subset.
+    /// API addresses of cluster nodes (`host:port` or `http://host[:port]`,
+    /// see [`dtx_proto::endpoint()`]), any subset of the cluster.
     pub endpoints: Vec<String>,
-    /// Overall time budget of one call, all retries included.
+    /// Overall time budget of one call, all retries included. A write that
+    /// got no definite answer within it is UNKNOWN.
     pub call_deadline: Duration,
-    /// Time budget of one attempt.
+    /// Time budget of one attempt at one node.
     pub attempt_timeout: Duration,
-    /// First retry delay; doubles up to `backoff_max`, with full jitter.
+    /// Time budget of opening a connection to a node (at most
+    /// `attempt_timeout` is used).
+    pub connect_timeout: Duration,
+    /// Ceiling of the first retry delay; it doubles per retry up to
+    /// `backoff_max`, with full jitter ([`ClientConfig::backoff`]).
     pub backoff_base: Duration,
+    /// Largest retry delay.
     pub backoff_max: Duration,
+    /// Source address of the connections to the cluster; `None` lets the
+    /// system choose. A service that sets it to its own address is cut off
+    /// both ways by network rules on that address.
+    pub local_ip: Option<IpAddr>,
 }
 
 impl ClientConfig {
+    /// The defaults for `endpoints`: 15 s per call, 8 s per attempt (and
+    /// per connect), retries after 20 ms doubling up to 500 ms, any source
+    /// address.
     pub fn new(endpoints: Vec<String>) -> Self {
         ClientConfig {
             endpoints,
@@ -50,24 +156,39 @@ impl ClientConfig {
             // Commit is not cut off while the leader collects votes.
             call_deadline: Duration::from_secs(15),
             attempt_timeout: Duration::from_secs(8),
+            connect_timeout: Duration::from_secs(8),
             backoff_base: Duration::from_millis(20),
             backoff_max: Duration::from_millis(500),
+            local_ip: None,
         }
+    }
+
+    /// The retry delays: from `backoff_base` doubling up to `backoff_max`,
+    /// with full jitter.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.backoff_base, self.backoff_max, Jitter::Full)
     }
 }
 
+/// Why a call failed. Only [`ClientError::Unknown`] leaves the outcome of a
+/// write open; the others say what happened (or, for reads, that no answer
+/// came).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
     /// The request broke a limit or was malformed; nothing happened.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The transaction has no record (never begun, or forgotten).
     #[error("not found: {0}")]
     NotFound(String),
     /// Idempotency key reused with a different request.
     #[error("already exists: {0}")]
     AlreadyExists(String),
+    /// The transaction's state does not allow the call (for example Enlist
+    /// after commit was requested); nothing happened.
     #[error("failed precondition: {0}")]
     FailedPrecondition(String),
+    /// The server does not implement the call.
     #[error("unimplemented: {0}")]
     Unimplemented(String),
     /// The outcome is not known: the write may or may not have been applied.
@@ -77,6 +198,8 @@ pub enum ClientError {
     /// before the deadline.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// A storage or invariant fault at the server, or an answer this client
+    /// cannot read.
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -84,7 +207,9 @@ pub enum ClientError {
 /// Outcome of commit/abort as a caller sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TxOutcome {
+    /// Decided COMMIT.
     Committed,
+    /// Decided ABORT.
     Aborted,
     /// Timeout or lost reply: it may be either. Ask again with `decision`.
     Unknown,
@@ -93,11 +218,29 @@ pub enum TxOutcome {
 /// A linearizable decision read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecisionRead {
+    /// Not decided yet: keep waiting, never act on it.
     Pending,
+    /// Decided COMMIT.
     Committed,
+    /// Decided ABORT.
     Aborted,
     /// No record (never begun, or forgotten after all acks): presumed abort.
     UnknownPresumedAbort,
+}
+
+/// One transaction's answer to a batched decision read
+/// ([`Client::decisions_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecisionAnswer {
+    /// The transaction.
+    pub txid: u64,
+    /// The decision; `None` when the server sent an outcome value this
+    /// client does not know (a newer server): count it as undecided.
+    pub decision: Option<DecisionRead>,
+    /// Only when asked with a participant id: that participant is enlisted,
+    /// the decision is recorded and its ack is not, so the leader will
+    /// still deliver the decision to it.
+    pub awaiting_ack: bool,
 }
 
 impl DecisionRead {
@@ -120,18 +263,27 @@ fn tx_outcome(v: i32) -> Result<TxOutcome, ClientError> {
     }
 }
 
+/// What [`Client::begin`] learned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Began {
+    /// The transaction's id.
     pub txid: u64,
+    /// True when the idempotency key already named this transaction (a
+    /// retry found it).
     pub existing: bool,
+    /// When the cluster aborts the transaction if commit was not asked for
+    /// (ms since the Unix epoch).
     pub deadline_unix_ms: u64,
 }
 
 /// A participant for `begin_and_commit`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParticipantSpec {
+    /// Stable participant identity, unique within the transaction.
     pub participant_id: String,
+    /// Where the coordinator reaches its `ParticipantService`.
     pub address: String,
+    /// Opaque bytes handed to the participant's Prepare.
     pub payload: Vec<u8>,
 }
 
@@ -141,9 +293,14 @@ pub struct OneShot {
     /// The transaction's id; `None` when no answer came back (then
     /// `outcome` is `Unknown`; calling again with the same key finds it).
     pub txid: Option<u64>,
+    /// COMMITTED, ABORTED, or UNKNOWN.
     pub outcome: TxOutcome,
 }
 
+/// A client of the coordinator cluster: one cached HTTP/2 channel per node,
+/// the leader it last heard of, and the retry policy of its
+/// [`ClientConfig`]. Share one per process (behind an `Arc`): its calls may
+/// run concurrently.
 pub struct Client {
     cfg: ClientConfig,
     leader: Mutex<Option<String>>,
@@ -158,21 +315,24 @@ enum Kind {
 }
 
 impl Client {
+    /// A client for `cfg` (connections are opened lazily, at the first
+    /// call). Fails only without endpoints.
     pub fn new(cfg: ClientConfig) -> Result<Client, ClientError> {
-        let attempt_timeout = cfg.attempt_timeout;
+        let connect_timeout = cfg.connect_timeout.min(cfg.attempt_timeout);
         if cfg.endpoints.is_empty() {
             return Err(ClientError::InvalidArgument(
                 "the client needs at least one endpoint".into(),
             ));
         }
         Ok(Client {
-            cfg,
             leader: Mutex::new(None),
             next: Mutex::new(0),
-            channels: ChannelCache::new(None, attempt_timeout),
+            channels: ChannelCache::new(cfg.local_ip, connect_timeout),
+            cfg,
         })
     }
 
+    /// The configuration this client was built with.
     pub fn config(&self) -> &ClientConfig {
         &self.cfg
     }
@@ -190,13 +350,6 @@ impl Client {
     /// One cached (multiplexed HTTP/2) channel per node address.
     fn channel(&self, addr: &str) -> Result<Channel, ClientError> {
         self.channels.get(addr).map_err(ClientError::InvalidArgument)
-    }
-
-    fn backoff(&self, attempt: u32) -> Duration {
-        let exp = self.cfg.backoff_base.saturating_mul(1u32 << attempt.min(16));
-        let cap = exp.min(self.cfg.backoff_max);
-        let ms = cap.as_millis().max(1) as u64;
-        Duration::from_millis(rand::rng().random_range(0..=ms))
     }
 
     /// Runs `f` against the leader (or any node), retrying until a definite
@@ -262,11 +415,16 @@ impl Client {
                     *self.leader.lock().expect("lock") = None;
                 }
             }
-            tokio::time::sleep(self.backoff(attempt)).await;
+            tokio::time::sleep(self.cfg.backoff().sample(attempt)).await;
             attempt += 1;
         }
     }
 
+    /// Begins a transaction that the cluster aborts if commit is not asked
+    /// for within `timeout_ms`. Idempotent by `idempotency_key`: the same
+    /// key with the same request finds the same transaction
+    /// ([`Began::existing`]); with another request it is
+    /// [`ClientError::AlreadyExists`].
     pub async fn begin(
         &self,
         idempotency_key: &str,
@@ -292,6 +450,10 @@ impl Client {
         })
     }
 
+    /// Adds participant `participant_id`, reachable at `address`, to
+    /// `txid`, with `payload` for its Prepare. Enlisting again with the same
+    /// address and payload is a no-op, so retrying is safe. Returns how many
+    /// participants the transaction has.
     pub async fn enlist(
         &self,
         txid: u64,
@@ -315,11 +477,12 @@ impl Client {
         Ok(r.participant_count)
     }
 
-    /// COMMITTED, ABORTED, or UNKNOWN when the outcome could not be learned.
     /// Begins a transaction with every participant and commits it in one
     /// call (one Raft write instead of Begin + Enlists + commit request).
     /// Idempotent by key: call again with the same key and request to learn
     /// the outcome of an earlier UNKNOWN.
+    ///
+    /// COMMITTED, ABORTED, or UNKNOWN when the outcome could not be learned.
     pub async fn begin_and_commit(
         &self,
         idempotency_key: &str,
@@ -365,6 +528,10 @@ impl Client {
         }
     }
 
+    /// Asks for COMMIT and returns the recorded decision: COMMITTED, or
+    /// ABORTED (a participant voted NO or did not answer in time, or the
+    /// transaction had been aborted), or UNKNOWN when the outcome could not
+    /// be learned before the deadline (it may still commit: ask again).
     pub async fn commit(&self, txid: u64) -> Result<TxOutcome, ClientError> {
         let res = self
             .call(Kind::Write, |ch, t| {
@@ -432,6 +599,7 @@ impl Client {
         Ok((tx_outcome(r.outcome)?, r.recorded))
     }
 
+    /// The whole replicated record of `txid` (linearizable read).
     pub async fn status(&self, txid: u64) -> Result<pb::StatusResponse, ClientError> {
         self.call(Kind::Read, |ch, t| {
             let mut rq = tonic::Request::new(pb::StatusRequest { txid });
@@ -441,6 +609,7 @@ impl Client {
         .await
     }
 
+    /// The decision of `txid` (linearizable read).
     pub async fn decision(&self, txid: u64) -> Result<DecisionRead, ClientError> {
         let r = self
             .call(Kind::Read, |ch, t| {
@@ -457,27 +626,90 @@ impl Client {
         DecisionRead::from_pb(r.outcome)
     }
 
+    /// The decisions of `txids`, in order: one linearizable `GetDecisions`
+    /// read, so at most `DECISION_BATCH_TXIDS_MAX` (1024) txids; more are
+    /// refused by the cluster with [`ClientError::InvalidArgument`] naming
+    /// the limit (use [`decisions_for`](Client::decisions_for) to ask for
+    /// any number in batches). An outcome value this client does not know
+    /// is [`ClientError::Internal`].
     pub async fn decisions(&self, txids: &[u64]) -> Result<Vec<(u64, DecisionRead)>, ClientError> {
+        self.decisions_batch(txids, "")
+            .await?
+            .into_iter()
+            .map(|a| match a.decision {
+                Some(d) => Ok((a.txid, d)),
+                None => Err(ClientError::Internal(format!(
+                    "the server sent an outcome value this client does not know for txid {}",
+                    a.txid
+                ))),
+            })
+            .collect()
+    }
+
+    /// The decision of `txid` as participant `participant_id` asks for it:
+    /// with [`DecisionAnswer::awaiting_ack`] (see
+    /// [`decisions_for`](Client::decisions_for)).
+    pub async fn decision_for(&self, txid: u64, participant_id: &str) -> Result<DecisionAnswer, ClientError> {
+        self.decisions_for(&[txid], participant_id)
+            .await?
+            .pop()
+            .ok_or_else(|| ClientError::Internal("an empty answer to a decision read".into()))
+    }
+
+    /// One answer per txid of `txids`, in order: the decision and, when
+    /// `participant_id` is not empty, whether the cluster still awaits that
+    /// participant's ack (a participant keeps its log record until it does
+    /// not). Linearizable reads (`GetDecisions`) at any node, in batches of
+    /// at most 1024 txids, each batch with this client's retries; a node
+    /// whose answer does not match the batch is retried elsewhere. An error
+    /// means no answer came for some batch before the call deadline (no
+    /// quorum, say) and nothing is returned.
+    pub async fn decisions_for(&self, txids: &[u64], participant_id: &str) -> Result<Vec<DecisionAnswer>, ClientError> {
+        let mut out = Vec::with_capacity(txids.len());
+        for chunk in txids.chunks(DECISION_BATCH_TXIDS_MAX) {
+            out.extend(self.decisions_batch(chunk, participant_id).await?);
+        }
+        Ok(out)
+    }
+
+    /// One `GetDecisions` read of `txids` (as many as given: the cluster
+    /// refuses more than its limit), with this client's retries; an answer
+    /// that does not match the request is retried at another node.
+    async fn decisions_batch(&self, txids: &[u64], participant_id: &str) -> Result<Vec<DecisionAnswer>, ClientError> {
         let req = pb::GetDecisionsRequest {
             txids: txids.to_vec(),
-            participant_id: String::new(),
+            participant_id: participant_id.to_string(),
         };
-        let r = self
+        let decisions = self
             .call(Kind::Read, |ch, t| {
                 let mut rq = tonic::Request::new(req.clone());
                 rq.set_timeout(t);
                 async move {
-                    CoordinatorClient::new(ch)
+                    let ds = CoordinatorClient::new(ch)
                         .get_decisions(rq)
-                        .await
-                        .map(|r| r.into_inner())
+                        .await?
+                        .into_inner()
+                        .decisions;
+                    if ds.len() != txids.len() || ds.iter().zip(txids).any(|(d, t)| d.txid != *t) {
+                        // Retried (at another node), not taken.
+                        return Err(Status::unknown(format!(
+                            "{} decisions for {} txids, or not in request order",
+                            ds.len(),
+                            txids.len()
+                        )));
+                    }
+                    Ok(ds)
                 }
             })
             .await?;
-        r.decisions
+        Ok(decisions
             .into_iter()
-            .map(|d| Ok((d.txid, DecisionRead::from_pb(d.outcome)?)))
-            .collect()
+            .map(|d| DecisionAnswer {
+                txid: d.txid,
+                decision: DecisionRead::from_pb(d.outcome).ok(),
+                awaiting_ack: d.awaiting_ack,
+            })
+            .collect())
     }
 
     /// Cluster status as seen by the first endpoint that answers.
@@ -513,3 +745,6 @@ pub async fn cluster_status_at(addr: &str, timeout: Duration) -> Result<pb::Clus
         .map_err(|_| Status::deadline_exceeded("no reply"))?
         .map(|r| r.into_inner())
 }
+
+#[cfg(test)]
+mod tests;

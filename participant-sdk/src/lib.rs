@@ -1,48 +1,184 @@
-//! Participant SDK (issue 3, in progress).
+//! The participant SDK: what a service embeds to take part in dtx
+//! transactions as a two-phase-commit participant.
 //!
-//! Done: `log`, the pure decision logic of the participant's durable local
-//! log: what to do with each Prepare / Commit / Abort given what the log
-//! already holds (idempotent Prepare, tombstone on Abort-before-Prepare,
-//! exactly-once Commit/Abort, term fencing, protocol violations).
+//! A participant service
+//! 1. implements [`store::Resource`] for its data: `prepare` checks and
+//!    stages the work a transaction's payload describes and votes (YES,
+//!    NO or READ_ONLY), `commit` and `abort` finish it;
+//! 2. opens a [`store::ParticipantStore`] on a directory of its own: the
+//!    resource's data and the participant's log live there together;
+//! 3. serves [`server::ParticipantServer`] (`dtx.v1.ParticipantService`)
+//!    at the address it is enlisted with, for the coordinator's Prepare,
+//!    Commit, Abort, CommitOnePhase and Inquire;
+//! 4. runs recovery ([`server::spawn_recovery_with`]) against the
+//!    coordinator cluster, which resolves transactions left in doubt and
+//!    garbage-collects the log;
+//! 5. exits when [`store::ParticipantStore::stopped`] says so, and is
+//!    restarted by its supervisor.
 //!
-//! Done: `store`, the durable participant store on sled: the `Resource`
-//! trait a service implements, one atomic write for the resource change and
-//! the log record, replies only after an fsync (shared by concurrent
-//! requests), and the list of in-doubt transactions.
+//! Its callers enlist it in their transactions
+//! (`dtx_client::Client::enlist`), or it enlists itself from the txid
+//! their calls carry (`dtx_client::enlist`, `dtx_client::propagate`).
 //!
-//! Done: `server`, the gRPC server of `dtx.v1.ParticipantService` on the
-//! store, and recovery: asking the cluster (linearizable, batched, any node)
-//! for the decisions of in-doubt transactions, on start and periodically.
-//! The in-doubt list is consistent under concurrent Commit/Abort; a log
-//! entry that is really inconsistent is logged, counted
-//! (`dtx_participant_log_inconsistencies_total`) and skipped, never taken
-//! as "nothing in doubt".
+//! # What the SDK guarantees
 //!
-//! Done: log garbage collection (`server::collect_decided`, run by the
-//! recovery loop past `RecoveryOptions::log_retention`): a decided record
-//! or a READ_ONLY vote is removed only once the cluster will send nothing
-//! more for it: decided with this participant's ack recorded
-//! (`GetDecisions` with `RecoveryOptions::participant_id` answers
-//! `awaiting_ack`), or forgotten. Until then a redelivered decision must
-//! find the record, or a Commit would be refused as a commit without
-//! prepare, forever.
+//! - **The log** ([`log`]) decides what each message does given what the
+//!   participant already recorded: Prepare is idempotent, an Abort before
+//!   the Prepare leaves a tombstone (a late Prepare then votes NO), Commit
+//!   and Abort are applied exactly once, a message from an older leader
+//!   term is refused (fencing), and protocol violations (Commit without
+//!   Prepare, Commit after Abort, Abort after Commit) are refused, never
+//!   applied.
+//! - **The store** ([`store`]) writes the resource's change and its log
+//!   record in one atomic sled batch, and replies only after an fsync that
+//!   covers it (shared by concurrent requests). Resource calls run one at a
+//!   time, so a resource takes its locks without synchronization of its
+//!   own. The in-doubt transactions (YES vote, no decision) are indexed in
+//!   the same writes, so recovery never misses one; an index entry that is
+//!   really inconsistent is logged, counted
+//!   (`dtx_participant_log_inconsistencies_total`) and skipped, never taken
+//!   as "nothing in doubt".
+//! - **A store that cannot write stops.** sled refuses every write after a
+//!   failed one (a full disk) until it is reopened, so at its first failed
+//!   write or fsync the store refuses every request (a full disk as
+//!   [`store::StoreError::Stopped`] with `is_disk_full()`,
+//!   RESOURCE_EXHAUSTED "the disk is full" over gRPC), acknowledges nothing
+//!   more, and [`store::ParticipantStore::stopped`] completes so the
+//!   service can exit and be restarted on what is on disk. A start on a
+//!   full disk says so and never leaves the directory unopenable.
+//! - **Recovery** ([`server`]) asks the cluster for the decisions of the
+//!   in-doubt transactions (`GetDecisions`: linearizable, batched, any
+//!   node, through a `dtx_client::Client` and its retry policy) on start
+//!   and periodically, and applies the known ones; undecided ones keep
+//!   their locks (a participant never decides on its own).
+//! - **Log garbage collection** ([`server::collect_decided`], run by the
+//!   recovery loop past [`server::RecoveryOptions::log_retention`]) removes
+//!   a decided record or a READ_ONLY vote only once the cluster will send
+//!   nothing more for it: decided with this participant's ack recorded
+//!   (the cluster answers `awaiting_ack` for
+//!   [`server::RecoveryOptions::participant_id`]), or forgotten. Until then
+//!   a redelivered decision must find the record, or a Commit would be
+//!   refused as a commit without prepare, forever.
 //!
-//! Done: a store that cannot write stops. sled 0.34.7 refuses every write
-//! after a failed one (a full disk) until it is reopened, so at its first
-//! failed write or fsync the store refuses every request (a full disk as
-//! `StoreError::Stopped` with `is_disk_full()`, RESOURCE_EXHAUSTED "the
-//! disk is full" over gRPC), acknowledges nothing more, and
-//! `ParticipantStore::stopped()` tells the service to exit so that its
-//! supervisor restarts it on what is on disk. A start on a full disk says
-//! so, and never leaves the directory unopenable (sled's unfinished
-//! snapshot files are removed).
+//! The resource's data lives in the participant's own store: a resource
+//! with a prepare of its own (such as PostgreSQL's prepared transactions)
+//! is not supported.
 //!
-//! Done: `enlist`, self-enlistment of a service that received a txid from
-//! its caller (`dtx_proto::attach_txid` / `dtx_proto::txid_of` carry it in
-//! gRPC metadata).
+//! # Example
 //!
-//! To come: an external-resource variant (PostgreSQL prepared transactions)
-//! that records intent before calling the resource.
+//! A key-value register: the payload `key=value` sets `key` when the
+//! transaction commits. A key is locked from a YES vote to the decision; a
+//! Prepare that finds it locked votes NO, so conflicting transactions abort
+//! instead of waiting.
+//!
+//! ```
+//! use std::future::Future;
+//! use std::path::Path;
+//!
+//! use dtx_proto::v1::participant_service_server::ParticipantServiceServer;
+//! use participant_sdk::log::Vote;
+//! use participant_sdk::server::{spawn_recovery_with, ParticipantServer, RecoveryOptions};
+//! use participant_sdk::store::{ParticipantStore, Resource, Staged, View};
+//!
+//! struct Register;
+//!
+//! fn lock_key(key: &str) -> Vec<u8> {
+//!     format!("lock/{key}").into_bytes()
+//! }
+//!
+//! fn pending_key(txid: u64) -> Vec<u8> {
+//!     format!("pending/{txid}").into_bytes()
+//! }
+//!
+//! fn parse(payload: &[u8]) -> Option<(String, String)> {
+//!     let (k, v) = std::str::from_utf8(payload).ok()?.split_once('=')?;
+//!     Some((k.to_string(), v.to_string()))
+//! }
+//!
+//! /// The work `txid` prepared here, if any.
+//! fn pending(view: &View<'_>, txid: u64) -> Option<(String, String)> {
+//!     parse(&view.get(&pending_key(txid)).ok()??)
+//! }
+//!
+//! impl Resource for Register {
+//!     fn prepare(&self, view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+//!         let Some((key, _)) = parse(payload) else {
+//!             return Vote::No;
+//!         };
+//!         if !matches!(view.get(&lock_key(&key)), Ok(None)) {
+//!             return Vote::No; // locked by another prepared transaction
+//!         }
+//!         // Durable with the YES vote, in the same write.
+//!         staged.put(&lock_key(&key), &txid.to_be_bytes());
+//!         staged.put(&pending_key(txid), payload);
+//!         Vote::Yes
+//!     }
+//!
+//!     fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+//!         if let Some((key, value)) = pending(view, txid) {
+//!             staged.put(format!("value/{key}").as_bytes(), value.as_bytes());
+//!             staged.delete(&lock_key(&key));
+//!         }
+//!         staged.delete(&pending_key(txid));
+//!     }
+//!
+//!     fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+//!         if let Some((key, _)) = pending(view, txid) {
+//!             staged.delete(&lock_key(&key));
+//!         }
+//!         staged.delete(&pending_key(txid));
+//!     }
+//! }
+//!
+//! /// Serves participant `id` on `listen` until `shutdown`, or until its
+//! /// store stops (an error: exit and let the supervisor restart it).
+//! async fn serve(
+//!     id: &str,
+//!     listen: &str,
+//!     data_dir: &Path,
+//!     cluster: Vec<String>,
+//!     shutdown: impl Future<Output = ()>,
+//! ) -> Result<(), Box<dyn std::error::Error>> {
+//!     let store = ParticipantStore::open(data_dir, Register)?;
+//!     let opts = RecoveryOptions {
+//!         participant_id: id.to_string(), // as enlisted: for log garbage collection
+//!         ..RecoveryOptions::default()
+//!     };
+//!     let recovery = spawn_recovery_with(store.clone(), cluster, opts);
+//!     let listener = tokio::net::TcpListener::bind(listen).await?;
+//!     let stop = {
+//!         let store = store.clone();
+//!         async move {
+//!             tokio::select! {
+//!                 _ = shutdown => {}
+//!                 f = store.stopped() => eprintln!("{id} stopping: {f}"),
+//!             }
+//!         }
+//!     };
+//!     tonic::transport::Server::builder()
+//!         .add_service(ParticipantServiceServer::new(ParticipantServer::new(store.clone(), id)))
+//!         .serve_with_incoming_shutdown(dtx_proto::incoming(listener), stop)
+//!         .await?;
+//!     recovery.abort();
+//!     match store.failure() {
+//!         Some(f) => Err(f.to_string().into()),
+//!         None => Ok(()),
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let cluster = vec!["127.0.0.1:7201".to_string(), "127.0.0.1:7202".to_string()];
+//! #   let dir = tempfile::tempdir()?;
+//! #   let data_dir = dir.path();
+//! #   let ctrl_c = async {}; // here: stop at once
+//! #   /*
+//!     let data_dir = Path::new("/var/lib/register-1");
+//!     let ctrl_c = async { tokio::signal::ctrl_c().await.unwrap() };
+//! #   */
+//!     serve("register-1", "127.0.0.1:0", data_dir, cluster, ctrl_c).await
+//! }
+//! ```
 
 pub mod log;
 pub mod server;

@@ -5,8 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dtx_client::Client;
+use dtx_client::ClientConfig;
+use dtx_client::DecisionAnswer;
+use dtx_client::DecisionRead;
 use dtx_proto::v1 as pb;
-use dtx_proto::v1::coordinator_client::CoordinatorClient;
 use dtx_proto::v1::participant_service_server::ParticipantService;
 use tonic::Request;
 use tonic::Response;
@@ -55,11 +58,27 @@ impl<R: Resource> ParticipantServer<R> {
                     Refusal::StaleTerm { .. } => info!(txid, "refused: {r}"),
                     _ => warn!(txid, "protocol violation refused: {r}"),
                 }
-                Status::failed_precondition(r.to_string())
+                refusal_status(&r)
             }
             other => store_status(other),
         })
     }
+}
+
+/// The gRPC status of a refused message: FAILED_PRECONDITION, the reason
+/// in the message for humans and its kind under `x-dtx-refusal` for the
+/// coordinator, which reads the kind and never the text.
+fn refusal_status(r: &Refusal) -> Status {
+    use dtx_proto::metadata::RefusalKind;
+    let kind = match r {
+        Refusal::StaleTerm { .. } => RefusalKind::StaleTerm,
+        Refusal::CommitWithoutPrepare => RefusalKind::CommitWithoutPrepare,
+        Refusal::CommitAfterAbort => RefusalKind::CommitAfterAbort,
+        Refusal::AbortAfterCommit => RefusalKind::AbortAfterCommit,
+    };
+    let mut status = Status::failed_precondition(r.to_string());
+    dtx_proto::metadata::set_refusal(&mut status, kind);
+    status
 }
 
 /// The gRPC status of a store error other than a refusal: a stopped store
@@ -173,12 +192,14 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
 /// and applies the known ones. Returns how many were resolved; undecided
 /// ones stay in doubt with their locks held (invariant 5). An error means
 /// the cluster could not be asked (no quorum): keep waiting and retry.
+/// Asks with the [`RecoveryOptions::client_config`] of the default options.
 pub async fn recover_once<R: Resource>(store: &ParticipantStore<R>, endpoints: &[String]) -> Result<usize, String> {
     recover_older_than(store, endpoints, Duration::ZERO, None).await
 }
 
 /// `recover_once` for the in-doubt transactions whose YES vote is at least
-/// `age_min` old (see `ParticipantStore::in_doubt_older_than`).
+/// `age_min` old (see `ParticipantStore::in_doubt_older_than`), asking from
+/// `local_ip` when set.
 pub async fn recover_older_than<R: Resource>(
     store: &ParticipantStore<R>,
     endpoints: &[String],
@@ -186,27 +207,32 @@ pub async fn recover_older_than<R: Resource>(
     local_ip: Option<std::net::IpAddr>,
 ) -> Result<usize, String> {
     let in_doubt = store.in_doubt_older_than(age_min).map_err(|e| e.to_string())?;
-    resolve_in_doubt(store, &in_doubt, endpoints, local_ip).await
+    if in_doubt.is_empty() {
+        return Ok(0);
+    }
+    let client = RecoveryOptions::with_local_ip(local_ip).client(endpoints)?;
+    resolve_in_doubt(store, &in_doubt, &client).await
 }
 
 /// Asks the cluster about `in_doubt` and applies the known decisions.
 async fn resolve_in_doubt<R: Resource>(
     store: &ParticipantStore<R>,
     in_doubt: &[(u64, LogEntry)],
-    endpoints: &[String],
-    local_ip: Option<std::net::IpAddr>,
+    client: &Client,
 ) -> Result<usize, String> {
     if in_doubt.is_empty() {
         return Ok(0);
     }
     let txids: Vec<u64> = in_doubt.iter().map(|(t, _)| *t).collect();
-    let answers = ask_decisions(endpoints, &txids, "", local_ip).await?;
+    let answers = ask(client, &txids, "").await?;
     let mut resolved = 0;
     for (answer, (txid, entry)) in answers.into_iter().zip(in_doubt) {
-        let msg = match answer.outcome {
-            pb::Outcome::Commit => Message::Commit { term: entry.term },
-            pb::Outcome::Abort | pb::Outcome::UnknownPresumedAbort => Message::Abort { term: entry.term },
-            _ => continue, // still undecided: keep waiting
+        let msg = match answer.decision {
+            Some(DecisionRead::Committed) => Message::Commit { term: entry.term },
+            Some(DecisionRead::Aborted | DecisionRead::UnknownPresumedAbort) => Message::Abort { term: entry.term },
+            // Still undecided, or an outcome this SDK does not know: keep
+            // waiting.
+            Some(DecisionRead::Pending) | None => continue,
         };
         match store.handle(*txid, msg, b"").await {
             Ok(_) => {
@@ -219,75 +245,15 @@ async fn resolve_in_doubt<R: Resource>(
     Ok(resolved)
 }
 
-/// What the cluster says about one transaction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClusterAnswer {
-    /// PENDING, COMMIT, ABORT or UNKNOWN_PRESUMED_ABORT (an outcome this SDK
-    /// does not know reads as UNSPECIFIED, which counts as undecided).
-    pub outcome: pb::Outcome,
-    /// Only when asked with a participant id: the decision is recorded and
-    /// that participant's ack is not, so the leader will still deliver it.
-    pub awaiting_ack: bool,
-}
-
-/// The cluster's answer for each of `txids`, in order: one node of
-/// `endpoints` (the first that answers every batch) is asked with
-/// `GetDecisions`, at most 1000 txids per call, 3 s per call. The read is
-/// linearizable. With a `participant_id` (not empty) each answer also says
-/// whether the cluster still awaits that participant's ack. An error means
-/// no node could answer (no quorum).
-pub async fn ask_decisions(
-    endpoints: &[String],
-    txids: &[u64],
-    participant_id: &str,
-    local_ip: Option<std::net::IpAddr>,
-) -> Result<Vec<ClusterAnswer>, String> {
-    let mut last_err = String::from("no endpoint");
-    'nodes: for ep in endpoints {
-        let endpoint = match dtx_proto::endpoint(ep) {
-            Ok(e) => e,
-            Err(e) => {
-                last_err = e;
-                continue;
-            }
-        };
-        let ch = endpoint
-            .connect_timeout(Duration::from_millis(500))
-            .local_address(local_ip)
-            .connect_lazy();
-        let mut out = Vec::with_capacity(txids.len());
-        for chunk in txids.chunks(1000) {
-            let mut req = Request::new(pb::GetDecisionsRequest {
-                txids: chunk.to_vec(),
-                participant_id: participant_id.to_string(),
-            });
-            req.set_timeout(Duration::from_secs(3));
-            match CoordinatorClient::new(ch.clone()).get_decisions(req).await {
-                Ok(r) => {
-                    let ds = r.into_inner().decisions;
-                    if ds.len() != chunk.len() || ds.iter().zip(chunk).any(|(d, t)| d.txid != *t) {
-                        last_err = format!(
-                            "{ep}: {} decisions for {} txids, or not in order",
-                            ds.len(),
-                            chunk.len()
-                        );
-                        continue 'nodes;
-                    }
-                    // An outcome this SDK does not know counts as undecided.
-                    out.extend(ds.iter().map(|d| ClusterAnswer {
-                        outcome: pb::Outcome::try_from(d.outcome).unwrap_or(pb::Outcome::Unspecified),
-                        awaiting_ack: d.awaiting_ack,
-                    }));
-                }
-                Err(s) => {
-                    last_err = format!("{ep}: {}: {}", s.code(), s.message());
-                    continue 'nodes;
-                }
-            }
-        }
-        return Ok(out);
-    }
-    Err(last_err)
+/// The cluster's answer for each of `txids`, in order
+/// ([`Client::decisions_for`]: linearizable, batched, any node, with the
+/// client's retries); an error (no answer before the client's deadline)
+/// as text.
+async fn ask(client: &Client, txids: &[u64], participant_id: &str) -> Result<Vec<DecisionAnswer>, String> {
+    client
+        .decisions_for(txids, participant_id)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Garbage-collects log records (decided ones and READ_ONLY votes) that
@@ -364,6 +330,28 @@ pub async fn collect_decided_from<R: Resource>(
     local_ip: Option<std::net::IpAddr>,
     cursor: &mut GcCursor,
 ) -> Result<usize, String> {
+    let opts = RecoveryOptions::with_local_ip(local_ip);
+    collect_with(
+        store,
+        || opts.client(endpoints),
+        participant_id,
+        decided_before_ms,
+        max,
+        cursor,
+    )
+    .await
+}
+
+/// `collect_decided_from`, asking through the client `client()` gives (made
+/// only when there is something to ask about).
+async fn collect_with<R: Resource>(
+    store: &ParticipantStore<R>,
+    client: impl FnOnce() -> Result<Arc<Client>, String>,
+    participant_id: &str,
+    decided_before_ms: u64,
+    max: usize,
+    cursor: &mut GcCursor,
+) -> Result<usize, String> {
     if participant_id.is_empty() {
         return Err(
             "log garbage collection needs this participant's id (as enlisted) to ask whether the cluster still awaits its ack".into(),
@@ -377,7 +365,8 @@ pub async fn collect_decided_from<R: Resource>(
         return Ok(0);
     }
     let txids: Vec<u64> = candidates.iter().map(|(_, t)| *t).collect();
-    let answers = ask_decisions(endpoints, &txids, participant_id, local_ip).await?;
+    let client = client()?;
+    let answers = ask(&client, &txids, participant_id).await?;
     let safe: Vec<(u64, u64)> = candidates
         .iter()
         .zip(answers)
@@ -398,11 +387,11 @@ pub async fn collect_decided_from<R: Resource>(
 
 /// True when the cluster will send nothing more for the transaction to the
 /// participant that asked (see `collect_decided`).
-pub fn gc_safe(a: &ClusterAnswer) -> bool {
-    match a.outcome {
-        pb::Outcome::Commit | pb::Outcome::Abort => !a.awaiting_ack,
-        pb::Outcome::UnknownPresumedAbort => true,
-        _ => false,
+pub fn gc_safe(a: &DecisionAnswer) -> bool {
+    match a.decision {
+        Some(DecisionRead::Committed | DecisionRead::Aborted) => !a.awaiting_ack,
+        Some(DecisionRead::UnknownPresumedAbort) => true,
+        Some(DecisionRead::Pending) | None => false,
     }
 }
 
@@ -432,6 +421,11 @@ pub struct RecoveryOptions {
     /// whether it still awaits this participant's ack. Empty: no garbage
     /// collection (said once at start, at error level).
     pub participant_id: String,
+    /// Time budget of one question to the cluster (one batch of up to 1024
+    /// txids), retries at other nodes included. When it runs out the pass
+    /// logs that the cluster is not answering, and the next pass asks
+    /// again.
+    pub ask_timeout: Duration,
 }
 
 impl Default for RecoveryOptions {
@@ -443,7 +437,38 @@ impl Default for RecoveryOptions {
             gc_interval: Duration::from_secs(10),
             local_ip: None,
             participant_id: String::new(),
+            ask_timeout: Duration::from_secs(2),
         }
+    }
+}
+
+impl RecoveryOptions {
+    fn with_local_ip(local_ip: Option<std::net::IpAddr>) -> Self {
+        RecoveryOptions {
+            local_ip,
+            ..RecoveryOptions::default()
+        }
+    }
+
+    /// The settings of the [`Client`] that recovery and garbage collection
+    /// ask the cluster (`endpoints`) with: the client's retry policy
+    /// (leader hints, other nodes, backoff with jitter) within
+    /// `ask_timeout` per question, connections opened within 500 ms, from
+    /// `local_ip`.
+    pub fn client_config(&self, endpoints: Vec<String>) -> ClientConfig {
+        let mut cfg = ClientConfig::new(endpoints);
+        cfg.call_deadline = self.ask_timeout;
+        cfg.attempt_timeout = self.ask_timeout;
+        cfg.connect_timeout = Duration::from_millis(500);
+        cfg.local_ip = self.local_ip;
+        cfg
+    }
+
+    /// A client of [`client_config`](RecoveryOptions::client_config).
+    fn client(&self, endpoints: &[String]) -> Result<Arc<Client>, String> {
+        Client::new(self.client_config(endpoints.to_vec()))
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -467,13 +492,19 @@ pub fn spawn_recovery<R: Resource>(
 /// those older than `prepared_age_min`, logging while the cluster cannot
 /// answer (the locks stay held: invariant 5); also garbage-collects decided
 /// and READ_ONLY records past `log_retention` (see `collect_decided`). Ends
-/// when the returned handle is aborted.
+/// when the returned handle is aborted. Every pass asks through one
+/// [`Client`] ([`RecoveryOptions::client_config`]), which keeps its
+/// connections and the leader it last heard of.
 pub fn spawn_recovery_with<R: Resource>(
     store: Arc<ParticipantStore<R>>,
     endpoints: Vec<String>,
     opts: RecoveryOptions,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let client = opts.client(&endpoints);
+        if let Err(e) = &client {
+            error!("recovery cannot ask the cluster: {e}");
+        }
         let mut age_min = Duration::ZERO;
         let mut next_gc = tokio::time::Instant::now();
         let mut gc_cursor = GcCursor::default();
@@ -494,13 +525,12 @@ pub fn spawn_recovery_with<R: Resource>(
             if let Some(keep) = retention.filter(|_| tokio::time::Instant::now() >= next_gc) {
                 next_gc = tokio::time::Instant::now() + opts.gc_interval;
                 let before = crate::store::unix_ms().saturating_sub(keep.as_millis() as u64);
-                let gc = collect_decided_from(
+                let gc = collect_with(
                     &store,
-                    &endpoints,
+                    || client.clone(),
                     &opts.participant_id,
                     before,
                     10_000,
-                    opts.local_ip,
                     &mut gc_cursor,
                 );
                 match gc.await {
@@ -522,7 +552,11 @@ pub fn spawn_recovery_with<R: Resource>(
             };
             let doubt = in_doubt.len();
             if doubt > 0 {
-                match resolve_in_doubt(&store, &in_doubt, &endpoints, opts.local_ip).await {
+                let pass = match &client {
+                    Ok(c) => resolve_in_doubt(&store, &in_doubt, c).await,
+                    Err(e) => Err(e.clone()),
+                };
+                match pass {
                     Ok(n) if n > 0 => info!(resolved = n, in_doubt = doubt, "recovery pass"),
                     Ok(_) => {}
                     Err(e) => warn!(
