@@ -22,6 +22,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use dtx_client::backoff::Backoff;
+use dtx_client::backoff::Jitter;
 use tokio::time::Instant;
 
 /// What a call to a participant showed about the participant as a whole.
@@ -123,10 +125,10 @@ impl Peers {
         }
     }
 
-    /// The backoff after `failures` failed probes, scaled by `jitter` (in
-    /// 0.5..=1.0 for "equal jitter").
-    pub fn backoff(&self, failures: u32, jitter: f64) -> Duration {
-        backoff(self.base, self.max, failures, jitter)
+    /// The backoff after `failures` failed probes for the uniform draw `u`
+    /// in 0..=1 (equal jitter: from half the step to the whole step).
+    pub fn backoff(&self, failures: u32, u: f64) -> Duration {
+        backoff(self.base, self.max, failures, u)
     }
 
     /// `holder`: the caller holds this address's probe turn (it was given
@@ -152,9 +154,9 @@ impl Peers {
         Turn::Hold(p.retry_at - now)
     }
 
-    /// Records what a call (given `Go { probe }`) showed. `jitter` in
+    /// Records what a call (given `Go { probe }`) showed. `u` in
     /// 0.5..=1.0 spreads the next probe.
-    pub fn report(&mut self, addr: &str, probe: bool, seen: Seen, now: Instant, jitter: f64) -> (Option<Event>, Wake) {
+    pub fn report(&mut self, addr: &str, probe: bool, seen: Seen, now: Instant, u: f64) -> (Option<Event>, Wake) {
         let warn_every = self.warn_every;
         let Some(p) = self.map.get_mut(addr) else {
             return (None, Wake::Nobody);
@@ -183,7 +185,7 @@ impl Peers {
                 } else {
                     p.failures.saturating_add(1)
                 };
-                let retry_in = backoff(self.base, self.max, failures, jitter);
+                let retry_in = backoff(self.base, self.max, failures, u);
                 let started = p.failures == 0;
                 if probe || started {
                     p.retry_at = now + retry_in;
@@ -242,14 +244,12 @@ impl Peers {
     }
 }
 
-/// `base * 2^(failures - 1)` (at least 1 ms), at most `max`, scaled by
-/// `jitter`: the one backoff formula of phase two.
-pub(crate) fn backoff(base: Duration, max: Duration, failures: u32, jitter: f64) -> Duration {
-    let exp = base
-        .max(Duration::from_millis(1))
-        .saturating_mul(1u32 << failures.saturating_sub(1).min(20))
-        .min(max);
-    exp.mul_f64(jitter.clamp(0.0, 1.0))
+/// Phase two's backoff after `failures` failures (from 1): the project's one
+/// backoff formula, `dtx_client::backoff::Backoff`, with equal jitter:
+/// `base * 2^(failures - 1)` (at least 1 ms), at most `max`, times
+/// `0.5 + u / 2` for the uniform draw `u` in 0..=1.
+pub(crate) fn backoff(base: Duration, max: Duration, failures: u32, u: f64) -> Duration {
+    Backoff::new(base, max, Jitter::Equal).delay(failures.saturating_sub(1), u)
 }
 
 #[cfg(test)]
@@ -381,7 +381,8 @@ mod tests {
     #[test]
     fn jitter_spreads_the_backoff_within_half_to_full() {
         let p = peers();
-        assert_eq!(p.backoff(3, 0.5), ms(100));
+        assert_eq!(p.backoff(3, 0.0), ms(100));
+        assert_eq!(p.backoff(3, 0.5), ms(150));
         assert_eq!(p.backoff(3, 1.0), ms(200));
         assert_eq!(p.backoff(40, 1.0), ms(2_000), "capped");
     }

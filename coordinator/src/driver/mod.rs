@@ -212,8 +212,8 @@ impl DriverState {
 
     /// The backoff after `failures` failures, with equal jitter.
     fn backoff(&self, failures: u32) -> Duration {
-        let jitter = rand::rng().random_range(0.5..=1.0);
-        health::backoff(self.retry_base, self.retry_max, failures.saturating_add(1), jitter)
+        let u = rand::rng().random_range(0.0..=1.0);
+        health::backoff(self.retry_base, self.retry_max, failures.saturating_add(1), u)
     }
 }
 
@@ -1120,13 +1120,13 @@ impl Driver {
                     Err(DeliveryError::NoAnswer(e)) => health::Seen::Failed(e.clone()),
                     _ => health::Seen::Answered,
                 };
-                let jitter = rand::rng().random_range(0.5..=1.0);
+                let u = rand::rng().random_range(0.0..=1.0);
                 let (event, wake) = self.state.peers.lock().expect("lock").report(
                     &p.address,
                     probe,
                     seen,
                     tokio::time::Instant::now(),
-                    jitter,
+                    u,
                 );
                 call.2 = None;
                 self.state.wake(&p.address, wake);
