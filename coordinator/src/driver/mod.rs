@@ -62,6 +62,7 @@ use crate::sm::DecisionSource;
 use crate::sm::Enlistment;
 use crate::sm::Outcome;
 use crate::sm::Participant;
+use crate::sm::TxRecord;
 use crate::sm::Txid;
 
 /// The leader's transaction driver: the one owner of prepare rounds,
@@ -412,12 +413,15 @@ impl Driver {
                 // The leader asks each participant (a read-only Inquire) and
                 // refuses otherwise, naming who and why. Voters an operator
                 // names must be exactly the enlisted participants.
-                let enlisted: Option<Vec<String>> = {
-                    let st = self.ctx.sm.state();
-                    let r = st.table.get(txid);
-                    r.filter(|r| r.decision().is_none())
-                        .map(|r| r.participants.iter().map(|p| p.id.clone()).collect())
-                };
+                // A linearizable read: on a follower (whose table may lag
+                // behind an Enlist the leader applied) this is "not the
+                // leader", and the call is forwarded, never judged on a
+                // stale record.
+                let record = self.ctx.read_linearizable(|st| st.table.get(txid).cloned()).await?;
+                let enlisted: Option<Vec<String>> = record
+                    .as_ref()
+                    .filter(|r| r.decision().is_none())
+                    .map(|r| r.participants.iter().map(|p| p.id.clone()).collect());
                 if let Some(enlisted) = enlisted.filter(|_| !named_voters.is_empty()) {
                     let named: BTreeSet<&str> = named_voters.iter().map(String::as_str).collect();
                     let set: BTreeSet<&str> = enlisted.iter().map(String::as_str).collect();
@@ -428,7 +432,7 @@ impl Driver {
                         )));
                     }
                 }
-                let confirmed = self.confirm_votes(txid).await?;
+                let confirmed = self.confirm_votes(txid, record).await?;
                 note = format!("{note} ({})", confirmed.note);
                 (confirmed.all, confirmed.read_only)
             }
@@ -705,11 +709,9 @@ impl Driver {
     /// operators too). Returns the participants and the READ_ONLY ones, or
     /// a refusal that names every participant whose vote is not a known
     /// YES, and why.
-    async fn confirm_votes(self: &Arc<Self>, txid: Txid) -> Result<ConfirmedVotes, ApiError> {
-        let record =
-            self.ctx.sm.state().table.get(txid).cloned().ok_or_else(|| {
-                ApiError::NotFound(format!("transaction {txid} not found (never begun, or forgotten)"))
-            })?;
+    async fn confirm_votes(self: &Arc<Self>, txid: Txid, record: Option<TxRecord>) -> Result<ConfirmedVotes, ApiError> {
+        let record = record
+            .ok_or_else(|| ApiError::NotFound(format!("transaction {txid} not found (never begun, or forgotten)")))?;
         if let Some(d) = record.decision() {
             // Write-once: the caller reads the recorded decision back.
             return Ok(ConfirmedVotes {
