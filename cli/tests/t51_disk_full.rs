@@ -21,9 +21,7 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
@@ -39,78 +37,12 @@ use common::TestCluster;
 use coordinator::store::START_FREE_BYTES_MIN;
 use dtx_client::DecisionRead;
 use dtx_client::TxOutcome;
+use dtx_failpoint::disk::free_bytes;
+use dtx_failpoint::disk::SmallFs;
 
 /// Size of each node's filesystem: room for the test's writes many times
 /// over, small enough to fill in a moment.
 const DISK_BYTES: u64 = 48 * 1024 * 1024;
-
-/// A size-limited tmpfs mounted for this test; unmounted on drop (also when
-/// the test panics), after the node processes are gone.
-struct Tmpfs {
-    dir: PathBuf,
-}
-
-impl Tmpfs {
-    fn mount(dir: &Path, bytes: u64) -> Tmpfs {
-        std::fs::create_dir_all(dir).expect("create mount point");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(dir)
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success(),
-            "mount -t tmpfs on {} failed (this test must run as root): {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs { dir: dir.to_path_buf() }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(&self.dir)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok {
-            // Something still holds a file open: detach it now, the kernel
-            // frees it when the last user goes.
-            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-        }
-    }
-}
-
-/// Writes a ballast file into `dir` until its filesystem has no byte left.
-fn fill(dir: &Path) -> PathBuf {
-    let path = dir.join("ballast");
-    let mut f = std::fs::File::create(&path).expect("create ballast");
-    for chunk in [1usize << 20, 4096, 1] {
-        let buf = vec![0xa5u8; chunk];
-        loop {
-            match f.write(&buf) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-                Err(e) => panic!("writing ballast into {}: {e}", dir.display()),
-            }
-        }
-    }
-    path
-}
-
-fn free_bytes(dir: &Path) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
-    // SAFETY: statvfs(3) fills the zeroed struct; the path is a valid C string.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        assert_eq!(libc::statvfs(c.as_ptr(), &mut st), 0, "statvfs {}", dir.display());
-        st.f_bavail as u64 * st.f_frsize as u64
-    }
-}
 
 fn sizes(digest: &[(String, Vec<u8>)]) -> Vec<(&str, usize)> {
     digest.iter().map(|(p, b)| (p.as_str(), b.len())).collect()
@@ -162,10 +94,10 @@ fn inspect(data_dir: &Path) -> (bool, String, String) {
 async fn t51_full_disk_stops_the_node_which_restarts_cleanly_once_space_is_freed() {
     // Declared first, dropped last: the mounts outlive the node processes.
     let disks = test_dir();
-    let mounts: Vec<Tmpfs> = (1..=3u64)
-        .map(|id| Tmpfs::mount(&disks.path().join(format!("disk{id}")), DISK_BYTES))
+    let mounts: Vec<SmallFs> = (1..=3u64)
+        .map(|id| SmallFs::mount(&disks.path().join(format!("disk{id}")), DISK_BYTES))
         .collect();
-    let disk_of = |id: u64| mounts[(id - 1) as usize].dir.clone();
+    let disk_of = |id: u64| mounts[(id - 1) as usize].path().to_path_buf();
 
     let disks_path = disks.path().to_path_buf();
     let mut c = TestCluster::start_with("t51", 3, |c| {
@@ -219,7 +151,7 @@ async fn t51_full_disk_stops_the_node_which_restarts_cleanly_once_space_is_freed
     wait_count(30, "before the fault").await;
 
     // (1) Fill the leader's filesystem while the writers run.
-    let ballast = fill(&disk_of(full));
+    let ballast = mounts[(full - 1) as usize].fill();
     assert!(free_bytes(&disk_of(full)) < 4096, "the disk was not filled");
     let until = std::time::Instant::now() + Duration::from_secs(60);
     while c.procs.node(full).is_running() {

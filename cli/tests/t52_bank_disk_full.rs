@@ -22,78 +22,10 @@ use std::process::Child;
 use std::process::Command;
 use std::time::Duration;
 
+use dtx_failpoint::disk::SmallFs;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use tonic::transport::Channel;
-
-/// A size-limited tmpfs mounted on a fresh directory, unmounted on drop.
-struct SmallFs {
-    dir: tempfile::TempDir,
-}
-
-impl SmallFs {
-    fn new(size_mb: u32) -> SmallFs {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size_mb}m"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(
-            ok,
-            "could not mount a {size_mb} MiB tmpfs on {} (this test needs root)",
-            dir.path().display()
-        );
-        SmallFs { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn filler(&self) -> PathBuf {
-        self.path().join("filler")
-    }
-
-    /// Writes a file until the file system has no page left.
-    fn fill(&self) {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.filler())
-            .unwrap();
-        for chunk in [1 << 16, 4096, 512, 1] {
-            let buf = vec![0xa5u8; chunk];
-            while f.write_all(&buf).is_ok() {}
-        }
-        let _ = f.sync_all();
-    }
-
-    fn free(&self) {
-        std::fs::remove_file(self.filler()).unwrap();
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        // sled's own threads may still be closing their files for a moment.
-        let p = self.dir.path();
-        for _ in 0..40 {
-            let unmounted = Command::new("umount")
-                .arg(p)
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if unmounted {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        // Detach it; the kernel frees it once the last file is closed.
-        let _ = Command::new("umount").arg("-l").arg(p).status();
-    }
-}
 
 /// One `bank-serve` process; killed on drop if still running.
 struct Bank {
@@ -195,7 +127,7 @@ async fn record(c: &mut ParticipantServiceClient<Channel>, txid: u64) -> pb::Loc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t52_inv4_bank_on_a_full_disk_says_so_exits_and_restarts_with_every_ack_once_space_is_freed() {
-    let fs = SmallFs::new(16);
+    let fs = SmallFs::new(16 << 20);
     let logs = tempfile::tempdir().unwrap();
     let data = fs.path().join("bank-a");
     let port = dtx_testkit::cluster::free_port("127.0.0.1").unwrap();

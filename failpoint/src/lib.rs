@@ -1,3 +1,6 @@
+//! Fault injection for tests. With the `disk` feature (dev-dependencies
+//! only), [`disk::SmallFs`]: a small tmpfs a disk-full test fills.
+//!
 //! Crash points for fault-injection tests, compiled only with the
 //! `failpoints` cargo feature. `DTX_FAILPOINT=<name>` makes the process
 //! abort (no flush, no cleanup, like kill -9) when it reaches that point.
@@ -18,6 +21,9 @@
 //! its own environment variable at start or through calls inside the
 //! process, and has no "first of several processes wins" arming; bending it
 //! to that would take as much code as this file.
+
+#[cfg(feature = "disk")]
+pub mod disk;
 
 /// Aborts the process here if `DTX_FAILPOINT` names this point (only in
 /// builds with the `failpoints` feature of dtx-failpoint, which the coordinator's and the SDK's `failpoints` features turn on).

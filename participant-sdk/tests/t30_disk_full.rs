@@ -20,9 +20,8 @@
 //! acknowledged record.
 
 use std::path::Path;
-use std::path::PathBuf;
-use std::process::Command;
 
+use dtx_failpoint::disk::SmallFs;
 use participant_sdk::log::LocalState;
 use participant_sdk::log::Message;
 use participant_sdk::log::Vote;
@@ -31,76 +30,6 @@ use participant_sdk::store::Reply;
 use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::View;
-
-/// A size-limited tmpfs mounted on a fresh directory, unmounted on drop.
-struct SmallFs {
-    dir: tempfile::TempDir,
-}
-
-impl SmallFs {
-    fn new(size_mb: u32) -> SmallFs {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size_mb}m"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(
-            ok,
-            "could not mount a {size_mb} MiB tmpfs on {} (these tests need root)",
-            dir.path().display()
-        );
-        SmallFs { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn filler(&self) -> PathBuf {
-        self.path().join("filler")
-    }
-
-    /// Writes a file until the file system has no page left.
-    fn fill(&self) {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.filler())
-            .unwrap();
-        for chunk in [1 << 16, 4096, 512, 1] {
-            let buf = vec![0xa5u8; chunk];
-            while f.write_all(&buf).is_ok() {}
-        }
-        let _ = f.sync_all();
-    }
-
-    fn free(&self) {
-        std::fs::remove_file(self.filler()).unwrap();
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        // sled's own threads may still be closing their files for a moment.
-        let p = self.dir.path();
-        for _ in 0..40 {
-            let unmounted = Command::new("umount")
-                .arg(p)
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if unmounted {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        // Detach it; the kernel frees it once the last file is closed.
-        let _ = Command::new("umount").arg("-l").arg(p).status();
-    }
-}
 
 /// A store directory as a service leaves it after some work and a restart:
 /// sled has extended its file and written a snapshot, and the log has moved
@@ -151,7 +80,7 @@ impl Resource for Kv {
 /// revisited.
 #[test]
 fn sled_0_34_7_stays_failed_after_enospc_until_reopened() {
-    let fs = SmallFs::new(4);
+    let fs = SmallFs::new(4 << 20);
     let dir = fs.path().join("db");
     {
         let db = sled::Config::new().path(&dir).flush_every_ms(None).open().unwrap();
@@ -192,7 +121,7 @@ fn sled_0_34_7_stays_failed_after_enospc_until_reopened() {
 /// in place); reopened, it holds every acknowledged record.
 #[tokio::test]
 async fn inv4_disk_full_stops_the_store_and_it_acknowledges_nothing_it_did_not_persist() {
-    let fs = SmallFs::new(8);
+    let fs = SmallFs::new(8 << 20);
     let dir = fs.path().join("participant");
     let acked_commits: Vec<u64> = (1..=5).collect();
     let mut acked_votes = Vec::new();
@@ -274,7 +203,7 @@ async fn inv4_disk_full_stops_the_store_and_it_acknowledges_nothing_it_did_not_p
 /// as its newest snapshot: "corrupted", forever).
 #[tokio::test]
 async fn start_on_a_full_disk_says_so_and_leaves_the_directory_startable() {
-    let fs = SmallFs::new(8);
+    let fs = SmallFs::new(8 << 20);
     let dir = fs.path().join("participant");
     used_store(&dir).await;
     let before = files(&dir);
@@ -306,7 +235,7 @@ async fn start_on_a_full_disk_says_so_and_leaves_the_directory_startable() {
 /// until a new one is complete, and replays its log from there).
 #[tokio::test]
 async fn an_unfinished_sled_snapshot_left_by_an_earlier_start_is_removed() {
-    let fs = SmallFs::new(8);
+    let fs = SmallFs::new(8 << 20);
     let dir = fs.path().join("participant");
     used_store(&dir).await;
     {
