@@ -14,6 +14,7 @@ use common::TestCluster;
 use dtx_client::DecisionRead;
 use dtx_client::ParticipantSpec;
 use dtx_client::TxOutcome;
+use dtx_proto::metadata::RefusalKind;
 use participant_sdk::log::LocalState;
 use participant_sdk::log::Vote;
 
@@ -235,7 +236,14 @@ async fn t80_client_retry_with_same_key_is_one_transaction_and_old_terms_are_fen
                 participant_id: a.id.clone(),
             })
             .await;
-        assert_eq!(late.unwrap_err().code(), tonic::Code::FailedPrecondition);
+        let late = late.unwrap_err();
+        assert_eq!(late.code(), tonic::Code::FailedPrecondition);
+        // The kind travels as a type (x-dtx-refusal), not only as text.
+        assert_eq!(
+            dtx_proto::metadata::refusal(&late),
+            Some(RefusalKind::StaleTerm),
+            "{late:?}"
+        );
     }
     let dup = p
         .abort(dtx_proto::v1::ParticipantDecisionRequest {
@@ -244,10 +252,16 @@ async fn t80_client_retry_with_same_key_is_one_transaction_and_old_terms_are_fen
             participant_id: a.id.clone(),
         })
         .await;
+    let dup = dup.unwrap_err();
     assert_eq!(
-        dup.unwrap_err().code(),
+        dup.code(),
         tonic::Code::FailedPrecondition,
         "abort after commit must be refused"
+    );
+    assert_eq!(
+        dtx_proto::metadata::refusal(&dup),
+        Some(RefusalKind::AbortAfterCommit),
+        "{dup:?}"
     );
     assert_eq!(a.state(t), Some(LocalState::Committed));
     // A Commit for a transaction this participant never prepared is a
@@ -259,7 +273,13 @@ async fn t80_client_retry_with_same_key_is_one_transaction_and_old_terms_are_fen
             participant_id: a.id.clone(),
         })
         .await;
-    assert_eq!(never.unwrap_err().code(), tonic::Code::FailedPrecondition);
+    let never = never.unwrap_err();
+    assert_eq!(never.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        dtx_proto::metadata::refusal(&never),
+        Some(RefusalKind::CommitWithoutPrepare),
+        "{never:?}"
+    );
     assert_eq!(a.state(999_999), None);
 }
 
