@@ -269,16 +269,31 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 .map(|b| (b.id.to_string(), b.addr.clone(), b.prefix.to_string()))
                 .collect(),
         );
+        // CPU time summed over every process of the run: the three nodes,
+        // the two banks and this client.
+        let meter = crate::cpu::CpuMeter::new(
+            cluster
+                .nodes
+                .iter()
+                .filter_map(|n| n.pid())
+                .chain(banks.iter().filter_map(|b| b.pid()))
+                .collect(),
+        );
         for &n in &a.transfer_clients {
             let clients = clients_for(&leader_api, n);
             let aborted = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            let (bl, ab) = (bank_list.clone(), aborted.clone());
+            let committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let (bl, ab, co) = (bank_list.clone(), aborted.clone(), committed.clone());
+            let cpu_before = meter.sample();
             let st = run_phase(&clients, a.seconds, move |c, w, i| {
-                let (bl, ab) = (bl.clone(), ab.clone());
+                let (bl, ab, co) = (bl.clone(), ab.clone(), co.clone());
                 async move {
                     let key = format!("xfer-{n}-{w}-{i}");
                     match dtx_bank::transfer(&c, &key, &bl, 10_000).await {
-                        (_, Ok(TxOutcome::Committed)) => true,
+                        (_, Ok(TxOutcome::Committed)) => {
+                            co.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            true
+                        }
                         (_, Ok(TxOutcome::Aborted)) => {
                             ab.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             true
@@ -288,15 +303,23 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                 }
             })
             .await;
+            // Phase two of the last transfers finishes in the background;
+            // its work belongs to them, so let it run before reading.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let cpu = meter.sample().saturating_sub(cpu_before);
             let ab = aborted.load(std::sync::atomic::Ordering::Relaxed);
+            let co = committed.load(std::sync::atomic::Ordering::Relaxed);
+            let cpu_us_per_commit = (cpu.as_micros() as u64).checked_div(co).unwrap_or(0);
             println!(
-                "transfers, clients {n:>3}: {:>7.0}/s p50 {:>6} us p99 {:>6} us ({ab} aborted by lock conflicts; {:.2}x fsync rate)",
+                "transfers, clients {n:>3}: {:>7.0}/s p50 {:>6} us p99 {:>6} us ({ab} aborted by lock conflicts; {:.2}x fsync rate); CPU {:.2} ms per committed transfer, all processes ({:.1} s for {co})",
                 st.per_sec,
                 st.p50_us,
                 st.p99_us,
-                st.per_sec / raw.per_sec
+                st.per_sec / raw.per_sec,
+                cpu_us_per_commit as f64 / 1000.0,
+                cpu.as_secs_f64()
             );
-            transfer_rows.push((n, st, ab));
+            transfer_rows.push((n, st, ab, cpu_us_per_commit));
         }
     }
     cluster.stop_all(Duration::from_secs(10));
@@ -340,25 +363,26 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     if !transfer_rows.is_empty() {
         println!();
-        println!("| clients | transfers/s | p50 | p99 | ÷ fsync/s | aborted |");
-        println!("|---:|---:|---:|---:|---:|---:|");
-        for (n, st, ab) in &transfer_rows {
+        println!("| clients | transfers/s | p50 | p99 | ÷ fsync/s | aborted | CPU per committed transfer |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|");
+        for (n, st, ab, cpu_us) in &transfer_rows {
             println!(
-                "| {n} | {:.0} | {:.2} ms | {:.2} ms | {:.2} | {ab} |",
+                "| {n} | {:.0} | {:.2} ms | {:.2} ms | {:.2} | {ab} | {:.2} ms |",
                 st.per_sec,
                 st.p50_us as f64 / 1000.0,
                 st.p99_us as f64 / 1000.0,
-                st.per_sec / raw.per_sec
+                st.per_sec / raw.per_sec,
+                *cpu_us as f64 / 1000.0
             );
         }
-        if let Some((_, one, _)) = transfer_rows.iter().find(|(n, _, _)| *n == 1) {
+        if let Some((_, one, _, _)) = transfer_rows.iter().find(|(n, _, _, _)| *n == 1) {
             println!(
                 "goal check: transfer p50 at 1 client {:.3} ms vs 3 fsync p50 + 1 ms = {:.3} ms",
                 one.p50_us as f64 / 1000.0,
                 (3 * raw.p50_us + 1000) as f64 / 1000.0
             );
         }
-        if let Some((_, r, _)) = transfer_rows.iter().find(|(n, _, _)| *n == 64) {
+        if let Some((_, r, _, _)) = transfer_rows.iter().find(|(n, _, _, _)| *n == 64) {
             println!(
                 "goal check: transfers/s at 64 clients = {:.2} x the fsync rate (goal: >= 1.5)",
                 r.per_sec / raw.per_sec
@@ -369,6 +393,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         let v = serde_json::json!({
             "fsync": raw, "sled_flush": sled_sync,
             "levels": rows.iter().map(|(n, b, d)| serde_json::json!({"clients": n, "begin": b, "decide": d})).collect::<Vec<_>>(),
+            "transfers": transfer_rows.iter().map(|(n, st, ab, cpu_us)| serde_json::json!({
+                "clients": n, "stats": st, "aborted": ab, "cpu_us_per_committed_transfer": cpu_us,
+            })).collect::<Vec<_>>(),
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
     }

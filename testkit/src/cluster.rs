@@ -36,6 +36,13 @@ pub struct BankProcess {
 }
 
 impl BankProcess {
+    /// The running process's id, if started.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+impl BankProcess {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         bin: &Path,
