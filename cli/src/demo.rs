@@ -57,11 +57,6 @@ struct Counts {
     failed_to_start: AtomicU64,
 }
 
-/// Waits up to 10 s for a bank service to listen.
-async fn wait_listening(addr: &str) -> bool {
-    dtx_testkit::cluster::wait_listening(addr, Duration::from_secs(10)).await
-}
-
 pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&a.dir);
     std::fs::create_dir_all(&a.dir)?;
@@ -85,7 +80,7 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         .await
         .context("no leader")?;
     for b in &banks_procs {
-        anyhow::ensure!(wait_listening(&b.addr).await, "{} did not start; see its log", b.id);
+        b.wait_started().await?;
     }
     println!(
         "  leader: node {leader}; banks: bank-a {} / bank-b {}",

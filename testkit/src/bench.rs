@@ -257,11 +257,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             crate::cluster::start_bank(&bin, &dir, "bank-b", "b", &api, 10_000, 1_000_000)?,
         ];
         for b in &banks {
-            anyhow::ensure!(
-                crate::cluster::wait_listening(&b.addr, Duration::from_secs(10)).await,
-                "{} did not start",
-                b.id
-            );
+            b.wait_started().await?;
         }
         let bank_list: Arc<Vec<(String, String, String)>> = Arc::new(
             banks

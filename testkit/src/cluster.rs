@@ -40,6 +40,18 @@ impl BankProcess {
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }
+
+    /// Waits up to 10 s for the started service to listen; an error names
+    /// it and its log.
+    pub async fn wait_started(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            wait_listening(&self.addr, Duration::from_secs(10)).await,
+            "{} did not start within 10 s; see its log {}",
+            self.id,
+            self.log_path.display()
+        );
+        Ok(())
+    }
 }
 
 impl BankProcess {

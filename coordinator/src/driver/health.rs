@@ -154,8 +154,8 @@ impl Peers {
         Turn::Hold(p.retry_at - now)
     }
 
-    /// Records what a call (given `Go { probe }`) showed. `u` in
-    /// 0.5..=1.0 spreads the next probe.
+    /// Records what a call (given `Go { probe }`) showed. `u`, a uniform
+    /// draw in 0..=1, spreads the next probe (equal jitter, see `backoff`).
     pub fn report(&mut self, addr: &str, probe: bool, seen: Seen, now: Instant, u: f64) -> (Option<Event>, Wake) {
         let warn_every = self.warn_every;
         let Some(p) = self.map.get_mut(addr) else {

@@ -962,7 +962,7 @@ impl Driver {
     /// cost) and is then skipped, so stuck ones never starve the others
     /// (invariant 11). Each scan starts after the last txid it took and
     /// wraps around, so the order tasks start in rotates between rounds.
-    pub fn pick_background_work(&self) -> (Vec<Txid>, Vec<Txid>) {
+    fn pick_background_work(&self) -> (Vec<Txid>, Vec<Txid>) {
         let now = tokio::time::Instant::now();
         let mut cursors = self.state.cursors.lock().expect("lock");
         let st = self.ctx.sm.state();
