@@ -108,10 +108,26 @@ fn sled_0_34_7_stays_failed_after_enospc_until_reopened() {
             "reads see the write that never reached the disk"
         );
     }
-    let db = sled::Config::new().path(&dir).flush_every_ms(None).open().unwrap();
+    let db = reopen_when_unlocked(&dir);
     assert!(db.get("flushed").unwrap().is_some());
     db.insert("after", "1").unwrap();
     db.flush().unwrap();
+}
+
+/// Opens sled on `dir` again right after this process dropped it: sled's
+/// background threads may hold the directory's lock for a moment after the
+/// drop (the store's own open waits for the same reason), so a lock error
+/// is retried for up to 3 s; any other error fails.
+fn reopen_when_unlocked(dir: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        match sled::Config::new().path(dir).flush_every_ms(None).open() {
+            Err(e) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            other => return other.unwrap(),
+        }
+    }
 }
 
 /// Invariant 4: once a write fails for lack of space, the store
