@@ -1,32 +1,60 @@
 //! `coordinator bench`: Begin and Decide throughput and latency on a local
 //! three-node cluster of real node processes (fsync on), at several client
 //! counts, next to this disk's fsync rate measured by the same binary in the
-//! same run, so the ratio means something on any machine.
+//! same run, so the ratio means something on any machine; end-to-end
+//! two-participant transfers; and, in the same run, the same closed-loop
+//! write-once workload against a local three-member etcd cluster
+//! ([`crate::etcd`]), with the correctness checks of [`crate::verify`] and
+//! the comparison of [`crate::report`] (table, results.json, SVG plots in a
+//! results folder).
 //!
-//! Run it from a release build: `cargo run --release -- bench`.
+//! Run it from a release build: `cargo run --release -- bench`
+//! (`scripts/bench`).
 
+use std::collections::HashMap;
 use std::io::Write;
+use std::path::Path;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Context;
 
 use crate::cluster::ProcessCluster;
+use crate::cpu::CpuMeter;
+use crate::etcd::EtcdCluster;
+use crate::etcd::EtcdKv;
+use crate::etcd::PutIfAbsent;
+use crate::report::Phase;
+use crate::report::Summary;
+use crate::report::TransferPoint;
+use crate::verify::AckedPut;
+use crate::verify::Check;
 use dtx_client::Client;
 use dtx_client::ClientConfig;
+use dtx_client::ClientError;
+use dtx_client::DecisionRead;
 use dtx_client::TxOutcome;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Client counts to measure, comma-separated.
+    /// Client counts to measure, comma-separated (our Begin and Decide, and
+    /// etcd's put-if-absent).
     #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
     pub clients: Vec<usize>,
-    /// Seconds per phase (Begin, then Decide) and client count.
+    /// Seconds per measured phase (Begin, Decide, etcd put-if-absent,
+    /// transfers) and client count.
     #[arg(long, default_value_t = 5)]
     pub seconds: u64,
-    /// Where the cluster keeps its data (on the disk you want to measure).
+    /// Seconds of unmeasured warm-up of each system before its measured
+    /// phases at each client count.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u64,
+    /// Where the clusters keep their data (on the disk you want to measure).
     #[arg(long, default_value = "target/dtx-bench")]
     pub dir: PathBuf,
     /// fsyncs in the disk measurement.
@@ -42,12 +70,26 @@ pub struct BenchArgs {
     /// these client counts, comma-separated; empty to skip.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     pub transfer_clients: Vec<usize>,
+    /// Skip etcd (where it cannot be had): no comparison, said loudly.
+    #[arg(long)]
+    pub no_etcd: bool,
+    /// The etcd binary (default: `etcd` on PATH, from Debian's etcd-server).
+    #[arg(long)]
+    pub etcd_bin: Option<PathBuf>,
+    /// Acknowledged writes per client count re-issued (etcd) or decided the
+    /// other way (ours) to check that none is accepted twice.
+    #[arg(long, default_value_t = 200)]
+    pub recheck: usize,
+    /// Results folder (results.txt, results.json, throughput.svg,
+    /// latency.svg); default target/bench-results/<unix time>.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Stats {
     pub ops: usize,
     pub per_sec: f64,
@@ -70,6 +112,19 @@ fn stats(mut lat_us: Vec<u64>, elapsed: Duration) -> Stats {
         p50_us: pick(0.50),
         p99_us: pick(0.99),
     }
+}
+
+/// Size of every value etcd stores here, and of the description each of
+/// our transactions carries.
+pub const VALUE_BYTES: usize = 64;
+/// Every key the bench writes to etcd starts with this.
+pub const ETCD_PREFIX: &str = "dtxbench/";
+/// How long one call may take before its outcome is UNKNOWN (both systems).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The 64-byte value written under `key`: the key's bytes repeated.
+pub fn value_for(key: &[u8]) -> Vec<u8> {
+    key.iter().cycle().take(VALUE_BYTES).copied().collect()
 }
 
 /// Single-threaded fsync rate of the disk under `dir`: write 512 bytes at
@@ -118,45 +173,181 @@ fn clients_for(leader_api: &str, n: usize) -> Vec<Arc<Client>> {
     (0..n)
         .map(|_| {
             let mut cfg = ClientConfig::new(vec![leader_api.to_string()]);
-            cfg.call_deadline = Duration::from_secs(30);
+            cfg.call_deadline = CALL_TIMEOUT;
             Arc::new(Client::new(cfg).expect("client"))
         })
         .collect()
 }
 
-async fn run_phase<F, Fut>(clients: &[Arc<Client>], seconds: u64, work: F) -> Stats
+/// `n` etcd clients, each with its own connection to the leader.
+fn etcd_clients_for(leader: &str, n: usize) -> anyhow::Result<Vec<EtcdKv>> {
+    (0..n).map(|_| EtcdKv::new(leader, CALL_TIMEOUT)).collect()
+}
+
+/// How one call of a closed-loop phase ended.
+pub enum Step {
+    /// Completed with a definite answer: counted, latency recorded.
+    Done,
+    /// Outcome not known (timeout, lost reply): counted apart.
+    Unknown(String),
+    /// Failed with a definite answer: counted apart.
+    Error(String),
+    /// This client has no more work.
+    Stop,
+}
+
+/// Every client runs `work` in a closed loop for `length`.
+async fn run_phase<C, F, Fut>(clients: &[C], length: Duration, work: F) -> PhaseOut
 where
-    F: Fn(Arc<Client>, usize, usize) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
+    C: Clone + Send + 'static,
+    F: Fn(C, usize, usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Step> + Send,
 {
     let start = Instant::now();
-    let until = start + Duration::from_secs(seconds);
+    let until = start + length;
     let mut tasks = Vec::new();
     for (w, c) in clients.iter().enumerate() {
         let c = c.clone();
         let work = work.clone();
         tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
+            let mut out = (Vec::new(), 0u64, 0u64, None::<String>);
             let mut i = 0;
             while Instant::now() < until {
                 let t = Instant::now();
-                if !work(c.clone(), w, i).await {
-                    break;
+                match work(c.clone(), w, i).await {
+                    Step::Done => out.0.push(t.elapsed().as_micros() as u64),
+                    Step::Unknown(e) => {
+                        out.1 += 1;
+                        out.3.get_or_insert(format!("UNKNOWN: {e}"));
+                    }
+                    Step::Error(e) => {
+                        out.2 += 1;
+                        out.3.get_or_insert(format!("error: {e}"));
+                    }
+                    Step::Stop => break,
                 }
-                lat.push(t.elapsed().as_micros() as u64);
                 i += 1;
             }
-            lat
+            out
         }));
     }
-    let mut all = Vec::new();
+    let (mut lat, mut unknown, mut errors, mut first_error) = (Vec::new(), 0, 0, None);
     for t in tasks {
-        all.extend(t.await.unwrap_or_default());
+        if let Ok((l, u, e, f)) = t.await {
+            lat.extend(l);
+            unknown += u;
+            errors += e;
+            if first_error.is_none() {
+                first_error = f;
+            }
+        }
     }
-    stats(all, start.elapsed())
+    PhaseOut {
+        stats: stats(lat, start.elapsed()),
+        unknown,
+        errors,
+        first_error,
+    }
 }
 
+struct PhaseOut {
+    stats: Stats,
+    unknown: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl PhaseOut {
+    /// With the CPU time spent during the phase, if measured.
+    fn phase(self, cpu: Option<Duration>) -> Phase {
+        let ops = self.stats.ops as u64;
+        Phase {
+            cpu_us_per_op: cpu.and_then(|c| (c.as_micros() as u64).checked_div(ops)),
+            stats: self.stats,
+            unknown: self.unknown,
+            errors: self.errors,
+            first_error: self.first_error,
+        }
+    }
+}
+
+/// The phase's line for the console.
+fn phase_line(p: &Phase) -> String {
+    let mut s = format!(
+        "{:>8.0}/s p50 {:>6} us p99 {:>6} us",
+        p.stats.per_sec, p.stats.p50_us, p.stats.p99_us
+    );
+    if let Some(c) = p.cpu_us_per_op {
+        s.push_str(&format!(", CPU {c} us/op"));
+    }
+    if p.unknown > 0 || p.errors > 0 {
+        s.push_str(&format!(
+            " [{} UNKNOWN, {} errors; first: {}]",
+            p.unknown,
+            p.errors,
+            p.first_error.as_deref().unwrap_or("")
+        ));
+    }
+    s
+}
+
+/// What the run measured and checked, for the results folder.
+struct Outcome {
+    started_unix: u64,
+    raw: Stats,
+    sled_sync: Stats,
+    rpc: Stats,
+    read: Stats,
+    rows: Vec<(usize, Phase, Phase)>,
+    etcd_version: Option<String>,
+    summary: Summary,
+    checks: Vec<Check>,
+}
+
+const SKIP_BANNER: &str = "\
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+!!! etcd SKIPPED (--no-etcd): this run has NO etcd comparison; every !!!
+!!! goal measured against etcd is \"not measured\".                    !!!
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!";
+
+/// Runs the bench. Ctrl-C stops it, and every process it started, at
+/// once: dropping the run drops the clusters, whose `Drop` kills them.
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
+    tokio::select! {
+        r = run_inner(a) => r,
+        _ = tokio::signal::ctrl_c() => {
+            anyhow::bail!("interrupted: the bench stopped its nodes, banks and etcd members")
+        }
+    }
+}
+
+async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let out_dir = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("target/bench-results/{started_unix}")));
+    // Before anything runs: no etcd binary fails the run at once.
+    let etcd_bin = if a.no_etcd {
+        println!("{SKIP_BANNER}");
+        None
+    } else {
+        let bin = crate::etcd::find_binary(a.etcd_bin.as_deref()).with_context(|| {
+            format!(
+                "no etcd binary ({}): install Debian's etcd-server (`apt-get install -y etcd-server`; \
+                 scripts/bench does it when etcd is missing), pass --etcd-bin, or run with --no-etcd",
+                a.etcd_bin
+                    .as_ref()
+                    .map(|p| format!("{} is not a file", p.display()))
+                    .unwrap_or_else(|| "none on PATH".into())
+            )
+        })?;
+        Some(bin)
+    };
+
     let dir = a.dir.clone();
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -187,64 +378,148 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let leader_api = cluster.node(leader).plan.api_listen.clone();
     println!("cluster up; leader node {leader} at {leader_api}");
 
+    // etcd: three members on loopback, data on the same disk as our nodes'.
+    let mut etcd = None;
+    let mut etcd_version = None;
+    let mut etcd_leader = String::new();
+    if let Some(bin) = &etcd_bin {
+        let version = crate::etcd::binary_version(bin)?;
+        let mut e = EtcdCluster::plan_local(bin, &dir.join("etcd"), 3)?;
+        e.start_all().context("cannot start etcd")?;
+        etcd_leader = e.wait_ready(Duration::from_secs(30)).await?;
+        println!(
+            "etcd up ({version}, {}); leader at {etcd_leader}; data under {}",
+            bin.display(),
+            e.dir.display()
+        );
+        etcd_version = Some(version);
+        etcd = Some(e);
+    }
+
     // Latency budget at one client: a bare API round trip (no Raft), and a
     // linearizable read (round trip + one heartbeat round to a quorum).
     let one = clients_for(&leader_api, 1);
-    let rpc = run_phase(&one, 2, |c, _, _| async move { c.cluster_status().await.is_ok() }).await;
-    let read = run_phase(&one, 2, |c, _, _| async move { c.decision(1).await.is_ok() }).await;
+    let two_s = Duration::from_secs(2);
+    let ok = |r: bool| if r { Step::Done } else { Step::Error("failed".into()) };
+    let rpc = run_phase(&one, two_s, move |c, _, _| async move {
+        ok(c.cluster_status().await.is_ok())
+    })
+    .await
+    .stats;
+    let read = run_phase(
+        &one,
+        two_s,
+        move |c, _, _| async move { ok(c.decision(1).await.is_ok()) },
+    )
+    .await
+    .stats;
     println!(
         "budget at 1 client: API round trip p50 {} us; linearizable read p50 {} us; fsync p50 {} us",
         rpc.p50_us, read.p50_us, raw.p50_us
     );
 
+    let node_pids: Vec<u32> = cluster.nodes.iter().filter_map(|n| n.pid()).collect();
+    let warmup = Duration::from_secs(a.warmup);
+    let measured = Duration::from_secs(a.seconds);
     let mut rows = Vec::new();
+    let mut etcd_points = Vec::new();
+    let mut etcd_acked: Vec<Vec<AckedPut>> = Vec::new();
+    let mut checks = Vec::new();
     for &n in &a.clients {
+        // ---- ours ----
         let clients = clients_for(&leader_api, n);
-        // Warm up connections.
         for c in &clients {
             let _ = c.cluster_status().await;
         }
+        // Warm-up: Begin + Decide pairs, not measured.
+        run_phase(&clients, warmup, move |c, w, i| async move {
+            match c.begin(&format!("bench-warm-{n}-{w}-{i}"), 3_600_000, b"").await {
+                Ok(b) => match c.abort(b.txid, "bench").await {
+                    Ok(TxOutcome::Aborted) => Step::Done,
+                    other => Step::Error(format!("{other:?}")),
+                },
+                Err(e) => Step::Error(e.to_string()),
+            }
+        })
+        .await;
         // Phase 1: Begin (each creates a transaction, kept for phase 2).
-        let made: Arc<Vec<std::sync::Mutex<Vec<u64>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
+        let made: Arc<Vec<Mutex<Vec<u64>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
         let m = made.clone();
-        let begin = run_phase(&clients, a.seconds, move |c, w, i| {
+        let begin = run_phase(&clients, measured, move |c, w, i| {
             let m = m.clone();
             async move {
-                match c.begin(&format!("bench-{n}-{w}-{i}"), 3_600_000, b"").await {
+                let description = value_for(format!("bench-{n}-{w}-{i}").as_bytes());
+                match c.begin(&format!("bench-{n}-{w}-{i}"), 3_600_000, &description).await {
                     Ok(b) => {
                         m[w].lock().expect("lock").push(b.txid);
-                        true
+                        Step::Done
                     }
-                    Err(_) => false,
+                    Err(ClientError::Unknown(e)) => Step::Unknown(e),
+                    Err(e) => Step::Error(e.to_string()),
                 }
             }
         })
-        .await;
+        .await
+        .phase(None);
         // Phase 2: Decide (ABORT, write-once) each of them once.
-        let m = made.clone();
-        let decide = run_phase(&clients, a.seconds, move |c, w, i| {
-            let m = m.clone();
+        let decided: Arc<Vec<Mutex<Vec<u64>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
+        let (m, d) = (made.clone(), decided.clone());
+        let meter = CpuMeter::new(node_pids.clone());
+        let cpu_before = meter.sample();
+        let decide = run_phase(&clients, measured, move |c, w, i| {
+            let (m, d) = (m.clone(), d.clone());
             async move {
-                let txid = m[w].lock().expect("lock").get(i).copied();
-                match txid {
-                    Some(t) => matches!(c.abort(t, "bench").await, Ok(TxOutcome::Aborted)),
-                    None => false,
+                let Some(t) = m[w].lock().expect("lock").get(i).copied() else {
+                    return Step::Stop;
+                };
+                match c.abort(t, "bench").await {
+                    Ok(TxOutcome::Aborted) => {
+                        d[w].lock().expect("lock").push(t);
+                        Step::Done
+                    }
+                    Ok(TxOutcome::Unknown) => Step::Unknown(format!("Decide of txid {t}")),
+                    Ok(TxOutcome::Committed) => Step::Error(format!("Abort of fresh txid {t} returned COMMITTED")),
+                    Err(e) => Step::Error(e.to_string()),
                 }
             }
         })
         .await;
+        let decide = decide.phase(Some(meter.sample().saturating_sub(cpu_before)));
         println!(
-            "clients {n:>4}: begin {:>8.0}/s p50 {:>6} us p99 {:>6} us | decide {:>8.0}/s p50 {:>6} us p99 {:>6} us ({:.1}x fsync rate)",
-            begin.per_sec,
-            begin.p50_us,
-            begin.p99_us,
-            decide.per_sec,
-            decide.p50_us,
-            decide.p99_us,
-            decide.per_sec / raw.per_sec
+            "clients {n:>4}: begin {} | decide {} ({:.1}x fsync rate)",
+            phase_line(&begin),
+            phase_line(&decide),
+            decide.stats.per_sec / raw.per_sec
         );
+        // Checks, right away (a decided record is forgotten after
+        // txn.retention_ms): every acknowledged Decide reads back, and a
+        // conflicting Decide (Commit) returns the first decision.
+        let acked: Vec<u64> = decided.iter().flat_map(|v| v.lock().expect("lock").clone()).collect();
+        checks.extend(check_our_decides(&one[0], n, &acked, a.recheck).await);
         rows.push((n, begin, decide));
+
+        // ---- etcd, same client count ----
+        if etcd.is_some() {
+            let kvs = etcd_clients_for(&etcd_leader, n)?;
+            let acked: Arc<Vec<Mutex<Vec<AckedPut>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
+            run_phase(&kvs, warmup, put_if_absent_work(format!("n{n}-warm"), acked.clone())).await;
+            let meter = CpuMeter::new(etcd.as_ref().map(|e| e.pids()).unwrap_or_default());
+            let cpu_before = meter.sample();
+            let put = run_phase(&kvs, measured, put_if_absent_work(format!("n{n}"), acked.clone())).await;
+            let put = put.phase(Some(meter.sample().saturating_sub(cpu_before)));
+            println!("clients {n:>4}: etcd put-if-absent {}", phase_line(&put));
+            etcd_acked.push(acked.iter().flat_map(|v| v.lock().expect("lock").clone()).collect());
+            etcd_points.push((n, put));
+        }
     }
+    // etcd's checks at the end of its runs: every acknowledged put is read
+    // back; a sample of them re-issued must be refused.
+    if let Some(mut e) = etcd.take() {
+        checks.extend(check_etcd_puts(&etcd_leader, &etcd_acked, a.recheck).await);
+        e.stop_all(Duration::from_secs(10));
+        println!("etcd stopped; its data removed (logs stay under {})", e.dir.display());
+    }
+
     // End-to-end transfers: begin, enlist two bank services, commit (the
     // participants prepare and fsync, the decision goes through Raft, phase
     // two runs in the background). 10,000 accounts per bank keep lock
@@ -267,34 +542,35 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         );
         // CPU time summed over every process of the run: the three nodes,
         // the two banks and this client.
-        let meter = crate::cpu::CpuMeter::new(
-            cluster
-                .nodes
+        let meter = CpuMeter::new(
+            node_pids
                 .iter()
-                .filter_map(|n| n.pid())
+                .copied()
                 .chain(banks.iter().filter_map(|b| b.pid()))
                 .collect(),
         );
         for &n in &a.transfer_clients {
             let clients = clients_for(&leader_api, n);
-            let aborted = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            let committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let aborted = Arc::new(AtomicU64::new(0));
+            let committed = Arc::new(AtomicU64::new(0));
             let (bl, ab, co) = (bank_list.clone(), aborted.clone(), committed.clone());
             let cpu_before = meter.sample();
-            let st = run_phase(&clients, a.seconds, move |c, w, i| {
+            let st = run_phase(&clients, measured, move |c, w, i| {
                 let (bl, ab, co) = (bl.clone(), ab.clone(), co.clone());
                 async move {
                     let key = format!("xfer-{n}-{w}-{i}");
                     match dtx_bank::transfer(&c, &key, &bl, 10_000).await {
                         (_, Ok(TxOutcome::Committed)) => {
-                            co.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            true
+                            co.fetch_add(1, Ordering::Relaxed);
+                            Step::Done
                         }
                         (_, Ok(TxOutcome::Aborted)) => {
-                            ab.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            true
+                            ab.fetch_add(1, Ordering::Relaxed);
+                            Step::Done
                         }
-                        _ => false,
+                        (t, Ok(TxOutcome::Unknown)) => Step::Unknown(format!("transfer {key} (txid {t:?})")),
+                        (_, Err(ClientError::Unknown(e))) => Step::Unknown(e),
+                        (_, Err(e)) => Step::Error(e.to_string()),
                     }
                 }
             })
@@ -303,97 +579,377 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             // its work belongs to them, so let it run before reading.
             tokio::time::sleep(Duration::from_millis(500)).await;
             let cpu = meter.sample().saturating_sub(cpu_before);
-            let ab = aborted.load(std::sync::atomic::Ordering::Relaxed);
-            let co = committed.load(std::sync::atomic::Ordering::Relaxed);
+            let ab = aborted.load(Ordering::Relaxed);
+            let co = committed.load(Ordering::Relaxed);
             let cpu_us_per_commit = (cpu.as_micros() as u64).checked_div(co).unwrap_or(0);
             println!(
-                "transfers, clients {n:>3}: {:>7.0}/s p50 {:>6} us p99 {:>6} us ({ab} aborted by lock conflicts; {:.2}x fsync rate); CPU {:.2} ms per committed transfer, all processes ({:.1} s for {co})",
-                st.per_sec,
-                st.p50_us,
-                st.p99_us,
-                st.per_sec / raw.per_sec,
+                "transfers, clients {n:>3}: {:>7.0}/s p50 {:>6} us p99 {:>6} us ({ab} aborted by lock conflicts; {} UNKNOWN; {:.2}x fsync rate); CPU {:.2} ms per committed transfer, all processes ({:.1} s for {co})",
+                st.stats.per_sec,
+                st.stats.p50_us,
+                st.stats.p99_us,
+                st.unknown,
+                st.stats.per_sec / raw.per_sec,
                 cpu_us_per_commit as f64 / 1000.0,
                 cpu.as_secs_f64()
             );
-            transfer_rows.push((n, st, ab, cpu_us_per_commit));
+            transfer_rows.push(TransferPoint {
+                clients: n,
+                stats: st.stats,
+                aborted: ab,
+                unknown: st.unknown,
+                cpu_us_per_committed_transfer: cpu_us_per_commit,
+            });
         }
     }
     cluster.stop_all(Duration::from_secs(10));
 
+    let summary = Summary {
+        fsync_p50_us: raw.p50_us,
+        decide: rows.iter().map(|(n, _, d)| (*n, d.clone())).collect(),
+        etcd: etcd_points,
+        transfers: transfer_rows,
+    };
+    let outcome = Outcome {
+        started_unix,
+        raw,
+        sled_sync,
+        rpc,
+        read,
+        rows,
+        etcd_version,
+        summary,
+        checks,
+    };
+    let text = results_text(&a, &outcome);
     println!();
-    println!("| clients | Decide/s | Decide p50 | Decide p99 | Decide/s ÷ fsync/s | Begin/s | Begin p50 | Begin p99 |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (n, b, d) in &rows {
-        println!(
-            "| {n} | {:.0} | {:.2} ms | {:.2} ms | {:.1} | {:.0} | {:.2} ms | {:.2} ms |",
-            d.per_sec,
-            d.p50_us as f64 / 1000.0,
-            d.p99_us as f64 / 1000.0,
-            d.per_sec / raw.per_sec,
-            b.per_sec,
-            b.p50_us as f64 / 1000.0,
-            b.p99_us as f64 / 1000.0
+    print!("{text}");
+    write_results(&a, &out_dir, &outcome, &text)?;
+    println!("results: {}", out_dir.display());
+    if outcome.etcd_version.is_none() {
+        println!("{SKIP_BANNER}");
+    }
+
+    let failed: Vec<&Check> = outcome.checks.iter().filter(|c| !c.passed()).collect();
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "correctness check failed:\n{}",
+            failed.iter().map(|c| c.summary()).collect::<Vec<_>>().join("\n")
         );
     }
-    println!();
-    println!(
-        "disk: fdatasync {:.0}/s, p50 {:.3} ms; sled insert+flush {:.0}/s, p50 {:.3} ms",
-        raw.per_sec,
-        raw.p50_us as f64 / 1000.0,
-        sled_sync.per_sec,
-        sled_sync.p50_us as f64 / 1000.0
+    // A system that completed nothing at some level (every call UNKNOWN or
+    // failed) was not measured: fail rather than report zeros.
+    let empty: Vec<String> = outcome
+        .rows
+        .iter()
+        .map(|(n, _, d)| (format!("our Decide at {n} clients"), d))
+        .chain(
+            outcome
+                .summary
+                .etcd
+                .iter()
+                .map(|(n, p)| (format!("etcd put-if-absent at {n} clients"), p)),
+        )
+        .filter(|(_, p)| p.stats.ops == 0)
+        .map(|(what, p)| format!("{what}: no call completed ({})", p.first_error.as_deref().unwrap_or("")))
+        .collect();
+    anyhow::ensure!(empty.is_empty(), "nothing measured:\n{}", empty.join("\n"));
+    Ok(())
+}
+
+/// The closed-loop etcd work: put-if-absent of a fresh key
+/// `dtxbench/<tag>/<client>/<i>` with its 64-byte value; acknowledged ones
+/// are kept for the checks.
+fn put_if_absent_work(
+    tag: String,
+    acked: Arc<Vec<Mutex<Vec<AckedPut>>>>,
+) -> impl Fn(EtcdKv, usize, usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = Step> + Send>>
+       + Clone
+       + Send
+       + 'static {
+    move |kv, w, i| {
+        let key = format!("{ETCD_PREFIX}{tag}/{w}/{i}").into_bytes();
+        let acked = acked.clone();
+        Box::pin(async move {
+            let value = value_for(&key);
+            match kv.put_if_absent(&key, &value).await {
+                Ok(PutIfAbsent::Written { revision }) => {
+                    acked[w].lock().expect("lock").push(AckedPut { key, value, revision });
+                    Step::Done
+                }
+                // Every key is fresh: a refusal means a key the bench never
+                // wrote (or wrote once before) already existed.
+                Ok(PutIfAbsent::Refused) => Step::Error(format!(
+                    "put-if-absent of the fresh key {} was refused",
+                    String::from_utf8_lossy(&key)
+                )),
+                Err(s) => Step::Unknown(format!("{}: {}", s.code(), s.message())),
+            }
+        })
+    }
+}
+
+/// Our checks for one client count: the decision lookups of every
+/// acknowledged Decide, and a conflicting Decide (Commit) on a sample.
+async fn check_our_decides(client: &Client, n: usize, acked: &[u64], recheck: usize) -> Vec<Check> {
+    let mut readback = match client.decisions_for(acked, "").await {
+        Ok(answers) => {
+            let read: Vec<(u64, Option<DecisionRead>)> = answers.iter().map(|a| (a.txid, a.decision)).collect();
+            crate::verify::readback_decisions(acked, DecisionRead::Aborted, &read)
+        }
+        Err(e) => {
+            println!("WARNING: the decision lookups got no answer ({e}): {n} clients' Decides UNVERIFIED");
+            crate::verify::unverified("ours: every acknowledged Decide read back", acked.len() as u64)
+        }
+    };
+    let mut results = Vec::new();
+    for j in crate::verify::sample_evenly(acked.len(), recheck) {
+        let t = acked[j];
+        let r = match client.commit(t).await {
+            Ok(o) => Ok(o),
+            Err(ClientError::Unknown(_)) | Err(ClientError::Unavailable(_)) => Ok(TxOutcome::Unknown),
+            Err(e) => Err(e.to_string()),
+        };
+        results.push((t, r));
+    }
+    let mut conflicting = crate::verify::conflicting_decides(TxOutcome::Aborted, &results);
+    let at = if n == 1 {
+        "1 client".to_string()
+    } else {
+        format!("{n} clients")
+    };
+    readback.name = format!("{} ({at})", readback.name);
+    conflicting.name = format!("{} ({at})", conflicting.name);
+    println!("  {}", readback.summary());
+    println!("  {}", conflicting.summary());
+    vec![readback, conflicting]
+}
+
+/// etcd's checks after all its runs: a linearizable read of every key the
+/// bench wrote against every acknowledged put, then a sample of each
+/// client count's acknowledged keys put-if-absent again (another value),
+/// each of which must be refused.
+async fn check_etcd_puts(leader: &str, acked: &[Vec<AckedPut>], recheck: usize) -> Vec<Check> {
+    let all: Vec<AckedPut> = acked.iter().flatten().cloned().collect();
+    let name = "etcd: every acknowledged put-if-absent read back";
+    let kv = match EtcdKv::new(leader, CALL_TIMEOUT) {
+        Ok(kv) => kv,
+        Err(e) => {
+            println!("WARNING: cannot connect to etcd for the checks ({e}): etcd UNVERIFIED");
+            return vec![crate::verify::unverified(name, all.len() as u64)];
+        }
+    };
+    let readback = match kv.read_prefix(ETCD_PREFIX.as_bytes(), 5000).await {
+        Ok(kvs) => {
+            let read: HashMap<Vec<u8>, crate::etcd::Seen> = kvs.into_iter().collect();
+            crate::verify::readback_puts(&all, &read)
+        }
+        Err(e) => {
+            println!("WARNING: the etcd read-back got no answer ({e:#}): etcd's puts UNVERIFIED");
+            crate::verify::unverified(name, all.len() as u64)
+        }
+    };
+    println!("  {}", readback.summary());
+    let mut results = Vec::new();
+    for level in acked {
+        for j in crate::verify::sample_evenly(level.len(), recheck) {
+            let key = &level[j].key;
+            let r = match kv.put_if_absent(key, b"a second put-if-absent of this key").await {
+                Ok(PutIfAbsent::Refused) => Some(false),
+                Ok(PutIfAbsent::Written { .. }) => Some(true),
+                Err(_) => None,
+            };
+            results.push((key.clone(), r));
+        }
+    }
+    let twice = crate::verify::reissued_puts(&results);
+    println!("  {}", twice.summary());
+    vec![readback, twice]
+}
+
+/// The text the run prints at the end and writes to results.txt.
+fn results_text(a: &BenchArgs, o: &Outcome) -> String {
+    let mut t = String::new();
+    let ms = crate::report::ms;
+    if o.summary.etcd.is_empty() {
+        t.push_str(SKIP_BANNER);
+        t.push_str("\n\n");
+    }
+    t.push_str(&format!(
+        "coordinator bench, {} (unix time {}), {} CPUs; --clients {:?} --transfer-clients {:?} --seconds {} --warmup {}\n",
+        o.etcd_version
+            .as_deref()
+            .map(|v| format!("against {v}"))
+            .unwrap_or_else(|| "etcd skipped".into()),
+        o.started_unix,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        a.clients,
+        a.transfer_clients,
+        a.seconds,
+        a.warmup
+    ));
+    t.push_str(&format!(
+        "disk: fdatasync {:.0}/s, p50 {:.3} ms, p99 {:.3} ms; sled insert+flush {:.0}/s, p50 {:.3} ms\n",
+        o.raw.per_sec,
+        o.raw.p50_us as f64 / 1000.0,
+        o.raw.p99_us as f64 / 1000.0,
+        o.sled_sync.per_sec,
+        o.sled_sync.p50_us as f64 / 1000.0
+    ));
+    t.push_str(&format!(
+        "at 1 client: API round trip p50 {:.3} ms; linearizable read p50 {:.3} ms\n\n",
+        o.rpc.p50_us as f64 / 1000.0,
+        o.read.p50_us as f64 / 1000.0
+    ));
+
+    t.push_str(
+        "| clients | Decide/s | Decide p50 | Decide p99 | Decide/s ÷ fsync/s | Begin/s | Begin p50 | Begin p99 |\n",
     );
-    if let Some(one) = rows.iter().find(|(n, _, _)| *n == 1) {
-        let budget_us = 3 * raw.p50_us + 500;
-        println!(
-            "goal check: Decide p50 at 1 client {:.3} ms vs 3 fsync p50 + 0.5 ms = {:.3} ms",
-            one.2.p50_us as f64 / 1000.0,
-            budget_us as f64 / 1000.0
+    t.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (n, b, d) in &o.rows {
+        t.push_str(&format!(
+            "| {n} | {:.0} | {} | {} | {:.1} | {:.0} | {} | {} |\n",
+            d.stats.per_sec,
+            ms(d.stats.p50_us),
+            ms(d.stats.p99_us),
+            d.stats.per_sec / o.raw.per_sec,
+            b.stats.per_sec,
+            ms(b.stats.p50_us),
+            ms(b.stats.p99_us)
+        ));
+    }
+    if let Some((_, _, d)) = o.rows.iter().find(|(n, _, _)| *n == 1) {
+        t.push_str(&format!(
+            "goal check (issue 2): Decide p50 at 1 client {} vs 3 fsync p50 + 0.5 ms = {}\n",
+            ms(d.stats.p50_us),
+            ms(3 * o.raw.p50_us + 500)
+        ));
+    }
+    if let Some((_, _, d)) = o.rows.iter().find(|(n, _, _)| *n == 64) {
+        t.push_str(&format!(
+            "goal check (issue 2): Decide/s at 64 clients = {:.1} x the single-threaded fsync rate (goal: >= 5)\n",
+            d.stats.per_sec / o.raw.per_sec
+        ));
+    }
+    if !o.summary.transfers.is_empty() {
+        t.push('\n');
+        t.push_str(
+            "| clients | transfers/s | p50 | p99 | ÷ fsync/s | aborted | UNKNOWN | CPU per committed transfer |\n",
         );
-    }
-    if let Some(r) = rows.iter().find(|(n, _, _)| *n == 64) {
-        println!(
-            "goal check: Decide/s at 64 clients = {:.1} x the single-threaded fsync rate (goal: >= 5)",
-            r.2.per_sec / raw.per_sec
-        );
-    }
-    if !transfer_rows.is_empty() {
-        println!();
-        println!("| clients | transfers/s | p50 | p99 | ÷ fsync/s | aborted | CPU per committed transfer |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|");
-        for (n, st, ab, cpu_us) in &transfer_rows {
-            println!(
-                "| {n} | {:.0} | {:.2} ms | {:.2} ms | {:.2} | {ab} | {:.2} ms |",
-                st.per_sec,
-                st.p50_us as f64 / 1000.0,
-                st.p99_us as f64 / 1000.0,
-                st.per_sec / raw.per_sec,
-                *cpu_us as f64 / 1000.0
-            );
+        t.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for tp in &o.summary.transfers {
+            t.push_str(&format!(
+                "| {} | {:.0} | {} | {} | {:.2} | {} | {} | {} |\n",
+                tp.clients,
+                tp.stats.per_sec,
+                ms(tp.stats.p50_us),
+                ms(tp.stats.p99_us),
+                tp.stats.per_sec / o.raw.per_sec,
+                tp.aborted,
+                tp.unknown,
+                ms(tp.cpu_us_per_committed_transfer)
+            ));
         }
-        if let Some((_, one, _, _)) = transfer_rows.iter().find(|(n, _, _, _)| *n == 1) {
-            println!(
-                "goal check: transfer p50 at 1 client {:.3} ms vs 3 fsync p50 + 1 ms = {:.3} ms",
-                one.p50_us as f64 / 1000.0,
-                (3 * raw.p50_us + 1000) as f64 / 1000.0
-            );
-        }
-        if let Some((_, r, _, _)) = transfer_rows.iter().find(|(n, _, _, _)| *n == 64) {
-            println!(
-                "goal check: transfers/s at 64 clients = {:.2} x the fsync rate (goal: >= 1.5)",
-                r.per_sec / raw.per_sec
-            );
+        if let Some(tp) = o.summary.transfers.iter().find(|tp| tp.clients == 64) {
+            t.push_str(&format!(
+                "goal check (issue 3): transfers/s at 64 clients = {:.2} x the fsync rate (goal: >= 1.5)\n",
+                tp.stats.per_sec / o.raw.per_sec
+            ));
         }
     }
+
+    t.push_str(&format!(
+        "\netcd side by side ({}; both: 3 replicas on this machine, fsync on every log write, each client its own \
+         connection to the leader, {VALUE_BYTES}-byte values; CPU = user + system time of the three servers \
+         and the bench client, per completed operation)\n\n",
+        o.etcd_version.as_deref().unwrap_or("etcd SKIPPED")
+    ));
+    t.push_str(&crate::report::comparison_text(&o.summary));
+    t.push_str("\ngoals of issue 10:\n");
+    t.push_str(&crate::report::goals_text(&crate::report::goals(&o.summary)));
+    t.push_str("\ncorrectness checks (UNKNOWN outcomes are neither successes nor failures):\n");
+    for c in &o.checks {
+        t.push_str(&format!("- {}\n", c.summary()));
+    }
+    let unknown: u64 = o
+        .rows
+        .iter()
+        .map(|(_, b, d)| b.unknown + d.unknown)
+        .chain(o.summary.etcd.iter().map(|(_, p)| p.unknown))
+        .chain(o.summary.transfers.iter().map(|tp| tp.unknown))
+        .sum();
+    t.push_str(&format!(
+        "UNKNOWN outcomes in measured phases: {unknown} (not counted in any rate or latency)\n"
+    ));
+    t
+}
+
+/// results.txt, results.json and the two plots into `out`, and the JSON
+/// also to `--json` if given.
+fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let write = |name: &str, body: &str| {
+        let p = out.join(name);
+        std::fs::write(&p, body).with_context(|| format!("cannot write {}", p.display()))
+    };
+    write("results.txt", text)?;
+    let goals = crate::report::goals(&o.summary);
+    let v = serde_json::json!({
+        "started_unix": o.started_unix,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "args": {
+            "clients": a.clients, "transfer_clients": a.transfer_clients, "seconds": a.seconds,
+            "warmup": a.warmup, "recheck": a.recheck, "dir": a.dir,
+        },
+        "etcd": { "skipped": o.etcd_version.is_none(), "version": o.etcd_version },
+        "fsync": o.raw, "sled_flush": o.sled_sync,
+        "api_round_trip": o.rpc, "linearizable_read": o.read,
+        "levels": o.rows.iter().map(|(n, b, d)| {
+            let e = o.summary.etcd.iter().find(|(m, _)| m == n).map(|(_, p)| p);
+            serde_json::json!({"clients": n, "begin": b, "decide": d, "etcd_put_if_absent": e,
+                "decide_over_etcd": crate::report::decide_over_etcd(&o.summary, *n)})
+        }).collect::<Vec<_>>(),
+        "transfers": o.summary.transfers.iter().map(|tp| serde_json::json!({
+            "clients": tp.clients, "stats": tp.stats, "aborted": tp.aborted, "unknown": tp.unknown,
+            "cpu_us_per_committed_transfer": tp.cpu_us_per_committed_transfer,
+            "transfers_over_etcd": crate::report::transfers_over_etcd(&o.summary, tp.clients),
+        })).collect::<Vec<_>>(),
+        "goals": goals,
+        "checks": o.checks,
+    });
+    let json = serde_json::to_string_pretty(&v)?;
+    write("results.json", &json)?;
+    write(
+        "throughput.svg",
+        &crate::plot::throughput_svg(&o.summary).map_err(anyhow::Error::msg)?,
+    )?;
+    write(
+        "latency.svg",
+        &crate::plot::latency_svg(&o.summary).map_err(anyhow::Error::msg)?,
+    )?;
     if let Some(path) = &a.json {
-        let v = serde_json::json!({
-            "fsync": raw, "sled_flush": sled_sync,
-            "levels": rows.iter().map(|(n, b, d)| serde_json::json!({"clients": n, "begin": b, "decide": d})).collect::<Vec<_>>(),
-            "transfers": transfer_rows.iter().map(|(n, st, ab, cpu_us)| serde_json::json!({
-                "clients": n, "stats": st, "aborted": ab, "cpu_us_per_committed_transfer": cpu_us,
-            })).collect::<Vec<_>>(),
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
+        std::fs::write(path, &json).with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_64_bytes_made_from_the_key() {
+        let v = value_for(b"dtxbench/n1/0/0");
+        assert_eq!(v.len(), VALUE_BYTES);
+        assert!(v.starts_with(b"dtxbench/n1/0/0dtxbench"));
+        assert_ne!(value_for(b"a"), value_for(b"b"));
+    }
+
+    #[test]
+    fn percentiles_pick_from_the_sorted_latencies() {
+        let s = stats((1..=100).rev().collect(), Duration::from_secs(2));
+        assert_eq!((s.ops, s.p50_us, s.p99_us), (100, 51, 99));
+        assert_eq!(s.per_sec, 50.0);
+        let empty = stats(vec![], Duration::from_secs(1));
+        assert_eq!((empty.ops, empty.p50_us), (0, 0));
+    }
 }

@@ -87,6 +87,23 @@ impl BankProcess {
         self.child.take().and_then(|mut c| c.wait().ok())
     }
 
+    /// Waits up to `timeout` for the process to end by itself: its exit
+    /// status, or `None` if it is still running (or none was).
+    pub async fn wait_for_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let until = std::time::Instant::now() + timeout;
+        loop {
+            let status = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = status {
+                self.child = None;
+                return Some(status);
+            }
+            if self.child.is_none() || std::time::Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Starts the service (no-op if running) with extra environment.
     pub fn start(&mut self, env: &[(String, String)]) -> std::io::Result<()> {
         if self.is_running() {

@@ -7,9 +7,20 @@
 //!   start, SIGKILL, SIGTERM, finding the leader, free ports.
 //! - [`bench`]: `coordinator bench`, throughput and latency of the registry
 //!   and of end-to-end transfers, next to this disk's fsync rate, with
-//!   the CPU time per committed transfer summed over every process.
+//!   the CPU time per committed transfer summed over every process, and
+//!   the same write-once workload against etcd in the same run.
 //! - [`cpu`]: CPU time of this process and of child processes.
+//! - [`etcd`]: a supervisor of a local etcd cluster and a minimal gRPC
+//!   client of its KV API, for the bench's side-by-side comparison.
+//! - [`verify`]: the bench's correctness checks (no acknowledged write
+//!   lost, none accepted twice), pure.
+//! - [`report`]: the comparison with etcd: table, ratios, goals, pure.
+//! - [`plot`]: the bench's SVG plots.
 
 pub mod bench;
 pub mod cluster;
 pub mod cpu;
+pub mod etcd;
+pub mod plot;
+pub mod report;
+pub mod verify;
