@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::participants::Svc;
@@ -138,11 +139,17 @@ impl BankProc {
         assert!(listening, "{} did not start listening", self.id);
     }
 
-    /// Waits for the process to end by itself (at its crash point).
-    fn wait_crashed(&mut self) {
-        let status = self.proc_.wait().expect("a running process");
+    /// Waits up to 30 s for the process to end by itself (at its crash
+    /// point).
+    async fn wait_crashed(&mut self) {
+        let status = self.crashed_within(Duration::from_secs(30)).await;
+        let status = status.unwrap_or_else(|| panic!("{}: still running 30 s after its crash point was due", self.id));
         assert!(!status.success(), "{} should have aborted at its crash point", self.id);
         assert!(self.once.exists(), "{}: crash point not reached", self.id);
+    }
+
+    async fn crashed_within(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        self.proc_.wait_for_exit(timeout).await
     }
 
     fn kill9(&mut self) {
@@ -202,7 +209,7 @@ async fn t85_participant_dies_after_durable_prepare_resolves_after_restart() {
     // The participant dies after its durable YES, before replying: the
     // coordinator never got a vote, so it decides ABORT.
     assert_eq!(cl.commit(t).await.unwrap(), TxOutcome::Aborted);
-    bank.wait_crashed();
+    bank.wait_crashed().await;
     // Restarted, it finds the transaction in doubt and asks the cluster.
     bank.start(None).await;
     let resolved = all_acked(&c, t, Duration::from_secs(10)).await;
@@ -237,7 +244,7 @@ async fn t85_participant_process_restarted_without_quorum_holds_locks_then_resol
     let r = cl.begin_and_commit("t", 60_000, b"", &parts).await.unwrap();
     assert_eq!(r.outcome, TxOutcome::Aborted, "no vote from bank-a");
     let t = r.txid.unwrap();
-    bank.wait_crashed();
+    bank.wait_crashed().await;
 
     // The cluster loses its quorum; then the participant restarts.
     let others: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
@@ -307,8 +314,21 @@ async fn t85_participant_crash_points_before_prepare_and_before_ack() {
             },
         ];
         let key = format!("k-{point}");
-        let r = cl.begin_and_commit(&key, 60_000, b"", &parts).await.unwrap();
-        bank.wait_crashed();
+        let mut r = cl.begin_and_commit(&key, 60_000, b"", &parts).await.unwrap();
+        // On a loaded machine a write before the first Prepare (the txid
+        // reservation, ADR 0012) may time out: UNKNOWN, and no Prepare
+        // reached the armed bank. Ask again with the same key until one did.
+        for _ in 0..20 {
+            if r.outcome != TxOutcome::Unknown || bank.crashed_within(Duration::from_millis(500)).await.is_some() {
+                break;
+            }
+            r = cl.begin_and_commit(&key, 60_000, b"", &parts).await.unwrap();
+        }
+        if bank.proc_.pid().is_some() {
+            bank.wait_crashed().await;
+        } else {
+            assert!(bank.once.exists(), "{point}: crash point not reached");
+        }
         bank.start(None).await;
         // Ask again with the same key until the outcome is known.
         let mut shot = r;
@@ -421,4 +441,109 @@ async fn t85_coordinator_crash_points_leave_one_decision_everywhere() {
         );
         assert!(agrees, "{point}: read {read:?} vs told {:?}", shot.outcome);
     }
+}
+
+/// ADR 0012, the one-write commit's own crash window: the leader dies after
+/// the votes are in and before its one write (the transaction's record and
+/// decision together). The cluster never recorded the transaction; both
+/// banks hold YES votes and locks for it. Their own recovery passes ask the
+/// new leader, are told "unknown: presumed abort" (never COMMIT) and apply
+/// ABORT, which frees the locks: a later transfer of the same accounts
+/// commits. No money moves twice, nothing stays locked (invariants 1, 3,
+/// 5, 7). A retry with the same key right after the crash starts a new
+/// transaction, which may vote NO on the first one's locks: ABORTED, which
+/// is true (the money did not move).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t85_one_write_leader_dies_before_its_write_participants_presume_abort() {
+    let mut c = cluster_crashing_at("t85g", "coordinator_votes_in_before_decide");
+    c.leader().await;
+    let mut a = BankProc::new(&c, "bank-a", "a");
+    let mut b = BankProc::new(&c, "bank-b", "b");
+    a.start(None).await;
+    b.start(None).await;
+    let parts = [a.spec("a0:-7"), b.spec("b0:7")];
+    // Same key until an outcome is known; then, if that was the ABORT of
+    // a retry that met the first attempt's locks, new keys until the banks
+    // have freed them by themselves (their recovery pass) and one commits.
+    let mut told = Vec::new();
+    let mut key = "move-7".to_string();
+    for i in 0..80 {
+        match c.client().begin_and_commit(&key, 60_000, b"", &parts).await {
+            Ok(r) if r.outcome == TxOutcome::Committed => {
+                told.push((r.txid.unwrap(), r.outcome));
+                break;
+            }
+            Ok(r) if r.outcome == TxOutcome::Aborted => {
+                told.push((r.txid.unwrap(), r.outcome));
+                key = format!("move-7-again-{i}");
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        c.dir.path().join("failpoint-fired").exists(),
+        "the crash point was not reached"
+    );
+    eprintln!("outcomes told after the crash: {told:?}");
+    let &(t_ok, last) = told.last().expect("no outcome");
+    assert_eq!(
+        last,
+        TxOutcome::Committed,
+        "the banks never freed the first attempt's locks: {told:?}"
+    );
+    a.kill9();
+    b.kill9();
+    let endpoints = c.procs.api_addrs();
+    let mut unrecorded = BTreeSet::new();
+    for (bank, moved) in [(&a, -7), (&b, 7)] {
+        let store = dtx_bank::open_bank(&bank.proc_.data_dir, bank.prefix, 10, 1000)
+            .await
+            .unwrap();
+        // The last transfer's phase two may not have reached the bank
+        // before it was killed: one more recovery pass applies it from the
+        // cluster's answer.
+        participant_sdk::server::recover_once(&store, &endpoints).await.unwrap();
+        let entries = store.entries().unwrap();
+        assert!(
+            store.in_doubt().unwrap().is_empty(),
+            "{}: still in doubt: {entries:?}",
+            bank.id
+        );
+        for (txid, e) in entries {
+            match told.iter().find(|(t, _)| *t == txid) {
+                Some((_, TxOutcome::Committed)) => assert_eq!(e.state, LocalState::Committed, "{}: {txid}", bank.id),
+                _ => {
+                    assert!(
+                        matches!(e.state, LocalState::Aborted { .. }),
+                        "{}: {txid} {:?}",
+                        bank.id,
+                        e.state
+                    );
+                    if !told.iter().any(|(t, _)| *t == txid) {
+                        unrecorded.insert(txid);
+                    }
+                }
+            }
+        }
+        let (total, _, locked) = dtx_bank::audit(&store).unwrap();
+        assert_eq!(
+            (total, locked),
+            (10_000 + moved, 0),
+            "{}: moved once, nothing locked",
+            bank.id
+        );
+    }
+    assert_eq!(
+        unrecorded.len(),
+        1,
+        "one first attempt nobody was told of: {unrecorded:?}"
+    );
+    let t1 = *unrecorded.first().unwrap();
+    assert_eq!(
+        c.client().decision(t1).await.unwrap(),
+        DecisionRead::UnknownPresumedAbort,
+        "the unrecorded first attempt"
+    );
+    assert_eq!(c.client().decision(t_ok).await.unwrap(), DecisionRead::Committed);
 }

@@ -126,9 +126,22 @@ pub struct TxnConfig {
     /// Participant acks wait up to this long to go through Raft together in
     /// one entry (0 = as soon as possible, still grouped with whatever waits).
     pub ack_batch_wait_ms: u64,
+    /// Phase two in groups: a decision for a participant address with no
+    /// `ApplyDecisions` message in flight waits up to this long for others
+    /// to share its message (0 = send what is queued at once). While a
+    /// message is in flight, decisions for that address queue up for the
+    /// next one anyway.
+    pub delivery_batch_wait_us: u64,
     /// Commit a transaction with a single participant in one phase (one
     /// message, no separate prepare round).
     pub one_phase_commit: bool,
+    /// BeginAndCommit with one Raft write between the votes and the answer
+    /// (the record and its decision together, ADR 0012). Off: the record
+    /// is written in PREPARING first, then the decision.
+    pub one_write_commit: bool,
+    /// Txids one `ReserveTxids` hands the leader for one-write commits
+    /// (one Raft write per this many transactions).
+    pub txid_reserve_count: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -201,7 +214,10 @@ impl Default for TxnConfig {
             delivery_retry_max_ms: 2_000,
             delivery_inflight_calls_max: 64,
             ack_batch_wait_ms: 50,
+            delivery_batch_wait_us: 1_000,
             one_phase_commit: true,
+            one_write_commit: true,
+            txid_reserve_count: 4096,
         }
     }
 }
@@ -341,6 +357,13 @@ impl Config {
         if t.default_timeout_ms == 0 || t.default_timeout_ms > t.max_timeout_ms {
             return bad("txn.default_timeout_ms must be > 0 and <= txn.max_timeout_ms".into());
         }
+        if t.txid_reserve_count == 0 || t.txid_reserve_count > crate::limits::TXID_RESERVE_COUNT_MAX {
+            return bad(format!(
+                "txn.txid_reserve_count ({}) must be 1..={} txids",
+                t.txid_reserve_count,
+                crate::limits::TXID_RESERVE_COUNT_MAX
+            ));
+        }
         if t.reaper_interval_ms == 0 || t.reaper_batch_max == 0 {
             return bad("txn.reaper_interval_ms and txn.reaper_batch_max must be > 0".into());
         }
@@ -360,6 +383,12 @@ impl Config {
             return bad(format!(
                 "txn.ack_batch_wait_ms must be at most 10000 (10 s), got {}",
                 t.ack_batch_wait_ms
+            ));
+        }
+        if t.delivery_batch_wait_us > 100_000 {
+            return bad(format!(
+                "txn.delivery_batch_wait_us must be at most 100000 (100 ms), got {}",
+                t.delivery_batch_wait_us
             ));
         }
         if self.api.read_timeout_ms == 0 || self.api.write_timeout_ms == 0 {
@@ -406,6 +435,11 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(e.to_string().contains("cluster_id"), "{e}");
+        let e = Config::from_toml("[txn]\ndelivery_batch_wait_us = 100001")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("txn.delivery_batch_wait_us"), "{e}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The `message-chaos` nemesis: a gRPC proxy in front of each bank service
 //! that, while the fault is on, delays, duplicates and replays late the
 //! coordinator's messages to participants (Prepare, CommitOnePhase, Commit,
-//! Abort). This kernel has no netem, and a TCP-level proxy cannot duplicate
+//! Abort, and ApplyDecisions, whose every copy carries all its items). This kernel has no netem, and a TCP-level proxy cannot duplicate
 //! a gRPC message, so it is done per call: DESIGN's "duplicate and late
 //! messages across txids".
 //!
@@ -192,6 +192,16 @@ impl ParticipantService for Proxy {
         req: Request<pb::ParticipantDecisionRequest>,
     ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
         self.relay(req.into_inner(), |mut c, r| async move { c.abort(r).await })
+            .await
+    }
+
+    /// Many decisions in one message: delayed, duplicated and replayed late
+    /// as a whole, like any other phase-two call.
+    async fn apply_decisions(
+        &self,
+        req: Request<pb::ApplyDecisionsRequest>,
+    ) -> Result<Response<pb::ApplyDecisionsResponse>, Status> {
+        self.relay(req.into_inner(), |mut c, r| async move { c.apply_decisions(r).await })
             .await
     }
 

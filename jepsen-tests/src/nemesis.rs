@@ -95,7 +95,10 @@ pub const PARTICIPANT_POINTS: [&str; 3] = [
     "participant_after_prepare_before_reply",
     "participant_after_decision_before_ack",
 ];
-pub const COORDINATOR_POINTS: [&str; 6] = [
+/// `coordinator_after_reserve` fires when a leader reserves txids for the
+/// one-write commit path (ADR 0012): the first transfer of each term.
+pub const COORDINATOR_POINTS: [&str; 7] = [
+    "coordinator_after_reserve",
     "coordinator_after_begin",
     "coordinator_before_prepare",
     "coordinator_mid_prepare",
@@ -209,11 +212,12 @@ mod tests {
     }
 
     #[test]
-    fn crash_points_rotate_through_all_nine() {
+    fn crash_points_rotate_through_all_ten() {
         let mut s = Schedule::new(1, &[Fault::CrashPoint]);
-        let mut seen: Vec<&str> = (0..9).map(|_| s.next_crash_point().0).collect();
+        let mut seen: Vec<&str> = (0..10).map(|_| s.next_crash_point().0).collect();
         seen.sort();
         seen.dedup();
-        assert_eq!(seen.len(), 9);
+        assert_eq!(seen.len(), 10);
+        assert!(seen.contains(&"coordinator_after_reserve"));
     }
 }

@@ -9,7 +9,8 @@
 //!    resource's data and the participant's log live there together;
 //! 3. serves [`server::ParticipantServer`] (`dtx.v1.ParticipantService`)
 //!    at the address it is enlisted with, for the coordinator's Prepare,
-//!    Commit, Abort, CommitOnePhase and Inquire;
+//!    Commit, Abort, ApplyDecisions (many decisions in one message, applied
+//!    in one write), CommitOnePhase and Inquire;
 //! 4. runs recovery ([`server::spawn_recovery_with`]) against the
 //!    coordinator cluster, which resolves transactions left in doubt and
 //!    garbage-collects the log;
@@ -31,7 +32,9 @@
 //!   applied.
 //! - **The store** ([`store`]) writes the resource's change and its log
 //!   record in one atomic sled batch, and replies only after an fsync that
-//!   covers it (shared by concurrent requests). Resource calls run one at a
+//!   covers it (shared by concurrent requests); the decisions of one
+//!   `ApplyDecisions` message go into one batch and one fsync together,
+//!   each item answered as its own Commit or Abort would be. Resource calls run one at a
 //!   time, so a resource takes its locks without synchronization of its
 //!   own. The in-doubt transactions (YES vote, no decision) are indexed in
 //!   the same writes, so recovery never misses one; an index entry that is

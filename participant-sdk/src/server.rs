@@ -24,6 +24,7 @@ use crate::log::Message;
 use crate::log::Refusal;
 use crate::log::Vote;
 use crate::store::ParticipantStore;
+use crate::store::PhaseTwo;
 use crate::store::Reply;
 use crate::store::Resource;
 use crate::store::StoreError;
@@ -52,16 +53,47 @@ impl<R: Resource> ParticipantServer<R> {
     }
 
     async fn run(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Reply, Status> {
-        self.store.handle(txid, msg, payload).await.map_err(|e| match e {
-            StoreError::Refused(r) => {
-                match r {
-                    Refusal::StaleTerm { .. } => info!(txid, "refused: {r}"),
-                    _ => warn!(txid, "protocol violation refused: {r}"),
-                }
-                refusal_status(&r)
+        self.store
+            .handle(txid, msg, payload)
+            .await
+            .map_err(|e| message_status(txid, e))
+    }
+}
+
+/// The gRPC status of one message's failure: a refusal (logged: at info
+/// for fencing, at warn for a protocol violation) or a store error.
+fn message_status(txid: u64, e: StoreError) -> Status {
+    match e {
+        StoreError::Refused(r) => {
+            match r {
+                Refusal::StaleTerm { .. } => info!(txid, "refused: {r}"),
+                _ => warn!(txid, "protocol violation refused: {r}"),
             }
-            other => store_status(other),
-        })
+            refusal_status(&r)
+        }
+        other => store_status(other),
+    }
+}
+
+/// One ApplyDecisions item's result: what its own Commit or Abort call
+/// would have answered (`applied`, or the status it would have failed
+/// with, its code, refusal kind and text).
+fn item_result(answer: Result<(), Status>) -> pb::DecisionItemResult {
+    match answer {
+        Ok(()) => pb::DecisionItemResult {
+            applied: true,
+            code: tonic::Code::Ok as i32,
+            refusal: String::new(),
+            message: String::new(),
+        },
+        Err(s) => pb::DecisionItemResult {
+            applied: false,
+            code: s.code() as i32,
+            refusal: dtx_proto::metadata::refusal(&s)
+                .map(|k| k.as_str().to_string())
+                .unwrap_or_default(),
+            message: s.message().to_string(),
+        },
     }
 }
 
@@ -160,6 +192,55 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
         self.check_target(&r.participant_id)?;
         self.run(r.txid, Message::Abort { term: r.term }, b"").await?;
         Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
+    }
+
+    async fn apply_decisions(
+        &self,
+        req: Request<pb::ApplyDecisionsRequest>,
+    ) -> Result<Response<pb::ApplyDecisionsResponse>, Status> {
+        let items = req.into_inner().items;
+        let max = dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX;
+        if items.len() > max {
+            return Err(Status::invalid_argument(format!(
+                "{} decisions in one ApplyDecisions message; at most {max}",
+                items.len()
+            )));
+        }
+        // Items this participant cannot take are answered alone; the rest
+        // go to the store in one write.
+        let mut answers: Vec<Option<Result<(), Status>>> = Vec::with_capacity(items.len());
+        let mut valid = Vec::with_capacity(items.len());
+        for it in &items {
+            let decision = match pb::DecisionOutcome::try_from(it.outcome) {
+                Ok(pb::DecisionOutcome::Commit) => PhaseTwo::Commit { term: it.term },
+                Ok(pb::DecisionOutcome::Abort) => PhaseTwo::Abort { term: it.term },
+                _ => {
+                    answers.push(Some(Err(Status::invalid_argument(format!(
+                        "decision item for transaction {} has no outcome (value {})",
+                        it.txid, it.outcome
+                    )))));
+                    continue;
+                }
+            };
+            if let Err(s) = self.check_target(&it.participant_id) {
+                answers.push(Some(Err(s)));
+                continue;
+            }
+            answers.push(None);
+            valid.push((it.txid, decision));
+        }
+        let applied = self.store.apply_decisions(&valid).await.map_err(store_status)?;
+        let mut applied = valid.iter().zip(applied);
+        let results = answers
+            .into_iter()
+            .map(|a| {
+                item_result(a.unwrap_or_else(|| match applied.next() {
+                    Some(((txid, _), r)) => r.map_err(|e| message_status(*txid, e)),
+                    None => Err(Status::internal("the store answered fewer items than it was given")),
+                }))
+            })
+            .collect();
+        Ok(Response::new(pb::ApplyDecisionsResponse { results }))
     }
 
     async fn inquire(&self, req: Request<pb::InquireRequest>) -> Result<Response<pb::InquireResponse>, Status> {

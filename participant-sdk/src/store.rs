@@ -2,7 +2,9 @@
 //! data live in one sled tree, so a resource change and the log transition
 //! that goes with it are ONE atomic write; a reply (vote or ack) is sent only
 //! after an fsync that covers it. Concurrent requests share fsyncs through
-//! one flusher thread (group commit at the participant).
+//! one flusher thread (group commit at the participant), and the decisions
+//! one `ApplyDecisions` message delivers are applied in one atomic write and
+//! one fsync (`apply_decisions`).
 //!
 //! Key layout in the tree: `l` + txid (big-endian) -> encoded `LogEntry`;
 //! `d` + key -> the resource's value; `g` + decided time (ms since the Unix
@@ -143,6 +145,13 @@ impl Staged {
         self.ops.push((key.to_vec(), None));
     }
 
+    /// Adds the staged writes, on the resource's key space, to `overlay`.
+    fn into_overlay(self, overlay: &mut Overlay) {
+        for (k, v) in self.ops {
+            overlay.insert(data_key(&k), v);
+        }
+    }
+
     /// The staged writes as a sled batch on the resource's key space.
     fn into_batch(self) -> sled::Batch {
         let mut batch = sled::Batch::default();
@@ -159,30 +168,55 @@ impl Staged {
 /// A key and its value.
 pub type KvPair = (Vec<u8>, Vec<u8>);
 
-/// Read access to the resource's data as durably written so far.
+/// Read access to the resource's data as written so far: what is in the
+/// tree, and, while a group of decisions is applied in one write
+/// (`ParticipantStore::apply_decisions`), the writes of the group's earlier
+/// items over it, so each item sees the ones before it as if each had been
+/// written on its own.
 pub struct View<'a> {
     tree: &'a sled::Tree,
+    overlay: Option<&'a Overlay>,
 }
 
 impl View<'_> {
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = data_key(key);
+        if let Some(v) = self.overlay.and_then(|o| o.get(&key)) {
+            return Ok(v.clone());
+        }
         self.tree
-            .get(data_key(key))
+            .get(key)
             .map(|v| v.map(|v| v.to_vec()))
             .map_err(|e| StoreError::Io(e.to_string()))
     }
 
-    /// Every (key, value) whose key starts with `prefix`.
+    /// Every (key, value) whose key starts with `prefix`, in key order.
     pub fn scan(&self, prefix: &[u8]) -> Result<Vec<KvPair>, StoreError> {
-        self.tree
-            .scan_prefix(data_key(prefix))
-            .map(|r| {
-                r.map(|(k, v)| (k[1..].to_vec(), v.to_vec()))
-                    .map_err(|e| StoreError::Io(e.to_string()))
-            })
-            .collect()
+        let prefix = data_key(prefix);
+        let from_tree = self.tree.scan_prefix(&prefix).map(|r| {
+            r.map(|(k, v)| (k[1..].to_vec(), v.to_vec()))
+                .map_err(|e| StoreError::Io(e.to_string()))
+        });
+        let Some(overlay) = self.overlay else {
+            return from_tree.collect();
+        };
+        let mut merged: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = from_tree.collect::<Result<_, _>>()?;
+        for (k, v) in overlay
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+        {
+            match v {
+                Some(v) => merged.insert(k[1..].to_vec(), v.clone()),
+                None => merged.remove(&k[1..]),
+            };
+        }
+        Ok(merged.into_iter().collect())
     }
 }
+
+/// Writes not yet in the tree, by tree key (`None`: removed), later writes
+/// replacing earlier ones, as in one sled batch.
+type Overlay = std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
 /// What a service implements for its resource. Calls are serialized by the
 /// store (one at a time), so a resource may check and take its locks without
@@ -197,6 +231,23 @@ pub trait Resource: Send + Sync + 'static {
     fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged);
     /// Rolls back the prepared work of `txid` and releases its locks.
     fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged);
+}
+
+/// A phase-two message as `ParticipantStore::apply_decisions` takes them:
+/// the decision and the term of the leader that sent it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhaseTwo {
+    Commit { term: u64 },
+    Abort { term: u64 },
+}
+
+impl From<PhaseTwo> for Message {
+    fn from(d: PhaseTwo) -> Message {
+        match d {
+            PhaseTwo::Commit { term } => Message::Commit { term },
+            PhaseTwo::Abort { term } => Message::Abort { term },
+        }
+    }
 }
 
 /// The answer to send to the coordinator.
@@ -253,16 +304,28 @@ fn doubt_key(txid: u64) -> [u8; 9] {
 /// Adds `txid`'s record `e` to `batch`, with the index changes that go with
 /// moving from `before` to `e`.
 fn put_record(batch: &mut sled::Batch, txid: u64, before: Option<&LogEntry>, e: &LogEntry) {
-    batch.insert(&log_key(txid)[..], &encode_entry(e)[..]);
+    for (k, v) in record_writes(txid, before, e) {
+        match v {
+            Some(v) => batch.insert(k, v),
+            None => batch.remove(k),
+        }
+    }
+}
+
+/// The tree writes that record `e` for `txid`, coming from `before`: the
+/// record itself and the index changes that go with it.
+fn record_writes(txid: u64, before: Option<&LogEntry>, e: &LogEntry) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    let mut out = vec![(log_key(txid).to_vec(), Some(encode_entry(e).to_vec()))];
     let was_in_doubt = before.is_some_and(crate::log::in_doubt);
     match (was_in_doubt, crate::log::in_doubt(e)) {
-        (false, true) => batch.insert(&doubt_key(txid)[..], &[][..]),
-        (true, false) => batch.remove(&doubt_key(txid)[..]),
+        (false, true) => out.push((doubt_key(txid).to_vec(), Some(Vec::new()))),
+        (true, false) => out.push((doubt_key(txid).to_vec(), None)),
         _ => {}
     }
     if is_collectable(e) && !before.is_some_and(is_collectable) {
-        batch.insert(&gc_key(unix_ms(), txid)[..], &[][..]);
+        out.push((gc_key(unix_ms(), txid).to_vec(), Some(Vec::new())));
     }
+    out
 }
 
 fn gc_key(decided_ms: u64, txid: u64) -> [u8; 17] {
@@ -544,7 +607,10 @@ impl<R: Resource> ParticipantStore<R> {
     }
 
     pub fn view(&self) -> View<'_> {
-        View { tree: &self.tree }
+        View {
+            tree: &self.tree,
+            overlay: None,
+        }
     }
 
     pub fn entry(&self, txid: u64) -> Result<Option<LogEntry>, StoreError> {
@@ -891,6 +957,98 @@ impl<R: Resource> ParticipantStore<R> {
             _ => {}
         }
         Ok(reply)
+    }
+
+    /// Applies many phase-two messages (one item per transaction's
+    /// decision; the same txid may come more than once) in ONE durable
+    /// write: each item is stepped through `log::step` in order and runs
+    /// the resource exactly as `handle` would for its own Commit or Abort,
+    /// seeing the writes of the items before it, and then every log
+    /// transition, index change and resource write of the group goes into
+    /// one atomic sled batch, covered by one fsync before this returns.
+    ///
+    /// Returns one result per item, in order: `Ok(())` is the ack (applied
+    /// now, or already applied: a repeat), an error is what `handle` would
+    /// have answered that message alone (a refusal: stale term, commit
+    /// without prepare, commit after abort, abort after commit; a damaged
+    /// record), and such an item changes nothing and never affects the
+    /// others. The call fails as a whole only when the store cannot write
+    /// or sync (then nothing is acked: the batch may or may not be on disk,
+    /// and a redelivery finds whichever it is).
+    pub async fn apply_decisions(&self, items: &[(u64, PhaseTwo)]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        self.check_running()?;
+        let results = {
+            let _serial = self.serial.lock().expect("participant store lock");
+            let mut overlay = Overlay::new();
+            let results: Vec<Result<(), StoreError>> = items
+                .iter()
+                .map(|&(txid, decision)| self.stage_decision(txid, decision.into(), &mut overlay))
+                .collect();
+            if !overlay.is_empty() {
+                let mut batch = sled::Batch::default();
+                for (k, v) in overlay {
+                    match v {
+                        Some(v) => batch.insert(k, v),
+                        None => batch.remove(k),
+                    }
+                }
+                self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+                // A decided transaction is in doubt no more (a decision
+                // never puts one in doubt).
+                let mut at = self.prepared_at.lock().expect("prepared_at lock");
+                for ((txid, _), r) in items.iter().zip(&results) {
+                    if r.is_ok() {
+                        at.remove(txid);
+                    }
+                }
+            }
+            results
+        };
+        // As in `handle`: always sync before answering, so no ack gets
+        // ahead of its record on disk (a repeat may find a record whose
+        // fsync another request is still waiting for).
+        self.flush().await?;
+        if results.iter().any(Result::is_ok) {
+            dtx_failpoint::failpoint!("participant_after_decision_before_ack");
+        }
+        Ok(results)
+    }
+
+    /// One item of `apply_decisions`: steps `msg` against `txid`'s record
+    /// as written so far (the tree under `overlay`), runs the resource, and
+    /// adds what changed to `overlay`. A refusal or error adds nothing.
+    fn stage_decision(&self, txid: u64, msg: Message, overlay: &mut Overlay) -> Result<(), StoreError> {
+        let before = match overlay.get(&log_key(txid)[..]) {
+            Some(Some(b)) => Some(decode_entry(b).map_err(|message| StoreError::Damaged { txid, message })?),
+            Some(None) => None,
+            None => self.entry(txid)?,
+        };
+        let (after, action) = step(before.as_ref(), msg);
+        let mut staged = Staged::default();
+        {
+            let view = View {
+                tree: &self.tree,
+                overlay: Some(overlay),
+            };
+            match action {
+                Action::CommitResource => self.resource.commit(&view, txid, &mut staged),
+                Action::AbortResource => self.resource.abort(&view, txid, &mut staged),
+                Action::RecordTombstone | Action::Ack => {}
+                Action::Refuse(r) => return Err(StoreError::Refused(r)),
+                other => {
+                    return Err(StoreError::Io(format!(
+                        "{msg:?} for transaction {txid} stepped to {other:?}, which is no answer to a decision"
+                    )))
+                }
+            }
+        }
+        if after != before || !staged.ops.is_empty() {
+            staged.into_overlay(overlay);
+            if let Some(e) = after {
+                overlay.extend(record_writes(txid, before.as_ref(), &e));
+            }
+        }
+        Ok(())
     }
 
     /// Writes the resource's data outside any transaction (for example the

@@ -18,6 +18,12 @@ pub const NOTE_BYTES_MAX: usize = ID_BYTES_MAX + REASON_BYTES_MAX + 64;
 pub const PARTICIPANTS_MAX: usize = 32;
 /// Transaction ids in one batched decision read.
 pub const DECISION_BATCH_TXIDS_MAX: usize = 1024;
+/// Items (one transaction's decision for one participant each) in one
+/// `ParticipantService.ApplyDecisions` message.
+pub const DECISION_DELIVERY_ITEMS_MAX: usize = 256;
+/// Most txids one `ReserveTxids` hands a leader (the fast commit path's
+/// range, ADR 0012).
+pub const TXID_RESERVE_COUNT_MAX: u64 = 1 << 20;
 /// Largest encoded value the codec accepts from disk or network (network
 /// messages are further bounded by `raft.max_message_bytes`).
 pub const DECODE_BYTES_MAX: usize = 256 * 1024 * 1024;

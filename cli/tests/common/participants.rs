@@ -38,8 +38,10 @@ impl Resource for Stage {
     }
 }
 
-/// Wraps the SDK server; while `hold_decisions` is set, Commit and Abort
-/// deliveries are refused as if the participant were unreachable.
+/// Wraps the SDK server; while `hold_decisions` is set, Commit, Abort and
+/// ApplyDecisions deliveries are refused as if the participant were
+/// unreachable; while `old_sdk` is set, ApplyDecisions answers
+/// UNIMPLEMENTED, as a participant built on an SDK from before it does.
 pub struct Gated {
     inner: ParticipantServer<Stage>,
     hold_decisions: Arc<std::sync::atomic::AtomicBool>,
@@ -53,8 +55,12 @@ pub struct Gated {
     /// Milliseconds a handled Prepare waits before its vote is sent (the
     /// vote is durable meanwhile).
     prepare_reply_delay_ms: Arc<std::sync::atomic::AtomicU64>,
-    /// Commit and Abort calls received (held or not).
+    /// Commit and Abort calls, and ApplyDecisions items, received (held or
+    /// not).
     decisions_received: Arc<std::sync::atomic::AtomicU32>,
+    old_sdk: Arc<std::sync::atomic::AtomicBool>,
+    /// ApplyDecisions calls received (held or not; not while `old_sdk`).
+    apply_decisions_calls: Arc<std::sync::atomic::AtomicU32>,
 }
 
 type R<T> = Result<tonic::Response<T>, tonic::Status>;
@@ -106,6 +112,24 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         }
         self.inner.abort(req).await
     }
+    async fn apply_decisions(
+        &self,
+        req: tonic::Request<dtx_proto::v1::ApplyDecisionsRequest>,
+    ) -> R<dtx_proto::v1::ApplyDecisionsResponse> {
+        if self.old_sdk.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unimplemented(
+                "this participant's SDK predates ApplyDecisions",
+            ));
+        }
+        self.apply_decisions_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.decisions_received
+            .fetch_add(req.get_ref().items.len() as u32, std::sync::atomic::Ordering::SeqCst);
+        if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unavailable("held by the test"));
+        }
+        self.inner.apply_decisions(req).await
+    }
     async fn inquire(&self, req: tonic::Request<dtx_proto::v1::InquireRequest>) -> R<dtx_proto::v1::InquireResponse> {
         self.inner.inquire(req).await
     }
@@ -122,8 +146,14 @@ pub struct Svc {
     pub lose_one_phase_answers: Arc<std::sync::atomic::AtomicBool>,
     pub prepare_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     pub prepare_reply_delay_ms: Arc<std::sync::atomic::AtomicU64>,
-    /// Commit and Abort calls that reached this participant.
+    /// Commit and Abort calls, and ApplyDecisions items, that reached this
+    /// participant.
     pub decisions_received: Arc<std::sync::atomic::AtomicU32>,
+    /// While set, ApplyDecisions answers UNIMPLEMENTED (an older SDK).
+    pub old_sdk: Arc<std::sync::atomic::AtomicBool>,
+    /// ApplyDecisions calls that reached this participant (not while
+    /// `old_sdk`).
+    pub apply_decisions_calls: Arc<std::sync::atomic::AtomicU32>,
     /// Dropping it stops the server.
     _stop: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
@@ -144,6 +174,8 @@ impl Svc {
             prepare_delay_ms: Arc::default(),
             prepare_reply_delay_ms: Arc::default(),
             decisions_received: Arc::default(),
+            old_sdk: Arc::default(),
+            apply_decisions_calls: Arc::default(),
             _stop: None,
             _dir: dir,
         };
@@ -162,6 +194,8 @@ impl Svc {
             prepare_delay_ms: self.prepare_delay_ms.clone(),
             prepare_reply_delay_ms: self.prepare_reply_delay_ms.clone(),
             decisions_received: self.decisions_received.clone(),
+            old_sdk: self.old_sdk.clone(),
+            apply_decisions_calls: self.apply_decisions_calls.clone(),
         });
         tokio::spawn(
             tonic::transport::Server::builder()

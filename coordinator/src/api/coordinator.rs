@@ -299,13 +299,24 @@ impl CoordinatorService {
         if !participant_id.is_empty() {
             check_id("participant_id", participant_id)?;
         }
+        // A txid this leader handed out on the one-write path whose write
+        // has no known result yet is PENDING, not unknown: the write may
+        // still be applied. Asked BEFORE the read, whose table then holds
+        // every write whose result became known (ADR 0012).
+        let term = self.ctx().current_term();
+        let in_flight: Vec<bool> = txids.iter().map(|&t| self.driver.fast_in_flight(t, term)).collect();
         self.ctx()
             .read_linearizable(|st| {
                 txids
                     .iter()
-                    .map(|&txid| pb::GetDecisionResponse {
+                    .zip(in_flight)
+                    .map(|(&txid, in_flight)| pb::GetDecisionResponse {
                         txid,
-                        outcome: view_pb(&st.table.decision_view(txid)) as i32,
+                        outcome: if in_flight {
+                            pb::Outcome::Pending as i32
+                        } else {
+                            view_pb(&st.table.decision_view(txid)) as i32
+                        },
                         awaiting_ack: !participant_id.is_empty() && st.table.awaiting_ack(txid, participant_id),
                     })
                     .collect()

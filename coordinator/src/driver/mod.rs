@@ -16,7 +16,9 @@
 //! table only.
 //!
 //! Delivery retries with exponential backoff and jitter until the
-//! participant acks, then records the Ack through Raft: acks wait up to
+//! participant acks (each attempt one item of an ApplyDecisions message
+//! shared with the other deliveries to that address, `phase_two`), then
+//! records the Ack through Raft: acks wait up to
 //! `txn.ack_batch_wait_ms` and go in one Raft entry together, so they do not
 //! cost the next client write a Raft round of its own. It stops as soon as
 //! this node is no longer the leader of the term it started in (invariant
@@ -33,7 +35,9 @@
 //! READ_ONLY voters get no phase two: their acks go into the decision's own
 //! Raft entry.
 
+mod fast;
 pub mod health;
+mod phase_two;
 
 use std::collections::BTreeSet;
 use std::collections::HashMap;
@@ -72,6 +76,8 @@ use crate::sm::Txid;
 pub struct Driver {
     pub ctx: Arc<NodeCtx>,
     state: DriverState,
+    /// The one-write commit path's txid ranges and in-flight txids.
+    fast: fast::FastState,
 }
 
 impl Driver {
@@ -82,7 +88,11 @@ impl Driver {
             Duration::from_millis(t.delivery_retry_max_ms),
             t.delivery_inflight_calls_max,
         );
-        Arc::new(Driver { ctx, state })
+        Arc::new(Driver {
+            ctx,
+            state,
+            fast: fast::FastState::default(),
+        })
     }
 
     /// The delivery attempts to `participant_id` in `txid` this leader has
@@ -118,6 +128,9 @@ struct DriverState {
     wakers: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
     /// Per (txid, participant id): the delivery attempts so far (for Status).
     attempts: Mutex<HashMap<(Txid, String), DeliveryAttempts>>,
+    /// Per address: the decisions waiting for the next ApplyDecisions
+    /// message (`phase_two`).
+    groups: phase_two::Groups,
     /// PREPARING transactions whose re-drive ended without a decision: not
     /// re-driven again before their backoff has passed.
     redrive_backoff: Mutex<HashMap<Txid, Backoff>>,
@@ -168,6 +181,7 @@ impl DriverState {
             peers: Mutex::new(health::Peers::new(retry_base, retry_max, PEER_WARN_EVERY, inflight_max)),
             wakers: Mutex::default(),
             attempts: Mutex::default(),
+            groups: phase_two::Groups::default(),
             redrive_backoff: Mutex::default(),
             cursors: Mutex::default(),
             retry_base,
@@ -347,6 +361,16 @@ impl Driver {
         timeout_ms: u64,
         participants: Vec<Enlistment>,
     ) -> Result<BegunAndDecided, ApiError> {
+        if self.fast_path_applies(participants.len()) {
+            // One Raft write between the votes and the answer (ADR 0012).
+            // A key that is known already is answered below, by its record.
+            let fast = self
+                .fast_begin_and_commit(idempotency_key.clone(), fingerprint, timeout_ms, participants.clone())
+                .await?;
+            if let fast::FastOutcome::Done(done) = fast {
+                return Ok(done);
+            }
+        }
         let cmd = Command::BeginAndCommit {
             fingerprint,
             idempotency_key,
@@ -901,6 +925,7 @@ impl Driver {
     ///
     /// The reaper's and the forget lists are cut to `txn.reaper_batch_max`.
     pub async fn background_round(self: &Arc<Self>, term: u64, now_ms: u64) {
+        self.fast_housekeeping(term);
         let retention = self.ctx.config.txn.retention_ms;
         let max = self.ctx.config.txn.reaper_batch_max;
         let (expired, forgettable) = {
@@ -1117,7 +1142,7 @@ impl Driver {
                     }
                 }
                 let mut call = InFlight(self, &p.address, Some(probe));
-                let sent = self.send_decision(txid, term, outcome, p).await;
+                let sent = self.send_decision_grouped(txid, term, outcome, p).await;
                 let seen = match &sent {
                     Err(DeliveryError::NoAnswer(e)) => health::Seen::Failed(e.clone()),
                     _ => health::Seen::Answered,

@@ -172,6 +172,36 @@ pub enum Command {
     /// membership change, so a removal that happened is always remembered.
     /// Idempotent. Appended last: older log entries keep their encoding.
     RetireNodeId { node_id: u64 },
+    /// Hands the proposing leader `count` txids, `[first, first + count)`,
+    /// which it gives to `BeginAndDecide` transactions without a Raft write
+    /// each. Ranges never overlap each other or Begin's ids: all come from
+    /// `next_txid`, which only grows (invariant 10). ADR 0012.
+    ReserveTxids { count: u64 },
+    /// The one replicated write of a transaction committed on the fast path
+    /// (ADR 0012): its record, participant set and decision at once, written
+    /// after the votes. `txid` comes from a range the leader of `alloc_term`
+    /// reserved. Recorded as ABORT instead of `outcome` when the entry
+    /// carrying it is of another term than `alloc_term` (a leader of a
+    /// later term may have answered "unknown" for `txid` meanwhile), or when
+    /// the idempotency key already belongs to another transaction (the
+    /// caller's answer is then that one's). Write-once like `Decide`.
+    BeginAndDecide {
+        txid: Txid,
+        alloc_term: u64,
+        idempotency_key: String,
+        fingerprint: [u8; 32],
+        begun_ms: u64,
+        deadline_ms: u64,
+        participants: Vec<Enlistment>,
+        outcome: Outcome,
+        /// Must equal the participant set for COMMIT (invariant 2).
+        voters: Vec<String>,
+        /// Participants that need no phase two (READ_ONLY voters): recorded
+        /// as acked with the decision.
+        acked: Vec<String>,
+        now_ms: u64,
+        note: String,
+    },
 }
 
 /// One participant named at BeginAndCommit.
@@ -220,6 +250,22 @@ pub enum CommandOk {
     /// `RetireNodeId`: `newly` is false when the id was retired before.
     NodeIdRetired {
         newly: bool,
+    },
+    /// `ReserveTxids`: the range `[first, end)` is the proposer's.
+    TxidsReserved {
+        first: Txid,
+        end: Txid,
+    },
+    /// `BeginAndDecide`: the decision recorded for `txid` (or, on a repeat,
+    /// the one recorded before, `recorded` false). `key_holder` names the
+    /// transaction the idempotency key already belonged to, if another:
+    /// `txid` was then recorded as ABORT and the caller's request is that
+    /// one.
+    BegunDecided {
+        txid: Txid,
+        decision: Decision,
+        recorded: bool,
+        key_holder: Option<Txid>,
     },
 }
 
@@ -437,7 +483,11 @@ impl TxTable {
             // Never hand out a txid a record already holds (invariant 10),
             // even if the persisted next_txid lags behind the records.
             t.next_txid = t.next_txid.max(r.txid.saturating_add(1));
-            t.keys.insert(r.idempotency_key.clone(), r.txid);
+            if !r.idempotency_key.is_empty() {
+                // A BeginAndDecide whose key belonged to another transaction
+                // is recorded without one.
+                t.keys.insert(r.idempotency_key.clone(), r.txid);
+            }
             let txid = r.txid;
             t.txs.insert(txid, r);
             t.reindex(txid, None);
@@ -451,6 +501,11 @@ impl TxTable {
 
     pub fn get(&self, txid: Txid) -> Option<&TxRecord> {
         self.txs.get(&txid)
+    }
+
+    /// The transaction an idempotency key belongs to, if any.
+    pub fn txid_of_key(&self, key: &str) -> Option<Txid> {
+        self.keys.get(key).copied()
     }
 
     pub fn len(&self) -> usize {
@@ -475,13 +530,20 @@ impl TxTable {
         }
     }
 
-    /// Applies one command. Pure: the same table and command always give the
-    /// same result, effects and new table.
+    /// Applies one command of a term-0 entry (tests of commands whose result
+    /// does not depend on the entry's term); see `apply_in_term`.
     pub fn apply(&mut self, cmd: &Command, effects: &mut Vec<Effect>) -> CommandResult {
+        self.apply_in_term(0, cmd, effects)
+    }
+
+    /// Applies one command carried by a log entry of term `entry_term`.
+    /// Pure: the same table, term and command always give the same result,
+    /// effects and new table.
+    pub fn apply_in_term(&mut self, entry_term: u64, cmd: &Command, effects: &mut Vec<Effect>) -> CommandResult {
         let first_effect = effects.len();
         let txid = command_txid(cmd);
         let before = txid.and_then(|t| self.index_key(t));
-        let result = self.apply_inner(cmd, effects);
+        let result = self.apply_inner(entry_term, cmd, effects);
         if effects.len() > first_effect {
             // Begin creates its txid: index whatever the effects name.
             let changed: BTreeSet<Txid> = effects[first_effect..]
@@ -499,7 +561,7 @@ impl TxTable {
         result
     }
 
-    fn apply_inner(&mut self, cmd: &Command, effects: &mut Vec<Effect>) -> CommandResult {
+    fn apply_inner(&mut self, entry_term: u64, cmd: &Command, effects: &mut Vec<Effect>) -> CommandResult {
         match cmd {
             Command::Begin {
                 idempotency_key,
@@ -551,6 +613,35 @@ impl TxTable {
             Command::Ack { txid, participant_id } => self.ack(*txid, participant_id, effects),
             Command::Forget { txid } => self.forget(*txid, effects),
             Command::RetireNodeId { node_id } => self.retire_node_id(*node_id, effects),
+            Command::ReserveTxids { count } => self.reserve_txids(*count),
+            Command::BeginAndDecide {
+                txid,
+                alloc_term,
+                idempotency_key,
+                fingerprint,
+                begun_ms,
+                deadline_ms,
+                participants,
+                outcome,
+                voters,
+                acked,
+                now_ms,
+                note,
+            } => self.begin_and_decide(
+                entry_term,
+                FastRecord {
+                    txid: *txid,
+                    alloc_term: *alloc_term,
+                    key: idempotency_key,
+                    fingerprint,
+                    begun_ms: *begun_ms,
+                    deadline_ms: *deadline_ms,
+                    participants,
+                },
+                (*outcome, voters, acked),
+                (*now_ms, note),
+                effects,
+            ),
         }
     }
 
@@ -675,30 +766,7 @@ impl TxTable {
         // Validate everything before anything changes: a refused command
         // leaves no trace (not even a used txid).
         check_id("idempotency_key", key)?;
-        if participants.is_empty() {
-            return Err(CommandError::Invalid(
-                "participants must not be empty: nothing would be committed".to_string(),
-            ));
-        }
-        if participants.len() > limits::PARTICIPANTS_MAX {
-            return Err(CommandError::Invalid(format!(
-                "{} participants; the limit is participants_max = {}",
-                participants.len(),
-                limits::PARTICIPANTS_MAX
-            )));
-        }
-        let mut ids = BTreeSet::new();
-        for p in participants {
-            check_id("participant_id", &p.participant_id)?;
-            check_len("address", p.address.len(), limits::ADDRESS_BYTES_MAX)?;
-            check_len("payload", p.payload.len(), limits::PAYLOAD_BYTES_MAX)?;
-            if !ids.insert(p.participant_id.as_str()) {
-                return Err(CommandError::Invalid(format!(
-                    "participant {:?} is named twice",
-                    p.participant_id
-                )));
-            }
-        }
+        check_enlistments(participants)?;
         let (txid, existing, deadline_ms) = match self.begin(key, fingerprint, now_ms, timeout_ms, effects)? {
             CommandOk::Began {
                 txid,
@@ -707,6 +775,17 @@ impl TxTable {
             } => (txid, existing, deadline_ms),
             other => return Err(CommandError::Invalid(format!("unexpected begin result {other:?}"))),
         };
+        self.begin_and_commit_rest(txid, existing, deadline_ms, participants, one_phase_allowed)
+    }
+
+    fn begin_and_commit_rest(
+        &mut self,
+        txid: Txid,
+        existing: bool,
+        deadline_ms: u64,
+        participants: &[Enlistment],
+        one_phase_allowed: bool,
+    ) -> CommandResult {
         let r = self.txs.get_mut(&txid).ok_or(CommandError::NotFound { txid })?;
         if !existing {
             r.participants = participants
@@ -728,6 +807,135 @@ impl TxTable {
             participants: r.participants.clone(),
             decision: r.decision().cloned(),
             one_phase: r.one_phase,
+        })
+    }
+
+    fn reserve_txids(&mut self, count: u64) -> CommandResult {
+        if count == 0 || count > limits::TXID_RESERVE_COUNT_MAX {
+            return Err(CommandError::Invalid(format!(
+                "ReserveTxids of {count} txids; it takes 1 to txid_reserve_count_max = {}",
+                limits::TXID_RESERVE_COUNT_MAX
+            )));
+        }
+        let first = self.next_txid;
+        let end = first
+            .checked_add(count)
+            .ok_or_else(|| CommandError::Invalid("the txid space is used up".to_string()))?;
+        self.next_txid = end;
+        Ok(CommandOk::TxidsReserved { first, end })
+    }
+
+    /// `BeginAndDecide` (see the command). Validation refuses before
+    /// anything changes; every other path records the transaction decided.
+    fn begin_and_decide(
+        &mut self,
+        entry_term: u64,
+        rec: FastRecord<'_>,
+        (outcome, voters, acked): (Outcome, &[String], &[String]),
+        (now_ms, note): (u64, &str),
+        effects: &mut Vec<Effect>,
+    ) -> CommandResult {
+        let txid = rec.txid;
+        check_id("idempotency_key", rec.key)?;
+        check_enlistments(rec.participants)?;
+        check_len("note", note.len(), limits::NOTE_BYTES_MAX)?;
+        let enlisted: BTreeSet<&str> = rec.participants.iter().map(|p| p.participant_id.as_str()).collect();
+        if let Some(stranger) = voters.iter().chain(acked).find(|v| !enlisted.contains(v.as_str())) {
+            return Err(CommandError::UnknownParticipant {
+                txid,
+                participant_id: stranger.clone(),
+            });
+        }
+        if txid == 0 || txid >= self.next_txid {
+            return Err(CommandError::Invalid(format!(
+                "txid {txid} was never reserved (the next unreserved txid is {})",
+                self.next_txid
+            )));
+        }
+        if let Some(r) = self.txs.get(&txid) {
+            // Write-once (invariant 1): a repeat reads the first back.
+            return match r.decision() {
+                Some(d) => Ok(CommandOk::BegunDecided {
+                    txid,
+                    decision: d.clone(),
+                    recorded: false,
+                    key_holder: None,
+                }),
+                None => Err(CommandError::Invalid(format!(
+                    "transaction {txid} exists undecided; BeginAndDecide only creates"
+                ))),
+            };
+        }
+        let mut outcome = outcome;
+        let mut note = note.to_string();
+        let key_holder = self.keys.get(rec.key).copied();
+        if let Some(holder) = key_holder {
+            outcome = Outcome::Abort;
+            note = format!("its idempotency key already belongs to transaction {holder}");
+        } else if rec.alloc_term != entry_term {
+            // A leader of a later term may have answered "unknown: presumed
+            // abort" for this txid; only ABORT agrees with that (ADR 0012).
+            outcome = Outcome::Abort;
+            note = format!(
+                "handed out in term {} but recorded in term {entry_term}: a leader change came between",
+                rec.alloc_term
+            );
+        }
+        if outcome == Outcome::Commit {
+            // Invariant 2: every participant voted YES (or READ_ONLY).
+            let voted: BTreeSet<&str> = voters.iter().map(String::as_str).collect();
+            if voted != enlisted || voted.len() != voters.len() {
+                return Err(CommandError::VotersMismatch {
+                    txid,
+                    voters: voters.to_vec(),
+                    enlisted: enlisted.iter().map(|s| s.to_string()).collect(),
+                });
+            }
+        }
+        let decision = Decision {
+            outcome,
+            source: DecisionSource::Driver,
+            term: rec.alloc_term,
+            decided_ms: now_ms,
+            note,
+        };
+        let kept_key = if key_holder.is_none() {
+            rec.key.to_string()
+        } else {
+            String::new()
+        };
+        self.txs.insert(
+            txid,
+            TxRecord {
+                txid,
+                idempotency_key: kept_key.clone(),
+                fingerprint: *rec.fingerprint,
+                begun_ms: rec.begun_ms,
+                deadline_ms: rec.deadline_ms,
+                phase: Phase::Decided(decision.clone()),
+                participants: rec
+                    .participants
+                    .iter()
+                    .map(|p| Participant {
+                        id: p.participant_id.clone(),
+                        address: p.address.clone(),
+                        payload: p.payload.clone(),
+                        acked: acked.contains(&p.participant_id),
+                    })
+                    .collect(),
+                one_phase: false,
+            },
+        );
+        if !kept_key.is_empty() {
+            self.keys.insert(kept_key, txid);
+        }
+        effects.push(Effect::Put(txid));
+        effects.push(Effect::Decided(txid, outcome));
+        Ok(CommandOk::BegunDecided {
+            txid,
+            decision,
+            recorded: true,
+            key_holder,
         })
     }
 
@@ -854,7 +1062,9 @@ impl TxTable {
         }
         let key = r.idempotency_key.clone();
         self.txs.remove(&txid);
-        self.keys.remove(&key);
+        if self.keys.get(&key) == Some(&txid) {
+            self.keys.remove(&key);
+        }
         effects.push(Effect::Remove(txid));
         Ok(CommandOk::Forgotten)
     }
@@ -915,7 +1125,11 @@ impl TxTable {
 /// The existing transaction a command is about (Begin creates one).
 fn command_txid(cmd: &Command) -> Option<Txid> {
     match cmd {
-        Command::Begin { .. } | Command::BeginAndCommit { .. } | Command::RetireNodeId { .. } => None,
+        Command::Begin { .. }
+        | Command::BeginAndCommit { .. }
+        | Command::RetireNodeId { .. }
+        | Command::ReserveTxids { .. } => None,
+        Command::BeginAndDecide { txid, .. } => Some(*txid),
         Command::Enlist { txid, .. }
         | Command::RequestCommit { txid }
         | Command::RequestCommitOnePhase { txid }
@@ -923,6 +1137,48 @@ fn command_txid(cmd: &Command) -> Option<Txid> {
         | Command::Ack { txid, .. }
         | Command::Forget { txid } => Some(*txid),
     }
+}
+
+/// The parts of a `BeginAndDecide` that make the record.
+struct FastRecord<'a> {
+    txid: Txid,
+    alloc_term: u64,
+    key: &'a str,
+    fingerprint: &'a [u8; 32],
+    begun_ms: u64,
+    deadline_ms: u64,
+    participants: &'a [Enlistment],
+}
+
+/// Checks a participant set named at once (BeginAndCommit, BeginAndDecide):
+/// not empty, within `limits::PARTICIPANTS_MAX`, each id named once and
+/// every field within its limit.
+pub fn check_enlistments(participants: &[Enlistment]) -> Result<(), CommandError> {
+    if participants.is_empty() {
+        return Err(CommandError::Invalid(
+            "participants must not be empty: nothing would be committed".to_string(),
+        ));
+    }
+    if participants.len() > limits::PARTICIPANTS_MAX {
+        return Err(CommandError::Invalid(format!(
+            "{} participants; the limit is participants_max = {}",
+            participants.len(),
+            limits::PARTICIPANTS_MAX
+        )));
+    }
+    let mut ids = BTreeSet::new();
+    for p in participants {
+        check_id("participant_id", &p.participant_id)?;
+        check_len("address", p.address.len(), limits::ADDRESS_BYTES_MAX)?;
+        check_len("payload", p.payload.len(), limits::PAYLOAD_BYTES_MAX)?;
+        if !ids.insert(p.participant_id.as_str()) {
+            return Err(CommandError::Invalid(format!(
+                "participant {:?} is named twice",
+                p.participant_id
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Checks a non-empty id against `limits::ID_BYTES_MAX` (shared with the API
@@ -944,5 +1200,7 @@ pub fn check_len(field: &str, len: usize, max: usize) -> Result<(), CommandError
     Ok(())
 }
 
+#[cfg(test)]
+mod one_write_tests;
 #[cfg(test)]
 mod tests;

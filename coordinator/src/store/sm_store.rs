@@ -245,8 +245,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             match entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Normal(batch) => {
+                    // The entry's term: a BeginAndDecide is held to the term
+                    // its txid was handed out in (ADR 0012).
+                    let term = entry.log_id.leader_id.term;
                     for cmd in &batch.commands {
-                        out.results.push(st.table.apply(cmd, &mut effects));
+                        out.results.push(st.table.apply_in_term(term, cmd, &mut effects));
                     }
                 }
                 EntryPayload::Membership(m) => {
@@ -382,6 +385,59 @@ mod tests {
         let engine = crate::store::open_data_dir(dir.path(), "c", 1).unwrap();
         let sm = StateMachineStore::open(engine.clone()).unwrap();
         (dir, engine, sm)
+    }
+
+    fn entry_in_term(term: u64, index: u64, commands: Vec<Command>) -> Entry {
+        RaftEntry {
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Normal(Batch { commands }),
+        }
+    }
+
+    fn one_write(txid: u64, alloc_term: u64, key: &str) -> Command {
+        Command::BeginAndDecide {
+            txid,
+            alloc_term,
+            idempotency_key: key.into(),
+            fingerprint: [2; 32],
+            begun_ms: 1,
+            deadline_ms: 10_000,
+            participants: vec![crate::sm::Enlistment {
+                participant_id: "a".into(),
+                address: "127.0.0.1:1".into(),
+                payload: vec![],
+            }],
+            outcome: crate::sm::Outcome::Commit,
+            voters: vec!["a".into()],
+            acked: vec![],
+            now_ms: 2,
+            note: String::new(),
+        }
+    }
+
+    /// The store hands each command the term of the log entry that carries
+    /// it: a one-write commit whose txid was handed out in another term is
+    /// recorded as ABORT (ADR 0012), and the reserved range survives a
+    /// restart (txids are never handed out twice, invariant 10).
+    #[tokio::test]
+    async fn one_write_commits_are_held_to_their_entrys_term() {
+        let (_dir, engine, mut sm) = fresh();
+        sm.apply(vec![entry_in_term(3, 1, vec![Command::ReserveTxids { count: 10 }])])
+            .await
+            .unwrap();
+        sm.apply(vec![
+            entry_in_term(3, 2, vec![one_write(1, 3, "same-term")]),
+            entry_in_term(4, 3, vec![one_write(2, 3, "older-term")]),
+        ])
+        .await
+        .unwrap();
+        drop(sm);
+        let sm = StateMachineStore::open(engine).unwrap();
+        let st = sm.state();
+        let outcome = |t| st.table.get(t).and_then(|r| r.decision()).map(|d| d.outcome);
+        assert_eq!(outcome(1), Some(crate::sm::Outcome::Commit));
+        assert_eq!(outcome(2), Some(crate::sm::Outcome::Abort));
+        assert_eq!(st.table.next_txid(), 11, "the reserved range stays reserved");
     }
 
     /// Retired node ids are persisted with the apply that records them, and

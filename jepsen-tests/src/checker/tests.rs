@@ -565,6 +565,19 @@ fn inv5_applied_never_begun_is_found() {
     assert_eq!(found[0].txid, Some(77));
 }
 
+/// ADR 0012: a participant that was prepared for a one-write commit whose
+/// leader died before the write asks the cluster, is told "unknown", and
+/// applies ABORT; the caller never learned the txid. Not an anomaly; a
+/// COMMIT in the same place is.
+#[test]
+fn inv5_an_abort_nobody_began_is_a_presumed_abort_not_an_anomaly() {
+    let mut s = Scenario::clean();
+    s.log("bank-a", 78, A);
+    s.log("bank-b", 78, A);
+    let report = s.check();
+    assert_eq!(report.anomaly_count(), 0, "{}", report.summary());
+}
+
 #[test]
 fn inv3_inv4_inv8_wrong_bank_total_is_found() {
     let mut s = Scenario::clean();

@@ -1,0 +1,401 @@
+//! Phase two in groups (ADR 0013): the decisions the leader delivers to one
+//! participant address travel together in `ParticipantService.ApplyDecisions`
+//! messages, which the participant applies in one durable write, instead of
+//! one Commit or Abort call (and one write) per transaction.
+//!
+//! Each delivery (`Driver::deliver_one`, one per transaction and
+//! participant) is unchanged: it takes its turn from the address's health
+//! record, makes one attempt, reports what the attempt showed, keeps its own
+//! attempts, backoff and refusals, and records its own ack. Only the attempt
+//! itself goes through here: its item joins the address's queue, and
+//! - with no message to that address in flight, a sender task starts; it
+//!   waits up to `txn.delivery_batch_wait_us` for more items, then sends
+//!   every queued item (at most `limits::DECISION_DELIVERY_ITEMS_MAX`) in one
+//!   message;
+//! - while a message is in flight, items queue up and go in the next one,
+//!   sent as soon as the answer is in;
+//! - the answer's result for each item is that item's attempt: applied, or
+//!   refused with the same kinds the single calls carry (a refusal is about
+//!   that transaction only); a call that fails as a whole (no answer, a
+//!   timeout, the participant failing) is a failed attempt of each of its
+//!   items, which then report it to the health record each, as before.
+//!
+//! So one stuck transaction never holds back the others (invariant 11): a
+//! refused item backs off alone, and a message carries only what is queued
+//! when it leaves. A participant that answers UNIMPLEMENTED (an SDK from
+//! before ApplyDecisions) is remembered per address for `SINGLE_CALLS_FOR`
+//! and gets one Commit or Abort call per delivery, as before.
+//!
+//! Acks are not sent from here: each delivery records its own through the
+//! ack queue (ADR 0007), so the acks of one answer reach Raft together.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use dtx_proto::metadata::RefusalKind;
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::info;
+
+use super::DeliveryError;
+use super::Driver;
+use crate::sm::Outcome;
+use crate::sm::Participant;
+use crate::sm::Txid;
+
+/// How long an address that answered UNIMPLEMENTED gets single calls before
+/// ApplyDecisions is tried again (the participant may have been upgraded).
+const SINGLE_CALLS_FOR: Duration = Duration::from_secs(600);
+
+/// The grouping state of every participant address (leader-local).
+#[derive(Default)]
+pub(super) struct Groups {
+    queues: Mutex<HashMap<String, Queue>>,
+    /// Addresses that answered UNIMPLEMENTED, and until when they get
+    /// single calls.
+    single_calls: Mutex<HashMap<String, Instant>>,
+}
+
+/// The items waiting for one address. Present while a sender task runs for
+/// it; the task removes it when it finds nothing left to send.
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Waiting>,
+}
+
+struct Waiting {
+    item: pb::DecisionItem,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// What became of one queued item.
+#[derive(Debug)]
+enum Answer {
+    /// The attempt's result.
+    Done(Result<(), DeliveryError>),
+    /// The address does not serve ApplyDecisions: make the single call.
+    SendAlone,
+}
+
+impl Groups {
+    /// True while `addr` is known not to serve ApplyDecisions.
+    fn single_calls(&self, addr: &str) -> bool {
+        let mut m = self.single_calls.lock().expect("lock");
+        match m.get(addr) {
+            Some(until) if Instant::now() < *until => true,
+            Some(_) => {
+                m.remove(addr);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Remembers that `addr` answered UNIMPLEMENTED; true the first time.
+    fn remember_single_calls(&self, addr: &str) -> bool {
+        self.single_calls
+            .lock()
+            .expect("lock")
+            .insert(addr.to_string(), Instant::now() + SINGLE_CALLS_FOR)
+            .is_none()
+    }
+
+    /// Queues `item` for `addr`; true when no sender task runs for `addr`
+    /// (the caller must start one).
+    fn push(&self, addr: &str, item: pb::DecisionItem, reply: oneshot::Sender<Answer>) -> bool {
+        let mut queues = self.queues.lock().expect("lock");
+        let start = !queues.contains_key(addr);
+        queues
+            .entry(addr.to_string())
+            .or_default()
+            .waiting
+            .push(Waiting { item, reply });
+        start
+    }
+
+    /// The next message's items for `addr`, oldest first, at most `max`;
+    /// items whose delivery has gone away (its task ended) are dropped.
+    /// Empty: nothing is left, and the queue is removed, so the next item
+    /// starts a new sender.
+    fn take(&self, addr: &str, max: usize) -> Vec<Waiting> {
+        let mut queues = self.queues.lock().expect("lock");
+        let Some(q) = queues.get_mut(addr) else {
+            return Vec::new();
+        };
+        q.waiting.retain(|w| !w.reply.is_closed());
+        if q.waiting.is_empty() {
+            queues.remove(addr);
+            return Vec::new();
+        }
+        let n = q.waiting.len().min(max);
+        q.waiting.drain(..n).collect()
+    }
+
+    /// A sender task ended without emptying its queue (it panicked or was
+    /// cancelled): its waiting items are dropped, so their deliveries see a
+    /// failed attempt and try again, with a new sender.
+    fn abandon(&self, addr: &str) {
+        if let Ok(mut queues) = self.queues.lock() {
+            queues.remove(addr);
+        }
+    }
+}
+
+impl Driver {
+    /// One delivery attempt of `outcome` of `txid` to `p`, grouped with the
+    /// other deliveries to its address into one ApplyDecisions message (or a
+    /// Commit or Abort call of its own, for a participant that does not
+    /// serve ApplyDecisions).
+    pub(super) async fn send_decision_grouped(
+        self: &Arc<Self>,
+        txid: Txid,
+        term: u64,
+        outcome: Outcome,
+        p: &Participant,
+    ) -> Result<(), DeliveryError> {
+        if self.state.groups.single_calls(&p.address) {
+            return self.send_decision(txid, term, outcome, p).await;
+        }
+        let item = pb::DecisionItem {
+            txid,
+            term,
+            participant_id: p.id.clone(),
+            outcome: match outcome {
+                Outcome::Commit => pb::DecisionOutcome::Commit,
+                Outcome::Abort => pb::DecisionOutcome::Abort,
+            } as i32,
+        };
+        let (tx, rx) = oneshot::channel();
+        if self.state.groups.push(&p.address, item, tx) {
+            let driver = self.clone();
+            let addr = p.address.clone();
+            tokio::spawn(async move { driver.send_groups(addr).await });
+        }
+        match rx.await {
+            Ok(Answer::Done(r)) => r,
+            Ok(Answer::SendAlone) => self.send_decision(txid, term, outcome, p).await,
+            Err(_) => Err(DeliveryError::NoAnswer(
+                "the message carrying this decision was dropped before it was answered".into(),
+            )),
+        }
+    }
+
+    /// The sender task of `addr`: sends its queued items, one message at a
+    /// time, until none is left.
+    async fn send_groups(self: Arc<Self>, addr: String) {
+        /// Whatever ends the task before its queue is empty drops what is
+        /// left, so no delivery waits for an answer that never comes.
+        struct Sender<'a> {
+            groups: &'a Groups,
+            addr: &'a str,
+            done: bool,
+        }
+        impl Drop for Sender<'_> {
+            fn drop(&mut self) {
+                if !self.done {
+                    self.groups.abandon(self.addr);
+                }
+            }
+        }
+        let mut guard = Sender {
+            groups: &self.state.groups,
+            addr: &addr,
+            done: false,
+        };
+        let wait = Duration::from_micros(self.ctx.config.txn.delivery_batch_wait_us);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        loop {
+            let batch = self
+                .state
+                .groups
+                .take(&addr, dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX);
+            if batch.is_empty() {
+                guard.done = true;
+                return;
+            }
+            let answers = if self.state.groups.single_calls(&addr) {
+                batch.iter().map(|_| Answer::SendAlone).collect()
+            } else {
+                self.send_group(&addr, &batch).await
+            };
+            for (w, a) in batch.into_iter().zip(answers) {
+                let _ = w.reply.send(a);
+            }
+        }
+    }
+
+    /// Sends `batch` to `addr` in one ApplyDecisions message: one answer per
+    /// item, in order.
+    async fn send_group(&self, addr: &str, batch: &[Waiting]) -> Vec<Answer> {
+        metrics::histogram!("dtx_delivery_batch_items").record(batch.len() as f64);
+        let every = |e: DeliveryError| batch.iter().map(|_| Answer::Done(Err(e.clone()))).collect();
+        let ch = match self.ctx.api_channel(addr) {
+            Ok(c) => c,
+            Err(e) => {
+                return every(DeliveryError::Refused {
+                    message: format!("bad participant address {addr:?}: {e}"),
+                    stale_term: false,
+                })
+            }
+        };
+        let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
+        let mut req = tonic::Request::new(pb::ApplyDecisionsRequest {
+            items: batch.iter().map(|w| w.item.clone()).collect(),
+        });
+        req.set_timeout(timeout);
+        let mut client = ParticipantServiceClient::new(ch);
+        match tokio::time::timeout(timeout, client.apply_decisions(req)).await {
+            Err(_) => every(DeliveryError::NoAnswer(format!(
+                "no answer within {} ms",
+                timeout.as_millis()
+            ))),
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+                if self.state.groups.remember_single_calls(addr) {
+                    info!(
+                        address = %addr,
+                        "participant does not serve ApplyDecisions (an older SDK): it gets one Commit or Abort call per delivery"
+                    );
+                }
+                batch.iter().map(|_| Answer::SendAlone).collect()
+            }
+            Ok(Err(s)) => every(DeliveryError::from_status(&s)),
+            Ok(Ok(r)) => {
+                let results = r.into_inner().results;
+                if results.len() != batch.len() {
+                    return every(DeliveryError::NoAnswer(format!(
+                        "malformed ApplyDecisions answer: {} results for {} items",
+                        results.len(),
+                        batch.len()
+                    )));
+                }
+                results.into_iter().map(|r| Answer::Done(item_result(r))).collect()
+            }
+        }
+    }
+}
+
+/// One item's result as the attempt's: what the single call's answer would
+/// have meant (its code and refusal kind, sorted by
+/// `DeliveryError::from_status`, never by the text).
+fn item_result(r: pb::DecisionItemResult) -> Result<(), DeliveryError> {
+    if r.applied {
+        return Ok(());
+    }
+    let code = tonic::Code::from_i32(r.code);
+    if code == tonic::Code::Ok {
+        return Err(DeliveryError::Refused {
+            message: "participant answered applied = false".into(),
+            stale_term: false,
+        });
+    }
+    let mut s = tonic::Status::new(code, r.message);
+    if let Some(kind) = RefusalKind::parse(&r.refusal) {
+        dtx_proto::metadata::set_refusal(&mut s, kind);
+    }
+    Err(DeliveryError::from_status(&s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: tonic::Code, refusal: &str) -> pb::DecisionItemResult {
+        pb::DecisionItemResult {
+            applied: false,
+            code: code as i32,
+            refusal: refusal.into(),
+            message: "why".into(),
+        }
+    }
+
+    /// An item's result means what the single call's answer meant: a
+    /// stale-term refusal is fencing (known by its kind, not its text), a
+    /// protocol refusal is about the transaction, INTERNAL is about the
+    /// participant as a whole.
+    #[test]
+    fn item_results_are_sorted_like_single_call_answers() {
+        assert_eq!(
+            item_result(pb::DecisionItemResult {
+                applied: true,
+                ..Default::default()
+            }),
+            Ok(())
+        );
+        assert_eq!(
+            item_result(refused(tonic::Code::FailedPrecondition, "stale-term")),
+            Err(DeliveryError::Refused {
+                message: format!("{}: why", tonic::Code::FailedPrecondition),
+                stale_term: true
+            })
+        );
+        for kind in ["commit-without-prepare", "commit-after-abort", "abort-after-commit", ""] {
+            assert_eq!(
+                item_result(refused(tonic::Code::FailedPrecondition, kind)),
+                Err(DeliveryError::Refused {
+                    message: format!("{}: why", tonic::Code::FailedPrecondition),
+                    stale_term: false
+                }),
+                "{kind:?}"
+            );
+        }
+        assert_eq!(
+            item_result(refused(tonic::Code::InvalidArgument, "")),
+            Err(DeliveryError::Refused {
+                message: format!("{}: why", tonic::Code::InvalidArgument),
+                stale_term: false
+            })
+        );
+        assert!(matches!(
+            item_result(refused(tonic::Code::Internal, "")),
+            Err(DeliveryError::NoAnswer(_))
+        ));
+        assert!(matches!(
+            item_result(refused(tonic::Code::Ok, "")),
+            Err(DeliveryError::Refused { stale_term: false, .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_queue_is_taken_oldest_first_up_to_the_limit_and_skips_gone_deliveries() {
+        let g = Groups::default();
+        let item = |txid| pb::DecisionItem {
+            txid,
+            ..Default::default()
+        };
+        let mut rxs = Vec::new();
+        for t in 0..5 {
+            let (tx, rx) = oneshot::channel();
+            assert_eq!(g.push("a", item(t), tx), t == 0, "only the first item starts a sender");
+            rxs.push(rx);
+        }
+        drop(rxs.remove(1)); // txid 1's delivery went away
+        let first: Vec<u64> = g.take("a", 2).into_iter().map(|w| w.item.txid).collect();
+        assert_eq!(first, vec![0, 2]);
+        let (tx, _rx) = oneshot::channel();
+        assert!(!g.push("a", item(9), tx), "a sender still runs for a");
+        let rest: Vec<u64> = g.take("a", 10).into_iter().map(|w| w.item.txid).collect();
+        assert_eq!(rest, vec![3, 4, 9]);
+        assert!(g.take("a", 10).is_empty());
+        let (tx, _rx) = oneshot::channel();
+        assert!(
+            g.push("a", item(10), tx),
+            "the emptied queue is gone: a new sender starts"
+        );
+    }
+
+    #[test]
+    fn single_calls_are_remembered_per_address() {
+        let g = Groups::default();
+        assert!(!g.single_calls("a"));
+        assert!(g.remember_single_calls("a"));
+        assert!(!g.remember_single_calls("a"), "said once");
+        assert!(g.single_calls("a"));
+        assert!(!g.single_calls("b"));
+    }
+}
