@@ -381,6 +381,7 @@ async fn t85_participant_crash_points_before_prepare_and_before_ack() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t85_coordinator_crash_points_leave_one_decision_everywhere() {
     for point in [
+        "coordinator_after_reserve",
         "coordinator_after_begin",
         "coordinator_before_prepare",
         "coordinator_votes_in_before_decide",
