@@ -29,7 +29,9 @@ use crate::cpu::CpuMeter;
 use crate::etcd::EtcdCluster;
 use crate::etcd::EtcdKv;
 use crate::etcd::PutIfAbsent;
+pub use crate::report::stats;
 use crate::report::Phase;
+pub use crate::report::Stats;
 use crate::report::Summary;
 use crate::report::TransferPoint;
 use crate::verify::AckedPut;
@@ -87,31 +89,6 @@ pub struct BenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Stats {
-    pub ops: usize,
-    pub per_sec: f64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-}
-
-fn stats(mut lat_us: Vec<u64>, elapsed: Duration) -> Stats {
-    lat_us.sort_unstable();
-    let pick = |q: f64| {
-        if lat_us.is_empty() {
-            0
-        } else {
-            lat_us[((lat_us.len() - 1) as f64 * q).round() as usize]
-        }
-    };
-    Stats {
-        ops: lat_us.len(),
-        per_sec: lat_us.len() as f64 / elapsed.as_secs_f64(),
-        p50_us: pick(0.50),
-        p99_us: pick(0.99),
-    }
 }
 
 /// Size of every value etcd stores here, and of the description each of

@@ -248,8 +248,8 @@ fn render(title: &str, y_desc: &str, lines: &[Line]) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::Stats;
     use crate::report::Phase;
+    use crate::report::Stats;
 
     fn phase(per_sec: f64) -> Phase {
         Phase {

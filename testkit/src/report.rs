@@ -2,7 +2,35 @@
 //! ratio the goals of issue 10 need, and the goals' verdicts, computed from
 //! the measured points only (pure, so unit-tested without a cluster).
 
-use crate::bench::Stats;
+use std::time::Duration;
+
+/// Throughput and latency of one measured phase.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Stats {
+    pub ops: usize,
+    pub per_sec: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+}
+
+/// The stats of `lat_us` (microseconds) completed over `elapsed`:
+/// nearest-rank p50 and p99 of the sorted latencies.
+pub fn stats(mut lat_us: Vec<u64>, elapsed: Duration) -> Stats {
+    lat_us.sort_unstable();
+    let pick = |q: f64| {
+        if lat_us.is_empty() {
+            0
+        } else {
+            lat_us[((lat_us.len() - 1) as f64 * q).round() as usize]
+        }
+    };
+    Stats {
+        ops: lat_us.len(),
+        per_sec: lat_us.len() as f64 / elapsed.as_secs_f64(),
+        p50_us: pick(0.50),
+        p99_us: pick(0.99),
+    }
+}
 
 /// One measured phase: latency and throughput of the operations that
 /// completed, what did not, and the CPU time per completed operation.
