@@ -30,6 +30,11 @@ async fn t30_conflicting_decides_yield_exactly_one_decision() {
     let p2 = Svc::new("p2").await;
     p2.prepare_reply_delay_ms
         .store(8_000, std::sync::atomic::Ordering::SeqCst);
+    // One Prepare call per transaction (no PrepareMany), so every one of
+    // the 20 votes is durable while its reply is held: a PrepareMany whose
+    // reply is held would hold the next prepares to p2 back in the leader's
+    // queue until it is answered (one message in flight per address).
+    p2.old_sdk.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut txids = Vec::new();
     let mut drivers = Vec::new();
     for i in 0..20 {

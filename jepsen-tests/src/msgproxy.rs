@@ -1,7 +1,8 @@
 //! The `message-chaos` nemesis: a gRPC proxy in front of each bank service
 //! that, while the fault is on, delays, duplicates and replays late the
 //! coordinator's messages to participants (Prepare, CommitOnePhase, Commit,
-//! Abort, and ApplyDecisions, whose every copy carries all its items). This kernel has no netem, and a TCP-level proxy cannot duplicate
+//! Abort, and PrepareMany and ApplyDecisions, whose every copy carries all
+//! its items). This kernel has no netem, and a TCP-level proxy cannot duplicate
 //! a gRPC message, so it is done per call: DESIGN's "duplicate and late
 //! messages across txids".
 //!
@@ -192,6 +193,17 @@ impl ParticipantService for Proxy {
         req: Request<pb::ParticipantDecisionRequest>,
     ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
         self.relay(req.into_inner(), |mut c, r| async move { c.abort(r).await })
+            .await
+    }
+
+    /// Many prepares in one message: delayed, duplicated and replayed late
+    /// as a whole, like Prepare (each copy carries all its items; a repeated
+    /// prepare answers the recorded vote).
+    async fn prepare_many(
+        &self,
+        req: Request<pb::PrepareManyRequest>,
+    ) -> Result<Response<pb::PrepareManyResponse>, Status> {
+        self.relay(req.into_inner(), |mut c, r| async move { c.prepare_many(r).await })
             .await
     }
 

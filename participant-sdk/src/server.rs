@@ -97,6 +97,45 @@ fn item_result(answer: Result<(), Status>) -> pb::DecisionItemResult {
     }
 }
 
+/// One PrepareMany item's result: what its own Prepare call would have
+/// answered (the vote and its reason, or the status it would have failed
+/// with, its code, refusal kind and text).
+fn prepare_item_result(answer: Result<Vote, Status>) -> pb::PrepareItemResult {
+    match answer {
+        Ok(v) => {
+            let r = prepare_response(v);
+            pb::PrepareItemResult {
+                vote: r.vote,
+                reason: r.reason,
+                code: tonic::Code::Ok as i32,
+                refusal: String::new(),
+                message: String::new(),
+            }
+        }
+        Err(s) => pb::PrepareItemResult {
+            vote: pb::Vote::Unspecified as i32,
+            reason: String::new(),
+            code: s.code() as i32,
+            refusal: dtx_proto::metadata::refusal(&s)
+                .map(|k| k.as_str().to_string())
+                .unwrap_or_default(),
+            message: s.message().to_string(),
+        },
+    }
+}
+
+/// The answer to a Prepare that voted `v`.
+fn prepare_response(v: Vote) -> pb::PrepareResponse {
+    pb::PrepareResponse {
+        vote: vote_pb(v) as i32,
+        reason: if v == Vote::No {
+            "the resource refused".into()
+        } else {
+            String::new()
+        },
+    }
+}
+
 /// The gRPC status of a refused message: FAILED_PRECONDITION, the reason
 /// in the message for humans and its kind under `x-dtx-refusal` for the
 /// coordinator, which reads the kind and never the text.
@@ -140,14 +179,7 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
         let r = req.into_inner();
         self.check_target(&r.participant_id)?;
         match self.run(r.txid, Message::Prepare { term: r.term }, &r.payload).await? {
-            Reply::Vote(v) => Ok(Response::new(pb::PrepareResponse {
-                vote: vote_pb(v) as i32,
-                reason: if v == Vote::No {
-                    "the resource refused".into()
-                } else {
-                    String::new()
-                },
-            })),
+            Reply::Vote(v) => Ok(Response::new(prepare_response(v))),
             Reply::Ack => Err(Status::internal("prepare answered with an ack")),
         }
     }
@@ -241,6 +273,44 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
             })
             .collect();
         Ok(Response::new(pb::ApplyDecisionsResponse { results }))
+    }
+
+    async fn prepare_many(
+        &self,
+        req: Request<pb::PrepareManyRequest>,
+    ) -> Result<Response<pb::PrepareManyResponse>, Status> {
+        let items = req.into_inner().items;
+        let max = dtx_proto::limits::PREPARE_GROUP_ITEMS_MAX;
+        if items.len() > max {
+            return Err(Status::invalid_argument(format!(
+                "{} prepares in one PrepareMany message; at most {max}",
+                items.len()
+            )));
+        }
+        // Items for another participant are answered alone, as their own
+        // Prepare would be; the rest go to the store in one write.
+        let mut answers: Vec<Option<Result<Vote, Status>>> = Vec::with_capacity(items.len());
+        let mut valid = Vec::with_capacity(items.len());
+        for it in &items {
+            if let Err(s) = self.check_target(&it.participant_id) {
+                answers.push(Some(Err(s)));
+                continue;
+            }
+            answers.push(None);
+            valid.push((it.txid, it.term, it.payload.as_slice()));
+        }
+        let votes = self.store.prepare_many(&valid).await.map_err(store_status)?;
+        let mut votes = valid.iter().zip(votes);
+        let results = answers
+            .into_iter()
+            .map(|a| {
+                prepare_item_result(a.unwrap_or_else(|| match votes.next() {
+                    Some(((txid, _, _), r)) => r.map_err(|e| message_status(*txid, e)),
+                    None => Err(Status::internal("the store answered fewer items than it was given")),
+                }))
+            })
+            .collect();
+        Ok(Response::new(pb::PrepareManyResponse { results }))
     }
 
     async fn inquire(&self, req: Request<pb::InquireRequest>) -> Result<Response<pb::InquireResponse>, Status> {

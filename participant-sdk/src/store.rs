@@ -4,7 +4,8 @@
 //! after an fsync that covers it. Concurrent requests share fsyncs through
 //! one flusher thread (group commit at the participant), and the decisions
 //! one `ApplyDecisions` message delivers are applied in one atomic write and
-//! one fsync (`apply_decisions`).
+//! one fsync (`apply_decisions`), and so are the prepares of one
+//! `PrepareMany` message (`prepare_many`).
 //!
 //! Key layout in the tree: `l` + txid (big-endian) -> encoded `LogEntry`;
 //! `d` + key -> the resource's value; `g` + decided time (ms since the Unix
@@ -977,33 +978,8 @@ impl<R: Resource> ParticipantStore<R> {
     /// and a redelivery finds whichever it is).
     pub async fn apply_decisions(&self, items: &[(u64, PhaseTwo)]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
         self.check_running()?;
-        let results = {
-            let _serial = self.serial.lock().expect("participant store lock");
-            let mut overlay = Overlay::new();
-            let results: Vec<Result<(), StoreError>> = items
-                .iter()
-                .map(|&(txid, decision)| self.stage_decision(txid, decision.into(), &mut overlay))
-                .collect();
-            if !overlay.is_empty() {
-                let mut batch = sled::Batch::default();
-                for (k, v) in overlay {
-                    match v {
-                        Some(v) => batch.insert(k, v),
-                        None => batch.remove(k),
-                    }
-                }
-                self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
-                // A decided transaction is in doubt no more (a decision
-                // never puts one in doubt).
-                let mut at = self.prepared_at.lock().expect("prepared_at lock");
-                for ((txid, _), r) in items.iter().zip(&results) {
-                    if r.is_ok() {
-                        at.remove(txid);
-                    }
-                }
-            }
-            results
-        };
+        let msgs: Vec<(u64, Message, &[u8])> = items.iter().map(|&(txid, d)| (txid, d.into(), &b""[..])).collect();
+        let (results, _) = self.write_group(&msgs)?;
         // As in `handle`: always sync before answering, so no ack gets
         // ahead of its record on disk (a repeat may find a record whose
         // fsync another request is still waiting for).
@@ -1011,13 +987,128 @@ impl<R: Resource> ParticipantStore<R> {
         if results.iter().any(Result::is_ok) {
             dtx_failpoint::failpoint!("participant_after_decision_before_ack");
         }
-        Ok(results)
+        results
+            .into_iter()
+            .zip(items)
+            .map(|(r, (txid, d))| match r {
+                Ok(Reply::Ack) => Ok(()),
+                Ok(other) => Err(StoreError::Io(format!(
+                    "{d:?} for transaction {txid} answered {other:?}, which is no answer to a decision"
+                ))),
+                Err(e) => Err(e),
+            })
+            .map(Ok)
+            .collect()
     }
 
-    /// One item of `apply_decisions`: steps `msg` against `txid`'s record
-    /// as written so far (the tree under `overlay`), runs the resource, and
-    /// adds what changed to `overlay`. A refusal or error adds nothing.
-    fn stage_decision(&self, txid: u64, msg: Message, overlay: &mut Overlay) -> Result<(), StoreError> {
+    /// Prepares many transactions (one item per transaction's Prepare: its
+    /// txid, the leader's term and the payload; the same txid may come more
+    /// than once) in ONE durable write: each item goes in order through
+    /// exactly what `handle` does for its own Prepare (`log::step`: a repeat
+    /// answers the recorded vote, a tombstone votes NO, a stale term is
+    /// refused; otherwise the resource prepares on a view that shows the
+    /// writes of the items before it), and every log record, index change
+    /// and resource write of the group goes into one atomic sled batch,
+    /// covered by one fsync before this returns: no vote, YES above all,
+    /// is answered before its record is on disk.
+    ///
+    /// Returns one result per item, in order: the vote, or the error its
+    /// own Prepare would have failed with (a stale-term refusal, a damaged
+    /// record); such an item changes nothing and never affects the others.
+    /// The call fails as a whole only when the store cannot write or sync
+    /// (then no vote is given).
+    pub async fn prepare_many(&self, items: &[(u64, u64, &[u8])]) -> Result<Vec<Result<Vote, StoreError>>, StoreError> {
+        self.check_running()?;
+        let msgs: Vec<(u64, Message, &[u8])> = items
+            .iter()
+            .map(|&(txid, term, payload)| (txid, Message::Prepare { term }, payload))
+            .collect();
+        let (results, wrote_yes) = self.write_group(&msgs)?;
+        if wrote_yes {
+            dtx_failpoint::failpoint!("participant_before_durable_prepare");
+        }
+        // As in `handle`: always sync before answering (a repeat may find a
+        // record whose fsync another request is still waiting for).
+        self.flush().await?;
+        if results.iter().any(|r| matches!(r, Ok(Reply::Vote(_)))) {
+            dtx_failpoint::failpoint!("participant_after_prepare_before_reply");
+        }
+        Ok(results
+            .into_iter()
+            .zip(items)
+            .map(|(r, (txid, _, _))| match r {
+                Ok(Reply::Vote(v)) => Ok(v),
+                Ok(Reply::Ack) => Err(StoreError::Io(format!(
+                    "prepare of transaction {txid} answered with an ack"
+                ))),
+                Err(e) => Err(e),
+            })
+            .collect())
+    }
+
+    /// The write of `apply_decisions` and `prepare_many`: under the store
+    /// lock, stages every item in order (`stage_item`) into one overlay and
+    /// writes it as one atomic sled batch (not synced: the caller flushes).
+    /// Returns each item's reply, and whether a YES vote was written now.
+    fn write_group(
+        &self,
+        items: &[(u64, Message, &[u8])],
+    ) -> Result<(Vec<Result<Reply, StoreError>>, bool), StoreError> {
+        let _serial = self.serial.lock().expect("participant store lock");
+        let mut overlay = Overlay::new();
+        let mut wrote_yes = false;
+        let results: Vec<Result<Reply, StoreError>> = items
+            .iter()
+            .map(|&(txid, msg, payload)| {
+                let (reply, changed) = self.stage_item(txid, msg, payload, &mut overlay)?;
+                wrote_yes |= changed && reply == Reply::Vote(Vote::Yes);
+                Ok(reply)
+            })
+            .collect();
+        if overlay.is_empty() {
+            return Ok((results, false));
+        }
+        // What the group leaves in doubt, and what it takes out of doubt,
+        // by the last record it writes for each transaction.
+        let mut doubt: HashMap<u64, bool> = HashMap::new();
+        for &(txid, _, _) in items {
+            if let Some(Some(b)) = overlay.get(&log_key(txid)[..]) {
+                let in_doubt = decode_entry(b).is_ok_and(|e| crate::log::in_doubt(&e));
+                doubt.insert(txid, in_doubt);
+            }
+        }
+        let mut batch = sled::Batch::default();
+        for (k, v) in overlay {
+            match v {
+                Some(v) => batch.insert(k, v),
+                None => batch.remove(k),
+            }
+        }
+        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+        let mut at = self.prepared_at.lock().expect("prepared_at lock");
+        for (txid, in_doubt) in doubt {
+            if in_doubt {
+                at.entry(txid).or_insert_with(std::time::Instant::now);
+            } else {
+                at.remove(&txid);
+            }
+        }
+        Ok((results, wrote_yes))
+    }
+
+    /// One item of a group (`write_group`): steps `msg` against `txid`'s
+    /// record as written so far (the tree under `overlay`), runs the
+    /// resource as `handle` does for a Prepare, Commit or Abort (on a view
+    /// that shows the overlay), and adds what changed to `overlay`. Returns
+    /// the reply and whether anything changed. A refusal or error adds
+    /// nothing.
+    fn stage_item(
+        &self,
+        txid: u64,
+        msg: Message,
+        payload: &[u8],
+        overlay: &mut Overlay,
+    ) -> Result<(Reply, bool), StoreError> {
         let before = match overlay.get(&log_key(txid)[..]) {
             Some(Some(b)) => Some(decode_entry(b).map_err(|message| StoreError::Damaged { txid, message })?),
             Some(None) => None,
@@ -1025,30 +1116,45 @@ impl<R: Resource> ParticipantStore<R> {
         };
         let (after, action) = step(before.as_ref(), msg);
         let mut staged = Staged::default();
-        {
+        let (reply, record) = {
             let view = View {
                 tree: &self.tree,
                 overlay: Some(overlay),
             };
             match action {
-                Action::CommitResource => self.resource.commit(&view, txid, &mut staged),
-                Action::AbortResource => self.resource.abort(&view, txid, &mut staged),
-                Action::RecordTombstone | Action::Ack => {}
+                Action::PrepareResource => {
+                    let vote = self.resource.prepare(&view, txid, payload, &mut staged);
+                    if vote != Vote::Yes {
+                        staged = Staged::default();
+                    }
+                    (Reply::Vote(vote), Some(crate::log::prepared(msg.term(), vote)))
+                }
+                Action::CommitResource => {
+                    self.resource.commit(&view, txid, &mut staged);
+                    (Reply::Ack, after)
+                }
+                Action::AbortResource => {
+                    self.resource.abort(&view, txid, &mut staged);
+                    (Reply::Ack, after)
+                }
+                Action::RecordTombstone | Action::Ack => (Reply::Ack, after),
+                Action::Vote(v) => (Reply::Vote(v), after),
                 Action::Refuse(r) => return Err(StoreError::Refused(r)),
-                other => {
+                other @ Action::OnePhaseResource => {
                     return Err(StoreError::Io(format!(
-                        "{msg:?} for transaction {txid} stepped to {other:?}, which is no answer to a decision"
+                        "{msg:?} for transaction {txid} stepped to {other:?}, which a group does not carry"
                     )))
                 }
             }
-        }
-        if after != before || !staged.ops.is_empty() {
+        };
+        let changed = record != before || !staged.ops.is_empty();
+        if changed {
             staged.into_overlay(overlay);
-            if let Some(e) = after {
+            if let Some(e) = record {
                 overlay.extend(record_writes(txid, before.as_ref(), &e));
             }
         }
-        Ok(())
+        Ok((reply, changed))
     }
 
     /// Writes the resource's data outside any transaction (for example the

@@ -3,6 +3,8 @@
 //! answer and the effect its own Commit or Abort would have had
 //! (invariants 3, 5, 8 and 9 per item), durable once the call returns.
 
+mod common;
+
 use std::path::Path;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
@@ -294,13 +296,7 @@ async fn groups_answer_and_apply_exactly_like_single_messages() {
                 "seed {seed}, items {items:?}"
             );
         }
-        assert_eq!(a.entries().unwrap(), b.entries().unwrap(), "seed {seed}");
-        assert_eq!(a.view().scan(b"").unwrap(), b.view().scan(b"").unwrap(), "seed {seed}");
-        assert_eq!(
-            a.in_doubt().unwrap(),
-            b.in_doubt().unwrap(),
-            "seed {seed}: the in-doubt index"
-        );
+        common::assert_stores_agree(&a, &b, &format!("seed {seed}"));
         assert_eq!(ra.commits.load(Ordering::SeqCst), rb.commits.load(Ordering::SeqCst));
         assert_eq!(ra.aborts.load(Ordering::SeqCst), rb.aborts.load(Ordering::SeqCst));
     }

@@ -21,6 +21,14 @@ pub const DECISION_BATCH_TXIDS_MAX: usize = 1024;
 /// Items (one transaction's decision for one participant each) in one
 /// `ParticipantService.ApplyDecisions` message.
 pub const DECISION_DELIVERY_ITEMS_MAX: usize = 256;
+/// Items (one transaction's Prepare for one participant each) in one
+/// `ParticipantService.PrepareMany` message.
+pub const PREPARE_GROUP_ITEMS_MAX: usize = 256;
+/// Payload bytes (the sum over its items) the leader puts in one
+/// `PrepareMany` message at most (a single item may be up to
+/// `PAYLOAD_BYTES_MAX`), well below the 4 MiB a gRPC server decodes by
+/// default.
+pub const PREPARE_GROUP_PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
 /// Most txids one `ReserveTxids` hands a leader (the fast commit path's
 /// range, ADR 0012).
 pub const TXID_RESERVE_COUNT_MAX: u64 = 1 << 20;

@@ -3,6 +3,7 @@
 //! that cuts chosen nodes off from each other.
 #![allow(dead_code)]
 
+pub mod bank_run;
 pub mod participants;
 pub mod proxy;
 

@@ -40,8 +40,9 @@ impl Resource for Stage {
 
 /// Wraps the SDK server; while `hold_decisions` is set, Commit, Abort and
 /// ApplyDecisions deliveries are refused as if the participant were
-/// unreachable; while `old_sdk` is set, ApplyDecisions answers
-/// UNIMPLEMENTED, as a participant built on an SDK from before it does.
+/// unreachable; while `old_sdk` is set, ApplyDecisions and PrepareMany
+/// answer UNIMPLEMENTED, as a participant built on an SDK from before them
+/// does. PrepareMany gets the delays Prepare gets.
 pub struct Gated {
     inner: ParticipantServer<Stage>,
     hold_decisions: Arc<std::sync::atomic::AtomicBool>,
@@ -61,6 +62,10 @@ pub struct Gated {
     old_sdk: Arc<std::sync::atomic::AtomicBool>,
     /// ApplyDecisions calls received (held or not; not while `old_sdk`).
     apply_decisions_calls: Arc<std::sync::atomic::AtomicU32>,
+    /// Prepare calls, and PrepareMany items, received.
+    prepares_received: Arc<std::sync::atomic::AtomicU32>,
+    /// PrepareMany calls received (not while `old_sdk`).
+    prepare_many_calls: Arc<std::sync::atomic::AtomicU32>,
 }
 
 type R<T> = Result<tonic::Response<T>, tonic::Status>;
@@ -68,12 +73,35 @@ type R<T> = Result<tonic::Response<T>, tonic::Status>;
 #[tonic::async_trait]
 impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
     async fn prepare(&self, req: tonic::Request<dtx_proto::v1::PrepareRequest>) -> R<dtx_proto::v1::PrepareResponse> {
+        self.prepares_received.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let delay = self.prepare_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
         let vote = self.inner.prepare(req).await;
         let delay = self.prepare_reply_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
         vote
+    }
+    /// The same delays as `prepare`, once for the whole message (every item
+    /// in it is delayed as a Prepare call would be).
+    async fn prepare_many(
+        &self,
+        req: tonic::Request<dtx_proto::v1::PrepareManyRequest>,
+    ) -> R<dtx_proto::v1::PrepareManyResponse> {
+        if self.old_sdk.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tonic::Status::unimplemented(
+                "this participant's SDK predates PrepareMany",
+            ));
+        }
+        self.prepare_many_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.prepares_received
+            .fetch_add(req.get_ref().items.len() as u32, std::sync::atomic::Ordering::SeqCst);
+        let delay = self.prepare_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let votes = self.inner.prepare_many(req).await;
+        let delay = self.prepare_reply_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        votes
     }
     async fn commit_one_phase(
         &self,
@@ -149,11 +177,17 @@ pub struct Svc {
     /// Commit and Abort calls, and ApplyDecisions items, that reached this
     /// participant.
     pub decisions_received: Arc<std::sync::atomic::AtomicU32>,
-    /// While set, ApplyDecisions answers UNIMPLEMENTED (an older SDK).
+    /// While set, ApplyDecisions and PrepareMany answer UNIMPLEMENTED (an
+    /// older SDK).
     pub old_sdk: Arc<std::sync::atomic::AtomicBool>,
     /// ApplyDecisions calls that reached this participant (not while
     /// `old_sdk`).
     pub apply_decisions_calls: Arc<std::sync::atomic::AtomicU32>,
+    /// Prepare calls, and PrepareMany items, that reached this participant.
+    pub prepares_received: Arc<std::sync::atomic::AtomicU32>,
+    /// PrepareMany calls that reached this participant (not while
+    /// `old_sdk`).
+    pub prepare_many_calls: Arc<std::sync::atomic::AtomicU32>,
     /// Dropping it stops the server.
     _stop: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
@@ -176,6 +210,8 @@ impl Svc {
             decisions_received: Arc::default(),
             old_sdk: Arc::default(),
             apply_decisions_calls: Arc::default(),
+            prepares_received: Arc::default(),
+            prepare_many_calls: Arc::default(),
             _stop: None,
             _dir: dir,
         };
@@ -196,6 +232,8 @@ impl Svc {
             decisions_received: self.decisions_received.clone(),
             old_sdk: self.old_sdk.clone(),
             apply_decisions_calls: self.apply_decisions_calls.clone(),
+            prepares_received: self.prepares_received.clone(),
+            prepare_many_calls: self.prepare_many_calls.clone(),
         });
         tokio::spawn(
             tonic::transport::Server::builder()
@@ -205,6 +243,15 @@ impl Svc {
                 }),
         );
         self._stop = Some(tx);
+    }
+
+    /// This participant in a transaction, with `payload`.
+    pub fn spec(&self, payload: &[u8]) -> dtx_client::ParticipantSpec {
+        dtx_client::ParticipantSpec {
+            participant_id: self.id.clone(),
+            address: self.addr.clone(),
+            payload: payload.to_vec(),
+        }
     }
 
     pub fn state(&self, txid: u64) -> Option<LocalState> {

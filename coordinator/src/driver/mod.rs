@@ -15,6 +15,10 @@
 //! is sent to a participant: delivery reads the decision from the applied
 //! table only.
 //!
+//! Prepares to one participant address travel together in PrepareMany
+//! messages (`prepare_group`): sent at once when none is in flight to it,
+//! queued and sent together while one is.
+//!
 //! Delivery retries with exponential backoff and jitter until the
 //! participant acks (each attempt one item of an ApplyDecisions message
 //! shared with the other deliveries to that address, `phase_two`), then
@@ -36,8 +40,10 @@
 //! Raft entry.
 
 mod fast;
+mod group;
 pub mod health;
 mod phase_two;
+mod prepare_group;
 
 use std::collections::BTreeSet;
 use std::collections::HashMap;
@@ -131,6 +137,9 @@ struct DriverState {
     /// Per address: the decisions waiting for the next ApplyDecisions
     /// message (`phase_two`).
     groups: phase_two::Groups,
+    /// Per address: the prepares waiting for the next PrepareMany message
+    /// (`prepare_group`).
+    prepare_groups: prepare_group::PrepareGroups,
     /// PREPARING transactions whose re-drive ended without a decision: not
     /// re-driven again before their backoff has passed.
     redrive_backoff: Mutex<HashMap<Txid, Backoff>>,
@@ -182,6 +191,7 @@ impl DriverState {
             wakers: Mutex::default(),
             attempts: Mutex::default(),
             groups: phase_two::Groups::default(),
+            prepare_groups: prepare_group::PrepareGroups::default(),
             redrive_backoff: Mutex::default(),
             cursors: Mutex::default(),
             retry_base,
@@ -319,25 +329,26 @@ fn truncate_utf8(s: &mut String, max: usize) {
 }
 
 impl Driver {
-    /// What `p` answered to Prepare (no usable answer counts as NO).
-    async fn prepare_one(&self, txid: Txid, term: u64, p: &Participant, timeout: Duration) -> Vote {
+    /// What `p` answered to Prepare (no usable answer counts as NO), within
+    /// `timeout`: one item of a PrepareMany message shared with the other
+    /// prepares to its address (`prepare_group`), or a Prepare call of its
+    /// own for a participant that does not serve PrepareMany.
+    async fn prepare_one(self: &Arc<Self>, txid: Txid, term: u64, p: &Participant, timeout: Duration) -> Vote {
+        let req = prepare_request(txid, term, p, timeout);
+        if let Some(v) = self.prepare_grouped(&p.address, req.get_ref().clone(), timeout).await {
+            return v;
+        }
         let ch = match self.ctx.api_channel(&p.address) {
             Ok(c) => c,
             Err(e) => return Vote::Failed(e.to_string()),
         };
-        let req = prepare_request(txid, term, p, timeout);
         let res = tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).prepare(req)).await;
         match res {
             Err(_) => Vote::Failed(format!("no vote within {} ms", timeout.as_millis())),
             Ok(Err(s)) => Vote::Failed(format!("{}: {}", s.code(), s.message())),
             Ok(Ok(r)) => {
                 let r = r.into_inner();
-                match pb::Vote::try_from(r.vote) {
-                    Ok(pb::Vote::Yes) => Vote::Yes,
-                    Ok(pb::Vote::ReadOnly) => Vote::ReadOnly,
-                    Ok(pb::Vote::No) => Vote::No(r.reason),
-                    _ => Vote::Failed(format!("malformed vote value {}", r.vote)),
-                }
+                prepare_group::vote_of(r.vote, r.reason)
             }
         }
     }

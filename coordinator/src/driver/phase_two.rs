@@ -23,126 +23,36 @@
 //! So one stuck transaction never holds back the others (invariant 11): a
 //! refused item backs off alone, and a message carries only what is queued
 //! when it leaves. A participant that answers UNIMPLEMENTED (an SDK from
-//! before ApplyDecisions) is remembered per address for `SINGLE_CALLS_FOR`
-//! and gets one Commit or Abort call per delivery, as before.
+//! before ApplyDecisions) is remembered per address for
+//! `group::SINGLE_CALLS_FOR` and gets one Commit or Abort call per
+//! delivery, as before. The per-address queue is `group::Groups`, shared
+//! with the prepares (`prepare_group`).
 //!
 //! Acks are not sent from here: each delivery records its own through the
 //! ack queue (ADR 0007), so the acks of one answer reach Raft together.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use dtx_proto::metadata::RefusalKind;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 use tracing::info;
 
+use super::group::Answer;
 use super::DeliveryError;
 use super::Driver;
 use crate::sm::Outcome;
 use crate::sm::Participant;
 use crate::sm::Txid;
 
-/// How long an address that answered UNIMPLEMENTED gets single calls before
-/// ApplyDecisions is tried again (the participant may have been upgraded).
-const SINGLE_CALLS_FOR: Duration = Duration::from_secs(600);
+/// The decisions waiting for each address's next ApplyDecisions message.
+pub(super) type Groups = super::group::Groups<pb::DecisionItem, Result<(), DeliveryError>>;
 
-/// The grouping state of every participant address (leader-local).
-#[derive(Default)]
-pub(super) struct Groups {
-    queues: Mutex<HashMap<String, Queue>>,
-    /// Addresses that answered UNIMPLEMENTED, and until when they get
-    /// single calls.
-    single_calls: Mutex<HashMap<String, Instant>>,
-}
-
-/// The items waiting for one address. Present while a sender task runs for
-/// it; the task removes it when it finds nothing left to send.
-#[derive(Default)]
-struct Queue {
-    waiting: Vec<Waiting>,
-}
-
-struct Waiting {
-    item: pb::DecisionItem,
-    reply: oneshot::Sender<Answer>,
-}
-
-/// What became of one queued item.
-#[derive(Debug)]
-enum Answer {
-    /// The attempt's result.
-    Done(Result<(), DeliveryError>),
-    /// The address does not serve ApplyDecisions: make the single call.
-    SendAlone,
-}
-
-impl Groups {
-    /// True while `addr` is known not to serve ApplyDecisions.
-    fn single_calls(&self, addr: &str) -> bool {
-        let mut m = self.single_calls.lock().expect("lock");
-        match m.get(addr) {
-            Some(until) if Instant::now() < *until => true,
-            Some(_) => {
-                m.remove(addr);
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// Remembers that `addr` answered UNIMPLEMENTED; true the first time.
-    fn remember_single_calls(&self, addr: &str) -> bool {
-        self.single_calls
-            .lock()
-            .expect("lock")
-            .insert(addr.to_string(), Instant::now() + SINGLE_CALLS_FOR)
-            .is_none()
-    }
-
-    /// Queues `item` for `addr`; true when no sender task runs for `addr`
-    /// (the caller must start one).
-    fn push(&self, addr: &str, item: pb::DecisionItem, reply: oneshot::Sender<Answer>) -> bool {
-        let mut queues = self.queues.lock().expect("lock");
-        let start = !queues.contains_key(addr);
-        queues
-            .entry(addr.to_string())
-            .or_default()
-            .waiting
-            .push(Waiting { item, reply });
-        start
-    }
-
-    /// The next message's items for `addr`, oldest first, at most `max`;
-    /// items whose delivery has gone away (its task ended) are dropped.
-    /// Empty: nothing is left, and the queue is removed, so the next item
-    /// starts a new sender.
-    fn take(&self, addr: &str, max: usize) -> Vec<Waiting> {
-        let mut queues = self.queues.lock().expect("lock");
-        let Some(q) = queues.get_mut(addr) else {
-            return Vec::new();
-        };
-        q.waiting.retain(|w| !w.reply.is_closed());
-        if q.waiting.is_empty() {
-            queues.remove(addr);
-            return Vec::new();
-        }
-        let n = q.waiting.len().min(max);
-        q.waiting.drain(..n).collect()
-    }
-
-    /// A sender task ended without emptying its queue (it panicked or was
-    /// cancelled): its waiting items are dropped, so their deliveries see a
-    /// failed attempt and try again, with a new sender.
-    fn abandon(&self, addr: &str) {
-        if let Ok(mut queues) = self.queues.lock() {
-            queues.remove(addr);
-        }
-    }
+/// ApplyDecisions messages are bounded by their item count only.
+fn no_cost(_: &pb::DecisionItem) -> usize {
+    0
 }
 
 impl Driver {
@@ -184,57 +94,27 @@ impl Driver {
         }
     }
 
-    /// The sender task of `addr`: sends its queued items, one message at a
-    /// time, until none is left.
+    /// The sender task of `addr`: waits `txn.delivery_batch_wait_us`, then
+    /// sends its queued items, one message at a time, until none is left.
     async fn send_groups(self: Arc<Self>, addr: String) {
-        /// Whatever ends the task before its queue is empty drops what is
-        /// left, so no delivery waits for an answer that never comes.
-        struct Sender<'a> {
-            groups: &'a Groups,
-            addr: &'a str,
-            done: bool,
-        }
-        impl Drop for Sender<'_> {
-            fn drop(&mut self) {
-                if !self.done {
-                    self.groups.abandon(self.addr);
-                }
-            }
-        }
-        let mut guard = Sender {
-            groups: &self.state.groups,
-            addr: &addr,
-            done: false,
-        };
         let wait = Duration::from_micros(self.ctx.config.txn.delivery_batch_wait_us);
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-        loop {
-            let batch = self
-                .state
-                .groups
-                .take(&addr, dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX);
-            if batch.is_empty() {
-                guard.done = true;
-                return;
-            }
-            let answers = if self.state.groups.single_calls(&addr) {
-                batch.iter().map(|_| Answer::SendAlone).collect()
-            } else {
-                self.send_group(&addr, &batch).await
-            };
-            for (w, a) in batch.into_iter().zip(answers) {
-                let _ = w.reply.send(a);
-            }
-        }
+        let limits = (
+            dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX,
+            usize::MAX,
+            no_cost as fn(&_) -> usize,
+        );
+        self.state
+            .groups
+            .run_sender(&addr, wait, limits, |items| self.send_group(&addr, items))
+            .await
     }
 
     /// Sends `batch` to `addr` in one ApplyDecisions message: one answer per
     /// item, in order.
-    async fn send_group(&self, addr: &str, batch: &[Waiting]) -> Vec<Answer> {
-        metrics::histogram!("dtx_delivery_batch_items").record(batch.len() as f64);
-        let every = |e: DeliveryError| batch.iter().map(|_| Answer::Done(Err(e.clone()))).collect();
+    async fn send_group(&self, addr: &str, batch: Vec<pb::DecisionItem>) -> Vec<Answer<Result<(), DeliveryError>>> {
+        let n = batch.len();
+        metrics::histogram!("dtx_delivery_batch_items").record(n as f64);
+        let every = |e: DeliveryError| (0..n).map(|_| Answer::Done(Err(e.clone()))).collect();
         let ch = match self.ctx.api_channel(addr) {
             Ok(c) => c,
             Err(e) => {
@@ -245,9 +125,7 @@ impl Driver {
             }
         };
         let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
-        let mut req = tonic::Request::new(pb::ApplyDecisionsRequest {
-            items: batch.iter().map(|w| w.item.clone()).collect(),
-        });
+        let mut req = tonic::Request::new(pb::ApplyDecisionsRequest { items: batch });
         req.set_timeout(timeout);
         let mut client = ParticipantServiceClient::new(ch);
         match tokio::time::timeout(timeout, client.apply_decisions(req)).await {
@@ -262,16 +140,16 @@ impl Driver {
                         "participant does not serve ApplyDecisions (an older SDK): it gets one Commit or Abort call per delivery"
                     );
                 }
-                batch.iter().map(|_| Answer::SendAlone).collect()
+                (0..n).map(|_| Answer::SendAlone).collect()
             }
             Ok(Err(s)) => every(DeliveryError::from_status(&s)),
             Ok(Ok(r)) => {
                 let results = r.into_inner().results;
-                if results.len() != batch.len() {
+                if results.len() != n {
                     return every(DeliveryError::NoAnswer(format!(
                         "malformed ApplyDecisions answer: {} results for {} items",
                         results.len(),
-                        batch.len()
+                        n
                     )));
                 }
                 results.into_iter().map(|r| Answer::Done(item_result(r))).collect()
@@ -359,43 +237,5 @@ mod tests {
             item_result(refused(tonic::Code::Ok, "")),
             Err(DeliveryError::Refused { stale_term: false, .. })
         ));
-    }
-
-    #[tokio::test]
-    async fn a_queue_is_taken_oldest_first_up_to_the_limit_and_skips_gone_deliveries() {
-        let g = Groups::default();
-        let item = |txid| pb::DecisionItem {
-            txid,
-            ..Default::default()
-        };
-        let mut rxs = Vec::new();
-        for t in 0..5 {
-            let (tx, rx) = oneshot::channel();
-            assert_eq!(g.push("a", item(t), tx), t == 0, "only the first item starts a sender");
-            rxs.push(rx);
-        }
-        drop(rxs.remove(1)); // txid 1's delivery went away
-        let first: Vec<u64> = g.take("a", 2).into_iter().map(|w| w.item.txid).collect();
-        assert_eq!(first, vec![0, 2]);
-        let (tx, _rx) = oneshot::channel();
-        assert!(!g.push("a", item(9), tx), "a sender still runs for a");
-        let rest: Vec<u64> = g.take("a", 10).into_iter().map(|w| w.item.txid).collect();
-        assert_eq!(rest, vec![3, 4, 9]);
-        assert!(g.take("a", 10).is_empty());
-        let (tx, _rx) = oneshot::channel();
-        assert!(
-            g.push("a", item(10), tx),
-            "the emptied queue is gone: a new sender starts"
-        );
-    }
-
-    #[test]
-    fn single_calls_are_remembered_per_address() {
-        let g = Groups::default();
-        assert!(!g.single_calls("a"));
-        assert!(g.remember_single_calls("a"));
-        assert!(!g.remember_single_calls("a"), "said once");
-        assert!(g.single_calls("a"));
-        assert!(!g.single_calls("b"));
     }
 }

@@ -1,0 +1,21 @@
+//! Shared by the grouped-message tests (t40, t41).
+
+use participant_sdk::store::ParticipantStore;
+use participant_sdk::store::Resource;
+
+/// Two stores that were sent the same work, one message at a time and in
+/// groups, hold the same log, the same resource data and the same in-doubt
+/// index.
+pub fn assert_stores_agree<R: Resource>(a: &ParticipantStore<R>, b: &ParticipantStore<R>, what: &str) {
+    assert_eq!(a.entries().unwrap(), b.entries().unwrap(), "{what}: the log");
+    assert_eq!(
+        a.view().scan(b"").unwrap(),
+        b.view().scan(b"").unwrap(),
+        "{what}: the data"
+    );
+    assert_eq!(
+        a.in_doubt().unwrap(),
+        b.in_doubt().unwrap(),
+        "{what}: the in-doubt index"
+    );
+}
