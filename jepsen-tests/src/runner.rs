@@ -1341,7 +1341,18 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     stuck_scan(&w, &rec, max_txid, healed, gone_id.as_deref()).await;
 
     // Final reads: every decision from every node; then each bank's store.
-    let all: Vec<u64> = (1..=max_txid).collect();
+    // Up to the highest txid any node has handed out or reserved, not only
+    // the highest the history saw: one-write commits take txids from
+    // ranges (ADR 0012), so a transaction whose caller learned nothing may
+    // sit far above every id the history mentions. Unknown answers above
+    // the history's ids are not recorded (unused ids of those ranges).
+    let mut read_to = max_txid;
+    for addr in w.api_addrs() {
+        if let Ok(s) = dtx_client::cluster_status_at(&addr, Duration::from_secs(2)).await {
+            read_to = read_to.max(s.next_txid.saturating_sub(1));
+        }
+    }
+    let all: Vec<u64> = (1..=read_to).collect();
     for (i, addr) in w.api_addrs().iter().enumerate() {
         match read_decisions(addr, &all).await {
             Ok(ds) => {

@@ -102,6 +102,7 @@ impl AdminService {
                 })
                 .collect(),
             transactions: self.ctx().sm.state().table.len() as u64,
+            next_txid: self.ctx().sm.state().table.next_txid(),
         }
     }
 
