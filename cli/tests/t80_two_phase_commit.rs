@@ -457,13 +457,6 @@ async fn t80_acks_of_several_transactions_share_a_raft_entry() {
     });
     let leader = c.leader().await;
     let cl = c.client();
-    let leader_api = c.api(leader);
-    let last_index = || async {
-        dtx_client::cluster_status_at(&leader_api, Duration::from_secs(5))
-            .await
-            .unwrap()
-            .last_log_index
-    };
     let a = Svc::new("bank-a").await;
     let b = Svc::new("bank-b").await;
     // Settle: the leader's first entry (and any membership entry) is in,
@@ -473,7 +466,7 @@ async fn t80_acks_of_several_transactions_share_a_raft_entry() {
     both.extend(one(&b, b"y"));
     cl.begin_and_commit("acks-warm-up", 30_000, b"", &both).await.unwrap();
     tokio::time::sleep(Duration::from_millis(3_500)).await;
-    let before = last_index().await;
+    let before = c.status_of(leader).await.last_log_index;
     let started = std::time::Instant::now();
     let mut txids = Vec::new();
     for i in 0..5 {
@@ -501,7 +494,7 @@ async fn t80_acks_of_several_transactions_share_a_raft_entry() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(all_acked, "the acks were not all recorded within 10 s");
-    let entries = last_index().await - before;
+    let entries = c.status_of(leader).await.last_log_index - before;
     // One entry per transaction (BeginAndDecide, ADR 0012); the ten acks
     // take one more, or two if the commits outlasted one batching window.
     let ack_entries = entries.saturating_sub(txids.len() as u64);
@@ -704,13 +697,6 @@ async fn t80_one_write_commit_takes_one_raft_entry_per_transaction() {
         });
         let leader = c.leader().await;
         let cl = c.client();
-        let leader_api = c.api(leader);
-        let last_index = || async {
-            dtx_client::cluster_status_at(&leader_api, Duration::from_secs(5))
-                .await
-                .unwrap()
-                .last_log_index
-        };
         let a = Svc::new("bank-a").await;
         let b = Svc::new("bank-b").await;
         let both = || {
@@ -721,7 +707,7 @@ async fn t80_one_write_commit_takes_one_raft_entry_per_transaction() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let warm = cl.begin_and_commit("warm-up", 30_000, b"", &both()).await.unwrap();
         assert_eq!(warm.outcome, TxOutcome::Committed);
-        let before = last_index().await;
+        let before = c.status_of(leader).await.last_log_index;
         let mut txids = Vec::new();
         for i in 0..5 {
             let r = cl
@@ -731,7 +717,7 @@ async fn t80_one_write_commit_takes_one_raft_entry_per_transaction() {
             assert_eq!(r.outcome, TxOutcome::Committed);
             txids.push(r.txid.unwrap());
         }
-        let entries = last_index().await - before;
+        let entries = c.status_of(leader).await.last_log_index - before;
         assert_eq!(
             entries,
             per_tx * txids.len() as u64,

@@ -304,7 +304,7 @@ impl CoordinatorService {
         // still be applied. Asked BEFORE the read, whose table then holds
         // every write whose result became known (ADR 0012).
         let term = self.ctx().current_term();
-        let in_flight: Vec<bool> = txids.iter().map(|&t| self.driver.fast_in_flight(t, term)).collect();
+        let in_flight = self.driver.fast_in_flight(&txids, term);
         self.ctx()
             .read_linearizable(|st| {
                 txids

@@ -28,24 +28,21 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use tokio::sync::watch;
 use tracing::info;
 use tracing::warn;
 
-use super::truncate_utf8;
 use super::BegunAndDecided;
 use super::Driver;
+use super::RoundResult;
 use crate::ctx::now_ms;
 use crate::ctx::ApiError;
 use crate::sm::tally;
 use crate::sm::tally::Tally;
-use crate::sm::tally::Vote;
 use crate::sm::Command;
 use crate::sm::CommandOk;
 use crate::sm::Enlistment;
-use crate::sm::Outcome;
 use crate::sm::Participant;
 use crate::sm::Txid;
 
@@ -124,22 +121,28 @@ impl Driver {
         t.one_write_commit && !(participants == 1 && t.one_phase_commit)
     }
 
-    /// For a decision read on this leader in `term`: true when `txid` was
-    /// handed out here in `term` and its one write has no known result yet
-    /// (the answer is PENDING). A txid of this term's range not handed out
-    /// yet is skipped for good, so the "unknown" answered for it stays true.
-    pub fn fast_in_flight(&self, txid: Txid, term: u64) -> bool {
+    /// For a decision read on this leader in `term`, per txid of `txids`:
+    /// true when it was handed out here in `term` and its one write has no
+    /// known result yet (the answer is PENDING). A txid of this term's
+    /// range not handed out yet is skipped for good, so the "unknown"
+    /// answered for it stays true. One lock for the whole batch.
+    pub fn fast_in_flight(&self, txids: &[Txid], term: u64) -> Vec<bool> {
         let mut g = self.fast.lock();
-        if g.in_flight.get(&txid) == Some(&term) {
-            return true;
-        }
         let g = &mut *g;
-        for r in [g.range.as_mut(), g.spare.as_mut()].into_iter().flatten() {
-            if r.term == term && txid >= r.next && txid < r.end {
-                r.next = txid + 1;
-            }
-        }
-        false
+        txids
+            .iter()
+            .map(|&txid| {
+                if g.in_flight.get(&txid) == Some(&term) {
+                    return true;
+                }
+                for r in [g.range.as_mut(), g.spare.as_mut()].into_iter().flatten() {
+                    if r.term == term && txid >= r.next && txid < r.end {
+                        r.next = txid + 1;
+                    }
+                }
+                false
+            })
+            .collect()
     }
 
     /// The leader loop's care of the fast path: drops what an older term
@@ -341,42 +344,14 @@ impl Driver {
                 // A timeout of 0 ms: the deadline has passed already.
                 _ => 0,
             };
-            let timeout = Duration::from_millis(wait_ms.min(self.ctx.config.txn.prepare_timeout_ms).max(1));
-            dtx_failpoint::failpoint!("coordinator_before_prepare");
-            let votes = futures::future::join_all(participants.iter().enumerate().map(|(i, p)| async move {
-                let v = self.prepare_one(txid, term, p, timeout).await;
-                if i == 0 {
-                    dtx_failpoint::failpoint!("coordinator_mid_prepare");
-                }
-                v
-            }))
-            .await;
-            for (p, v) in participants.iter().zip(&votes) {
-                if let Vote::Failed(why) = v {
-                    warn!(txid, participant = %p.id, "prepare failed, counted as NO: {why}");
-                }
-            }
-            let votes: Vec<(&str, Vote)> = voters.iter().copied().zip(votes).collect();
-            let (outcome, decided_voters, note, read_only) = match tally::tally(&voters, &votes, deadline_ms, begun_ms)
-            {
-                Tally::Commit {
-                    voters,
-                    read_only_voters,
-                } => (Outcome::Commit, voters, String::new(), read_only_voters),
-                Tally::Abort {
-                    reason,
-                    read_only_voters,
-                } => {
-                    let mut note = reason.to_string();
-                    truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
-                    (Outcome::Abort, Vec::new(), note, read_only_voters)
-                }
-                Tally::Pending { waiting_for, .. } => {
-                    return Err(ApiError::Internal(format!(
-                        "prepare round of {txid} ended without the votes of {waiting_for:?}"
-                    )))
-                }
-            };
+            let RoundResult {
+                outcome,
+                voters: decided_voters,
+                note,
+                read_only,
+            } = self
+                .prepare_round(txid, term, &participants, deadline_ms, begun_ms, wait_ms)
+                .await?;
             dtx_failpoint::failpoint!("coordinator_votes_in_before_decide");
             let cmd = Command::BeginAndDecide {
                 txid,

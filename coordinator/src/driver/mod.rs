@@ -629,6 +629,45 @@ impl Driver {
             // No voters: nothing to ask.
             Tally::Commit { .. } => 0,
         };
+        let RoundResult {
+            outcome,
+            voters: decided_voters,
+            note,
+            read_only,
+        } = self
+            .prepare_round(txid, term, &participants, deadline_ms, round_started_ms, wait_ms)
+            .await?;
+        // READ_ONLY voters need no phase two, whatever the decision: their
+        // acks go into the decision's own Raft entry, so delivery never
+        // sees them pending (defect 4).
+        dtx_failpoint::failpoint!("coordinator_votes_in_before_decide");
+        let (d, recorded) = self
+            .decide_with_acks(txid, outcome, decided_voters, DecisionSource::Driver, note, &read_only)
+            .await?;
+        dtx_failpoint::failpoint!("coordinator_decided_before_delivery");
+        if recorded {
+            info!(txid, outcome = %d.outcome, "decision recorded");
+        }
+        self.spawn_delivery(txid);
+        Ok(d)
+    }
+
+    /// One prepare round: Prepare to every participant in parallel, each
+    /// bounded by `wait_ms` (the time left to the deadline) and
+    /// `txn.prepare_timeout_ms`, then the tally as of `round_started_ms`.
+    /// Shared by the two-write path and the one-write path (`fast.rs`); the
+    /// crash points `coordinator_before_prepare` and
+    /// `coordinator_mid_prepare` fire here.
+    async fn prepare_round(
+        self: &Arc<Self>,
+        txid: Txid,
+        term: u64,
+        participants: &[Participant],
+        deadline_ms: u64,
+        round_started_ms: u64,
+        wait_ms: u64,
+    ) -> Result<RoundResult, ApiError> {
+        let voters: Vec<&str> = participants.iter().map(|p| p.id.as_str()).collect();
         let timeout = Duration::from_millis(wait_ms.min(self.ctx.config.txn.prepare_timeout_ms).max(1));
         dtx_failpoint::failpoint!("coordinator_before_prepare");
         let votes = futures::future::join_all(participants.iter().enumerate().map(|(i, p)| async move {
@@ -649,39 +688,33 @@ impl Driver {
         // deadline, so a vote not in by then is already a failure (counted
         // as NO): the tally is taken as of the round's start, when the
         // deadline was checked.
-        let (outcome, decided_voters, note, read_only) =
-            match tally::tally(&voters, &votes, deadline_ms, round_started_ms) {
-                Tally::Commit {
-                    voters,
-                    read_only_voters,
-                } => (Outcome::Commit, voters, String::new(), read_only_voters),
-                Tally::Abort {
-                    reason,
-                    read_only_voters,
-                } => {
-                    let mut note = reason.to_string();
-                    truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
-                    (Outcome::Abort, Vec::new(), note, read_only_voters)
-                }
-                Tally::Pending { waiting_for, .. } => {
-                    return Err(ApiError::Internal(format!(
-                        "prepare round of {txid} ended without the votes of {waiting_for:?}"
-                    )))
-                }
-            };
-        // READ_ONLY voters need no phase two, whatever the decision: their
-        // acks go into the decision's own Raft entry, so delivery never
-        // sees them pending (defect 4).
-        dtx_failpoint::failpoint!("coordinator_votes_in_before_decide");
-        let (d, recorded) = self
-            .decide_with_acks(txid, outcome, decided_voters, DecisionSource::Driver, note, &read_only)
-            .await?;
-        dtx_failpoint::failpoint!("coordinator_decided_before_delivery");
-        if recorded {
-            info!(txid, outcome = %d.outcome, "decision recorded");
+        match tally::tally(&voters, &votes, deadline_ms, round_started_ms) {
+            Tally::Commit {
+                voters,
+                read_only_voters,
+            } => Ok(RoundResult {
+                outcome: Outcome::Commit,
+                voters,
+                note: String::new(),
+                read_only: read_only_voters,
+            }),
+            Tally::Abort {
+                reason,
+                read_only_voters,
+            } => {
+                let mut note = reason.to_string();
+                truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
+                Ok(RoundResult {
+                    outcome: Outcome::Abort,
+                    voters: Vec::new(),
+                    note,
+                    read_only: read_only_voters,
+                })
+            }
+            Tally::Pending { waiting_for, .. } => Err(ApiError::Internal(format!(
+                "prepare round of {txid} ended without the votes of {waiting_for:?}"
+            ))),
         }
-        self.spawn_delivery(txid);
-        Ok(d)
     }
 
     /// Records a decision through Raft (write-once) and returns the recorded
@@ -1253,6 +1286,16 @@ impl Driver {
             }),
         }
     }
+}
+
+/// What a prepare round decided: the outcome, the voters a COMMIT names
+/// (empty for ABORT), the note and the READ_ONLY voters (acked with the
+/// decision, whatever it is).
+struct RoundResult {
+    outcome: Outcome,
+    voters: Vec<String>,
+    note: String,
+    read_only: Vec<String>,
 }
 
 /// What `Driver::begin_and_commit` recorded.
