@@ -35,9 +35,13 @@ async fn t86_decisions_travel_grouped_and_every_transfer_applies_at_both_banks()
         "{transfers} transfers ({} committed): {items} decisions delivered in {messages} ApplyDecisions messages",
         run.committed.len()
     );
+    // The average its doc states (1.5 per message; 1.0 without grouping).
+    // "Fewer messages than transfers" (2 per message) held only while the
+    // prepares arrived one by one: with grouped prepares (ADR 0014) a quiet
+    // machine decides in smaller bursts, and a fresh-clone CI run saw 1.93.
     assert!(
-        messages < transfers as f64,
-        "{messages} messages for {transfers} transfers"
+        items >= 1.5 * messages,
+        "{items} decisions in {messages} messages for {transfers} transfers"
     );
     assert!(
         items >= 2.0 * transfers as f64,
