@@ -4,10 +4,12 @@
 //! A participant service
 //! 1. implements [`store::Resource`] for its data: `prepare` checks and
 //!    stages the work a transaction's payload describes and votes (YES,
-//!    NO or READ_ONLY), `commit` and `abort` finish it;
+//!    READ_ONLY, or NO, with its reason through [`store::Staged::refuse`]),
+//!    `commit` and `abort` finish it;
 //! 2. opens a [`store::ParticipantStore`] on a directory of its own: the
 //!    resource's data and the participant's log live there together;
-//! 3. serves [`server::ParticipantServer`] (`dtx.v1.ParticipantService`)
+//! 3. serves [`server::ParticipantServer`] (`dtx.v1.ParticipantService`,
+//!    over any [`participant::Participant`], of which the store is one)
 //!    at the address it is enlisted with, for the coordinator's Prepare,
 //!    Commit, Abort, ApplyDecisions (many decisions in one message, applied
 //!    in one write), CommitOnePhase and Inquire;
@@ -184,5 +186,6 @@
 //! ```
 
 pub mod log;
+pub mod participant;
 pub mod server;
 pub mod store;

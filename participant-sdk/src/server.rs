@@ -1,5 +1,6 @@
-//! The gRPC server of `dtx.v1.ParticipantService` on a `ParticipantStore`,
-//! and recovery: asking the cluster for the decisions of in-doubt
+//! The gRPC server of `dtx.v1.ParticipantService` on a [`Participant`]
+//! (the sled `ParticipantStore`, or the PostgreSQL participant), and
+//! recovery: asking the cluster for the decisions of in-doubt
 //! transactions and applying them.
 
 use std::sync::Arc;
@@ -23,19 +24,20 @@ use crate::log::LogEntry;
 use crate::log::Message;
 use crate::log::Refusal;
 use crate::log::Vote;
-use crate::store::ParticipantStore;
+use crate::participant::Answer;
+use crate::participant::Participant;
+use crate::participant::Verdict;
 use crate::store::PhaseTwo;
 use crate::store::Reply;
-use crate::store::Resource;
 use crate::store::StoreError;
 
-pub struct ParticipantServer<R: Resource> {
-    store: Arc<ParticipantStore<R>>,
+pub struct ParticipantServer<P: Participant> {
+    store: Arc<P>,
     participant_id: String,
 }
 
-impl<R: Resource> ParticipantServer<R> {
-    pub fn new(store: Arc<ParticipantStore<R>>, participant_id: &str) -> Self {
+impl<P: Participant> ParticipantServer<P> {
+    pub fn new(store: Arc<P>, participant_id: &str) -> Self {
         ParticipantServer {
             store,
             participant_id: participant_id.to_string(),
@@ -52,7 +54,7 @@ impl<R: Resource> ParticipantServer<R> {
         Ok(())
     }
 
-    async fn run(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Reply, Status> {
+    async fn run(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Answer, Status> {
         self.store
             .handle(txid, msg, payload)
             .await
@@ -100,7 +102,7 @@ fn item_result(answer: Result<(), Status>) -> pb::DecisionItemResult {
 /// One PrepareMany item's result: what its own Prepare call would have
 /// answered (the vote and its reason, or the status it would have failed
 /// with, its code, refusal kind and text).
-fn prepare_item_result(answer: Result<Vote, Status>) -> pb::PrepareItemResult {
+fn prepare_item_result(answer: Result<Verdict, Status>) -> pb::PrepareItemResult {
     match answer {
         Ok(v) => {
             let r = prepare_response(v);
@@ -124,15 +126,11 @@ fn prepare_item_result(answer: Result<Vote, Status>) -> pb::PrepareItemResult {
     }
 }
 
-/// The answer to a Prepare that voted `v`.
-fn prepare_response(v: Vote) -> pb::PrepareResponse {
+/// The answer to a Prepare that voted `v` (the reason only with NO).
+fn prepare_response(v: Verdict) -> pb::PrepareResponse {
     pb::PrepareResponse {
-        vote: vote_pb(v) as i32,
-        reason: if v == Vote::No {
-            "the resource refused".into()
-        } else {
-            String::new()
-        },
+        vote: vote_pb(v.vote) as i32,
+        reason: if v.vote == Vote::No { v.reason } else { String::new() },
     }
 }
 
@@ -174,12 +172,16 @@ fn vote_pb(v: Vote) -> pb::Vote {
 }
 
 #[tonic::async_trait]
-impl<R: Resource> ParticipantService for ParticipantServer<R> {
+impl<P: Participant> ParticipantService for ParticipantServer<P> {
     async fn prepare(&self, req: Request<pb::PrepareRequest>) -> Result<Response<pb::PrepareResponse>, Status> {
         let r = req.into_inner();
         self.check_target(&r.participant_id)?;
-        match self.run(r.txid, Message::Prepare { term: r.term }, &r.payload).await? {
-            Reply::Vote(v) => Ok(Response::new(prepare_response(v))),
+        let answer = self.run(r.txid, Message::Prepare { term: r.term }, &r.payload).await?;
+        match answer.reply {
+            Reply::Vote(vote) => Ok(Response::new(prepare_response(Verdict {
+                vote,
+                reason: answer.reason,
+            }))),
             Reply::Ack => Err(Status::internal("prepare answered with an ack")),
         }
     }
@@ -190,17 +192,17 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
     ) -> Result<Response<pb::OnePhaseResponse>, Status> {
         let r = req.into_inner();
         self.check_target(&r.participant_id)?;
-        match self
+        let answer = self
             .run(r.txid, Message::CommitOnePhase { term: r.term }, &r.payload)
-            .await?
-        {
+            .await?;
+        match answer.reply {
             Reply::Ack => Ok(Response::new(pb::OnePhaseResponse {
                 committed: true,
                 reason: String::new(),
             })),
             Reply::Vote(Vote::No) => Ok(Response::new(pb::OnePhaseResponse {
                 committed: false,
-                reason: "the resource refused, or the transaction was aborted here before".into(),
+                reason: answer.reason,
             })),
             Reply::Vote(v) => Err(Status::internal(format!("one-phase commit answered with vote {v:?}"))),
         }
@@ -289,7 +291,7 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
         }
         // Items for another participant are answered alone, as their own
         // Prepare would be; the rest go to the store in one write.
-        let mut answers: Vec<Option<Result<Vote, Status>>> = Vec::with_capacity(items.len());
+        let mut answers: Vec<Option<Result<Verdict, Status>>> = Vec::with_capacity(items.len());
         let mut valid = Vec::with_capacity(items.len());
         for it in &items {
             if let Err(s) = self.check_target(&it.participant_id) {
@@ -316,10 +318,9 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
     async fn inquire(&self, req: Request<pb::InquireRequest>) -> Result<Response<pb::InquireResponse>, Status> {
         let r = req.into_inner();
         self.check_target(&r.participant_id)?;
-        let entry = self.store.entry(r.txid).map_err(store_status)?;
-        // Answer only what is on disk: the record read may have been written
-        // by a request whose fsync is still running (or failed).
-        self.store.flush().await.map_err(store_status)?;
+        // Only what is durable: a record whose write is still being synced
+        // (or failed) is not answered.
+        let entry = self.store.durable_entry(r.txid).await.map_err(store_status)?;
         let record = match entry.map(|e| e.state) {
             None => pb::LocalRecord::None,
             Some(LocalState::Prepared { vote: Vote::Yes }) => pb::LocalRecord::PreparedYes,
@@ -344,20 +345,20 @@ impl<R: Resource> ParticipantService for ParticipantServer<R> {
 /// ones stay in doubt with their locks held (invariant 5). An error means
 /// the cluster could not be asked (no quorum): keep waiting and retry.
 /// Asks with the [`RecoveryOptions::client_config`] of the default options.
-pub async fn recover_once<R: Resource>(store: &ParticipantStore<R>, endpoints: &[String]) -> Result<usize, String> {
+pub async fn recover_once<P: Participant>(store: &P, endpoints: &[String]) -> Result<usize, String> {
     recover_older_than(store, endpoints, Duration::ZERO, None).await
 }
 
 /// `recover_once` for the in-doubt transactions whose YES vote is at least
 /// `age_min` old (see `ParticipantStore::in_doubt_older_than`), asking from
 /// `local_ip` when set.
-pub async fn recover_older_than<R: Resource>(
-    store: &ParticipantStore<R>,
+pub async fn recover_older_than<P: Participant>(
+    store: &P,
     endpoints: &[String],
     age_min: Duration,
     local_ip: Option<std::net::IpAddr>,
 ) -> Result<usize, String> {
-    let in_doubt = store.in_doubt_older_than(age_min).map_err(|e| e.to_string())?;
+    let in_doubt = store.in_doubt_older_than(age_min).await.map_err(|e| e.to_string())?;
     if in_doubt.is_empty() {
         return Ok(0);
     }
@@ -366,8 +367,8 @@ pub async fn recover_older_than<R: Resource>(
 }
 
 /// Asks the cluster about `in_doubt` and applies the known decisions.
-async fn resolve_in_doubt<R: Resource>(
-    store: &ParticipantStore<R>,
+async fn resolve_in_doubt<P: Participant>(
+    store: &P,
     in_doubt: &[(u64, LogEntry)],
     client: &Client,
 ) -> Result<usize, String> {
@@ -426,8 +427,8 @@ async fn ask(client: &Client, txids: &[u64], participant_id: &str) -> Result<Vec
 /// the record turns a re-send into a repeat instead of a second commit).
 /// Returns how many were removed; an error means the cluster could not be
 /// asked (or `participant_id` is empty), and nothing was removed.
-pub async fn collect_decided<R: Resource>(
-    store: &ParticipantStore<R>,
+pub async fn collect_decided<P: Participant>(
+    store: &P,
     endpoints: &[String],
     participant_id: &str,
     decided_before_ms: u64,
@@ -472,8 +473,8 @@ impl GcCursor {
 }
 
 /// `collect_decided` for the candidates after `cursor`, which it moves on.
-pub async fn collect_decided_from<R: Resource>(
-    store: &ParticipantStore<R>,
+pub async fn collect_decided_from<P: Participant>(
+    store: &P,
     endpoints: &[String],
     participant_id: &str,
     decided_before_ms: u64,
@@ -495,8 +496,8 @@ pub async fn collect_decided_from<R: Resource>(
 
 /// `collect_decided_from`, asking through the client `client()` gives (made
 /// only when there is something to ask about).
-async fn collect_with<R: Resource>(
-    store: &ParticipantStore<R>,
+async fn collect_with<P: Participant>(
+    store: &P,
     client: impl FnOnce() -> Result<Arc<Client>, String>,
     participant_id: &str,
     decided_before_ms: u64,
@@ -510,6 +511,7 @@ async fn collect_with<R: Resource>(
     }
     let candidates = store
         .gc_candidates_after(cursor.0, decided_before_ms, max)
+        .await
         .map_err(|e| e.to_string())?;
     if candidates.is_empty() {
         cursor.advance(&candidates, max);
@@ -531,7 +533,7 @@ async fn collect_with<R: Resource>(
             "decided log records kept past retention: the cluster has not recorded their outcome or this participant's ack yet"
         );
     }
-    let removed = store.forget_records(&safe).map_err(|e| e.to_string())?;
+    let removed = store.forget_records(&safe).await.map_err(|e| e.to_string())?;
     cursor.advance(&candidates, max);
     Ok(removed)
 }
@@ -625,8 +627,8 @@ impl RecoveryOptions {
 
 /// `spawn_recovery_with` with the default options, the given interval and
 /// this participant's id (as enlisted).
-pub fn spawn_recovery<R: Resource>(
-    store: Arc<ParticipantStore<R>>,
+pub fn spawn_recovery<P: Participant>(
+    store: Arc<P>,
     endpoints: Vec<String>,
     participant_id: &str,
     interval: Duration,
@@ -646,8 +648,8 @@ pub fn spawn_recovery<R: Resource>(
 /// when the returned handle is aborted. Every pass asks through one
 /// [`Client`] ([`RecoveryOptions::client_config`]), which keeps its
 /// connections and the leader it last heard of.
-pub fn spawn_recovery_with<R: Resource>(
-    store: Arc<ParticipantStore<R>>,
+pub fn spawn_recovery_with<P: Participant>(
+    store: Arc<P>,
     endpoints: Vec<String>,
     opts: RecoveryOptions,
 ) -> tokio::task::JoinHandle<()> {
@@ -667,7 +669,7 @@ pub fn spawn_recovery_with<R: Resource>(
             retention = None;
         }
         loop {
-            if let Some(f) = store.failure() {
+            if let Some(f) = store.stopped_because() {
                 // Nothing can be applied any more; the service is expected
                 // to stop (`ParticipantStore::stopped`) and be restarted.
                 error!("recovery stopped: {f}");
@@ -677,7 +679,7 @@ pub fn spawn_recovery_with<R: Resource>(
                 next_gc = tokio::time::Instant::now() + opts.gc_interval;
                 let before = crate::store::unix_ms().saturating_sub(keep.as_millis() as u64);
                 let gc = collect_with(
-                    &store,
+                    store.as_ref(),
                     || client.clone(),
                     &opts.participant_id,
                     before,
@@ -690,7 +692,7 @@ pub fn spawn_recovery_with<R: Resource>(
                     Err(e) => warn!("log garbage collection waits for the cluster: {e}"),
                 }
             }
-            let in_doubt = match store.in_doubt_older_than(age_min) {
+            let in_doubt = match store.in_doubt_older_than(age_min).await {
                 Ok(v) => v,
                 Err(e) => {
                     // Never taken as "nothing in doubt": said, counted and
@@ -704,7 +706,7 @@ pub fn spawn_recovery_with<R: Resource>(
             let doubt = in_doubt.len();
             if doubt > 0 {
                 let pass = match &client {
-                    Ok(c) => resolve_in_doubt(&store, &in_doubt, c).await,
+                    Ok(c) => resolve_in_doubt(store.as_ref(), &in_doubt, c).await,
                     Err(e) => Err(e.clone()),
                 };
                 match pass {

@@ -31,6 +31,9 @@ use crate::log::LogEntry;
 use crate::log::Message;
 use crate::log::Refusal;
 use crate::log::Vote;
+use crate::participant::Answer;
+use crate::participant::Participant;
+use crate::participant::Verdict;
 
 const LOG_PREFIX: u8 = b'l';
 const DATA_PREFIX: u8 = b'd';
@@ -135,9 +138,31 @@ fn sled_detail(e: &sled::Error) -> String {
 #[derive(Default, Debug)]
 pub struct Staged {
     ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Why the resource votes NO (`refuse`).
+    reason: Option<String>,
 }
 
+/// The reason a NO vote gives when the resource named none.
+const NO_REASON_DEFAULT: &str = "the resource refused";
+/// The reason of a NO vote that repeats what the log holds.
+const ABORTED_HERE_BEFORE: &str =
+    "this transaction was aborted here before (a NO vote, an abort or a tombstone is recorded)";
+
 impl Staged {
+    /// Votes NO for `reason` (sent to the coordinator with the vote, for
+    /// its log and the operator): discards what was staged so far and
+    /// returns `Vote::No`, for `Resource::prepare` to return.
+    pub fn refuse(&mut self, reason: impl Into<String>) -> Vote {
+        self.ops.clear();
+        self.reason = Some(reason.into());
+        Vote::No
+    }
+
+    /// The reason of a NO vote: the one given to `refuse`, else a default.
+    fn no_reason(&self) -> String {
+        self.reason.clone().unwrap_or_else(|| NO_REASON_DEFAULT.to_string())
+    }
+
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
         self.ops.push((key.to_vec(), Some(value.to_vec())));
     }
@@ -849,7 +874,13 @@ impl<R: Resource> ParticipantStore<R> {
     /// atomic batch, waits for an fsync covering it (and every earlier write),
     /// then returns the reply.
     pub async fn handle(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Reply, StoreError> {
+        self.handle_answer(txid, msg, payload).await.map(|a| a.reply)
+    }
+
+    /// `handle`, with the reason of a NO vote (`Staged::refuse`).
+    pub async fn handle_answer(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Answer, StoreError> {
         self.check_running()?;
+        let mut reason = String::new();
         let (reply, wrote) = {
             let _serial = self.serial.lock().expect("participant store lock");
             let before = self.entry(txid)?;
@@ -861,6 +892,9 @@ impl<R: Resource> ParticipantStore<R> {
             let (reply, record) = match action {
                 Action::PrepareResource => {
                     let vote = self.resource.prepare(&view, txid, payload, &mut staged);
+                    if vote == Vote::No {
+                        reason = staged.no_reason();
+                    }
                     if vote != Vote::Yes {
                         staged = Staged::default();
                     }
@@ -888,6 +922,9 @@ impl<R: Resource> ParticipantStore<R> {
                         Vote::ReadOnly | Vote::No => {
                             // Nothing to keep: read-only work commits as
                             // nothing; refused work is rolled back.
+                            if vote == Vote::No {
+                                reason = staged.no_reason();
+                            }
                             staged = Staged::default();
                             let state = if vote == Vote::No {
                                 LocalState::Aborted { tombstone: false }
@@ -957,7 +994,10 @@ impl<R: Resource> ParticipantStore<R> {
             }
             _ => {}
         }
-        Ok(reply)
+        if reply == Reply::Vote(Vote::No) && reason.is_empty() {
+            reason = ABORTED_HERE_BEFORE.into();
+        }
+        Ok(Answer { reply, reason })
     }
 
     /// Applies many phase-two messages (one item per transaction's
@@ -990,7 +1030,7 @@ impl<R: Resource> ParticipantStore<R> {
         results
             .into_iter()
             .zip(items)
-            .map(|(r, (txid, d))| match r {
+            .map(|(r, (txid, d))| match r.map(|a| a.reply) {
                 Ok(Reply::Ack) => Ok(()),
                 Ok(other) => Err(StoreError::Io(format!(
                     "{d:?} for transaction {txid} answered {other:?}, which is no answer to a decision"
@@ -1018,6 +1058,15 @@ impl<R: Resource> ParticipantStore<R> {
     /// The call fails as a whole only when the store cannot write or sync
     /// (then no vote is given).
     pub async fn prepare_many(&self, items: &[(u64, u64, &[u8])]) -> Result<Vec<Result<Vote, StoreError>>, StoreError> {
+        let verdicts = self.prepare_many_verdicts(items).await?;
+        Ok(verdicts.into_iter().map(|r| r.map(|v| v.vote)).collect())
+    }
+
+    /// `prepare_many`, with the reason of each NO vote.
+    pub async fn prepare_many_verdicts(
+        &self,
+        items: &[(u64, u64, &[u8])],
+    ) -> Result<Vec<Result<Verdict, StoreError>>, StoreError> {
         self.check_running()?;
         let msgs: Vec<(u64, Message, &[u8])> = items
             .iter()
@@ -1030,15 +1079,26 @@ impl<R: Resource> ParticipantStore<R> {
         // As in `handle`: always sync before answering (a repeat may find a
         // record whose fsync another request is still waiting for).
         self.flush().await?;
-        if results.iter().any(|r| matches!(r, Ok(Reply::Vote(_)))) {
+        if results.iter().any(|r| {
+            matches!(
+                r,
+                Ok(Answer {
+                    reply: Reply::Vote(_),
+                    ..
+                })
+            )
+        }) {
             dtx_failpoint::failpoint!("participant_after_prepare_before_reply");
         }
         Ok(results
             .into_iter()
             .zip(items)
             .map(|(r, (txid, _, _))| match r {
-                Ok(Reply::Vote(v)) => Ok(v),
-                Ok(Reply::Ack) => Err(StoreError::Io(format!(
+                Ok(Answer {
+                    reply: Reply::Vote(vote),
+                    reason,
+                }) => Ok(Verdict { vote, reason }),
+                Ok(Answer { reply: Reply::Ack, .. }) => Err(StoreError::Io(format!(
                     "prepare of transaction {txid} answered with an ack"
                 ))),
                 Err(e) => Err(e),
@@ -1053,16 +1113,16 @@ impl<R: Resource> ParticipantStore<R> {
     fn write_group(
         &self,
         items: &[(u64, Message, &[u8])],
-    ) -> Result<(Vec<Result<Reply, StoreError>>, bool), StoreError> {
+    ) -> Result<(Vec<Result<Answer, StoreError>>, bool), StoreError> {
         let _serial = self.serial.lock().expect("participant store lock");
         let mut overlay = Overlay::new();
         let mut wrote_yes = false;
-        let results: Vec<Result<Reply, StoreError>> = items
+        let results: Vec<Result<Answer, StoreError>> = items
             .iter()
             .map(|&(txid, msg, payload)| {
-                let (reply, changed) = self.stage_item(txid, msg, payload, &mut overlay)?;
-                wrote_yes |= changed && reply == Reply::Vote(Vote::Yes);
-                Ok(reply)
+                let (answer, changed) = self.stage_item(txid, msg, payload, &mut overlay)?;
+                wrote_yes |= changed && answer.reply == Reply::Vote(Vote::Yes);
+                Ok(answer)
             })
             .collect();
         if overlay.is_empty() {
@@ -1108,7 +1168,7 @@ impl<R: Resource> ParticipantStore<R> {
         msg: Message,
         payload: &[u8],
         overlay: &mut Overlay,
-    ) -> Result<(Reply, bool), StoreError> {
+    ) -> Result<(Answer, bool), StoreError> {
         let before = match overlay.get(&log_key(txid)[..]) {
             Some(Some(b)) => Some(decode_entry(b).map_err(|message| StoreError::Damaged { txid, message })?),
             Some(None) => None,
@@ -1116,6 +1176,7 @@ impl<R: Resource> ParticipantStore<R> {
         };
         let (after, action) = step(before.as_ref(), msg);
         let mut staged = Staged::default();
+        let mut reason = String::new();
         let (reply, record) = {
             let view = View {
                 tree: &self.tree,
@@ -1124,6 +1185,9 @@ impl<R: Resource> ParticipantStore<R> {
             match action {
                 Action::PrepareResource => {
                     let vote = self.resource.prepare(&view, txid, payload, &mut staged);
+                    if vote == Vote::No {
+                        reason = staged.no_reason();
+                    }
                     if vote != Vote::Yes {
                         staged = Staged::default();
                     }
@@ -1154,7 +1218,10 @@ impl<R: Resource> ParticipantStore<R> {
                 overlay.extend(record_writes(txid, before.as_ref(), &e));
             }
         }
-        Ok((reply, changed))
+        if reply == Reply::Vote(Vote::No) && reason.is_empty() {
+            reason = ABORTED_HERE_BEFORE.into();
+        }
+        Ok((Answer { reply, reason }, changed))
     }
 
     /// Writes the resource's data outside any transaction (for example the
@@ -1242,5 +1309,49 @@ impl<R: Resource> ParticipantStore<R> {
     /// For tests and tools: the underlying database handle.
     pub fn db(&self) -> &sled::Db {
         &self.db
+    }
+}
+
+/// The sled store as a [`Participant`]: its calls, with the reasons of NO
+/// votes; `durable_entry` answers only what is on disk (the record read may
+/// have been written by a request whose fsync is still running, or failed).
+impl<R: Resource> Participant for ParticipantStore<R> {
+    async fn handle(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Answer, StoreError> {
+        self.handle_answer(txid, msg, payload).await
+    }
+
+    async fn prepare_many(&self, items: &[(u64, u64, &[u8])]) -> Result<Vec<Result<Verdict, StoreError>>, StoreError> {
+        self.prepare_many_verdicts(items).await
+    }
+
+    async fn apply_decisions(&self, items: &[(u64, PhaseTwo)]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        ParticipantStore::apply_decisions(self, items).await
+    }
+
+    async fn durable_entry(&self, txid: u64) -> Result<Option<LogEntry>, StoreError> {
+        let entry = self.entry(txid)?;
+        self.flush().await?;
+        Ok(entry)
+    }
+
+    async fn in_doubt_older_than(&self, age_min: std::time::Duration) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+        ParticipantStore::in_doubt_older_than(self, age_min)
+    }
+
+    async fn gc_candidates_after(
+        &self,
+        after: Option<(u64, u64)>,
+        decided_before_ms: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        ParticipantStore::gc_candidates_after(self, after, decided_before_ms, max)
+    }
+
+    async fn forget_records(&self, records: &[(u64, u64)]) -> Result<usize, StoreError> {
+        ParticipantStore::forget_records(self, records)
+    }
+
+    fn stopped_because(&self) -> Option<String> {
+        self.failure().map(|f| f.to_string())
     }
 }

@@ -44,7 +44,7 @@ impl Resource for Stage {
 /// answer UNIMPLEMENTED, as a participant built on an SDK from before them
 /// does. PrepareMany gets the delays Prepare gets.
 pub struct Gated {
-    inner: ParticipantServer<Stage>,
+    inner: ParticipantServer<ParticipantStore<Stage>>,
     hold_decisions: Arc<std::sync::atomic::AtomicBool>,
     /// Milliseconds a one-phase commit waits before it is handled (a slow
     /// participant).

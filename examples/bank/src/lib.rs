@@ -112,19 +112,28 @@ fn balance(view: &View<'_>, name: &str) -> Option<i64> {
 impl Resource for Bank {
     fn prepare(&self, view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
         let Some(work) = parse_work(payload) else {
-            return Vote::No;
+            return staged.refuse(format!(
+                "payload is not a list of account:change items separated by ';' ({} bytes)",
+                payload.len()
+            ));
         };
         for (acct, delta) in &work {
             let Some(bal) = balance(view, acct) else {
-                return Vote::No;
+                return staged.refuse(format!("no account {acct:?} here"));
             };
             if let Ok(Some(holder)) = view.get(&lock_key(acct)) {
                 if holder != txid.to_be_bytes() {
-                    return Vote::No; // locked by another prepared transfer
+                    let by = <[u8; 8]>::try_from(holder.as_slice()).map(u64::from_be_bytes);
+                    return staged.refuse(match by {
+                        Ok(other) => format!("account {acct:?} is locked by prepared transaction {other}"),
+                        Err(_) => format!("account {acct:?} is locked by another prepared transaction"),
+                    });
                 }
             }
             if bal + delta < 0 {
-                return Vote::No;
+                return staged.refuse(format!(
+                    "account {acct:?} has {bal}, too little for a change of {delta}"
+                ));
             }
             staged.put(&lock_key(acct), &txid.to_be_bytes());
         }

@@ -1,0 +1,207 @@
+//! What the gRPC server ([`crate::server::ParticipantServer`]) and recovery
+//! drive: a participant, meaning its durable log together with the resource
+//! whose work it prepares, commits and aborts.
+//!
+//! Two implementations:
+//! - [`crate::store::ParticipantStore`]: the resource's data and the log in
+//!   the SDK's own sled tree, written in one atomic batch per message (or
+//!   per group of messages); its [`crate::store::Resource`] runs
+//!   synchronously, one call at a time, and must not touch the network;
+//! - `crate::postgres::PgParticipant` (cargo feature `postgres`): the
+//!   service's data in its PostgreSQL database, each transaction's work done
+//!   by an async handler inside a PostgreSQL transaction that Prepare ends
+//!   with `PREPARE TRANSACTION`; transactions run concurrently, each on its
+//!   own connection, and PostgreSQL's row locks keep them apart.
+//!
+//! Every implementation keeps the contract of [`crate::log::step`]: Prepare
+//! is idempotent, an Abort before the Prepare leaves a tombstone so a late
+//! Prepare votes NO, Commit and Abort are applied exactly once, a message
+//! from an older leader term than one already seen is refused, protocol
+//! violations are refused and never applied, and nothing is answered before
+//! what it reports is durable (DESIGN invariants 5, 8 and 9).
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::log::LogEntry;
+use crate::log::Message;
+use crate::log::Vote;
+use crate::store::PhaseTwo;
+use crate::store::Reply;
+use crate::store::StoreError;
+
+/// The answer to one coordinator message, with the reason for a NO vote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub reply: Reply,
+    /// Why the vote is NO (for the coordinator's log and the operator);
+    /// empty for any other reply.
+    pub reason: String,
+}
+
+impl Answer {
+    pub fn new(reply: Reply) -> Self {
+        Answer {
+            reply,
+            reason: String::new(),
+        }
+    }
+
+    /// A NO vote, and why.
+    pub fn no(reason: impl Into<String>) -> Self {
+        Answer {
+            reply: Reply::Vote(Vote::No),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A vote with its reason (the reason is empty unless the vote is NO).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub vote: Vote,
+    pub reason: String,
+}
+
+impl Verdict {
+    pub fn yes() -> Self {
+        Verdict {
+            vote: Vote::Yes,
+            reason: String::new(),
+        }
+    }
+
+    pub fn read_only() -> Self {
+        Verdict {
+            vote: Vote::ReadOnly,
+            reason: String::new(),
+        }
+    }
+
+    pub fn no(reason: impl Into<String>) -> Self {
+        Verdict {
+            vote: Vote::No,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A participant as the server and recovery see it. Every method may do
+/// I/O; none may answer before what its answer reports is durable.
+pub trait Participant: Send + Sync + 'static {
+    /// One coordinator message (Prepare, Commit, Abort, CommitOnePhase) for
+    /// `txid`, with the Prepare's or CommitOnePhase's payload (empty for
+    /// the others), handled as [`crate::log::step`] says. A refusal is
+    /// `Err(StoreError::Refused(_))`.
+    fn handle(
+        &self,
+        txid: u64,
+        msg: Message,
+        payload: &[u8],
+    ) -> impl Future<Output = Result<Answer, StoreError>> + Send;
+
+    /// Many Prepares (txid, term, payload) at once: one result per item, in
+    /// order, each what the item's own Prepare would have answered. The
+    /// call fails as a whole only when nothing could be prepared.
+    fn prepare_many(
+        &self,
+        items: &[(u64, u64, &[u8])],
+    ) -> impl Future<Output = Result<Vec<Result<Verdict, StoreError>>, StoreError>> + Send;
+
+    /// Many decisions at once: one result per item, in order, each what the
+    /// item's own Commit or Abort would have answered.
+    fn apply_decisions(
+        &self,
+        items: &[(u64, PhaseTwo)],
+    ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send;
+
+    /// The record of `txid` as it is durably (for the coordinator's
+    /// Inquire): `None` when there is none.
+    fn durable_entry(&self, txid: u64) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send;
+
+    /// The transactions holding a YES vote without a known decision, whose
+    /// vote is at least `age_min` old (votes from before this process
+    /// started count as old): recovery asks the cluster about these.
+    fn in_doubt_older_than(
+        &self,
+        age_min: Duration,
+    ) -> impl Future<Output = Result<Vec<(u64, LogEntry)>, StoreError>> + Send;
+
+    /// Decided records (and READ_ONLY votes) that became so at or before
+    /// `decided_before_ms` (ms since the Unix epoch), after the cursor
+    /// `after`, oldest first, at most `max`, as `(decided_ms, txid)`:
+    /// candidates for [`Participant::forget_records`].
+    fn gc_candidates_after(
+        &self,
+        after: Option<(u64, u64)>,
+        decided_before_ms: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<(u64, u64)>, StoreError>> + Send;
+
+    /// Removes the given records (from `gc_candidates_after`) that are still
+    /// collectable; returns how many. Only once the cluster will send
+    /// nothing more for them (`server::collect_decided` checks).
+    fn forget_records(&self, records: &[(u64, u64)]) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// Why the participant stopped taking requests for good (a store that
+    /// can no longer write), if it has: recovery then stops too, and the
+    /// service is expected to exit and be restarted. `None` by default.
+    fn stopped_because(&self) -> Option<String> {
+        None
+    }
+}
+
+/// A shared participant is one too (so `&Arc<P>` can be passed wherever a
+/// participant is taken).
+impl<P: Participant> Participant for std::sync::Arc<P> {
+    fn handle(
+        &self,
+        txid: u64,
+        msg: Message,
+        payload: &[u8],
+    ) -> impl Future<Output = Result<Answer, StoreError>> + Send {
+        P::handle(self, txid, msg, payload)
+    }
+
+    fn prepare_many(
+        &self,
+        items: &[(u64, u64, &[u8])],
+    ) -> impl Future<Output = Result<Vec<Result<Verdict, StoreError>>, StoreError>> + Send {
+        P::prepare_many(self, items)
+    }
+
+    fn apply_decisions(
+        &self,
+        items: &[(u64, PhaseTwo)],
+    ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send {
+        P::apply_decisions(self, items)
+    }
+
+    fn durable_entry(&self, txid: u64) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send {
+        P::durable_entry(self, txid)
+    }
+
+    fn in_doubt_older_than(
+        &self,
+        age_min: Duration,
+    ) -> impl Future<Output = Result<Vec<(u64, LogEntry)>, StoreError>> + Send {
+        P::in_doubt_older_than(self, age_min)
+    }
+
+    fn gc_candidates_after(
+        &self,
+        after: Option<(u64, u64)>,
+        decided_before_ms: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<(u64, u64)>, StoreError>> + Send {
+        P::gc_candidates_after(self, after, decided_before_ms, max)
+    }
+
+    fn forget_records(&self, records: &[(u64, u64)]) -> impl Future<Output = Result<usize, StoreError>> + Send {
+        P::forget_records(self, records)
+    }
+
+    fn stopped_because(&self) -> Option<String> {
+        P::stopped_because(self)
+    }
+}
