@@ -528,6 +528,37 @@ impl Client {
         }
     }
 
+    /// `begin_and_commit`, called again with the same key and request (so
+    /// it finds the same transaction) up to `retries` more times, `pause`
+    /// apart, while the answer is UNKNOWN without a txid (no answer at
+    /// all); the last answer otherwise. An UNKNOWN with a txid is returned
+    /// as is: its decision can be looked up by txid.
+    pub async fn begin_and_commit_retrying(
+        &self,
+        idempotency_key: &str,
+        timeout_ms: u64,
+        description: &[u8],
+        participants: &[ParticipantSpec],
+        retries: u32,
+        pause: Duration,
+    ) -> Result<OneShot, ClientError> {
+        let mut res = self
+            .begin_and_commit(idempotency_key, timeout_ms, description, participants)
+            .await;
+        for _ in 0..retries {
+            match &res {
+                Ok(r) if r.outcome == TxOutcome::Unknown && r.txid.is_none() => {
+                    tokio::time::sleep(pause).await;
+                    res = self
+                        .begin_and_commit(idempotency_key, timeout_ms, description, participants)
+                        .await;
+                }
+                _ => break,
+            }
+        }
+        res
+    }
+
     /// Asks for COMMIT and returns the recorded decision: COMMITTED, or
     /// ABORTED (a participant voted NO or did not answer in time, or the
     /// transaction had been aborted), or UNKNOWN when the outcome could not

@@ -376,20 +376,39 @@ async fn resolve_in_doubt<P: Participant>(
         return Ok(0);
     }
     let txids: Vec<u64> = in_doubt.iter().map(|(t, _)| *t).collect();
+    metrics::counter!("dtx_participant_recovery_lookups_total").increment(txids.len() as u64);
     let answers = ask(client, &txids, "").await?;
     let mut resolved = 0;
     for (answer, (txid, entry)) in answers.into_iter().zip(in_doubt) {
-        let msg = match answer.decision {
-            Some(DecisionRead::Committed) => Message::Commit { term: entry.term },
-            Some(DecisionRead::Aborted | DecisionRead::UnknownPresumedAbort) => Message::Abort { term: entry.term },
+        let (msg, outcome) = match answer.decision {
+            Some(DecisionRead::Committed) => (Message::Commit { term: entry.term }, "committed"),
+            Some(DecisionRead::Aborted) => (Message::Abort { term: entry.term }, "aborted"),
+            // The cluster has no record: it never decided COMMIT, and
+            // never will (invariant 7), so the transaction is aborted; said
+            // apart, since a prepared transaction the cluster does not know
+            // is worth an operator's look.
+            Some(DecisionRead::UnknownPresumedAbort) => {
+                warn!(
+                    txid,
+                    "in-doubt transaction unknown to the cluster: presumed abort, rolling it back"
+                );
+                (Message::Abort { term: entry.term }, "presumed_abort")
+            }
             // Still undecided, or an outcome this SDK does not know: keep
             // waiting.
-            Some(DecisionRead::Pending) | None => continue,
+            Some(DecisionRead::Pending) | None => {
+                metrics::counter!("dtx_participant_recovery_outcomes_total", "outcome" => "pending").increment(1);
+                continue;
+            }
         };
+        metrics::counter!("dtx_participant_recovery_outcomes_total", "outcome" => outcome).increment(1);
         match store.handle(*txid, msg, b"").await {
             Ok(_) => {
                 info!(txid, "in-doubt transaction resolved by recovery: {msg:?}");
                 resolved += 1;
+                if resolved < in_doubt.len() {
+                    dtx_failpoint::failpoint!("participant_mid_recovery");
+                }
             }
             Err(e) => warn!(txid, "recovery could not apply {msg:?}: {e}"),
         }
@@ -596,6 +615,24 @@ impl Default for RecoveryOptions {
 }
 
 impl RecoveryOptions {
+    /// The options of a service that is participant `participant_id` and
+    /// listens on `listen`: passes every 500 ms, asking the cluster from
+    /// the listening address's IP (unless it is unspecified), so network
+    /// rules on that address cut the service both ways.
+    pub fn for_service(participant_id: &str, listen: &str) -> Self {
+        let local_ip = listen
+            .parse::<std::net::SocketAddr>()
+            .ok()
+            .map(|sa| sa.ip())
+            .filter(|ip| !ip.is_unspecified());
+        RecoveryOptions {
+            interval: Duration::from_millis(500),
+            local_ip,
+            participant_id: participant_id.to_string(),
+            ..RecoveryOptions::default()
+        }
+    }
+
     fn with_local_ip(local_ip: Option<std::net::IpAddr>) -> Self {
         RecoveryOptions {
             local_ip,

@@ -22,35 +22,26 @@ use dtx_client::cluster_status_at;
 /// One bank participant service: `coordinator bank-serve` on its own
 /// loopback address and data directory.
 pub struct BankProcess {
-    pub id: String,
+    /// The process: its id, address, log, and start / kill / stop.
+    pub service: ServiceProcess,
     pub prefix: String,
     pub ip: String,
-    pub addr: String,
     pub data_dir: PathBuf,
-    pub log_path: PathBuf,
     bin: PathBuf,
-    cluster: Vec<String>,
     pub accounts: usize,
     pub initial: i64,
-    child: Option<Child>,
 }
 
-impl BankProcess {
-    /// The running process's id, if started.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+impl std::ops::Deref for BankProcess {
+    type Target = ServiceProcess;
+    fn deref(&self) -> &ServiceProcess {
+        &self.service
     }
+}
 
-    /// Waits up to 10 s for the started service to listen; an error names
-    /// it and its log.
-    pub async fn wait_started(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            wait_listening(&self.addr, Duration::from_secs(10)).await,
-            "{} did not start within 10 s; see its log {}",
-            self.id,
-            self.log_path.display()
-        );
-        Ok(())
+impl std::ops::DerefMut for BankProcess {
+    fn deref_mut(&mut self) -> &mut ServiceProcess {
+        &mut self.service
     }
 }
 
@@ -67,19 +58,96 @@ impl BankProcess {
         accounts: usize,
         initial: i64,
     ) -> BankProcess {
+        let addr = format!("{ip}:{port}");
+        let data_dir = dir.join(id);
+        let args: Vec<std::ffi::OsString> = [
+            "bank-serve",
+            "--id",
+            id,
+            "--prefix",
+            prefix,
+            "--listen",
+            &addr,
+            "--cluster",
+            &cluster.join(","),
+            "--accounts",
+            &accounts.to_string(),
+            "--initial",
+            &initial.to_string(),
+            "--data-dir",
+        ]
+        .iter()
+        .map(Into::into)
+        .chain([data_dir.clone().into_os_string()])
+        .collect();
         BankProcess {
-            id: id.to_string(),
+            service: ServiceProcess::new(bin, dir, id, &addr, args),
             prefix: prefix.to_string(),
             ip: ip.to_string(),
-            addr: format!("{ip}:{port}"),
-            data_dir: dir.join(id),
-            log_path: dir.join(format!("{id}.log")),
+            data_dir,
             bin: bin.to_path_buf(),
-            cluster,
             accounts,
             initial,
+        }
+    }
+
+    /// Reads the stopped service's store with `coordinator bank-audit
+    /// --json`: balances, locks, in-doubt count and apply log.
+    pub fn audit(&self) -> anyhow::Result<serde_json::Value> {
+        let out = Command::new(&self.bin)
+            .args(["bank-audit", "--json", "--data-dir"])
+            .arg(&self.data_dir)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "bank-audit of {} failed: {}",
+            self.id,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+}
+
+/// A participant service run as a child process of `bin` with fixed
+/// arguments (`coordinator bank-serve ...`, `coordinator shop-serve ...`),
+/// its output appended to `<dir>/<id>.log`, in its own process group;
+/// killed with SIGKILL when dropped.
+pub struct ServiceProcess {
+    pub id: String,
+    pub addr: String,
+    pub log_path: PathBuf,
+    bin: PathBuf,
+    args: Vec<std::ffi::OsString>,
+    child: Option<Child>,
+}
+
+impl ServiceProcess {
+    pub fn new(bin: &Path, dir: &Path, id: &str, addr: &str, args: Vec<std::ffi::OsString>) -> ServiceProcess {
+        ServiceProcess {
+            id: id.to_string(),
+            addr: addr.to_string(),
+            log_path: dir.join(format!("{id}.log")),
+            bin: bin.to_path_buf(),
+            args,
             child: None,
         }
+    }
+
+    /// The running process's id, if started.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Waits up to 10 s for the started service to listen; an error names
+    /// it and its log.
+    pub async fn wait_started(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            wait_listening(&self.addr, Duration::from_secs(10)).await,
+            "{} did not start within 10 s; see its log {}",
+            self.id,
+            self.log_path.display()
+        );
+        Ok(())
     }
 
     /// Waits until the process ends by itself; `None` if none was running.
@@ -116,20 +184,7 @@ impl BankProcess {
             .open(&self.log_path)?;
         let child = Command::new(&self.bin)
             .process_group(0)
-            .args([
-                "bank-serve",
-                "--id",
-                &self.id,
-                "--prefix",
-                &self.prefix,
-                "--listen",
-                &self.addr,
-            ])
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .args(["--cluster", &self.cluster.join(",")])
-            .args(["--accounts", &self.accounts.to_string()])
-            .args(["--initial", &self.initial.to_string()])
+            .args(&self.args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -178,25 +233,9 @@ impl BankProcess {
             let _ = c.wait();
         }
     }
-
-    /// Reads the stopped service's store with `coordinator bank-audit
-    /// --json`: balances, locks, in-doubt count and apply log.
-    pub fn audit(&self) -> anyhow::Result<serde_json::Value> {
-        let out = Command::new(&self.bin)
-            .args(["bank-audit", "--json", "--data-dir"])
-            .arg(&self.data_dir)
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "bank-audit of {} failed: {}",
-            self.id,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(serde_json::from_slice(&out.stdout)?)
-    }
 }
 
-impl Drop for BankProcess {
+impl Drop for ServiceProcess {
     fn drop(&mut self) {
         self.kill9();
     }

@@ -230,18 +230,7 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
     let store = open_bank(&a.data_dir, &a.prefix, a.accounts, a.initial).await?;
     // Recovery connects from the service's own address, so network rules on
     // that address (the jepsen partitions) cut it both ways.
-    let local_ip = a
-        .listen
-        .parse::<std::net::SocketAddr>()
-        .ok()
-        .map(|sa| sa.ip())
-        .filter(|ip| !ip.is_unspecified());
-    let opts = participant_sdk::server::RecoveryOptions {
-        interval: Duration::from_millis(500),
-        local_ip,
-        participant_id: a.id.clone(),
-        ..Default::default()
-    };
+    let opts = participant_sdk::server::RecoveryOptions::for_service(&a.id, &a.listen);
     let recovery = participant_sdk::server::spawn_recovery_with(store.clone(), a.cluster.clone(), opts);
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
@@ -302,18 +291,11 @@ pub async fn transfer(
         payload: payload.into_bytes(),
     };
     let parts = [spec(from, debit), spec(to, credit)];
-    let mut res = client.begin_and_commit(key, 10_000, b"transfer", &parts).await;
     // UNKNOWN without a txid (no answer at all): the same key and request
     // find the transaction again, so ask a few more times.
-    for _ in 0..3 {
-        match &res {
-            Ok(r) if r.outcome == TxOutcome::Unknown && r.txid.is_none() => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                res = client.begin_and_commit(key, 10_000, b"transfer", &parts).await;
-            }
-            _ => break,
-        }
-    }
+    let res = client
+        .begin_and_commit_retrying(key, 10_000, b"transfer", &parts, 3, Duration::from_millis(500))
+        .await;
     match res {
         Ok(r) => (r.txid, Ok(r.outcome)),
         Err(e) => (None, Err(e)),
