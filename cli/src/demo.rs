@@ -47,17 +47,108 @@ pub struct DemoArgs {
     /// After the transfers, keep everything serving until Ctrl-C.
     #[arg(long)]
     pub keep_serving: bool,
+    /// The textbook example on PostgreSQL instead of the banks: orders,
+    /// inventory and payment services, each with its own database on a
+    /// PostgreSQL server the demo starts (and removes) itself; the leader
+    /// and the services are killed with SIGKILL. Needs the PostgreSQL
+    /// server binaries (Debian: apt-get install postgresql).
+    #[arg(long)]
+    pub postgres: bool,
 }
 
+/// The decision of `txid` once it has one (true = COMMIT), asked every
+/// 500 ms for up to 30 s; `None` if it still has none.
+pub(crate) async fn decision_eventually(client: &Client, txid: u64) -> Option<bool> {
+    for _ in 0..60 {
+        match client.decision(txid).await {
+            Ok(DecisionRead::Committed) => return Some(true),
+            Ok(DecisionRead::Aborted) | Ok(DecisionRead::UnknownPresumedAbort) => return Some(false),
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    None
+}
+
+/// What the demo's clients saw, counted as they go.
 #[derive(Default)]
-struct Counts {
-    committed: AtomicU64,
-    aborted: AtomicU64,
-    unknown: AtomicU64,
-    failed_to_start: AtomicU64,
+pub(crate) struct Counts {
+    pub committed: AtomicU64,
+    pub aborted: AtomicU64,
+    pub unknown: AtomicU64,
+    pub failed_to_start: AtomicU64,
+}
+
+impl Counts {
+    /// The progress line printed every second.
+    pub fn progress(&self, t: u64, leader: u64) -> String {
+        format!(
+            "  t={t:>3}s  committed {:>6}  aborted {:>5}  unknown {:>3}  not started {:>3}  leader node {leader}",
+            self.committed.load(Ordering::Relaxed),
+            self.aborted.load(Ordering::Relaxed),
+            self.unknown.load(Ordering::Relaxed),
+            self.failed_to_start.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The demo's leader kills: every `every` seconds (never when 0) the
+/// leader gets SIGKILL, and it is started again 2 s later.
+pub(crate) struct LeaderKills {
+    every: u64,
+    next: u64,
+    restart_at: Option<(u64, Instant)>,
+    pub kills: u64,
+}
+
+impl LeaderKills {
+    pub fn new(every: u64) -> Self {
+        LeaderKills {
+            every,
+            next: if every > 0 { every } else { u64::MAX },
+            restart_at: None,
+            kills: 0,
+        }
+    }
+
+    /// At second `t` of the run: restarts the node killed earlier once it
+    /// is due, and kills the leader when it is time.
+    pub async fn tick(&mut self, cluster: &mut ProcessCluster, t: u64) -> anyhow::Result<()> {
+        if let Some((id, at)) = self.restart_at {
+            if Instant::now() >= at {
+                cluster.start(id)?;
+                println!("  t={t:>3}s  node {id} restarted");
+                self.restart_at = None;
+            }
+        }
+        if t >= self.next && self.restart_at.is_none() {
+            if let Some(l) = cluster.current_leader().await {
+                cluster.kill9(l);
+                self.kills += 1;
+                println!("  t={t:>3}s  kill -9 leader node {l}");
+                self.restart_at = Some((l, Instant::now() + Duration::from_secs(2)));
+            }
+            self.next = t + self.every;
+        }
+        Ok(())
+    }
+
+    /// Starts the node still down, if any, and waits for a leader.
+    pub async fn finish(&mut self, cluster: &mut ProcessCluster) -> anyhow::Result<()> {
+        if let Some((id, _)) = self.restart_at.take() {
+            cluster.start(id)?;
+        }
+        cluster
+            .wait_for_leader(Duration::from_secs(30))
+            .await
+            .context("no leader after the run")?;
+        Ok(())
+    }
 }
 
 pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    if a.postgres {
+        return crate::demo_pg::run(a, shutdown).await;
+    }
     let _ = std::fs::remove_dir_all(&a.dir);
     std::fs::create_dir_all(&a.dir)?;
     let dir = a.dir.canonicalize()?;
@@ -145,54 +236,22 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     }
 
     let started = Instant::now();
-    let mut next_kill = if a.kill_every_secs > 0 {
-        a.kill_every_secs
-    } else {
-        u64::MAX
-    };
-    let mut restart_at: Option<(u64, Instant)> = None;
-    let mut kills = 0;
+    let mut kills = LeaderKills::new(a.kill_every_secs);
     while started.elapsed() < Duration::from_secs(a.seconds) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let t = started.elapsed().as_secs();
-        if let Some((id, at)) = restart_at {
-            if Instant::now() >= at {
-                cluster.start(id)?;
-                println!("  t={t:>3}s  node {id} restarted");
-                restart_at = None;
-            }
-        }
-        if t >= next_kill && restart_at.is_none() {
-            if let Some(l) = cluster.current_leader().await {
-                cluster.kill9(l);
-                kills += 1;
-                println!("  t={t:>3}s  kill -9 leader node {l}");
-                restart_at = Some((l, Instant::now() + Duration::from_secs(2)));
-            }
-            next_kill = t + a.kill_every_secs;
-        }
+        kills.tick(&mut cluster, t).await?;
         if let Some(l) = cluster.current_leader().await {
             leader = l;
         }
-        println!(
-            "  t={t:>3}s  committed {:>6}  aborted {:>5}  unknown {:>3}  not started {:>3}  leader node {leader}",
-            counts.committed.load(Ordering::Relaxed),
-            counts.aborted.load(Ordering::Relaxed),
-            counts.unknown.load(Ordering::Relaxed),
-            counts.failed_to_start.load(Ordering::Relaxed),
-        );
+        println!("{}", counts.progress(t, leader));
     }
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         let _ = w.await;
     }
-    if let Some((id, _)) = restart_at {
-        cluster.start(id)?;
-    }
-    cluster
-        .wait_for_leader(Duration::from_secs(30))
-        .await
-        .context("no leader after the run")?;
+    kills.finish(&mut cluster).await?;
+    let kills = kills.kills;
 
     // Unknown outcomes are asked again: they have a decision by now (or the
     // reaper records ABORT at their deadline).
@@ -200,18 +259,8 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     let mut resolved_unknown = BTreeMap::new();
     let unknown_txids: Vec<u64> = unknown.lock().expect("lock").clone();
     for t in unknown_txids {
-        for _ in 0..60 {
-            match check.decision(t).await {
-                Ok(DecisionRead::Committed) => {
-                    resolved_unknown.insert(t, "COMMIT");
-                    break;
-                }
-                Ok(DecisionRead::Aborted) | Ok(DecisionRead::UnknownPresumedAbort) => {
-                    resolved_unknown.insert(t, "ABORT");
-                    break;
-                }
-                _ => tokio::time::sleep(Duration::from_millis(500)).await,
-            }
+        if let Some(committed) = decision_eventually(&check, t).await {
+            resolved_unknown.insert(t, if committed { "COMMIT" } else { "ABORT" });
         }
     }
 

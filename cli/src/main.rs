@@ -3,6 +3,7 @@
 //! does the work.
 
 mod demo;
+mod demo_pg;
 mod dev;
 
 use std::path::PathBuf;
@@ -38,6 +39,9 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Run one bank participant service (the example; used by `demo`).
     BankServe(dtx_bank::BankServeArgs),
+    /// Run one shop service on its PostgreSQL database (the example of
+    /// `demo --postgres`).
+    ShopServe(dtx_shop::ShopServeArgs),
     /// Sum the balances of stopped bank services' data directories.
     BankAudit {
         /// Data directories of the bank services (stopped), comma-separated.
@@ -311,6 +315,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Dev(a) => dev::run(a, shutdown_signal()).await,
         Cmd::Demo(a) => demo::run(a, shutdown_signal()).await,
         Cmd::BankServe(a) => dtx_bank::serve(a, shutdown_signal()).await,
+        Cmd::ShopServe(a) => dtx_shop::serve(a, shutdown_signal()).await,
         Cmd::BankAudit { data_dir, json: true } => {
             for d in &data_dir {
                 anyhow::ensure!(d.exists(), "bank data directory {} does not exist", d.display());

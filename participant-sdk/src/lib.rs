@@ -65,9 +65,13 @@
 //!   a redelivered decision must find the record, or a Commit would be
 //!   refused as a commit without prepare, forever.
 //!
-//! The resource's data lives in the participant's own store: a resource
-//! with a prepare of its own (such as PostgreSQL's prepared transactions)
-//! is not supported.
+//! The resource's data lives in the participant's own store. A service
+//! whose data is in PostgreSQL uses `postgres::PgParticipant` instead
+//! (cargo feature `postgres`; docs/adr/0015-postgresql-participant.md):
+//! its handler runs the transaction's SQL, `PREPARE TRANSACTION` makes the
+//! YES vote durable, and recovery reconciles `pg_prepared_xacts` with the
+//! cluster's decisions. The server and recovery drive either through the
+//! [`participant::Participant`] trait.
 //!
 //! # Example
 //!
@@ -187,5 +191,7 @@
 
 pub mod log;
 pub mod participant;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod server;
 pub mod store;

@@ -159,6 +159,7 @@ fn store_status(e: StoreError) -> Status {
     match e {
         StoreError::Stopped(f) if f.disk_full => Status::resource_exhausted(f.to_string()),
         StoreError::Stopped(f) => Status::unavailable(f.to_string()),
+        StoreError::Unavailable(m) => Status::unavailable(m),
         other => Status::internal(other.to_string()),
     }
 }

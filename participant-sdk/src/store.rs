@@ -58,6 +58,11 @@ pub enum StoreError {
     },
     #[error("participant store I/O: {0}")]
     Io(String),
+    /// The resource's server (PostgreSQL) cannot be reached now, or the
+    /// connection was lost: nothing was decided here; the coordinator
+    /// retries (a Prepare it cannot get counts as no YES vote).
+    #[error("participant resource unavailable: {0}")]
+    Unavailable(String),
     #[error("participant log record for transaction {txid} is damaged: {message}")]
     Damaged { txid: u64, message: String },
     #[error(transparent)]

@@ -6,6 +6,7 @@
 pub mod bank_run;
 pub mod participants;
 pub mod proxy;
+pub mod shop;
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,0 +1,201 @@
+//! The shop of `demo --postgres` under test: a PostgreSQL server the test
+//! starts, the three shop services (`coordinator shop-serve`, real
+//! processes) on a test cluster, their databases, and the checks the
+//! PostgreSQL tests share (t88 crash points, t89 PostgreSQL restarts).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+use std::time::Instant;
+
+use dtx_client::DecisionRead;
+use dtx_pg_server::PgServer;
+use dtx_pg_server::PgServerOptions;
+use dtx_shop::Order;
+use dtx_shop::Role;
+use dtx_shop::Seed;
+use dtx_testkit::cluster::ServiceProcess;
+
+use super::TestCluster;
+
+/// A PostgreSQL server, or `None` (said loudly) when its binaries are
+/// missing and the environment does not require them.
+pub fn postgres_or_skip(test: &str) -> Option<PgServer> {
+    match PgServer::start(PgServerOptions::default()) {
+        Ok(pg) => Some(pg),
+        Err(e) if e.is_binaries_missing() && std::env::var("DTX_REQUIRE_POSTGRES").as_deref() != Ok("1") => {
+            eprintln!("\n*** {test} SKIPPED: {e}\n*** (install them with scripts/postgres-deps; DTX_REQUIRE_POSTGRES=1 makes this a failure)\n");
+            None
+        }
+        Err(e) => panic!("{test}: could not start PostgreSQL: {e}"),
+    }
+}
+
+pub struct Shop {
+    pub pg: PgServer,
+    pub services: BTreeMap<Role, ServiceProcess>,
+    pub dbs: BTreeMap<Role, tokio_postgres::Client>,
+}
+
+fn service(dir: &Path, pg: &PgServer, role: Role, cluster: &[String]) -> ServiceProcess {
+    let port = dtx_testkit::cluster::free_port("127.0.0.1").unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let args = dtx_shop::serve_args(role, &addr, &pg.conn_string(role.database()), cluster);
+    ServiceProcess::new(super::bin(), dir, role.id(), &addr, args)
+}
+
+pub async fn shop(c: &TestCluster, pg: PgServer) -> Shop {
+    let mut services = BTreeMap::new();
+    for role in Role::ALL {
+        pg.create_database(role.database()).unwrap();
+        let mut s = service(c.dir.path(), &pg, role, &c.procs.api_addrs());
+        s.start(&[]).unwrap();
+        s.wait_started().await.unwrap();
+        services.insert(role, s);
+    }
+    let mut shop = Shop {
+        pg,
+        services,
+        dbs: BTreeMap::new(),
+    };
+    shop.reconnect().await;
+    shop
+}
+
+impl Shop {
+    /// (Re)opens the test's own connection to each database.
+    pub async fn reconnect(&mut self) {
+        for role in Role::ALL {
+            let (db, conn) = tokio_postgres::connect(&self.pg.conn_string(role.database()), tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            self.dbs.insert(role, db);
+        }
+    }
+
+    pub fn endpoints(&self) -> Vec<dtx_shop::Service> {
+        self.services.iter().map(|(r, s)| (*r, s.addr.clone())).collect()
+    }
+
+    /// Restarts the payment service with `point` armed (fires once: the
+    /// marker file `once` is created when it fires).
+    pub async fn arm_payment(&mut self, point: &str, once: &Path) {
+        let s = self.services.get_mut(&Role::Payment).unwrap();
+        s.stop(Duration::from_secs(5));
+        s.start(&[
+            ("DTX_FAILPOINT".into(), point.into()),
+            ("DTX_FAILPOINT_ONCE".into(), once.display().to_string()),
+        ])
+        .unwrap();
+        s.wait_started().await.unwrap();
+    }
+
+    /// Restarts any service that exited (a fired crash point), as a
+    /// supervisor would, keeping its environment (the point fires once).
+    pub fn supervise(&mut self, env: &[(String, String)]) {
+        for s in self.services.values_mut() {
+            if !s.is_running() {
+                s.start(env).unwrap();
+            }
+        }
+    }
+
+    pub async fn prepared_left(&self) -> i64 {
+        let mut n = 0;
+        for db in self.dbs.values() {
+            n += db
+                .query_one(
+                    "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0);
+        }
+        n
+    }
+
+    /// Whether the order's rows are in each database (orders, reservations,
+    /// payments).
+    pub async fn rows_of(&self, order: &str) -> [bool; 3] {
+        let q = |table: &'static str| format!("SELECT count(*) FROM {table} WHERE order_id = $1");
+        let mut out = [false; 3];
+        for (i, (role, table)) in [
+            (Role::Orders, "orders"),
+            (Role::Inventory, "reservations"),
+            (Role::Payment, "payments"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let n: i64 = self.dbs[&role].query_one(&q(table), &[&order]).await.unwrap().get(0);
+            assert!(n <= 1, "order {order} has {n} rows in {table}: applied twice");
+            out[i] = n == 1;
+        }
+        out
+    }
+
+    pub async fn audit(&self, told: &BTreeMap<String, bool>) {
+        let report = dtx_shop::audit(
+            &self.dbs[&Role::Orders],
+            &self.dbs[&Role::Inventory],
+            &self.dbs[&Role::Payment],
+            &Seed::default(),
+            told,
+        )
+        .await
+        .unwrap();
+        assert!(report.passed(), "audit failed: {:#?}", report.problems);
+    }
+}
+
+/// Waits until `txid` has a decision, every service runs (restarting the
+/// ones a crash point stopped), no prepared transaction is left and the
+/// order's rows agree with the decision; returns the decision (true =
+/// COMMIT).
+pub async fn settle(c: &TestCluster, shop: &mut Shop, env: &[(String, String)], txid: u64, order: &str) -> bool {
+    let client = c.client();
+    let until = Instant::now() + Duration::from_secs(90);
+    loop {
+        shop.supervise(env);
+        let decision = match client.decision(txid).await {
+            Ok(DecisionRead::Committed) => Some(true),
+            Ok(DecisionRead::Aborted | DecisionRead::UnknownPresumedAbort) => Some(false),
+            _ => None,
+        };
+        if let Some(committed) = decision {
+            let rows = shop.rows_of(order).await;
+            let all_running = shop.services.values_mut().all(|s| s.is_running());
+            if all_running && shop.prepared_left().await == 0 && rows == [committed; 3] {
+                for s in shop.services.values() {
+                    s.wait_started().await.unwrap();
+                }
+                // Still running once listening: no crash after the check.
+                if shop.services.values_mut().all(|s| s.is_running()) {
+                    return committed;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < until,
+            "txid {txid} (order {order}) did not settle in 90 s: decision {decision:?}, rows {:?}, prepared left {}; logs in {}",
+            shop.rows_of(order).await,
+            shop.prepared_left().await,
+            c.dir.path().display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Order `n`: its own customer and product, so no order of a test waits
+/// for (or is refused by) the locks of another.
+pub fn order(n: usize) -> Order {
+    Order {
+        id: format!("order-{n}"),
+        customer: format!("c{n}"),
+        sku: format!("sku{n}"),
+        qty: 1,
+        price: 25,
+    }
+}

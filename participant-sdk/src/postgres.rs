@@ -1,0 +1,942 @@
+//! A participant whose resource is a PostgreSQL database (cargo feature
+//! `postgres`): each transaction's work runs in a PostgreSQL transaction
+//! that Prepare ends with `PREPARE TRANSACTION`, and Commit / Abort end
+//! with `COMMIT PREPARED` / `ROLLBACK PREPARED`. PostgreSQL's prepared
+//! transactions survive a crash of the server, so the durable "YES" is
+//! PostgreSQL's own; this module keeps the contract of [`crate::log::step`]
+//! on top of it (docs/adr/0015-postgresql-participant.md).
+//!
+//! # The service's part
+//!
+//! A [`PgHandler`] runs the service's SQL for one transaction inside the
+//! open PostgreSQL transaction it is given and returns a [`Verdict`]: YES
+//! (keep the work: it is prepared), READ_ONLY (nothing to keep: rolled
+//! back) or NO with a reason (rolled back). It may do any I/O. An `Err`
+//! from the handler rolls the work back, records nothing and fails the
+//! message (the coordinator retries or aborts); a handler that wants a
+//! firm NO returns `Ok(Verdict::no(..))`.
+//!
+//! # What is stored
+//!
+//! - The global transaction id (gid) of a prepared transaction is
+//!   `dtx:v1:<participant_id>:<txid>:<term>`, `term` being the term of the
+//!   Prepare that prepared it. Participant ids are checked at construction:
+//!   non-empty, no `:`, no control characters, at most
+//!   [`MAX_PARTICIPANT_ID_LEN`] bytes (so the gid stays under PostgreSQL's
+//!   200-byte limit). Only gids with this participant's prefix in the
+//!   current database are ever listed, committed or rolled back.
+//! - One table per database, created when missing:
+//!   `dtx_participant_log(participant text, txid bigint, state text,
+//!   term bigint, decided_ms bigint, primary key (participant, txid))`,
+//!   with an index on `(participant, decided_ms, txid)`. `txid` holds the
+//!   u64 txid's bits as a bigint. `state` is one of
+//!   - `committed`: inserted by Prepare INSIDE the prepared transaction
+//!     (so it becomes visible exactly when `COMMIT PREPARED` commits the
+//!     work: a Commit redelivered after PostgreSQL forgot the gid finds it
+//!     and acks), or by a one-phase commit in its own transaction;
+//!   - `aborted`: the handler voted NO, or an Abort rolled back the prepared
+//!     work;
+//!   - `tombstone`: an Abort came before any Prepare (a late Prepare votes
+//!     NO);
+//!   - `read_only`: the handler voted READ_ONLY (a repeat answers the same).
+//!
+//!   `decided_ms` is when the row was written (for a `committed` marker:
+//!   when it was prepared), for log garbage collection.
+//!
+//! # Fencing
+//!
+//! The term recorded for a transaction is the gid's while it is prepared
+//! and the row's once decided (raised by later accepted messages); a
+//! message from a lower term is refused ([`Refusal::StaleTerm`]). A Prepare
+//! repeated at a higher term while prepared answers YES but cannot raise
+//! the gid's term (a prepared transaction cannot be changed).
+//!
+//! Messages for the same txid are serialised inside the process (one async
+//! lock per txid); messages for different txids run concurrently, each on
+//! its own pooled connection.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+use std::time::Instant;
+use std::time::SystemTime;
+
+use deadpool_postgres::Manager;
+use deadpool_postgres::ManagerConfig;
+use deadpool_postgres::Pool;
+use deadpool_postgres::RecyclingMethod;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Client;
+use tokio_postgres::NoTls;
+use tokio_postgres::Transaction;
+
+use crate::log::LocalState;
+use crate::log::LogEntry;
+use crate::log::Message;
+use crate::log::Refusal;
+use crate::log::Vote;
+use crate::participant::Answer;
+use crate::participant::Participant;
+use crate::participant::Verdict;
+use crate::store::PhaseTwo;
+use crate::store::Reply;
+use crate::store::StoreError;
+
+/// The log table's name.
+pub const LOG_TABLE: &str = "dtx_participant_log";
+
+/// The longest participant id: `dtx:v1:` + id + `:` + 20 digits + `:` +
+/// 20 digits stays under PostgreSQL's 200-byte gid limit.
+pub const MAX_PARTICIPANT_ID_LEN: usize = 128;
+
+/// What a handler's failure carries.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The service's work for one transaction, run inside the PostgreSQL
+/// transaction that Prepare (or a one-phase commit) ends.
+pub trait PgHandler: Send + Sync + 'static {
+    /// Runs the transaction's SQL in `tx` and votes. YES keeps the work
+    /// (prepared, then committed or rolled back by the decision); READ_ONLY
+    /// and NO roll it back. Must not commit or roll back `tx` itself.
+    ///
+    /// Rows a prepared transaction wrote stay locked until its decision: a
+    /// handler that touches them waits that long unless it bounds the wait
+    /// (`SET LOCAL lock_timeout`, `NOWAIT`) and votes NO.
+    fn prepare(
+        &self,
+        tx: &Transaction<'_>,
+        txid: u64,
+        payload: &[u8],
+    ) -> impl Future<Output = Result<Verdict, HandlerError>> + Send;
+}
+
+/// How to reach PostgreSQL and what to check at start.
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// As enlisted; part of every gid and the key of the log rows.
+    pub participant_id: String,
+    /// A tokio-postgres connection string (`host=.. port=.. user=..
+    /// dbname=..`).
+    pub conn_string: String,
+    /// Pooled connections, i.e. how many messages run at once; also the
+    /// least `max_prepared_transactions` accepted at start.
+    pub concurrency: usize,
+    /// Connection attempts at start before giving up (at least 1).
+    pub connect_attempts: u32,
+    /// The wait after the first failed attempt, doubled after each, capped
+    /// by `connect_backoff_max`.
+    pub connect_backoff: Duration,
+    pub connect_backoff_max: Duration,
+    /// The connect timeout of one attempt (a server that does not answer).
+    pub connect_timeout: Duration,
+    /// How long an Abort waits for a row lock held by a Prepare of the same
+    /// txid in another session before it looks again.
+    pub lock_timeout: Duration,
+}
+
+impl PgOptions {
+    pub fn new(participant_id: impl Into<String>, conn_string: impl Into<String>) -> Self {
+        PgOptions {
+            participant_id: participant_id.into(),
+            conn_string: conn_string.into(),
+            concurrency: 16,
+            connect_attempts: 8,
+            connect_backoff: Duration::from_millis(200),
+            connect_backoff_max: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            lock_timeout: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Checks a participant id for use in gids (see the module doc).
+pub fn check_participant_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("participant id is empty".into());
+    }
+    if id.contains(':') {
+        return Err(format!("participant id {id:?} contains ':' (the gid separator)"));
+    }
+    if id.chars().any(|c| c.is_control()) {
+        return Err(format!("participant id {id:?} contains a control character"));
+    }
+    if id.len() > MAX_PARTICIPANT_ID_LEN {
+        return Err(format!(
+            "participant id is {} bytes; at most {MAX_PARTICIPANT_ID_LEN} keep the gid under PostgreSQL's 200 bytes",
+            id.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The state column's values.
+mod st {
+    pub const COMMITTED: &str = "committed";
+    pub const ABORTED: &str = "aborted";
+    pub const TOMBSTONE: &str = "tombstone";
+    pub const READ_ONLY: &str = "read_only";
+}
+
+/// A row of the log table.
+#[derive(Clone, Debug)]
+struct Row {
+    state: String,
+    term: u64,
+}
+
+impl Row {
+    fn local_state(&self, txid: u64) -> Result<LocalState, StoreError> {
+        Ok(match self.state.as_str() {
+            st::COMMITTED => LocalState::Committed,
+            st::ABORTED => LocalState::Aborted { tombstone: false },
+            st::TOMBSTONE => LocalState::Aborted { tombstone: true },
+            st::READ_ONLY => LocalState::Prepared { vote: Vote::ReadOnly },
+            other => {
+                return Err(StoreError::Damaged {
+                    txid,
+                    message: format!("unknown state {other:?} in {LOG_TABLE}"),
+                })
+            }
+        })
+    }
+}
+
+/// A prepared transaction of this participant.
+#[derive(Clone, Debug)]
+struct Prepared {
+    gid: String,
+    term: u64,
+}
+
+/// A PostgreSQL error as the SDK's: a lost or refused connection (no
+/// server error, SQLSTATE class 08, or the server shutting down or starting)
+/// is `Unavailable` (retried by the coordinator, nothing decided); any
+/// other is `Io`.
+fn pg_err(what: &str, e: &tokio_postgres::Error) -> StoreError {
+    match e.as_db_error() {
+        Some(db) => {
+            let code = db.code().code();
+            let text = format!("PostgreSQL, {what}: {} (SQLSTATE {code})", db.message());
+            if code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03") {
+                StoreError::Unavailable(text)
+            } else {
+                StoreError::Io(text)
+            }
+        }
+        None => StoreError::Unavailable(format!("PostgreSQL, {what}: {e}")),
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// `'text'` as an SQL string literal (gids cannot be bound parameters).
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+fn stale(got: u64, seen: u64) -> Result<(), StoreError> {
+    if got < seen {
+        Err(StoreError::Refused(Refusal::StaleTerm { got, seen }))
+    } else {
+        Ok(())
+    }
+}
+
+/// One async lock per txid with a message in flight.
+#[derive(Default)]
+struct TxLocks {
+    map: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+struct TxGuard<'a> {
+    locks: &'a TxLocks,
+    txid: u64,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl TxLocks {
+    async fn lock(&self, txid: u64) -> TxGuard<'_> {
+        let lock = {
+            let mut map = self.map.lock().expect("txid lock map");
+            map.entry(txid).or_default().clone()
+        };
+        let guard = lock.clone().lock_owned().await;
+        TxGuard {
+            locks: self,
+            txid,
+            lock,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl Drop for TxGuard<'_> {
+    fn drop(&mut self) {
+        let mut map = self.locks.map.lock().expect("txid lock map");
+        self.guard.take();
+        // Clones are only made under the map's lock: two references (the
+        // map's and ours) mean nobody else waits for this txid.
+        if Arc::strong_count(&self.lock) == 2 {
+            map.remove(&self.txid);
+        }
+    }
+}
+
+/// A [`Participant`] whose resource is a PostgreSQL database.
+pub struct PgParticipant<H: PgHandler> {
+    pool: Pool,
+    handler: H,
+    id: String,
+    /// `dtx:v1:<id>:`
+    prefix: String,
+    locks: TxLocks,
+    /// The server's clock at start, in ms: votes prepared before it count as
+    /// old for recovery.
+    started_ms: i64,
+    lock_timeout: Duration,
+    /// `host:port/dbname`, for messages.
+    target: String,
+}
+
+impl<H: PgHandler> PgParticipant<H> {
+    /// Connects (retrying with backoff up to `opts.connect_attempts`),
+    /// checks `max_prepared_transactions` and the log table's rights, and
+    /// creates the table when missing.
+    pub async fn connect(opts: PgOptions, handler: H) -> Result<Self, StoreError> {
+        check_participant_id(&opts.participant_id).map_err(StoreError::Io)?;
+        let mut cfg: tokio_postgres::Config = opts
+            .conn_string
+            .parse()
+            .map_err(|e| StoreError::Io(format!("PostgreSQL connection string: {e}")))?;
+        if cfg.get_connect_timeout().is_none() {
+            cfg.connect_timeout(opts.connect_timeout);
+        }
+        let host = cfg
+            .get_hosts()
+            .first()
+            .map(|h| match h {
+                tokio_postgres::config::Host::Tcp(s) => s.clone(),
+                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+            })
+            .unwrap_or_else(|| "localhost".into());
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        let dbname = cfg.get_dbname().unwrap_or("(default)").to_string();
+        let user = cfg.get_user().unwrap_or("(default)").to_string();
+        let target = format!("{host}:{port}/{dbname}");
+        let open_err = |message: String| StoreError::Open {
+            path: format!("postgresql://{target}"),
+            message,
+            disk_full: false,
+        };
+        let concurrency = opts.concurrency.max(1);
+        let mgr = Manager::from_config(
+            cfg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(concurrency)
+            .build()
+            .map_err(|e| open_err(format!("building the connection pool: {e}")))?;
+
+        // Reachability, with bounded retries.
+        let attempts = opts.connect_attempts.max(1);
+        let mut wait = opts.connect_backoff;
+        let began = Instant::now();
+        let client = {
+            let mut n = 1;
+            loop {
+                match pool.get().await {
+                    Ok(c) => break c,
+                    Err(e) if n < attempts => {
+                        tracing::warn!(
+                            "PostgreSQL at {host}:{port} (database {dbname}): connection attempt {n}/{attempts} failed: {e}; retrying in {wait:?}"
+                        );
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(opts.connect_backoff_max);
+                        n += 1;
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            "PostgreSQL at {host}:{port}: connection attempt {n}/{attempts} failed: {e}; giving up"
+                        );
+                        return Err(open_err(format!(
+                            "PostgreSQL at {host}:{port} (database {dbname}) unreachable: {attempts} connection attempts over {:?} failed, the last with: {e}",
+                            began.elapsed()
+                        )));
+                    }
+                }
+            }
+        };
+
+        // PREPARE TRANSACTION needs max_prepared_transactions > 0, and at
+        // least one slot per concurrent Prepare.
+        let row = client
+            .query_one("SELECT current_setting('max_prepared_transactions')::int", &[])
+            .await
+            .map_err(|e| open_err(format!("reading max_prepared_transactions: {e}")))?;
+        let max_prepared: i32 = row.get(0);
+        if max_prepared <= 0 || (max_prepared as usize) < concurrency {
+            return Err(open_err(format!(
+                "max_prepared_transactions is {max_prepared} on {host}:{port}, below this participant's concurrency \
+                 {concurrency} (0 disables PREPARE TRANSACTION): set `max_prepared_transactions = {}` (or more) in \
+                 postgresql.conf and restart PostgreSQL",
+                concurrency.max(64)
+            )));
+        }
+
+        // The log table: create when missing, then check the rights on it.
+        let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {LOG_TABLE} (
+                 participant text NOT NULL,
+                 txid bigint NOT NULL,
+                 state text NOT NULL,
+                 term bigint NOT NULL,
+                 decided_ms bigint NOT NULL,
+                 PRIMARY KEY (participant, txid));
+             CREATE INDEX IF NOT EXISTS {LOG_TABLE}_decided ON {LOG_TABLE} (participant, decided_ms, txid);"
+        );
+        let rights_hint = format!(
+            "the role {user} needs CREATE on the schema to create {LOG_TABLE} (or an owner creates it and grants \
+             SELECT, INSERT, UPDATE, DELETE on it to {user})"
+        );
+        // Created only when missing: CREATE ... IF NOT EXISTS checks the
+        // right to create in the schema even when the table exists, and a
+        // role may have been granted just the rows of an existing table.
+        let mut tries = 0;
+        loop {
+            let exists: bool = client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&LOG_TABLE])
+                .await
+                .map_err(|e| open_err(format!("looking for the log table {LOG_TABLE}: {e}")))?
+                .get(0);
+            if exists {
+                break;
+            }
+            match client.batch_execute(&ddl).await {
+                Ok(()) => break,
+                Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                    return Err(open_err(format!(
+                        "cannot create the log table {LOG_TABLE} in {dbname}: {}; {rights_hint}",
+                        e.as_db_error()
+                            .map(|d| d.message().to_string())
+                            .unwrap_or(e.to_string())
+                    )));
+                }
+                // Two processes creating it at once: the loser sees a
+                // unique violation in the catalog; look again.
+                Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) && tries < 3 => tries += 1,
+                Err(e) => return Err(open_err(format!("creating the log table {LOG_TABLE}: {e}"))),
+            }
+        }
+        let row = client
+            .query_one(
+                "SELECT has_table_privilege($1, 'SELECT, INSERT, UPDATE, DELETE'),
+                        (extract(epoch from now()) * 1000)::bigint",
+                &[&LOG_TABLE],
+            )
+            .await
+            .map_err(|e| open_err(format!("checking the rights on {LOG_TABLE}: {e}")))?;
+        let allowed: bool = row.get(0);
+        if !allowed {
+            return Err(open_err(format!(
+                "the role {user} lacks SELECT, INSERT, UPDATE or DELETE on {LOG_TABLE}; {rights_hint}"
+            )));
+        }
+        let started_ms: i64 = row.get(1);
+        drop(client);
+        Ok(PgParticipant {
+            pool,
+            handler,
+            prefix: format!("dtx:v1:{}:", opts.participant_id),
+            id: opts.participant_id,
+            locks: TxLocks::default(),
+            started_ms,
+            lock_timeout: opts.lock_timeout,
+            target,
+        })
+    }
+
+    pub fn participant_id(&self) -> &str {
+        &self.id
+    }
+
+    /// The handler, e.g. for the service's own queries.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// The connection pool (the service may use it for its own reads).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The gid a Prepare of `txid` at `term` uses.
+    pub fn gid(&self, txid: u64, term: u64) -> String {
+        format!("{}{txid}:{term}", self.prefix)
+    }
+
+    /// (txid, term) of a gid with this participant's prefix.
+    fn parse_gid(&self, gid: &str) -> Option<(u64, u64)> {
+        let rest = gid.strip_prefix(&self.prefix)?;
+        let (txid, term) = rest.split_once(':')?;
+        Some((txid.parse().ok()?, term.parse().ok()?))
+    }
+
+    async fn conn(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("PostgreSQL at {}: no connection: {e}", self.target)))
+    }
+
+    async fn prepared(&self, c: &Client, txid: u64) -> Result<Option<Prepared>, StoreError> {
+        let prefix = format!("{}{txid}:", self.prefix);
+        let rows = c
+            .query(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, $1)",
+                &[&prefix],
+            )
+            .await
+            .map_err(|e| pg_err("reading pg_prepared_xacts", &e))?;
+        let mut best: Option<Prepared> = None;
+        for r in rows {
+            let gid: String = r.get(0);
+            match self.parse_gid(&gid) {
+                Some((t, term)) if t == txid => {
+                    if best.as_ref().is_none_or(|b| b.term < term) {
+                        best = Some(Prepared { gid, term });
+                    }
+                }
+                _ => tracing::warn!("ignoring prepared transaction {gid:?}: not a gid of this participant"),
+            }
+        }
+        Ok(best)
+    }
+
+    async fn row(&self, c: &Client, txid: u64) -> Result<Option<Row>, StoreError> {
+        let r = c
+            .query_opt(
+                &format!("SELECT state, term FROM {LOG_TABLE} WHERE participant = $1 AND txid = $2"),
+                &[&self.id, &(txid as i64)],
+            )
+            .await
+            .map_err(|e| pg_err("reading the log", &e))?;
+        Ok(r.map(|r| Row {
+            state: r.get(0),
+            term: r.get::<_, i64>(1) as u64,
+        }))
+    }
+
+    /// Inserts a decided row unless one exists; returns the row now there.
+    async fn record(&self, c: &Client, txid: u64, state: &str, term: u64) -> Result<Row, StoreError> {
+        c.execute(
+            &format!(
+                "INSERT INTO {LOG_TABLE} (participant, txid, state, term, decided_ms) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (participant, txid) DO NOTHING"
+            ),
+            &[&self.id, &(txid as i64), &state, &(term as i64), &now_ms()],
+        )
+        .await
+        .map_err(|e| pg_err("writing the log", &e))?;
+        self.row(c, txid).await?.ok_or_else(|| StoreError::Damaged {
+            txid,
+            message: format!("the row just written to {LOG_TABLE} is missing"),
+        })
+    }
+
+    /// Raises the row's term to `term` (after an accepted message).
+    async fn raise_term(&self, c: &Client, txid: u64, term: u64) -> Result<(), StoreError> {
+        c.execute(
+            &format!("UPDATE {LOG_TABLE} SET term = $3 WHERE participant = $1 AND txid = $2 AND term < $3"),
+            &[&self.id, &(txid as i64), &(term as i64)],
+        )
+        .await
+        .map_err(|e| pg_err("writing the log", &e))?;
+        Ok(())
+    }
+
+    /// Runs the handler in a fresh transaction; on YES (and READ_ONLY when
+    /// `keep_read_only`) inserts the `committed` marker in it and returns
+    /// the open transaction, else rolls back.
+    async fn run_handler<'c>(
+        &self,
+        c: &'c mut Client,
+        txid: u64,
+        term: u64,
+        payload: &[u8],
+        keep_read_only: bool,
+    ) -> Result<(Verdict, Option<Transaction<'c>>), StoreError> {
+        let tx = c.transaction().await.map_err(|e| pg_err("BEGIN", &e))?;
+        let verdict = match self.handler.prepare(&tx, txid, payload).await {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Err(StoreError::Io(format!(
+                    "the handler failed for transaction {txid}: {e}"
+                )));
+            }
+        };
+        let keep = verdict.vote == Vote::Yes || (keep_read_only && verdict.vote == Vote::ReadOnly);
+        if !keep {
+            tx.rollback().await.map_err(|e| pg_err("ROLLBACK", &e))?;
+            return Ok((verdict, None));
+        }
+        // The marker, in the transaction: visible when (and only if) the
+        // work commits. A tombstone written concurrently makes it a unique
+        // violation (then NO); a wait on it is bounded.
+        let set = format!("SET LOCAL lock_timeout = '{}ms'", self.lock_timeout.as_millis().max(1));
+        tx.batch_execute(&set).await.map_err(|e| pg_err("SET LOCAL", &e))?;
+        let inserted = tx
+            .execute(
+                &format!(
+                    "INSERT INTO {LOG_TABLE} (participant, txid, state, term, decided_ms) VALUES ($1, $2, $3, $4, $5)"
+                ),
+                &[&self.id, &(txid as i64), &st::COMMITTED, &(term as i64), &now_ms()],
+            )
+            .await;
+        match inserted {
+            Ok(_) => Ok((verdict, Some(tx))),
+            Err(e)
+                if e.code() == Some(&SqlState::UNIQUE_VIOLATION) || e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) =>
+            {
+                let _ = tx.rollback().await;
+                Ok((
+                    Verdict::no(format!(
+                        "transaction {txid} was aborted here concurrently (its Abort came first)"
+                    )),
+                    None,
+                ))
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                Err(pg_err("writing the commit marker", &e))
+            }
+        }
+    }
+
+    async fn on_prepare(&self, c: &mut Client, txid: u64, term: u64, payload: &[u8]) -> Result<Answer, StoreError> {
+        if let Some(p) = self.prepared(c, txid).await? {
+            stale(term, p.term)?;
+            return Ok(Answer::new(Reply::Vote(Vote::Yes)));
+        }
+        if let Some(row) = self.row(c, txid).await? {
+            return self.repeat_prepare(c, txid, term, row).await;
+        }
+        let (verdict, tx) = self.run_handler(c, txid, term, payload, false).await?;
+        if let (Vote::Yes, Some(tx)) = (verdict.vote, tx) {
+            let gid = self.gid(txid, term);
+            dtx_failpoint::failpoint!("participant_before_durable_prepare");
+            tx.batch_execute(&format!("PREPARE TRANSACTION {}", literal(&gid)))
+                .await
+                .map_err(|e| pg_err("PREPARE TRANSACTION", &e))?;
+            // PREPARE ended the session's transaction; the handle must not
+            // send the ROLLBACK it sends when dropped unfinished (a round
+            // trip, and a "no transaction in progress" warning in every
+            // service's log). It owns nothing else to release.
+            std::mem::forget(tx);
+            dtx_failpoint::failpoint!("participant_after_prepare_before_reply");
+            return Ok(Answer::new(Reply::Vote(Vote::Yes)));
+        }
+        let vote = verdict.vote;
+        let state = if vote == Vote::ReadOnly {
+            st::READ_ONLY
+        } else {
+            st::ABORTED
+        };
+        let row = self.record(c, txid, state, term).await?;
+        match row.state.as_str() {
+            st::READ_ONLY => Ok(Answer::new(Reply::Vote(Vote::ReadOnly))),
+            _ if vote == Vote::No => Ok(Answer::no(verdict.reason)),
+            _ => Ok(Answer::no(format!("transaction {txid} was aborted here"))),
+        }
+    }
+
+    /// A Prepare that finds a decided row.
+    async fn repeat_prepare(&self, c: &Client, txid: u64, term: u64, row: Row) -> Result<Answer, StoreError> {
+        stale(term, row.term)?;
+        self.raise_term(c, txid, term).await?;
+        Ok(match row.local_state(txid)? {
+            LocalState::Committed => Answer::new(Reply::Vote(Vote::Yes)),
+            LocalState::Prepared { vote } => Answer::new(Reply::Vote(vote)),
+            LocalState::Aborted { tombstone: true } => Answer::no(format!(
+                "transaction {txid} was aborted here before its Prepare arrived"
+            )),
+            LocalState::Aborted { .. } => Answer::no(format!("transaction {txid} was already aborted here")),
+        })
+    }
+
+    async fn on_commit(&self, c: &Client, txid: u64, term: u64) -> Result<Answer, StoreError> {
+        if let Some(p) = self.prepared(c, txid).await? {
+            stale(term, p.term)?;
+            c.batch_execute(&format!("COMMIT PREPARED {}", literal(&p.gid)))
+                .await
+                .map_err(|e| pg_err("COMMIT PREPARED", &e))?;
+            dtx_failpoint::failpoint!("participant_after_decision_before_ack");
+            self.raise_term(c, txid, term).await?;
+            return Ok(Answer::new(Reply::Ack));
+        }
+        let Some(row) = self.row(c, txid).await? else {
+            return Err(StoreError::Refused(Refusal::CommitWithoutPrepare));
+        };
+        stale(term, row.term)?;
+        match row.local_state(txid)? {
+            LocalState::Aborted { .. } => Err(StoreError::Refused(Refusal::CommitAfterAbort)),
+            LocalState::Committed | LocalState::Prepared { .. } => {
+                self.raise_term(c, txid, term).await?;
+                Ok(Answer::new(Reply::Ack))
+            }
+        }
+    }
+
+    async fn on_abort(&self, c: &mut Client, txid: u64, term: u64) -> Result<Answer, StoreError> {
+        // A Prepare of this txid in another session may hold the row's
+        // lock (its marker) until it prepares; then the wait would last
+        // until the decision. Wait briefly, then look for its gid again.
+        for _ in 0..100 {
+            if let Some(p) = self.prepared(c, txid).await? {
+                stale(term, p.term)?;
+                c.batch_execute(&format!("ROLLBACK PREPARED {}", literal(&p.gid)))
+                    .await
+                    .map_err(|e| pg_err("ROLLBACK PREPARED", &e))?;
+                self.record(c, txid, st::ABORTED, term).await?;
+                dtx_failpoint::failpoint!("participant_after_decision_before_ack");
+                self.raise_term(c, txid, term).await?;
+                return Ok(Answer::new(Reply::Ack));
+            }
+            if let Some(row) = self.row(c, txid).await? {
+                stale(term, row.term)?;
+                return match row.local_state(txid)? {
+                    LocalState::Committed => Err(StoreError::Refused(Refusal::AbortAfterCommit)),
+                    LocalState::Aborted { .. } | LocalState::Prepared { .. } => {
+                        self.raise_term(c, txid, term).await?;
+                        Ok(Answer::new(Reply::Ack))
+                    }
+                };
+            }
+            // Nothing here: the tombstone, so a late Prepare votes NO.
+            let tx = c.transaction().await.map_err(|e| pg_err("BEGIN", &e))?;
+            let set = format!("SET LOCAL lock_timeout = '{}ms'", self.lock_timeout.as_millis().max(1));
+            tx.batch_execute(&set).await.map_err(|e| pg_err("SET LOCAL", &e))?;
+            let res = tx
+                .execute(
+                    &format!(
+                        "INSERT INTO {LOG_TABLE} (participant, txid, state, term, decided_ms) VALUES ($1, $2, $3, $4, $5)
+                         ON CONFLICT (participant, txid) DO NOTHING"
+                    ),
+                    &[&self.id, &(txid as i64), &st::TOMBSTONE, &(term as i64), &now_ms()],
+                )
+                .await;
+            match res {
+                Ok(_) => {
+                    tx.commit().await.map_err(|e| pg_err("COMMIT", &e))?;
+                    // Re-read: a marker committed meanwhile wins.
+                    continue;
+                }
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    let _ = tx.rollback().await;
+                    tracing::debug!("abort of {txid}: the log row is locked (a Prepare in flight); looking again");
+                    continue;
+                }
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    return Err(pg_err("writing the tombstone", &e));
+                }
+            }
+        }
+        Err(StoreError::Io(format!(
+            "abort of transaction {txid}: its log row stayed locked by another session; try again"
+        )))
+    }
+
+    async fn on_one_phase(&self, c: &mut Client, txid: u64, term: u64, payload: &[u8]) -> Result<Answer, StoreError> {
+        if let Some(p) = self.prepared(c, txid).await? {
+            // Prepared YES, no decision known here: the one-phase commit is
+            // the decision.
+            stale(term, p.term)?;
+            c.batch_execute(&format!("COMMIT PREPARED {}", literal(&p.gid)))
+                .await
+                .map_err(|e| pg_err("COMMIT PREPARED", &e))?;
+            self.raise_term(c, txid, term).await?;
+            return Ok(Answer::new(Reply::Ack));
+        }
+        if let Some(row) = self.row(c, txid).await? {
+            stale(term, row.term)?;
+            self.raise_term(c, txid, term).await?;
+            return Ok(match row.local_state(txid)? {
+                LocalState::Committed | LocalState::Prepared { .. } => Answer::new(Reply::Ack),
+                LocalState::Aborted { .. } => Answer::no(format!("transaction {txid} was already aborted here")),
+            });
+        }
+        let (verdict, tx) = self.run_handler(c, txid, term, payload, true).await?;
+        if let Some(tx) = tx {
+            tx.commit().await.map_err(|e| pg_err("COMMIT", &e))?;
+            return Ok(Answer::new(Reply::Ack));
+        }
+        drop(tx);
+        let row = self.record(c, txid, st::ABORTED, term).await?;
+        if row.state == st::COMMITTED {
+            return Ok(Answer::new(Reply::Ack));
+        }
+        Ok(Answer::no(verdict.reason))
+    }
+}
+
+impl<H: PgHandler> Participant for PgParticipant<H> {
+    async fn handle(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Answer, StoreError> {
+        let _serial = self.locks.lock(txid).await;
+        let mut obj = self.conn().await?;
+        let c: &mut Client = &mut obj;
+        match msg {
+            Message::Prepare { term } => self.on_prepare(c, txid, term, payload).await,
+            Message::Commit { term } => self.on_commit(c, txid, term).await,
+            Message::Abort { term } => self.on_abort(c, txid, term).await,
+            Message::CommitOnePhase { term } => self.on_one_phase(c, txid, term, payload).await,
+        }
+    }
+
+    async fn prepare_many(&self, items: &[(u64, u64, &[u8])]) -> Result<Vec<Result<Verdict, StoreError>>, StoreError> {
+        let results = futures::future::join_all(items.iter().map(|&(txid, term, payload)| async move {
+            let a = self.handle(txid, Message::Prepare { term }, payload).await?;
+            match a.reply {
+                Reply::Vote(vote) => Ok(Verdict { vote, reason: a.reason }),
+                Reply::Ack => Err(StoreError::Io(format!("Prepare of {txid} answered an ack"))),
+            }
+        }))
+        .await;
+        // Every item failed on PostgreSQL itself: the call fails as a whole
+        // (as the sled store's does when it cannot write).
+        let all_failed = !results.is_empty()
+            && results
+                .iter()
+                .all(|r| matches!(r, Err(StoreError::Io(_) | StoreError::Unavailable(_))));
+        match results.into_iter().collect::<Vec<_>>() {
+            r if all_failed => Err(r.into_iter().find_map(Result::err).expect("every item failed")),
+            r => Ok(r),
+        }
+    }
+
+    async fn apply_decisions(&self, items: &[(u64, PhaseTwo)]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        let results = futures::future::join_all(
+            items
+                .iter()
+                .map(|&(txid, d)| async move { self.handle(txid, d.into(), &[]).await.map(|_| ()) }),
+        )
+        .await;
+        Ok(results)
+    }
+
+    async fn durable_entry(&self, txid: u64) -> Result<Option<LogEntry>, StoreError> {
+        let obj = self.conn().await?;
+        if let Some(p) = self.prepared(&obj, txid).await? {
+            return Ok(Some(LogEntry {
+                state: LocalState::Prepared { vote: Vote::Yes },
+                term: p.term,
+            }));
+        }
+        match self.row(&obj, txid).await? {
+            Some(row) => Ok(Some(LogEntry {
+                state: row.local_state(txid)?,
+                term: row.term,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    async fn in_doubt_older_than(&self, age_min: Duration) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+        let obj = self.conn().await?;
+        let rows = obj
+            .query(
+                "SELECT gid, (extract(epoch from prepared) * 1000)::bigint,
+                        (extract(epoch from now() - prepared) * 1000)::bigint
+                 FROM pg_prepared_xacts
+                 WHERE database = current_database() AND starts_with(gid, $1)
+                 ORDER BY prepared",
+                &[&self.prefix],
+            )
+            .await
+            .map_err(|e| pg_err("reading pg_prepared_xacts", &e))?;
+        let age_min_ms = age_min.as_millis().min(i64::MAX as u128) as i64;
+        let mut out = Vec::new();
+        for r in rows {
+            let gid: String = r.get(0);
+            let at_ms: i64 = r.get(1);
+            let age_ms: i64 = r.get(2);
+            let Some((txid, term)) = self.parse_gid(&gid) else {
+                tracing::warn!("ignoring prepared transaction {gid:?}: its gid does not parse");
+                continue;
+            };
+            if age_ms >= age_min_ms || at_ms < self.started_ms {
+                out.push((
+                    txid,
+                    LogEntry {
+                        state: LocalState::Prepared { vote: Vote::Yes },
+                        term,
+                    },
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn gc_candidates_after(
+        &self,
+        after: Option<(u64, u64)>,
+        decided_before_ms: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        let obj = self.conn().await?;
+        let (a_ms, a_txid, has_after) = match after {
+            Some((ms, txid)) => (ms as i64, txid as i64, true),
+            None => (0, 0, false),
+        };
+        let rows = obj
+            .query(
+                &format!(
+                    "SELECT decided_ms, txid FROM {LOG_TABLE}
+                     WHERE participant = $1 AND decided_ms <= $2
+                       AND (NOT $3 OR (decided_ms, txid) > ($4, $5))
+                     ORDER BY decided_ms, txid LIMIT $6"
+                ),
+                &[
+                    &self.id,
+                    &(decided_before_ms.min(i64::MAX as u64) as i64),
+                    &has_after,
+                    &a_ms,
+                    &a_txid,
+                    &(max.min(i64::MAX as usize) as i64),
+                ],
+            )
+            .await
+            .map_err(|e| pg_err("reading the log", &e))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
+            .collect())
+    }
+
+    async fn forget_records(&self, records: &[(u64, u64)]) -> Result<usize, StoreError> {
+        let obj = self.conn().await?;
+        let mut n = 0;
+        for &(ms, txid) in records {
+            n += obj
+                .execute(
+                    &format!("DELETE FROM {LOG_TABLE} WHERE participant = $1 AND txid = $2 AND decided_ms = $3"),
+                    &[&self.id, &(txid as i64), &(ms as i64)],
+                )
+                .await
+                .map_err(|e| pg_err("forgetting log records", &e))? as usize;
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,590 @@
+//! The PostgreSQL participant (`postgres::PgParticipant`, ADR 0015) against
+//! a real PostgreSQL server started by dtx-pg-server: the contract of
+//! `log::step` (invariants 5, 8 and 9) kept with PostgreSQL's prepared
+//! transactions, across a crash of PostgreSQL, and the start-up checks.
+//!
+//! Without the PostgreSQL server binaries each test prints a loud message
+//! and passes, unless DTX_REQUIRE_POSTGRES=1 (CI), where it fails.
+
+use std::time::Duration;
+use std::time::Instant;
+
+use dtx_pg_server::PgServer;
+use dtx_pg_server::PgServerOptions;
+use participant_sdk::log::LocalState;
+use participant_sdk::log::LogEntry;
+use participant_sdk::log::Message;
+use participant_sdk::log::Refusal;
+use participant_sdk::log::Vote;
+use participant_sdk::participant::Answer;
+use participant_sdk::participant::Participant;
+use participant_sdk::participant::Verdict;
+use participant_sdk::postgres::HandlerError;
+use participant_sdk::postgres::PgHandler;
+use participant_sdk::postgres::PgOptions;
+use participant_sdk::postgres::PgParticipant;
+use participant_sdk::store::PhaseTwo;
+use participant_sdk::store::Reply;
+use participant_sdk::store::StoreError;
+use tokio_postgres::Transaction;
+
+const DB: &str = "bank";
+const ID: &str = "acct";
+
+/// The payload `name:+N` / `name:-N` moves N into / out of the account;
+/// `read:name` only reads (READ_ONLY). A balance below zero votes NO.
+struct Accounts;
+
+impl PgHandler for Accounts {
+    async fn prepare(&self, tx: &Transaction<'_>, _txid: u64, payload: &[u8]) -> Result<Verdict, HandlerError> {
+        let text = std::str::from_utf8(payload)?;
+        let (name, amount) = text.split_once(':').ok_or("bad payload")?;
+        if name == "read" {
+            tx.query_one("SELECT balance FROM accounts WHERE id = $1", &[&amount])
+                .await?;
+            return Ok(Verdict::read_only());
+        }
+        let amount: i64 = amount.parse()?;
+        // A row locked by a prepared transaction stays locked until its
+        // decision: vote NO after a while instead of waiting for it.
+        tx.batch_execute("SET LOCAL lock_timeout = '2s'").await?;
+        let row = tx
+            .query_one(
+                "UPDATE accounts SET balance = balance + $2 WHERE id = $1 RETURNING balance",
+                &[&name, &amount],
+            )
+            .await?;
+        let balance: i64 = row.get(0);
+        if balance < 0 {
+            return Ok(Verdict::no(format!("insufficient funds in {name}: {balance}")));
+        }
+        Ok(Verdict::yes())
+    }
+}
+
+/// A server with database `bank` and accounts alice = 100, bob = 0,
+/// carol = 50; `None`
+/// (after a loud message) when PostgreSQL is not installed and not required.
+fn server(opts: PgServerOptions) -> Option<PgServer> {
+    let opts = PgServerOptions {
+        kill_with_parent_thread: true,
+        ..opts
+    };
+    match PgServer::start(opts) {
+        Ok(s) => {
+            s.create_database(DB).unwrap();
+            s.execute(
+                DB,
+                "CREATE TABLE accounts (id text PRIMARY KEY, balance bigint NOT NULL);
+                 INSERT INTO accounts VALUES ('alice', 100), ('bob', 0), ('carol', 50)",
+            )
+            .unwrap();
+            Some(s)
+        }
+        Err(e) if e.is_binaries_missing() && std::env::var("DTX_REQUIRE_POSTGRES").as_deref() != Ok("1") => {
+            eprintln!("\n!!!!!!!!!! SKIPPED (PostgreSQL missing): {e}\n!!!!!!!!!! set DTX_REQUIRE_POSTGRES=1 to fail instead\n");
+            None
+        }
+        Err(e) => panic!("starting PostgreSQL: {e}"),
+    }
+}
+
+fn opts(s: &PgServer) -> PgOptions {
+    let mut o = PgOptions::new(ID, s.conn_string(DB));
+    o.concurrency = 8;
+    o
+}
+
+async fn setup() -> Option<(PgServer, PgParticipant<Accounts>)> {
+    let s = server(PgServerOptions::default())?;
+    let p = PgParticipant::connect(opts(&s), Accounts).await.unwrap();
+    Some((s, p))
+}
+
+async fn balance(p: &PgParticipant<Accounts>, name: &str) -> i64 {
+    let c = p.pool().get().await.unwrap();
+    c.query_one("SELECT balance FROM accounts WHERE id = $1", &[&name])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn gids(p: &PgParticipant<Accounts>) -> Vec<String> {
+    let c = p.pool().get().await.unwrap();
+    c.query("SELECT gid FROM pg_prepared_xacts ORDER BY gid", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+fn yes() -> Answer {
+    Answer::new(Reply::Vote(Vote::Yes))
+}
+
+fn ack() -> Answer {
+    Answer::new(Reply::Ack)
+}
+
+fn refusal(r: Result<Answer, StoreError>) -> Refusal {
+    match r {
+        Err(StoreError::Refused(r)) => r,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn inv8_commit_applies_once_and_redelivered_commit_acks_after_gid_is_gone() {
+    let Some((_s, p)) = setup().await else { return };
+    assert_eq!(
+        p.handle(1, Message::Prepare { term: 1 }, b"alice:+10").await.unwrap(),
+        yes()
+    );
+    assert_eq!(gids(&p).await, vec![p.gid(1, 1)]);
+    assert_eq!(
+        p.durable_entry(1).await.unwrap(),
+        Some(LogEntry {
+            state: LocalState::Prepared { vote: Vote::Yes },
+            term: 1
+        })
+    );
+    // Idempotent Prepare: the same vote, nothing prepared twice.
+    assert_eq!(
+        p.handle(1, Message::Prepare { term: 1 }, b"alice:+10").await.unwrap(),
+        yes()
+    );
+    assert_eq!(balance(&p, "alice").await, 100, "not visible before the decision");
+    assert_eq!(p.handle(1, Message::Commit { term: 1 }, b"").await.unwrap(), ack());
+    assert_eq!(balance(&p, "alice").await, 110);
+    assert!(gids(&p).await.is_empty(), "PostgreSQL forgot the gid");
+    // Redelivered: the marker row answers, nothing applied twice.
+    assert_eq!(p.handle(1, Message::Commit { term: 2 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.handle(1, Message::Prepare { term: 2 }, b"alice:+10").await.unwrap(),
+        yes()
+    );
+    assert_eq!(balance(&p, "alice").await, 110);
+    assert_eq!(
+        p.durable_entry(1).await.unwrap(),
+        Some(LogEntry {
+            state: LocalState::Committed,
+            term: 2
+        })
+    );
+    assert_eq!(
+        refusal(p.handle(1, Message::Abort { term: 2 }, b"").await),
+        Refusal::AbortAfterCommit
+    );
+}
+
+#[tokio::test]
+async fn inv8_abort_before_prepare_leaves_tombstone_and_late_prepare_votes_no() {
+    let Some((_s, p)) = setup().await else { return };
+    assert_eq!(p.handle(2, Message::Abort { term: 1 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.durable_entry(2).await.unwrap(),
+        Some(LogEntry {
+            state: LocalState::Aborted { tombstone: true },
+            term: 1
+        })
+    );
+    let a = p.handle(2, Message::Prepare { term: 1 }, b"alice:+10").await.unwrap();
+    assert_eq!(a.reply, Reply::Vote(Vote::No), "{a:?}");
+    assert!(gids(&p).await.is_empty());
+    assert_eq!(balance(&p, "alice").await, 100);
+    assert_eq!(p.handle(2, Message::Abort { term: 1 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        refusal(p.handle(2, Message::Commit { term: 1 }, b"").await),
+        Refusal::CommitAfterAbort
+    );
+}
+
+#[tokio::test]
+async fn inv8_abort_after_prepare_rolls_back_once() {
+    let Some((_s, p)) = setup().await else { return };
+    assert_eq!(
+        p.handle(3, Message::Prepare { term: 1 }, b"alice:-30").await.unwrap(),
+        yes()
+    );
+    assert_eq!(p.handle(3, Message::Abort { term: 1 }, b"").await.unwrap(), ack());
+    assert!(gids(&p).await.is_empty());
+    assert_eq!(balance(&p, "alice").await, 100);
+    assert_eq!(p.handle(3, Message::Abort { term: 1 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.handle(3, Message::Prepare { term: 1 }, b"alice:-30")
+            .await
+            .unwrap()
+            .reply,
+        Reply::Vote(Vote::No)
+    );
+    assert_eq!(
+        refusal(p.handle(3, Message::Commit { term: 1 }, b"").await),
+        Refusal::CommitAfterAbort
+    );
+    assert_eq!(
+        p.durable_entry(3).await.unwrap(),
+        Some(LogEntry {
+            state: LocalState::Aborted { tombstone: false },
+            term: 1
+        })
+    );
+}
+
+#[tokio::test]
+async fn inv9_stale_term_commit_refused() {
+    let Some((_s, p)) = setup().await else { return };
+    assert_eq!(
+        p.handle(4, Message::Prepare { term: 5 }, b"alice:+1").await.unwrap(),
+        yes()
+    );
+    assert_eq!(
+        refusal(p.handle(4, Message::Commit { term: 4 }, b"").await),
+        Refusal::StaleTerm { got: 4, seen: 5 }
+    );
+    assert_eq!(
+        refusal(p.handle(4, Message::Abort { term: 4 }, b"").await),
+        Refusal::StaleTerm { got: 4, seen: 5 }
+    );
+    assert_eq!(gids(&p).await, vec![p.gid(4, 5)], "still prepared");
+    assert_eq!(balance(&p, "alice").await, 100);
+    assert_eq!(p.handle(4, Message::Commit { term: 6 }, b"").await.unwrap(), ack());
+    assert_eq!(balance(&p, "alice").await, 101);
+    // Once decided, the row's term (raised by the Commit) fences.
+    assert_eq!(
+        refusal(p.handle(4, Message::Commit { term: 5 }, b"").await),
+        Refusal::StaleTerm { got: 5, seen: 6 }
+    );
+}
+
+#[tokio::test]
+async fn no_vote_carries_the_handlers_reason() {
+    let Some((_s, p)) = setup().await else { return };
+    let a = p.handle(5, Message::Prepare { term: 1 }, b"bob:-10").await.unwrap();
+    assert_eq!(a.reply, Reply::Vote(Vote::No));
+    assert!(a.reason.contains("insufficient funds in bob"), "{a:?}");
+    assert!(gids(&p).await.is_empty());
+    assert_eq!(balance(&p, "bob").await, 0, "rolled back");
+    // A redelivered Prepare votes NO again.
+    let again = p.handle(5, Message::Prepare { term: 1 }, b"bob:-10").await.unwrap();
+    assert_eq!(again.reply, Reply::Vote(Vote::No));
+    assert_eq!(
+        refusal(p.handle(5, Message::Commit { term: 1 }, b"").await),
+        Refusal::CommitAfterAbort
+    );
+}
+
+#[tokio::test]
+async fn inv8_commit_without_prepare_refused() {
+    let Some((_s, p)) = setup().await else { return };
+    assert_eq!(
+        refusal(p.handle(6, Message::Commit { term: 1 }, b"").await),
+        Refusal::CommitWithoutPrepare
+    );
+    assert_eq!(p.durable_entry(6).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn read_only_and_one_phase() {
+    let Some((_s, p)) = setup().await else { return };
+    let ro = Answer::new(Reply::Vote(Vote::ReadOnly));
+    assert_eq!(
+        p.handle(7, Message::Prepare { term: 1 }, b"read:alice").await.unwrap(),
+        ro
+    );
+    assert_eq!(
+        p.handle(7, Message::Prepare { term: 1 }, b"read:alice").await.unwrap(),
+        ro
+    );
+    assert!(gids(&p).await.is_empty());
+    assert_eq!(
+        p.handle(8, Message::CommitOnePhase { term: 1 }, b"alice:+5")
+            .await
+            .unwrap(),
+        ack()
+    );
+    assert_eq!(
+        p.handle(8, Message::CommitOnePhase { term: 1 }, b"alice:+5")
+            .await
+            .unwrap(),
+        ack()
+    );
+    assert_eq!(balance(&p, "alice").await, 105);
+    let no = p
+        .handle(9, Message::CommitOnePhase { term: 1 }, b"bob:-1")
+        .await
+        .unwrap();
+    assert_eq!(no.reply, Reply::Vote(Vote::No));
+    assert!(no.reason.contains("insufficient"), "{no:?}");
+}
+
+#[tokio::test]
+async fn inv5_prepared_transaction_survives_postgres_crash_and_commit_resolves_it() {
+    let Some((mut s, p)) = setup().await else { return };
+    assert_eq!(
+        p.handle(10, Message::Prepare { term: 3 }, b"alice:+7").await.unwrap(),
+        yes()
+    );
+    s.kill9();
+    s.restart().unwrap();
+    // The pool's connections died with the server; new ones are made.
+    let mut listed = None;
+    for _ in 0..20 {
+        match p.in_doubt_older_than(Duration::ZERO).await {
+            Ok(l) => {
+                listed = Some(l);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let prepared = LogEntry {
+        state: LocalState::Prepared { vote: Vote::Yes },
+        term: 3,
+    };
+    assert_eq!(listed.unwrap(), vec![(10, prepared)]);
+    assert_eq!(gids(&p).await, vec![p.gid(10, 3)]);
+    assert_eq!(p.durable_entry(10).await.unwrap(), Some(prepared));
+    assert_eq!(balance(&p, "alice").await, 100, "never decided on its own");
+    assert_eq!(p.handle(10, Message::Commit { term: 3 }, b"").await.unwrap(), ack());
+    assert_eq!(balance(&p, "alice").await, 107);
+    assert!(p.in_doubt_older_than(Duration::ZERO).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn prepared_gid_of_another_prefix_is_never_listed_or_touched() {
+    let Some((s, p)) = setup().await else { return };
+    // Another participant (a longer id with ours as its start), something
+    // else entirely, and our own prefix in another database.
+    s.execute(
+        DB,
+        "BEGIN; UPDATE accounts SET balance = 1 WHERE id = 'bob'; PREPARE TRANSACTION 'dtx:v1:acct2:11:1'",
+    )
+    .unwrap();
+    s.execute(DB, "BEGIN; PREPARE TRANSACTION 'app-11'").unwrap();
+    s.create_database("other").unwrap();
+    s.execute("other", "BEGIN; PREPARE TRANSACTION 'dtx:v1:acct:11:1'")
+        .unwrap();
+    let foreign = vec![
+        "app-11".to_string(),
+        "dtx:v1:acct2:11:1".to_string(),
+        "dtx:v1:acct:11:1".to_string(),
+    ];
+    assert_eq!(gids(&p).await, foreign);
+    assert!(p.in_doubt_older_than(Duration::ZERO).await.unwrap().is_empty());
+    assert_eq!(p.durable_entry(11).await.unwrap(), None);
+    assert_eq!(
+        refusal(p.handle(11, Message::Commit { term: 1 }, b"").await),
+        Refusal::CommitWithoutPrepare
+    );
+    assert_eq!(p.handle(11, Message::Abort { term: 1 }, b"").await.unwrap(), ack());
+    assert_eq!(gids(&p).await, foreign, "untouched");
+}
+
+#[tokio::test]
+async fn batches_prepare_many_and_apply_decisions_answer_in_order() {
+    let Some((_s, p)) = setup().await else { return };
+    let items: Vec<(u64, u64, &[u8])> = vec![
+        (20, 1, b"alice:-10"),
+        (21, 1, b"bob:-10"),
+        (22, 1, b"read:alice"),
+        (23, 1, b"carol:-20"),
+    ];
+    let v = p.prepare_many(&items).await.unwrap();
+    let votes: Vec<Vote> = v.iter().map(|r| r.as_ref().unwrap().vote).collect();
+    assert_eq!(votes, vec![Vote::Yes, Vote::No, Vote::ReadOnly, Vote::Yes]);
+    let d = p
+        .apply_decisions(&[
+            (20, PhaseTwo::Commit { term: 1 }),
+            (23, PhaseTwo::Abort { term: 1 }),
+            (24, PhaseTwo::Commit { term: 1 }),
+        ])
+        .await
+        .unwrap();
+    assert!(d[0].is_ok() && d[1].is_ok(), "{d:?}");
+    assert!(
+        matches!(d[2], Err(StoreError::Refused(Refusal::CommitWithoutPrepare))),
+        "{d:?}"
+    );
+    assert_eq!(balance(&p, "alice").await, 90);
+    assert_eq!(balance(&p, "carol").await, 50);
+    // Log garbage collection over the decided rows.
+    let all = p.gc_candidates_after(None, u64::MAX, 100).await.unwrap();
+    let txids: std::collections::BTreeSet<u64> = all.iter().map(|x| x.1).collect();
+    assert_eq!(txids, [20, 21, 22, 23].into_iter().collect());
+    let first = p.gc_candidates_after(None, u64::MAX, 1).await.unwrap();
+    let rest = p.gc_candidates_after(Some(first[0]), u64::MAX, 100).await.unwrap();
+    assert_eq!(rest.len(), 3);
+    assert_eq!(p.forget_records(&all).await.unwrap(), 4);
+    assert_eq!(p.durable_entry(20).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn startup_refuses_max_prepared_transactions_zero() {
+    let Some(s) = server(PgServerOptions {
+        max_prepared_transactions: 0,
+        ..PgServerOptions::default()
+    }) else {
+        return;
+    };
+    let e = PgParticipant::connect(opts(&s), Accounts).await.err().expect("refused");
+    let msg = e.to_string();
+    assert!(msg.contains("max_prepared_transactions is 0"), "{msg}");
+    assert!(msg.contains("postgresql.conf"), "{msg}");
+}
+
+#[tokio::test]
+async fn startup_refuses_max_prepared_transactions_below_concurrency() {
+    let Some(s) = server(PgServerOptions {
+        max_prepared_transactions: 4,
+        ..PgServerOptions::default()
+    }) else {
+        return;
+    };
+    let e = PgParticipant::connect(opts(&s), Accounts).await.err().expect("refused");
+    assert!(e.to_string().contains("below this participant's concurrency 8"), "{e}");
+}
+
+#[tokio::test]
+async fn startup_unreachable_port_fails_after_bounded_retries() {
+    // Needs no PostgreSQL: nothing listens on this port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut o = PgOptions::new(ID, format!("host=127.0.0.1 port={port} user=postgres dbname={DB}"));
+    o.connect_attempts = 3;
+    o.connect_backoff = Duration::from_millis(50);
+    let began = Instant::now();
+    let e = PgParticipant::connect(o, Accounts).await.err().expect("unreachable");
+    let msg = e.to_string();
+    assert!(
+        began.elapsed() < Duration::from_secs(20),
+        "bounded: {:?}",
+        began.elapsed()
+    );
+    assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
+    assert!(msg.contains("3 connection attempts"), "{msg}");
+}
+
+#[tokio::test]
+async fn participant_ids_are_checked() {
+    for bad in ["", "a:b", &"x".repeat(200)] {
+        let o = PgOptions::new(bad, "host=127.0.0.1 port=1 user=postgres dbname=x");
+        assert!(PgParticipant::connect(o, Accounts).await.is_err(), "{bad:?}");
+    }
+}
+
+/// Accounts, but the handler waits for `gate` after telling `entered`.
+struct Gated {
+    entered: std::sync::Arc<tokio::sync::Notify>,
+    gate: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl PgHandler for Gated {
+    async fn prepare(&self, tx: &Transaction<'_>, txid: u64, payload: &[u8]) -> Result<Verdict, HandlerError> {
+        self.entered.notify_one();
+        self.gate.notified().await;
+        Accounts.prepare(tx, txid, payload).await
+    }
+}
+
+#[tokio::test]
+async fn inv8_abort_during_prepare_in_another_session_wins_and_prepare_votes_no() {
+    let Some((s, b)) = setup().await else { return };
+    let entered = std::sync::Arc::new(tokio::sync::Notify::new());
+    let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+    let a = PgParticipant::connect(
+        opts(&s),
+        Gated {
+            entered: entered.clone(),
+            gate: gate.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    let prepare = a.handle(30, Message::Prepare { term: 1 }, b"alice:+1");
+    let abort = async {
+        entered.notified().await;
+        let r = b.handle(30, Message::Abort { term: 1 }, b"").await;
+        gate.notify_one();
+        r
+    };
+    let (p, ab) = tokio::join!(prepare, abort);
+    assert_eq!(ab.unwrap(), ack());
+    let p = p.unwrap();
+    assert_eq!(p.reply, Reply::Vote(Vote::No), "{p:?}");
+    assert!(gids(&b).await.is_empty());
+    assert_eq!(balance(&b, "alice").await, 100);
+    assert_eq!(
+        b.durable_entry(30).await.unwrap(),
+        Some(LogEntry {
+            state: LocalState::Aborted { tombstone: true },
+            term: 1
+        })
+    );
+}
+
+#[tokio::test]
+async fn inv8_abort_waiting_on_an_unprepared_marker_rolls_back_once_it_is_prepared() {
+    let Some((_s, p)) = setup().await else { return };
+    // Another session between its marker and PREPARE TRANSACTION.
+    let other = p.pool().get().await.unwrap();
+    other
+        .batch_execute(&format!(
+            "BEGIN; UPDATE accounts SET balance = balance + 1 WHERE id = 'alice';
+             INSERT INTO dtx_participant_log VALUES ('{ID}', 31, 'committed', 1, 0)"
+        ))
+        .await
+        .unwrap();
+    let gid = p.gid(31, 1);
+    let prepare_later = async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        other
+            .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
+            .await
+            .unwrap();
+    };
+    let began = Instant::now();
+    let (ab, ()) = tokio::join!(p.handle(31, Message::Abort { term: 1 }, b""), prepare_later);
+    assert_eq!(ab.unwrap(), ack());
+    assert!(began.elapsed() < Duration::from_secs(10));
+    assert!(gids(&p).await.is_empty(), "rolled back");
+    assert_eq!(balance(&p, "alice").await, 100);
+    assert_eq!(
+        p.durable_entry(31).await.unwrap(),
+        Some(LogEntry {
+            state: LocalState::Aborted { tombstone: false },
+            term: 1
+        })
+    );
+}
+
+#[tokio::test]
+async fn startup_refuses_a_role_without_rights_on_the_log_table() {
+    let Some(s) = server(PgServerOptions::default()) else {
+        return;
+    };
+    // PostgreSQL 15 and later: no CREATE on schema public for PUBLIC.
+    s.execute(DB, "CREATE ROLE weak LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        .unwrap();
+    let weak = |s: &PgServer| {
+        let mut o = opts(s);
+        o.conn_string = format!("host=127.0.0.1 port={} user=weak dbname={DB}", s.port());
+        o
+    };
+    let e = PgParticipant::connect(weak(&s), Accounts).await.err().expect("refused");
+    assert!(e.to_string().contains("cannot create the log table"), "{e}");
+    assert!(e.to_string().contains("role weak"), "{e}");
+    // The table made by its owner, but no rights on it yet.
+    PgParticipant::connect(opts(&s), Accounts).await.unwrap();
+    let e = PgParticipant::connect(weak(&s), Accounts).await.err().expect("refused");
+    assert!(e.to_string().contains("lacks SELECT, INSERT, UPDATE or DELETE"), "{e}");
+    s.execute(
+        DB,
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON dtx_participant_log TO weak",
+    )
+    .unwrap();
+    PgParticipant::connect(weak(&s), Accounts).await.unwrap();
+}

@@ -1,0 +1,554 @@
+//! A throwaway PostgreSQL server for tests and demos.
+//!
+//! [`PgServer::start`] runs `initdb` on a data directory inside a fresh
+//! temporary folder and starts `postgres` on it as a real child process (no
+//! container): it listens only on 127.0.0.1 on a free port, keeps its unix
+//! socket inside the temporary folder, trusts every local connection (user
+//! `postgres`, no password), runs with `fsync=on` and the configured
+//! `max_prepared_transactions`. [`PgServer::kill9`] crashes it (SIGKILL of
+//! the postmaster and its backends), [`PgServer::restart`] starts it again
+//! on the same data directory and port (crash recovery included), and
+//! dropping the value kills it and removes the folder.
+//!
+//! The binaries (`initdb`, `postgres`) are looked up in `DTX_PG_BIN` (a
+//! directory), then on `PATH`, then under the newest
+//! `/usr/lib/postgresql/<version>/bin`; when none is found,
+//! [`PgServerError::BinariesMissing`] says how to install them.
+//!
+//! `initdb` and `postgres` refuse to run as root: when this process is root,
+//! both run as the unprivileged system user `dtx-pg` (created with
+//! `useradd --system` when absent), which owns the temporary folder.
+
+use std::ffi::CString;
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::io::Write;
+use std::net::TcpListener;
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::path::PathBuf;
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+use std::time::Instant;
+
+/// The OS user the server runs as when this process is root.
+pub const SERVICE_USER: &str = "dtx-pg";
+
+/// The database role every connection uses (trusted, no password).
+pub const SUPERUSER: &str = "postgres";
+
+#[derive(Debug)]
+pub enum PgServerError {
+    /// The PostgreSQL server binaries are not installed.
+    BinariesMissing(String),
+    /// Anything else: initdb, start-up, a query, the OS user.
+    Failed(String),
+}
+
+impl std::fmt::Display for PgServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PgServerError::BinariesMissing(m) | PgServerError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for PgServerError {}
+
+impl PgServerError {
+    pub fn is_binaries_missing(&self) -> bool {
+        matches!(self, PgServerError::BinariesMissing(_))
+    }
+}
+
+pub type Result<T> = std::result::Result<T, PgServerError>;
+
+fn failed(msg: impl Into<String>) -> PgServerError {
+    PgServerError::Failed(msg.into())
+}
+
+#[derive(Clone, Debug)]
+pub struct PgServerOptions {
+    /// `max_prepared_transactions` (0 disables PREPARE TRANSACTION).
+    pub max_prepared_transactions: u32,
+    /// `max_connections`.
+    pub max_connections: u32,
+    /// How long a start (or restart, crash recovery included) may take
+    /// before it is an error.
+    pub start_timeout: Duration,
+    /// More `postgresql.conf` lines, as (name, value) with the value
+    /// written as is (quote strings yourself).
+    pub extra_settings: Vec<(String, String)>,
+    /// SIGKILL the server when the thread that started it exits (Linux
+    /// `PR_SET_PDEATHSIG`), so a test killed midway leaves no server
+    /// behind. Only for servers started (and restarted) from a thread that
+    /// outlives them, such as a test's own thread.
+    pub kill_with_parent_thread: bool,
+}
+
+impl Default for PgServerOptions {
+    fn default() -> Self {
+        PgServerOptions {
+            max_prepared_transactions: 64,
+            max_connections: 100,
+            start_timeout: Duration::from_secs(60),
+            extra_settings: Vec::new(),
+            kill_with_parent_thread: false,
+        }
+    }
+}
+
+/// The directory holding `initdb` and `postgres`, or how to install them.
+pub fn find_binaries() -> Result<PathBuf> {
+    find_binaries_in(
+        std::env::var_os("DTX_PG_BIN").map(PathBuf::from),
+        std::env::var_os("PATH"),
+        Path::new("/usr/lib/postgresql"),
+    )
+}
+
+fn find_binaries_in(explicit: Option<PathBuf>, path: Option<std::ffi::OsString>, lib_root: &Path) -> Result<PathBuf> {
+    let has_both = |d: &Path| d.join("initdb").is_file() && d.join("postgres").is_file();
+    if let Some(d) = explicit {
+        if has_both(&d) {
+            return Ok(d);
+        }
+    }
+    if let Some(path) = path {
+        for d in std::env::split_paths(&path) {
+            if has_both(&d) {
+                return Ok(d);
+            }
+        }
+    }
+    let mut versions: Vec<(Vec<u64>, PathBuf)> = std::fs::read_dir(lib_root)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().to_string();
+                    let v: Option<Vec<u64>> = name.split('.').map(|p| p.parse().ok()).collect();
+                    Some((v?, e.path().join("bin")))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.sort();
+    if let Some((_, d)) = versions.into_iter().rev().find(|(_, d)| has_both(d)) {
+        return Ok(d);
+    }
+    Err(PgServerError::BinariesMissing(format!(
+        "PostgreSQL server binaries (initdb, postgres) not found in DTX_PG_BIN, on PATH or under \
+         {}/<version>/bin; install them (Debian/Ubuntu: `apt-get install postgresql`)",
+        lib_root.display()
+    )))
+}
+
+/// The uid and gid to run the server as, when this process is root.
+#[derive(Clone, Copy, Debug)]
+struct RunAs {
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+}
+
+fn lookup_user(name: &str) -> Option<RunAs> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: getpwnam returns a pointer to static storage or null; we copy
+    // the two fields out at once (tests start servers from one thread at a
+    // time per process at most through this function's callers; a race
+    // would only mix up two lookups of the same user).
+    unsafe {
+        let pw = libc::getpwnam(c.as_ptr());
+        if pw.is_null() {
+            None
+        } else {
+            Some(RunAs {
+                uid: (*pw).pw_uid,
+                gid: (*pw).pw_gid,
+            })
+        }
+    }
+}
+
+/// `dtx-pg`, created when absent.
+fn service_user() -> Result<RunAs> {
+    if let Some(u) = lookup_user(SERVICE_USER) {
+        return Ok(u);
+    }
+    let out = Command::new("useradd")
+        .args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            SERVICE_USER,
+        ])
+        .output()
+        .map_err(|e| failed(format!("running useradd to create the OS user {SERVICE_USER}: {e}")))?;
+    // Another process may have created it concurrently (exit code 9).
+    if let Some(u) = lookup_user(SERVICE_USER) {
+        return Ok(u);
+    }
+    Err(failed(format!(
+        "could not create the OS user {SERVICE_USER} (initdb refuses to run as root): useradd exited with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    )))
+}
+
+fn chown_tree(path: &Path, who: RunAs) -> Result<()> {
+    std::os::unix::fs::chown(path, Some(who.uid), Some(who.gid))
+        .map_err(|e| failed(format!("chown {}: {e}", path.display())))?;
+    if path.is_dir() {
+        let rd = std::fs::read_dir(path).map_err(|e| failed(format!("read {}: {e}", path.display())))?;
+        for e in rd {
+            let e = e.map_err(|e| failed(format!("read {}: {e}", path.display())))?;
+            chown_tree(&e.path(), who)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs the command as `who` (if set) in its own process group.
+fn prepare_command(cmd: &mut Command, who: Option<RunAs>, pdeathsig: bool) {
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(w) = who {
+                if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(w.gid) != 0 || libc::setuid(w.uid) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // After setuid, which clears it.
+            if pdeathsig && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| failed(format!("finding a free port: {e}")))?;
+    Ok(l.local_addr().map_err(|e| failed(e.to_string()))?.port())
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A running (or crashed) throwaway PostgreSQL server.
+pub struct PgServer {
+    // Declared first: dropped (the folder removed) after `Drop::drop` ran.
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    run_as: Option<RunAs>,
+    port: u16,
+    opts: PgServerOptions,
+    child: Option<Child>,
+}
+
+impl PgServer {
+    /// initdb, configure, start, and wait until it accepts connections.
+    pub fn start(opts: PgServerOptions) -> Result<PgServer> {
+        let bin = find_binaries()?;
+        // SAFETY: geteuid has no preconditions.
+        let run_as = if unsafe { libc::geteuid() } == 0 {
+            Some(service_user()?)
+        } else {
+            None
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("dtx-pg-")
+            .tempdir()
+            .map_err(|e| failed(format!("creating a temporary folder: {e}")))?;
+        std::fs::create_dir(dir.path().join("sock")).map_err(|e| failed(format!("creating sock dir: {e}")))?;
+        if let Some(w) = run_as {
+            chown_tree(dir.path(), w)?;
+        }
+        let mut server = PgServer {
+            port: free_port()?,
+            dir,
+            bin,
+            run_as,
+            opts,
+            child: None,
+        };
+        server.initdb()?;
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn socket_dir(&self) -> PathBuf {
+        self.dir.path().join("sock")
+    }
+
+    /// The server's log (stdout and stderr of `postgres`).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("postgres.log")
+    }
+
+    fn initdb(&self) -> Result<()> {
+        let mut cmd = Command::new(self.bin.join("initdb"));
+        cmd.arg("-D")
+            .arg(self.data_dir())
+            .args([
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
+            .stdin(Stdio::null());
+        prepare_command(&mut cmd, self.run_as, false);
+        let out = cmd.output().map_err(|e| failed(format!("running initdb: {e}")))?;
+        if !out.status.success() {
+            return Err(failed(format!(
+                "initdb failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        let mut conf = format!(
+            "\n# dtx-pg-server\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
+             max_prepared_transactions = {}\nmax_connections = {}\nfsync = on\nshared_buffers = 32MB\n",
+            self.port,
+            self.socket_dir().display(),
+            self.opts.max_prepared_transactions,
+            self.opts.max_connections,
+        );
+        for (k, v) in &self.opts.extra_settings {
+            conf.push_str(&format!("{k} = {v}\n"));
+        }
+        let path = self.data_dir().join("postgresql.conf");
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| failed(format!("open {}: {e}", path.display())))?;
+        f.write_all(conf.as_bytes())
+            .map_err(|e| failed(format!("write {}: {e}", path.display())))?;
+        Ok(())
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log_path = self.log_path();
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| failed(format!("open {}: {e}", log_path.display())))?;
+        let log2 = log.try_clone().map_err(|e| failed(e.to_string()))?;
+        let mut cmd = Command::new(self.bin.join("postgres"));
+        cmd.arg("-D")
+            .arg(self.data_dir())
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        prepare_command(&mut cmd, self.run_as, self.opts.kill_with_parent_thread);
+        let child = cmd.spawn().map_err(|e| failed(format!("starting postgres: {e}")))?;
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + self.opts.start_timeout;
+        let mut last;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    return Err(failed(format!(
+                        "postgres exited during start-up ({status}); log tail:\n{}",
+                        tail(&self.log_path(), 30)
+                    )));
+                }
+            }
+            match self.simple_query(SUPERUSER, "SELECT 1") {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() >= deadline {
+                return Err(failed(format!(
+                    "postgres did not accept connections on 127.0.0.1:{} within {:?} (last: {last}); log tail:\n{}",
+                    self.port,
+                    self.opts.start_timeout,
+                    tail(&self.log_path(), 30)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The postmaster's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// A tokio-postgres connection string for database `db`.
+    pub fn conn_string(&self, db: &str) -> String {
+        format!("host=127.0.0.1 port={} user={SUPERUSER} dbname={db}", self.port)
+    }
+
+    /// `CREATE DATABASE name` (the name is quoted as an identifier).
+    pub fn create_database(&self, name: &str) -> Result<()> {
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        self.simple_query("postgres", &format!("CREATE DATABASE {quoted}"))
+    }
+
+    /// Runs `sql` (simple query protocol, no results returned) on `db`.
+    pub fn execute(&self, db: &str, sql: &str) -> Result<()> {
+        self.simple_query(db, sql)
+    }
+
+    /// Crashes the server: SIGKILL to the postmaster and every backend
+    /// (its process group), as a machine crash would stop them.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill has no memory preconditions; the group is ours.
+            unsafe {
+                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same data directory and port (after
+    /// [`PgServer::kill9`]; a running server is crashed first).
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill9();
+        self.spawn()
+    }
+
+    /// A minimal frontend: startup as `postgres` (trust), one simple query,
+    /// read until ReadyForQuery, report an ErrorResponse as an error.
+    fn simple_query(&self, db: &str, sql: &str) -> Result<()> {
+        let addr = format!("127.0.0.1:{}", self.port);
+        let mut s = TcpStream::connect_timeout(&addr.parse().expect("addr"), Duration::from_secs(2))
+            .map_err(|e| failed(format!("connect {addr}: {e}")))?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+        let io = |e: std::io::Error| failed(format!("talking to {addr}: {e}"));
+        let mut body = Vec::new();
+        body.extend_from_slice(&196608u32.to_be_bytes());
+        for (k, v) in [("user", SUPERUSER), ("database", db)] {
+            body.extend_from_slice(k.as_bytes());
+            body.push(0);
+            body.extend_from_slice(v.as_bytes());
+            body.push(0);
+        }
+        body.push(0);
+        let mut msg = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+        msg.extend_from_slice(&body);
+        s.write_all(&msg).map_err(io)?;
+        let mut sent_query = false;
+        let mut error: Option<String> = None;
+        loop {
+            let mut head = [0u8; 5];
+            s.read_exact(&mut head).map_err(io)?;
+            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+            let mut payload = vec![0u8; len.saturating_sub(4)];
+            s.read_exact(&mut payload).map_err(io)?;
+            match head[0] {
+                b'R' => {
+                    let code = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
+                    if code != 0 {
+                        return Err(failed(format!("server asks for authentication {code}; expected trust")));
+                    }
+                }
+                b'E' => {
+                    let text = error_message(&payload);
+                    if !sent_query {
+                        return Err(failed(text));
+                    }
+                    error = Some(text);
+                }
+                b'Z' => {
+                    if !sent_query {
+                        let mut q = vec![b'Q'];
+                        q.extend_from_slice(&((sql.len() + 5) as u32).to_be_bytes());
+                        q.extend_from_slice(sql.as_bytes());
+                        q.push(0);
+                        s.write_all(&q).map_err(io)?;
+                        sent_query = true;
+                    } else {
+                        let _ = s.write_all(&[b'X', 0, 0, 0, 4]);
+                        return match error {
+                            Some(e) => Err(failed(format!("{sql}: {e}"))),
+                            None => Ok(()),
+                        };
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The severity and message fields of an ErrorResponse.
+fn error_message(payload: &[u8]) -> String {
+    let mut out = Vec::new();
+    for field in payload.split(|b| *b == 0) {
+        if let Some((&code, text)) = field.split_first() {
+            if code == b'S' || code == b'M' {
+                out.push(String::from_utf8_lossy(text).to_string());
+            }
+        }
+    }
+    out.join(": ")
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Whether the server binaries are present (for tests that skip without).
+pub fn binaries_present() -> bool {
+    find_binaries().is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_binaries_say_how_to_install_them() {
+        let empty = tempfile::tempdir().unwrap();
+        let e = find_binaries_in(None, Some(empty.path().as_os_str().to_owned()), empty.path()).unwrap_err();
+        assert!(e.is_binaries_missing());
+        assert!(e.to_string().contains("apt-get install postgresql"), "{e}");
+    }
+
+    #[test]
+    fn newest_version_under_the_lib_root_wins() {
+        let root = tempfile::tempdir().unwrap();
+        for v in ["9.6", "15", "16"] {
+            let bin = root.path().join(v).join("bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            if v != "16" {
+                std::fs::write(bin.join("initdb"), "").unwrap();
+                std::fs::write(bin.join("postgres"), "").unwrap();
+            }
+        }
+        let d = find_binaries_in(None, None, root.path()).unwrap();
+        assert_eq!(d, root.path().join("15").join("bin"), "16 is incomplete");
+    }
+}
