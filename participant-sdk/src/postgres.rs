@@ -867,6 +867,12 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
             .await
             .map_err(|e| pg_err("reading pg_prepared_xacts", &e))?;
         let age_min_ms = age_min.as_millis().min(i64::MAX as u128) as i64;
+        // Every recovery pass lists them: what is open now, and how old the
+        // oldest is (ordered by `prepared`), for the operator.
+        let oldest_ms = rows.first().map(|r| r.get::<_, i64>(2)).unwrap_or(0);
+        metrics::gauge!("dtx_participant_pg_prepared_open", "participant" => self.id.clone()).set(rows.len() as f64);
+        metrics::gauge!("dtx_participant_pg_prepared_oldest_age_seconds", "participant" => self.id.clone())
+            .set(oldest_ms.max(0) as f64 / 1000.0);
         let mut out = Vec::new();
         for r in rows {
             let gid: String = r.get(0);

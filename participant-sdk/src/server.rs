@@ -663,6 +663,34 @@ impl RecoveryOptions {
     }
 }
 
+/// Serves participant `participant_id` (as enlisted) on `listener`
+/// (`dtx.v1.ParticipantService`, TCP_NODELAY and keep-alive on every
+/// connection) with its recovery loop (`spawn_recovery_with`, asking
+/// `cluster`), until `shutdown` completes; then stops recovery. A service
+/// whose participant can stop by itself (the sled store on a failed write)
+/// makes that part of `shutdown`.
+pub async fn serve<P: Participant>(
+    participant: Arc<P>,
+    participant_id: &str,
+    listener: tokio::net::TcpListener,
+    cluster: Vec<String>,
+    recovery: RecoveryOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let recovery = spawn_recovery_with(participant.clone(), cluster, recovery);
+    let served = tonic::transport::Server::builder()
+        .add_service(
+            dtx_proto::v1::participant_service_server::ParticipantServiceServer::new(ParticipantServer::new(
+                participant,
+                participant_id,
+            )),
+        )
+        .serve_with_incoming_shutdown(dtx_proto::incoming(listener), shutdown)
+        .await;
+    recovery.abort();
+    served
+}
+
 /// `spawn_recovery_with` with the default options, the given interval and
 /// this participant's id (as enlisted).
 pub fn spawn_recovery<P: Participant>(

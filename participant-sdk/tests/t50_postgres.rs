@@ -588,3 +588,67 @@ async fn startup_refuses_a_role_without_rights_on_the_log_table() {
     .unwrap();
     PgParticipant::connect(weak(&s), Accounts).await.unwrap();
 }
+
+/// Records the last value of every gauge (a metrics recorder for this
+/// thread: the test runs on tokio's current-thread runtime).
+#[derive(Default)]
+struct Gauges(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, f64>>>);
+
+struct GaugeCell(
+    String,
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, f64>>>,
+);
+
+impl metrics::GaugeFn for GaugeCell {
+    fn increment(&self, v: f64) {
+        *self.1.lock().unwrap().entry(self.0.clone()).or_default() += v;
+    }
+    fn decrement(&self, v: f64) {
+        *self.1.lock().unwrap().entry(self.0.clone()).or_default() -= v;
+    }
+    fn set(&self, v: f64) {
+        self.1.lock().unwrap().insert(self.0.clone(), v);
+    }
+}
+
+impl metrics::Recorder for Gauges {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::from_arc(std::sync::Arc::new(GaugeCell(key.name().to_string(), self.0.clone())))
+    }
+    fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+/// Issue 11, item 6: every listing of the in-doubt transactions (each
+/// recovery pass) reports how many of this participant's prepared
+/// transactions are open in PostgreSQL and the age of the oldest; both go
+/// back to 0 once they are decided.
+#[tokio::test]
+async fn prepared_transactions_open_and_the_oldest_age_are_reported() {
+    let Some((_s, p)) = setup().await else { return };
+    let rec = Gauges::default();
+    let _guard = metrics::set_default_local_recorder(&rec);
+    for (t, work) in [(21, &b"alice:+1"[..]), (22, &b"bob:+1"[..])] {
+        assert_eq!(p.handle(t, Message::Prepare { term: 1 }, work).await.unwrap(), yes());
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(p.in_doubt_older_than(Duration::ZERO).await.unwrap().len(), 2);
+    let seen = rec.0.lock().unwrap().clone();
+    assert_eq!(seen.get("dtx_participant_pg_prepared_open"), Some(&2.0), "{seen:?}");
+    let oldest = seen["dtx_participant_pg_prepared_oldest_age_seconds"];
+    assert!((1.0..60.0).contains(&oldest), "oldest age {oldest} s");
+    for t in [21, 22] {
+        p.handle(t, Message::Abort { term: 1 }, b"").await.unwrap();
+    }
+    assert!(p.in_doubt_older_than(Duration::ZERO).await.unwrap().is_empty());
+    let seen = rec.0.lock().unwrap().clone();
+    assert_eq!(seen.get("dtx_participant_pg_prepared_open"), Some(&0.0));
+    assert_eq!(seen.get("dtx_participant_pg_prepared_oldest_age_seconds"), Some(&0.0));
+}

@@ -26,6 +26,8 @@ use participant_sdk::store::Staged;
 use participant_sdk::store::View;
 use rand::Rng;
 
+pub mod pg;
+
 pub struct Bank;
 
 fn acct_key(name: &str) -> Vec<u8> {
@@ -207,8 +209,14 @@ pub struct BankServeArgs {
     pub prefix: String,
     #[arg(long)]
     pub listen: String,
-    #[arg(long)]
-    pub data_dir: std::path::PathBuf,
+    /// The participant store's directory (the sled bank).
+    #[arg(long, required_unless_present = "postgres")]
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Keep the accounts in this PostgreSQL database instead (a
+    /// tokio-postgres connection string: `host=.. port=.. user=..
+    /// dbname=..`); see the `pg` module.
+    #[arg(long, conflicts_with = "data_dir")]
+    pub postgres: Option<String>,
     /// Coordinator API addresses, comma-separated (for recovery).
     #[arg(long, value_delimiter = ',')]
     pub cluster: Vec<String>,
@@ -227,15 +235,38 @@ pub struct BankServeArgs {
 /// holds everything acknowledged. Started while the disk is still full, it
 /// exits at once saying so (see `ParticipantStore::open`).
 pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
-    let store = open_bank(&a.data_dir, &a.prefix, a.accounts, a.initial).await?;
     // Recovery connects from the service's own address, so network rules on
     // that address (the jepsen partitions) cut it both ways.
     let opts = participant_sdk::server::RecoveryOptions::for_service(&a.id, &a.listen);
-    let recovery = participant_sdk::server::spawn_recovery_with(store.clone(), a.cluster.clone(), opts);
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
-    tracing::info!(id = %a.id, listen = %a.listen, data_dir = %a.data_dir.display(), "bank service started");
+    if let Some(conn) = &a.postgres {
+        let mut db = connect_pg(conn).await?;
+        pg::install(&mut db, &a.prefix, a.accounts, a.initial)
+            .await
+            .context("creating the accounts table")?;
+        let participant = participant_sdk::postgres::PgParticipant::connect(
+            participant_sdk::postgres::PgOptions::new(a.id.clone(), conn.clone()),
+            pg::PgBank,
+        )
+        .await
+        .with_context(|| format!("{}: PostgreSQL participant", a.id))?;
+        tracing::info!(id = %a.id, listen = %a.listen, "bank service started on PostgreSQL");
+        participant_sdk::server::serve(
+            Arc::new(participant),
+            &a.id,
+            listener,
+            a.cluster.clone(),
+            opts,
+            shutdown,
+        )
+        .await?;
+        return Ok(());
+    }
+    let data_dir = a.data_dir.clone().context("--data-dir or --postgres is required")?;
+    let store = open_bank(&data_dir, &a.prefix, a.accounts, a.initial).await?;
+    tracing::info!(id = %a.id, listen = %a.listen, data_dir = %data_dir.display(), "bank service started");
     let stop = {
         let store = store.clone();
         async move {
@@ -245,20 +276,21 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
             }
         }
     };
-    tonic::transport::Server::builder()
-        .add_service(
-            dtx_proto::v1::participant_service_server::ParticipantServiceServer::new(
-                participant_sdk::server::ParticipantServer::new(store.clone(), &a.id),
-            ),
-        )
-        .serve_with_incoming_shutdown(dtx_proto::incoming(listener), stop)
-        .await?;
-    recovery.abort();
+    participant_sdk::server::serve(store.clone(), &a.id, listener, a.cluster.clone(), opts, stop).await?;
     if let Some(f) = store.failure() {
         anyhow::bail!("{f}");
     }
     store.flush().await?;
     Ok(())
+}
+
+/// A connection to PostgreSQL (its connection task spawned).
+pub async fn connect_pg(conn: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (db, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL ({conn})"))?;
+    tokio::spawn(connection);
+    Ok(db)
 }
 
 /// One transfer of a random amount between random accounts of two of

@@ -487,21 +487,12 @@ pub async fn serve(a: ShopServeArgs, shutdown: impl std::future::Future<Output =
         drop(db);
         let _ = conn.await;
     }
-    let recovery_opts = participant_sdk::server::RecoveryOptions::for_service(id, &a.listen);
-    let recovery = participant_sdk::server::spawn_recovery_with(participant.clone(), a.cluster.clone(), recovery_opts);
+    let recovery = participant_sdk::server::RecoveryOptions::for_service(id, &a.listen);
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
     tracing::info!(id, listen = %a.listen, "shop service started");
-    tonic::transport::Server::builder()
-        .add_service(
-            dtx_proto::v1::participant_service_server::ParticipantServiceServer::new(
-                participant_sdk::server::ParticipantServer::new(participant.clone(), id),
-            ),
-        )
-        .serve_with_incoming_shutdown(dtx_proto::incoming(listener), shutdown)
-        .await?;
-    recovery.abort();
+    participant_sdk::server::serve(participant, id, listener, a.cluster.clone(), recovery, shutdown).await?;
     Ok(())
 }
 
