@@ -27,10 +27,10 @@ use dtx_shop::Seed;
 use dtx_testkit::cluster::ProcessCluster;
 use dtx_testkit::cluster::ServiceProcess;
 
-use crate::demo::decision_eventually;
-use crate::demo::Counts;
-use crate::demo::DemoArgs;
-use crate::demo::LeaderKills;
+use crate::demo_kit::decision_eventually;
+use crate::demo_kit::Counts;
+use crate::demo_kit::DemoArgs;
+use crate::demo_kit::LeaderKills;
 
 /// What the clients learned: order id → committed?, and the orders whose
 /// outcome they did not learn, by txid.

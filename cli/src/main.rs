@@ -3,6 +3,7 @@
 //! does the work.
 
 mod demo;
+mod demo_kit;
 mod demo_pg;
 mod dev;
 
@@ -36,7 +37,7 @@ enum Cmd {
     Serve(ServeArgs),
     /// The main job: cluster + two bank services, transfers while the leader
     /// is killed, live progress, then a summary and an audit.
-    Demo(demo::DemoArgs),
+    Demo(demo_kit::DemoArgs),
     /// Run one bank participant service (the example; used by `demo`).
     BankServe(dtx_bank::BankServeArgs),
     /// Run one shop service on its PostgreSQL database (the example of
@@ -313,6 +314,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             coordinator::node::run(config, shutdown_signal()).await
         }
         Cmd::Dev(a) => dev::run(a, shutdown_signal()).await,
+        Cmd::Demo(a) if a.postgres => demo_pg::run(a, shutdown_signal()).await,
         Cmd::Demo(a) => demo::run(a, shutdown_signal()).await,
         Cmd::BankServe(a) => dtx_bank::serve(a, shutdown_signal()).await,
         Cmd::ShopServe(a) => dtx_shop::serve(a, shutdown_signal()).await,

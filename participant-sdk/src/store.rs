@@ -29,10 +29,13 @@ use crate::log::Action;
 use crate::log::LocalState;
 use crate::log::LogEntry;
 use crate::log::Message;
-use crate::log::Refusal;
 use crate::log::Vote;
 use crate::participant::Answer;
 use crate::participant::Participant;
+pub use crate::participant::PhaseTwo;
+pub use crate::participant::Reply;
+pub use crate::participant::StoreError;
+pub use crate::participant::StoreFailure;
 use crate::participant::Verdict;
 
 const LOG_PREFIX: u8 = b'l';
@@ -46,79 +49,6 @@ const DOUBT_INDEX_READY_KEY: &[u8] = b"mdoubt-index-v1";
 /// before READ_ONLY records were collected get them added on open).
 const READ_ONLY_GC_READY_KEY: &[u8] = b"mgc-read-only-v1";
 const ENTRY_FORMAT: u8 = 1;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The store could not be opened; `disk_full` when for lack of space.
-    #[error("participant store at {path}: {message}")]
-    Open {
-        path: String,
-        message: String,
-        disk_full: bool,
-    },
-    #[error("participant store I/O: {0}")]
-    Io(String),
-    /// The resource's server (PostgreSQL) cannot be reached now, or the
-    /// connection was lost: nothing was decided here; the coordinator
-    /// retries (a Prepare it cannot get counts as no YES vote).
-    #[error("participant resource unavailable: {0}")]
-    Unavailable(String),
-    #[error("participant log record for transaction {txid} is damaged: {message}")]
-    Damaged { txid: u64, message: String },
-    #[error(transparent)]
-    Refused(#[from] Refusal),
-    /// A write failed earlier, so the store takes no more requests (see
-    /// `ParticipantStore::stopped`).
-    #[error("{0}")]
-    Stopped(StoreFailure),
-}
-
-impl StoreError {
-    /// True when the cause is a full disk (or an exceeded disk quota).
-    pub fn is_disk_full(&self) -> bool {
-        match self {
-            StoreError::Open { disk_full, .. } => *disk_full,
-            StoreError::Stopped(f) => f.disk_full,
-            _ => false,
-        }
-    }
-}
-
-/// Why a store stopped taking writes: the first write (or fsync) that
-/// failed. sled 0.34.7 keeps such an error for the life of the open
-/// database, refusing every later write and flush even once the cause is
-/// gone (participant-sdk/tests/t30_disk_full.rs pins that), so the store
-/// cannot go on in place: it acknowledges nothing more, and the service
-/// must be restarted (reopening the store), once space is freed for a full
-/// disk. What was acknowledged before is on disk (every reply waits for its
-/// fsync).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoreFailure {
-    /// The store's directory.
-    pub path: String,
-    /// The file system is full (ENOSPC) or over its quota (EDQUOT).
-    pub disk_full: bool,
-    /// The error as sled reported it.
-    pub detail: String,
-}
-
-impl std::fmt::Display for StoreFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.disk_full {
-            write!(
-                f,
-                "participant store at {}: the disk is full ({}); the store stopped and acknowledges nothing more; restart the service once space is freed (sled cannot write again without being reopened; everything acknowledged is on disk)",
-                self.path, self.detail
-            )
-        } else {
-            write!(
-                f,
-                "participant store at {}: a write failed ({}); the store stopped and acknowledges nothing more; restart the service (sled cannot write again without being reopened; everything acknowledged is on disk)",
-                self.path, self.detail
-            )
-        }
-    }
-}
 
 /// True when `e` says the file system is full or over quota.
 fn sled_disk_full(e: &sled::Error) -> bool {
@@ -262,31 +192,6 @@ pub trait Resource: Send + Sync + 'static {
     fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged);
     /// Rolls back the prepared work of `txid` and releases its locks.
     fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged);
-}
-
-/// A phase-two message as `ParticipantStore::apply_decisions` takes them:
-/// the decision and the term of the leader that sent it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PhaseTwo {
-    Commit { term: u64 },
-    Abort { term: u64 },
-}
-
-impl From<PhaseTwo> for Message {
-    fn from(d: PhaseTwo) -> Message {
-        match d {
-            PhaseTwo::Commit { term } => Message::Commit { term },
-            PhaseTwo::Abort { term } => Message::Abort { term },
-        }
-    }
-}
-
-/// The answer to send to the coordinator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reply {
-    Vote(Vote),
-    /// The decision is durably applied.
-    Ack,
 }
 
 pub struct ParticipantStore<R: Resource> {
