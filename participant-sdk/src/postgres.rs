@@ -683,7 +683,12 @@ impl<H: PgHandler> PgParticipant<H> {
                 .await
                 .map_err(|e| pg_err("COMMIT PREPARED", &e))?;
             dtx_failpoint::failpoint!("participant_after_decision_before_ack");
-            self.raise_term(c, txid, term).await?;
+            // The marker committed with the prepare's term; a Commit of a
+            // later term raises it (the usual Commit has the same term: no
+            // round trip).
+            if term > p.term {
+                self.raise_term(c, txid, term).await?;
+            }
             return Ok(Answer::new(Reply::Ack));
         }
         let Some(row) = self.row(c, txid).await? else {
