@@ -15,8 +15,6 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -24,6 +22,11 @@ use std::time::Instant;
 
 use anyhow::Context;
 
+use crate::closed_loop::clients_for;
+use crate::closed_loop::measure_transfers;
+use crate::closed_loop::run_phase;
+use crate::closed_loop::Step;
+use crate::closed_loop::CALL_TIMEOUT;
 use crate::cluster::ProcessCluster;
 use crate::cpu::CpuMeter;
 use crate::etcd::EtcdCluster;
@@ -33,11 +36,9 @@ pub use crate::report::stats;
 use crate::report::Phase;
 pub use crate::report::Stats;
 use crate::report::Summary;
-use crate::report::TransferPoint;
 use crate::verify::AckedPut;
 use crate::verify::Check;
 use dtx_client::Client;
-use dtx_client::ClientConfig;
 use dtx_client::ClientError;
 use dtx_client::DecisionRead;
 use dtx_client::TxOutcome;
@@ -86,6 +87,13 @@ pub struct BenchArgs {
     /// latency.svg); default target/bench-results/<unix time>.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// After the other phases, also measure transfers between two banks on
+    /// PostgreSQL (`bank-serve --postgres`) at the transfer client counts,
+    /// beside pgbench's same two UPDATEs on the same server as plain and
+    /// as PREPARE/COMMIT PREPARED transactions (issue 11). Skipped, said
+    /// loudly, without the PostgreSQL binaries or pgbench.
+    #[arg(long)]
+    pub postgres: bool,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -96,8 +104,6 @@ pub struct BenchArgs {
 pub const VALUE_BYTES: usize = 64;
 /// Every key the bench writes to etcd starts with this.
 pub const ETCD_PREFIX: &str = "dtxbench/";
-/// How long one call may take before its outcome is UNKNOWN (both systems).
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The 64-byte value written under `key`: the key's bytes repeated.
 pub fn value_for(key: &[u8]) -> Vec<u8> {
@@ -145,107 +151,9 @@ pub fn measure_fsync(dir: &std::path::Path, n: usize) -> anyhow::Result<(Stats, 
     Ok((raw, sled_stats))
 }
 
-/// `n` clients, each with its own connection to the leader.
-fn clients_for(leader_api: &str, n: usize) -> Vec<Arc<Client>> {
-    (0..n)
-        .map(|_| {
-            let mut cfg = ClientConfig::new(vec![leader_api.to_string()]);
-            cfg.call_deadline = CALL_TIMEOUT;
-            Arc::new(Client::new(cfg).expect("client"))
-        })
-        .collect()
-}
-
 /// `n` etcd clients, each with its own connection to the leader.
 fn etcd_clients_for(leader: &str, n: usize) -> anyhow::Result<Vec<EtcdKv>> {
     (0..n).map(|_| EtcdKv::new(leader, CALL_TIMEOUT)).collect()
-}
-
-/// How one call of a closed-loop phase ended.
-pub enum Step {
-    /// Completed with a definite answer: counted, latency recorded.
-    Done,
-    /// Outcome not known (timeout, lost reply): counted apart.
-    Unknown(String),
-    /// Failed with a definite answer: counted apart.
-    Error(String),
-    /// This client has no more work.
-    Stop,
-}
-
-/// Every client runs `work` in a closed loop for `length`.
-async fn run_phase<C, F, Fut>(clients: &[C], length: Duration, work: F) -> PhaseOut
-where
-    C: Clone + Send + 'static,
-    F: Fn(C, usize, usize) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Step> + Send,
-{
-    let start = Instant::now();
-    let until = start + length;
-    let mut tasks = Vec::new();
-    for (w, c) in clients.iter().enumerate() {
-        let c = c.clone();
-        let work = work.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut out = (Vec::new(), 0u64, 0u64, None::<String>);
-            let mut i = 0;
-            while Instant::now() < until {
-                let t = Instant::now();
-                match work(c.clone(), w, i).await {
-                    Step::Done => out.0.push(t.elapsed().as_micros() as u64),
-                    Step::Unknown(e) => {
-                        out.1 += 1;
-                        out.3.get_or_insert(format!("UNKNOWN: {e}"));
-                    }
-                    Step::Error(e) => {
-                        out.2 += 1;
-                        out.3.get_or_insert(format!("error: {e}"));
-                    }
-                    Step::Stop => break,
-                }
-                i += 1;
-            }
-            out
-        }));
-    }
-    let (mut lat, mut unknown, mut errors, mut first_error) = (Vec::new(), 0, 0, None);
-    for t in tasks {
-        if let Ok((l, u, e, f)) = t.await {
-            lat.extend(l);
-            unknown += u;
-            errors += e;
-            if first_error.is_none() {
-                first_error = f;
-            }
-        }
-    }
-    PhaseOut {
-        stats: stats(lat, start.elapsed()),
-        unknown,
-        errors,
-        first_error,
-    }
-}
-
-struct PhaseOut {
-    stats: Stats,
-    unknown: u64,
-    errors: u64,
-    first_error: Option<String>,
-}
-
-impl PhaseOut {
-    /// With the CPU time spent during the phase, if measured.
-    fn phase(self, cpu: Option<Duration>) -> Phase {
-        let ops = self.stats.ops as u64;
-        Phase {
-            cpu_us_per_op: cpu.and_then(|c| (c.as_micros() as u64).checked_div(ops)),
-            stats: self.stats,
-            unknown: self.unknown,
-            errors: self.errors,
-            first_error: self.first_error,
-        }
-    }
 }
 
 /// The phase's line for the console.
@@ -279,6 +187,8 @@ struct Outcome {
     etcd_version: Option<String>,
     summary: Summary,
     checks: Vec<Check>,
+    /// With `--postgres`: issue 11's comparison, or why it was skipped.
+    postgres: Option<crate::pgbench::PgReport>,
 }
 
 const SKIP_BANNER: &str = "\
@@ -526,58 +436,37 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
                 .chain(banks.iter().filter_map(|b| b.pid()))
                 .collect(),
         );
-        for &n in &a.transfer_clients {
-            let clients = clients_for(&leader_api, n);
-            let aborted = Arc::new(AtomicU64::new(0));
-            let committed = Arc::new(AtomicU64::new(0));
-            let (bl, ab, co) = (bank_list.clone(), aborted.clone(), committed.clone());
-            let cpu_before = meter.sample();
-            let st = run_phase(&clients, measured, move |c, w, i| {
-                let (bl, ab, co) = (bl.clone(), ab.clone(), co.clone());
-                async move {
-                    let key = format!("xfer-{n}-{w}-{i}");
-                    match dtx_bank::transfer(&c, &key, &bl, 10_000).await {
-                        (_, Ok(TxOutcome::Committed)) => {
-                            co.fetch_add(1, Ordering::Relaxed);
-                            Step::Done
-                        }
-                        (_, Ok(TxOutcome::Aborted)) => {
-                            ab.fetch_add(1, Ordering::Relaxed);
-                            Step::Done
-                        }
-                        (t, Ok(TxOutcome::Unknown)) => Step::Unknown(format!("transfer {key} (txid {t:?})")),
-                        (_, Err(ClientError::Unknown(e))) => Step::Unknown(e),
-                        (_, Err(e)) => Step::Error(e.to_string()),
-                    }
-                }
-            })
-            .await;
-            // Phase two of the last transfers finishes in the background;
-            // its work belongs to them, so let it run before reading.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let cpu = meter.sample().saturating_sub(cpu_before);
-            let ab = aborted.load(Ordering::Relaxed);
-            let co = committed.load(Ordering::Relaxed);
-            let cpu_us_per_commit = (cpu.as_micros() as u64).checked_div(co).unwrap_or(0);
-            println!(
-                "transfers, clients {n:>3}: {:>7.0}/s p50 {:>6} us p99 {:>6} us ({ab} aborted by lock conflicts; {} UNKNOWN; {:.2}x fsync rate); CPU {:.2} ms per committed transfer, all processes ({:.1} s for {co})",
-                st.stats.per_sec,
-                st.stats.p50_us,
-                st.stats.p99_us,
-                st.unknown,
-                st.stats.per_sec / raw.per_sec,
-                cpu_us_per_commit as f64 / 1000.0,
-                cpu.as_secs_f64()
-            );
-            transfer_rows.push(TransferPoint {
-                clients: n,
-                stats: st.stats,
-                aborted: ab,
-                unknown: st.unknown,
-                cpu_us_per_committed_transfer: cpu_us_per_commit,
-            });
-        }
+        transfer_rows = measure_transfers(
+            &leader_api,
+            bank_list,
+            &meter,
+            &a.transfer_clients,
+            Duration::ZERO,
+            measured,
+            raw.per_sec,
+            "transfers",
+            "xfer",
+        )
+        .await;
     }
+    // PostgreSQL participants beside pgbench (issue 11), on the same
+    // cluster.
+    let postgres = if a.postgres {
+        let env = crate::pgbench::Env {
+            bin: &bin,
+            dir: &dir,
+            api: cluster.api_addrs(),
+            leader_api: &leader_api,
+            node_pids: node_pids.clone(),
+            counts: &a.transfer_clients,
+            warmup,
+            measured,
+            fsync_per_sec: raw.per_sec,
+        };
+        Some(crate::pgbench::run(env, &mut checks).await?)
+    } else {
+        None
+    };
     cluster.stop_all(Duration::from_secs(10));
 
     let summary = Summary {
@@ -596,6 +485,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         etcd_version,
         summary,
         checks,
+        postgres,
     };
     let text = results_text(&a, &outcome);
     println!();
@@ -604,6 +494,9 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     println!("results: {}", out_dir.display());
     if outcome.etcd_version.is_none() {
         println!("{SKIP_BANNER}");
+    }
+    if let Some(crate::pgbench::PgReport::Skipped(reason)) = &outcome.postgres {
+        println!("{}\n{reason}", crate::pgbench::SKIP_BANNER);
     }
 
     let failed: Vec<&Check> = outcome.checks.iter().filter(|c| !c.passed()).collect();
@@ -843,6 +736,10 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     t.push_str(&crate::report::comparison_text(&o.summary));
     t.push_str("\ngoals of issue 10:\n");
     t.push_str(&crate::report::goals_text(&crate::report::goals(&o.summary)));
+    if let Some(pg) = &o.postgres {
+        t.push('\n');
+        t.push_str(&crate::pgbench::results_text(pg));
+    }
     t.push_str("\ncorrectness checks (UNKNOWN outcomes are neither successes nor failures):\n");
     for c in &o.checks {
         t.push_str(&format!("- {}\n", c.summary()));
@@ -875,7 +772,7 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "args": {
             "clients": a.clients, "transfer_clients": a.transfer_clients, "seconds": a.seconds,
-            "warmup": a.warmup, "recheck": a.recheck, "dir": a.dir,
+            "warmup": a.warmup, "recheck": a.recheck, "dir": a.dir, "postgres": a.postgres,
         },
         "etcd": { "skipped": o.etcd_version.is_none(), "version": o.etcd_version },
         "fsync": o.raw, "sled_flush": o.sled_sync,
@@ -891,6 +788,13 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
             "transfers_over_etcd": crate::report::transfers_over_etcd(&o.summary, tp.clients),
         })).collect::<Vec<_>>(),
         "goals": goals,
+        "postgres": o.postgres.as_ref().map(|pg| match pg {
+            crate::pgbench::PgReport::Skipped(reason) => serde_json::json!({"skipped": true, "reason": reason}),
+            crate::pgbench::PgReport::Measured { server_version, pgbench, rows } => serde_json::json!({
+                "skipped": false, "server_version": server_version, "pgbench": pgbench, "rows": rows,
+                "goal": crate::pgbench::goal_line(rows),
+            }),
+        }),
         "checks": o.checks,
     });
     let json = serde_json::to_string_pretty(&v)?;

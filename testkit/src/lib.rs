@@ -15,12 +15,16 @@
 //! - [`verify`]: the bench's correctness checks (no acknowledged write
 //!   lost, none accepted twice), pure.
 //! - [`report`]: the comparison with etcd: table, ratios, goals, pure.
+//! - [`pgbench`]: `coordinator bench --postgres`: transfers between two
+//!   banks on PostgreSQL beside pgbench on the same server (issue 11).
 //! - [`plot`]: the bench's SVG plots.
 
 pub mod bench;
+pub mod closed_loop;
 pub mod cluster;
 pub mod cpu;
 pub mod etcd;
+pub mod pgbench;
 pub mod plot;
 pub mod report;
 pub mod verify;

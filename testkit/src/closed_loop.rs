@@ -1,0 +1,212 @@
+//! Closed-loop load shared by the bench's phases: clients with their own
+//! connection to the leader, a phase runner that keeps every client busy
+//! for a fixed time, and the two-bank transfer phase that the sled banks
+//! and (with `--postgres`) the PostgreSQL banks both use.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::Instant;
+
+use dtx_client::Client;
+use dtx_client::ClientConfig;
+use dtx_client::ClientError;
+use dtx_client::TxOutcome;
+
+use crate::cpu::CpuMeter;
+use crate::report::stats;
+use crate::report::Phase;
+use crate::report::Stats;
+use crate::report::TransferPoint;
+
+/// How long one call may take before its outcome is UNKNOWN (both systems).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `n` clients, each with its own connection to the leader.
+pub fn clients_for(leader_api: &str, n: usize) -> Vec<Arc<Client>> {
+    (0..n)
+        .map(|_| {
+            let mut cfg = ClientConfig::new(vec![leader_api.to_string()]);
+            cfg.call_deadline = CALL_TIMEOUT;
+            Arc::new(Client::new(cfg).expect("client"))
+        })
+        .collect()
+}
+
+/// How one call of a closed-loop phase ended.
+pub enum Step {
+    /// Completed with a definite answer: counted, latency recorded.
+    Done,
+    /// Outcome not known (timeout, lost reply): counted apart.
+    Unknown(String),
+    /// Failed with a definite answer: counted apart.
+    Error(String),
+    /// This client has no more work.
+    Stop,
+}
+
+/// Every client runs `work` in a closed loop for `length`.
+pub async fn run_phase<C, F, Fut>(clients: &[C], length: Duration, work: F) -> PhaseOut
+where
+    C: Clone + Send + 'static,
+    F: Fn(C, usize, usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Step> + Send,
+{
+    let start = Instant::now();
+    let until = start + length;
+    let mut tasks = Vec::new();
+    for (w, c) in clients.iter().enumerate() {
+        let c = c.clone();
+        let work = work.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = (Vec::new(), 0u64, 0u64, None::<String>);
+            let mut i = 0;
+            while Instant::now() < until {
+                let t = Instant::now();
+                match work(c.clone(), w, i).await {
+                    Step::Done => out.0.push(t.elapsed().as_micros() as u64),
+                    Step::Unknown(e) => {
+                        out.1 += 1;
+                        out.3.get_or_insert(format!("UNKNOWN: {e}"));
+                    }
+                    Step::Error(e) => {
+                        out.2 += 1;
+                        out.3.get_or_insert(format!("error: {e}"));
+                    }
+                    Step::Stop => break,
+                }
+                i += 1;
+            }
+            out
+        }));
+    }
+    let (mut lat, mut unknown, mut errors, mut first_error) = (Vec::new(), 0, 0, None);
+    for t in tasks {
+        if let Ok((l, u, e, f)) = t.await {
+            lat.extend(l);
+            unknown += u;
+            errors += e;
+            if first_error.is_none() {
+                first_error = f;
+            }
+        }
+    }
+    PhaseOut {
+        stats: stats(lat, start.elapsed()),
+        unknown,
+        errors,
+        first_error,
+    }
+}
+
+pub struct PhaseOut {
+    pub stats: Stats,
+    pub unknown: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+}
+
+impl PhaseOut {
+    /// With the CPU time spent during the phase, if measured.
+    pub fn phase(self, cpu: Option<Duration>) -> Phase {
+        let ops = self.stats.ops as u64;
+        Phase {
+            cpu_us_per_op: cpu.and_then(|c| (c.as_micros() as u64).checked_div(ops)),
+            stats: self.stats,
+            unknown: self.unknown,
+            errors: self.errors,
+            first_error: self.first_error,
+        }
+    }
+}
+
+/// Closed-loop two-participant transfers (`dtx_bank::transfer`) between
+/// `bank_list` (each `(participant id, address, account prefix)`, 10,000
+/// accounts each) at each of `counts` clients, each client with its own
+/// connection to the leader: an unmeasured warm-up of `warmup` (none if
+/// zero), then `measured`; CPU per committed transfer from `meter`
+/// (sampled before the phase and 500 ms after it). `label` names the
+/// console lines, `key_prefix` the transactions' keys (unique per call in
+/// one run: a key already used finds its transaction again). Used for the
+/// sled banks and (with `--postgres`) the PostgreSQL banks.
+#[allow(clippy::too_many_arguments)]
+pub async fn measure_transfers(
+    leader_api: &str,
+    bank_list: Arc<Vec<(String, String, String)>>,
+    meter: &CpuMeter,
+    counts: &[usize],
+    warmup: Duration,
+    measured: Duration,
+    fsync_per_sec: f64,
+    label: &'static str,
+    key_prefix: &'static str,
+) -> Vec<TransferPoint> {
+    let mut transfer_rows = Vec::new();
+    for &n in counts {
+        let clients = clients_for(leader_api, n);
+        if !warmup.is_zero() {
+            let bl = bank_list.clone();
+            run_phase(&clients, warmup, move |c, w, i| {
+                let bl = bl.clone();
+                async move {
+                    let key = format!("{key_prefix}-warm-{n}-{w}-{i}");
+                    match dtx_bank::transfer(&c, &key, &bl, 10_000).await {
+                        (_, Ok(_)) => Step::Done,
+                        (_, Err(e)) => Step::Error(e.to_string()),
+                    }
+                }
+            })
+            .await;
+        }
+        let aborted = Arc::new(AtomicU64::new(0));
+        let committed = Arc::new(AtomicU64::new(0));
+        let (bl, ab, co) = (bank_list.clone(), aborted.clone(), committed.clone());
+        let cpu_before = meter.sample();
+        let st = run_phase(&clients, measured, move |c, w, i| {
+            let (bl, ab, co) = (bl.clone(), ab.clone(), co.clone());
+            async move {
+                let key = format!("{key_prefix}-{n}-{w}-{i}");
+                match dtx_bank::transfer(&c, &key, &bl, 10_000).await {
+                    (_, Ok(TxOutcome::Committed)) => {
+                        co.fetch_add(1, Ordering::Relaxed);
+                        Step::Done
+                    }
+                    (_, Ok(TxOutcome::Aborted)) => {
+                        ab.fetch_add(1, Ordering::Relaxed);
+                        Step::Done
+                    }
+                    (t, Ok(TxOutcome::Unknown)) => Step::Unknown(format!("transfer {key} (txid {t:?})")),
+                    (_, Err(ClientError::Unknown(e))) => Step::Unknown(e),
+                    (_, Err(e)) => Step::Error(e.to_string()),
+                }
+            }
+        })
+        .await;
+        // Phase two of the last transfers finishes in the background;
+        // its work belongs to them, so let it run before reading.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let cpu = meter.sample().saturating_sub(cpu_before);
+        let ab = aborted.load(Ordering::Relaxed);
+        let co = committed.load(Ordering::Relaxed);
+        let cpu_us_per_commit = (cpu.as_micros() as u64).checked_div(co).unwrap_or(0);
+        println!(
+            "{label}, clients {n:>3}: {:>7.0}/s p50 {:>6} us p99 {:>6} us ({ab} aborted by lock conflicts; {} UNKNOWN; {:.2}x fsync rate); CPU {:.2} ms per committed transfer, all processes ({:.1} s for {co})",
+            st.stats.per_sec,
+            st.stats.p50_us,
+            st.stats.p99_us,
+            st.unknown,
+            st.stats.per_sec / fsync_per_sec,
+            cpu_us_per_commit as f64 / 1000.0,
+            cpu.as_secs_f64()
+        );
+        transfer_rows.push(TransferPoint {
+            clients: n,
+            stats: st.stats,
+            aborted: ab,
+            unknown: st.unknown,
+            cpu_us_per_committed_transfer: cpu_us_per_commit,
+        });
+    }
+    transfer_rows
+}
