@@ -43,11 +43,18 @@ enum Cmd {
     /// Run one shop service on its PostgreSQL database (the example of
     /// `demo --postgres`).
     ShopServe(dtx_shop::ShopServeArgs),
-    /// Sum the balances of stopped bank services' data directories.
+    /// Sum the balances of stopped bank services' data directories (or of
+    /// PostgreSQL banks' databases).
     BankAudit {
         /// Data directories of the bank services (stopped), comma-separated.
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(long, value_delimiter = ',', required_unless_present = "postgres")]
         data_dir: Vec<PathBuf>,
+        /// A PostgreSQL bank's database instead (a tokio-postgres connection
+        /// string, as given to `bank-serve --postgres`); repeat for more.
+        /// `locked` and `in_doubt` count its prepared dtx transactions,
+        /// listed under `prepared`.
+        #[arg(long, conflicts_with = "data_dir")]
+        postgres: Vec<String>,
         /// Print one JSON object per directory (balances, locks, in-doubt
         /// count and the apply log) instead of the summary.
         #[arg(long)]
@@ -318,7 +325,49 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Demo(a) => demo::run(a, shutdown_signal()).await,
         Cmd::BankServe(a) => dtx_bank::serve(a, shutdown_signal()).await,
         Cmd::ShopServe(a) => dtx_shop::serve(a, shutdown_signal()).await,
-        Cmd::BankAudit { data_dir, json: true } => {
+        Cmd::BankAudit { postgres, json, .. } if !postgres.is_empty() => {
+            let mut total = 0i64;
+            let mut in_doubt = 0;
+            for conn in &postgres {
+                let db = dtx_bank::connect_pg(conn).await?;
+                let balances = dtx_bank::pg::balances(&db).await?;
+                let applied = dtx_bank::pg::apply_log(&db).await?;
+                let prepared = dtx_bank::pg::prepared(&db).await?;
+                if json {
+                    let line = serde_json::json!({
+                        "postgres": conn,
+                        "balances": balances,
+                        "locked": prepared.len(),
+                        "in_doubt": prepared.len(),
+                        "prepared": prepared
+                            .iter()
+                            .map(|(p, txid, term)| serde_json::json!({"participant": p, "txid": txid, "term": term}))
+                            .collect::<Vec<_>>(),
+                        "applied": applied
+                            .iter()
+                            .map(|(txid, outcome)| serde_json::json!({"txid": txid, "outcome": outcome}))
+                            .collect::<Vec<_>>(),
+                    });
+                    println!("{line}");
+                } else {
+                    let t: i64 = balances.values().sum();
+                    println!(
+                        "{conn}: {} accounts, total {t}, {} prepared (in doubt)",
+                        balances.len(),
+                        prepared.len()
+                    );
+                    total += t;
+                    in_doubt += prepared.len();
+                }
+            }
+            if !json {
+                println!("total {total}, {in_doubt} in doubt");
+            }
+            Ok(())
+        }
+        Cmd::BankAudit {
+            data_dir, json: true, ..
+        } => {
             for d in &data_dir {
                 anyhow::ensure!(d.exists(), "bank data directory {} does not exist", d.display());
                 let store = participant_sdk::store::ParticipantStore::open(d, dtx_bank::Bank)?;
@@ -342,7 +391,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::BankAudit { data_dir, json: false } => {
+        Cmd::BankAudit {
+            data_dir, json: false, ..
+        } => {
             let mut total = 0i64;
             let mut locked = 0;
             let mut in_doubt = 0;

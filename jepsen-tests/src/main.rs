@@ -33,10 +33,17 @@ enum Cmd {
         /// pause-leader, partition-isolate, partition-majority,
         /// partition-bridge, partition-leader-participants,
         /// partition-leader-followers, clock-skew, crash-point,
-        /// message-chaos, participant-gone, disk-full; or the groups all,
-        /// kill, partition, none.
+        /// message-chaos, participant-gone, disk-full, kill-postgres; or the
+        /// groups all, kill, partition, none. kill-postgres only in the
+        /// postgres workload, disk-full only in the sled one (skipped, with
+        /// a note, otherwise).
         #[arg(long, default_value = "all")]
         nemesis: String,
+        /// What the banks keep their accounts in: sled (their own store) or
+        /// postgres (one PostgreSQL server started by the run, a database
+        /// per bank).
+        #[arg(long, value_enum, default_value_t = runner::Workload::Sled)]
+        workload: runner::Workload,
         /// Seed of the fault schedule and the clients' choices.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -62,6 +69,12 @@ enum Cmd {
         /// First port; nodes use base+10..base+31, banks base+100.. .
         #[arg(long, default_value_t = 26000)]
         base_port: u16,
+        /// The first three parts of the run's loopback addresses: nodes on
+        /// <prefix>.11-13, banks on <prefix>.21.. . Another prefix (and
+        /// base port) keeps two runs on one machine apart, partitions
+        /// included.
+        #[arg(long, default_value = "127.0.0")]
+        ip_prefix: String,
         /// Shortest and longest fault, seconds.
         #[arg(long, default_value = "3,8")]
         fault_s: String,
@@ -126,6 +139,7 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
         Cmd::Run {
             time,
             nemesis,
+            workload,
             seed,
             clients,
             banks,
@@ -134,12 +148,17 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
             coordinator_bin,
             out,
             base_port,
+            ip_prefix,
             fault_s,
             quiet_s,
             liveness_bound_ms,
             settle_s,
         } => {
             let faults = nemesis::parse_list(&nemesis).map_err(anyhow::Error::msg)?;
+            let (faults, skipped) = workload.faults(&faults);
+            for note in skipped {
+                println!("jepsen: {note}");
+            }
             let bin = match coordinator_bin {
                 Some(b) => b,
                 None => std::env::current_exe()?
@@ -159,12 +178,14 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
             };
             let opts = runner::RunOptions {
                 time_s: time,
+                workload,
                 faults,
                 seed,
                 clients,
                 coordinator_bin: bin,
                 out_dir: out,
                 base_port,
+                ip_prefix,
                 banks,
                 accounts,
                 initial,

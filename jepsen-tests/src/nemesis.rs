@@ -44,10 +44,14 @@ pub enum Fault {
     /// directories filled until ENOSPC, then freed; processes that exited
     /// are restarted after space is freed.
     DiskFull,
+    /// The PostgreSQL server of the PostgreSQL workload killed (-9, the
+    /// postmaster and every backend); restarted (crash recovery) at the end
+    /// of the fault. Only in that workload.
+    KillPostgres,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 15] = [
         Fault::KillLeader,
         Fault::KillNode,
         Fault::KillParticipant,
@@ -62,6 +66,7 @@ impl Fault {
         Fault::MessageChaos,
         Fault::ParticipantGone,
         Fault::DiskFull,
+        Fault::KillPostgres,
     ];
 
     pub fn name(self) -> &'static str {
@@ -80,6 +85,7 @@ impl Fault {
             Fault::MessageChaos => "message-chaos",
             Fault::ParticipantGone => crate::checker::GONE_FAULT,
             Fault::DiskFull => "disk-full",
+            Fault::KillPostgres => "kill-postgres",
         }
     }
 
@@ -195,6 +201,7 @@ mod tests {
         assert_eq!(both, vec![Fault::ParticipantGone, Fault::DiskFull]);
         assert!(parse_list("all").unwrap().contains(&Fault::ParticipantGone));
         assert!(parse_list("all").unwrap().contains(&Fault::DiskFull));
+        assert!(parse_list("all").unwrap().contains(&Fault::KillPostgres));
     }
 
     #[test]

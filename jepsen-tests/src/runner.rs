@@ -21,6 +21,8 @@ use dtx_client::ClientConfig;
 use dtx_client::ClientError;
 use dtx_client::ParticipantSpec;
 use dtx_client::TxOutcome;
+use dtx_pg_server::PgServer;
+use dtx_pg_server::PgServerOptions;
 use dtx_proto::v1 as pb;
 use dtx_testkit::cluster::wait_listening;
 use dtx_testkit::cluster::BankProcess as BankProc;
@@ -53,16 +55,61 @@ use crate::procs::Net;
 /// Where libfaketime lives on Debian (package `faketime`).
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
+/// What the banks keep their accounts in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// The example bank on its sled participant store (one data directory
+    /// per bank).
+    Sled,
+    /// The example bank on PostgreSQL (`bank-serve --postgres`): one
+    /// PostgreSQL server started by the run, one database per bank.
+    Postgres,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Sled => "sled",
+            Workload::Postgres => "postgres",
+        }
+    }
+
+    /// The faults this workload can inject, and a note for each one left
+    /// out: `kill-postgres` needs the PostgreSQL server; `disk-full` fills
+    /// the banks' data filesystem, which PostgreSQL banks do not use.
+    pub fn faults(self, faults: &[Fault]) -> (Vec<Fault>, Vec<String>) {
+        let skip = |f: Fault| match (self, f) {
+            (Workload::Sled, Fault::KillPostgres) => Some("the sled workload has no PostgreSQL server"),
+            (Workload::Postgres, Fault::DiskFull) => Some(
+                "the PostgreSQL banks keep nothing in a data directory of their own (the nodes' disks are \
+                 filled in the sled workload)",
+            ),
+            _ => None,
+        };
+        let kept = faults.iter().copied().filter(|f| skip(*f).is_none()).collect();
+        let notes = faults
+            .iter()
+            .filter_map(|f| skip(*f).map(|why| format!("{} skipped: {why}", f.name())))
+            .collect();
+        (kept, notes)
+    }
+}
+
 /// Everything a run needs to know.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
     pub time_s: u64,
+    /// What the banks keep their accounts in.
+    pub workload: Workload,
     pub faults: Vec<Fault>,
     pub seed: u64,
     pub clients: usize,
     pub coordinator_bin: PathBuf,
     pub out_dir: PathBuf,
     pub base_port: u16,
+    /// The first three parts of every address of the run (default
+    /// `127.0.0`): nodes on `<prefix>.11-13`, banks on `<prefix>.21..`.
+    pub ip_prefix: String,
     pub banks: usize,
     pub accounts: usize,
     pub initial: i64,
@@ -155,6 +202,9 @@ struct World {
     /// `disk-full`: the node and bank on small filesystems. Last, so the
     /// processes are stopped (fields drop in order) before the unmount.
     disk: Option<DiskTargets>,
+    /// The PostgreSQL server of the PostgreSQL workload (dropped after the
+    /// banks: it is killed then).
+    pg: Option<PgServer>,
 }
 
 /// The processes whose data directories are on small filesystems.
@@ -225,6 +275,12 @@ impl World {
         if let Some(n) = &self.net {
             n.heal()?;
         }
+        if let Some(pg) = self.pg.as_mut() {
+            if pg.pid().is_none() {
+                pg.restart()
+                    .map_err(|e| anyhow::anyhow!("restarting PostgreSQL: {e}"))?;
+            }
+        }
         let _ = std::fs::remove_file(&self.fp_nodes);
         let _ = std::fs::remove_file(&self.fp_banks);
         for id in 1..=3u64 {
@@ -277,6 +333,7 @@ enum Undo {
         point: &'static str,
     },
     ChaosOff,
+    RestartPostgres,
     /// Nothing to undo: the participant stays gone.
     Gone,
     FreeDisk(Box<DiskFault>),
@@ -436,6 +493,14 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             w.chaos.set(true);
             ("coordinator -> banks".to_string(), Undo::ChaosOff)
         }
+        Fault::KillPostgres => {
+            let pg =
+                w.pg.as_mut()
+                    .ok_or_else(|| anyhow::anyhow!("kill-postgres needs the PostgreSQL workload"))?;
+            let pid = pg.pid().unwrap_or(0);
+            pg.kill9();
+            (format!("postgres (pid {pid})"), Undo::RestartPostgres)
+        }
     })
 }
 
@@ -481,6 +546,32 @@ fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<(String, Option<DiskF
             Undo::ChaosOff => {
                 w.chaos.set(false);
                 w.chaos.summary()
+            }
+            Undo::RestartPostgres => {
+                // Crash recovery runs here (this blocks the nemesis, not
+                // the clients). Banks that exited meanwhile are started
+                // again, as a supervisor would.
+                let started = Instant::now();
+                let pg = w.pg.as_mut().expect("kill-postgres has its server");
+                pg.restart()
+                    .map_err(|e| anyhow::anyhow!("restarting PostgreSQL: {e}"))?;
+                let up_ms = started.elapsed().as_millis();
+                let gone = w.gone;
+                let mut exited = Vec::new();
+                for (i, b) in w.banks.iter_mut().enumerate() {
+                    if gone != Some(i) && !b.is_running() {
+                        exited.push(b.id.clone());
+                    }
+                }
+                w.restart_banks()?;
+                if exited.is_empty() {
+                    format!("restarted, accepting connections after {up_ms} ms")
+                } else {
+                    format!(
+                        "restarted, accepting connections after {up_ms} ms; {} had exited, restarted",
+                        exited.join(", ")
+                    )
+                }
             }
             Undo::Disarm { file, point } => {
                 let fired = !file.exists();
@@ -1024,6 +1115,10 @@ pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
     if o.faults.contains(&Fault::DiskFull) {
         disk::probe(&std::env::temp_dir(), o.base_port)?;
     }
+    if o.workload == Workload::Postgres {
+        dtx_pg_server::find_binaries()
+            .map_err(|e| anyhow::anyhow!("the postgres workload needs a PostgreSQL server: {e}"))?;
+    }
     if o.faults.contains(&Fault::ClockSkew) {
         anyhow::ensure!(
             Path::new(LIBFAKETIME).exists(),
@@ -1034,19 +1129,19 @@ pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
 }
 
 /// Every address a run listens on: nodes on 127.0.0.11-13 (raft, api),
-/// banks on 127.0.0.21.. .
+/// banks on 127.0.0.21.. (another `--ip-prefix` than 127.0.0 moves them).
 fn addrs(o: &RunOptions) -> Vec<(String, u16)> {
     let mut v = Vec::new();
     for id in 1..=3u16 {
-        v.push((format!("127.0.0.{}", 10 + id), o.base_port + id * 10));
-        v.push((format!("127.0.0.{}", 10 + id), o.base_port + id * 10 + 1));
+        v.push((format!("{}.{}", o.ip_prefix, 10 + id), o.base_port + id * 10));
+        v.push((format!("{}.{}", o.ip_prefix, 10 + id), o.base_port + id * 10 + 1));
     }
     for i in 0..o.banks as u16 {
-        v.push((format!("127.0.0.{}", 21 + i), o.base_port + 100 + i));
+        v.push((format!("{}.{}", o.ip_prefix, 21 + i), o.base_port + 100 + i));
     }
     // The message proxies, each on its bank's IP (see msgproxy).
     for i in 0..o.banks as u16 {
-        v.push((format!("127.0.0.{}", 21 + i), o.base_port + 200 + i));
+        v.push((format!("{}.{}", o.ip_prefix, 21 + i), o.base_port + 200 + i));
     }
     v
 }
@@ -1094,7 +1189,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             }
         })
         .collect();
-    let node_ips: Vec<String> = (1..=3).map(|id| format!("127.0.0.{}", 10 + id)).collect();
+    let node_ips: Vec<String> = (1..=3).map(|id| format!("{}.{}", o.ip_prefix, 10 + id)).collect();
     // With a participant gone for good, its transactions stay undelivered
     // (and its one-phase ones undecided) for good: a small batch makes any
     // starvation of the other transactions by them show (invariant 11).
@@ -1116,11 +1211,36 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     let banks_dir = dir.join("banks");
     std::fs::create_dir_all(&banks_dir)?;
     let api = cluster.api_addrs();
+    // The PostgreSQL workload: one server for the run, one database per
+    // bank (bank_a, ...).
+    let pg = match o.workload {
+        Workload::Sled => None,
+        Workload::Postgres => {
+            let pg = PgServer::start(PgServerOptions {
+                max_prepared_transactions: 128,
+                max_connections: 200,
+                ..PgServerOptions::default()
+            })
+            .map_err(|e| anyhow::anyhow!("starting PostgreSQL: {e}"))?;
+            for i in 0..o.banks {
+                let db = format!("bank_{}", (b'a' + i as u8) as char);
+                pg.create_database(&db)
+                    .map_err(|e| anyhow::anyhow!("creating database {db}: {e}"))?;
+            }
+            println!(
+                "jepsen: PostgreSQL on 127.0.0.1:{} (pid {}), databases bank_a..; log {}",
+                pg.port(),
+                pg.pid().unwrap_or(0),
+                pg.log_path().display()
+            );
+            Some(pg)
+        }
+    };
     let banks: Vec<BankProc> = (0..o.banks)
         .map(|i| {
             let (ip, port) = a[6 + i].clone();
             let prefix = ((b'a' + i as u8) as char).to_string();
-            BankProc::new(
+            BankProc::build(
                 &o.coordinator_bin,
                 &banks_dir,
                 &format!("bank-{prefix}"),
@@ -1130,6 +1250,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
                 api.clone(),
                 o.accounts,
                 o.initial,
+                pg.as_ref().map(|pg| pg.conn_string(&format!("bank_{prefix}"))),
             )
         })
         .collect();
@@ -1157,6 +1278,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         gone_tx: tokio::sync::watch::channel(None).0,
         probes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         disk: None,
+        pg,
     };
     if o.faults.contains(&Fault::DiskFull) {
         // One node and one bank, fixed for the run by the seed, get a small
@@ -1210,8 +1332,9 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     }
     rec.record("setup", OpType::Ok, None, Body::BankSetup { balances: setup }, None);
     println!(
-        "jepsen: 3 nodes, {} banks, {} clients, {} s, nemeses [{}], seed {}; results in {}",
+        "jepsen: 3 nodes, {} banks ({}), {} clients, {} s, nemeses [{}], seed {}; results in {}",
         o.banks,
+        o.workload.name(),
         o.clients,
         o.time_s,
         o.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
@@ -1379,11 +1502,17 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         b.stop(Duration::from_secs(5));
     }
     for b in &w.banks {
-        match b.audit() {
-            Ok(v) => record_audit(&rec, &b.id, &v),
+        let audit = b.audit();
+        match &audit {
+            Ok(v) => record_audit(&rec, &b.id, v),
             Err(e) => eprintln!("jepsen: {e}"),
         }
-        match in_doubt_list(b).await {
+        let list = match (&b.postgres, audit) {
+            (None, _) => in_doubt_list(b).await,
+            (Some(_), Ok(v)) => Ok(pg_in_doubt_list(&b.id, &v, &rec.snapshot())),
+            (Some(_), Err(e)) => Err(e),
+        };
+        match list {
             Ok(entries) => rec.record(
                 "final",
                 OpType::Ok,
@@ -1398,6 +1527,12 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         }
     }
     w.cluster.stop_all(Duration::from_secs(5));
+    // Keep PostgreSQL's log with the banks' logs.
+    if let Some(pg) = &w.pg {
+        if let Err(e) = std::fs::copy(pg.log_path(), banks_dir.join("postgres.log")) {
+            eprintln!("jepsen: could not copy PostgreSQL's log: {e}");
+        }
+    }
     // Keep what the small filesystems held in the results folder.
     if let Some(d) = w.disk.as_mut() {
         for fs in [&mut d.node_fs, &mut d.bank_fs] {
@@ -1542,6 +1677,47 @@ async fn in_doubt_list(b: &BankProc) -> anyhow::Result<Vec<InDoubtEntry>> {
         out.push(InDoubtEntry { txid, work });
     }
     Ok(out)
+}
+
+/// A PostgreSQL bank's in-doubt list: the transactions its database holds
+/// prepared (`prepared` of `bank-audit --json --postgres`, from
+/// `pg_prepared_xacts`). A prepared transaction's writes cannot be read
+/// from outside it, so the work is the one the transfer of that txid in
+/// the history asked of this bank (`None` when no op knows the txid).
+fn pg_in_doubt_list(service: &str, v: &serde_json::Value, history: &[Op]) -> Vec<InDoubtEntry> {
+    let txids: BTreeSet<u64> = v["prepared"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["participant"].as_str() == Some(service))
+                .filter_map(|e| e["txid"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut work: BTreeMap<u64, Vec<(String, i64)>> = BTreeMap::new();
+    for op in history {
+        let (Some(txid), Body::Transfer { from, to, amount }) = (op.txid, &op.body) else {
+            continue;
+        };
+        if !txids.contains(&txid) || work.contains_key(&txid) {
+            continue;
+        }
+        let mut w = Vec::new();
+        if from.service == service {
+            w.push((from.account.clone(), -amount));
+        }
+        if to.service == service {
+            w.push((to.account.clone(), *amount));
+        }
+        work.insert(txid, w);
+    }
+    txids
+        .into_iter()
+        .map(|txid| InDoubtEntry {
+            txid,
+            work: work.remove(&txid),
+        })
+        .collect()
 }
 
 /// After the heal and the bound: every (txid, participant) whose ack the
@@ -1880,4 +2056,79 @@ fn write_results(
     std::fs::write(dir.join("summary.txt"), &summary)?;
     println!("{summary}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nemesis::parse_list;
+
+    #[test]
+    fn workloads_leave_out_the_faults_they_cannot_inject_and_say_so() {
+        let all = parse_list("all").unwrap();
+        let (sled, notes) = Workload::Sled.faults(&all);
+        assert!(!sled.contains(&Fault::KillPostgres));
+        assert!(sled.contains(&Fault::DiskFull));
+        assert_eq!(
+            sled.len(),
+            all.len() - 1,
+            "the sled schedule is the one before kill-postgres"
+        );
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].starts_with("kill-postgres skipped"), "{notes:?}");
+        let (pg, notes) = Workload::Postgres.faults(&all);
+        assert!(pg.contains(&Fault::KillPostgres));
+        assert!(!pg.contains(&Fault::DiskFull));
+        assert!(notes[0].starts_with("disk-full skipped"), "{notes:?}");
+    }
+
+    #[test]
+    fn postgres_in_doubt_list_takes_the_work_from_the_history() {
+        let transfer = |txid: u64, from: (&str, &str), to: (&str, &str), amount: i64| Op {
+            index: txid,
+            time_ns: 0,
+            process: "client-0".into(),
+            kind: OpType::Ok,
+            txid: Some(txid),
+            body: Body::Transfer {
+                from: Account {
+                    service: from.0.into(),
+                    account: from.1.into(),
+                },
+                to: Account {
+                    service: to.0.into(),
+                    account: to.1.into(),
+                },
+                amount,
+            },
+            error: None,
+        };
+        let history = vec![
+            transfer(7, ("bank-a", "a1"), ("bank-b", "b2"), 3),
+            transfer(8, ("bank-a", "a1"), ("bank-a", "a2"), 4),
+        ];
+        let audit = serde_json::json!({
+            "prepared": [
+                {"participant": "bank-a", "txid": 7, "term": 2},
+                {"participant": "bank-a", "txid": 8, "term": 2},
+                {"participant": "bank-a", "txid": 9, "term": 3},
+                {"participant": "bank-b", "txid": 7, "term": 2},
+            ]
+        });
+        let list = pg_in_doubt_list("bank-a", &audit, &history);
+        assert_eq!(
+            list,
+            vec![
+                InDoubtEntry {
+                    txid: 7,
+                    work: Some(vec![("a1".into(), -3)]),
+                },
+                InDoubtEntry {
+                    txid: 8,
+                    work: Some(vec![("a1".into(), -4), ("a2".into(), 4)]),
+                },
+                InDoubtEntry { txid: 9, work: None },
+            ]
+        );
+    }
 }

@@ -20,13 +20,18 @@ use coordinator::config::Member;
 use dtx_client::cluster_status_at;
 
 /// One bank participant service: `coordinator bank-serve` on its own
-/// loopback address and data directory.
+/// loopback address and data directory, or (built with
+/// [`BankProcess::new_postgres`]) on a PostgreSQL database.
 pub struct BankProcess {
     /// The process: its id, address, log, and start / kill / stop.
     pub service: ServiceProcess,
     pub prefix: String,
     pub ip: String,
+    /// The sled store's directory (unused, never created, for a PostgreSQL
+    /// bank).
     pub data_dir: PathBuf,
+    /// The PostgreSQL connection string of a PostgreSQL bank.
+    pub postgres: Option<String>,
     bin: PathBuf,
     pub accounts: usize,
     pub initial: i64,
@@ -58,9 +63,28 @@ impl BankProcess {
         accounts: usize,
         initial: i64,
     ) -> BankProcess {
+        Self::build(bin, dir, id, prefix, ip, port, cluster, accounts, initial, None)
+    }
+
+    /// `new`, or with `postgres` (a connection string) the same bank on
+    /// PostgreSQL: `bank-serve --postgres <conn>` (the database must exist;
+    /// the service creates its tables).
+    #[allow(clippy::too_many_arguments)]
+    pub fn build(
+        bin: &Path,
+        dir: &Path,
+        id: &str,
+        prefix: &str,
+        ip: &str,
+        port: u16,
+        cluster: Vec<String>,
+        accounts: usize,
+        initial: i64,
+        postgres: Option<String>,
+    ) -> BankProcess {
         let addr = format!("{ip}:{port}");
         let data_dir = dir.join(id);
-        let args: Vec<std::ffi::OsString> = [
+        let mut args: Vec<std::ffi::OsString> = [
             "bank-serve",
             "--id",
             id,
@@ -74,17 +98,20 @@ impl BankProcess {
             &accounts.to_string(),
             "--initial",
             &initial.to_string(),
-            "--data-dir",
         ]
         .iter()
         .map(Into::into)
-        .chain([data_dir.clone().into_os_string()])
         .collect();
+        match &postgres {
+            Some(conn) => args.extend(["--postgres".into(), conn.into()]),
+            None => args.extend(["--data-dir".into(), data_dir.clone().into_os_string()]),
+        }
         BankProcess {
             service: ServiceProcess::new(bin, dir, id, &addr, args),
             prefix: prefix.to_string(),
             ip: ip.to_string(),
             data_dir,
+            postgres,
             bin: bin.to_path_buf(),
             accounts,
             initial,
@@ -92,12 +119,16 @@ impl BankProcess {
     }
 
     /// Reads the stopped service's store with `coordinator bank-audit
-    /// --json`: balances, locks, in-doubt count and apply log.
+    /// --json`: balances, locks, in-doubt count and apply log (a PostgreSQL
+    /// bank: its database, with `bank-audit --json --postgres`, which also
+    /// lists the prepared transactions under `prepared`).
     pub fn audit(&self) -> anyhow::Result<serde_json::Value> {
-        let out = Command::new(&self.bin)
-            .args(["bank-audit", "--json", "--data-dir"])
-            .arg(&self.data_dir)
-            .output()?;
+        let mut cmd = Command::new(&self.bin);
+        match &self.postgres {
+            Some(conn) => cmd.args(["bank-audit", "--json", "--postgres", conn]),
+            None => cmd.args(["bank-audit", "--json", "--data-dir"]).arg(&self.data_dir),
+        };
+        let out = cmd.output()?;
         anyhow::ensure!(
             out.status.success(),
             "bank-audit of {} failed: {}",

@@ -15,6 +15,15 @@
 //! The server, recovery and the payload format do not change: both serve
 //! `participant_sdk::server::ParticipantServer` over the `Participant`
 //! trait.
+//!
+//! The apply log: `prepare` also inserts `(txid, 'COMMIT')` into the
+//! `applied` table inside the transaction it prepares, so the row becomes
+//! visible exactly when that transaction commits (`COMMIT PREPARED`, or the
+//! one-phase commit) and never when it is rolled back. It is what the
+//! sled bank's `applied/<txid>` keys are to the jepsen checkers (see
+//! [`apply_log`]); an ABORT leaves no row (a rolled-back transaction leaves
+//! nothing). The table has no unique key on purpose: a transaction applied
+//! twice shows as two rows instead of being refused by the database.
 
 use participant_sdk::participant::Verdict;
 use participant_sdk::postgres::HandlerError;
@@ -31,11 +40,16 @@ pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS accounts (
     name text PRIMARY KEY,
     balance bigint NOT NULL CHECK (balance >= 0))";
 
+/// The apply log: one row per committed transaction (see the module doc).
+pub const APPLIED_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS applied (
+    txid bigint NOT NULL,
+    outcome text NOT NULL)";
+
 impl PgHandler for PgBank {
     async fn prepare(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
-        _txid: u64,
+        txid: u64,
         payload: &[u8],
     ) -> Result<Verdict, HandlerError> {
         let Some(work) = parse_work(payload) else {
@@ -72,6 +86,12 @@ impl PgHandler for PgBank {
             )
             .await?;
         }
+        // Visible when (and only when) this transaction commits.
+        tx.execute(
+            "INSERT INTO applied (txid, outcome) VALUES ($1, 'COMMIT')",
+            &[&(txid as i64)],
+        )
+        .await?;
         Ok(Verdict::yes())
     }
 }
@@ -80,13 +100,21 @@ impl PgHandler for PgBank {
 /// `initial` each, in one transaction, when the table does not exist yet;
 /// touches nothing otherwise (a restarted service must not wait on the row
 /// locks of its own prepared transactions, which only its recovery
-/// resolves).
+/// resolves). Creates the `applied` table when it is missing (also beside
+/// an accounts table made by someone else).
 pub async fn install(
     db: &mut tokio_postgres::Client,
     prefix: &str,
     accounts: usize,
     initial: i64,
 ) -> Result<(), tokio_postgres::Error> {
+    let applied: bool = db
+        .query_one("SELECT to_regclass('applied') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if !applied {
+        db.batch_execute(APPLIED_SCHEMA).await?;
+    }
     let exists: bool = db
         .query_one("SELECT to_regclass('accounts') IS NOT NULL", &[])
         .await?
@@ -112,4 +140,55 @@ pub async fn audit(db: &tokio_postgres::Client) -> Result<(i64, i64), tokio_post
         .query_one("SELECT COALESCE(sum(balance), 0)::bigint, count(*) FROM accounts", &[])
         .await?;
     Ok((r.get(0), r.get(1)))
+}
+
+/// Every account's balance, by name.
+pub async fn balances(
+    db: &tokio_postgres::Client,
+) -> Result<std::collections::BTreeMap<String, i64>, tokio_postgres::Error> {
+    let rows = db
+        .query("SELECT name, balance FROM accounts ORDER BY name", &[])
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The apply log: (txid, outcome) of every committed transaction, in txid
+/// order (a txid applied twice shows twice). Empty when the table is
+/// missing (a database made before the apply log existed).
+pub async fn apply_log(db: &tokio_postgres::Client) -> Result<Vec<(u64, String)>, tokio_postgres::Error> {
+    let exists: bool = db
+        .query_one("SELECT to_regclass('applied') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let rows = db.query("SELECT txid, outcome FROM applied ORDER BY txid", &[]).await?;
+    Ok(rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get(1))).collect())
+}
+
+/// The transactions of this database PostgreSQL holds prepared with a dtx
+/// gid (`dtx:v1:<participant>:<txid>:<term>`): (participant, txid, term),
+/// in txid order. Each is prepared and undecided at this participant.
+pub async fn prepared(db: &tokio_postgres::Client) -> Result<Vec<(String, u64, u64)>, tokio_postgres::Error> {
+    let rows = db
+        .query(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, 'dtx:v1:')",
+            &[],
+        )
+        .await?;
+    let mut out: Vec<(String, u64, u64)> = rows
+        .iter()
+        .filter_map(|r| {
+            let gid: String = r.get(0);
+            let rest = gid.strip_prefix("dtx:v1:")?;
+            let mut parts = rest.rsplitn(3, ':');
+            let term = parts.next()?.parse().ok()?;
+            let txid = parts.next()?.parse().ok()?;
+            let participant = parts.next()?.to_string();
+            Some((participant, txid, term))
+        })
+        .collect();
+    out.sort_by_key(|(_, t, _)| *t);
+    Ok(out)
 }
