@@ -23,10 +23,10 @@ use participant_sdk::postgres::HandlerError;
 use participant_sdk::postgres::PgHandler;
 use participant_sdk::postgres::PgOptions;
 use participant_sdk::postgres::PgParticipant;
+use participant_sdk::postgres::Transaction;
 use participant_sdk::store::PhaseTwo;
 use participant_sdk::store::Reply;
 use participant_sdk::store::StoreError;
-use tokio_postgres::Transaction;
 
 const DB: &str = "bank";
 const ID: &str = "acct";

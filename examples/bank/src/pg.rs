@@ -28,6 +28,7 @@
 use participant_sdk::participant::Verdict;
 use participant_sdk::postgres::HandlerError;
 use participant_sdk::postgres::PgHandler;
+use participant_sdk::postgres::Transaction;
 use tokio_postgres::error::SqlState;
 
 use crate::parse_work;
@@ -46,25 +47,22 @@ pub const APPLIED_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS applied (
     outcome text NOT NULL)";
 
 impl PgHandler for PgBank {
-    async fn prepare(
-        &self,
-        tx: &tokio_postgres::Transaction<'_>,
-        txid: u64,
-        payload: &[u8],
-    ) -> Result<Verdict, HandlerError> {
+    async fn prepare(&self, tx: &Transaction<'_>, txid: u64, payload: &[u8]) -> Result<Verdict, HandlerError> {
         let Some(work) = parse_work(payload) else {
             return Ok(Verdict::no(format!(
                 "payload is not a list of account:change items separated by ';' ({} bytes)",
                 payload.len()
             )));
         };
+        // Parsed once per pooled connection, not on every Prepare.
+        let lock = tx
+            .prepare_cached("SELECT balance FROM accounts WHERE name = $1 FOR UPDATE NOWAIT")
+            .await?;
+        let update = tx
+            .prepare_cached("UPDATE accounts SET balance = balance + $2 WHERE name = $1")
+            .await?;
         for (acct, delta) in &work {
-            let row = tx
-                .query_opt(
-                    "SELECT balance FROM accounts WHERE name = $1 FOR UPDATE NOWAIT",
-                    &[acct],
-                )
-                .await;
+            let row = tx.query_opt(&lock, &[acct]).await;
             let balance: i64 = match row {
                 Ok(Some(r)) => r.get(0),
                 Ok(None) => return Ok(Verdict::no(format!("no account {acct:?} here"))),
@@ -80,18 +78,13 @@ impl PgHandler for PgBank {
                     "account {acct:?} has {balance}, too little for a change of {delta}"
                 )));
             }
-            tx.execute(
-                "UPDATE accounts SET balance = balance + $2 WHERE name = $1",
-                &[acct, delta],
-            )
-            .await?;
+            tx.execute(&update, &[acct, delta]).await?;
         }
         // Visible when (and only when) this transaction commits.
-        tx.execute(
-            "INSERT INTO applied (txid, outcome) VALUES ($1, 'COMMIT')",
-            &[&(txid as i64)],
-        )
-        .await?;
+        let applied = tx
+            .prepare_cached("INSERT INTO applied (txid, outcome) VALUES ($1, 'COMMIT')")
+            .await?;
+        tx.execute(&applied, &[&(txid as i64)]).await?;
         Ok(Verdict::yes())
     }
 }

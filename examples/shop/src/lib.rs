@@ -30,6 +30,7 @@ use participant_sdk::postgres::HandlerError;
 use participant_sdk::postgres::PgHandler;
 use participant_sdk::postgres::PgOptions;
 use participant_sdk::postgres::PgParticipant;
+use participant_sdk::postgres::Transaction;
 
 /// One of the three services.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -258,7 +259,7 @@ pub async fn install(db: &mut tokio_postgres::Client, role: Role, seed: &Seed) -
 /// or customer apart until the decision.
 pub async fn prepare(
     role: Role,
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &Transaction<'_>,
     txid: u64,
     payload: &[u8],
 ) -> Result<Verdict, tokio_postgres::Error> {
@@ -366,12 +367,7 @@ pub async fn prepare(
 pub struct ShopHandler(pub Role);
 
 impl PgHandler for ShopHandler {
-    async fn prepare(
-        &self,
-        tx: &tokio_postgres::Transaction<'_>,
-        txid: u64,
-        payload: &[u8],
-    ) -> Result<Verdict, HandlerError> {
+    async fn prepare(&self, tx: &Transaction<'_>, txid: u64, payload: &[u8]) -> Result<Verdict, HandlerError> {
         Ok(prepare(self.0, tx, txid, payload).await?)
     }
 }
@@ -510,11 +506,7 @@ enum Locked {
 /// for: the holder may be a prepared transaction waiting for its decision,
 /// and that decision may wait for this one (a deadlock across databases
 /// that no single PostgreSQL can see), so the order votes NO instead.
-async fn lock_row(
-    tx: &tokio_postgres::Transaction<'_>,
-    query: &str,
-    key: &str,
-) -> Result<Locked, tokio_postgres::Error> {
+async fn lock_row(tx: &Transaction<'_>, query: &str, key: &str) -> Result<Locked, tokio_postgres::Error> {
     match tx.query_opt(query, &[&key]).await {
         Ok(Some(r)) => Ok(Locked::Row(r)),
         Ok(None) => Ok(Locked::Missing),
