@@ -56,23 +56,15 @@ fn start_service(
 }
 
 async fn connect(conn: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls)
+    participant_sdk::postgres::connect(conn)
         .await
-        .with_context(|| format!("cannot connect to PostgreSQL ({conn})"))?;
-    tokio::spawn(connection);
-    Ok(client)
+        .with_context(|| format!("cannot connect to PostgreSQL ({conn})"))
 }
 
 async fn prepared_left(dbs: &[tokio_postgres::Client]) -> anyhow::Result<i64> {
     let mut n = 0;
     for db in dbs {
-        n += db
-            .query_one(
-                "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
-                &[],
-            )
-            .await?
-            .get::<_, i64>(0);
+        n += participant_sdk::postgres::prepared_in_database(db).await?;
     }
     Ok(n)
 }

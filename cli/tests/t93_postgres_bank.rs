@@ -17,7 +17,7 @@ use std::time::Instant;
 use common::shop::postgres_or_skip;
 use common::TestCluster;
 use dtx_client::TxOutcome;
-use dtx_testkit::cluster::ServiceProcess;
+use dtx_testkit::cluster::BankProcess;
 
 const ACCOUNTS: usize = 10;
 const INITIAL: i64 = 1_000;
@@ -33,36 +33,26 @@ async fn t93_inv1_postgres_banks_conserve_money_under_concurrent_transfers() {
     let mut banks = Vec::new();
     let mut dbs = Vec::new();
     // The services run until the end of the test (killed when dropped).
-    let mut procs: Vec<ServiceProcess> = Vec::new();
+    let mut procs: Vec<BankProcess> = Vec::new();
     for (id, prefix) in [("bank-a", "a"), ("bank-b", "b")] {
         let db = format!("t93_{prefix}");
         pg.create_database(&db).unwrap();
         let port = dtx_testkit::cluster::free_port("127.0.0.1").unwrap();
-        let addr = format!("127.0.0.1:{port}");
-        let args = [
-            "bank-serve",
-            "--id",
+        let mut s = BankProcess::build(
+            common::bin(),
+            c.dir.path(),
             id,
-            "--prefix",
             prefix,
-            "--listen",
-            &addr,
-            "--postgres",
-            &pg.conn_string(&db),
-            "--cluster",
-            &api.join(","),
-            "--accounts",
-            &ACCOUNTS.to_string(),
-            "--initial",
-            &INITIAL.to_string(),
-        ]
-        .iter()
-        .map(Into::into)
-        .collect();
-        let mut s = ServiceProcess::new(common::bin(), c.dir.path(), id, &addr, args);
+            "127.0.0.1",
+            port,
+            api.clone(),
+            ACCOUNTS,
+            INITIAL,
+            Some(pg.conn_string(&db)),
+        );
         s.start(&[]).unwrap();
         s.wait_started().await.unwrap();
-        banks.push((id.to_string(), addr, prefix.to_string()));
+        banks.push((id.to_string(), s.addr.clone(), prefix.to_string()));
         dbs.push(dtx_bank::connect_pg(&pg.conn_string(&db)).await.unwrap());
         procs.push(s);
     }
@@ -99,14 +89,7 @@ async fn t93_inv1_postgres_banks_conserve_money_under_concurrent_transfers() {
     loop {
         let mut left = 0;
         for db in &dbs {
-            left += db
-                .query_one(
-                    "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0);
+            left += participant_sdk::postgres::prepared_in_database(db).await.unwrap();
         }
         if left == 0 {
             break;

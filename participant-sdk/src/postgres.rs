@@ -118,6 +118,28 @@ pub trait PgHandler: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Verdict, HandlerError>> + Send;
 }
 
+/// A plain connection to PostgreSQL (`conn_string` as tokio-postgres reads
+/// it), its connection task spawned on the current runtime: for a
+/// service's work outside the participant's messages (creating its tables,
+/// audits). The participant itself uses its own pool.
+pub async fn connect(conn_string: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (db, connection) = tokio_postgres::connect(conn_string, NoTls).await?;
+    tokio::spawn(connection);
+    Ok(db)
+}
+
+/// How many prepared transactions the connected database holds, whoever
+/// prepared them: 0 once every decision about them has been applied.
+pub async fn prepared_in_database(db: &tokio_postgres::Client) -> Result<i64, tokio_postgres::Error> {
+    Ok(db
+        .query_one(
+            "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
 /// How to reach PostgreSQL and what to check at start.
 #[derive(Clone, Debug)]
 pub struct PgOptions {
@@ -841,10 +863,10 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
             && results
                 .iter()
                 .all(|r| matches!(r, Err(StoreError::Io(_) | StoreError::Unavailable(_))));
-        match results.into_iter().collect::<Vec<_>>() {
-            r if all_failed => Err(r.into_iter().find_map(Result::err).expect("every item failed")),
-            r => Ok(r),
+        if all_failed {
+            return Err(results.into_iter().find_map(Result::err).expect("every item failed"));
         }
+        Ok(results)
     }
 
     async fn apply_decisions(&self, items: &[(u64, PhaseTwo)]) -> Result<Vec<Result<(), StoreError>>, StoreError> {

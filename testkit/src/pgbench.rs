@@ -21,7 +21,7 @@ use anyhow::Context;
 use dtx_pg_server::PgServer;
 use dtx_pg_server::PgServerOptions;
 
-use crate::cluster::ServiceProcess;
+use crate::cluster::BankProcess;
 use crate::cpu::CpuMeter;
 use crate::report::ms;
 use crate::report::TransferPoint;
@@ -195,7 +195,7 @@ pub(crate) async fn run(env: Env<'_>, checks: &mut Vec<Check>) -> anyhow::Result
 
     // Two banks, one database each; the accounts table created here in
     // one statement (bank-serve's install leaves an existing table alone).
-    let mut procs: Vec<ServiceProcess> = Vec::new();
+    let mut procs: Vec<BankProcess> = Vec::new();
     let mut bank_list = Vec::new();
     let mut dbs = Vec::new();
     for (id, prefix) in [("pg-bank-a", "a"), ("pg-bank-b", "b")] {
@@ -203,31 +203,21 @@ pub(crate) async fn run(env: Env<'_>, checks: &mut Vec<Check>) -> anyhow::Result
         pg("create database", server.create_database(&db))?;
         pg("create accounts", server.execute(&db, &accounts_sql(&[prefix])))?;
         let port = crate::cluster::free_port("127.0.0.1")?;
-        let addr = format!("127.0.0.1:{port}");
-        let args = [
-            "bank-serve",
-            "--id",
+        let mut s = BankProcess::build(
+            env.bin,
+            env.dir,
             id,
-            "--prefix",
             prefix,
-            "--listen",
-            &addr,
-            "--postgres",
-            &server.conn_string(&db),
-            "--cluster",
-            &env.api.join(","),
-            "--accounts",
-            &ACCOUNTS.to_string(),
-            "--initial",
-            &INITIAL.to_string(),
-        ]
-        .iter()
-        .map(Into::into)
-        .collect();
-        let mut s = ServiceProcess::new(env.bin, env.dir, id, &addr, args);
+            "127.0.0.1",
+            port,
+            env.api.clone(),
+            ACCOUNTS,
+            INITIAL,
+            Some(server.conn_string(&db)),
+        );
         s.start(&[])?;
         s.wait_started().await?;
-        bank_list.push((id.to_string(), addr, prefix.to_string()));
+        bank_list.push((id.to_string(), s.addr.clone(), prefix.to_string()));
         dbs.push(dtx_bank::connect_pg(&server.conn_string(&db)).await?);
         procs.push(s);
     }

@@ -66,10 +66,9 @@ impl Shop {
     /// (Re)opens the test's own connection to each database.
     pub async fn reconnect(&mut self) {
         for role in Role::ALL {
-            let (db, conn) = tokio_postgres::connect(&self.pg.conn_string(role.database()), tokio_postgres::NoTls)
+            let db = participant_sdk::postgres::connect(&self.pg.conn_string(role.database()))
                 .await
                 .unwrap();
-            tokio::spawn(conn);
             self.dbs.insert(role, db);
         }
     }
@@ -104,14 +103,7 @@ impl Shop {
     pub async fn prepared_left(&self) -> i64 {
         let mut n = 0;
         for db in self.dbs.values() {
-            n += db
-                .query_one(
-                    "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0);
+            n += participant_sdk::postgres::prepared_in_database(db).await.unwrap();
         }
         n
     }

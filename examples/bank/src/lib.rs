@@ -286,11 +286,9 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
 
 /// A connection to PostgreSQL (its connection task spawned).
 pub async fn connect_pg(conn: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let (db, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls)
+    participant_sdk::postgres::connect(conn)
         .await
-        .with_context(|| format!("cannot connect to PostgreSQL ({conn})"))?;
-    tokio::spawn(connection);
-    Ok(db)
+        .with_context(|| format!("cannot connect to PostgreSQL ({conn})"))
 }
 
 /// One transfer of a random amount between random accounts of two of

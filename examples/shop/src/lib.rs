@@ -472,17 +472,13 @@ pub async fn serve(a: ShopServeArgs, shutdown: impl std::future::Future<Output =
             .await
             .with_context(|| format!("{id}: PostgreSQL participant"))?,
     );
-    {
-        let (mut db, conn) = tokio_postgres::connect(&a.postgres, tokio_postgres::NoTls)
-            .await
-            .with_context(|| format!("{id}: cannot connect to PostgreSQL to create the tables"))?;
-        let conn = tokio::spawn(conn);
-        install(&mut db, a.role, &seed)
-            .await
-            .with_context(|| format!("{id}: creating the tables"))?;
-        drop(db);
-        let _ = conn.await;
-    }
+    let mut db = participant_sdk::postgres::connect(&a.postgres)
+        .await
+        .with_context(|| format!("{id}: cannot connect to PostgreSQL to create the tables"))?;
+    install(&mut db, a.role, &seed)
+        .await
+        .with_context(|| format!("{id}: creating the tables"))?;
+    drop(db);
     let recovery = participant_sdk::server::RecoveryOptions::for_service(id, &a.listen);
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
@@ -637,13 +633,7 @@ pub async fn audit(
         (Role::Inventory, inventory_db),
         (Role::Payment, payment_db),
     ] {
-        let left: i64 = db
-            .query_one(
-                "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
-                &[],
-            )
-            .await?
-            .get(0);
+        let left = participant_sdk::postgres::prepared_in_database(db).await?;
         if left > 0 {
             r.problems.push(format!(
                 "{role}: {left} prepared transaction(s) left in {}",
