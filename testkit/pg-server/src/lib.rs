@@ -6,7 +6,8 @@
 //! socket inside the temporary folder, trusts every local connection (user
 //! `postgres`, no password), runs with `fsync=on` and the configured
 //! `max_prepared_transactions`. [`PgServer::kill9`] crashes it (SIGKILL of
-//! the postmaster and its backends), [`PgServer::restart`] starts it again
+//! the postmaster and each backend, waiting until all are gone),
+//! [`PgServer::restart`] starts it again
 //! on the same data directory and port (crash recovery included), and
 //! dropping the value kills it and removes the folder.
 //!
@@ -233,6 +234,69 @@ fn prepare_command(cmd: &mut Command, who: Option<RunAs>, pdeathsig: bool) {
     }
 }
 
+/// The fields of `/proc/<pid>/stat` that [`PgServer::kill9`] needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ProcStat {
+    pid: u32,
+    state: char,
+    parent: u32,
+    /// Clock ticks after boot: with the pid, names one process even if the
+    /// pid is later reused.
+    start_time: u64,
+}
+
+/// Parses a `/proc/<pid>/stat` line. The command name (field 2) is in
+/// parentheses and may itself contain spaces and parentheses, so fields are
+/// counted from the last `)`.
+fn parse_proc_stat(line: &str) -> Option<ProcStat> {
+    let open = line.find('(')?;
+    let close = line.rfind(')')?;
+    let pid = line[..open].trim().parse().ok()?;
+    let rest: Vec<&str> = line.get(close + 1..)?.split_whitespace().collect();
+    // rest[0] is field 3 (state), rest[1] field 4 (ppid), rest[19] field 22
+    // (starttime).
+    Some(ProcStat {
+        pid,
+        state: rest.first()?.chars().next()?,
+        parent: rest.get(1)?.parse().ok()?,
+        start_time: rest.get(19)?.parse().ok()?,
+    })
+}
+
+fn proc_stat(pid: u32) -> Option<ProcStat> {
+    parse_proc_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// True while process `pid` exists and has not exited (a zombie has).
+pub fn process_running(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|s| !matches!(s.state, 'Z' | 'X'))
+}
+
+/// Every live process whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<ProcStat> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(proc_stat)
+        .filter(|s| s.parent == parent && !matches!(s.state, 'Z' | 'X'))
+        .collect()
+}
+
+/// Polls `done` every 10 ms until it holds (true) or `limit` passes (false).
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| failed(format!("finding a free port: {e}")))?;
     Ok(l.local_addr().map_err(|e| failed(e.to_string()))?.port())
@@ -401,6 +465,14 @@ impl PgServer {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// The pids of the postmaster's live children (backends and auxiliary
+    /// processes), empty when it is not running.
+    pub fn backend_pids(&self) -> Vec<u32> {
+        self.pid()
+            .map(|pm| children_of(pm).iter().map(|s| s.pid).collect())
+            .unwrap_or_default()
+    }
+
     /// A tokio-postgres connection string for database `db`.
     pub fn conn_string(&self, db: &str) -> String {
         format!("host=127.0.0.1 port={} user={SUPERUSER} dbname={db}", self.port)
@@ -417,16 +489,50 @@ impl PgServer {
         self.simple_query(db, sql)
     }
 
-    /// Crashes the server: SIGKILL to the postmaster and every backend
-    /// (its process group), as a machine crash would stop them.
+    /// Crashes the server: SIGKILL to the postmaster and every backend, as
+    /// a machine crash would stop them, and returns once none of them is
+    /// alive any more.
+    ///
+    /// PostgreSQL's children call `setsid()`, so they are not in the
+    /// postmaster's process group: a group kill reaches only the postmaster,
+    /// and its backends live on until they notice it died, still attached
+    /// to the shared memory segment. A start in that window fails with
+    /// "pre-existing shared memory block is still in use". So the
+    /// postmaster is stopped first (it forks no new child), its children
+    /// are found by their parent pid and killed with it, and the call waits
+    /// until each has exited (a zombie has released its memory).
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SAFETY: kill has no memory preconditions; the group is ours.
+        let Some(mut child) = self.child.take() else { return };
+        let pm = child.id() as libc::pid_t;
+        // SAFETY: kill has no memory preconditions; the pid is our child,
+        // not yet reaped, so it cannot have been reused.
+        unsafe {
+            libc::kill(pm, libc::SIGSTOP);
+        }
+        wait_until(Duration::from_secs(5), || {
+            proc_stat(pm as u32).is_none_or(|s| matches!(s.state, 'T' | 't' | 'Z' | 'X'))
+        });
+        let backends = children_of(pm as u32);
+        for b in &backends {
+            // SAFETY: as above; a backend cannot be reaped (and its pid
+            // reused) while its parent, the stopped postmaster, lives.
             unsafe {
-                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+                libc::kill(b.pid as libc::pid_t, libc::SIGKILL);
             }
-            let _ = child.kill();
-            let _ = child.wait();
+        }
+        // SAFETY: as above; the group is the postmaster's own.
+        unsafe {
+            libc::kill(-pm, libc::SIGKILL);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let all_gone = wait_until(Duration::from_secs(10), || {
+            backends
+                .iter()
+                .all(|b| proc_stat(b.pid).is_none_or(|s| s.start_time != b.start_time || matches!(s.state, 'Z' | 'X')))
+        });
+        if !all_gone {
+            eprintln!("dtx-pg-server: a PostgreSQL backend outlived SIGKILL by 10 s; the next start may fail");
         }
     }
 
@@ -535,6 +641,26 @@ mod tests {
         let e = find_binaries_in(None, Some(empty.path().as_os_str().to_owned()), empty.path()).unwrap_err();
         assert!(e.is_binaries_missing());
         assert!(e.to_string().contains("apt-get install postgresql"), "{e}");
+    }
+
+    #[test]
+    fn proc_stat_fields_are_counted_from_the_last_parenthesis() {
+        let line = "4242 (postgres: a (b) c) S 4200 4242 4242 0 -1 4194560 90 0 0 0 0 0 0 0 20 0 1 0 987654 1 2 3";
+        let s = parse_proc_stat(line).unwrap();
+        assert_eq!(
+            s,
+            ProcStat {
+                pid: 4242,
+                state: 'S',
+                parent: 4200,
+                start_time: 987654
+            }
+        );
+        assert_eq!(parse_proc_stat("4242 (x) S 1"), None, "too few fields");
+        assert_eq!(parse_proc_stat("garbage"), None);
+        let me = proc_stat(std::process::id()).unwrap();
+        assert_eq!(me.pid, std::process::id());
+        assert!(process_running(me.pid));
     }
 
     #[test]
