@@ -4,6 +4,7 @@
 //! when Enter is pressed, and stops every node cleanly on Ctrl-C.
 
 use std::future::Future;
+use std::path::Path;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,6 +12,9 @@ use anyhow::Context;
 
 use dtx_testkit::cluster::NodePlan;
 use dtx_testkit::cluster::ProcessCluster;
+use dtx_testkit::pki::DevPki;
+use dtx_tls::files::KeyPairFiles;
+use dtx_tls::Role;
 
 #[derive(clap::Args, Debug)]
 pub struct DevArgs {
@@ -25,6 +29,91 @@ pub struct DevArgs {
     /// Delete the data directory first.
     #[arg(long)]
     pub fresh: bool,
+    /// TLS on every port and link, with a throwaway certificate authority
+    /// made in <data-dir>/tls (kept between runs; never for production):
+    /// a certificate per node, an operator's and an application's, and an
+    /// application token (the API port takes a certificate or a token).
+    #[arg(long)]
+    pub tls: bool,
+}
+
+/// The TLS material of a dev cluster, in `<data-dir>/tls`.
+pub struct DevTls {
+    pub pki_dir: PathBuf,
+    pub ca: PathBuf,
+    pub operator: KeyPairFiles,
+    pub application: KeyPairFiles,
+    pub token_file: PathBuf,
+    pub token_sha256: String,
+}
+
+impl DevTls {
+    /// The node certificate files of node `id` (made by [`DevTls::make`]).
+    pub fn node(&self, id: u64) -> KeyPairFiles {
+        KeyPairFiles {
+            cert: self.pki_dir.join(format!("node-{id}.pem")),
+            key: self.pki_dir.join(format!("node-{id}.key")),
+        }
+    }
+
+    /// Sets a node's TLS and token settings.
+    pub fn apply(&self, c: &mut coordinator::config::Config) {
+        let n = self.node(c.node_id);
+        c.tls.cert = Some(n.cert);
+        c.tls.key = Some(n.key);
+        c.tls.ca = Some(self.ca.clone());
+        c.tls.client_auth = "optional".into();
+        c.auth.tokens = vec![coordinator::config::TokenConfig {
+            role: "application".into(),
+            name: "dev-token-app".into(),
+            sha256: self.token_sha256.clone(),
+        }];
+    }
+
+    /// Makes the authority and every certificate in `pki_dir` unless they
+    /// are there already from an earlier run, for nodes 1..=`nodes`.
+    pub fn make(pki_dir: &Path, nodes: u64) -> anyhow::Result<DevTls> {
+        let token_file = pki_dir.join("application.token");
+        let files = |role: Role, name: &str| KeyPairFiles {
+            cert: pki_dir.join(format!("{role}-{name}.pem")),
+            key: pki_dir.join(format!("{role}-{name}.key")),
+        };
+        let operator = files(Role::Operator, "dev");
+        let application = files(Role::Application, "dev-app");
+        let complete = [&pki_dir.join("ca.pem"), &operator.cert, &application.cert, &token_file]
+            .iter()
+            .all(|p| p.exists())
+            && (1..=nodes).all(|i| pki_dir.join(format!("node-{i}.pem")).exists());
+        if !complete {
+            let pki = DevPki::create(pki_dir, "dtx dev cluster")?;
+            for i in 1..=nodes {
+                pki.issue(Role::Node, &i.to_string(), &[])?;
+            }
+            pki.issue(Role::Operator, "dev", &[])?;
+            pki.issue(Role::Application, "dev-app", &[])?;
+            dtx_tls::dev::write_file(&token_file, dtx_tls::identity::new_token().as_bytes(), true)?;
+        }
+        let token =
+            std::fs::read_to_string(&token_file).with_context(|| format!("cannot read {}", token_file.display()))?;
+        Ok(DevTls {
+            pki_dir: pki_dir.to_path_buf(),
+            ca: pki_dir.join("ca.pem"),
+            operator,
+            application,
+            token_file,
+            token_sha256: dtx_tls::identity::token_sha256_hex(token.trim()),
+        })
+    }
+
+    /// The flags of a command using `own`.
+    pub fn flags(&self, own: &KeyPairFiles) -> String {
+        format!(
+            "--tls-ca {} --tls-cert {} --tls-key {}",
+            self.ca.display(),
+            own.cert.display(),
+            own.key.display()
+        )
+    }
 }
 
 pub fn dev_plans(base_port: u16) -> Vec<NodePlan> {
@@ -52,9 +141,26 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
     let dir = args.data_dir.canonicalize()?;
     let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
     let base = args.base_port;
+    let tls = if args.tls {
+        Some(DevTls::make(&dir.join("tls"), 3)?)
+    } else {
+        None
+    };
     let mut cluster = ProcessCluster::new(&bin, &dir, "dtx-dev", dev_plans(base), |c| {
         c.metrics_addr = Some(format!("127.0.0.1:{}", base as u64 + 200 + c.node_id));
+        if let Some(t) = &tls {
+            t.apply(c);
+        }
     })?;
+    if let Some(t) = &tls {
+        cluster.client_tls = dtx_tls::args::TlsArgs {
+            tls_cert: Some(t.operator.cert.clone()),
+            tls_key: Some(t.operator.key.clone()),
+            tls_ca: Some(t.ca.clone()),
+            token_file: None,
+        }
+        .client()?;
+    }
     cluster.start_all()?;
     println!("dtx dev cluster: 3 nodes");
     println!("  data directory: {}", dir.display());
@@ -73,7 +179,26 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
         Some(id) => println!("leader: node {id}. Serving until Ctrl-C."),
         None => println!("no leader yet; see the node logs. Serving until Ctrl-C."),
     }
-    println!("try: coordinator admin --addr {} status", cluster.api_addrs().join(","));
+    match &tls {
+        None => println!("try: coordinator admin --addr {} status", cluster.api_addrs().join(",")),
+        Some(t) => {
+            println!(
+                "TLS on every port (authority {}, throwaway: never for production)",
+                t.ca.display()
+            );
+            println!(
+                "try: coordinator admin --addr {} {} status",
+                cluster.api_addrs().join(","),
+                t.flags(&t.operator)
+            );
+            println!("  an application's certificate: {}", t.flags(&t.application));
+            println!(
+                "  or its token (API port, no certificate): --tls-ca {} --token-file {}",
+                t.ca.display(),
+                t.token_file.display()
+            );
+        }
+    }
     // Enter on stdin starts exited nodes again. A node that exits is not
     // restarted by itself: it may have been stopped on purpose (to watch a
     // failover), or it may fail again at once (a port in use, a full disk),

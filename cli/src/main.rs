@@ -77,6 +77,9 @@ enum Cmd {
         /// API address(es) of any node(s), comma-separated.
         #[arg(long, default_value = "127.0.0.1:7201", value_delimiter = ',')]
         addr: Vec<String>,
+        /// TLS and token settings (an operator's certificate: dtx://operator/<name>).
+        #[command(flatten)]
+        tls: dtx_tls::args::TlsArgs,
         #[command(subcommand)]
         cmd: AdminCmd,
     },
@@ -102,6 +105,20 @@ struct ServeArgs {
     /// Initialize a new cluster from the config's bootstrap.members.
     #[arg(long)]
     bootstrap: bool,
+    /// This node's certificate (PEM, naming dtx://node/<node-id>); with
+    /// --tls-key and --tls-ca, TLS on every port and call (tls.cert).
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (tls.key).
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// The certificate authority of every peer (tls.ca).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// The API port: required (mutual TLS) or optional (tokens for callers
+    /// without a certificate) (tls.client_auth).
+    #[arg(long)]
+    tls_client_auth: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -200,14 +217,33 @@ fn load_config(a: ServeArgs) -> anyhow::Result<Config> {
     if a.bootstrap {
         c.bootstrap.enabled = true;
     }
+    if a.tls_cert.is_some() {
+        c.tls.cert = a.tls_cert;
+    }
+    if a.tls_key.is_some() {
+        c.tls.key = a.tls_key;
+    }
+    if a.tls_ca.is_some() {
+        c.tls.ca = a.tls_ca;
+    }
+    if let Some(v) = a.tls_client_auth {
+        c.tls.client_auth = v;
+    }
     c.validate()?;
     Ok(c)
 }
 
-async fn admin(addrs: Vec<String>, cmd: AdminCmd) -> anyhow::Result<()> {
+async fn admin(addrs: Vec<String>, tls: dtx_tls::args::TlsArgs, cmd: AdminCmd) -> anyhow::Result<()> {
     let mut cfg = ClientConfig::new(addrs.clone());
     cfg.call_deadline = Duration::from_secs(30);
-    let client = Client::new(cfg)?;
+    cfg.tls = tls.client()?;
+    cfg.token = tls.token()?;
+    let token = cfg.token.clone();
+    let channel = |addr: &str| {
+        dtx_proto::channel::channel_with(addr, None, Duration::from_secs(5), cfg.tls.as_ref())
+            .map_err(anyhow::Error::msg)
+    };
+    let client = Client::new(cfg.clone())?;
     match cmd {
         AdminCmd::Status => {
             let s = client.cluster_status().await?;
@@ -219,31 +255,37 @@ async fn admin(addrs: Vec<String>, cmd: AdminCmd) -> anyhow::Result<()> {
             api_addr,
             learner,
         } => {
-            let ch = coordinator::raft::network::channel(&addrs[0], None, Duration::from_secs(5))
-                .map_err(anyhow::Error::msg)?;
+            let ch = channel(&addrs[0])?;
             let r = dtx_proto::v1::admin_client::AdminClient::new(ch)
-                .add_node(dtx_proto::v1::AddNodeRequest {
-                    node_id,
-                    raft_addr,
-                    api_addr,
-                    voter: !learner,
-                })
+                .add_node(dtx_client::request_with_token(
+                    dtx_proto::v1::AddNodeRequest {
+                        node_id,
+                        raft_addr,
+                        api_addr,
+                        voter: !learner,
+                    },
+                    token.as_deref(),
+                ))
                 .await?;
             println!("voters now: {:?}", r.into_inner().voters);
         }
         AdminCmd::RemoveNode { node_id } => {
-            let ch = coordinator::raft::network::channel(&addrs[0], None, Duration::from_secs(5))
-                .map_err(anyhow::Error::msg)?;
+            let ch = channel(&addrs[0])?;
             let r = dtx_proto::v1::admin_client::AdminClient::new(ch)
-                .remove_node(dtx_proto::v1::RemoveNodeRequest { node_id })
+                .remove_node(dtx_client::request_with_token(
+                    dtx_proto::v1::RemoveNodeRequest { node_id },
+                    token.as_deref(),
+                ))
                 .await?;
             println!("voters now: {:?}", r.into_inner().voters);
         }
         AdminCmd::Snapshot => {
-            let ch = coordinator::raft::network::channel(&addrs[0], None, Duration::from_secs(5))
-                .map_err(anyhow::Error::msg)?;
+            let ch = channel(&addrs[0])?;
             let r = dtx_proto::v1::admin_client::AdminClient::new(ch)
-                .trigger_snapshot(dtx_proto::v1::TriggerSnapshotRequest {})
+                .trigger_snapshot(dtx_client::request_with_token(
+                    dtx_proto::v1::TriggerSnapshotRequest {},
+                    token.as_deref(),
+                ))
                 .await?;
             println!("snapshot index: {}", r.into_inner().snapshot_index);
         }
@@ -411,7 +453,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Bench(a) => dtx_testkit::bench::run(a).await,
-        Cmd::Admin { addr, cmd } => admin(addr, cmd).await,
+        Cmd::Admin { addr, tls, cmd } => admin(addr, tls, cmd).await,
         Cmd::Inspect { data_dir } => {
             let v = coordinator::store::inspect(&data_dir)?;
             println!("{}", serde_json::to_string_pretty(&v)?);

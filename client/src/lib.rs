@@ -100,6 +100,7 @@ pub mod propagate;
 
 use std::future::Future;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -143,6 +144,12 @@ pub struct ClientConfig {
     /// system choose. A service that sets it to its own address is cut off
     /// both ways by network rules on that address.
     pub local_ip: Option<IpAddr>,
+    /// TLS settings (the cluster's authority, and this process's
+    /// certificate for mutual TLS); `None` speaks plain text.
+    pub tls: Option<Arc<dtx_proto::tls::ClientTls>>,
+    /// A bearer token sent with every call (`authorization: Bearer …`),
+    /// for clusters that accept tokens where mutual TLS is not used.
+    pub token: Option<String>,
 }
 
 impl ClientConfig {
@@ -160,6 +167,8 @@ impl ClientConfig {
             backoff_base: Duration::from_millis(20),
             backoff_max: Duration::from_millis(500),
             local_ip: None,
+            tls: None,
+            token: None,
         }
     }
 
@@ -202,6 +211,13 @@ pub enum ClientError {
     /// cannot read.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The cluster does not know who this client is (no client
+    /// certificate and no accepted token); nothing happened.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// This client's identity may not make the call; nothing happened.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
 }
 
 /// Outcome of commit/abort as a caller sees it.
@@ -327,7 +343,7 @@ impl Client {
         Ok(Client {
             leader: Mutex::new(None),
             next: Mutex::new(0),
-            channels: ChannelCache::new(cfg.local_ip, connect_timeout),
+            channels: ChannelCache::new(cfg.local_ip, connect_timeout).with_tls(cfg.tls.clone()),
             cfg,
         })
     }
@@ -345,6 +361,13 @@ impl Client {
         let addr = self.cfg.endpoints[*n % self.cfg.endpoints.len()].clone();
         *n += 1;
         addr
+    }
+
+    /// A request with the attempt's timeout and the bearer token, if any.
+    fn request<T>(&self, msg: T, timeout: Duration) -> tonic::Request<T> {
+        let mut rq = request_with_token(msg, self.cfg.token.as_deref());
+        rq.set_timeout(timeout);
+        rq
     }
 
     /// One cached (multiplexed HTTP/2) channel per node address.
@@ -376,20 +399,39 @@ impl Client {
             let addr = self.target();
             let ch = self.channel(&addr)?;
             let res = tokio::time::timeout(budget, f(ch, budget)).await;
-            let status = match res {
+            let (status, timed_out) = match res {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(s)) => s,
-                Err(_) => Status::deadline_exceeded(format!("no reply from {addr} within {budget:?}")),
+                Ok(Err(s)) => (s, false),
+                Err(_) => (
+                    Status::deadline_exceeded(format!("no reply from {addr} within {budget:?}")),
+                    true,
+                ),
             };
-            last = format!("{addr}: {}: {}", status.code(), status.message());
+            // An attempt that the call's deadline cut short says less than
+            // the failure before it: keep that one in the message (on a busy
+            // machine the last attempt may get well under a millisecond).
+            last = if timed_out && budget < self.cfg.attempt_timeout && attempt > 0 {
+                format!("{last}; then the call's deadline ran out during an attempt at {addr}")
+            } else {
+                let hint = if self.cfg.tls.is_none() && status.message().contains("h2 protocol error") {
+                    " (a plain-text client gets this from a port that requires TLS: give the cluster's authority, --tls-ca)"
+                } else {
+                    ""
+                };
+                format!("{addr}: {}: {}{hint}", status.code(), describe(&status))
+            };
             match status.code() {
                 Code::InvalidArgument => return Err(ClientError::InvalidArgument(status.message().into())),
                 Code::NotFound => return Err(ClientError::NotFound(status.message().into())),
                 Code::AlreadyExists => return Err(ClientError::AlreadyExists(status.message().into())),
                 Code::FailedPrecondition => return Err(ClientError::FailedPrecondition(status.message().into())),
                 Code::Unimplemented => return Err(ClientError::Unimplemented(status.message().into())),
+                // Refused before anything ran: definite, and asking again
+                // with the same credentials would be refused again.
+                Code::Unauthenticated => return Err(ClientError::Unauthenticated(status.message().into())),
+                Code::PermissionDenied => return Err(ClientError::PermissionDenied(status.message().into())),
                 Code::Internal | Code::DataLoss if kind == Kind::Read || not_applied(&status) => {
-                    return Err(ClientError::Internal(status.message().into()))
+                    return Err(ClientError::Internal(last))
                 }
                 Code::Internal | Code::DataLoss => {
                     // tonic reports an HTTP/2 reset or a broken stream as
@@ -438,8 +480,7 @@ impl Client {
         };
         let r = self
             .call(Kind::Write, |ch, t| {
-                let mut rq = tonic::Request::new(req.clone());
-                rq.set_timeout(t);
+                let rq = self.request(req.clone(), t);
                 async move { CoordinatorClient::new(ch).begin(rq).await.map(|r| r.into_inner()) }
             })
             .await?;
@@ -469,8 +510,7 @@ impl Client {
         };
         let r = self
             .call(Kind::Write, |ch, t| {
-                let mut rq = tonic::Request::new(req.clone());
-                rq.set_timeout(t);
+                let rq = self.request(req.clone(), t);
                 async move { CoordinatorClient::new(ch).enlist(rq).await.map(|r| r.into_inner()) }
             })
             .await?;
@@ -505,8 +545,7 @@ impl Client {
         };
         let res = self
             .call(Kind::Write, |ch, t| {
-                let mut rq = tonic::Request::new(req.clone());
-                rq.set_timeout(t);
+                let rq = self.request(req.clone(), t);
                 async move {
                     CoordinatorClient::new(ch)
                         .begin_and_commit(rq)
@@ -566,8 +605,7 @@ impl Client {
     pub async fn commit(&self, txid: u64) -> Result<TxOutcome, ClientError> {
         let res = self
             .call(Kind::Write, |ch, t| {
-                let mut rq = tonic::Request::new(pb::CommitRequest { txid });
-                rq.set_timeout(t);
+                let rq = self.request(pb::CommitRequest { txid }, t);
                 async move { CoordinatorClient::new(ch).commit(rq).await.map(|r| r.into_inner()) }
             })
             .await;
@@ -587,8 +625,7 @@ impl Client {
         };
         let res = self
             .call(Kind::Write, |ch, t| {
-                let mut rq = tonic::Request::new(req.clone());
-                rq.set_timeout(t);
+                let rq = self.request(req.clone(), t);
                 async move { CoordinatorClient::new(ch).abort(rq).await.map(|r| r.into_inner()) }
             })
             .await;
@@ -622,8 +659,7 @@ impl Client {
         };
         let r = self
             .call(Kind::Write, |ch, t| {
-                let mut rq = tonic::Request::new(req.clone());
-                rq.set_timeout(t);
+                let rq = self.request(req.clone(), t);
                 async move { AdminClient::new(ch).resolve(rq).await.map(|r| r.into_inner()) }
             })
             .await?;
@@ -633,8 +669,7 @@ impl Client {
     /// The whole replicated record of `txid` (linearizable read).
     pub async fn status(&self, txid: u64) -> Result<pb::StatusResponse, ClientError> {
         self.call(Kind::Read, |ch, t| {
-            let mut rq = tonic::Request::new(pb::StatusRequest { txid });
-            rq.set_timeout(t);
+            let rq = self.request(pb::StatusRequest { txid }, t);
             async move { CoordinatorClient::new(ch).status(rq).await.map(|r| r.into_inner()) }
         })
         .await
@@ -644,8 +679,7 @@ impl Client {
     pub async fn decision(&self, txid: u64) -> Result<DecisionRead, ClientError> {
         let r = self
             .call(Kind::Read, |ch, t| {
-                let mut rq = tonic::Request::new(pb::GetDecisionRequest { txid });
-                rq.set_timeout(t);
+                let rq = self.request(pb::GetDecisionRequest { txid }, t);
                 async move {
                     CoordinatorClient::new(ch)
                         .get_decision(rq)
@@ -713,8 +747,7 @@ impl Client {
         };
         let decisions = self
             .call(Kind::Read, |ch, t| {
-                let mut rq = tonic::Request::new(req.clone());
-                rq.set_timeout(t);
+                let rq = self.request(req.clone(), t);
                 async move {
                     let ds = CoordinatorClient::new(ch)
                         .get_decisions(rq)
@@ -746,12 +779,38 @@ impl Client {
     /// Cluster status as seen by the first endpoint that answers.
     pub async fn cluster_status(&self) -> Result<pb::ClusterStatusResponse, ClientError> {
         self.call(Kind::Read, |ch, t| {
-            let mut rq = tonic::Request::new(pb::ClusterStatusRequest {});
-            rq.set_timeout(t);
+            let rq = self.request(pb::ClusterStatusRequest {}, t);
             async move { AdminClient::new(ch).cluster_status(rq).await.map(|r| r.into_inner()) }
         })
         .await
     }
+}
+
+/// A status's message and the chain of errors under it: a transport
+/// failure says only "transport error" by itself, and the TLS alert or
+/// refused connection that caused it is in the chain.
+pub fn describe(status: &Status) -> String {
+    let mut out = status.message().to_string();
+    let mut cause = std::error::Error::source(status);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+/// A request carrying `token` as its bearer token (`authorization: Bearer
+/// …`), for callers that build their own calls.
+pub fn request_with_token<T>(msg: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut rq = tonic::Request::new(msg);
+    if let Some(v) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
+        rq.metadata_mut().insert("authorization", v);
+    }
+    rq
 }
 
 /// One attempt at one node, no retries (for tests and tools that must talk
@@ -768,7 +827,16 @@ pub async fn decision_at(addr: &str, txid: u64, timeout: Duration) -> Result<Dec
 
 /// Cluster status of one particular node.
 pub async fn cluster_status_at(addr: &str, timeout: Duration) -> Result<pb::ClusterStatusResponse, Status> {
-    let ch = channel(addr, None, timeout).map_err(Status::invalid_argument)?;
+    cluster_status_with(addr, timeout, None).await
+}
+
+/// As [`cluster_status_at`], over TLS when `tls` is set.
+pub async fn cluster_status_with(
+    addr: &str,
+    timeout: Duration,
+    tls: Option<&Arc<dtx_proto::tls::ClientTls>>,
+) -> Result<pb::ClusterStatusResponse, Status> {
+    let ch = dtx_proto::channel::channel_with(addr, None, timeout, tls).map_err(Status::invalid_argument)?;
     let mut rq = tonic::Request::new(pb::ClusterStatusRequest {});
     rq.set_timeout(timeout);
     tokio::time::timeout(timeout, AdminClient::new(ch).cluster_status(rq))

@@ -47,6 +47,8 @@ pub struct Config {
     pub batch: BatchConfig,
     pub txn: TxnConfig,
     pub api: ApiConfig,
+    pub tls: TlsConfig,
+    pub auth: AuthConfig,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -154,6 +156,69 @@ pub struct ApiConfig {
     pub write_timeout_ms: u64,
 }
 
+/// TLS on every link of this node (ADR 0016). Off unless `cert`, `key` and
+/// `ca` are all set; then the API port, the Raft port and this node's
+/// calls to other nodes and to participants all use TLS, with this node's
+/// certificate as its identity (`dtx://node/<node_id>`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM: this node's certificate (then any intermediates).
+    pub cert: Option<PathBuf>,
+    /// PEM: its private key.
+    pub key: Option<PathBuf>,
+    /// PEM: the authority every peer's certificate must come from.
+    pub ca: Option<PathBuf>,
+    /// The API port: "required" (every caller presents a certificate:
+    /// mutual TLS) or "optional" (callers without one authenticate with a
+    /// bearer token from `auth.tokens`). The Raft port always requires a
+    /// node's certificate.
+    pub client_auth: String,
+    /// Every this many ms the files are checked and, when changed, read
+    /// again (new connections use them; a bad new file is logged and the
+    /// old settings kept). 0 = never.
+    pub reload_interval_ms: u64,
+}
+
+impl TlsConfig {
+    pub fn enabled(&self) -> bool {
+        self.cert.is_some()
+    }
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert: None,
+            key: None,
+            ca: None,
+            client_auth: "required".to_string(),
+            reload_interval_ms: 10_000,
+        }
+    }
+}
+
+/// Who may call the API. Authentication is on when TLS is on or tokens are
+/// configured; then every call needs an identity (a client certificate's
+/// `dtx://<role>/<name>`, or a token below) whose role may make it
+/// (docs/api.md, "Who may call what").
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub tokens: Vec<TokenConfig>,
+}
+
+/// One accepted bearer token: the SHA-256 of the token (64 hex digits;
+/// never the token) and the identity it stands for.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// application, participant, operator or node.
+    pub role: String,
+    pub name: String,
+    pub sha256: String,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -168,6 +233,8 @@ impl Default for Config {
             batch: BatchConfig::default(),
             txn: TxnConfig::default(),
             api: ApiConfig::default(),
+            tls: TlsConfig::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -258,6 +325,12 @@ impl Config {
         })
     }
 
+    /// One configured token, checked.
+    pub fn token_entry(&self, t: &TokenConfig) -> Result<dtx_proto::tls::TokenEntry, String> {
+        let role = dtx_proto::tls::Role::parse(&t.role)?;
+        dtx_proto::tls::TokenEntry::new(role, &t.name, &t.sha256)
+    }
+
     /// Checks every field; the message names the field and what is wrong.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -286,6 +359,20 @@ impl Config {
         }
         if let Some(m) = &self.metrics_addr {
             check_addr("metrics_addr", m)?;
+        }
+        let t = &self.tls;
+        match (&t.cert, &t.key, &t.ca) {
+            (None, None, None) | (Some(_), Some(_), Some(_)) => {}
+            _ => {
+                return bad(
+                    "tls.cert, tls.key and tls.ca must be set together (all three for TLS, none for plain text)".into(),
+                )
+            }
+        }
+        dtx_proto::tls::ClientAuth::parse(&t.client_auth).map_err(|e| ConfigError::Invalid(format!("tls.{e}")))?;
+        for tok in &self.auth.tokens {
+            self.token_entry(tok)
+                .map_err(|e| ConfigError::Invalid(format!("auth.tokens: {e}")))?;
         }
         if self.bootstrap.enabled {
             if self.bootstrap.members.is_empty() {

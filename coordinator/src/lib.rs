@@ -34,6 +34,7 @@ pub mod ctx;
 pub mod driver;
 pub mod node;
 pub mod raft;
+pub mod security;
 pub mod sm;
 pub mod store;
 

@@ -57,6 +57,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     config.validate()?;
     let raft_listen: SocketAddr = config.raft_addr.parse()?;
     let api_listen: SocketAddr = config.api_addr.parse()?;
+    // Certificates first: a node with bad TLS files stops before it
+    // touches its data directory.
+    let security = crate::security::Security::load(&config)?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
     let engine = store::open_data_dir(&config.data_dir, &config.cluster_id, config.node_id)?;
@@ -78,6 +81,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         local_ip,
         max_message_bytes: config.raft.max_message_bytes,
         connect_timeout: Duration::from_millis(config.raft.connect_timeout_ms),
+        tls: security.client_tls.clone(),
     });
     let raft = Raft::new(
         config.node_id,
@@ -88,7 +92,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     )
     .await
     .context("cannot start raft")?;
-    let _quorum_probe = crate::raft::quorum_probe::spawn(raft.clone(), &config);
+    let _quorum_probe = crate::raft::quorum_probe::spawn(raft.clone(), &config, security.client_tls.clone());
 
     let batcher = Batcher::start(
         raft.clone(),
@@ -107,7 +111,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         sm,
         batcher,
         engine: engine.clone(),
-        channels: ChannelCache::new(local_ip, Duration::from_millis(config.raft.connect_timeout_ms)),
+        channels: ChannelCache::new(local_ip, Duration::from_millis(config.raft.connect_timeout_ms))
+            .with_tls(security.client_tls.clone()),
     });
     let driver = Driver::new(ctx.clone());
 
@@ -122,26 +127,46 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let raft_router = tonic::transport::Server::builder().add_service(
-        RaftTransportServer::new(RaftService {
-            raft: raft.clone(),
-            cluster_id: config.cluster_id.clone(),
-        })
-        .max_decoding_message_size(config.raft.max_message_bytes)
-        .max_encoding_message_size(config.raft.max_message_bytes),
-    );
-    let raft_server = serve(raft_router, raft_listen, "raft_addr", stop_rx.clone()).await?;
+    let reloaders = security.spawn_reloaders(Duration::from_millis(config.tls.reload_interval_ms));
+    let raft_router = tonic::transport::Server::builder()
+        .layer(security.raft_layer())
+        .add_service(
+            RaftTransportServer::new(RaftService {
+                raft: raft.clone(),
+                cluster_id: config.cluster_id.clone(),
+            })
+            .max_decoding_message_size(config.raft.max_message_bytes)
+            .max_encoding_message_size(config.raft.max_message_bytes),
+        );
+    let raft_server = serve(
+        raft_router,
+        raft_listen,
+        "raft_addr",
+        security.raft_tls.clone(),
+        stop_rx.clone(),
+    )
+    .await?;
     let api_router = tonic::transport::Server::builder()
+        .layer(security.api_layer())
         .add_service(CoordinatorServer::new(
             crate::api::coordinator::CoordinatorService::new(driver.clone()),
         ))
         .add_service(AdminServer::new(crate::api::admin::AdminService::new(driver.clone())));
-    let api_server = serve(api_router, api_listen, "api_addr", stop_rx.clone()).await?;
+    let api_server = serve(
+        api_router,
+        api_listen,
+        "api_addr",
+        security.api_tls.clone(),
+        stop_rx.clone(),
+    )
+    .await?;
     info!(
         node_id = config.node_id,
         cluster_id = %config.cluster_id,
         raft_addr = %raft_listen,
         api_addr = %api_listen,
+        tls = security.api_tls.is_some(),
+        auth = security.auth,
         data_dir = %config.data_dir.display(),
         "node started"
     );
@@ -178,6 +203,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let _ = stop_tx.send(true);
     loops.abort();
     gauges.abort();
+    for r in reloaders {
+        r.abort();
+    }
     // Every step of the way out is bounded: a node whose Raft stopped must
     // exit (so a supervisor restarts it), not wait for clients to close
     // their connections (found by the jepsen disk-full nemesis: a leader
@@ -243,17 +271,19 @@ const SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(5);
 /// The same after Raft stopped on a fatal error: nothing can be served.
 const FATAL_SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(1);
 
-/// Binds `addr` and serves `router` on it until `stop` turns true.
+/// Binds `addr` and serves `router` on it (with TLS when `tls` is set)
+/// until `stop` turns true.
 async fn serve(
-    router: tonic::transport::server::Router,
+    router: tonic::transport::server::Router<tower_layer::Stack<dtx_proto::tls::AuthLayer, tower_layer::Identity>>,
     addr: SocketAddr,
     what: &str,
+    tls: Option<Arc<dtx_proto::tls::ServerTls>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {what} {addr}"))?;
-    let incoming = dtx_proto::incoming(listener);
+    let incoming = dtx_proto::tls::incoming(listener, tls);
     Ok(tokio::spawn(router.serve_with_incoming_shutdown(
         incoming,
         async move {

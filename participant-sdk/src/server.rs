@@ -599,6 +599,12 @@ pub struct RecoveryOptions {
     /// logs that the cluster is not answering, and the next pass asks
     /// again.
     pub ask_timeout: Duration,
+    /// TLS settings of the calls to the cluster (its authority, and this
+    /// service's certificate, `dtx://participant/<name>`).
+    pub tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    /// A bearer token for the calls to the cluster, where it accepts
+    /// tokens instead of client certificates.
+    pub token: Option<String>,
 }
 
 impl Default for RecoveryOptions {
@@ -611,6 +617,8 @@ impl Default for RecoveryOptions {
             local_ip: None,
             participant_id: String::new(),
             ask_timeout: Duration::from_secs(2),
+            tls: None,
+            token: None,
         }
     }
 }
@@ -652,6 +660,8 @@ impl RecoveryOptions {
         cfg.attempt_timeout = self.ask_timeout;
         cfg.connect_timeout = Duration::from_millis(500);
         cfg.local_ip = self.local_ip;
+        cfg.tls = self.tls.clone();
+        cfg.token = self.token.clone();
         cfg
     }
 
@@ -668,7 +678,7 @@ impl RecoveryOptions {
 /// connection) with its recovery loop (`spawn_recovery_with`, asking
 /// `cluster`), until `shutdown` completes; then stops recovery. A service
 /// whose participant can stop by itself (the sled store on a failed write)
-/// makes that part of `shutdown`.
+/// makes that part of `shutdown`. Plain text; [`serve_with_tls`] for TLS.
 pub async fn serve<P: Participant>(
     participant: Arc<P>,
     participant_id: &str,
@@ -677,18 +687,61 @@ pub async fn serve<P: Participant>(
     recovery: RecoveryOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    serve_with_tls(participant, participant_id, listener, cluster, recovery, None, shutdown).await
+}
+
+/// As [`serve`], over TLS when `tls` is set. Then every caller must
+/// present a certificate from the authority (mutual TLS), and only the
+/// cluster's nodes (`dtx://node/<id>`) may send Prepare, Commit, Abort and
+/// the grouped calls; `Inquire` also takes operators. Anyone else is
+/// refused (`UNAUTHENTICATED` or `PERMISSION_DENIED`, logged and counted
+/// in `dtx_auth_refusals_total{server="participant"}`) before the
+/// participant sees the message.
+pub async fn serve_with_tls<P: Participant>(
+    participant: Arc<P>,
+    participant_id: &str,
+    listener: tokio::net::TcpListener,
+    cluster: Vec<String>,
+    recovery: RecoveryOptions,
+    tls: Option<Arc<dtx_proto::tls::ServerTls>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
     let recovery = spawn_recovery_with(participant.clone(), cluster, recovery);
+    let policy: dtx_proto::tls::AuthPolicy = if tls.is_some() {
+        participant_policy
+    } else {
+        |_| dtx_proto::tls::Access::Open
+    };
     let served = tonic::transport::Server::builder()
+        .layer(dtx_proto::tls::AuthLayer::new(
+            "participant",
+            dtx_proto::tls::Tokens::default(),
+            policy,
+        ))
         .add_service(
             dtx_proto::v1::participant_service_server::ParticipantServiceServer::new(ParticipantServer::new(
                 participant,
                 participant_id,
             )),
         )
-        .serve_with_incoming_shutdown(dtx_proto::incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(dtx_proto::tls::incoming(listener, tls), shutdown)
         .await;
     recovery.abort();
     served
+}
+
+/// Who may call each method of a participant served with TLS: the
+/// cluster's nodes; `Inquire` (read-only) also operators.
+pub fn participant_policy(path: &str) -> dtx_proto::tls::Access {
+    use dtx_proto::tls::Access;
+    use dtx_proto::tls::Role;
+    match path.strip_prefix("/dtx.v1.ParticipantService/") {
+        Some("Inquire") => Access::Roles(&[Role::Node, Role::Operator]),
+        Some("Prepare" | "Commit" | "Abort" | "CommitOnePhase" | "ApplyDecisions" | "PrepareMany") => {
+            Access::Roles(&[Role::Node])
+        }
+        _ => Access::Roles(&[]),
+    }
 }
 
 /// `spawn_recovery_with` with the default options, the given interval and
@@ -788,4 +841,43 @@ pub fn spawn_recovery_with<P: Participant>(
             tokio::time::sleep(opts.interval).await;
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use dtx_proto::tls::Access;
+    use dtx_proto::tls::Role;
+
+    use super::participant_policy;
+
+    #[test]
+    fn only_nodes_send_decisions_and_every_method_has_an_entry() {
+        let text = include_str!("../../proto/dtx/v1/participant.proto");
+        let mut seen = 0;
+        for line in text.lines() {
+            let Some(rest) = line.trim().strip_prefix("rpc ") else {
+                continue;
+            };
+            let method = rest.split('(').next().unwrap().trim();
+            let Access::Roles(roles) = participant_policy(&format!("/dtx.v1.ParticipantService/{method}")) else {
+                panic!("{method} is open")
+            };
+            assert!(roles.contains(&Role::Node), "{method}: nodes must be admitted");
+            assert!(
+                !roles.contains(&Role::Application),
+                "{method}: applications must not be"
+            );
+            assert!(
+                !roles.contains(&Role::Participant),
+                "{method}: participants must not be"
+            );
+            assert_eq!(roles.contains(&Role::Operator), method == "Inquire", "{method}");
+            seen += 1;
+        }
+        assert!(seen >= 7, "{seen} methods found in participant.proto");
+        assert_eq!(
+            participant_policy("/dtx.v1.ParticipantService/Nope"),
+            Access::Roles(&[])
+        );
+    }
 }

@@ -1,44 +1,105 @@
 //! Client-side channels: lazily connecting, multiplexed HTTP/2 channels with
-//! the settings every caller of ours uses, and a cache of one per address.
+//! the settings every caller of ours uses, plain or TLS, and a cache of one
+//! per address.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use dtx_tls::ClientTls;
 use tonic::transport::Channel;
 
-/// A lazily connecting channel to `addr` (see [`crate::endpoint`] for the
-/// accepted forms), with `TCP_NODELAY`, HTTP/2 keep-alive, the given connect
-/// timeout and, when `local_ip` is set, that source address (so firewall
-/// rules and test proxies can tell processes apart by source address).
+use crate::endpoint::Scheme;
+
+/// A lazily connecting plain-text channel to `addr` (see
+/// [`crate::endpoint::parse`] for the accepted forms; `https://` is
+/// refused, there being no TLS settings), with `TCP_NODELAY`, HTTP/2
+/// keep-alive, the given connect timeout and, when `local_ip` is set, that
+/// source address (so firewall rules and test proxies can tell processes
+/// apart by source address).
 pub fn channel(addr: &str, local_ip: Option<IpAddr>, connect_timeout: Duration) -> Result<Channel, String> {
-    let ep = crate::endpoint(addr)?;
-    Ok(ep
+    channel_with(addr, local_ip, connect_timeout, None)
+}
+
+/// As [`channel`], over TLS when `tls` is set. An address must agree with
+/// the process's settings: `https://` needs TLS settings, and `http://` is
+/// refused when the process has them (a silent downgrade to plain text
+/// would defeat them); `host:port` follows the settings.
+pub fn channel_with(
+    addr: &str,
+    local_ip: Option<IpAddr>,
+    connect_timeout: Duration,
+    tls: Option<&Arc<ClientTls>>,
+) -> Result<Channel, String> {
+    let a = check_address(addr, tls.is_some())?;
+    let ep = a
+        .endpoint
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5))
-        .local_address(local_ip)
-        .connect_lazy())
+        .local_address(local_ip);
+    Ok(match tls {
+        None => ep.connect_lazy(),
+        Some(tls) => ep.connect_with_connector_lazy(dtx_tls::Connector::new(tls.clone(), local_ip, connect_timeout)),
+    })
+}
+
+/// Parses `addr` (see [`crate::endpoint::parse`]) and checks that it
+/// agrees with a process that uses TLS (`tls`) or not: what
+/// [`channel_with`] would refuse is refused here, with the same message.
+pub fn check_address(addr: &str, tls: bool) -> Result<crate::endpoint::Address, String> {
+    let a = crate::endpoint::parse(addr)?;
+    match (a.scheme, tls) {
+        (Scheme::Tls, false) => {
+            return Err(format!(
+                "address {addr:?} asks for TLS (https://) but this process has no TLS settings; it is refused rather than used as plain text; expected {}",
+                crate::ADDRESS_FORMS
+            ))
+        }
+        (Scheme::Plain, true) => {
+            return Err(format!(
+                "address {addr:?} asks for plain text (http://) but this process uses TLS; give host:port or https://host[:port]"
+            ))
+        }
+        _ => {}
+    }
+    Ok(a)
 }
 
 /// One lazily connecting, multiplexed channel per address, built with the
-/// same source IP and connect timeout. Used by the Raft network, a node's
-/// forwarding and driver, the client and the participant SDK.
+/// same source IP, connect timeout and TLS settings. Used by the Raft
+/// network, a node's forwarding and driver, the client and the participant
+/// SDK.
 pub struct ChannelCache {
     local_ip: Option<IpAddr>,
     connect_timeout: Duration,
+    tls: Option<Arc<ClientTls>>,
     map: Mutex<HashMap<String, Channel>>,
 }
 
 impl ChannelCache {
+    /// Plain-text channels.
     pub fn new(local_ip: Option<IpAddr>, connect_timeout: Duration) -> Self {
         ChannelCache {
             local_ip,
             connect_timeout,
+            tls: None,
             map: Default::default(),
         }
+    }
+
+    /// Channels over TLS when `tls` is set (see [`channel_with`]).
+    pub fn with_tls(mut self, tls: Option<Arc<ClientTls>>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// The TLS settings channels are built with.
+    pub fn tls(&self) -> Option<&Arc<ClientTls>> {
+        self.tls.as_ref()
     }
 
     /// The cached channel to `addr`, built on first use.
@@ -47,7 +108,7 @@ impl ChannelCache {
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());
         }
-        let c = channel(addr, self.local_ip, self.connect_timeout)?;
+        let c = channel_with(addr, self.local_ip, self.connect_timeout, self.tls.as_ref())?;
         map.insert(addr.to_string(), c.clone());
         Ok(c)
     }

@@ -2,19 +2,38 @@
 //! Enlist give, and the accepted-connection stream of our servers.
 
 /// What an address may look like, for error messages.
-pub const ADDRESS_FORMS: &str = "host:port or http://host[:port] (plain-text gRPC; TLS is not supported yet)";
+pub const ADDRESS_FORMS: &str =
+    "host:port, http://host[:port] (plain-text gRPC) or https://host[:port] (TLS, for a process configured with TLS)";
 
-/// A gRPC endpoint for `addr`: `host:port` (an IP, `[IPv6]` or a DNS name,
-/// and a port), or `http://host[:port]` (port 80 when left out). The one place
-/// addresses given by users, configs and Enlist are parsed, so an address
-/// that passes here is one a channel can be built for.
+/// What an address asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// `host:port`: whatever the process is configured for.
+    Either,
+    /// `http://`: plain text.
+    Plain,
+    /// `https://`: TLS.
+    Tls,
+}
+
+/// A parsed address: an endpoint (always with the `http` scheme inside,
+/// since TLS is done by our own connector) and what the address asked for.
+#[derive(Clone, Debug)]
+pub struct Address {
+    pub endpoint: tonic::transport::Endpoint,
+    pub scheme: Scheme,
+}
+
+/// Parses `addr`: `host:port` (an IP, `[IPv6]` or a DNS name, and a port),
+/// `http://host[:port]` (port 80 when left out) or `https://host[:port]`
+/// (port 443). The one place addresses given by users, configs and Enlist
+/// are parsed, so an address that passes here is one a channel can be
+/// built for.
 ///
 /// Refused, with a message that says what was wrong and what is accepted:
-/// `https://` (there is no TLS yet, and using it as plain text would be a
-/// silent downgrade), any other scheme, a bare `host` without a port, a
-/// path, query or user name, whitespace, and anything that does not parse
-/// as a URI authority.
-pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, String> {
+/// any other scheme, a bare `host` without a port, a path, query or user
+/// name, whitespace, and anything that does not parse as a URI authority.
+pub fn parse(addr: &str) -> Result<Address, String> {
     let bad = |why: &str| Err(format!("address {addr:?} {why}; expected {ADDRESS_FORMS}"));
     if addr.is_empty() {
         return bad("is empty");
@@ -22,13 +41,12 @@ pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, String> {
     if addr.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return bad("contains whitespace or a control character");
     }
-    let (uri, bare) = match addr.split_once("://") {
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") => (addr.to_string(), false),
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-            return bad("asks for TLS (https://), which this build does not support; it is refused rather than used as plain text");
-        }
+    let (uri, bare, scheme) = match addr.split_once("://") {
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") => (addr.to_string(), false, Scheme::Plain),
+        // The URI says http because our connector, not tonic, does TLS.
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => (format!("http://{rest}"), false, Scheme::Tls),
         Some((scheme, _)) => return bad(&format!("has the unsupported scheme {scheme:?}")),
-        None => (format!("http://{addr}"), true),
+        None => (format!("http://{addr}"), true, Scheme::Either),
     };
     let ep = match tonic::transport::Endpoint::from_shared(uri) {
         Ok(ep) => ep,
@@ -58,11 +76,32 @@ pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, String> {
     if u.query().is_some() || !matches!(u.path(), "" | "/") || (bare && addr.ends_with('/')) {
         return bad("has a path or query, which gRPC does not use");
     }
-    Ok(ep)
+    if scheme == Scheme::Tls && after_host.is_empty() {
+        // https without a port means 443, as the scheme implies.
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://{host}:443"))
+            .map_err(|e| format!("address {addr:?} is not a valid host and port ({e}); expected {ADDRESS_FORMS}"))?;
+        return Ok(Address { endpoint: ep, scheme });
+    }
+    Ok(Address { endpoint: ep, scheme })
+}
+
+/// A plain-text gRPC endpoint for `addr` (see [`parse`]). `https://` is
+/// refused here: a caller that connects with this endpoint would speak
+/// plain text to it, a silent downgrade; channels with TLS come from
+/// [`crate::channel`].
+pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, String> {
+    let a = parse(addr)?;
+    if a.scheme == Scheme::Tls {
+        return Err(format!(
+            "address {addr:?} asks for TLS (https://), which a plain-text endpoint cannot give; it is refused rather than used as plain text"
+        ));
+    }
+    Ok(a.endpoint)
 }
 
 /// The accepted-connection stream for a gRPC server on `listener`, with
-/// `TCP_NODELAY` and keep-alive set on every accepted socket.
+/// `TCP_NODELAY` and keep-alive set on every accepted socket, in plain
+/// text (servers that may run with TLS use [`dtx_tls::incoming`]).
 ///
 /// tonic applies `Server::tcp_nodelay` only to listeners it binds itself;
 /// with `serve_with_incoming` the accepted sockets keep Nagle's algorithm,
@@ -78,12 +117,14 @@ pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::
 #[cfg(test)]
 mod tests {
     use super::endpoint;
+    use super::parse;
+    use super::Scheme;
 
     fn refused(addr: &str, why: &str) {
         let e = endpoint(addr).expect_err(addr);
         assert!(e.contains(why), "{addr}: {e}");
         // Every refusal says what is accepted.
-        assert!(e.contains("host:port or http://host[:port]"), "{addr}: {e}");
+        assert!(e.contains("host:port, http://host[:port]"), "{addr}: {e}");
     }
 
     #[test]
@@ -104,9 +145,20 @@ mod tests {
     }
 
     #[test]
-    fn https_is_refused_never_downgraded() {
-        refused("https://10.0.0.7:7000", "TLS");
-        refused("HTTPS://10.0.0.7:7000", "https://");
+    fn https_is_parsed_for_tls_and_refused_as_a_plain_endpoint() {
+        for (addr, port) in [
+            ("https://10.0.0.7:7000", 7000),
+            ("HTTPS://bank-a.internal", 443),
+            ("https://[::1]:7000", 7000),
+        ] {
+            let a = parse(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+            assert_eq!(a.scheme, Scheme::Tls, "{addr}");
+            assert_eq!(a.endpoint.uri().port_u16(), Some(port), "{addr}");
+        }
+        assert_eq!(parse("10.0.0.7:7000").unwrap().scheme, Scheme::Either);
+        assert_eq!(parse("http://10.0.0.7:7000").unwrap().scheme, Scheme::Plain);
+        let e = endpoint("https://10.0.0.7:7000").unwrap_err();
+        assert!(e.contains("asks for TLS"), "{e}");
     }
 
     #[test]

@@ -10,11 +10,13 @@
 //!   their readers.
 //! - [`endpoint`]: the one parser of addresses, and the server-side
 //!   accepted-connection stream.
-//! - [`channel`]: lazily connecting channels and the per-address channel
-//!   cache used by nodes, the client and participants.
+//! - [`channel`]: lazily connecting channels, plain or TLS, and the
+//!   per-address channel cache used by nodes, the client and participants.
 //!
-//! It depends on tonic, prost and tokio only, so a client or a participant
-//! that embeds it pulls in no Raft and no storage.
+//! It depends on tonic, prost, tokio and dtx-tls (rustls) only, so a
+//! client or a participant that embeds it pulls in no Raft and no storage.
+//! TLS settings, identities and the authorising layer come from
+//! [`dtx_tls`], re-exported as [`tls`].
 pub mod v1 {
     tonic::include_proto!("dtx.v1");
 }
@@ -24,6 +26,7 @@ pub mod endpoint;
 pub mod limits;
 pub mod metadata;
 
+pub use dtx_tls as tls;
 pub use endpoint::endpoint;
 pub use endpoint::incoming;
 pub use endpoint::ADDRESS_FORMS;

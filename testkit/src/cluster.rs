@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use coordinator::config::Config;
 use coordinator::config::Member;
-use dtx_client::cluster_status_at;
+use dtx_client::cluster_status_with;
 
 /// One bank participant service: `coordinator bank-serve` on its own
 /// loopback address and data directory, or (built with
@@ -203,6 +203,11 @@ impl ServiceProcess {
         }
     }
 
+    /// Adds command-line flags (for example `TlsArgs::to_flags`).
+    pub fn add_args(&mut self, more: impl IntoIterator<Item = String>) {
+        self.args.extend(more.into_iter().map(Into::into));
+    }
+
     /// Starts the service (no-op if running) with extra environment.
     pub fn start(&mut self, env: &[(String, String)]) -> std::io::Result<()> {
         if self.is_running() {
@@ -322,6 +327,9 @@ pub struct ProcessCluster {
     pub nodes: Vec<NodeProc>,
     /// Extra environment for every node process (e.g. crash points).
     pub env: Vec<(String, String)>,
+    /// TLS of the supervisor's own status calls (an operator's
+    /// certificate), for a cluster running with TLS.
+    pub client_tls: Option<std::sync::Arc<dtx_tls::ClientTls>>,
 }
 
 /// Picks a free TCP port on `ip` (bind to port 0, read it, release it).
@@ -377,6 +385,7 @@ impl ProcessCluster {
             bin: bin.to_path_buf(),
             nodes,
             env: Vec::new(),
+            client_tls: None,
         })
     }
 
@@ -503,7 +512,7 @@ impl ProcessCluster {
                 })
                 .collect();
             for (id, addr) in &addrs {
-                if let Ok(s) = cluster_status_at(addr, Duration::from_millis(300)).await {
+                if let Ok(s) = cluster_status_with(addr, Duration::from_millis(300), self.client_tls.as_ref()).await {
                     seen.push((*id, s.leader_id, s.role.clone()));
                 }
             }
@@ -520,7 +529,9 @@ impl ProcessCluster {
     /// The id of a node that currently believes it is the leader.
     pub async fn current_leader(&mut self) -> Option<u64> {
         for n in &self.nodes {
-            if let Ok(s) = cluster_status_at(&n.plan.api_listen, Duration::from_millis(300)).await {
+            if let Ok(s) =
+                cluster_status_with(&n.plan.api_listen, Duration::from_millis(300), self.client_tls.as_ref()).await
+            {
                 if s.role == "Leader" && s.leader_id == n.plan.id {
                     return Some(n.plan.id);
                 }

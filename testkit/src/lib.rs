@@ -18,6 +18,7 @@
 //! - [`pgbench`]: `coordinator bench --postgres`: transfers between two
 //!   banks on PostgreSQL beside pgbench on the same server (issue 11).
 //! - [`plot`]: the bench's SVG plots.
+//! - [`pki`]: certificates for a local cluster with TLS.
 
 pub mod bench;
 pub mod closed_loop;
@@ -25,6 +26,7 @@ pub mod cluster;
 pub mod cpu;
 pub mod etcd;
 pub mod pgbench;
+pub mod pki;
 pub mod plot;
 pub mod report;
 pub mod verify;

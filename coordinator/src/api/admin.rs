@@ -310,7 +310,12 @@ impl Admin for AdminService {
         Ok(Response::new(self.trigger_snapshot().await?))
     }
 
-    async fn resolve(&self, req: Request<pb::ResolveRequest>) -> Result<Response<pb::ResolveResponse>, Status> {
+    async fn resolve(&self, mut req: Request<pb::ResolveRequest>) -> Result<Response<pb::ResolveResponse>, Status> {
+        // With authentication on, the decision records who proved to be
+        // calling, not a name the caller typed.
+        if let Some(id) = crate::security::caller(&req) {
+            req.get_mut().operator = id.name;
+        }
         serve_or_forward(
             self.ctx(),
             req,

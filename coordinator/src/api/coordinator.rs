@@ -42,6 +42,11 @@ impl CoordinatorService {
     fn ctx(&self) -> &Arc<NodeCtx> {
         &self.driver.ctx
     }
+
+    /// This node reaches participants over TLS.
+    fn tls(&self) -> bool {
+        self.ctx().channels.tls().is_some()
+    }
 }
 
 /// The request fingerprint of Begin: everything but the key.
@@ -132,7 +137,7 @@ fn status_pb(r: &TxRecord) -> pb::StatusResponse {
 }
 
 /// Checks one participant's fields (Enlist and BeginAndCommit).
-fn check_participant(id: &str, address: &str, payload: &[u8]) -> Result<(), ApiError> {
+fn check_participant(id: &str, address: &str, payload: &[u8], tls: bool) -> Result<(), ApiError> {
     check_id("participant_id", id)?;
     if address.is_empty() {
         return Err(ApiError::InvalidArgument(format!(
@@ -145,7 +150,7 @@ fn check_participant(id: &str, address: &str, payload: &[u8]) -> Result<(), ApiE
     // later. (Only here, not in the state machine: the state machine must
     // decide the same on every node and every version, and this parser is
     // tonic's.)
-    dtx_proto::endpoint(address)
+    dtx_proto::channel::check_address(address, tls)
         .map_err(|e| ApiError::InvalidArgument(format!("participant {id:?}: field address: {e}")))?;
     check_len("payload", payload.len(), limits::PAYLOAD_BYTES_MAX)?;
     Ok(())
@@ -206,7 +211,7 @@ impl CoordinatorService {
             ));
         }
         for p in &req.participants {
-            check_participant(&p.participant_id, &p.address, &p.payload)?;
+            check_participant(&p.participant_id, &p.address, &p.payload, self.tls())?;
         }
         let fingerprint = begin_and_commit_fingerprint(req.timeout_ms, &req.description, &req.participants);
         let participants = req
@@ -230,7 +235,7 @@ impl CoordinatorService {
     }
 
     async fn enlist(&self, req: pb::EnlistRequest) -> Result<pb::EnlistResponse, ApiError> {
-        check_participant(&req.participant_id, &req.address, &req.payload)?;
+        check_participant(&req.participant_id, &req.address, &req.payload, self.tls())?;
         let cmd = Command::Enlist {
             txid: req.txid,
             participant_id: req.participant_id,
@@ -438,7 +443,7 @@ mod tests {
             ("grpc://10.0.0.7:7000", "unsupported scheme"),
             ("10.0.0.7:70000", "not a number"),
         ] {
-            match check_participant("bank-a", addr, b"") {
+            match check_participant("bank-a", addr, b"", false) {
                 Err(ApiError::InvalidArgument(m)) => {
                     assert!(
                         m.contains("\"bank-a\"") && m.contains("address") && m.contains(why),
@@ -449,7 +454,16 @@ mod tests {
             }
         }
         for addr in ["10.0.0.7:7000", "http://10.0.0.7:7000", "bank-a.internal:7000"] {
-            check_participant("bank-a", addr, b"").unwrap_or_else(|e| panic!("{addr}: {e}"));
+            check_participant("bank-a", addr, b"", false).unwrap_or_else(|e| panic!("{addr}: {e}"));
+        }
+        // With TLS the driver speaks TLS: https:// and host:port are
+        // reachable, http:// (plain text) is refused.
+        for addr in ["https://10.0.0.7:7000", "10.0.0.7:7000"] {
+            check_participant("bank-a", addr, b"", true).unwrap_or_else(|e| panic!("{addr}: {e}"));
+        }
+        match check_participant("bank-a", "http://10.0.0.7:7000", b"", true) {
+            Err(ApiError::InvalidArgument(m)) => assert!(m.contains("plain text"), "{m}"),
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
         }
     }
 }

@@ -63,6 +63,7 @@ where
     RFut: Future<Output = Result<Response<Resp>, Status>>,
 {
     let forwarded = req.metadata().get(FORWARDED_HEADER).is_some();
+    let on_behalf_of = crate::security::caller(&req).map(|id| id.label());
     let deadline = req.metadata().get("grpc-timeout").cloned();
     let body = req.into_inner();
     match local(body.clone()).await {
@@ -76,6 +77,9 @@ where
             let channel = ctx.api_channel(&addr)?;
             let mut fwd = Request::new(body);
             fwd.metadata_mut().insert(FORWARDED_HEADER, "1".parse().expect("ascii"));
+            if let Some(v) = on_behalf_of.and_then(|l| l.parse().ok()) {
+                fwd.metadata_mut().insert(crate::security::ON_BEHALF_OF_HEADER, v);
+            }
             if let Some(t) = deadline {
                 fwd.metadata_mut().insert("grpc-timeout", t);
             }

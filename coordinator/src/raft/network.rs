@@ -47,6 +47,8 @@ pub struct NetworkSettings {
     pub local_ip: Option<IpAddr>,
     pub max_message_bytes: usize,
     pub connect_timeout: Duration,
+    /// TLS (with this node's certificate) for calls to other nodes.
+    pub tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
 }
 
 /// Builds one `Connection` per target node. Channels are cached per address:
@@ -60,7 +62,9 @@ pub struct Network {
 
 impl Network {
     pub fn new(settings: NetworkSettings) -> Self {
-        let channels = std::sync::Arc::new(ChannelCache::new(settings.local_ip, settings.connect_timeout));
+        let channels = std::sync::Arc::new(
+            ChannelCache::new(settings.local_ip, settings.connect_timeout).with_tls(settings.tls.clone()),
+        );
         Network { settings, channels }
     }
 }

@@ -50,7 +50,11 @@ use crate::config::Config;
 /// Starts the probe for `raft` (a no-op when `raft.quorum_probe_interval_ms`
 /// is 0). Elections are off from here until a quorum has answered; the task
 /// ends when Raft shuts down.
-pub fn spawn(raft: Raft, config: &Config) -> Option<tokio::task::JoinHandle<()>> {
+pub fn spawn(
+    raft: Raft,
+    config: &Config,
+    tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+) -> Option<tokio::task::JoinHandle<()>> {
     let interval = Duration::from_millis(config.raft.quorum_probe_interval_ms);
     if interval.is_zero() {
         return None;
@@ -69,6 +73,7 @@ pub fn spawn(raft: Raft, config: &Config) -> Option<tokio::task::JoinHandle<()>>
         interval,
         grace: Duration::from_millis(config.raft.election_timeout_max_ms),
         channels: HashMap::new(),
+        tls,
     };
     Some(tokio::spawn(probe.run()))
 }
@@ -81,6 +86,7 @@ struct Probe {
     /// How long a quorum must have answered before elections come back.
     grace: Duration,
     channels: HashMap<String, Channel>,
+    tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
 }
 
 /// What one round found.
@@ -198,7 +204,7 @@ impl Probe {
         }
         // The same source address as Raft's own traffic, so a partition
         // that cuts Raft off cuts the probe off too.
-        let c = super::network::channel(addr, self.local_ip, connect_timeout).ok()?;
+        let c = dtx_proto::channel::channel_with(addr, self.local_ip, connect_timeout, self.tls.as_ref()).ok()?;
         self.channels.insert(addr.to_string(), c.clone());
         Some(c)
     }

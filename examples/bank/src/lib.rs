@@ -224,6 +224,8 @@ pub struct BankServeArgs {
     pub accounts: usize,
     #[arg(long, default_value_t = 1000)]
     pub initial: i64,
+    #[command(flatten)]
+    pub tls: dtx_tls::args::TlsArgs,
 }
 
 /// `coordinator bank-serve`: one bank participant service until SIGTERM.
@@ -237,7 +239,10 @@ pub struct BankServeArgs {
 pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     // Recovery connects from the service's own address, so network rules on
     // that address (the jepsen partitions) cut it both ways.
-    let opts = participant_sdk::server::RecoveryOptions::for_service(&a.id, &a.listen);
+    let mut opts = participant_sdk::server::RecoveryOptions::for_service(&a.id, &a.listen);
+    opts.tls = a.tls.client().context("TLS of the calls to the cluster")?;
+    opts.token = a.tls.token()?;
+    let server_tls = a.tls.server().context("TLS of the participant service")?;
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
@@ -253,12 +258,13 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
         .await
         .with_context(|| format!("{}: PostgreSQL participant", a.id))?;
         tracing::info!(id = %a.id, listen = %a.listen, "bank service started on PostgreSQL");
-        participant_sdk::server::serve(
+        participant_sdk::server::serve_with_tls(
             Arc::new(participant),
             &a.id,
             listener,
             a.cluster.clone(),
             opts,
+            server_tls,
             shutdown,
         )
         .await?;
@@ -276,7 +282,16 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
             }
         }
     };
-    participant_sdk::server::serve(store.clone(), &a.id, listener, a.cluster.clone(), opts, stop).await?;
+    participant_sdk::server::serve_with_tls(
+        store.clone(),
+        &a.id,
+        listener,
+        a.cluster.clone(),
+        opts,
+        server_tls,
+        stop,
+    )
+    .await?;
     if let Some(f) = store.failure() {
         anyhow::bail!("{f}");
     }

@@ -450,6 +450,8 @@ pub struct ShopServeArgs {
     pub customers: usize,
     #[arg(long, default_value_t = Seed::default().balance)]
     pub balance: i64,
+    #[command(flatten)]
+    pub tls: dtx_tls::args::TlsArgs,
 }
 
 /// `coordinator shop-serve`: one shop service on its PostgreSQL database
@@ -479,12 +481,24 @@ pub async fn serve(a: ShopServeArgs, shutdown: impl std::future::Future<Output =
         .await
         .with_context(|| format!("{id}: creating the tables"))?;
     drop(db);
-    let recovery = participant_sdk::server::RecoveryOptions::for_service(id, &a.listen);
+    let mut recovery = participant_sdk::server::RecoveryOptions::for_service(id, &a.listen);
+    recovery.tls = a.tls.client().context("TLS of the calls to the cluster")?;
+    recovery.token = a.tls.token()?;
+    let server_tls = a.tls.server().context("TLS of the participant service")?;
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
     tracing::info!(id, listen = %a.listen, "shop service started");
-    participant_sdk::server::serve(participant, id, listener, a.cluster.clone(), recovery, shutdown).await?;
+    participant_sdk::server::serve_with_tls(
+        participant,
+        id,
+        listener,
+        a.cluster.clone(),
+        recovery,
+        server_tls,
+        shutdown,
+    )
+    .await?;
     Ok(())
 }
 

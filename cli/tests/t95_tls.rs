@@ -1,0 +1,451 @@
+//! TLS, identities and roles on every link (issue 12, "Must show"), with
+//! real processes: three `coordinator serve` nodes and two `bank-serve`
+//! participants, all on TLS with certificates from a throwaway authority
+//! made by the test (`dtx_testkit::pki`), and callers built here with
+//! other identities, no certificate, a certificate from another
+//! authority, an expired certificate, or a token.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::TestCluster;
+use dtx_client::Client;
+use dtx_client::ClientConfig;
+use dtx_client::ClientError;
+use dtx_client::TxOutcome;
+use dtx_proto::v1 as pb;
+use dtx_testkit::cluster::BankProcess;
+use dtx_testkit::pki::DevPki;
+use dtx_tls::dev::Lifetime;
+use dtx_tls::files::KeyPairFiles;
+use dtx_tls::ClientTls;
+use dtx_tls::Role;
+
+const ACCOUNTS: usize = 10;
+const INITIAL: i64 = 1_000;
+
+/// A TLS cluster: nodes with their certificates, `client_auth` on the API
+/// port as given, the supervisor's status calls as an operator.
+fn tls_cluster(
+    name: &str,
+    pki: &Arc<DevPki>,
+    client_auth: &str,
+    tune: impl Fn(&mut coordinator::config::Config),
+) -> TestCluster {
+    let p = pki.clone();
+    let auth = client_auth.to_string();
+    let mut c = TestCluster::start_with(name, 3, move |cfg| {
+        p.apply_node(cfg).expect("node certificate");
+        cfg.tls.client_auth = auth.clone();
+        cfg.tls.reload_interval_ms = 500;
+        tune(cfg);
+    });
+    let operator = pki.issue(Role::Operator, "supervisor", &[]).unwrap();
+    c.procs.client_tls = Some(pki.client(&operator).unwrap());
+    c
+}
+
+fn client_with(c: &TestCluster, tls: Option<Arc<ClientTls>>, token: Option<String>) -> Client {
+    let mut cfg = ClientConfig::new(c.procs.api_addrs());
+    cfg.call_deadline = Duration::from_secs(5);
+    cfg.attempt_timeout = Duration::from_secs(2);
+    cfg.tls = tls;
+    cfg.token = token;
+    Client::new(cfg).unwrap()
+}
+
+/// One raw call on each of the three kinds of port, with `tls`: the API
+/// (GetDecision), Raft (Probe) and a participant (Inquire). Each result is
+/// the call's status message, or "ok".
+async fn every_port(api: &str, raft: &str, participant: &str, tls: &Arc<ClientTls>) -> Vec<(&'static str, String)> {
+    let t = Duration::from_secs(3);
+    let ch = |addr: &str| dtx_proto::channel::channel_with(addr, None, t, Some(tls)).unwrap();
+    let show = |r: Result<(), tonic::Status>| match r {
+        Ok(()) => "ok".to_string(),
+        Err(s) => format!("{:?}: {}", s.code(), dtx_client::describe(&s)),
+    };
+    let a = pb::coordinator_client::CoordinatorClient::new(ch(api))
+        .get_decision(pb::GetDecisionRequest { txid: 1 })
+        .await
+        .map(|_| ());
+    let r = pb::raft_transport_client::RaftTransportClient::new(ch(raft))
+        .probe(pb::ProbeRequest {})
+        .await
+        .map(|_| ());
+    let p = pb::participant_service_client::ParticipantServiceClient::new(ch(participant))
+        .inquire(pb::InquireRequest::default())
+        .await
+        .map(|_| ());
+    vec![("api", show(a)), ("raft", show(r)), ("participant", show(p))]
+}
+
+fn start_bank(c: &TestCluster, pki: &DevPki, id: &str, prefix: &str) -> BankProcess {
+    let ip = "127.0.0.1";
+    let port = dtx_testkit::cluster::free_port(ip).unwrap();
+    let addr = format!("{ip}:{port}");
+    let own = pki.issue(Role::Participant, id, &[&addr]).unwrap();
+    let mut b = BankProcess::new(
+        common::bin(),
+        c.dir.path(),
+        id,
+        prefix,
+        ip,
+        port,
+        c.procs.api_addrs(),
+        ACCOUNTS,
+        INITIAL,
+    );
+    b.service.add_args(pki.args(&own).to_flags());
+    b.start(&[]).unwrap();
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t95_mutual_tls_admits_the_cluster_and_refuses_strangers_on_every_port() {
+    let dir = common::test_dir();
+    let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t95 authority").unwrap());
+    let mut c = tls_cluster("t95a", &pki, "required", |_| {});
+    // A leader over TLS: the nodes admit each other's certificates.
+    let leader = c.leader().await;
+    let a = start_bank(&c, &pki, "bank-a", "a");
+    let b = start_bank(&c, &pki, "bank-b", "b");
+    a.wait_started().await.unwrap();
+    b.wait_started().await.unwrap();
+    let banks: Vec<(String, String, String)> = [&a, &b]
+        .iter()
+        .map(|x| (x.id.clone(), x.addr.clone(), x.prefix.clone()))
+        .collect();
+
+    // An application with its certificate runs transfers end to end: the
+    // leader reaches both banks over TLS with its node certificate.
+    let app_files = pki.issue(Role::Application, "shop", &[]).unwrap();
+    let app = client_with(&c, Some(pki.client(&app_files).unwrap()), None);
+    let mut committed = 0;
+    for i in 0..5 {
+        let (txid, res) = dtx_bank::transfer(&app, &format!("t95-{i}"), &banks, ACCOUNTS).await;
+        assert!(txid.is_some(), "transfer {i}: {res:?}");
+        if res.unwrap() == TxOutcome::Committed {
+            committed += 1;
+        }
+    }
+    assert!(committed >= 1, "no transfer committed over TLS");
+
+    let leader_node = &c.procs.nodes[(leader - 1) as usize];
+    let (api, raft) = (
+        leader_node.plan.api_listen.clone(),
+        leader_node.plan.raft_listen.clone(),
+    );
+
+    // No client certificate: refused by the handshake on every port.
+    let anonymous = dtx_tls::args::TlsArgs {
+        tls_ca: Some(pki.ca.clone()),
+        ..Default::default()
+    }
+    .client()
+    .unwrap()
+    .unwrap();
+    for (port, got) in every_port(&api, &raft, &a.addr, &anonymous).await {
+        assert!(got != "ok", "{port} admitted a caller without a certificate");
+    }
+
+    // A certificate from another authority (the client trusts ours, so only
+    // the servers can refuse): refused on every port.
+    let other = DevPki::create(&dir.path().join("other"), "another authority").unwrap();
+    let stranger = other.issue(Role::Operator, "mallory", &[]).unwrap();
+    let stranger_tls = ClientTls::load(dtx_tls::client::ClientTlsFiles {
+        ca: pki.ca.clone(),
+        own: Some(stranger),
+        server_name: None,
+    })
+    .unwrap();
+    for (port, got) in every_port(&api, &raft, &a.addr, &stranger_tls).await {
+        assert!(got != "ok", "{port} admitted another authority's certificate");
+    }
+
+    // An expired certificate from our authority: refused, and the message
+    // says it expired.
+    let old = pki
+        .issue_for(Role::Operator, "expired", &[], Lifetime::Expired)
+        .unwrap();
+    let expired_tls = ClientTls::load(dtx_tls::client::ClientTlsFiles {
+        ca: pki.ca.clone(),
+        own: Some(old.clone()),
+        server_name: None,
+    });
+    // Our own loader refuses it first, naming the file.
+    let e = expired_tls.unwrap_err().to_string();
+    assert!(e.contains("expired at") && e.contains("operator-expired.pem"), "{e}");
+    // A client that sends it anyway is refused by the server, which says why.
+    let raw = raw_client_tls(&pki.ca, &old);
+    for (port, got) in every_port(&api, &raft, &a.addr, &raw).await {
+        assert!(got != "ok", "{port} admitted an expired certificate");
+    }
+    // Each server said why, in its log: the leader (its API and Raft
+    // ports) and the participant, once per kind of refusal at least.
+    let leader_log = std::fs::read_to_string(&leader_node.log_path).unwrap();
+    let bank_log = std::fs::read_to_string(&a.log_path).unwrap();
+    for why in ["peer sent no certificates", "UnknownIssuer", "certificate expired"] {
+        for (who, log) in [("leader", &leader_log), ("bank-a", &bank_log)] {
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("TLS handshake refused") && l.contains(why)),
+                "{who}'s log does not say {why:?}"
+            );
+        }
+    }
+
+    // Roles: an application may not call admin methods or resolve.
+    match app.cluster_status().await {
+        Err(ClientError::PermissionDenied(m)) => assert!(m.contains("application/shop"), "{m}"),
+        other => panic!("application on ClusterStatus: {other:?}"),
+    }
+    match app.resolve(1, false, &[], "shop", "trying").await {
+        Err(ClientError::PermissionDenied(m)) => assert!(m.contains("Resolve"), "{m}"),
+        other => panic!("application on Resolve: {other:?}"),
+    }
+    // A participant may read decisions but not begin.
+    let bank_files = pki.issue(Role::Participant, "bank-z", &[]).unwrap();
+    let as_bank = client_with(&c, Some(pki.client(&bank_files).unwrap()), None);
+    as_bank.decisions(&[1]).await.expect("a participant reads decisions");
+    match as_bank.begin("t95-bank-begins", 10_000, b"").await {
+        Err(ClientError::PermissionDenied(_)) => {}
+        other => panic!("participant on Begin: {other:?}"),
+    }
+
+    // A participant refuses a Commit (and a Prepare) from anyone but the
+    // cluster's nodes, before its store sees it.
+    for who in [Role::Application, Role::Operator, Role::Participant] {
+        let f = pki.issue(who, "caller", &[]).unwrap();
+        let ch =
+            dtx_proto::channel::channel_with(&a.addr, None, Duration::from_secs(3), Some(&pki.client(&f).unwrap()))
+                .unwrap();
+        let mut p = pb::participant_service_client::ParticipantServiceClient::new(ch);
+        let s = p
+            .commit(pb::ParticipantDecisionRequest {
+                txid: 424242,
+                participant_id: "bank-a".into(),
+                term: 1,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(s.code(), tonic::Code::PermissionDenied, "{who}: {s:?}");
+        let s = p
+            .prepare(pb::PrepareRequest {
+                txid: 424242,
+                term: 1,
+                participant_id: "bank-a".into(),
+                payload: b"a0:-1".to_vec(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(s.code(), tonic::Code::PermissionDenied, "{who}: {s:?}");
+    }
+    // Every refusal above was counted on the participant.
+    let log = std::fs::read_to_string(&a.log_path).unwrap();
+    assert!(log.contains("call refused"), "the participant logs refusals");
+}
+
+/// A client config that sends `own` without checking it first (our
+/// loader refuses expired certificates; a stranger's client would not).
+fn raw_client_tls(ca: &std::path::Path, own: &KeyPairFiles) -> Arc<ClientTls> {
+    dtx_tls::client::ClientTls::load_without_own_validity_check(dtx_tls::client::ClientTlsFiles {
+        ca: ca.to_path_buf(),
+        own: Some(own.clone()),
+        server_name: None,
+    })
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t95_bad_certificates_stop_a_node_at_start_with_the_reason() {
+    let dir = common::test_dir();
+    let pki = DevPki::create(&dir.path().join("pki"), "t95 authority").unwrap();
+    // The expired pair first, moved aside, so node-1's files then hold a
+    // valid pair.
+    let issued = pki.issue_for(Role::Node, "1", &[], Lifetime::Expired).unwrap();
+    let expired = KeyPairFiles {
+        cert: dir.path().join("expired-node-1.pem"),
+        key: dir.path().join("expired-node-1.key"),
+    };
+    std::fs::rename(&issued.cert, &expired.cert).unwrap();
+    std::fs::rename(&issued.key, &expired.key).unwrap();
+    let node = pki.issue(Role::Node, "1", &[]).unwrap();
+    let other_node = pki.issue(Role::Node, "2", &[]).unwrap();
+    let cases: Vec<(&str, KeyPairFiles, &str)> = vec![
+        ("expired", expired, "expired at"),
+        (
+            "mismatched key",
+            KeyPairFiles {
+                cert: node.cert.clone(),
+                key: other_node.key.clone(),
+            },
+            "does not match",
+        ),
+        (
+            "another node's certificate",
+            other_node.clone(),
+            "names node/2, but this is node 1",
+        ),
+        (
+            "missing file",
+            KeyPairFiles {
+                cert: dir.path().join("nope.pem"),
+                key: node.key.clone(),
+            },
+            "nope.pem",
+        ),
+    ];
+    for (what, files, expect) in cases {
+        let ip = "127.0.0.1";
+        let out = std::process::Command::new(common::bin())
+            .args(["serve", "--node-id", "1"])
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("data-{}", what.replace(' ', "-"))))
+            .arg("--raft-addr")
+            .arg(format!("{ip}:{}", dtx_testkit::cluster::free_port(ip).unwrap()))
+            .arg("--api-addr")
+            .arg(format!("{ip}:{}", dtx_testkit::cluster::free_port(ip).unwrap()))
+            .arg("--tls-cert")
+            .arg(&files.cert)
+            .arg("--tls-key")
+            .arg(&files.key)
+            .arg("--tls-ca")
+            .arg(&pki.ca)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: the node started");
+        assert!(err.contains(expect), "{what}: expected {expect:?} in:\n{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t95_a_node_with_another_authoritys_certificate_cannot_join() {
+    let dir = common::test_dir();
+    let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t95 authority").unwrap());
+    let mut c = tls_cluster("t95c", &pki, "required", |_| {});
+    c.leader().await;
+
+    // Node 4 with a certificate from another authority (and trusting only
+    // that one).
+    let other = DevPki::create(&dir.path().join("other"), "another authority").unwrap();
+    let ip = "127.0.0.1";
+    let raft = format!("{ip}:{}", dtx_testkit::cluster::free_port(ip).unwrap());
+    let api = format!("{ip}:{}", dtx_testkit::cluster::free_port(ip).unwrap());
+    let n4 = other.issue(Role::Node, "4", &[]).unwrap();
+    let log = std::fs::File::create(dir.path().join("node4.log")).unwrap();
+    let mut child = std::process::Command::new(common::bin())
+        .args(["serve", "--node-id", "4", "--cluster-id", "t95c"])
+        .arg("--data-dir")
+        .arg(dir.path().join("node4"))
+        .args(["--raft-addr", &raft, "--api-addr", &api])
+        .arg("--tls-cert")
+        .arg(&n4.cert)
+        .arg("--tls-key")
+        .arg(&n4.key)
+        .arg("--tls-ca")
+        .arg(&other.ca)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    assert!(
+        dtx_testkit::cluster::wait_listening(&api, Duration::from_secs(10)).await,
+        "node 4 did not start"
+    );
+
+    // The operator asks the cluster to add it as a voter: it is added as
+    // a learner first, but the leader cannot reach it (each side refuses
+    // the other's certificate), so it never catches up and is not made a
+    // voter.
+    let operator = pki.issue(Role::Operator, "alice", &[]).unwrap();
+    let op_tls = pki.client(&operator).unwrap();
+    let ch =
+        dtx_proto::channel::channel_with(&c.procs.api_addrs()[0], None, Duration::from_secs(3), Some(&op_tls)).unwrap();
+    let mut rq = tonic::Request::new(pb::AddNodeRequest {
+        node_id: 4,
+        raft_addr: raft.clone(),
+        api_addr: api.clone(),
+        voter: true,
+    });
+    rq.set_timeout(Duration::from_secs(8));
+    let added = pb::admin_client::AdminClient::new(ch).add_node(rq).await;
+    assert!(added.is_err(), "node 4 joined: {added:?}");
+
+    // Node 4 never received the cluster's log: asked with its own
+    // authority's operator certificate, it knows no leader and applied
+    // nothing; and the cluster's voters are still 1, 2, 3.
+    let other_op = other.issue(Role::Operator, "bob", &[]).unwrap();
+    let s4 = dtx_client::cluster_status_with(&api, Duration::from_secs(3), Some(&other.client(&other_op).unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(s4.last_applied_index, 0, "node 4 applied cluster entries: {s4:?}");
+    let s = dtx_client::cluster_status_with(&c.procs.api_addrs()[0], Duration::from_secs(3), Some(&op_tls))
+        .await
+        .unwrap();
+    let voters: Vec<u64> = s.members.iter().filter(|m| m.voter).map(|m| m.node_id).collect();
+    assert_eq!(voters, vec![1, 2, 3]);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t95_tokens_authenticate_where_mutual_tls_is_off() {
+    let dir = common::test_dir();
+    let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t95 authority").unwrap());
+    let token = dtx_tls::identity::new_token();
+    let hash = dtx_tls::identity::token_sha256_hex(&token);
+    let tokens = move |cfg: &mut coordinator::config::Config| {
+        cfg.auth.tokens = vec![coordinator::config::TokenConfig {
+            role: "application".into(),
+            name: "shop".into(),
+            sha256: hash.clone(),
+        }];
+    };
+
+    // TLS with client certificates optional on the API port: a client with
+    // only the authority and a token.
+    let mut c = tls_cluster("t95d", &pki, "optional", tokens.clone());
+    c.leader().await;
+    let ca_only = dtx_tls::args::TlsArgs {
+        tls_ca: Some(pki.ca.clone()),
+        ..Default::default()
+    }
+    .client()
+    .unwrap();
+    let good = client_with(&c, ca_only.clone(), Some(token.clone()));
+    let t = good.begin("t95d-1", 10_000, b"").await.expect("a token admits").txid;
+    assert_eq!(good.abort(t, "test").await.unwrap(), TxOutcome::Aborted);
+    let wrong = client_with(&c, ca_only.clone(), Some(dtx_tls::identity::new_token()));
+    match wrong.begin("t95d-2", 10_000, b"").await {
+        Err(ClientError::Unauthenticated(m)) => assert!(m.contains("token"), "{m}"),
+        other => panic!("a wrong token: {other:?}"),
+    }
+    let none = client_with(&c, ca_only, None);
+    match none.begin("t95d-3", 10_000, b"").await {
+        Err(ClientError::Unauthenticated(m)) => assert!(m.contains("no client certificate and no bearer token"), "{m}"),
+        other => panic!("no token: {other:?}"),
+    }
+    // The token's role counts: an application token cannot change membership.
+    match good.cluster_status().await {
+        Err(ClientError::PermissionDenied(m)) => assert!(m.contains("application/shop"), "{m}"),
+        other => panic!("application token on ClusterStatus: {other:?}"),
+    }
+    drop(c);
+
+    // Without TLS at all, tokens still authenticate (plain text: for
+    // networks that are private already).
+    let mut plain = TestCluster::start_with("t95e", 3, tokens);
+    plain.procs.wait_for_leader(Duration::from_secs(20)).await;
+    let good = client_with(&plain, None, Some(token.clone()));
+    good.begin("t95e-1", 10_000, b"")
+        .await
+        .expect("a token admits without TLS");
+    let none = client_with(&plain, None, None);
+    assert!(matches!(
+        none.begin("t95e-2", 10_000, b"").await,
+        Err(ClientError::Unauthenticated(_))
+    ));
+}

@@ -1,0 +1,270 @@
+//! TLS and authorisation of a node (issue 12, ADR 0016): the TLS settings
+//! of its two ports and of its outgoing calls, loaded from the config with
+//! clear start-up errors, and the method tables saying which roles may
+//! call what.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use dtx_proto::tls::client::ClientTlsFiles;
+use dtx_proto::tls::files::KeyPairFiles;
+use dtx_proto::tls::server::ServerTlsFiles;
+use dtx_proto::tls::Access;
+use dtx_proto::tls::AuthLayer;
+use dtx_proto::tls::ClientAuth;
+use dtx_proto::tls::ClientTls;
+use dtx_proto::tls::Identity;
+use dtx_proto::tls::Role;
+use dtx_proto::tls::ServerTls;
+use dtx_proto::tls::Tokens;
+use tracing::warn;
+
+use crate::config::Config;
+
+/// Header a node adds when it forwards a call to the leader: the identity
+/// (`<role>/<name>`) the forwarding node authenticated. The leader takes
+/// it only from a caller with the node role.
+pub const ON_BEHALF_OF_HEADER: &str = "x-dtx-on-behalf-of";
+
+/// A node's TLS settings and accepted tokens.
+pub struct Security {
+    /// The API port's TLS (client certificates as `tls.client_auth` says).
+    pub api_tls: Option<Arc<ServerTls>>,
+    /// The Raft port's TLS (a node certificate always required).
+    pub raft_tls: Option<Arc<ServerTls>>,
+    /// Outgoing calls: to other nodes and to participants, with this
+    /// node's certificate.
+    pub client_tls: Option<Arc<ClientTls>>,
+    pub tokens: Tokens,
+    /// Calls must prove who they are (TLS on, or tokens configured).
+    pub auth: bool,
+}
+
+impl Security {
+    /// Reads and checks every file the config names. The errors say which
+    /// file and what is wrong (unreadable, expired, a key that does not
+    /// match, a certificate that names another node).
+    pub fn load(config: &Config) -> anyhow::Result<Security> {
+        let mut tokens = Vec::new();
+        for t in &config.auth.tokens {
+            tokens.push(config.token_entry(t).map_err(|e| anyhow::anyhow!("auth.tokens: {e}"))?);
+        }
+        let tokens = Tokens::new(tokens);
+        let t = &config.tls;
+        let (Some(cert), Some(key), Some(ca)) = (&t.cert, &t.key, &t.ca) else {
+            if tokens.is_empty() {
+                warn!(
+                    api_addr = %config.api_addr,
+                    raft_addr = %config.raft_addr,
+                    "no TLS and no tokens: anyone who reaches these ports can begin, decide, resolve and change membership; see docs/operations.md, \"Certificates and tokens\""
+                );
+            } else {
+                warn!("no TLS: bearer tokens and every message travel in plain text");
+            }
+            return Ok(Security {
+                api_tls: None,
+                raft_tls: None,
+                client_tls: None,
+                auth: !tokens.is_empty(),
+                tokens,
+            });
+        };
+        let own = KeyPairFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        };
+        let client_auth = ClientAuth::parse(&t.client_auth).map_err(|e| anyhow::anyhow!("tls.{e}"))?;
+        let api_tls = ServerTls::load(ServerTlsFiles {
+            own: own.clone(),
+            ca: ca.clone(),
+            client_auth,
+        })
+        .context("TLS of the API port (tls.cert, tls.key, tls.ca)")?;
+        let raft_tls = ServerTls::load(ServerTlsFiles {
+            own: own.clone(),
+            ca: ca.clone(),
+            client_auth: ClientAuth::Required,
+        })
+        .context("TLS of the Raft port")?;
+        let client_tls = ClientTls::load(ClientTlsFiles {
+            ca: ca.clone(),
+            own: Some(own.clone()),
+            server_name: None,
+        })
+        .context("TLS of this node's calls to other nodes and participants")?;
+        check_own_identity(&own, config.node_id)?;
+        Ok(Security {
+            api_tls: Some(api_tls),
+            raft_tls: Some(raft_tls),
+            client_tls: Some(client_tls),
+            tokens,
+            auth: true,
+        })
+    }
+
+    /// Watches the files every `interval` (see `ServerTls::spawn_reloader`).
+    pub fn spawn_reloaders(&self, interval: Duration) -> Vec<tokio::task::JoinHandle<()>> {
+        if interval.is_zero() {
+            return Vec::new();
+        }
+        let mut v = Vec::new();
+        if let Some(t) = &self.api_tls {
+            v.push(t.spawn_reloader(interval, "api"));
+        }
+        if let Some(t) = &self.raft_tls {
+            v.push(t.spawn_reloader(interval, "raft"));
+        }
+        if let Some(t) = &self.client_tls {
+            v.push(t.spawn_reloader(interval, "outgoing"));
+        }
+        v
+    }
+
+    /// The layer in front of the API port's services.
+    pub fn api_layer(&self) -> AuthLayer {
+        AuthLayer::new(
+            "api",
+            self.tokens.clone(),
+            if self.auth { api_policy } else { open_policy },
+        )
+    }
+
+    /// The layer in front of the Raft port: node certificates only, when
+    /// TLS is on (without TLS the Raft port is open: protect it with TLS
+    /// or the network).
+    pub fn raft_layer(&self) -> AuthLayer {
+        let tls = self.raft_tls.is_some();
+        AuthLayer::new("raft", Tokens::default(), if tls { raft_policy } else { open_policy })
+    }
+}
+
+/// The node's certificate must name this node (`dtx://node/<node_id>`):
+/// other nodes and participants admit it by that identity.
+fn check_own_identity(own: &KeyPairFiles, node_id: u64) -> anyhow::Result<()> {
+    let certs = dtx_proto::tls::files::load_certs("certificate", &own.cert)?;
+    let want = format!("node/{node_id}");
+    match dtx_proto::tls::identity::identity_of_cert(&certs[0]) {
+        Ok(id) if id.label() == want => Ok(()),
+        Ok(id) => anyhow::bail!(
+            "certificate {} names {id}, but this is node {node_id}: a node's certificate must name dtx://node/{node_id}",
+            own.cert.display()
+        ),
+        Err(e) => anyhow::bail!("certificate {}: {e}; a node's certificate must name dtx://node/{node_id}", own.cert.display()),
+    }
+}
+
+fn open_policy(_: &str) -> Access {
+    Access::Open
+}
+
+const APP: &[Role] = &[Role::Application, Role::Node];
+const ENLIST: &[Role] = &[Role::Application, Role::Participant, Role::Node];
+const READ: &[Role] = &[Role::Application, Role::Participant, Role::Operator, Role::Node];
+const STATUS: &[Role] = &[Role::Application, Role::Operator, Role::Node];
+const ADMIN: &[Role] = &[Role::Operator, Role::Node];
+const NODE: &[Role] = &[Role::Node];
+
+/// Who may call each method of the API port. Nodes may call all of them:
+/// a follower forwards its callers' calls to the leader (and names the
+/// caller in [`ON_BEHALF_OF_HEADER`]).
+pub fn api_policy(path: &str) -> Access {
+    let Some((service, method)) = path.trim_start_matches('/').split_once('/') else {
+        return Access::Roles(&[]);
+    };
+    Access::Roles(match (service, method) {
+        ("dtx.v1.Coordinator", "Begin" | "BeginAndCommit" | "Commit" | "Abort") => APP,
+        ("dtx.v1.Coordinator", "Enlist") => ENLIST,
+        ("dtx.v1.Coordinator", "GetDecision" | "GetDecisions") => READ,
+        ("dtx.v1.Coordinator", "Status") => STATUS,
+        ("dtx.v1.Admin", "ClusterStatus" | "AddNode" | "RemoveNode" | "TriggerSnapshot" | "Resolve") => ADMIN,
+        _ => &[],
+    })
+}
+
+/// Who may call each method of the Raft port: nodes only.
+pub fn raft_policy(path: &str) -> Access {
+    if path.starts_with("/dtx.v1.RaftTransport/") {
+        Access::Roles(NODE)
+    } else {
+        Access::Roles(&[])
+    }
+}
+
+/// The identity a call is made for: the authenticated caller's, or, when
+/// the caller is a node forwarding a call, the identity it names in
+/// [`ON_BEHALF_OF_HEADER`]. None when authentication is off.
+pub fn caller<T>(req: &tonic::Request<T>) -> Option<Identity> {
+    let id = dtx_proto::tls::auth::caller(req)?.clone();
+    if id.role != Role::Node {
+        return Some(id);
+    }
+    let Some(label) = req.metadata().get(ON_BEHALF_OF_HEADER).and_then(|v| v.to_str().ok()) else {
+        return Some(id);
+    };
+    match label
+        .split_once('/')
+        .and_then(|(role, name)| Some((Role::parse(role).ok()?, name)))
+    {
+        Some((role, name)) if dtx_proto::tls::identity::check_name(name).is_ok() => Some(Identity {
+            role,
+            name: name.to_string(),
+            proof: id.proof,
+        }),
+        _ => Some(id),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_api_method_has_an_entry_and_unknown_ones_are_refused() {
+        for (path, role, allowed) in [
+            ("/dtx.v1.Coordinator/Begin", Role::Application, true),
+            ("/dtx.v1.Coordinator/Begin", Role::Participant, false),
+            ("/dtx.v1.Coordinator/Begin", Role::Operator, false),
+            ("/dtx.v1.Coordinator/Enlist", Role::Participant, true),
+            ("/dtx.v1.Coordinator/GetDecisions", Role::Participant, true),
+            ("/dtx.v1.Coordinator/Status", Role::Participant, false),
+            ("/dtx.v1.Admin/Resolve", Role::Operator, true),
+            ("/dtx.v1.Admin/Resolve", Role::Application, false),
+            ("/dtx.v1.Admin/RemoveNode", Role::Application, false),
+            ("/dtx.v1.Admin/ClusterStatus", Role::Participant, false),
+            ("/dtx.v1.Admin/Unknown", Role::Operator, false),
+            ("/grpc.health.v1.Health/Check", Role::Operator, false),
+            ("nonsense", Role::Node, false),
+        ] {
+            let Access::Roles(r) = api_policy(path) else {
+                panic!("{path} open")
+            };
+            assert_eq!(r.contains(&role), allowed, "{path} {role}");
+        }
+        assert_eq!(raft_policy("/dtx.v1.RaftTransport/Vote"), Access::Roles(NODE));
+        assert_eq!(raft_policy("/dtx.v1.Coordinator/Begin"), Access::Roles(&[]));
+    }
+
+    #[test]
+    fn every_method_in_the_protos_is_in_the_table() {
+        // A method added to a .proto without an entry would be refused for
+        // everyone; this catches it at once.
+        let protos = [
+            (
+                "dtx.v1.Coordinator",
+                include_str!("../../proto/dtx/v1/coordinator.proto"),
+            ),
+            ("dtx.v1.Admin", include_str!("../../proto/dtx/v1/admin.proto")),
+        ];
+        for (service, text) in protos {
+            for line in text.lines() {
+                let Some(rest) = line.trim().strip_prefix("rpc ") else {
+                    continue;
+                };
+                let method = rest.split('(').next().unwrap().trim();
+                let path = format!("/{service}/{method}");
+                assert_ne!(api_policy(&path), Access::Roles(&[]), "{path} has no entry");
+            }
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! TLS and mutual TLS for every dtx link, the identities of callers, and a
+//! throwaway certificate authority for development (issue 12, ADR 0016).
+//!
+//! - [`files`]: reading certificates, keys and authorities from PEM files,
+//!   with errors that name the file and say what is wrong (unreadable, no
+//!   certificate, expired, not yet valid, a key that does not match).
+//! - [`identity`]: who a caller is ([`Identity`]: a [`Role`] and a name),
+//!   read from the URI SAN `dtx://<role>/<name>` of its client certificate
+//!   or from a bearer token checked against configured SHA-256 hashes.
+//! - [`server`]: [`ServerTls`] (reloadable) and [`incoming`], the accepted
+//!   connections of a gRPC server, plain or TLS, each carrying a
+//!   [`PeerInfo`] that handlers and layers read from request extensions.
+//! - [`client`]: [`ClientTls`] (reloadable) and [`Connector`], which a
+//!   tonic `Endpoint` uses to open TLS connections (with a client
+//!   certificate for mutual TLS).
+//! - [`auth`]: a tower layer that authenticates every call (certificate or
+//!   token), checks the role the called method needs, refuses with
+//!   `UNAUTHENTICATED` or `PERMISSION_DENIED` (logged and counted), and
+//!   hands the [`Identity`] to the handler.
+//! - [`dev`]: `coordinator dev --tls`'s certificate authority (rcgen).
+//! - `args` (feature `cli`): the `--tls-cert`, `--tls-key`, `--tls-ca`
+//!   and `--token-file` flags of every command.
+//!
+//! rustls runs on the ring provider; nothing here uses the platform's
+//! certificate store: every peer is checked against the configured
+//! authority only.
+
+#[cfg(feature = "cli")]
+pub mod args;
+pub mod auth;
+pub mod client;
+pub mod dev;
+pub mod files;
+pub mod identity;
+pub mod server;
+
+pub use auth::Access;
+pub use auth::AuthLayer;
+pub use auth::AuthPolicy;
+pub use client::ClientTls;
+pub use client::Connector;
+pub use identity::Identity;
+pub use identity::Role;
+pub use identity::TokenEntry;
+pub use identity::Tokens;
+pub use server::incoming;
+pub use server::ClientAuth;
+pub use server::PeerInfo;
+pub use server::ServerTls;
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong setting TLS up; each message names the
+/// file and what was wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {what} {path}: {source}")]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} {path} holds no PEM {expected} ({detail})")]
+    Empty {
+        what: &'static str,
+        path: PathBuf,
+        expected: &'static str,
+        detail: String,
+    },
+    #[error("{what} {path}: {detail}")]
+    Invalid {
+        what: &'static str,
+        path: PathBuf,
+        detail: String,
+    },
+    #[error("certificate {path} ({subject}) expired at {not_after}; renew it (coordinator dev --tls makes new ones for development)")]
+    Expired {
+        path: PathBuf,
+        subject: String,
+        not_after: String,
+    },
+    #[error("certificate {path} ({subject}) is not valid before {not_before}; check the clocks or the certificate")]
+    NotYetValid {
+        path: PathBuf,
+        subject: String,
+        not_before: String,
+    },
+    #[error("the private key {key} does not match the certificate {cert}")]
+    KeyMismatch { cert: PathBuf, key: PathBuf },
+    #[error("TLS settings refused: {0}")]
+    Config(String),
+    #[error("cannot make development certificates: {0}")]
+    Dev(String),
+}
+
+/// The crypto provider every config here is built with.
+pub(crate) fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
+    std::sync::Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// HTTP/2 is what gRPC speaks; both sides announce it with ALPN.
+pub(crate) const ALPN_H2: &[u8] = b"h2";

@@ -1,0 +1,388 @@
+//! The server side: [`ServerTls`] (a rustls server config that reloads
+//! when its files change) and [`incoming`], the accepted connections of a
+//! gRPC server, plain or TLS, each with a [`PeerInfo`].
+
+use std::io;
+use std::path::Path;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::task::Context;
+use std::task::Poll;
+use std::time::Duration;
+
+use futures::Stream;
+use rustls::server::WebPkiClientVerifier;
+use rustls::ServerConfig;
+use tokio::io::AsyncRead;
+use tokio::io::AsyncWrite;
+use tokio::io::ReadBuf;
+use tokio::net::TcpListener;
+use tokio::net::TcpStream;
+use tonic::transport::server::Connected;
+use tonic::transport::server::TcpConnectInfo;
+use tracing::info;
+use tracing::warn;
+
+use crate::files::load_certified_key;
+use crate::files::load_roots;
+use crate::files::KeyPairFiles;
+use crate::identity::identity_of_cert;
+use crate::identity::Identity;
+use crate::TlsError;
+
+/// Whether a TLS server asks callers for a certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// Every caller must present a certificate from the authority (mutual
+    /// TLS); a handshake without one fails.
+    Required,
+    /// A certificate is asked for and checked when given; a caller without
+    /// one may still connect and prove who it is with a bearer token.
+    Optional,
+}
+
+impl ClientAuth {
+    pub fn parse(s: &str) -> Result<ClientAuth, String> {
+        match s {
+            "required" => Ok(ClientAuth::Required),
+            "optional" => Ok(ClientAuth::Optional),
+            _ => Err(format!("client_auth {s:?}: expected \"required\" or \"optional\"")),
+        }
+    }
+}
+
+/// What a server's TLS is made of: its certificate and key, the authority
+/// its callers' certificates must come from, and whether they must have one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    pub own: KeyPairFiles,
+    pub ca: PathBuf,
+    pub client_auth: ClientAuth,
+}
+
+/// A server's TLS settings, reloaded from their files while the process
+/// runs: new connections use the newest good files, open connections keep
+/// theirs, and a reload that fails (a half-written file, an expired
+/// certificate) keeps the previous settings and says why.
+pub struct ServerTls {
+    files: ServerTlsFiles,
+    current: RwLock<Arc<ServerConfig>>,
+    stamp: std::sync::Mutex<crate::files::Stamp>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls").field("files", &self.files).finish()
+    }
+}
+
+fn build_server_config(files: &ServerTlsFiles) -> Result<ServerConfig, TlsError> {
+    let key = load_certified_key(&files.own)?;
+    let roots = load_roots(&files.ca)?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, crate::provider());
+    let verifier = match files.client_auth {
+        ClientAuth::Required => verifier,
+        ClientAuth::Optional => verifier.allow_unauthenticated(),
+    }
+    .build()
+    .map_err(|e| TlsError::Config(format!("client certificate verifier: {e}")))?;
+    let mut cfg = ServerConfig::builder_with_provider(crate::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(key)));
+    cfg.alpn_protocols = vec![crate::ALPN_H2.to_vec()];
+    Ok(cfg)
+}
+
+impl ServerTls {
+    /// Reads and checks every file (see [`crate::files`]).
+    pub fn load(files: ServerTlsFiles) -> Result<Arc<ServerTls>, TlsError> {
+        let stamp = crate::files::stamp(&Self::paths(&files));
+        let cfg = build_server_config(&files)?;
+        Ok(Arc::new(ServerTls {
+            files,
+            current: RwLock::new(Arc::new(cfg)),
+            stamp: std::sync::Mutex::new(stamp),
+        }))
+    }
+
+    fn paths(files: &ServerTlsFiles) -> [&Path; 3] {
+        [&files.own.cert, &files.own.key, &files.ca]
+    }
+
+    pub fn files(&self) -> &ServerTlsFiles {
+        &self.files
+    }
+
+    pub fn client_auth(&self) -> ClientAuth {
+        self.files.client_auth
+    }
+
+    /// The settings new connections get.
+    pub fn config(&self) -> Arc<ServerConfig> {
+        self.current.read().expect("tls config lock").clone()
+    }
+
+    /// Reads the files again if any changed since the last load. Returns
+    /// Ok(true) when new settings were taken, Ok(false) when nothing
+    /// changed, and the error (settings kept) when the new files are bad.
+    pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
+        let now = crate::files::stamp(&Self::paths(&self.files));
+        let mut last = self.stamp.lock().expect("tls stamp lock");
+        if *last == now {
+            return Ok(false);
+        }
+        let cfg = build_server_config(&self.files)?;
+        *self.current.write().expect("tls config lock") = Arc::new(cfg);
+        *last = now;
+        Ok(true)
+    }
+
+    /// Checks the files every `interval` and takes new ones (see
+    /// [`ServerTls::reload_if_changed`]), until the returned task is
+    /// aborted or the last other reference to `self` is gone.
+    pub fn spawn_reloader(self: &Arc<Self>, interval: Duration, what: &'static str) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut failing = false;
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(me) = weak.upgrade() else { return };
+                match me.reload_if_changed() {
+                    Ok(true) => {
+                        failing = false;
+                        metrics::counter!("dtx_tls_reloads_total", "side" => "server").increment(1);
+                        info!(what, cert = %me.files.own.cert.display(), "TLS certificate files changed; new connections use them");
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        metrics::counter!("dtx_tls_reload_failures_total", "side" => "server").increment(1);
+                        if !failing {
+                            warn!(
+                                what,
+                                "TLS files changed but cannot be used, keeping the previous ones: {e}"
+                            );
+                        }
+                        failing = true;
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Who is on the other end of an accepted connection; handlers and layers
+/// read it from the request's extensions.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    pub tcp: TcpConnectInfo,
+    /// The connection is TLS.
+    pub tls: bool,
+    /// The identity its client certificate names, if it presented one and
+    /// the certificate names one.
+    pub identity: Option<Identity>,
+    /// Why a presented certificate names no identity.
+    pub certificate_problem: Option<String>,
+}
+
+/// One accepted connection.
+pub enum Conn {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, Box<PeerInfo>),
+}
+
+impl Connected for Conn {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> PeerInfo {
+        match self {
+            Conn::Plain(s) => PeerInfo {
+                tcp: s.connect_info(),
+                tls: false,
+                identity: None,
+                certificate_problem: None,
+            },
+            Conn::Tls(_, p) => (**p).clone(),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(s, _) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// Longest a TLS handshake may take before the connection is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes done but not yet taken by the server.
+const ACCEPTED_QUEUE_MAX: usize = 256;
+
+/// The accepted connections of a server on `listener`: `TCP_NODELAY` and
+/// keep-alive on every socket (tonic sets them only on listeners it binds
+/// itself) and, with `tls`, a TLS handshake first. Handshakes run
+/// concurrently (a slow or silent caller holds up no one), each bounded
+/// by [`HANDSHAKE_TIMEOUT`]; a failed one is logged and counted
+/// (`dtx_tls_handshake_failures_total`) and never reaches the server.
+pub fn incoming(
+    listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
+) -> Pin<Box<dyn Stream<Item = Result<Conn, io::Error>> + Send>> {
+    use futures::StreamExt;
+    let tcp = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(30)));
+    let Some(tls) = tls else {
+        return Box::pin(tcp.map(|r| r.map(Conn::Plain)));
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Conn>(ACCEPTED_QUEUE_MAX);
+    tokio::spawn(async move {
+        let mut tcp = tcp;
+        loop {
+            let next = tokio::select! {
+                n = tcp.next() => n,
+                _ = tx.closed() => return,
+            };
+            let stream = match next {
+                Some(Ok(s)) => s,
+                Some(Err(e)) => {
+                    warn!("accepting a connection failed: {e}");
+                    continue;
+                }
+                None => return,
+            };
+            let tx = tx.clone();
+            let cfg = tls.config();
+            tokio::spawn(async move {
+                let tcp_info = stream.connect_info();
+                let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+                let s = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        handshake_failed(&tcp_info, &e.to_string());
+                        return;
+                    }
+                    Err(_) => {
+                        handshake_failed(&tcp_info, &format!("no handshake within {HANDSHAKE_TIMEOUT:?}"));
+                        return;
+                    }
+                };
+                let (identity, certificate_problem) = match s.get_ref().1.peer_certificates().and_then(|c| c.first()) {
+                    None => (None, None),
+                    Some(leaf) => match identity_of_cert(leaf) {
+                        Ok(id) => (Some(id), None),
+                        Err(why) => (None, Some(why)),
+                    },
+                };
+                let peer = PeerInfo {
+                    tcp: tcp_info,
+                    tls: true,
+                    identity,
+                    certificate_problem,
+                };
+                let _ = tx.send(Conn::Tls(Box::new(s), Box::new(peer))).await;
+            });
+        }
+    });
+    Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|c| c.map(Ok))))
+}
+
+fn handshake_failed(peer: &TcpConnectInfo, why: &str) {
+    metrics::counter!("dtx_tls_handshake_failures_total").increment(1);
+    warn!(
+        remote = ?peer.remote_addr,
+        "TLS handshake refused: {why}"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::DevCa;
+    use crate::dev::DEV_LIFETIME;
+    use crate::Role;
+
+    #[test]
+    fn a_changed_certificate_is_taken_and_a_bad_one_keeps_the_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = DevCa::new("reload ca").unwrap();
+        let ca_path = ca.write_ca(dir.path()).unwrap();
+        let own = ca
+            .issue_to(dir.path(), "node-1", Role::Node, "1", &[], DEV_LIFETIME)
+            .unwrap();
+        let tls = ServerTls::load(ServerTlsFiles {
+            own: own.clone(),
+            ca: ca_path,
+            client_auth: ClientAuth::Required,
+        })
+        .unwrap();
+        let first = tls.config();
+        assert!(!tls.reload_if_changed().unwrap(), "nothing changed");
+        assert!(Arc::ptr_eq(&first, &tls.config()));
+
+        // A new certificate from the same authority (a rotation).
+        ca.issue_to(dir.path(), "node-1", Role::Node, "1", &[], DEV_LIFETIME)
+            .unwrap();
+        assert!(tls.reload_if_changed().unwrap(), "the new files are taken");
+        let second = tls.config();
+        assert!(!Arc::ptr_eq(&first, &second));
+
+        // A half-written (here: empty) certificate is refused and the
+        // settings stay; once it is whole again it is taken.
+        std::fs::write(&own.cert, b"").unwrap();
+        let e = tls.reload_if_changed().unwrap_err();
+        assert!(e.to_string().contains("no PEM CERTIFICATE"), "{e}");
+        assert!(Arc::ptr_eq(&second, &tls.config()), "the previous settings are kept");
+        ca.issue_to(dir.path(), "node-1", Role::Node, "1", &[], DEV_LIFETIME)
+            .unwrap();
+        assert!(tls.reload_if_changed().unwrap());
+        assert!(!Arc::ptr_eq(&second, &tls.config()));
+    }
+}
