@@ -26,6 +26,33 @@ use dtx_tls::Role;
 const ACCOUNTS: usize = 10;
 const INITIAL: i64 = 1_000;
 
+/// Token settings: an application token (`shop`) and an operator token
+/// (`ops`, for the supervisor's status calls). Returns the config tweak
+/// and both tokens.
+fn token_settings() -> (impl Fn(&mut coordinator::config::Config) + Clone, String, String) {
+    let app = dtx_tls::identity::new_token();
+    let ops = dtx_tls::identity::new_token();
+    let (app_hash, ops_hash) = (
+        dtx_tls::identity::token_sha256_hex(&app),
+        dtx_tls::identity::token_sha256_hex(&ops),
+    );
+    let tweak = move |cfg: &mut coordinator::config::Config| {
+        cfg.auth.tokens = vec![
+            coordinator::config::TokenConfig {
+                role: "application".into(),
+                name: "shop".into(),
+                sha256: app_hash.clone(),
+            },
+            coordinator::config::TokenConfig {
+                role: "operator".into(),
+                name: "ops".into(),
+                sha256: ops_hash.clone(),
+            },
+        ];
+    };
+    (tweak, app, ops)
+}
+
 /// A TLS cluster: nodes with their certificates, `client_auth` on the API
 /// port as given, the supervisor's status calls as an operator.
 fn tls_cluster(
@@ -395,15 +422,7 @@ async fn t95_a_node_with_another_authoritys_certificate_cannot_join() {
 async fn t95_tokens_authenticate_where_mutual_tls_is_off() {
     let dir = common::test_dir();
     let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t95 authority").unwrap());
-    let token = dtx_tls::identity::new_token();
-    let hash = dtx_tls::identity::token_sha256_hex(&token);
-    let tokens = move |cfg: &mut coordinator::config::Config| {
-        cfg.auth.tokens = vec![coordinator::config::TokenConfig {
-            role: "application".into(),
-            name: "shop".into(),
-            sha256: hash.clone(),
-        }];
-    };
+    let (tokens, token, ops) = token_settings();
 
     // TLS with client certificates optional on the API port: a client with
     // only the authority and a token.
@@ -438,7 +457,11 @@ async fn t95_tokens_authenticate_where_mutual_tls_is_off() {
     // Without TLS at all, tokens still authenticate (plain text: for
     // networks that are private already).
     let mut plain = TestCluster::start_with("t95e", 3, tokens);
-    plain.procs.wait_for_leader(Duration::from_secs(20)).await;
+    plain.procs.client_token = Some(ops.clone());
+    assert!(
+        plain.procs.wait_for_leader(Duration::from_secs(20)).await.is_some(),
+        "the supervisor, with the operator token, sees a leader"
+    );
     let good = client_with(&plain, None, Some(token.clone()));
     good.begin("t95e-1", 10_000, b"")
         .await
@@ -448,4 +471,131 @@ async fn t95_tokens_authenticate_where_mutual_tls_is_off() {
         none.begin("t95e-2", 10_000, b"").await,
         Err(ClientError::Unauthenticated(_))
     ));
+}
+
+/// Sends bytes as they are (tonic's codecs would only send valid
+/// messages): for requests a server cannot decode.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
+    }
+}
+
+async fn raw_call(addr: &str, path: &'static str, body: Vec<u8>, token: &str) -> Result<Vec<u8>, tonic::Status> {
+    let ch = dtx_proto::channel::channel(addr, None, Duration::from_secs(3)).unwrap();
+    let mut grpc = tonic::client::Grpc::new(ch).max_encoding_message_size(64 * 1024 * 1024);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let rq = dtx_client::request_with_token(body, Some(token));
+    grpc.unary(rq, http::uri::PathAndQuery::from_static(path), RawCodec)
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// The edge (issue 12, item 5): undecodable and oversized requests are
+/// INVALID_ARGUMENT (they were INTERNAL, which a client must read as
+/// "may have been applied"), marked not applied; an identity over its
+/// rate is RESOURCE_EXHAUSTED, marked not applied, and the client waits
+/// and retries by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t95_the_edge_refuses_undecodable_oversized_and_too_frequent_calls_as_not_applied() {
+    let (tokens, token, ops) = token_settings();
+    let mut c = TestCluster::start_with("t95f", 3, move |cfg| {
+        tokens(cfg);
+        cfg.api.max_message_bytes = 256 * 1024;
+        cfg.api.requests_per_s_per_identity = 5;
+        cfg.api.request_burst_per_identity = 5;
+    });
+    c.procs.client_token = Some(ops);
+    let leader = c
+        .procs
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("a leader");
+    let api = c.api(leader);
+
+    // Bytes that are no BeginRequest.
+    let s = raw_call(&api, "/dtx.v1.Coordinator/Begin", vec![0xFF; 16], &token)
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+    assert!(s.message().contains("not a valid message"), "{}", s.message());
+    assert!(dtx_proto::metadata::not_applied(&s), "marked not applied: {s:?}");
+
+    // A request larger than api.max_message_bytes (a valid message: one
+    // long idempotency key).
+    let big = prost::Message::encode_to_vec(&pb::BeginRequest {
+        idempotency_key: "k".repeat(300 * 1024),
+        timeout_ms: 1_000,
+        description: Vec::new(),
+    });
+    let s = raw_call(&api, "/dtx.v1.Coordinator/Begin", big, &token)
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+    assert!(
+        s.message().contains("larger than this server decodes"),
+        "{}",
+        s.message()
+    );
+    assert!(dtx_proto::metadata::not_applied(&s));
+
+    // Five calls a second, bursts of five: twenty at once get some
+    // RESOURCE_EXHAUSTED, each marked not applied.
+    let read = prost::Message::encode_to_vec(&pb::GetDecisionRequest { txid: 1 });
+    let mut limited = 0;
+    for _ in 0..20 {
+        if let Err(s) = raw_call(&api, "/dtx.v1.Coordinator/GetDecision", read.clone(), &token).await {
+            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+            assert!(
+                s.message().contains("application/shop is over its limit"),
+                "{}",
+                s.message()
+            );
+            assert!(dtx_proto::metadata::not_applied(&s));
+            limited += 1;
+        }
+    }
+    assert!(limited >= 10, "only {limited} of 20 calls were limited");
+    // The client waits and asks again by itself: writes still succeed,
+    // and none is UNKNOWN.
+    let cl = client_with(&c, None, Some(token.clone()));
+    for i in 0..8 {
+        cl.begin(&format!("t95f-{i}"), 10_000, b"")
+            .await
+            .expect("the client retries a rate-limited call");
+    }
 }

@@ -442,6 +442,10 @@ impl Client {
                     maybe_applied = true;
                     *self.leader.lock().expect("lock") = None;
                 }
+                Code::ResourceExhausted if not_applied(&status) => {
+                    // Over the server's rate limit: refused before anything
+                    // ran; wait (the backoff below) and ask again.
+                }
                 Code::Unavailable => {
                     // Redirected or refused; it may still have been applied
                     // unless the server says it certainly was not.
@@ -836,8 +840,18 @@ pub async fn cluster_status_with(
     timeout: Duration,
     tls: Option<&Arc<dtx_proto::tls::ClientTls>>,
 ) -> Result<pb::ClusterStatusResponse, Status> {
+    cluster_status_as(addr, timeout, tls, None).await
+}
+
+/// As [`cluster_status_with`], with a bearer token (an operator's).
+pub async fn cluster_status_as(
+    addr: &str,
+    timeout: Duration,
+    tls: Option<&Arc<dtx_proto::tls::ClientTls>>,
+    token: Option<&str>,
+) -> Result<pb::ClusterStatusResponse, Status> {
     let ch = dtx_proto::channel::channel_with(addr, None, timeout, tls).map_err(Status::invalid_argument)?;
-    let mut rq = tonic::Request::new(pb::ClusterStatusRequest {});
+    let mut rq = request_with_token(pb::ClusterStatusRequest {}, token);
     rq.set_timeout(timeout);
     tokio::time::timeout(timeout, AdminClient::new(ch).cluster_status(rq))
         .await

@@ -154,6 +154,20 @@ pub struct ApiConfig {
     /// Longest time a write waits to be applied before answering
     /// DEADLINE_EXCEEDED (outcome unknown).
     pub write_timeout_ms: u64,
+    /// Largest request the API port decodes (a BeginAndCommit with 32
+    /// participants of 64 KiB payload each is about 2 MiB); larger ones are
+    /// refused OUT_OF_RANGE before anything runs.
+    pub max_message_bytes: usize,
+    /// Calls in flight at once on one client connection (HTTP/2 streams);
+    /// a client past it waits for one to finish.
+    pub max_concurrent_streams_per_connection: u32,
+    /// Calls per second each authenticated identity may make (nodes
+    /// excepted); past it a call is refused RESOURCE_EXHAUSTED, marked not
+    /// applied. 0 = no limit. Without authentication there is no identity
+    /// and no limit.
+    pub requests_per_s_per_identity: u32,
+    /// Calls an identity may make at once after a quiet time.
+    pub request_burst_per_identity: u32,
 }
 
 /// TLS on every link of this node (ADR 0016). Off unless `cert`, `key` and
@@ -294,6 +308,10 @@ impl Default for ApiConfig {
         ApiConfig {
             read_timeout_ms: 2_000,
             write_timeout_ms: 5_000,
+            max_message_bytes: 4 * 1024 * 1024,
+            max_concurrent_streams_per_connection: 1024,
+            requests_per_s_per_identity: 20_000,
+            request_burst_per_identity: 40_000,
         }
     }
 }
@@ -359,6 +377,22 @@ impl Config {
         }
         if let Some(m) = &self.metrics_addr {
             check_addr("metrics_addr", m)?;
+        }
+        let a = &self.api;
+        if a.max_message_bytes < 64 * 1024 || a.max_message_bytes > dtx_proto::limits::DECODE_BYTES_MAX {
+            return bad(format!(
+                "api.max_message_bytes = {} must be from 65536 to {}",
+                a.max_message_bytes,
+                dtx_proto::limits::DECODE_BYTES_MAX
+            ));
+        }
+        if a.max_concurrent_streams_per_connection == 0 {
+            return bad("api.max_concurrent_streams_per_connection must be > 0".into());
+        }
+        if a.requests_per_s_per_identity > 0 && a.request_burst_per_identity == 0 {
+            return bad(
+                "api.request_burst_per_identity must be > 0 when api.requests_per_s_per_identity is set".into(),
+            );
         }
         let t = &self.tls;
         match (&t.cert, &t.key, &t.ca) {

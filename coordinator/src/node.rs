@@ -147,11 +147,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     )
     .await?;
     let api_router = tonic::transport::Server::builder()
-        .layer(security.api_layer())
-        .add_service(CoordinatorServer::new(
-            crate::api::coordinator::CoordinatorService::new(driver.clone()),
-        ))
-        .add_service(AdminServer::new(crate::api::admin::AdminService::new(driver.clone())));
+        .max_concurrent_streams(Some(config.api.max_concurrent_streams_per_connection))
+        .layer(security.api_layer(&config.api))
+        .add_service(
+            CoordinatorServer::new(crate::api::coordinator::CoordinatorService::new(driver.clone()))
+                .max_decoding_message_size(config.api.max_message_bytes),
+        )
+        .add_service(
+            AdminServer::new(crate::api::admin::AdminService::new(driver.clone()))
+                .max_decoding_message_size(config.api.max_message_bytes),
+        );
     let api_server = serve(
         api_router,
         api_listen,
@@ -274,7 +279,7 @@ const FATAL_SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(1);
 /// Binds `addr` and serves `router` on it (with TLS when `tls` is set)
 /// until `stop` turns true.
 async fn serve(
-    router: tonic::transport::server::Router<tower_layer::Stack<dtx_proto::tls::AuthLayer, tower_layer::Identity>>,
+    router: tonic::transport::server::Router<tower_layer::Stack<dtx_proto::tls::EdgeLayer, tower_layer::Identity>>,
     addr: SocketAddr,
     what: &str,
     tls: Option<Arc<dtx_proto::tls::ServerTls>>,

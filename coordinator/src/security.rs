@@ -11,10 +11,11 @@ use dtx_proto::tls::client::ClientTlsFiles;
 use dtx_proto::tls::files::KeyPairFiles;
 use dtx_proto::tls::server::ServerTlsFiles;
 use dtx_proto::tls::Access;
-use dtx_proto::tls::AuthLayer;
 use dtx_proto::tls::ClientAuth;
 use dtx_proto::tls::ClientTls;
+use dtx_proto::tls::EdgeLayer;
 use dtx_proto::tls::Identity;
+use dtx_proto::tls::RateLimit;
 use dtx_proto::tls::Role;
 use dtx_proto::tls::ServerTls;
 use dtx_proto::tls::Tokens;
@@ -122,20 +123,27 @@ impl Security {
     }
 
     /// The layer in front of the API port's services.
-    pub fn api_layer(&self) -> AuthLayer {
-        AuthLayer::new(
+    pub fn api_layer(&self, api: &crate::config::ApiConfig) -> EdgeLayer {
+        let rate = (api.requests_per_s_per_identity > 0).then_some(RateLimit {
+            per_s: api.requests_per_s_per_identity as f64,
+            burst: api.request_burst_per_identity as f64,
+        });
+        EdgeLayer::new(
             "api",
             self.tokens.clone(),
             if self.auth { api_policy } else { open_policy },
         )
+        .with_rate_limit(rate)
+        .marking_not_applied(dtx_proto::metadata::NOT_APPLIED_HEADER)
     }
 
     /// The layer in front of the Raft port: node certificates only, when
     /// TLS is on (without TLS the Raft port is open: protect it with TLS
     /// or the network).
-    pub fn raft_layer(&self) -> AuthLayer {
+    pub fn raft_layer(&self) -> EdgeLayer {
         let tls = self.raft_tls.is_some();
-        AuthLayer::new("raft", Tokens::default(), if tls { raft_policy } else { open_policy })
+        EdgeLayer::new("raft", Tokens::default(), if tls { raft_policy } else { open_policy })
+            .marking_not_applied(dtx_proto::metadata::NOT_APPLIED_HEADER)
     }
 }
 
@@ -195,7 +203,7 @@ pub fn raft_policy(path: &str) -> Access {
 /// the caller is a node forwarding a call, the identity it names in
 /// [`ON_BEHALF_OF_HEADER`]. None when authentication is off.
 pub fn caller<T>(req: &tonic::Request<T>) -> Option<Identity> {
-    let id = dtx_proto::tls::auth::caller(req)?.clone();
+    let id = dtx_proto::tls::edge::caller(req)?.clone();
     if id.role != Role::Node {
         return Some(id);
     }

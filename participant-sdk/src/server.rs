@@ -713,11 +713,10 @@ pub async fn serve_with_tls<P: Participant>(
         |_| dtx_proto::tls::Access::Open
     };
     let served = tonic::transport::Server::builder()
-        .layer(dtx_proto::tls::AuthLayer::new(
-            "participant",
-            dtx_proto::tls::Tokens::default(),
-            policy,
-        ))
+        .layer(
+            dtx_proto::tls::EdgeLayer::new("participant", dtx_proto::tls::Tokens::default(), policy)
+                .marking_not_applied(dtx_proto::metadata::NOT_APPLIED_HEADER),
+        )
         .add_service(
             dtx_proto::v1::participant_service_server::ParticipantServiceServer::new(ParticipantServer::new(
                 participant,

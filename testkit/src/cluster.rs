@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use coordinator::config::Config;
 use coordinator::config::Member;
-use dtx_client::cluster_status_with;
+use dtx_client::cluster_status_as;
 
 /// One bank participant service: `coordinator bank-serve` on its own
 /// loopback address and data directory, or (built with
@@ -330,6 +330,9 @@ pub struct ProcessCluster {
     /// TLS of the supervisor's own status calls (an operator's
     /// certificate), for a cluster running with TLS.
     pub client_tls: Option<std::sync::Arc<dtx_tls::ClientTls>>,
+    /// A bearer token (an operator's) for those calls, for a cluster that
+    /// takes tokens.
+    pub client_token: Option<String>,
 }
 
 /// Picks a free TCP port on `ip` (bind to port 0, read it, release it).
@@ -386,6 +389,7 @@ impl ProcessCluster {
             nodes,
             env: Vec::new(),
             client_tls: None,
+            client_token: None,
         })
     }
 
@@ -512,7 +516,14 @@ impl ProcessCluster {
                 })
                 .collect();
             for (id, addr) in &addrs {
-                if let Ok(s) = cluster_status_with(addr, Duration::from_millis(300), self.client_tls.as_ref()).await {
+                if let Ok(s) = cluster_status_as(
+                    addr,
+                    Duration::from_millis(300),
+                    self.client_tls.as_ref(),
+                    self.client_token.as_deref(),
+                )
+                .await
+                {
                     seen.push((*id, s.leader_id, s.role.clone()));
                 }
             }
@@ -529,8 +540,13 @@ impl ProcessCluster {
     /// The id of a node that currently believes it is the leader.
     pub async fn current_leader(&mut self) -> Option<u64> {
         for n in &self.nodes {
-            if let Ok(s) =
-                cluster_status_with(&n.plan.api_listen, Duration::from_millis(300), self.client_tls.as_ref()).await
+            if let Ok(s) = cluster_status_as(
+                &n.plan.api_listen,
+                Duration::from_millis(300),
+                self.client_tls.as_ref(),
+                self.client_token.as_deref(),
+            )
+            .await
             {
                 if s.role == "Leader" && s.leader_id == n.plan.id {
                     return Some(n.plan.id);

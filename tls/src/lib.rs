@@ -13,10 +13,11 @@
 //! - [`client`]: [`ClientTls`] (reloadable) and [`Connector`], which a
 //!   tonic `Endpoint` uses to open TLS connections (with a client
 //!   certificate for mutual TLS).
-//! - [`auth`]: a tower layer that authenticates every call (certificate or
+//! - [`edge`]: a tower layer that authenticates every call (certificate or
 //!   token), checks the role the called method needs, refuses with
-//!   `UNAUTHENTICATED` or `PERMISSION_DENIED` (logged and counted), and
-//!   hands the [`Identity`] to the handler.
+//!   `UNAUTHENTICATED` or `PERMISSION_DENIED` (logged and counted), limits
+//!   each identity's rate, answers undecodable requests `INVALID_ARGUMENT`,
+//!   and hands the [`Identity`] to the handler.
 //! - [`dev`]: `coordinator dev --tls`'s certificate authority (rcgen).
 //! - `args` (feature `cli`): the `--tls-cert`, `--tls-key`, `--tls-ca`
 //!   and `--token-file` flags of every command.
@@ -27,18 +28,19 @@
 
 #[cfg(feature = "cli")]
 pub mod args;
-pub mod auth;
 pub mod client;
 pub mod dev;
+pub mod edge;
 pub mod files;
 pub mod identity;
 pub mod server;
 
-pub use auth::Access;
-pub use auth::AuthLayer;
-pub use auth::AuthPolicy;
 pub use client::ClientTls;
 pub use client::Connector;
+pub use edge::Access;
+pub use edge::AuthPolicy;
+pub use edge::EdgeLayer;
+pub use edge::RateLimit;
 pub use identity::Identity;
 pub use identity::Role;
 pub use identity::TokenEntry;

@@ -64,6 +64,9 @@ where
 {
     let forwarded = req.metadata().get(FORWARDED_HEADER).is_some();
     let on_behalf_of = crate::security::caller(&req).map(|id| id.label());
+    // A caller that proved itself with a token: the leader checks the same
+    // token (without TLS a node has no identity of its own to vouch with).
+    let authorization = req.metadata().get("authorization").cloned();
     let deadline = req.metadata().get("grpc-timeout").cloned();
     let body = req.into_inner();
     match local(body.clone()).await {
@@ -79,6 +82,9 @@ where
             fwd.metadata_mut().insert(FORWARDED_HEADER, "1".parse().expect("ascii"));
             if let Some(v) = on_behalf_of.and_then(|l| l.parse().ok()) {
                 fwd.metadata_mut().insert(crate::security::ON_BEHALF_OF_HEADER, v);
+            }
+            if let Some(v) = authorization {
+                fwd.metadata_mut().insert("authorization", v);
             }
             if let Some(t) = deadline {
                 fwd.metadata_mut().insert("grpc-timeout", t);
