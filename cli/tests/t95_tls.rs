@@ -599,3 +599,77 @@ async fn t95_the_edge_refuses_undecodable_oversized_and_too_frequent_calls_as_no
             .expect("the client retries a rate-limited call");
     }
 }
+
+/// An application acts on its own transactions only (issue 12, "Must
+/// show"): another application's certificate is PERMISSION_DENIED on
+/// Commit, Abort and Enlist of it, and on a Begin or BeginAndCommit that
+/// reuses its idempotency key; asked through a follower too (the
+/// follower names the caller to the leader). Reading decisions stays
+/// open to every application. The owner survives a leader change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t95_an_application_is_refused_on_another_applications_transaction() {
+    let dir = common::test_dir();
+    let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t95 authority").unwrap());
+    let mut c = tls_cluster("t95g", &pki, "required", |_| {});
+    let leader = c.leader().await;
+    let as_app = |name: &str| {
+        let f = pki.issue(Role::Application, name, &[]).unwrap();
+        client_with(&c, Some(pki.client(&f).unwrap()), None)
+    };
+    let shop = as_app("shop");
+    let other = as_app("billing");
+    let t = shop.begin("t95g-1", 30_000, b"").await.unwrap().txid;
+
+    let denied = |r: Result<_, ClientError>, what: &str| match r {
+        Err(ClientError::PermissionDenied(m)) => {
+            assert!(
+                m.contains("belongs to application shop") && m.contains("billing"),
+                "{what}: {m}"
+            )
+        }
+        other => panic!("{what}: {other:?}"),
+    };
+    denied(other.commit(t).await.map(|_| ()), "commit");
+    denied(other.abort(t, "not mine").await.map(|_| ()), "abort");
+    denied(
+        other.enlist(t, "bank-x", "127.0.0.1:1", b"").await.map(|_| ()),
+        "enlist",
+    );
+    denied(
+        other.begin("t95g-1", 30_000, b"").await.map(|_| ()),
+        "begin with its key",
+    );
+    // Through a follower: the follower forwards on behalf of billing.
+    let follower = c
+        .procs
+        .nodes
+        .iter()
+        .find(|n| n.plan.id != leader)
+        .unwrap()
+        .plan
+        .api_listen
+        .clone();
+    let mut cfg = ClientConfig::new(vec![follower]);
+    let f = pki.issue(Role::Application, "billing", &[]).unwrap();
+    cfg.tls = Some(pki.client(&f).unwrap());
+    let via_follower = Client::new(cfg).unwrap();
+    denied(
+        via_follower.abort(t, "not mine").await.map(|_| ()),
+        "abort through a follower",
+    );
+    // Reading is open.
+    other.decision(t).await.expect("any application reads decisions");
+
+    // The owner is kept by the new leader.
+    c.procs.kill9(leader);
+    c.procs
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("a new leader");
+    denied(
+        other.abort(t, "not mine").await.map(|_| ()),
+        "abort after a leader change",
+    );
+    // The owner itself may.
+    assert_eq!(shop.abort(t, "mine").await.unwrap(), TxOutcome::Aborted);
+}

@@ -25,6 +25,7 @@ use crate::raft::Raft;
 use crate::sm::Command;
 use crate::sm::CommandError;
 use crate::sm::CommandOk;
+use crate::sm::Txid;
 use crate::store::sm_store::SmState;
 use crate::store::KvEngine;
 use crate::store::StateMachineStore;
@@ -42,6 +43,10 @@ pub enum ApiError {
     AlreadyExists(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The authenticated application may not act on this transaction (it
+    /// belongs to another); nothing was changed.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// This node is not the leader. `proposed` tells whether the command was
     /// handed to Raft before that was found out (then it may still apply).
     #[error("not the leader; leader is {leader_id:?} at {leader_api_addr:?}")]
@@ -60,6 +65,23 @@ pub enum ApiError {
     Unknown(String),
     #[error("{0}")]
     Internal(String),
+}
+
+fn not_owner(txid: Txid, owner: &str, caller: &str) -> ApiError {
+    ApiError::PermissionDenied(format!(
+        "transaction {txid} belongs to application {owner}; application {caller} may not act on it"
+    ))
+}
+
+/// `cmd` on behalf of application `caller`, when there is one.
+pub fn on_behalf(caller: Option<&str>, cmd: Command) -> Command {
+    match caller {
+        Some(c) => Command::As {
+            caller: c.to_string(),
+            command: Box::new(cmd),
+        },
+        None => cmd,
+    }
 }
 
 impl From<CommandError> for ApiError {
@@ -224,6 +246,42 @@ impl NodeCtx {
                 "no quorum confirmed this leader within api.read_timeout_ms = {} ms",
                 self.config.api.read_timeout_ms
             ))),
+        }
+    }
+
+    /// Refuses when `txid` belongs to another application than `caller`
+    /// (None: not an application, or authentication off: no check). The
+    /// owner is write-once, so a record applied here answers for good;
+    /// otherwise a linearizable read asks (on a follower: "not the leader",
+    /// and the call is forwarded). A transaction without a record, or
+    /// begun without an owner, passes: the command itself then decides.
+    pub async fn check_owner(&self, txid: Txid, caller: Option<&str>) -> Result<(), ApiError> {
+        let Some(me) = caller else { return Ok(()) };
+        let local = {
+            let st = self.sm.state();
+            st.table.get(txid).map(|_| st.table.owner(txid).map(str::to_string))
+        };
+        let owner = match local {
+            Some(o) => o,
+            None => {
+                self.read_linearizable(|st| st.table.owner(txid).map(str::to_string))
+                    .await?
+            }
+        };
+        match owner {
+            Some(o) if o != me => Err(not_owner(txid, &o, me)),
+            _ => Ok(()),
+        }
+    }
+
+    /// After a Begin-like command returned `txid` (new, or found by its
+    /// key): refuses when it belongs to another application than `caller`.
+    /// Its record is applied here, so the local table answers.
+    pub fn check_owner_applied(&self, txid: Txid, caller: Option<&str>) -> Result<(), ApiError> {
+        let Some(me) = caller else { return Ok(()) };
+        match self.sm.state().table.owner(txid) {
+            Some(o) if o != me => Err(not_owner(txid, o, me)),
+            _ => Ok(()),
         }
     }
 

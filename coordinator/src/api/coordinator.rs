@@ -17,6 +17,7 @@ use super::check_len;
 use super::error::ApiError;
 use super::serve_or_forward;
 use crate::ctx::now_ms;
+use crate::ctx::on_behalf;
 use crate::ctx::NodeCtx;
 use crate::driver::Driver;
 use crate::limits;
@@ -156,6 +157,16 @@ fn check_participant(id: &str, address: &str, payload: &[u8], tls: bool) -> Resu
     Ok(())
 }
 
+/// The authenticated application a call is made for (on behalf of whom a
+/// forwarding node calls, too); None for other roles and without
+/// authentication. Transactions it begins are its own, and only it may
+/// enlist in (as the application), commit or abort them.
+fn app_caller<T>(req: &Request<T>) -> Option<String> {
+    crate::security::caller(req)
+        .filter(|id| id.role == dtx_proto::tls::Role::Application)
+        .map(|id| id.name)
+}
+
 fn unexpected(ok: CommandOk) -> ApiError {
     ApiError::Internal(format!("unexpected state-machine result {ok:?}"))
 }
@@ -179,7 +190,7 @@ impl CoordinatorService {
         })
     }
 
-    async fn begin(&self, req: pb::BeginRequest) -> Result<pb::BeginResponse, ApiError> {
+    async fn begin(&self, req: pb::BeginRequest, app: Option<&str>) -> Result<pb::BeginResponse, ApiError> {
         let timeout_ms = self.check_begin(&req.idempotency_key, req.timeout_ms, &req.description)?;
         let cmd = Command::Begin {
             fingerprint: begin_fingerprint(req.timeout_ms, &req.description),
@@ -187,23 +198,31 @@ impl CoordinatorService {
             now_ms: now_ms(),
             timeout_ms,
         };
-        let began = self.ctx().propose(cmd).await?;
+        let began = self.ctx().propose(on_behalf(app, cmd)).await?;
         dtx_failpoint::failpoint!("coordinator_after_begin");
         match began {
             CommandOk::Began {
                 txid,
                 existing,
                 deadline_ms,
-            } => Ok(pb::BeginResponse {
-                txid,
-                existing,
-                deadline_unix_ms: deadline_ms,
-            }),
+            } => {
+                // The key may be another application's.
+                self.ctx().check_owner_applied(txid, app)?;
+                Ok(pb::BeginResponse {
+                    txid,
+                    existing,
+                    deadline_unix_ms: deadline_ms,
+                })
+            }
             other => Err(unexpected(other)),
         }
     }
 
-    async fn begin_and_commit(&self, req: pb::BeginAndCommitRequest) -> Result<pb::BeginAndCommitResponse, ApiError> {
+    async fn begin_and_commit(
+        &self,
+        req: pb::BeginAndCommitRequest,
+        app: Option<&str>,
+    ) -> Result<pb::BeginAndCommitResponse, ApiError> {
         let timeout_ms = self.check_begin(&req.idempotency_key, req.timeout_ms, &req.description)?;
         if req.participants.is_empty() {
             return Err(ApiError::InvalidArgument(
@@ -225,7 +244,7 @@ impl CoordinatorService {
             .collect();
         let done = self
             .driver
-            .begin_and_commit(req.idempotency_key, fingerprint, timeout_ms, participants)
+            .begin_and_commit(req.idempotency_key, fingerprint, timeout_ms, participants, app)
             .await?;
         Ok(pb::BeginAndCommitResponse {
             txid: done.txid,
@@ -234,8 +253,9 @@ impl CoordinatorService {
         })
     }
 
-    async fn enlist(&self, req: pb::EnlistRequest) -> Result<pb::EnlistResponse, ApiError> {
+    async fn enlist(&self, req: pb::EnlistRequest, app: Option<&str>) -> Result<pb::EnlistResponse, ApiError> {
         check_participant(&req.participant_id, &req.address, &req.payload, self.tls())?;
+        self.ctx().check_owner(req.txid, app).await?;
         let cmd = Command::Enlist {
             txid: req.txid,
             participant_id: req.participant_id,
@@ -248,15 +268,17 @@ impl CoordinatorService {
         }
     }
 
-    async fn commit(&self, req: pb::CommitRequest) -> Result<pb::CommitResponse, ApiError> {
+    async fn commit(&self, req: pb::CommitRequest, app: Option<&str>) -> Result<pb::CommitResponse, ApiError> {
+        self.ctx().check_owner(req.txid, app).await?;
         let d = self.driver.drive_commit(req.txid).await?;
         Ok(pb::CommitResponse {
             outcome: outcome_pb(d.outcome) as i32,
         })
     }
 
-    async fn abort(&self, req: pb::AbortRequest) -> Result<pb::AbortResponse, ApiError> {
+    async fn abort(&self, req: pb::AbortRequest, app: Option<&str>) -> Result<pb::AbortResponse, ApiError> {
         check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
+        self.ctx().check_owner(req.txid, app).await?;
         let d = self.driver.abort(req.txid, req.reason).await?;
         Ok(pb::AbortResponse {
             outcome: outcome_pb(d.outcome) as i32,
@@ -333,10 +355,11 @@ impl CoordinatorService {
 #[tonic::async_trait]
 impl Coordinator for CoordinatorService {
     async fn begin(&self, req: Request<pb::BeginRequest>) -> Result<Response<pb::BeginResponse>, Status> {
+        let app = app_caller(&req);
         serve_or_forward(
             self.ctx(),
             req,
-            |r| async move { self.begin(r).await },
+            |r| async move { self.begin(r, app.as_deref()).await },
             |ch, r| async move { CoordinatorClient::new(ch).begin(r).await },
         )
         .await
@@ -346,40 +369,44 @@ impl Coordinator for CoordinatorService {
         &self,
         req: Request<pb::BeginAndCommitRequest>,
     ) -> Result<Response<pb::BeginAndCommitResponse>, Status> {
+        let app = app_caller(&req);
         serve_or_forward(
             self.ctx(),
             req,
-            |r| async move { self.begin_and_commit(r).await },
+            |r| async move { self.begin_and_commit(r, app.as_deref()).await },
             |ch, r| async move { CoordinatorClient::new(ch).begin_and_commit(r).await },
         )
         .await
     }
 
     async fn enlist(&self, req: Request<pb::EnlistRequest>) -> Result<Response<pb::EnlistResponse>, Status> {
+        let app = app_caller(&req);
         serve_or_forward(
             self.ctx(),
             req,
-            |r| async move { self.enlist(r).await },
+            |r| async move { self.enlist(r, app.as_deref()).await },
             |ch, r| async move { CoordinatorClient::new(ch).enlist(r).await },
         )
         .await
     }
 
     async fn commit(&self, req: Request<pb::CommitRequest>) -> Result<Response<pb::CommitResponse>, Status> {
+        let app = app_caller(&req);
         serve_or_forward(
             self.ctx(),
             req,
-            |r| async move { self.commit(r).await },
+            |r| async move { self.commit(r, app.as_deref()).await },
             |ch, r| async move { CoordinatorClient::new(ch).commit(r).await },
         )
         .await
     }
 
     async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
+        let app = app_caller(&req);
         serve_or_forward(
             self.ctx(),
             req,
-            |r| async move { self.abort(r).await },
+            |r| async move { self.abort(r, app.as_deref()).await },
             |ch, r| async move { CoordinatorClient::new(ch).abort(r).await },
         )
         .await

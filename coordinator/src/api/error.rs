@@ -20,6 +20,7 @@ impl From<ApiError> for Status {
             ApiError::NotFound(_) => Code::NotFound,
             ApiError::AlreadyExists(_) => Code::AlreadyExists,
             ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
+            ApiError::PermissionDenied(_) => Code::PermissionDenied,
             ApiError::NotLeader { .. } | ApiError::NoLeader(_) | ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::Unknown(_) => Code::DeadlineExceeded,
             ApiError::Internal(_) => Code::Internal,
@@ -33,6 +34,7 @@ impl From<ApiError> for Status {
                 | ApiError::NotFound(_)
                 | ApiError::AlreadyExists(_)
                 | ApiError::FailedPrecondition(_)
+                | ApiError::PermissionDenied(_)
         );
         if not_applied {
             status

@@ -257,6 +257,7 @@ impl Driver {
         fingerprint: [u8; 32],
         timeout_ms: u64,
         participants: Vec<Enlistment>,
+        app: Option<String>,
     ) -> Result<FastOutcome, ApiError> {
         if self.ctx.sm.state().table.txid_of_key(&idempotency_key).is_some() {
             return Ok(FastOutcome::KeyKnown);
@@ -290,7 +291,7 @@ impl Driver {
                         done: tx,
                     };
                     driver
-                        .fast_drive(idempotency_key, fingerprint, timeout_ms, participants)
+                        .fast_drive(idempotency_key, fingerprint, timeout_ms, participants, app)
                         .await
                 });
                 return task.await.map_err(|e| {
@@ -317,6 +318,7 @@ impl Driver {
         fingerprint: [u8; 32],
         timeout_ms: u64,
         enlisted: Vec<Enlistment>,
+        app: Option<String>,
     ) -> Result<FastOutcome, ApiError> {
         let term = self.ctx.current_term();
         let txid = self.hand_out_txid(term).await?;
@@ -367,7 +369,8 @@ impl Driver {
                 now_ms: now_ms(),
                 note,
             };
-            match self.ctx.propose(cmd).await {
+            // The application it is for becomes the owner (ADR 0016).
+            match self.ctx.propose(crate::ctx::on_behalf(app.as_deref(), cmd)).await {
                 Ok(CommandOk::BegunDecided {
                     txid,
                     decision,

@@ -371,12 +371,19 @@ impl Driver {
         fingerprint: [u8; 32],
         timeout_ms: u64,
         participants: Vec<Enlistment>,
+        app: Option<&str>,
     ) -> Result<BegunAndDecided, ApiError> {
         if self.fast_path_applies(participants.len()) {
             // One Raft write between the votes and the answer (ADR 0012).
             // A key that is known already is answered below, by its record.
             let fast = self
-                .fast_begin_and_commit(idempotency_key.clone(), fingerprint, timeout_ms, participants.clone())
+                .fast_begin_and_commit(
+                    idempotency_key.clone(),
+                    fingerprint,
+                    timeout_ms,
+                    participants.clone(),
+                    app.map(str::to_string),
+                )
                 .await?;
             if let fast::FastOutcome::Done(done) = fast {
                 return Ok(done);
@@ -390,17 +397,21 @@ impl Driver {
             participants,
             one_phase_allowed: self.ctx.config.txn.one_phase_commit,
         };
-        let (txid, existing, participants, decision, one_phase) = match self.ctx.propose(cmd).await? {
-            CommandOk::BegunCommitting {
-                txid,
-                existing,
-                participants,
-                decision,
-                one_phase,
-                ..
-            } => (txid, existing, participants, decision, one_phase),
-            other => return Err(ApiError::Internal(format!("unexpected state-machine result {other:?}"))),
-        };
+        let (txid, existing, participants, decision, one_phase) =
+            match self.ctx.propose(crate::ctx::on_behalf(app, cmd)).await? {
+                CommandOk::BegunCommitting {
+                    txid,
+                    existing,
+                    participants,
+                    decision,
+                    one_phase,
+                    ..
+                } => (txid, existing, participants, decision, one_phase),
+                other => return Err(ApiError::Internal(format!("unexpected state-machine result {other:?}"))),
+            };
+        // A key that is another application's: its transaction is not
+        // this caller's to drive or to be told about.
+        self.ctx.check_owner_applied(txid, app)?;
         dtx_failpoint::failpoint!("coordinator_after_begin");
         let decision = match decision {
             Some(d) => {

@@ -202,6 +202,12 @@ pub enum Command {
         now_ms: u64,
         note: String,
     },
+    /// `command` on behalf of the authenticated application `caller`
+    /// (issue 12, ADR 0016): a transaction it creates (Begin,
+    /// BeginAndCommit, BeginAndDecide) records `caller` as its owner, whom
+    /// the API then holds later calls on it to. Other commands are applied
+    /// as they are. Appended last: older log entries keep their encoding.
+    As { caller: String, command: Box<Command> },
 }
 
 /// One participant named at BeginAndCommit.
@@ -347,6 +353,9 @@ pub struct TxTable {
     undelivered: BTreeSet<Txid>,
     /// Ids of nodes removed from the cluster: never to be used again.
     retired_node_ids: BTreeSet<u64>,
+    /// The application that created each transaction created through
+    /// `Command::As`; write-once, removed with the record.
+    owners: BTreeMap<Txid, String>,
 }
 
 /// What a reader learns about a decision (linearizable reads return this).
@@ -375,6 +384,7 @@ impl TxTable {
             preparing: BTreeSet::new(),
             undelivered: BTreeSet::new(),
             retired_node_ids: BTreeSet::new(),
+            owners: BTreeMap::new(),
         }
     }
 
@@ -497,6 +507,29 @@ impl TxTable {
 
     pub fn next_txid(&self) -> Txid {
         self.next_txid
+    }
+
+    /// The application that created `txid`, if it was created on behalf
+    /// of one (`Command::As`). Write-once: once a record is applied here,
+    /// its owner never changes.
+    pub fn owner(&self, txid: Txid) -> Option<&str> {
+        self.owners.get(&txid).map(String::as_str)
+    }
+
+    /// Every recorded owner (for snapshots and persistence).
+    pub fn owners(&self) -> &BTreeMap<Txid, String> {
+        &self.owners
+    }
+
+    /// Adds the persisted owners (at start or from a snapshot); those of
+    /// transactions without a record are dropped.
+    pub fn with_owners(mut self, owners: impl IntoIterator<Item = (Txid, String)>) -> Self {
+        for (t, o) in owners {
+            if self.txs.contains_key(&t) {
+                self.owners.insert(t, o);
+            }
+        }
+        self
     }
 
     pub fn get(&self, txid: Txid) -> Option<&TxRecord> {
@@ -642,6 +675,37 @@ impl TxTable {
                 (*now_ms, note),
                 effects,
             ),
+            Command::As { caller, command } => {
+                let result = self.apply_inner(entry_term, command, effects)?;
+                let created = match (&**command, &result) {
+                    (
+                        Command::Begin { .. },
+                        CommandOk::Began {
+                            txid, existing: false, ..
+                        },
+                    )
+                    | (
+                        Command::BeginAndCommit { .. },
+                        CommandOk::BegunCommitting {
+                            txid, existing: false, ..
+                        },
+                    )
+                    | (
+                        Command::BeginAndDecide { .. },
+                        CommandOk::BegunDecided {
+                            txid, recorded: true, ..
+                        },
+                    ) => Some(*txid),
+                    _ => None,
+                };
+                if let Some(t) = created {
+                    if self.txs.contains_key(&t) && !self.owners.contains_key(&t) {
+                        self.owners.insert(t, caller.clone());
+                        effects.push(Effect::Put(t));
+                    }
+                }
+                Ok(result)
+            }
         }
     }
 
@@ -1062,6 +1126,7 @@ impl TxTable {
         }
         let key = r.idempotency_key.clone();
         self.txs.remove(&txid);
+        self.owners.remove(&txid);
         if self.keys.get(&key) == Some(&txid) {
             self.keys.remove(&key);
         }
@@ -1130,6 +1195,7 @@ fn command_txid(cmd: &Command) -> Option<Txid> {
         | Command::RetireNodeId { .. }
         | Command::ReserveTxids { .. } => None,
         Command::BeginAndDecide { txid, .. } => Some(*txid),
+        Command::As { command, .. } => command_txid(command),
         Command::Enlist { txid, .. }
         | Command::RequestCommit { txid }
         | Command::RequestCommitOnePhase { txid }

@@ -1782,3 +1782,115 @@ fn older_commands_keep_their_encoding_after_retire_node_id_was_added() {
         Command::Forget { txid: 5 }
     );
 }
+
+// ---------------------------------------------------------------- owners (issue 12)
+
+fn as_app(caller: &str, cmd: Command) -> Command {
+    Command::As {
+        caller: caller.to_string(),
+        command: Box::new(cmd),
+    }
+}
+
+#[test]
+fn a_transaction_begun_on_behalf_of_an_application_records_it_once() {
+    let mut t = TxTable::new();
+    let (r, fx) = run(&mut t, as_app("shop", begin_cmd("k", fp(1), 0, 1_000)));
+    let txid = match r {
+        Ok(CommandOk::Began {
+            txid, existing: false, ..
+        }) => txid,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(t.owner(txid), Some("shop"));
+    assert!(
+        fx.contains(&Effect::Put(txid)),
+        "the owner is persisted with the record"
+    );
+
+    // The same key on behalf of another application finds the same
+    // transaction (the API refuses it then) and leaves the owner alone.
+    let (r, _) = run(&mut t, as_app("billing", begin_cmd("k", fp(1), 0, 1_000)));
+    assert!(matches!(r, Ok(CommandOk::Began { existing: true, .. })), "{r:?}");
+    assert_eq!(t.owner(txid), Some("shop"));
+
+    // Commands on an existing transaction never set or change an owner.
+    let (r, _) = run(&mut t, as_app("billing", enlist_cmd(txid, "a", "127.0.0.1:1", b"")));
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(t.owner(txid), Some("shop"));
+
+    // Without As there is no owner; a refused As command records none.
+    let (r, _) = run(&mut t, begin_cmd("plain", fp(2), 0, 1_000));
+    let plain = match r {
+        Ok(CommandOk::Began { txid, .. }) => txid,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(t.owner(plain), None);
+    let next = t.next_txid();
+    let (r, _) = run(&mut t, as_app("shop", begin_cmd("", fp(3), 0, 1_000)));
+    assert!(r.is_err(), "an empty key is refused");
+    assert_eq!(t.owner(next), None);
+
+    // Forgotten with its record.
+    let (r, _) = run(&mut t, decide_cmd(txid, Outcome::Abort, &[], DecisionSource::Client, 1));
+    assert!(r.is_ok(), "{r:?}");
+    let (r, _) = run(&mut t, ack_cmd(txid, "a"));
+    assert!(r.is_ok(), "{r:?}");
+    let (r, _) = run(&mut t, Command::Forget { txid });
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(t.owner(txid), None);
+    assert!(!t.owners().contains_key(&txid));
+}
+
+#[test]
+fn begin_and_commit_and_the_one_write_path_record_their_owner() {
+    let mut t = TxTable::new();
+    let parts = vec![Enlistment {
+        participant_id: "a".into(),
+        address: "127.0.0.1:1".into(),
+        payload: vec![],
+    }];
+    let (r, _) = run(
+        &mut t,
+        as_app(
+            "shop",
+            Command::BeginAndCommit {
+                idempotency_key: "bc".into(),
+                fingerprint: fp(1),
+                now_ms: 0,
+                timeout_ms: 1_000,
+                participants: parts.clone(),
+                one_phase_allowed: false,
+            },
+        ),
+    );
+    let txid = match r {
+        Ok(CommandOk::BegunCommitting { txid, .. }) => txid,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(t.owner(txid), Some("shop"));
+
+    let (r, _) = run(&mut t, Command::ReserveTxids { count: 4 });
+    let first = match r {
+        Ok(CommandOk::TxidsReserved { first, .. }) => first,
+        other => panic!("{other:?}"),
+    };
+    let one_write = Command::BeginAndDecide {
+        txid: first,
+        alloc_term: 0,
+        idempotency_key: "bd".into(),
+        fingerprint: fp(2),
+        begun_ms: 0,
+        deadline_ms: 1_000,
+        participants: parts,
+        outcome: Outcome::Commit,
+        voters: vec!["a".into()],
+        acked: vec![],
+        now_ms: 1,
+        note: String::new(),
+    };
+    let (r, _) = run(&mut t, as_app("billing", one_write));
+    assert!(matches!(r, Ok(CommandOk::BegunDecided { recorded: true, .. })), "{r:?}");
+    assert_eq!(t.owner(first), Some("billing"));
+    assert_eq!(command_txid(&as_app("x", Command::Forget { txid: 9 })), Some(9));
+}

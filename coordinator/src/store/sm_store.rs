@@ -5,6 +5,7 @@
 //! double application. Snapshots serialize the whole table, and the ids of
 //! nodes removed from the cluster (never to be reused).
 
+use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::io::Cursor;
 use std::sync::Arc;
@@ -42,6 +43,9 @@ const MEMBERSHIP_KEY: &[u8] = b"m/membership";
 /// The retired node ids (`Command::RetireNodeId`). A key of its own, absent
 /// in data directories written before it existed: absent = none retired.
 const RETIRED_NODE_IDS_KEY: &[u8] = b"m/retired_node_ids";
+/// The owner of a transaction (`Command::As`), beside its record; absent
+/// in data directories written before owners existed: absent = no owner.
+const OWNER_PREFIX: &[u8] = b"o";
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
 
@@ -49,6 +53,17 @@ fn record_key(txid: Txid) -> Vec<u8> {
     let mut k = RECORD_PREFIX.to_vec();
     k.extend_from_slice(&txid.to_be_bytes());
     k
+}
+
+fn owner_key(txid: Txid) -> Vec<u8> {
+    let mut k = OWNER_PREFIX.to_vec();
+    k.extend_from_slice(&txid.to_be_bytes());
+    k
+}
+
+fn txid_of_owner_key(k: &[u8]) -> Option<Txid> {
+    let b: [u8; 8] = k.strip_prefix(OWNER_PREFIX)?.try_into().ok()?;
+    Some(Txid::from_be_bytes(b))
 }
 
 /// Everything the state machine holds, in memory.
@@ -69,6 +84,18 @@ struct SnapshotData {
     /// Added after the fields above (last, so the layout before it is a
     /// prefix of this one); see `decode_snapshot`.
     retired_node_ids: BTreeSet<u64>,
+    /// Added after `retired_node_ids`, in the same way.
+    owners: BTreeMap<Txid, String>,
+}
+
+/// The layout of snapshots built before owners were recorded.
+#[derive(Serialize, Deserialize)]
+struct SnapshotDataWithoutOwners {
+    next_txid: Txid,
+    records: Vec<TxRecord>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    retired_node_ids: BTreeSet<u64>,
 }
 
 /// The layout of snapshots built before retired node ids were recorded.
@@ -86,18 +113,30 @@ struct SnapshotDataWithoutRetiredIds {
 /// wrongly), and the older layout is tried then. A current snapshot decoded
 /// as the older layout would leave trailing bytes, which the codec refuses.
 fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
-    match codec::decode::<SnapshotData>(bytes) {
-        Ok(d) => Ok(d),
-        Err(current) => match codec::decode::<SnapshotDataWithoutRetiredIds>(bytes) {
-            Ok(old) => Ok(SnapshotData {
-                next_txid: old.next_txid,
-                records: old.records,
-                last_applied: old.last_applied,
-                membership: old.membership,
-                retired_node_ids: BTreeSet::new(),
-            }),
-            Err(_) => Err(current),
-        },
+    let current = match codec::decode::<SnapshotData>(bytes) {
+        Ok(d) => return Ok(d),
+        Err(e) => e,
+    };
+    if let Ok(old) = codec::decode::<SnapshotDataWithoutOwners>(bytes) {
+        return Ok(SnapshotData {
+            next_txid: old.next_txid,
+            records: old.records,
+            last_applied: old.last_applied,
+            membership: old.membership,
+            retired_node_ids: old.retired_node_ids,
+            owners: BTreeMap::new(),
+        });
+    }
+    match codec::decode::<SnapshotDataWithoutRetiredIds>(bytes) {
+        Ok(old) => Ok(SnapshotData {
+            next_txid: old.next_txid,
+            records: old.records,
+            last_applied: old.last_applied,
+            membership: old.membership,
+            retired_node_ids: BTreeSet::new(),
+            owners: BTreeMap::new(),
+        }),
+        Err(_) => Err(current),
     }
 }
 
@@ -163,8 +202,16 @@ impl StateMachineStore {
             Some(b) => codec::decode(&b)?,
             None => BTreeSet::new(),
         };
+        let mut owners = Vec::new();
+        for (k, v) in engine.scan_prefix(Space::StateMachine, OWNER_PREFIX)? {
+            if let Some(t) = txid_of_owner_key(&k) {
+                owners.push((t, codec::decode::<String>(&v)?));
+            }
+        }
         let state = SmState {
-            table: TxTable::from_parts(next_txid, records).with_retired_node_ids(retired),
+            table: TxTable::from_parts(next_txid, records)
+                .with_retired_node_ids(retired)
+                .with_owners(owners),
             last_applied,
             membership,
         };
@@ -188,6 +235,7 @@ impl StateMachineStore {
             last_applied: st.last_applied,
             membership: st.membership.clone(),
             retired_node_ids: st.table.retired_node_ids().clone(),
+            owners: st.table.owners().clone(),
         };
         let bytes = codec::encode(&data).map_err(snap_err)?;
         let snapshot_id = match st.last_applied {
@@ -265,8 +313,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         for e in effects.iter().rev() {
             match e {
                 Effect::Put(txid) | Effect::Remove(txid) if seen.insert(*txid) => match st.table.get(*txid) {
-                    Some(r) => b.put(record_key(*txid), codec::encode(r).map_err(write_err)?),
-                    None => b.delete(record_key(*txid)),
+                    Some(r) => {
+                        b.put(record_key(*txid), codec::encode(r).map_err(write_err)?);
+                        if let Some(o) = st.table.owner(*txid) {
+                            b.put(owner_key(*txid), codec::encode(&o.to_string()).map_err(write_err)?);
+                        }
+                    }
+                    None => {
+                        b.delete(record_key(*txid));
+                        b.delete(owner_key(*txid));
+                    }
                 },
                 _ => {}
             }
@@ -325,6 +381,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         for r in &data.records {
             b.put(record_key(r.txid), codec::encode(r).map_err(write_err)?);
         }
+        for (t, o) in &data.owners {
+            b.put(owner_key(*t), codec::encode(o).map_err(write_err)?);
+        }
         b.put(
             NEXT_TXID_KEY.to_vec(),
             codec::encode(&data.next_txid).map_err(write_err)?,
@@ -343,7 +402,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         );
         self.engine.write_batch(Space::StateMachine, b).map_err(write_err)?;
         self.save_snapshot(meta, &bytes)?;
-        st.table = TxTable::from_parts(data.next_txid, data.records).with_retired_node_ids(data.retired_node_ids);
+        st.table = TxTable::from_parts(data.next_txid, data.records)
+            .with_retired_node_ids(data.retired_node_ids)
+            .with_owners(data.owners);
         st.last_applied = meta.last_log_id;
         st.membership = meta.last_membership.clone();
         drop(st);
@@ -538,5 +599,98 @@ mod tests {
         let reopened = StateMachineStore::open(e2).unwrap();
         assert_eq!(reopened.state().table.len(), 1);
         assert!(reopened.state().table.retired_node_ids().is_empty());
+    }
+
+    fn begin_as(caller: &str, key: &str) -> Command {
+        Command::As {
+            caller: caller.into(),
+            command: Box::new(Command::Begin {
+                idempotency_key: key.into(),
+                fingerprint: [1; 32],
+                now_ms: 1,
+                timeout_ms: 1_000,
+            }),
+        }
+    }
+
+    /// The owner of a transaction begun on behalf of an application is
+    /// persisted with the record, carried by snapshots, and removed with
+    /// the record (issue 12).
+    #[tokio::test]
+    async fn owners_survive_restarts_and_snapshots_and_go_with_their_record() {
+        let (_d1, e1, mut leader) = fresh();
+        leader
+            .apply(vec![entry(1, vec![begin_as("shop", "k1"), begin_as("billing", "k2")])])
+            .await
+            .unwrap();
+        // The same key again on behalf of another application: the record
+        // and its owner stay as they were.
+        leader
+            .apply(vec![entry(2, vec![begin_as("mallory", "k1")])])
+            .await
+            .unwrap();
+        let snap = leader.build_snapshot().await.unwrap();
+        drop(leader);
+        let leader = StateMachineStore::open(e1.clone()).unwrap();
+        assert_eq!(leader.state().table.owner(1), Some("shop"));
+        assert_eq!(leader.state().table.owner(2), Some("billing"));
+
+        let (_d2, e2, mut follower) = fresh();
+        follower.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+        assert_eq!(follower.state().table.owner(1), Some("shop"));
+        drop(follower);
+        let mut follower = StateMachineStore::open(e2.clone()).unwrap();
+        assert_eq!(follower.state().table.owner(2), Some("billing"));
+
+        // Decided, acked (no participants) and forgotten: the owner goes.
+        let decide = Command::Decide {
+            txid: 1,
+            outcome: crate::sm::Outcome::Abort,
+            voters: vec![],
+            source: crate::sm::DecisionSource::Client,
+            term: 1,
+            now_ms: 2,
+            note: String::new(),
+        };
+        follower
+            .apply(vec![entry(3, vec![decide, Command::Forget { txid: 1 }])])
+            .await
+            .unwrap();
+        assert_eq!(follower.state().table.owner(1), None);
+        drop(follower);
+        let reopened = StateMachineStore::open(e2.clone()).unwrap();
+        assert_eq!(reopened.state().table.owner(1), None);
+        assert!(e2.get(Space::StateMachine, &owner_key(1)).unwrap().is_none());
+        assert_eq!(reopened.state().table.owner(2), Some("billing"));
+    }
+
+    /// A snapshot of the layout before owners (with retired ids) installs,
+    /// with no owners; the current layout is never taken for it.
+    #[tokio::test]
+    async fn snapshot_without_owners_still_installs() {
+        let (_d1, _e1, mut leader) = fresh();
+        leader.apply(vec![entry(1, vec![begin_as("shop", "k")])]).await.unwrap();
+        let (meta, new_bytes) = leader.build_snapshot_bytes().unwrap();
+        let old_bytes = {
+            let st = leader.state();
+            codec::encode(&SnapshotDataWithoutOwners {
+                next_txid: st.table.next_txid(),
+                records: st.table.records().cloned().collect(),
+                last_applied: st.last_applied,
+                membership: st.membership.clone(),
+                retired_node_ids: BTreeSet::from([7]),
+            })
+            .unwrap()
+        };
+        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
+        assert!(codec::decode::<SnapshotDataWithoutOwners>(&new_bytes).is_err());
+        let (_d2, _e2, mut follower) = fresh();
+        follower
+            .install_snapshot(&meta, Box::new(Cursor::new(old_bytes)))
+            .await
+            .unwrap();
+        assert_eq!(follower.state().table.len(), 1);
+        assert!(follower.state().table.is_retired_node_id(7));
+        assert_eq!(follower.state().table.owner(1), None);
     }
 }
