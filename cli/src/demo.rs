@@ -21,6 +21,8 @@ use dtx_client::ClientConfig;
 use dtx_client::ClientError;
 use dtx_client::TxOutcome;
 use dtx_testkit::cluster::ProcessCluster;
+use dtx_testkit::pki::DevPki;
+use dtx_tls::Role;
 
 use crate::demo_kit::decision_eventually;
 use crate::demo_kit::Counts;
@@ -33,16 +35,46 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     let dir = a.dir.canonicalize()?;
     let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
     let plans = ProcessCluster::plan_local("127.0.0.1", 3)?;
-    let mut cluster = ProcessCluster::new(&bin, &dir.join("cluster"), "dtx-demo", plans, |_| {})?;
+    let pki = if a.tls {
+        Some(DevPki::create(&dir.join("tls"), "dtx demo authority")?)
+    } else {
+        None
+    };
+    let mut cluster = ProcessCluster::new(&bin, &dir.join("cluster"), "dtx-demo", plans, |c| {
+        if let Some(p) = &pki {
+            p.apply_node(c).expect("a node certificate");
+        }
+    })?;
+    // The clients' identities: an application for transfers, an operator
+    // for the supervisor's status calls.
+    let (app_tls, operator_tls) = match &pki {
+        Some(p) => (
+            Some(p.client(&p.issue(Role::Application, "demo", &[])?)?),
+            Some(p.client(&p.issue(Role::Operator, "demo-supervisor", &[])?)?),
+        ),
+        None => (None, None),
+    };
+    cluster.client_tls = operator_tls;
     cluster.start_all()?;
     let api = cluster.api_addrs();
-    let banks_procs = vec![
-        dtx_testkit::cluster::start_bank(&bin, &dir, "bank-a", "a", &api, a.accounts, a.initial)?,
-        dtx_testkit::cluster::start_bank(&bin, &dir, "bank-b", "b", &api, a.accounts, a.initial)?,
-    ];
+    let mut banks_procs = Vec::new();
+    for (id, prefix) in [("bank-a", "a"), ("bank-b", "b")] {
+        let flags = |addr: &str| match &pki {
+            Some(p) => p
+                .issue(Role::Participant, id, &[addr])
+                .map(|f| p.args(&f).to_flags())
+                .expect("a bank certificate"),
+            None => Vec::new(),
+        };
+        banks_procs.push(dtx_testkit::cluster::start_bank_with(
+            &bin, &dir, id, prefix, &api, a.accounts, a.initial, flags,
+        )?);
+    }
     println!(
-        "dtx demo: 3 coordinator nodes, 2 bank services, {} clients, {} s",
-        a.clients, a.seconds
+        "dtx demo: 3 coordinator nodes, 2 bank services, {} clients, {} s{}",
+        a.clients,
+        a.seconds,
+        if a.tls { ", mutual TLS on every link" } else { "" }
     );
     println!("  working directory: {}", dir.display());
     let mut leader = cluster
@@ -78,10 +110,12 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
             banks.clone(),
             api.clone(),
         );
+        let app_tls = app_tls.clone();
         let accounts = a.accounts;
         workers.push(tokio::spawn(async move {
             let mut cfg = ClientConfig::new(api);
             cfg.call_deadline = Duration::from_secs(8);
+            cfg.tls = app_tls;
             let client = Client::new(cfg).expect("client");
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -134,7 +168,9 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
 
     // Unknown outcomes are asked again: they have a decision by now (or the
     // reaper records ABORT at their deadline).
-    let check = Client::new(ClientConfig::new(api.clone()))?;
+    let mut check = ClientConfig::new(api.clone());
+    check.tls = app_tls.clone();
+    let check = Client::new(check)?;
     let mut resolved_unknown = BTreeMap::new();
     let unknown_txids: Vec<u64> = unknown.lock().expect("lock").clone();
     for t in unknown_txids {
@@ -158,14 +194,23 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     for b in banks_procs.iter_mut() {
         b.stop(Duration::from_secs(5));
     }
+    // Recovery asks as the bank would (its certificate, when TLS is on).
+    let mut recovery = Vec::new();
     for b in &banks_procs {
+        let mut opts = participant_sdk::server::RecoveryOptions::default();
+        if let Some(p) = &pki {
+            opts.tls = p.client(&p.issue(Role::Participant, &b.id, &[])?).map(Some)?;
+        }
+        recovery.push(opts);
+    }
+    for (b, opts) in banks_procs.iter().zip(&recovery) {
         let store = dtx_bank::open_bank(&b.data_dir, &b.prefix, a.accounts, a.initial).await?;
         // Anything still in doubt asks the cluster, as a restarted service does.
         for _ in 0..40 {
             if store.in_doubt()?.is_empty() {
                 break;
             }
-            let _ = participant_sdk::server::recover_once(&store, &api).await;
+            let _ = participant_sdk::server::recover_with(&store, &api, Duration::ZERO, opts).await;
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         in_doubt_left += store.in_doubt()?.len();

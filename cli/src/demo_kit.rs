@@ -42,6 +42,11 @@ pub struct DemoArgs {
     /// server binaries (Debian: apt-get install postgresql).
     #[arg(long)]
     pub postgres: bool,
+    /// TLS and identities on every link: a throwaway certificate authority
+    /// in the working directory, a certificate per node and bank, the
+    /// clients as an application (`dtx://application/demo`).
+    #[arg(long, conflicts_with = "postgres")]
+    pub tls: bool,
 }
 
 /// The decision of `txid` once it has one (true = COMMIT), asked every

@@ -359,11 +359,22 @@ pub async fn recover_older_than<P: Participant>(
     age_min: Duration,
     local_ip: Option<std::net::IpAddr>,
 ) -> Result<usize, String> {
+    recover_with(store, endpoints, age_min, &RecoveryOptions::with_local_ip(local_ip)).await
+}
+
+/// `recover_older_than` asking with `opts`'s client settings (its TLS
+/// settings and token included).
+pub async fn recover_with<P: Participant>(
+    store: &P,
+    endpoints: &[String],
+    age_min: Duration,
+    opts: &RecoveryOptions,
+) -> Result<usize, String> {
     let in_doubt = store.in_doubt_older_than(age_min).await.map_err(|e| e.to_string())?;
     if in_doubt.is_empty() {
         return Ok(0);
     }
-    let client = RecoveryOptions::with_local_ip(local_ip).client(endpoints)?;
+    let client = opts.client(endpoints)?;
     resolve_in_doubt(store, &in_doubt, &client).await
 }
 

@@ -579,6 +579,22 @@ pub fn start_bank(
     accounts: usize,
     initial: i64,
 ) -> anyhow::Result<BankProcess> {
+    start_bank_with(bin, dir, id, prefix, cluster, accounts, initial, |_| Vec::new())
+}
+
+/// As [`start_bank`], with more flags for the bank's address (for
+/// example its TLS flags, whose certificate must name that address).
+#[allow(clippy::too_many_arguments)]
+pub fn start_bank_with(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    id: &str,
+    prefix: &str,
+    cluster: &[String],
+    accounts: usize,
+    initial: i64,
+    flags_for: impl FnOnce(&str) -> Vec<String>,
+) -> anyhow::Result<BankProcess> {
     let port = free_port("127.0.0.1")?;
     let mut b = BankProcess::new(
         bin,
@@ -591,6 +607,8 @@ pub fn start_bank(
         accounts,
         initial,
     );
+    let flags = flags_for(&b.addr.clone());
+    b.service.add_args(flags);
     b.start(&[])?;
     Ok(b)
 }
