@@ -36,6 +36,7 @@ pub use crate::report::stats;
 use crate::report::Phase;
 pub use crate::report::Stats;
 use crate::report::Summary;
+use crate::report::TransferPoint;
 use crate::verify::AckedPut;
 use crate::verify::Check;
 use dtx_client::Client;
@@ -94,6 +95,12 @@ pub struct BenchArgs {
     /// loudly, without the PostgreSQL binaries or pgbench.
     #[arg(long)]
     pub postgres: bool,
+    /// After the other phases, measure the transfers again on a second
+    /// cluster and banks with mutual TLS on every link (a throwaway
+    /// authority), at the transfer client counts, beside the plain-text
+    /// transfers of the same run (issue 12: the cost of TLS).
+    #[arg(long)]
+    pub tls: bool,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -189,6 +196,8 @@ struct Outcome {
     checks: Vec<Check>,
     /// With `--postgres`: issue 11's comparison, or why it was skipped.
     postgres: Option<crate::pgbench::PgReport>,
+    /// With `--tls`: the transfers over TLS.
+    tls: Option<Vec<TransferPoint>>,
 }
 
 const SKIP_BANNER: &str = "\
@@ -438,6 +447,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         );
         transfer_rows = measure_transfers(
             &leader_api,
+            None,
             bank_list,
             &meter,
             &a.transfer_clients,
@@ -468,6 +478,20 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         None
     };
     cluster.stop_all(Duration::from_secs(10));
+    // The same transfers over TLS, on a cluster of their own (the
+    // plain-text one is stopped: nothing else runs meanwhile).
+    let tls = if a.tls && !a.transfer_clients.is_empty() {
+        let env = crate::tlsbench::Env {
+            bin: &bin,
+            dir: &dir,
+            counts: &a.transfer_clients,
+            measured,
+            fsync_per_sec: raw.per_sec,
+        };
+        Some(crate::tlsbench::run(env).await?)
+    } else {
+        None
+    };
 
     let summary = Summary {
         fsync_p50_us: raw.p50_us,
@@ -486,6 +510,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         summary,
         checks,
         postgres,
+        tls,
     };
     let text = results_text(&a, &outcome);
     println!();
@@ -740,6 +765,10 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         t.push('\n');
         t.push_str(&crate::pgbench::results_text(pg));
     }
+    if let Some(tls) = &o.tls {
+        t.push('\n');
+        t.push_str(&crate::tlsbench::results_text(&o.summary.transfers, tls));
+    }
     t.push_str("\ncorrectness checks (UNKNOWN outcomes are neither successes nor failures):\n");
     for c in &o.checks {
         t.push_str(&format!("- {}\n", c.summary()));
@@ -772,7 +801,7 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "args": {
             "clients": a.clients, "transfer_clients": a.transfer_clients, "seconds": a.seconds,
-            "warmup": a.warmup, "recheck": a.recheck, "dir": a.dir, "postgres": a.postgres,
+            "warmup": a.warmup, "recheck": a.recheck, "dir": a.dir, "postgres": a.postgres, "tls": a.tls,
         },
         "etcd": { "skipped": o.etcd_version.is_none(), "version": o.etcd_version },
         "fsync": o.raw, "sled_flush": o.sled_sync,
@@ -795,6 +824,7 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
                 "goal": crate::pgbench::goal_line(rows),
             }),
         }),
+        "tls": o.tls.as_ref().map(|tls| crate::tlsbench::json(&o.summary.transfers, tls)),
         "checks": o.checks,
     });
     let json = serde_json::to_string_pretty(&v)?;

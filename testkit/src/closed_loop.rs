@@ -25,10 +25,17 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `n` clients, each with its own connection to the leader.
 pub fn clients_for(leader_api: &str, n: usize) -> Vec<Arc<Client>> {
+    clients_with(leader_api, n, None)
+}
+
+/// As [`clients_for`], over TLS with `tls` (an application's identity)
+/// when set.
+pub fn clients_with(leader_api: &str, n: usize, tls: Option<&Arc<dtx_tls::ClientTls>>) -> Vec<Arc<Client>> {
     (0..n)
         .map(|_| {
             let mut cfg = ClientConfig::new(vec![leader_api.to_string()]);
             cfg.call_deadline = CALL_TIMEOUT;
+            cfg.tls = tls.cloned();
             Arc::new(Client::new(cfg).expect("client"))
         })
         .collect()
@@ -129,10 +136,12 @@ impl PhaseOut {
 /// (sampled before the phase and 500 ms after it). `label` names the
 /// console lines, `key_prefix` the transactions' keys (unique per call in
 /// one run: a key already used finds its transaction again). Used for the
-/// sled banks and (with `--postgres`) the PostgreSQL banks.
+/// sled banks, (with `--postgres`) the PostgreSQL banks, and (with
+/// `--tls`) the sled banks over TLS, the clients with `client_tls`.
 #[allow(clippy::too_many_arguments)]
 pub async fn measure_transfers(
     leader_api: &str,
+    client_tls: Option<&Arc<dtx_tls::ClientTls>>,
     bank_list: Arc<Vec<(String, String, String)>>,
     meter: &CpuMeter,
     counts: &[usize],
@@ -144,7 +153,7 @@ pub async fn measure_transfers(
 ) -> Vec<TransferPoint> {
     let mut transfer_rows = Vec::new();
     for &n in counts {
-        let clients = clients_for(leader_api, n);
+        let clients = clients_with(leader_api, n, client_tls);
         if !warmup.is_zero() {
             let bl = bank_list.clone();
             run_phase(&clients, warmup, move |c, w, i| {

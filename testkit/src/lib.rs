@@ -19,6 +19,8 @@
 //!   banks on PostgreSQL beside pgbench on the same server (issue 11).
 //! - [`plot`]: the bench's SVG plots.
 //! - [`pki`]: certificates for a local cluster with TLS.
+//! - [`tlsbench`]: `coordinator bench --tls`: the transfers again with
+//!   mutual TLS on every link, beside the plain-text ones (issue 12).
 
 pub mod bench;
 pub mod closed_loop;
@@ -29,4 +31,5 @@ pub mod pgbench;
 pub mod pki;
 pub mod plot;
 pub mod report;
+pub mod tlsbench;
 pub mod verify;

@@ -240,6 +240,7 @@ pub(crate) async fn run(env: Env<'_>, checks: &mut Vec<Check>) -> anyhow::Result
         if !env.warmup.is_zero() {
             crate::closed_loop::measure_transfers(
                 env.leader_api,
+                None,
                 bank_list.clone(),
                 &meter,
                 &[n],
@@ -255,6 +256,7 @@ pub(crate) async fn run(env: Env<'_>, checks: &mut Vec<Check>) -> anyhow::Result
         let busy_before = machine_busy();
         let mut tp = crate::closed_loop::measure_transfers(
             env.leader_api,
+            None,
             bank_list.clone(),
             &meter,
             &[n],
