@@ -717,6 +717,15 @@ pub async fn serve_with_tls<P: Participant>(
     tls: Option<Arc<dtx_proto::tls::ServerTls>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    // Certificates are read again when their files change (every 10 s),
+    // as a node's are: a rotation needs no restart.
+    let mut reloaders = Vec::new();
+    if let Some(t) = &tls {
+        reloaders.push(t.spawn_reloader(TLS_RELOAD_INTERVAL, "participant"));
+    }
+    if let Some(t) = &recovery.tls {
+        reloaders.push(t.spawn_reloader(TLS_RELOAD_INTERVAL, "participant's calls to the cluster"));
+    }
     let recovery = spawn_recovery_with(participant.clone(), cluster, recovery);
     let policy: dtx_proto::tls::AuthPolicy = if tls.is_some() {
         participant_policy
@@ -737,8 +746,14 @@ pub async fn serve_with_tls<P: Participant>(
         .serve_with_incoming_shutdown(dtx_proto::tls::incoming(listener, tls), shutdown)
         .await;
     recovery.abort();
+    for r in reloaders {
+        r.abort();
+    }
     served
 }
+
+/// How often a participant served with TLS looks at its certificate files.
+pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Who may call each method of a participant served with TLS: the
 /// cluster's nodes; `Inquire` (read-only) also operators.
