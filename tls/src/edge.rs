@@ -175,6 +175,14 @@ impl Checker {
         let peer = req.extensions().get::<PeerInfo>();
         let identity = match peer.and_then(|p| p.identity.clone()) {
             Some(id) => id,
+            None if peer.is_some_and(|p| p.certificate_required) => {
+                let why = peer
+                    .and_then(|p| p.certificate_problem.clone())
+                    .unwrap_or_else(|| "no client certificate".to_string());
+                return Err(tonic::Status::unauthenticated(format!(
+                    "{why}; this port requires a client certificate from its certificate authority ({path})"
+                )));
+            }
             None => match bearer(req) {
                 Some(t) => self
                     .tokens

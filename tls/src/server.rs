@@ -13,6 +13,11 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures::Stream;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::UnixTime;
+use rustls::server::danger::ClientCertVerified;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use tokio::io::AsyncRead;
@@ -68,7 +73,7 @@ pub struct ServerTlsFiles {
 /// certificate) keeps the previous settings and says why.
 pub struct ServerTls {
     files: ServerTlsFiles,
-    current: RwLock<Arc<ServerConfig>>,
+    current: RwLock<Arc<Built>>,
     stamp: std::sync::Mutex<crate::files::Stamp>,
 }
 
@@ -78,33 +83,121 @@ impl std::fmt::Debug for ServerTls {
     }
 }
 
-fn build_server_config(files: &ServerTlsFiles) -> Result<ServerConfig, TlsError> {
+/// A server's rustls config and the verifier that judges its callers'
+/// certificates after the handshake.
+struct Built {
+    config: Arc<ServerConfig>,
+    verifier: Arc<dyn ClientCertVerifier>,
+}
+
+fn build_server_config(files: &ServerTlsFiles) -> Result<Built, TlsError> {
     let key = load_certified_key(&files.own)?;
     let roots = load_roots(&files.ca)?;
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots, crate::provider());
-    let verifier = match files.client_auth {
-        ClientAuth::Required => verifier,
-        ClientAuth::Optional => verifier.allow_unauthenticated(),
-    }
-    .build()
-    .map_err(|e| TlsError::Config(format!("client certificate verifier: {e}")))?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, crate::provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::Config(format!("client certificate verifier: {e}")))?;
     let mut cfg = ServerConfig::builder_with_provider(crate::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_client_cert_verifier(verifier)
+        .with_client_cert_verifier(Arc::new(JudgedLater(verifier.clone())))
         .with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(key)));
     cfg.alpn_protocols = vec![crate::ALPN_H2.to_vec()];
-    Ok(cfg)
+    Ok(Built {
+        config: Arc::new(cfg),
+        verifier,
+    })
+}
+
+/// The client-certificate verifier the handshake runs: it asks for a
+/// certificate, checks that the caller holds the certificate's private key
+/// (the handshake signature, delegated), but lets the chain be judged
+/// after the handshake ([`judge`]), so a caller with no certificate, an
+/// expired one or one from another authority gets an `UNAUTHENTICATED`
+/// answer that says why, instead of a handshake failure whose alert its
+/// TLS library may or may not report. Until [`judge`] passes it, a
+/// connection has no identity: the edge layer refuses every call on it.
+#[derive(Debug)]
+struct JudgedLater(Arc<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for JudgedLater {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        // Judged after the handshake (see the type's documentation).
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// The identity a connection's client certificate chain proves, checked
+/// against the authority now; or why it proves none.
+fn judge(
+    verifier: &dyn ClientCertVerifier,
+    chain: Option<&[CertificateDer<'static>]>,
+) -> (Option<Identity>, Option<String>) {
+    let Some((leaf, intermediates)) = chain.and_then(|c| c.split_first()) else {
+        return (None, None);
+    };
+    if let Err(e) = verifier.verify_client_cert(leaf, intermediates, UnixTime::now()) {
+        let why = match &e {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer) => {
+                "the client certificate is not from this server's certificate authority (UnknownIssuer)".to_string()
+            }
+            _ => format!("the client certificate was refused: {e}"),
+        };
+        return (None, Some(why));
+    }
+    match identity_of_cert(leaf) {
+        Ok(id) => (Some(id), None),
+        Err(why) => (None, Some(why)),
+    }
 }
 
 impl ServerTls {
     /// Reads and checks every file (see [`crate::files`]).
     pub fn load(files: ServerTlsFiles) -> Result<Arc<ServerTls>, TlsError> {
         let stamp = crate::files::stamp(&Self::paths(&files));
-        let cfg = build_server_config(&files)?;
+        let built = build_server_config(&files)?;
         Ok(Arc::new(ServerTls {
             files,
-            current: RwLock::new(Arc::new(cfg)),
+            current: RwLock::new(Arc::new(built)),
             stamp: std::sync::Mutex::new(stamp),
         }))
     }
@@ -123,6 +216,10 @@ impl ServerTls {
 
     /// The settings new connections get.
     pub fn config(&self) -> Arc<ServerConfig> {
+        self.built().config.clone()
+    }
+
+    fn built(&self) -> Arc<Built> {
         self.current.read().expect("tls config lock").clone()
     }
 
@@ -135,8 +232,8 @@ impl ServerTls {
         if *last == now {
             return Ok(false);
         }
-        let cfg = build_server_config(&self.files)?;
-        *self.current.write().expect("tls config lock") = Arc::new(cfg);
+        let built = build_server_config(&self.files)?;
+        *self.current.write().expect("tls config lock") = Arc::new(built);
         *last = now;
         Ok(true)
     }
@@ -184,8 +281,12 @@ pub struct PeerInfo {
     /// The identity its client certificate names, if it presented one and
     /// the certificate names one.
     pub identity: Option<Identity>,
-    /// Why a presented certificate names no identity.
+    /// Why a presented certificate proves no identity (not from the
+    /// authority, expired, no `dtx://` name).
     pub certificate_problem: Option<String>,
+    /// The port requires a client certificate (a bearer token does not
+    /// do instead).
+    pub certificate_required: bool,
 }
 
 /// One accepted connection.
@@ -204,6 +305,7 @@ impl Connected for Conn {
                 tls: false,
                 identity: None,
                 certificate_problem: None,
+                certificate_required: false,
             },
             Conn::Tls(_, p) => (**p).clone(),
         }
@@ -299,10 +401,11 @@ pub fn incoming(
                 None => return,
             };
             let tx = tx.clone();
-            let cfg = tls.config();
+            let built = tls.built();
+            let certificate_required = tls.client_auth() == ClientAuth::Required;
             tokio::spawn(async move {
                 let tcp_info = stream.connect_info();
-                let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+                let acceptor = tokio_rustls::TlsAcceptor::from(built.config.clone());
                 let s = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
@@ -314,18 +417,17 @@ pub fn incoming(
                         return;
                     }
                 };
-                let (identity, certificate_problem) = match s.get_ref().1.peer_certificates().and_then(|c| c.first()) {
-                    None => (None, None),
-                    Some(leaf) => match identity_of_cert(leaf) {
-                        Ok(id) => (Some(id), None),
-                        Err(why) => (None, Some(why)),
-                    },
-                };
+                let (identity, certificate_problem) = judge(built.verifier.as_ref(), s.get_ref().1.peer_certificates());
+                if let Some(why) = &certificate_problem {
+                    metrics::counter!("dtx_tls_client_certificates_refused_total").increment(1);
+                    warn!(remote = ?tcp_info.remote_addr, "client certificate refused: {why}");
+                }
                 let peer = PeerInfo {
                     tcp: tcp_info,
                     tls: true,
                     identity,
                     certificate_problem,
+                    certificate_required,
                 };
                 let _ = tx.send(Conn::Tls(Box::new(s), Box::new(peer))).await;
             });
@@ -347,7 +449,60 @@ mod tests {
     use super::*;
     use crate::dev::DevCa;
     use crate::dev::DEV_LIFETIME;
+    use crate::files::KeyPairFiles;
     use crate::Role;
+
+    /// The post-handshake judgement is the only thing that gives a
+    /// connection an identity: a chain from the authority, valid now,
+    /// naming one; anything else gets none, and a reason.
+    #[test]
+    fn only_a_valid_chain_from_the_authority_proves_an_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = DevCa::new("judge ca").unwrap();
+        let ca_path = ca.write_ca(dir.path()).unwrap();
+        let own = ca
+            .issue_to(dir.path(), "server", Role::Node, "1", &[], DEV_LIFETIME)
+            .unwrap();
+        let tls = ServerTls::load(ServerTlsFiles {
+            own,
+            ca: ca_path,
+            client_auth: ClientAuth::Required,
+        })
+        .unwrap();
+        let v = tls.built().verifier.clone();
+        let chain = |files: &KeyPairFiles| crate::files::load_certs("certificate", &files.cert).unwrap();
+
+        let good = ca
+            .issue_to(dir.path(), "good", Role::Application, "shop", &[], DEV_LIFETIME)
+            .unwrap();
+        let (id, why) = judge(v.as_ref(), Some(&chain(&good)));
+        assert_eq!(id.map(|i| i.label()).as_deref(), Some("application/shop"), "{why:?}");
+
+        let other = DevCa::new("another").unwrap();
+        let stranger = other
+            .issue_to(dir.path(), "stranger", Role::Operator, "mallory", &[], DEV_LIFETIME)
+            .unwrap();
+        let (id, why) = judge(v.as_ref(), Some(&chain(&stranger)));
+        assert!(id.is_none());
+        assert!(why.unwrap().contains("UnknownIssuer"));
+
+        let old = ca
+            .issue_to(
+                dir.path(),
+                "old",
+                Role::Operator,
+                "old",
+                &[],
+                crate::dev::Lifetime::Expired,
+            )
+            .unwrap();
+        let (id, why) = judge(v.as_ref(), Some(&chain(&old)));
+        assert!(id.is_none());
+        assert!(why.unwrap().contains("expired"));
+
+        assert_eq!(judge(v.as_ref(), None), (None, None));
+        assert_eq!(judge(v.as_ref(), Some(&[])), (None, None));
+    }
 
     #[test]
     fn a_changed_certificate_is_taken_and_a_bad_one_keeps_the_old() {
