@@ -430,21 +430,9 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         for b in &banks {
             b.wait_started().await?;
         }
-        let bank_list: Arc<Vec<(String, String, String)>> = Arc::new(
-            banks
-                .iter()
-                .map(|b| (b.id.to_string(), b.addr.clone(), b.prefix.to_string()))
-                .collect(),
-        );
         // CPU time summed over every process of the run: the three nodes,
         // the two banks and this client.
-        let meter = CpuMeter::new(
-            node_pids
-                .iter()
-                .copied()
-                .chain(banks.iter().filter_map(|b| b.pid()))
-                .collect(),
-        );
+        let (bank_list, meter) = crate::closed_loop::banks_and_meter(&banks, &node_pids);
         transfer_rows = measure_transfers(
             &leader_api,
             None,

@@ -41,6 +41,25 @@ pub fn clients_with(leader_api: &str, n: usize, tls: Option<&Arc<dtx_tls::Client
         .collect()
 }
 
+/// Banks as `measure_transfers` takes them: (participant id, address,
+/// account prefix) each.
+pub type BankList = Arc<Vec<(String, String, String)>>;
+
+/// Started banks as `measure_transfers` takes them, and a CPU meter over
+/// `node_pids`, the banks and this process (every process of a transfer).
+pub fn banks_and_meter(banks: &[crate::cluster::BankProcess], node_pids: &[u32]) -> (BankList, CpuMeter) {
+    let list = banks
+        .iter()
+        .map(|b| (b.id.to_string(), b.addr.clone(), b.prefix.to_string()))
+        .collect();
+    let pids = node_pids
+        .iter()
+        .copied()
+        .chain(banks.iter().filter_map(|b| b.pid()))
+        .collect();
+    (Arc::new(list), CpuMeter::new(pids))
+}
+
 /// How one call of a closed-loop phase ended.
 pub enum Step {
     /// Completed with a definite answer: counted, latency recorded.

@@ -6,14 +6,12 @@
 //! transfers gives the throughput, latency and CPU ratios.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use dtx_tls::Role;
 
 use crate::cluster::ProcessCluster;
-use crate::cpu::CpuMeter;
 use crate::pki::DevPki;
 use crate::report::ms;
 use crate::report::TransferPoint;
@@ -58,20 +56,8 @@ pub async fn run(env: Env<'_>) -> anyhow::Result<Vec<TransferPoint>> {
         b.wait_started().await?;
     }
     println!("TLS cluster up; leader node {leader} at {leader_api}; banks with mutual TLS");
-    let bank_list: Arc<Vec<(String, String, String)>> = Arc::new(
-        banks
-            .iter()
-            .map(|b| (b.id.to_string(), b.addr.clone(), b.prefix.to_string()))
-            .collect(),
-    );
-    let meter = CpuMeter::new(
-        cluster
-            .nodes
-            .iter()
-            .filter_map(|n| n.pid())
-            .chain(banks.iter().filter_map(|b| b.pid()))
-            .collect(),
-    );
+    let node_pids: Vec<u32> = cluster.nodes.iter().filter_map(|n| n.pid()).collect();
+    let (bank_list, meter) = crate::closed_loop::banks_and_meter(&banks, &node_pids);
     let app = pki.client(&pki.issue(Role::Application, "bench", &[])?)?;
     let rows = crate::closed_loop::measure_transfers(
         &leader_api,

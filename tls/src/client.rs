@@ -10,7 +10,6 @@ use std::path::Path;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::RwLock;
 use std::task::Context;
 use std::task::Poll;
 use std::time::Duration;
@@ -20,8 +19,6 @@ use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
 use tokio::net::TcpSocket;
 use tokio::net::TcpStream;
-use tracing::info;
-use tracing::warn;
 
 use crate::files::load_certified_key_checking;
 use crate::files::load_roots;
@@ -44,8 +41,7 @@ pub struct ClientTlsFiles {
 pub struct ClientTls {
     files: ClientTlsFiles,
     server_name: Option<ServerName<'static>>,
-    current: RwLock<Arc<ClientConfig>>,
-    stamp: std::sync::Mutex<crate::files::Stamp>,
+    current: crate::files::Reloading<ClientConfig>,
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -108,13 +104,12 @@ impl ClientTls {
                 Some(ServerName::try_from(n.clone()).map_err(|e| TlsError::Config(format!("server name {n:?}: {e}")))?)
             }
         };
-        let stamp = crate::files::stamp(&Self::paths(&files));
-        let cfg = build_client_config(&files, own_validity)?;
+        let current =
+            crate::files::Reloading::build(&Self::paths(&files), || build_client_config(&files, own_validity))?;
         Ok(Arc::new(ClientTls {
+            current,
             files,
             server_name,
-            current: RwLock::new(Arc::new(cfg)),
-            stamp: std::sync::Mutex::new(stamp),
         }))
     }
 
@@ -133,49 +128,19 @@ impl ClientTls {
 
     /// The settings new connections get.
     pub fn config(&self) -> Arc<ClientConfig> {
-        self.current.read().expect("tls config lock").clone()
+        self.current.current()
     }
 
     /// As [`crate::ServerTls::reload_if_changed`].
     pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
-        let now = crate::files::stamp(&Self::paths(&self.files));
-        let mut last = self.stamp.lock().expect("tls stamp lock");
-        if *last == now {
-            return Ok(false);
-        }
-        let cfg = build_client_config(&self.files, true)?;
-        *self.current.write().expect("tls config lock") = Arc::new(cfg);
-        *last = now;
-        Ok(true)
+        self.current
+            .reload_if_changed(&Self::paths(&self.files), || build_client_config(&self.files, true))
     }
 
     /// As [`crate::ServerTls::spawn_reloader`].
     pub fn spawn_reloader(self: &Arc<Self>, interval: Duration, what: &'static str) -> tokio::task::JoinHandle<()> {
-        let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut failing = false;
-            loop {
-                tokio::time::sleep(interval).await;
-                let Some(me) = weak.upgrade() else { return };
-                match me.reload_if_changed() {
-                    Ok(true) => {
-                        failing = false;
-                        metrics::counter!("dtx_tls_reloads_total", "side" => "client").increment(1);
-                        info!(what, "TLS client files changed; new connections use them");
-                    }
-                    Ok(false) => {}
-                    Err(e) => {
-                        metrics::counter!("dtx_tls_reload_failures_total", "side" => "client").increment(1);
-                        if !failing {
-                            warn!(
-                                what,
-                                "TLS client files changed but cannot be used, keeping the previous ones: {e}"
-                            );
-                        }
-                        failing = true;
-                    }
-                }
-            }
+        crate::files::spawn_reload_loop(Arc::downgrade(self), interval, what, "client", |t| {
+            t.reload_if_changed()
         })
     }
 

@@ -191,3 +191,90 @@ pub(crate) fn stamp(paths: &[&Path]) -> Stamp {
         .map(|p| std::fs::read(p).ok().map(|b| sha2::Sha256::digest(&b).into()))
         .collect()
 }
+
+/// Settings built from files, and what the files held when they were
+/// built: the part of [`crate::ServerTls`] and [`crate::ClientTls`] that
+/// reloads.
+pub(crate) struct Reloading<T> {
+    current: std::sync::RwLock<Arc<T>>,
+    stamp: std::sync::Mutex<Stamp>,
+}
+
+impl<T> Reloading<T> {
+    /// Settings built from `paths` now. The stamp is taken before
+    /// building: a file that changes meanwhile is read again at the next
+    /// check (a stamp taken after would miss it for good).
+    pub(crate) fn build(
+        paths: &[&Path],
+        build: impl FnOnce() -> Result<T, TlsError>,
+    ) -> Result<Reloading<T>, TlsError> {
+        let before = stamp(paths);
+        Ok(Reloading {
+            current: std::sync::RwLock::new(Arc::new(build()?)),
+            stamp: std::sync::Mutex::new(before),
+        })
+    }
+
+    pub(crate) fn current(&self) -> Arc<T> {
+        self.current.read().expect("tls settings lock").clone()
+    }
+
+    /// Builds anew when a file of `paths` changed: Ok(true) when taken,
+    /// Ok(false) when nothing changed, the error (settings kept) when the
+    /// new files cannot be used.
+    pub(crate) fn reload_if_changed(
+        &self,
+        paths: &[&Path],
+        build: impl FnOnce() -> Result<T, TlsError>,
+    ) -> Result<bool, TlsError> {
+        let now = stamp(paths);
+        let mut last = self.stamp.lock().expect("tls stamp lock");
+        if *last == now {
+            return Ok(false);
+        }
+        let built = build()?;
+        *self.current.write().expect("tls settings lock") = Arc::new(built);
+        *last = now;
+        Ok(true)
+    }
+}
+
+/// Every `interval`, `reload(settings)` while the settings are alive: a
+/// change taken is logged at info and counted
+/// (`dtx_tls_reloads_total{side}`); changed files that cannot be used are
+/// counted at every check (`dtx_tls_reload_failures_total{side}`) and
+/// logged once until a reload succeeds.
+pub(crate) fn spawn_reload_loop<T: Send + Sync + 'static>(
+    settings: std::sync::Weak<T>,
+    interval: std::time::Duration,
+    what: &'static str,
+    side: &'static str,
+    reload: fn(&T) -> Result<bool, TlsError>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut failing = false;
+        loop {
+            tokio::time::sleep(interval).await;
+            let Some(me) = settings.upgrade() else { return };
+            match reload(&me) {
+                Ok(true) => {
+                    failing = false;
+                    metrics::counter!("dtx_tls_reloads_total", "side" => side).increment(1);
+                    tracing::info!(what, side, "TLS files changed; new connections use them");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    metrics::counter!("dtx_tls_reload_failures_total", "side" => side).increment(1);
+                    if !failing {
+                        tracing::warn!(
+                            what,
+                            side,
+                            "TLS files changed but cannot be used, keeping the previous ones: {e}"
+                        );
+                    }
+                    failing = true;
+                }
+            }
+        }
+    })
+}

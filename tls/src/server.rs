@@ -7,7 +7,6 @@ use std::path::Path;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::RwLock;
 use std::task::Context;
 use std::task::Poll;
 use std::time::Duration;
@@ -27,7 +26,6 @@ use tokio::net::TcpListener;
 use tokio::net::TcpStream;
 use tonic::transport::server::Connected;
 use tonic::transport::server::TcpConnectInfo;
-use tracing::info;
 use tracing::warn;
 
 use crate::files::load_certified_key;
@@ -73,8 +71,7 @@ pub struct ServerTlsFiles {
 /// certificate) keeps the previous settings and says why.
 pub struct ServerTls {
     files: ServerTlsFiles,
-    current: RwLock<Arc<Built>>,
-    stamp: std::sync::Mutex<crate::files::Stamp>,
+    current: crate::files::Reloading<Built>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -193,13 +190,8 @@ fn judge(
 impl ServerTls {
     /// Reads and checks every file (see [`crate::files`]).
     pub fn load(files: ServerTlsFiles) -> Result<Arc<ServerTls>, TlsError> {
-        let stamp = crate::files::stamp(&Self::paths(&files));
-        let built = build_server_config(&files)?;
-        Ok(Arc::new(ServerTls {
-            files,
-            current: RwLock::new(Arc::new(built)),
-            stamp: std::sync::Mutex::new(stamp),
-        }))
+        let current = crate::files::Reloading::build(&Self::paths(&files), || build_server_config(&files))?;
+        Ok(Arc::new(ServerTls { current, files }))
     }
 
     fn paths(files: &ServerTlsFiles) -> [&Path; 3] {
@@ -220,53 +212,23 @@ impl ServerTls {
     }
 
     fn built(&self) -> Arc<Built> {
-        self.current.read().expect("tls config lock").clone()
+        self.current.current()
     }
 
     /// Reads the files again if any changed since the last load. Returns
     /// Ok(true) when new settings were taken, Ok(false) when nothing
     /// changed, and the error (settings kept) when the new files are bad.
     pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
-        let now = crate::files::stamp(&Self::paths(&self.files));
-        let mut last = self.stamp.lock().expect("tls stamp lock");
-        if *last == now {
-            return Ok(false);
-        }
-        let built = build_server_config(&self.files)?;
-        *self.current.write().expect("tls config lock") = Arc::new(built);
-        *last = now;
-        Ok(true)
+        self.current
+            .reload_if_changed(&Self::paths(&self.files), || build_server_config(&self.files))
     }
 
     /// Checks the files every `interval` and takes new ones (see
     /// [`ServerTls::reload_if_changed`]), until the returned task is
     /// aborted or the last other reference to `self` is gone.
     pub fn spawn_reloader(self: &Arc<Self>, interval: Duration, what: &'static str) -> tokio::task::JoinHandle<()> {
-        let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut failing = false;
-            loop {
-                tokio::time::sleep(interval).await;
-                let Some(me) = weak.upgrade() else { return };
-                match me.reload_if_changed() {
-                    Ok(true) => {
-                        failing = false;
-                        metrics::counter!("dtx_tls_reloads_total", "side" => "server").increment(1);
-                        info!(what, cert = %me.files.own.cert.display(), "TLS certificate files changed; new connections use them");
-                    }
-                    Ok(false) => {}
-                    Err(e) => {
-                        metrics::counter!("dtx_tls_reload_failures_total", "side" => "server").increment(1);
-                        if !failing {
-                            warn!(
-                                what,
-                                "TLS files changed but cannot be used, keeping the previous ones: {e}"
-                            );
-                        }
-                        failing = true;
-                    }
-                }
-            }
+        crate::files::spawn_reload_loop(Arc::downgrade(self), interval, what, "server", |t| {
+            t.reload_if_changed()
         })
     }
 }

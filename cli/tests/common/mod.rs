@@ -38,6 +38,39 @@ pub fn bin() -> &'static Path {
 
 /// Loopback IP of node `id` in a test cluster: each node has its own source
 /// address, so the proxies can tell who is calling.
+/// Runs `coordinator demo` with `args` in a fresh directory (RUST_LOG=warn)
+/// and checks what every demo run must show: it exits 0, prints
+/// "audit: OK", and committed more than 20 transfers. Returns its stdout.
+pub fn run_demo(args: &[&str]) -> String {
+    let dir = test_dir();
+    let out = std::process::Command::new(bin())
+        .arg("demo")
+        .args(args)
+        .arg("--dir")
+        .arg(dir.path().join("demo"))
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "demo {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("audit: OK"), "{stdout}");
+    let committed: u64 = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("committed"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("summary has a committed count");
+    assert!(
+        committed > 20,
+        "too few transfers committed to mean anything: {committed}"
+    );
+    stdout
+}
+
 pub fn node_ip(id: u64) -> String {
     format!("127.0.0.{}", 10 + id)
 }
