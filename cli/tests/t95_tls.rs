@@ -681,4 +681,8 @@ async fn t95_an_application_is_refused_on_another_applications_transaction() {
     );
     // The owner itself may.
     assert_eq!(shop.abort(t, "mine").await.unwrap(), TxOutcome::Aborted);
+    // The decision records who aborted it, as authenticated.
+    let st = shop.status(t).await.unwrap();
+    let note = st.decision.map(|d| d.note).unwrap_or_default();
+    assert_eq!(note, "application shop: mine");
 }

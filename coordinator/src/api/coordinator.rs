@@ -279,7 +279,12 @@ impl CoordinatorService {
     async fn abort(&self, req: pb::AbortRequest, app: Option<&str>) -> Result<pb::AbortResponse, ApiError> {
         check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
         self.ctx().check_owner(req.txid, app).await?;
-        let d = self.driver.abort(req.txid, req.reason).await?;
+        // The decision records who aborted, when authentication says so.
+        let note = match app {
+            Some(name) => format!("application {name}: {}", req.reason),
+            None => req.reason,
+        };
+        let d = self.driver.abort(req.txid, note).await?;
         Ok(pb::AbortResponse {
             outcome: outcome_pb(d.outcome) as i32,
         })
