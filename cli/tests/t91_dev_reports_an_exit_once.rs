@@ -200,3 +200,87 @@ fn t91_dev_reports_an_exit_once_and_enter_starts_the_node_again() {
     assert!(status.success(), "{status:?}");
     assert!(node_pids(&dir, "").is_empty(), "nodes left running after dev stopped");
 }
+
+/// `coordinator dev --tls` (issue 12, item 4): the flags it prints work.
+/// The operator's certificate reads the cluster status; the application's
+/// token is admitted but may not (PERMISSION_DENIED); a plain-text admin
+/// gets no answer.
+#[test]
+fn t91_dev_tls_prints_flags_that_work() {
+    let tmp = common::test_dir();
+    std::fs::create_dir_all(tmp.path().join("dev")).unwrap();
+    let dir = tmp.path().join("dev").canonicalize().unwrap();
+    let base = free_base_port();
+    let mut child = Command::new(common::bin())
+        .args(["dev", "--tls", "--base-port", &base.to_string(), "--data-dir"])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let dev = Dev {
+        child,
+        dir: dir.clone(),
+    };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(stdout).lines() {
+            let Ok(l) = l else { return };
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    assert!(
+        wait_line(&rx, &mut seen, "or its token", Duration::from_secs(60)),
+        "dev --tls did not come up: {seen:#?}"
+    );
+    // "try: coordinator admin --addr A --tls-ca .. --tls-cert .. --tls-key .. status"
+    let try_line = seen
+        .iter()
+        .find(|l| l.starts_with("try: coordinator admin"))
+        .expect("a try line")
+        .clone();
+    let admin = |args: &[&str]| {
+        Command::new(common::bin())
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap()
+    };
+    let words: Vec<&str> = try_line
+        .trim_start_matches("try: coordinator ")
+        .split_whitespace()
+        .collect();
+    let out = admin(&words);
+    assert!(
+        out.status.success(),
+        "{try_line}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"cluster_id\": \"dtx-dev\""));
+
+    // The application's token: admitted, but not to admin calls.
+    let token_line = seen.iter().find(|l| l.contains("or its token")).unwrap();
+    let flags = token_line.split("): ").nth(1).expect("flags after the colon");
+    let addr = words[2];
+    let mut args = vec!["admin", "--addr", addr];
+    args.extend(flags.split_whitespace());
+    args.push("status");
+    let out = admin(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("permission denied") && err.contains("application/dev-token-app"),
+        "{err}"
+    );
+
+    // Plain text against the TLS ports: no answer.
+    let out = admin(&["admin", "--addr", addr, "status"]);
+    assert!(!out.status.success());
+    // Stopped while its output is still read (it prints as it stops).
+    drop(dev);
+    drop(rx);
+}
