@@ -16,6 +16,16 @@ use dtx_testkit::pki::DevPki;
 use dtx_tls::files::KeyPairFiles;
 use dtx_tls::Role;
 
+/// Prints a line to stdout, ignoring a closed stdout: the supervisor must
+/// still stop its nodes in order when whoever read its output went away
+/// (`println!` would panic on the broken pipe and leave them running).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 #[derive(clap::Args, Debug)]
 pub struct DevArgs {
     /// Data directory of the dev cluster (kept between runs).
@@ -162,10 +172,10 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
         .client()?;
     }
     cluster.start_all()?;
-    println!("dtx dev cluster: 3 nodes");
-    println!("  data directory: {}", dir.display());
+    say!("dtx dev cluster: 3 nodes");
+    say!("  data directory: {}", dir.display());
     for n in &cluster.nodes {
-        println!(
+        say!(
             "  node {}: api {}  raft {}  metrics http://{}/metrics  log {}",
             n.plan.id,
             n.plan.api_listen,
@@ -176,23 +186,23 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
     }
     let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
     match leader {
-        Some(id) => println!("leader: node {id}. Serving until Ctrl-C."),
-        None => println!("no leader yet; see the node logs. Serving until Ctrl-C."),
+        Some(id) => say!("leader: node {id}. Serving until Ctrl-C."),
+        None => say!("no leader yet; see the node logs. Serving until Ctrl-C."),
     }
     match &tls {
-        None => println!("try: coordinator admin --addr {} status", cluster.api_addrs().join(",")),
+        None => say!("try: coordinator admin --addr {} status", cluster.api_addrs().join(",")),
         Some(t) => {
-            println!(
+            say!(
                 "TLS on every port (authority {}, throwaway: never for production)",
                 t.ca.display()
             );
-            println!(
+            say!(
                 "try: coordinator admin --addr {} {} status",
                 cluster.api_addrs().join(","),
                 t.flags(&t.operator)
             );
-            println!("  an application's certificate: {}", t.flags(&t.application));
-            println!(
+            say!("  an application's certificate: {}", t.flags(&t.application));
+            say!(
                 "  or its token (API port, no certificate): --tls-ca {} --token-file {}",
                 t.ca.display(),
                 t.token_file.display()
@@ -224,20 +234,20 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
                     .collect();
                 for n in exited {
                     match cluster.start(n) {
-                        Ok(()) => println!("node {n}: started again"),
-                        Err(e) => println!("node {n}: cannot start it again: {e}"),
+                        Ok(()) => say!("node {n}: started again"),
+                        Err(e) => say!("node {n}: cannot start it again: {e}"),
                     }
                     reported.remove(&n);
                     started = true;
                 }
                 if !started {
-                    println!("every node is running");
+                    say!("every node is running");
                 }
             }
             _ = tokio::time::sleep(Duration::from_secs(1)) => {
                 for n in cluster.nodes.iter_mut() {
                     if !n.is_running() && reported.insert(n.plan.id) {
-                        println!(
+                        say!(
                             "node {} exited; its log is {}. Press Enter here to start it again (its data is kept).",
                             n.plan.id,
                             n.log_path.display()
@@ -246,15 +256,15 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
                 }
                 let now = cluster.current_leader().await;
                 if now != last {
-                    println!("leader: {}", now.map(|i| format!("node {i}")).unwrap_or_else(|| "none".into()));
+                    say!("leader: {}", now.map(|i| format!("node {i}")).unwrap_or_else(|| "none".into()));
                     last = now;
                 }
             }
         }
     }
-    println!("stopping the dev cluster...");
+    say!("stopping the dev cluster...");
     cluster.stop_all(Duration::from_secs(10));
-    println!("stopped; data kept in {}", dir.display());
+    say!("stopped; data kept in {}", dir.display());
     Ok(())
 }
 

@@ -280,7 +280,22 @@ fn t91_dev_tls_prints_flags_that_work() {
     // Plain text against the TLS ports: no answer.
     let out = admin(&["admin", "--addr", addr, "status"]);
     assert!(!out.status.success());
-    // Stopped while its output is still read (it prints as it stops).
-    drop(dev);
+    // Nobody reads its output any more (a closed terminal): SIGTERM still
+    // stops every node in order, and the supervisor exits cleanly.
     drop(rx);
+    let mut dev = dev;
+    // SAFETY: kill(2) on the supervisor this test started.
+    unsafe {
+        libc::kill(dev.child.id() as i32, libc::SIGTERM);
+    }
+    let until = Instant::now() + Duration::from_secs(40);
+    let status = loop {
+        if let Some(s) = dev.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "dev did not stop within 40 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(node_pids(&dir, "").is_empty(), "nodes left running");
 }
