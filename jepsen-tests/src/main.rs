@@ -90,6 +90,13 @@ enum Cmd {
         /// How long to wait for in-doubt transactions after the final heal, s.
         #[arg(long, default_value_t = 30)]
         settle_s: u64,
+        /// TLS and identities on every link: a throwaway authority in the
+        /// run's folder (tls/), a node certificate per node, a participant
+        /// certificate per bank (which then serves mutual TLS), a node
+        /// certificate per message proxy, and application and operator
+        /// certificates for the harness's own calls.
+        #[arg(long)]
+        tls: bool,
     },
     /// Run the checkers on a history file (JSON lines) and print the summary.
     Check {
@@ -153,6 +160,7 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
             quiet_s,
             liveness_bound_ms,
             settle_s,
+            tls,
         } => {
             let faults = nemesis::parse_list(&nemesis).map_err(anyhow::Error::msg)?;
             let (faults, skipped) = workload.faults(&faults);
@@ -193,6 +201,7 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
                 quiet_s: pair(&quiet_s, "quiet-s")?,
                 liveness_bound_ms,
                 settle_s,
+                tls,
                 command: std::env::args()
                     .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
                     .collect::<Vec<_>>()

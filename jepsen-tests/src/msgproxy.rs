@@ -20,6 +20,13 @@
 //! The `participant-gone` nemesis also shuts a proxy down for good
 //! ([`ProxyHandle::go_away`]): its address then refuses connections, as the
 //! address of a process that is gone does.
+//!
+//! In a run with `--tls` ([`ProxyTls`]) each proxy is a man in the middle
+//! the cluster trusts: it serves TLS with a node certificate
+//! (`dtx://node/proxy-<i>`, valid for its IP, which the nodes check when
+//! they dial it), requires the caller's certificate from the run's
+//! authority (mutual TLS), and calls its bank over TLS with that same
+//! certificate, so the bank admits its calls as a node's.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -30,6 +37,8 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use dtx_proto::tls::ClientTls;
+use dtx_proto::tls::ServerTls;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use dtx_proto::v1::participant_service_server::ParticipantService;
@@ -226,16 +235,45 @@ impl ParticipantService for Proxy {
     }
 }
 
+/// A proxy's TLS in a run with `--tls`: what it serves with and what it
+/// calls its bank with (one node certificate for both).
+pub struct ProxyTls {
+    pub server: Arc<ServerTls>,
+    pub client: Arc<ClientTls>,
+}
+
+/// How long connecting to the bank may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// Starts a proxy on `listen` in front of the bank at `upstream`; it
-/// connects to the bank from `listen`'s IP. It runs until the process ends
-/// or [`ProxyHandle::go_away`].
-pub async fn spawn(listen: SocketAddr, upstream: &str, chaos: Arc<Chaos>, seed: u64) -> anyhow::Result<ProxyHandle> {
-    let endpoint = dtx_proto::endpoint(upstream).map_err(|e| anyhow::anyhow!(e))?;
-    let channel = endpoint
-        .connect_timeout(Duration::from_millis(500))
-        .tcp_nodelay(true)
-        .local_address(Some(listen.ip()))
-        .connect_lazy();
+/// connects to the bank from `listen`'s IP. With `tls` it serves TLS and
+/// calls the bank over TLS (see the module's notes); without, both sides
+/// are plain text. It runs until the process ends or
+/// [`ProxyHandle::go_away`].
+pub async fn spawn(
+    listen: SocketAddr,
+    upstream: &str,
+    chaos: Arc<Chaos>,
+    seed: u64,
+    tls: Option<ProxyTls>,
+) -> anyhow::Result<ProxyHandle> {
+    let (channel, server_tls) = match tls {
+        None => {
+            let endpoint = dtx_proto::endpoint(upstream).map_err(|e| anyhow::anyhow!(e))?;
+            let channel = endpoint
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .local_address(Some(listen.ip()))
+                .connect_lazy();
+            (channel, None)
+        }
+        Some(t) => {
+            let channel =
+                dtx_proto::channel::channel_with(upstream, Some(listen.ip()), CONNECT_TIMEOUT, Some(&t.client))
+                    .map_err(|e| anyhow::anyhow!(e))?;
+            (channel, Some(t.server))
+        }
+    };
     let gone = Arc::new(AtomicBool::new(false));
     let proxy = Proxy {
         upstream: ParticipantServiceClient::new(channel),
@@ -247,13 +285,18 @@ pub async fn spawn(listen: SocketAddr, upstream: &str, chaos: Arc<Chaos>, seed: 
         .await
         .map_err(|e| anyhow::anyhow!("message proxy cannot listen on {listen}: {e}"))?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ParticipantServiceServer::new(proxy))
-            .serve_with_incoming_shutdown(dtx_proto::incoming(listener), async move {
-                let _ = rx.await;
-            }),
-    );
+    let router = tonic::transport::Server::builder().add_service(ParticipantServiceServer::new(proxy));
+    let shutdown = async move {
+        let _ = rx.await;
+    };
+    match server_tls {
+        None => {
+            tokio::spawn(router.serve_with_incoming_shutdown(dtx_proto::incoming(listener), shutdown));
+        }
+        Some(t) => {
+            tokio::spawn(router.serve_with_incoming_shutdown(dtx_proto::tls::incoming(listener, Some(t)), shutdown));
+        }
+    }
     Ok(ProxyHandle {
         gone,
         shutdown: Some(tx),

@@ -23,11 +23,14 @@ use dtx_client::ParticipantSpec;
 use dtx_client::TxOutcome;
 use dtx_pg_server::PgServer;
 use dtx_pg_server::PgServerOptions;
+use dtx_proto::tls::ClientTls;
+use dtx_proto::tls::Role;
 use dtx_proto::v1 as pb;
 use dtx_testkit::cluster::wait_listening;
 use dtx_testkit::cluster::BankProcess as BankProc;
 use dtx_testkit::cluster::NodePlan;
 use dtx_testkit::cluster::ProcessCluster;
+use dtx_testkit::pki::DevPki;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
@@ -120,6 +123,10 @@ pub struct RunOptions {
     pub liveness_bound_ms: u64,
     /// How long to wait for in-doubt transactions after the final heal.
     pub settle_s: u64,
+    /// TLS and identities on every link (`--tls`): an authority in the
+    /// run's folder, a certificate per node, bank, message proxy and
+    /// harness client.
+    pub tls: bool,
     /// The command line, for the reproduce file.
     pub command: String,
 }
@@ -205,6 +212,12 @@ struct World {
     /// The PostgreSQL server of the PostgreSQL workload (dropped after the
     /// banks: it is killed then).
     pg: Option<PgServer>,
+    /// With `--tls`: the harness's identities. `app` (an application) for
+    /// what the workload does: transfers, probes, the decision reader;
+    /// `op` (an operator) for what the harness looks at: cluster status,
+    /// transaction status, the final reads.
+    app_tls: Option<Arc<ClientTls>>,
+    op_tls: Option<Arc<ClientTls>>,
 }
 
 /// The processes whose data directories are on small filesystems.
@@ -240,7 +253,9 @@ impl World {
     async fn leader(&self) -> Option<u64> {
         let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
         for addr in self.api_addrs() {
-            if let Ok(s) = dtx_client::cluster_status_at(&addr, Duration::from_millis(500)).await {
+            if let Ok(s) =
+                dtx_client::cluster_status_with(&addr, Duration::from_millis(500), self.op_tls.as_ref()).await
+            {
                 if s.leader_id != 0 {
                     *votes.entry(s.leader_id).or_default() += 1;
                 }
@@ -727,6 +742,7 @@ fn probe_client(w: &World) -> anyhow::Result<Client> {
     let mut cfg = ClientConfig::new(w.api_addrs());
     cfg.attempt_timeout = Duration::from_secs(3);
     cfg.call_deadline = Duration::from_secs(6);
+    cfg.tls = w.app_tls.clone();
     Client::new(cfg).map_err(|e| anyhow::anyhow!("client: {e}"))
 }
 
@@ -809,12 +825,16 @@ async fn fill_disk(w: &mut World) -> anyhow::Result<DiskFault> {
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
 
     let mut rx = stop_rx.clone();
+    let op_tls = w.op_tls.clone();
     let node_watch = tokio::spawn(async move {
-        let status = |addr: String| async move {
-            dtx_client::cluster_status_at(&addr, Duration::from_millis(300))
-                .await
-                .ok()
-                .filter(|s| s.role != "Shutdown")
+        let status = |addr: String| {
+            let tls = op_tls.clone();
+            async move {
+                dtx_client::cluster_status_with(&addr, Duration::from_millis(300), tls.as_ref())
+                    .await
+                    .ok()
+                    .filter(|s| s.role != "Shutdown")
+            }
         };
         let first = status(node_api.clone()).await.map(|s| s.last_log_index);
         let mut seen = NodeWatch::default();
@@ -950,9 +970,10 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
         .filter(|n| n.plan.id != node)
         .map(|n| n.plan.api_listen.clone())
         .collect();
+    let op_tls = w.op_tls.clone();
     let mut target = 0;
     for a in &others {
-        if let Ok(s) = dtx_client::cluster_status_at(a, Duration::from_millis(500)).await {
+        if let Ok(s) = dtx_client::cluster_status_with(a, Duration::from_millis(500), op_tls.as_ref()).await {
             target = target.max(s.last_applied_index);
         }
     }
@@ -960,7 +981,8 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
     let until = freed_at + DISK_RECOVERY_WAIT;
     let node_back = async {
         while Instant::now() < until {
-            if let Ok(s) = dtx_client::cluster_status_at(&node_api, Duration::from_millis(300)).await {
+            if let Ok(s) = dtx_client::cluster_status_with(&node_api, Duration::from_millis(300), op_tls.as_ref()).await
+            {
                 if s.leader_id != 0 && s.role != "Shutdown" && s.last_applied_index >= target {
                     return Some(freed_at.elapsed().as_millis() as u64);
                 }
@@ -1033,7 +1055,13 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
 
 /// Reads decisions of recently seen txids from a random node, once a
 /// second, so a decision that changes over time would show.
-async fn reader_loop(rec: Recorder, addrs: Vec<String>, seed: u64, stop: tokio::sync::watch::Receiver<bool>) {
+async fn reader_loop(
+    rec: Recorder,
+    addrs: Vec<String>,
+    tls: Option<Arc<ClientTls>>,
+    seed: u64,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0xDEC1);
     while !*stop.borrow() {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -1046,7 +1074,7 @@ async fn reader_loop(rec: Recorder, addrs: Vec<String>, seed: u64, stop: tokio::
         }
         let picks: BTreeSet<u64> = (0..20).map(|_| known[rng.random_range(0..known.len())]).collect();
         let node = rng.random_range(0..addrs.len());
-        if let Ok(ds) = read_decisions(&addrs[node], &picks.into_iter().collect::<Vec<_>>()).await {
+        if let Ok(ds) = read_decisions(&addrs[node], &picks.into_iter().collect::<Vec<_>>(), tls.as_ref()).await {
             for (txid, d) in ds {
                 rec.record(
                     "reader",
@@ -1063,13 +1091,25 @@ async fn reader_loop(rec: Recorder, addrs: Vec<String>, seed: u64, stop: tokio::
     }
 }
 
-/// Linearizable decision reads through one node (it forwards to the leader).
-async fn read_decisions(addr: &str, txids: &[u64]) -> anyhow::Result<Vec<(u64, DecisionSeen)>> {
-    let ch = dtx_proto::endpoint(addr)
-        .map_err(anyhow::Error::msg)?
-        .connect_timeout(Duration::from_secs(1))
-        .connect()
-        .await?;
+/// Linearizable decision reads through one node (it forwards to the
+/// leader), over TLS with `tls` as the caller's identity when it is set.
+async fn read_decisions(
+    addr: &str,
+    txids: &[u64],
+    tls: Option<&Arc<ClientTls>>,
+) -> anyhow::Result<Vec<(u64, DecisionSeen)>> {
+    let ch = match tls {
+        None => {
+            dtx_proto::endpoint(addr)
+                .map_err(anyhow::Error::msg)?
+                .connect_timeout(Duration::from_secs(1))
+                .connect()
+                .await?
+        }
+        // Connects on the first call (a failure to connect fails it).
+        Some(tls) => dtx_proto::channel::channel_with(addr, None, Duration::from_secs(1), Some(tls))
+            .map_err(anyhow::Error::msg)?,
+    };
     let mut out = Vec::new();
     for chunk in txids.chunks(1000) {
         let mut req = tonic::Request::new(pb::GetDecisionsRequest {
@@ -1194,14 +1234,39 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     // (and its one-phase ones undecided) for good: a small batch makes any
     // starvation of the other transactions by them show (invariant 11).
     let gone_enabled = o.faults.contains(&Fault::ParticipantGone);
-    let cluster = ProcessCluster::new(&o.coordinator_bin, &dir.join("nodes"), "dtx-jepsen", plans, |c| {
+    // With --tls: a throwaway authority in the run's folder (tls/), and the
+    // harness's two identities.
+    let pki = if o.tls {
+        Some(DevPki::create(&dir.join("tls"), "dtx jepsen run").context("creating the run's certificate authority")?)
+    } else {
+        None
+    };
+    let (app_tls, op_tls) = match &pki {
+        Some(pki) => (
+            Some(pki.client(&pki.issue(Role::Application, "jepsen-clients", &[])?)?),
+            Some(pki.client(&pki.issue(Role::Operator, "jepsen", &[])?)?),
+        ),
+        None => (None, None),
+    };
+    let node_tls_error: std::cell::RefCell<Option<anyhow::Error>> = std::cell::RefCell::new(None);
+    let mut cluster = ProcessCluster::new(&o.coordinator_bin, &dir.join("nodes"), "dtx-jepsen", plans, |c| {
         c.txn.prepare_timeout_ms = 2_000;
         c.txn.delivery_retry_max_ms = 500;
         c.txn.retention_ms = 120_000;
         if gone_enabled {
             c.txn.reaper_batch_max = GONE_REAPER_BATCH_MAX;
         }
+        // Each node's certificate, valid for its two addresses.
+        if let Some(pki) = &pki {
+            if let Err(e) = pki.apply_node(c) {
+                node_tls_error.borrow_mut().get_or_insert(e);
+            }
+        }
     })?;
+    if let Some(e) = node_tls_error.into_inner() {
+        return Err(e.context("issuing the nodes' certificates"));
+    }
+    cluster.client_tls = op_tls.clone();
     let net = if o.faults.iter().any(|f| f.is_partition()) {
         // One table per base port: runs on other ports keep their rules.
         Some(Net::new(&format!("dtx_jepsen_{}", o.base_port))?)
@@ -1236,7 +1301,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             Some(pg)
         }
     };
-    let banks: Vec<BankProc> = (0..o.banks)
+    let mut banks: Vec<BankProc> = (0..o.banks)
         .map(|i| {
             let (ip, port) = a[6 + i].clone();
             let prefix = ((b'a' + i as u8) as char).to_string();
@@ -1254,13 +1319,37 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             )
         })
         .collect();
+    // With --tls each bank serves TLS (mutual: only nodes may send it the
+    // protocol's calls) and calls the cluster with a participant
+    // certificate valid for its IP.
+    if let Some(pki) = &pki {
+        for b in &mut banks {
+            let files = pki.issue(Role::Participant, &b.id, &[&b.addr])?;
+            let flags = pki.args(&files).to_flags();
+            b.add_args(flags);
+        }
+    }
     let chaos = Arc::new(msgproxy::Chaos::default());
     let mut proxy_addrs = Vec::new();
     let mut proxies = Vec::new();
     for (i, b) in banks.iter().enumerate() {
         let (ip, port) = a[6 + o.banks + i].clone();
         let listen: std::net::SocketAddr = format!("{ip}:{port}").parse()?;
-        proxies.push(msgproxy::spawn(listen, &b.addr, chaos.clone(), o.seed ^ (0xC4A0 + i as u64)).await?);
+        // With --tls the proxy stands in for the nodes towards the bank and
+        // for the bank towards the nodes: a node certificate valid for its
+        // IP (see msgproxy).
+        let proxy_tls = match &pki {
+            None => None,
+            Some(pki) => {
+                let files = pki.issue(Role::Node, &format!("proxy-{i}"), &[&listen.to_string()])?;
+                let args = pki.args(&files);
+                Some(msgproxy::ProxyTls {
+                    server: args.server()?.expect("a CA is set"),
+                    client: args.client()?.expect("a CA is set"),
+                })
+            }
+        };
+        proxies.push(msgproxy::spawn(listen, &b.addr, chaos.clone(), o.seed ^ (0xC4A0 + i as u64), proxy_tls).await?);
         proxy_addrs.push(listen.to_string());
     }
     let mut w = World {
@@ -1279,6 +1368,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         probes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         disk: None,
         pg,
+        app_tls,
+        op_tls,
     };
     if o.faults.contains(&Fault::DiskFull) {
         // One node and one bank, fixed for the run by the seed, get a small
@@ -1332,13 +1423,14 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     }
     rec.record("setup", OpType::Ok, None, Body::BankSetup { balances: setup }, None);
     println!(
-        "jepsen: 3 nodes, {} banks ({}), {} clients, {} s, nemeses [{}], seed {}; results in {}",
+        "jepsen: 3 nodes, {} banks ({}), {} clients, {} s, nemeses [{}], seed {}{}; results in {}",
         o.banks,
         o.workload.name(),
         o.clients,
         o.time_s,
         o.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
         o.seed,
+        if o.tls { ", TLS on every link" } else { "" },
         dir.display()
     );
 
@@ -1355,6 +1447,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         let mut cfg = ClientConfig::new(w.api_addrs());
         cfg.attempt_timeout = Duration::from_secs(3);
         cfg.call_deadline = Duration::from_secs(6);
+        cfg.tls = w.app_tls.clone();
         let client = Client::new(cfg).map_err(|e| anyhow::anyhow!("client: {e}"))?;
         tasks.push(tokio::spawn(client_loop(
             id,
@@ -1370,6 +1463,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     tasks.push(tokio::spawn(reader_loop(
         rec.clone(),
         w.api_addrs(),
+        w.app_tls.clone(),
         o.seed,
         stop_rx.clone(),
     )));
@@ -1471,13 +1565,13 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     // the history's ids are not recorded (unused ids of those ranges).
     let mut read_to = max_txid;
     for addr in w.api_addrs() {
-        if let Ok(s) = dtx_client::cluster_status_at(&addr, Duration::from_secs(2)).await {
+        if let Ok(s) = dtx_client::cluster_status_with(&addr, Duration::from_secs(2), w.op_tls.as_ref()).await {
             read_to = read_to.max(s.next_txid.saturating_sub(1));
         }
     }
     let all: Vec<u64> = (1..=read_to).collect();
     for (i, addr) in w.api_addrs().iter().enumerate() {
-        match read_decisions(addr, &all).await {
+        match read_decisions(addr, &all, w.op_tls.as_ref()).await {
             Ok(ds) => {
                 for (txid, d) in ds {
                     if d == DecisionSeen::Unknown && txid > max_txid - 50 {
@@ -1730,7 +1824,7 @@ async fn stuck_scan(w: &World, rec: &Recorder, max_txid: u64, healed: Instant, g
     let mut held = Vec::new();
     let mut read = false;
     for addr in w.api_addrs() {
-        if let Ok(ds) = read_decisions(&addr, &all).await {
+        if let Ok(ds) = read_decisions(&addr, &all, w.op_tls.as_ref()).await {
             held = ds
                 .into_iter()
                 .filter(|(_, d)| *d != DecisionSeen::Unknown)
@@ -1746,6 +1840,7 @@ async fn stuck_scan(w: &World, rec: &Recorder, max_txid: u64, healed: Instant, g
     }
     let mut cfg = ClientConfig::new(w.api_addrs());
     cfg.call_deadline = Duration::from_secs(5);
+    cfg.tls = w.op_tls.clone();
     let Ok(client) = Client::new(cfg) else { return };
     let client = &client;
     let statuses: Vec<(u64, Option<pb::StatusResponse>, u64)> = futures::stream::iter(held)
@@ -1813,6 +1908,7 @@ async fn unacked(w: &World, max_txid: u64) -> BTreeSet<(u64, String)> {
     use futures::StreamExt;
     let mut cfg = ClientConfig::new(w.api_addrs());
     cfg.call_deadline = Duration::from_secs(5);
+    cfg.tls = w.op_tls.clone();
     let Ok(client) = Client::new(cfg) else {
         return BTreeSet::new();
     };
@@ -1846,6 +1942,7 @@ async fn measure_liveness(
 ) {
     let mut cfg = ClientConfig::new(w.api_addrs());
     cfg.call_deadline = Duration::from_secs(5);
+    cfg.tls = w.op_tls.clone();
     let Ok(client) = Client::new(cfg) else { return };
     while !pending.is_empty() && healed.elapsed() < wait {
         let mut done = Vec::new();
@@ -2032,6 +2129,7 @@ fn write_results(
         "interrupted": interrupted,
         "seed": o.seed,
         "time_s": o.time_s,
+        "tls": o.tls,
         "nemeses": o.faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
         "command": o.command,
         "crash_points": crash_notes,
@@ -2039,10 +2137,11 @@ fn write_results(
     });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     let mut summary = format!(
-        "dtx jepsen run: seed {}, {} s, nemeses [{}]{}\nreproduce: {}\n\n",
+        "dtx jepsen run: seed {}, {} s, nemeses [{}]{}{}\nreproduce: {}\n\n",
         o.seed,
         o.time_s,
         o.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
+        if o.tls { ", TLS" } else { "" },
         if interrupted { " (interrupted)" } else { "" },
         o.command
     );
