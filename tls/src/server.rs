@@ -370,6 +370,13 @@ pub fn incoming(
                 let acceptor = tokio_rustls::TlsAcceptor::from(built.config.clone());
                 let s = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(s)) => s,
+                    Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        // Closed before saying anything: a port probe (a
+                        // health check's TCP connect), not worth a warning.
+                        metrics::counter!("dtx_tls_handshake_failures_total").increment(1);
+                        tracing::debug!(remote = ?tcp_info.remote_addr, "connection closed before a TLS handshake: {e}");
+                        return;
+                    }
                     Ok(Err(e)) => {
                         handshake_failed(&tcp_info, &e.to_string());
                         return;
