@@ -167,7 +167,7 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
             tls_cert: Some(t.operator.cert.clone()),
             tls_key: Some(t.operator.key.clone()),
             tls_ca: Some(t.ca.clone()),
-            token_file: None,
+            ..Default::default()
         }
         .client()?;
     }

@@ -464,8 +464,17 @@ async fn t95_tokens_authenticate_where_mutual_tls_is_off() {
     drop(c);
 
     // Without TLS at all, tokens still authenticate (plain text: for
-    // networks that are private already).
-    let mut plain = TestCluster::start_with("t95e", 3, tokens);
+    // networks that are private already), participants included: the
+    // nodes present auth.participant_token_file's token, the banks accept
+    // only its hash.
+    let node_token = dtx_tls::identity::new_token();
+    let node_token_file = dir.path().join("participant.token");
+    std::fs::write(&node_token_file, &node_token).unwrap();
+    let ntf = node_token_file.clone();
+    let mut plain = TestCluster::start_with("t95e", 3, move |cfg| {
+        tokens(cfg);
+        cfg.auth.participant_token_file = Some(ntf.clone());
+    });
     plain.procs.client_token = Some(ops.clone());
     assert!(
         plain.procs.wait_for_leader(Duration::from_secs(20)).await.is_some(),
@@ -480,6 +489,58 @@ async fn t95_tokens_authenticate_where_mutual_tls_is_off() {
         none.begin("t95e-2", 10_000, b"").await,
         Err(ClientError::Unauthenticated(_))
     ));
+
+    let hash = dtx_tls::identity::token_sha256_hex(&node_token);
+    let mut banks = Vec::new();
+    for (id, prefix) in [("bank-a", "a"), ("bank-b", "b")] {
+        let h = hash.clone();
+        let b = dtx_testkit::cluster::start_bank_with(
+            common::bin(),
+            plain.dir.path(),
+            id,
+            prefix,
+            &plain.procs.api_addrs(),
+            ACCOUNTS,
+            INITIAL,
+            move |_| vec!["--accept-node-token-sha256".into(), h],
+        )
+        .unwrap();
+        b.wait_started().await.unwrap();
+        banks.push(b);
+    }
+    let spec: Vec<(String, String, String)> = banks
+        .iter()
+        .map(|b| (b.id.clone(), b.addr.clone(), b.prefix.clone()))
+        .collect();
+    let mut committed = 0;
+    for i in 0..5 {
+        let (txid, res) = dtx_bank::transfer(&good, &format!("t95e-x{i}"), &spec, ACCOUNTS).await;
+        assert!(txid.is_some(), "transfer {i}: {res:?}");
+        if res.unwrap() == TxOutcome::Committed {
+            committed += 1;
+        }
+    }
+    assert!(committed >= 1, "no transfer committed with node tokens at the banks");
+    // A Commit without the nodes' token, or with an application's, is refused.
+    let ch = dtx_proto::channel::channel(&banks[0].addr, None, Duration::from_secs(3)).unwrap();
+    for (who, token) in [("no token", None), ("an application's token", Some(token.as_str()))] {
+        let rq = dtx_client::request_with_token(
+            pb::ParticipantDecisionRequest {
+                txid: 424242,
+                term: 1,
+                participant_id: "bank-a".into(),
+            },
+            token,
+        );
+        let s = pb::participant_service_client::ParticipantServiceClient::new(ch.clone())
+            .commit(rq)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(s.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied),
+            "{who}: {s:?}"
+        );
+    }
 }
 
 /// Sends bytes as they are (tonic's codecs would only send valid

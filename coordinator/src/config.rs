@@ -220,6 +220,11 @@ impl Default for TlsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     pub tokens: Vec<TokenConfig>,
+    /// A file holding the token this node sends to participants with every
+    /// call (`authorization: Bearer`), for participants served without
+    /// mutual TLS that check it (`--accept-node-token-sha256`). With TLS
+    /// the node's certificate is its proof and this is not needed.
+    pub participant_token_file: Option<PathBuf>,
 }
 
 /// One accepted bearer token: the SHA-256 of the token (64 hex digits;

@@ -29,6 +29,8 @@ use crate::sm::Txid;
 use crate::store::sm_store::SmState;
 use crate::store::KvEngine;
 use crate::store::StateMachineStore;
+use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
+use tonic::service::interceptor::InterceptedService;
 
 /// The error of a call on the node: what the API answers (mapped to a gRPC
 /// status in `api::error`) and what the driver and the node's loops get
@@ -130,6 +132,9 @@ pub fn now_ms() -> u64 {
 }
 
 /// Everything a request handler needs; shared by the services.
+/// How a node calls participants (see [`NodeCtx::participant_over`]).
+pub type ParticipantClient = ParticipantServiceClient<InterceptedService<Channel, dtx_proto::tls::edge::Bearer>>;
+
 pub struct NodeCtx {
     pub id: NodeId,
     pub config: Config,
@@ -138,6 +143,9 @@ pub struct NodeCtx {
     pub batcher: Batcher,
     pub engine: Arc<dyn KvEngine>,
     pub(crate) channels: ChannelCache,
+    /// The bearer token sent to participants (`auth.participant_token_file`),
+    /// for participants that accept a token where mutual TLS is not used.
+    pub(crate) participant_token: dtx_proto::tls::edge::Bearer,
 }
 
 impl NodeCtx {
@@ -283,6 +291,12 @@ impl NodeCtx {
             Some(o) if o != me => Err(not_owner(txid, o, me)),
             _ => Ok(()),
         }
+    }
+
+    /// A client of a participant service over `ch`, with the node's token
+    /// (if configured) on every call.
+    pub fn participant_over(&self, ch: Channel) -> ParticipantClient {
+        ParticipantServiceClient::with_interceptor(ch, self.participant_token.clone())
     }
 
     /// A cached channel to another node's API or to a participant service,

@@ -113,6 +113,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         engine: engine.clone(),
         channels: ChannelCache::new(local_ip, Duration::from_millis(config.raft.connect_timeout_ms))
             .with_tls(security.client_tls.clone()),
+        participant_token: security.participant_token.clone(),
     });
     let driver = Driver::new(ctx.clone());
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use dtx_proto::tls::client::ClientTlsFiles;
+use dtx_proto::tls::edge::Bearer;
 use dtx_proto::tls::files::KeyPairFiles;
 use dtx_proto::tls::server::ServerTlsFiles;
 use dtx_proto::tls::Access;
@@ -40,6 +41,8 @@ pub struct Security {
     pub tokens: Tokens,
     /// Calls must prove who they are (TLS on, or tokens configured).
     pub auth: bool,
+    /// The token this node sends to participants (`auth.participant_token_file`).
+    pub participant_token: Bearer,
 }
 
 impl Security {
@@ -52,6 +55,7 @@ impl Security {
             tokens.push(config.token_entry(t).map_err(|e| anyhow::anyhow!("auth.tokens: {e}"))?);
         }
         let tokens = Tokens::new(tokens);
+        let participant_token = participant_token(config)?;
         let t = &config.tls;
         let (Some(cert), Some(key), Some(ca)) = (&t.cert, &t.key, &t.ca) else {
             if tokens.is_empty() {
@@ -69,6 +73,7 @@ impl Security {
                 client_tls: None,
                 auth: !tokens.is_empty(),
                 tokens,
+                participant_token,
             });
         };
         let own = KeyPairFiles {
@@ -101,6 +106,7 @@ impl Security {
             client_tls: Some(client_tls),
             tokens,
             auth: true,
+            participant_token,
         })
     }
 
@@ -145,6 +151,23 @@ impl Security {
         EdgeLayer::new("raft", Tokens::default(), if tls { raft_policy } else { open_policy })
             .marking_not_applied(dtx_proto::metadata::NOT_APPLIED_HEADER)
     }
+}
+
+/// The token of `auth.participant_token_file`, if set: read and checked
+/// at start.
+fn participant_token(config: &Config) -> anyhow::Result<Bearer> {
+    let Some(path) = &config.auth.participant_token_file else {
+        return Ok(Bearer::default());
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("auth.participant_token_file {}", path.display()))?;
+    let token = text.trim();
+    anyhow::ensure!(
+        !token.is_empty(),
+        "auth.participant_token_file {} is empty",
+        path.display()
+    );
+    Bearer::new(Some(token)).map_err(|e| anyhow::anyhow!("auth.participant_token_file {}: {e}", path.display()))
 }
 
 /// The node's certificate must name this node (`dtx://node/<node_id>`):

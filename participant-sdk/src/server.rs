@@ -717,6 +717,45 @@ pub async fn serve_with_tls<P: Participant>(
     tls: Option<Arc<dtx_proto::tls::ServerTls>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    let guard = Guard {
+        tls,
+        node_tokens: dtx_proto::tls::Tokens::default(),
+    };
+    serve_guarded(
+        participant,
+        participant_id,
+        listener,
+        cluster,
+        recovery,
+        guard,
+        shutdown,
+    )
+    .await
+}
+
+/// Who may call a participant service: with `tls`, callers with a node's
+/// certificate; with `node_tokens` (where mutual TLS is not used), callers
+/// presenting one of those tokens (`authorization: Bearer`, the nodes'
+/// `auth.participant_token_file`). With neither, anyone (plain text, no
+/// check).
+#[derive(Clone, Debug, Default)]
+pub struct Guard {
+    pub tls: Option<Arc<dtx_proto::tls::ServerTls>>,
+    /// Tokens with the node role.
+    pub node_tokens: dtx_proto::tls::Tokens,
+}
+
+/// As [`serve_with_tls`], with a [`Guard`]: TLS, node tokens, or both.
+pub async fn serve_guarded<P: Participant>(
+    participant: Arc<P>,
+    participant_id: &str,
+    listener: tokio::net::TcpListener,
+    cluster: Vec<String>,
+    recovery: RecoveryOptions,
+    guard: Guard,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let Guard { tls, node_tokens } = guard;
     // Certificates are read again when their files change (every 10 s),
     // as a node's are: a rotation needs no restart.
     let mut reloaders = Vec::new();
@@ -727,14 +766,14 @@ pub async fn serve_with_tls<P: Participant>(
         reloaders.push(t.spawn_reloader(TLS_RELOAD_INTERVAL, "participant's calls to the cluster"));
     }
     let recovery = spawn_recovery_with(participant.clone(), cluster, recovery);
-    let policy: dtx_proto::tls::AuthPolicy = if tls.is_some() {
+    let policy: dtx_proto::tls::AuthPolicy = if tls.is_some() || !node_tokens.is_empty() {
         participant_policy
     } else {
         |_| dtx_proto::tls::Access::Open
     };
     let served = tonic::transport::Server::builder()
         .layer(
-            dtx_proto::tls::EdgeLayer::new("participant", dtx_proto::tls::Tokens::default(), policy)
+            dtx_proto::tls::EdgeLayer::new("participant", node_tokens, policy)
                 .marking_not_applied(dtx_proto::metadata::NOT_APPLIED_HEADER),
         )
         .add_service(

@@ -85,6 +85,7 @@ impl DevPki {
             tls_key: Some(own.key.clone()),
             tls_ca: Some(self.ca.clone()),
             token_file: None,
+            accept_node_token_sha256: None,
         }
     }
 

@@ -32,6 +32,11 @@ pub struct TlsArgs {
     /// cluster (for clusters that accept tokens where mutual TLS is off).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Where this process serves without mutual TLS (a participant): accept
+    /// calls from nodes that present the token with this SHA-256 (64 hex
+    /// digits; the nodes' `auth.participant_token_file`).
+    #[arg(long)]
+    pub accept_node_token_sha256: Option<String>,
 }
 
 impl TlsArgs {
@@ -90,6 +95,16 @@ impl TlsArgs {
         Ok(Some(t.to_string()))
     }
 
+    /// The node tokens of `--accept-node-token-sha256` (empty without it).
+    pub fn node_tokens(&self) -> Result<crate::Tokens, TlsError> {
+        match &self.accept_node_token_sha256 {
+            None => Ok(crate::Tokens::default()),
+            Some(h) => crate::TokenEntry::new(crate::Role::Node, "cluster", h)
+                .map(|e| crate::Tokens::new(vec![e]))
+                .map_err(|e| TlsError::Config(format!("--accept-node-token-sha256: {e}"))),
+        }
+    }
+
     /// The flags again, for starting a child process with the same
     /// settings.
     pub fn to_flags(&self) -> Vec<String> {
@@ -104,6 +119,10 @@ impl TlsArgs {
                 v.push(flag.to_string());
                 v.push(p.display().to_string());
             }
+        }
+        if let Some(h) = &self.accept_node_token_sha256 {
+            v.push("--accept-node-token-sha256".into());
+            v.push(h.clone());
         }
         v
     }

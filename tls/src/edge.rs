@@ -341,6 +341,35 @@ where
     }
 }
 
+/// A client-side interceptor that sends a bearer token with every call
+/// (none when empty): how a node proves itself to participants where
+/// mutual TLS is not used.
+#[derive(Clone, Debug, Default)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl Bearer {
+    /// `token` as `authorization: Bearer <token>`; refused when it is not
+    /// printable ASCII.
+    pub fn new(token: Option<&str>) -> Result<Bearer, String> {
+        match token {
+            None => Ok(Bearer(None)),
+            Some(t) => format!("Bearer {t}")
+                .parse()
+                .map(|v| Bearer(Some(v)))
+                .map_err(|_| "a token must be printable ASCII without spaces".to_string()),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
 /// The identity a layer admitted the call with (None when authentication
 /// is off or the method is open).
 pub fn caller<T>(req: &tonic::Request<T>) -> Option<&Identity> {

@@ -54,7 +54,6 @@ use std::time::Duration;
 
 use dtx_proto::metadata::RefusalKind;
 use dtx_proto::v1 as pb;
-use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use rand::Rng;
 use tracing::info;
 use tracing::warn;
@@ -342,7 +341,7 @@ impl Driver {
             Ok(c) => c,
             Err(e) => return Vote::Failed(e.to_string()),
         };
-        let res = tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).prepare(req)).await;
+        let res = tokio::time::timeout(timeout, self.ctx.participant_over(ch).prepare(req)).await;
         match res {
             Err(_) => Vote::Failed(format!("no vote within {} ms", timeout.as_millis())),
             Ok(Err(s)) => Vote::Failed(format!("{}: {}", s.code(), s.message())),
@@ -576,7 +575,7 @@ impl Driver {
         dtx_failpoint::failpoint!("coordinator_before_prepare");
         let ch = self.ctx.api_channel(&p.address)?;
         let req = prepare_request(txid, term, p, timeout);
-        let answer = tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).commit_one_phase(req)).await;
+        let answer = tokio::time::timeout(timeout, self.ctx.participant_over(ch).commit_one_phase(req)).await;
         let (outcome, note) = match answer {
             Ok(Ok(r)) => {
                 let r = r.into_inner();
@@ -808,7 +807,7 @@ impl Driver {
                     participant_id: p.id.clone(),
                 });
                 req.set_timeout(timeout);
-                match tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).inquire(req)).await {
+                match tokio::time::timeout(timeout, self.ctx.participant_over(ch).inquire(req)).await {
                     Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
                     Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
                     Ok(Ok(r)) => Ok(pb::LocalRecord::try_from(r.into_inner().record).unwrap_or_default()),
@@ -1269,7 +1268,7 @@ impl Driver {
             message: format!("bad participant address {:?}: {e}", p.address),
             stale_term: false,
         })?;
-        let mut client = ParticipantServiceClient::new(ch);
+        let mut client = self.ctx.participant_over(ch);
         let body = pb::ParticipantDecisionRequest {
             txid,
             term,

@@ -36,7 +36,6 @@ use std::time::Duration;
 
 use dtx_proto::metadata::RefusalKind;
 use dtx_proto::v1 as pb;
-use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use tokio::sync::oneshot;
 use tracing::info;
 
@@ -127,7 +126,7 @@ impl Driver {
         let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
         let mut req = tonic::Request::new(pb::ApplyDecisionsRequest { items: batch });
         req.set_timeout(timeout);
-        let mut client = ParticipantServiceClient::new(ch);
+        let mut client = self.ctx.participant_over(ch);
         match tokio::time::timeout(timeout, client.apply_decisions(req)).await {
             Err(_) => every(DeliveryError::NoAnswer(format!(
                 "no answer within {} ms",

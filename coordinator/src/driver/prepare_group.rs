@@ -28,7 +28,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dtx_proto::v1 as pb;
-use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::info;
@@ -120,7 +119,7 @@ impl Driver {
             items: batch.into_iter().map(|it| it.req).collect(),
         });
         req.set_timeout(timeout);
-        let mut client = ParticipantServiceClient::new(ch);
+        let mut client = self.ctx.participant_over(ch);
         match tokio::time::timeout(timeout, client.prepare_many(req)).await {
             Err(_) => every(format!("no vote within {} ms", timeout.as_millis())),
             Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {

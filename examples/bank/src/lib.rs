@@ -242,7 +242,10 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
     let mut opts = participant_sdk::server::RecoveryOptions::for_service(&a.id, &a.listen);
     opts.tls = a.tls.client().context("TLS of the calls to the cluster")?;
     opts.token = a.tls.token()?;
-    let server_tls = a.tls.server().context("TLS of the participant service")?;
+    let guard = participant_sdk::server::Guard {
+        tls: a.tls.server().context("TLS of the participant service")?,
+        node_tokens: a.tls.node_tokens()?,
+    };
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
@@ -258,13 +261,13 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
         .await
         .with_context(|| format!("{}: PostgreSQL participant", a.id))?;
         tracing::info!(id = %a.id, listen = %a.listen, "bank service started on PostgreSQL");
-        participant_sdk::server::serve_with_tls(
+        participant_sdk::server::serve_guarded(
             Arc::new(participant),
             &a.id,
             listener,
             a.cluster.clone(),
             opts,
-            server_tls,
+            guard,
             shutdown,
         )
         .await?;
@@ -282,16 +285,8 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
             }
         }
     };
-    participant_sdk::server::serve_with_tls(
-        store.clone(),
-        &a.id,
-        listener,
-        a.cluster.clone(),
-        opts,
-        server_tls,
-        stop,
-    )
-    .await?;
+    participant_sdk::server::serve_guarded(store.clone(), &a.id, listener, a.cluster.clone(), opts, guard, stop)
+        .await?;
     if let Some(f) = store.failure() {
         anyhow::bail!("{f}");
     }

@@ -484,21 +484,16 @@ pub async fn serve(a: ShopServeArgs, shutdown: impl std::future::Future<Output =
     let mut recovery = participant_sdk::server::RecoveryOptions::for_service(id, &a.listen);
     recovery.tls = a.tls.client().context("TLS of the calls to the cluster")?;
     recovery.token = a.tls.token()?;
-    let server_tls = a.tls.server().context("TLS of the participant service")?;
+    let guard = participant_sdk::server::Guard {
+        tls: a.tls.server().context("TLS of the participant service")?,
+        node_tokens: a.tls.node_tokens()?,
+    };
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
     tracing::info!(id, listen = %a.listen, "shop service started");
-    participant_sdk::server::serve_with_tls(
-        participant,
-        id,
-        listener,
-        a.cluster.clone(),
-        recovery,
-        server_tls,
-        shutdown,
-    )
-    .await?;
+    participant_sdk::server::serve_guarded(participant, id, listener, a.cluster.clone(), recovery, guard, shutdown)
+        .await?;
     Ok(())
 }
 
