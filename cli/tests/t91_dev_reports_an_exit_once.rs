@@ -84,6 +84,21 @@ impl Drop for Dev {
     }
 }
 
+/// The lines a child prints on `stdout`, read on a thread of their own
+/// (until the receiver is dropped or the pipe closes).
+fn lines_of(stdout: std::process::ChildStdout) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(stdout).lines() {
+            let Ok(l) = l else { return };
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
 /// Waits for a stdout line containing `what`; returns every line read.
 fn wait_line(rx: &mpsc::Receiver<String>, seen: &mut Vec<String>, what: &str, timeout: Duration) -> bool {
     let until = Instant::now() + timeout;
@@ -125,15 +140,7 @@ fn t91_dev_reports_an_exit_once_and_enter_starts_the_node_again() {
         child,
         dir: dir.clone(),
     };
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in std::io::BufReader::new(stdout).lines() {
-            let Ok(l) = l else { return };
-            if tx.send(l).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = lines_of(stdout);
     let mut seen = Vec::new();
     assert!(
         wait_line(&rx, &mut seen, "Serving until Ctrl-C", Duration::from_secs(60)),
@@ -224,15 +231,7 @@ fn t91_dev_tls_prints_flags_that_work() {
         child,
         dir: dir.clone(),
     };
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in std::io::BufReader::new(stdout).lines() {
-            let Ok(l) = l else { return };
-            if tx.send(l).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = lines_of(stdout);
     let mut seen = Vec::new();
     assert!(
         wait_line(&rx, &mut seen, "or its token", Duration::from_secs(60)),

@@ -108,6 +108,20 @@ async fn every_port(api: &str, raft: &str, participant: &str, tls: &Arc<ClientTl
     vec![("api", show(a)), ("raft", show(r)), ("participant", show(p))]
 }
 
+/// Five transfers between `banks` by `client` (keys `<prefix>-<i>`); each
+/// must get an answer with a txid. Returns how many committed.
+async fn committed_of_five(client: &Client, prefix: &str, banks: &[(String, String, String)]) -> usize {
+    let mut committed = 0;
+    for i in 0..5 {
+        let (txid, res) = dtx_bank::transfer(client, &format!("{prefix}-{i}"), banks, ACCOUNTS).await;
+        assert!(txid.is_some(), "transfer {i}: {res:?}");
+        if res.unwrap() == TxOutcome::Committed {
+            committed += 1;
+        }
+    }
+    committed
+}
+
 fn start_bank(c: &TestCluster, pki: &DevPki, id: &str, prefix: &str) -> BankProcess {
     let ip = "127.0.0.1";
     let port = dtx_testkit::cluster::free_port(ip).unwrap();
@@ -149,15 +163,10 @@ async fn t95_mutual_tls_admits_the_cluster_and_refuses_strangers_on_every_port()
     // leader reaches both banks over TLS with its node certificate.
     let app_files = pki.issue(Role::Application, "shop", &[]).unwrap();
     let app = client_with(&c, Some(pki.client(&app_files).unwrap()), None);
-    let mut committed = 0;
-    for i in 0..5 {
-        let (txid, res) = dtx_bank::transfer(&app, &format!("t95-{i}"), &banks, ACCOUNTS).await;
-        assert!(txid.is_some(), "transfer {i}: {res:?}");
-        if res.unwrap() == TxOutcome::Committed {
-            committed += 1;
-        }
-    }
-    assert!(committed >= 1, "no transfer committed over TLS");
+    assert!(
+        committed_of_five(&app, "t95", &banks).await >= 1,
+        "no transfer committed over TLS"
+    );
 
     let leader_node = &c.procs.nodes[(leader - 1) as usize];
     let (api, raft) = (
@@ -512,15 +521,10 @@ async fn t95_tokens_authenticate_where_mutual_tls_is_off() {
         .iter()
         .map(|b| (b.id.clone(), b.addr.clone(), b.prefix.clone()))
         .collect();
-    let mut committed = 0;
-    for i in 0..5 {
-        let (txid, res) = dtx_bank::transfer(&good, &format!("t95e-x{i}"), &spec, ACCOUNTS).await;
-        assert!(txid.is_some(), "transfer {i}: {res:?}");
-        if res.unwrap() == TxOutcome::Committed {
-            committed += 1;
-        }
-    }
-    assert!(committed >= 1, "no transfer committed with node tokens at the banks");
+    assert!(
+        committed_of_five(&good, "t95e-x", &spec).await >= 1,
+        "no transfer committed with node tokens at the banks"
+    );
     // A Commit without the nodes' token, or with an application's, is refused.
     let ch = dtx_proto::channel::channel(&banks[0].addr, None, Duration::from_secs(3)).unwrap();
     for (who, token) in [("no token", None), ("an application's token", Some(token.as_str()))] {
