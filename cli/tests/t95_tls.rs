@@ -380,22 +380,34 @@ async fn t95_a_node_with_another_authoritys_certificate_cannot_join() {
     let raft = format!("{ip}:{}", dtx_testkit::cluster::free_port(ip).unwrap());
     let api = format!("{ip}:{}", dtx_testkit::cluster::free_port(ip).unwrap());
     let n4 = other.issue(Role::Node, "4", &[]).unwrap();
-    let log = std::fs::File::create(dir.path().join("node4.log")).unwrap();
-    let mut child = std::process::Command::new(common::bin())
-        .args(["serve", "--node-id", "4", "--cluster-id", "t95c"])
-        .arg("--data-dir")
-        .arg(dir.path().join("node4"))
-        .args(["--raft-addr", &raft, "--api-addr", &api])
-        .arg("--tls-cert")
-        .arg(&n4.cert)
-        .arg("--tls-key")
-        .arg(&n4.key)
-        .arg("--tls-ca")
-        .arg(&other.ca)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    // A ServiceProcess: killed when dropped, also when an assertion below
+    // fails (a node left running would hold its ports).
+    let args: Vec<std::ffi::OsString> = [
+        "serve",
+        "--node-id",
+        "4",
+        "--cluster-id",
+        "t95c",
+        "--raft-addr",
+        &raft,
+        "--api-addr",
+        &api,
+    ]
+    .iter()
+    .map(Into::into)
+    .chain([
+        "--data-dir".into(),
+        dir.path().join("node4").into_os_string(),
+        "--tls-cert".into(),
+        n4.cert.clone().into_os_string(),
+        "--tls-key".into(),
+        n4.key.clone().into_os_string(),
+        "--tls-ca".into(),
+        other.ca.clone().into_os_string(),
+    ])
+    .collect();
+    let mut node4 = dtx_testkit::cluster::ServiceProcess::new(common::bin(), dir.path(), "node4", &api, args);
+    node4.start(&[]).unwrap();
     assert!(
         dtx_testkit::cluster::wait_listening(&api, Duration::from_secs(10)).await,
         "node 4 did not start"
@@ -432,8 +444,7 @@ async fn t95_a_node_with_another_authoritys_certificate_cannot_join() {
         .unwrap();
     let voters: Vec<u64> = s.members.iter().filter(|m| m.voter).map(|m| m.node_id).collect();
     assert_eq!(voters, vec![1, 2, 3]);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(node4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
