@@ -947,7 +947,7 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
     let (bank_msgs, bank_first) = disk::disk_full_lines(&bank_log, fault.bank_log_from);
 
     // The supervisor: whatever is not running now is started again.
-    let node_restarted = !w.cluster.node(node).is_running();
+    let mut node_restarted = !w.cluster.node(node).is_running();
     if node_restarted {
         if let Err(e) = w.restart_node(node, &[]) {
             eprintln!("jepsen: could not restart n{node}: {e}");
@@ -978,9 +978,17 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
         }
     }
     let node_api = w.cluster.node(node).plan.api_listen.clone();
+    // A node that was on its way out when space was freed (its Raft had
+    // stopped; it exits within a second) counted as running above: watch
+    // its pid, and stop waiting for it once it is gone (it is restarted
+    // below, as a supervisor would).
+    let node_pid = w.cluster.node(node).pid();
     let until = freed_at + DISK_RECOVERY_WAIT;
     let node_back = async {
         while Instant::now() < until {
+            if node_pid.is_some_and(|p| !dtx_pg_server::process_running(p)) {
+                return None;
+            }
             if let Ok(s) = dtx_client::cluster_status_with(&node_api, Duration::from_millis(300), op_tls.as_ref()).await
             {
                 if s.leader_id != 0 && s.role != "Shutdown" && s.last_applied_index >= target {
@@ -1002,7 +1010,26 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
         }
         None
     };
-    let (node_back, bank_back) = tokio::join!(node_back, bank_back);
+    let (mut node_back, bank_back) = tokio::join!(node_back, bank_back);
+    if node_back.is_none() && !w.cluster.node(node).is_running() {
+        // It exited after the check above: restart it and give it the same
+        // time to come back, counted from the restart.
+        node_restarted = true;
+        let restarted_at = Instant::now();
+        if let Err(e) = w.restart_node(node, &[]) {
+            eprintln!("jepsen: could not restart n{node}: {e}");
+        }
+        while restarted_at.elapsed() < DISK_RECOVERY_WAIT {
+            if let Ok(s) = dtx_client::cluster_status_with(&node_api, Duration::from_millis(300), op_tls.as_ref()).await
+            {
+                if s.leader_id != 0 && s.role != "Shutdown" && s.last_applied_index >= target {
+                    node_back = Some(freed_at.elapsed().as_millis() as u64);
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 
     let seen = [
         DiskFullSeen {
