@@ -89,12 +89,7 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         banks_procs[0].addr, banks_procs[1].addr
     );
     let expected_total = 2 * a.accounts as i64 * a.initial;
-    let banks: Arc<Vec<(String, String, String)>> = Arc::new(
-        banks_procs
-            .iter()
-            .map(|b| (b.id.to_string(), b.addr.clone(), b.prefix.to_string()))
-            .collect(),
-    );
+    let banks: Arc<Vec<(String, String, String)>> = Arc::new(banks_procs.iter().map(|b| b.spec()).collect());
 
     let counts = Arc::new(Counts::default());
     let unknown: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();

@@ -154,10 +154,7 @@ async fn t95_mutual_tls_admits_the_cluster_and_refuses_strangers_on_every_port()
     let b = start_bank(&c, &pki, "bank-b", "b");
     a.wait_started().await.unwrap();
     b.wait_started().await.unwrap();
-    let banks: Vec<(String, String, String)> = [&a, &b]
-        .iter()
-        .map(|x| (x.id.clone(), x.addr.clone(), x.prefix.clone()))
-        .collect();
+    let banks: Vec<(String, String, String)> = [&a, &b].iter().map(|b| b.spec()).collect();
 
     // An application with its certificate runs transfers end to end: the
     // leader reaches both banks over TLS with its node certificate.
@@ -528,10 +525,7 @@ async fn t95_tokens_authenticate_where_mutual_tls_is_off() {
         b.wait_started().await.unwrap();
         banks.push(b);
     }
-    let spec: Vec<(String, String, String)> = banks
-        .iter()
-        .map(|b| (b.id.clone(), b.addr.clone(), b.prefix.clone()))
-        .collect();
+    let spec: Vec<(String, String, String)> = banks.iter().map(|b| b.spec()).collect();
     assert!(
         committed_of_five(&good, "t95e-x", &spec).await >= 1,
         "no transfer committed with node tokens at the banks"

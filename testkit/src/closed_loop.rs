@@ -48,10 +48,7 @@ pub type BankList = Arc<Vec<(String, String, String)>>;
 /// Started banks as `measure_transfers` takes them, and a CPU meter over
 /// `node_pids`, the banks and this process (every process of a transfer).
 pub fn banks_and_meter(banks: &[crate::cluster::BankProcess], node_pids: &[u32]) -> (BankList, CpuMeter) {
-    let list = banks
-        .iter()
-        .map(|b| (b.id.to_string(), b.addr.clone(), b.prefix.to_string()))
-        .collect();
+    let list = banks.iter().map(|b| b.spec()).collect();
     let pids = node_pids
         .iter()
         .copied()

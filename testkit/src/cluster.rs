@@ -122,6 +122,12 @@ impl BankProcess {
     /// --json`: balances, locks, in-doubt count and apply log (a PostgreSQL
     /// bank: its database, with `bank-audit --json --postgres`, which also
     /// lists the prepared transactions under `prepared`).
+    /// `(participant id, address, account prefix)`: how transfers
+    /// (`dtx_bank::transfer`) name this bank.
+    pub fn spec(&self) -> (String, String, String) {
+        (self.id.clone(), self.addr.clone(), self.prefix.clone())
+    }
+
     pub fn audit(&self) -> anyhow::Result<serde_json::Value> {
         let mut cmd = Command::new(&self.bin);
         match &self.postgres {

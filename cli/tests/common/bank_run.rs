@@ -97,10 +97,7 @@ impl BankRun {
             b.wait_started().await.unwrap();
             banks.push(b);
         }
-        let spec: Vec<(String, String, String)> = banks
-            .iter()
-            .map(|b| (b.id.clone(), b.addr.clone(), b.prefix.clone()))
-            .collect();
+        let spec: Vec<(String, String, String)> = banks.iter().map(|b| b.spec()).collect();
         let cl = Arc::new(c.client());
         let mut tasks = Vec::new();
         for client in 0..clients {
