@@ -208,7 +208,11 @@ pub fn api_policy(path: &str) -> Access {
         ("dtx.v1.Coordinator", "Enlist") => ENLIST,
         ("dtx.v1.Coordinator", "GetDecision" | "GetDecisions") => READ,
         ("dtx.v1.Coordinator", "Status") => STATUS,
-        ("dtx.v1.Admin", "ClusterStatus" | "AddNode" | "RemoveNode" | "TriggerSnapshot" | "Resolve") => ADMIN,
+        (
+            "dtx.v1.Admin",
+            "ClusterStatus" | "AddNode" | "RemoveNode" | "TriggerSnapshot" | "Resolve" | "ListTransactions"
+            | "DropParticipant" | "ForgetTransaction" | "Backup",
+        ) => ADMIN,
         _ => &[],
     })
 }

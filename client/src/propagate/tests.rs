@@ -177,6 +177,28 @@ impl Admin for Hop {
     async fn resolve(&self, _: Request<pb::ResolveRequest>) -> Result<Response<pb::ResolveResponse>, Status> {
         Err(Status::unimplemented("test"))
     }
+    async fn list_transactions(
+        &self,
+        _: Request<pb::ListTransactionsRequest>,
+    ) -> Result<Response<pb::ListTransactionsResponse>, Status> {
+        Err(Status::unimplemented("test"))
+    }
+    async fn drop_participant(
+        &self,
+        _: Request<pb::DropParticipantRequest>,
+    ) -> Result<Response<pb::DropParticipantResponse>, Status> {
+        Err(Status::unimplemented("test"))
+    }
+    async fn forget_transaction(
+        &self,
+        _: Request<pb::ForgetTransactionRequest>,
+    ) -> Result<Response<pb::ForgetTransactionResponse>, Status> {
+        Err(Status::unimplemented("test"))
+    }
+    type BackupStream = tonic::codegen::BoxStream<pb::BackupChunk>;
+    async fn backup(&self, _: Request<pb::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
+        Err(Status::unimplemented("test"))
+    }
 }
 
 /// Serves `hop` on 127.0.0.1:0 with the inbound layer; its address.

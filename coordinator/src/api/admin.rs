@@ -99,10 +99,12 @@ impl AdminService {
                     raft_addr: n.raft_addr.clone(),
                     api_addr: n.api_addr.clone(),
                     voter: voters.contains(id),
+                    ..Default::default()
                 })
                 .collect(),
             transactions: self.ctx().sm.state().table.len() as u64,
             next_txid: self.ctx().sm.state().table.next_txid(),
+            ..Default::default()
         }
     }
 
@@ -323,5 +325,32 @@ impl Admin for AdminService {
             |ch, r| async move { AdminClient::new(ch).resolve(r).await },
         )
         .await
+    }
+
+    async fn list_transactions(
+        &self,
+        _req: Request<pb::ListTransactionsRequest>,
+    ) -> Result<Response<pb::ListTransactionsResponse>, Status> {
+        Err(Status::unimplemented("ListTransactions: not built yet"))
+    }
+
+    async fn drop_participant(
+        &self,
+        _req: Request<pb::DropParticipantRequest>,
+    ) -> Result<Response<pb::DropParticipantResponse>, Status> {
+        Err(Status::unimplemented("DropParticipant: not built yet"))
+    }
+
+    async fn forget_transaction(
+        &self,
+        _req: Request<pb::ForgetTransactionRequest>,
+    ) -> Result<Response<pb::ForgetTransactionResponse>, Status> {
+        Err(Status::unimplemented("ForgetTransaction: not built yet"))
+    }
+
+    type BackupStream = tonic::codegen::BoxStream<pb::BackupChunk>;
+
+    async fn backup(&self, _req: Request<pb::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
+        Err(Status::unimplemented("Backup: not built yet"))
     }
 }

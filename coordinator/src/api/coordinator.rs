@@ -134,6 +134,8 @@ fn status_pb(r: &TxRecord) -> pb::StatusResponse {
         begun_unix_ms: r.begun_ms,
         deadline_unix_ms: r.deadline_ms,
         decision: r.decision().map(decision_pb),
+        one_phase: r.one_phase,
+        owner: String::new(),
     }
 }
 
