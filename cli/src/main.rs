@@ -2,20 +2,21 @@
 //! the libraries (`coordinator`, `dtx-client`, `dtx-testkit`, `dtx-bank`)
 //! does the work.
 
+mod admin;
+mod admin_view;
+mod backup;
 mod demo;
 mod demo_kit;
 mod demo_pg;
 mod dev;
+mod log_levels;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use clap::Subcommand;
 use coordinator::config::Config;
-use dtx_client::Client;
-use dtx_client::ClientConfig;
 
 #[derive(Parser)]
 #[command(
@@ -72,17 +73,16 @@ enum Cmd {
         #[arg(long)]
         data_dir: PathBuf,
     },
-    /// Operator commands against a running cluster.
-    Admin {
-        /// API address(es) of any node(s), comma-separated.
-        #[arg(long, default_value = "127.0.0.1:7201", value_delimiter = ',')]
-        addr: Vec<String>,
-        /// TLS and token settings (an operator's certificate: dtx://operator/<name>).
-        #[command(flatten)]
-        tls: dtx_tls::args::TlsArgs,
-        #[command(subcommand)]
-        cmd: AdminCmd,
-    },
+    /// Operator commands against a running cluster: status, transactions
+    /// (list, show, in-doubt, repairs), membership, snapshots, backups.
+    /// Exit codes: 0 done, 1 other error, 2 usage, 3 refused, 4 outcome
+    /// unknown, 5 unreachable.
+    Admin(admin::AdminArgs),
+    /// Write one node's data directory of a NEW cluster from a backup
+    /// (`admin backup --out FILE`), like `etcdctl snapshot restore`: run it
+    /// once per node (same backup, same members), then `serve` each node
+    /// without --bootstrap. `--verify` only checks the file and shows it.
+    Restore(backup::RestoreArgs),
 }
 
 #[derive(Parser)]
@@ -121,64 +121,24 @@ struct ServeArgs {
     tls_client_auth: Option<String>,
 }
 
-#[derive(Subcommand)]
-enum AdminCmd {
-    /// Show the cluster as the first reachable node sees it.
-    Status,
-    /// Add a node (as a learner, then a voter unless --learner).
-    AddNode {
-        #[arg(long)]
-        node_id: u64,
-        #[arg(long)]
-        raft_addr: String,
-        #[arg(long)]
-        api_addr: String,
-        #[arg(long)]
-        learner: bool,
-    },
-    /// Remove a node from the cluster.
-    RemoveNode {
-        #[arg(long)]
-        node_id: u64,
-    },
-    /// Build a snapshot on the addressed node now.
-    Snapshot,
-    /// Show one transaction's replicated record.
-    Txn {
-        #[arg(long)]
-        txid: u64,
-    },
-    /// Record a decision by hand (write-once; never overrides one).
-    Resolve {
-        #[arg(long)]
-        txid: u64,
-        #[arg(long, conflicts_with = "abort", required_unless_present = "abort")]
-        commit: bool,
-        #[arg(long)]
-        abort: bool,
-        /// Participants known to hold a YES vote (required for --commit).
-        #[arg(long, value_delimiter = ',')]
-        voters: Vec<String>,
-        #[arg(long)]
-        operator: String,
-        #[arg(long)]
-        reason: String,
-    },
-}
-
 fn init_tracing(format: &str) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn,h2=warn,tower=warn"));
-    use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let routine = log_levels::RoutineRaftErrors::default();
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
+    let fmt: Box<dyn Layer<_> + Send + Sync> = if format == "json" {
+        Box::new(fmt.json().with_filter(routine.clone()))
     } else {
-        builder.init();
-    }
+        Box::new(fmt.with_filter(routine.clone()))
+    };
+    tracing_subscriber::registry().with(filter).with(fmt).init();
+    log_levels::spawn_summary(routine);
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -233,104 +193,6 @@ fn load_config(a: ServeArgs) -> anyhow::Result<Config> {
     Ok(c)
 }
 
-async fn admin(addrs: Vec<String>, tls: dtx_tls::args::TlsArgs, cmd: AdminCmd) -> anyhow::Result<()> {
-    let mut cfg = ClientConfig::new(addrs.clone());
-    cfg.call_deadline = Duration::from_secs(30);
-    cfg.tls = tls.client()?;
-    cfg.token = tls.token()?;
-    let token = cfg.token.clone();
-    let channel = |addr: &str| {
-        dtx_proto::channel::channel_with(addr, None, Duration::from_secs(5), cfg.tls.as_ref())
-            .map_err(anyhow::Error::msg)
-    };
-    let client = Client::new(cfg.clone())?;
-    match cmd {
-        AdminCmd::Status => {
-            let s = client.cluster_status().await?;
-            println!("{}", serde_json::to_string_pretty(&status_json(&s))?);
-        }
-        AdminCmd::AddNode {
-            node_id,
-            raft_addr,
-            api_addr,
-            learner,
-        } => {
-            let ch = channel(&addrs[0])?;
-            let r = dtx_proto::v1::admin_client::AdminClient::new(ch)
-                .add_node(dtx_client::request_with_token(
-                    dtx_proto::v1::AddNodeRequest {
-                        node_id,
-                        raft_addr,
-                        api_addr,
-                        voter: !learner,
-                    },
-                    token.as_deref(),
-                ))
-                .await?;
-            println!("voters now: {:?}", r.into_inner().voters);
-        }
-        AdminCmd::RemoveNode { node_id } => {
-            let ch = channel(&addrs[0])?;
-            let r = dtx_proto::v1::admin_client::AdminClient::new(ch)
-                .remove_node(dtx_client::request_with_token(
-                    dtx_proto::v1::RemoveNodeRequest { node_id },
-                    token.as_deref(),
-                ))
-                .await?;
-            println!("voters now: {:?}", r.into_inner().voters);
-        }
-        AdminCmd::Snapshot => {
-            let ch = channel(&addrs[0])?;
-            let r = dtx_proto::v1::admin_client::AdminClient::new(ch)
-                .trigger_snapshot(dtx_client::request_with_token(
-                    dtx_proto::v1::TriggerSnapshotRequest {},
-                    token.as_deref(),
-                ))
-                .await?;
-            println!("snapshot index: {}", r.into_inner().snapshot_index);
-        }
-        AdminCmd::Txn { txid } => {
-            let s = client.status(txid).await?;
-            println!("{s:#?}");
-        }
-        AdminCmd::Resolve {
-            txid,
-            commit,
-            abort: _,
-            voters,
-            operator,
-            reason,
-        } => {
-            let (outcome, recorded) = client.resolve(txid, commit, &voters, &operator, &reason).await?;
-            if recorded {
-                println!("recorded {outcome:?} for transaction {txid}");
-            } else {
-                println!("transaction {txid} was already decided: {outcome:?} (unchanged)");
-            }
-        }
-    }
-    Ok(())
-}
-
-fn status_json(s: &dtx_proto::v1::ClusterStatusResponse) -> serde_json::Value {
-    serde_json::json!({
-        "cluster_id": s.cluster_id,
-        "node_id": s.node_id,
-        "role": s.role,
-        "leader_id": s.leader_id,
-        "leader_api_addr": s.leader_api_addr,
-        "term": s.term,
-        "last_log_index": s.last_log_index,
-        "last_applied_index": s.last_applied_index,
-        "snapshot_index": s.snapshot_index,
-        "purged_index": s.purged_index,
-        "transactions": s.transactions,
-        "members": s.members.iter().map(|m| serde_json::json!({
-            "node_id": m.node_id, "raft_addr": m.raft_addr, "api_addr": m.api_addr, "voter": m.voter
-        })).collect::<Vec<_>>(),
-    })
-}
-
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_tracing(&cli.log_format);
@@ -349,6 +211,11 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
     };
+    if let Cmd::Admin(a) = cli.cmd {
+        let code = rt.block_on(admin::run(a));
+        rt.shutdown_timeout(std::time::Duration::from_secs(2));
+        std::process::exit(code);
+    }
     let outcome = rt.block_on(run(cli));
     // Tasks still running (a blocking storage call, a stuck connection)
     // never keep the process from exiting.
@@ -453,7 +320,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Bench(a) => dtx_testkit::bench::run(a).await,
-        Cmd::Admin { addr, tls, cmd } => admin(addr, tls, cmd).await,
+        Cmd::Admin(_) => unreachable!("admin runs in main, for its exit code"),
+        Cmd::Restore(a) => backup::restore(a).await,
         Cmd::Inspect { data_dir } => {
             let v = coordinator::store::inspect(&data_dir)?;
             println!("{}", serde_json::to_string_pretty(&v)?);

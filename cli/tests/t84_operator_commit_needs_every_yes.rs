@@ -1,4 +1,4 @@
-//! Issue 8, defect 5 (invariants 2 and 3): `admin resolve --commit` is
+//! Issue 8, defect 5 (invariants 2 and 3): `admin txn resolve --commit` is
 //! refused unless every participant holds a durable YES vote. The leader
 //! asks each one what its log holds (the read-only `Inquire` call). It used
 //! to compare only the voter list with the enlisted set, so an operator
@@ -15,10 +15,10 @@ use common::TestCluster;
 use dtx_client::TxOutcome;
 use participant_sdk::log::LocalState;
 
-/// Runs `coordinator admin ... resolve`; (success, stdout, stderr).
+/// Runs `coordinator admin ... txn resolve`; (success, stdout, stderr).
 fn resolve_cli(c: &TestCluster, txid: u64, extra: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(common::bin())
-        .args(["admin", "--addr", &c.procs.api_addrs().join(","), "resolve", "--txid"])
+        .args(["admin", "--addr", &c.procs.api_addrs().join(","), "txn", "resolve"])
         .arg(txid.to_string())
         .args(extra)
         .args(["--operator", "alice", "--reason", "drill"])

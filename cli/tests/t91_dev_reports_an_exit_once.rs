@@ -260,7 +260,11 @@ fn t91_dev_tls_prints_flags_that_work() {
         "{try_line}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("\"cluster_id\": \"dtx-dev\""));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("cluster dtx-dev "),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 
     // The application's token: admitted, but not to admin calls.
     let token_line = seen.iter().find(|l| l.contains("or its token")).unwrap();

@@ -670,6 +670,74 @@ impl Client {
         Ok((tx_outcome(r.outcome)?, r.recorded))
     }
 
+    /// One page of the transaction records the cluster holds, by ascending
+    /// txid, filtered as `req` says (operator's `ListTransactions`: a
+    /// linearizable read on the leader). Pass the answer's
+    /// `next_after_txid` as `after_txid` for the next page until it is 0; a
+    /// page may hold fewer than `limit` records before the end.
+    pub async fn list_transactions(
+        &self,
+        req: pb::ListTransactionsRequest,
+    ) -> Result<pb::ListTransactionsResponse, ClientError> {
+        self.call(Kind::Read, |ch, t| {
+            let rq = self.request(req.clone(), t);
+            async move { AdminClient::new(ch).list_transactions(rq).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Operator: stops delivering the decision of `txid` to `participant_id`
+    /// (gone for good; the decision must be reconciled there by hand).
+    /// `recorded` is false when it was dropped before, which is also what
+    /// a retry after a lost reply answers. With authentication on, the
+    /// cluster records the authenticated identity instead of `operator`.
+    /// UNKNOWN surfaces as `ClientError::Unknown`.
+    pub async fn drop_participant(
+        &self,
+        txid: u64,
+        participant_id: &str,
+        operator: &str,
+        reason: &str,
+    ) -> Result<pb::DropParticipantResponse, ClientError> {
+        let req = pb::DropParticipantRequest {
+            txid,
+            participant_id: participant_id.to_string(),
+            operator: operator.to_string(),
+            reason: reason.to_string(),
+        };
+        self.call(Kind::Write, |ch, t| {
+            let rq = self.request(req.clone(), t);
+            async move { AdminClient::new(ch).drop_participant(rq).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Operator: forgets the decided `txid` now; true when this call forgot
+    /// it, false when there was no record (never begun, or forgotten before,
+    /// which is also what a retry after a lost reply answers). Refused
+    /// (`FailedPrecondition`) while a participant that was not dropped has
+    /// not acked, and for a COMMIT a dropped participant never acked.
+    /// UNKNOWN surfaces as `ClientError::Unknown`.
+    pub async fn forget_transaction(&self, txid: u64, operator: &str, reason: &str) -> Result<bool, ClientError> {
+        let req = pb::ForgetTransactionRequest {
+            txid,
+            operator: operator.to_string(),
+            reason: reason.to_string(),
+        };
+        let r = self
+            .call(Kind::Write, |ch, t| {
+                let rq = self.request(req.clone(), t);
+                async move {
+                    AdminClient::new(ch)
+                        .forget_transaction(rq)
+                        .await
+                        .map(|r| r.into_inner())
+                }
+            })
+            .await?;
+        Ok(r.forgotten)
+    }
+
     /// The whole replicated record of `txid` (linearizable read).
     pub async fn status(&self, txid: u64) -> Result<pb::StatusResponse, ClientError> {
         self.call(Kind::Read, |ch, t| {

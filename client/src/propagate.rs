@@ -120,6 +120,19 @@
 //! #   async fn resolve(&self, _: Request<pb::ResolveRequest>) -> Result<Response<pb::ResolveResponse>, Status> {
 //! #       Err(Status::unimplemented("not here"))
 //! #   }
+//! #   async fn list_transactions(&self, _: Request<pb::ListTransactionsRequest>) -> Result<Response<pb::ListTransactionsResponse>, Status> {
+//! #       Err(Status::unimplemented("not here"))
+//! #   }
+//! #   async fn drop_participant(&self, _: Request<pb::DropParticipantRequest>) -> Result<Response<pb::DropParticipantResponse>, Status> {
+//! #       Err(Status::unimplemented("not here"))
+//! #   }
+//! #   async fn forget_transaction(&self, _: Request<pb::ForgetTransactionRequest>) -> Result<Response<pb::ForgetTransactionResponse>, Status> {
+//! #       Err(Status::unimplemented("not here"))
+//! #   }
+//! #   type BackupStream = tonic::codegen::BoxStream<pb::BackupChunk>;
+//! #   async fn backup(&self, _: Request<pb::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
+//! #       Err(Status::unimplemented("not here"))
+//! #   }
 //! }
 //!
 //! #[tokio::main]

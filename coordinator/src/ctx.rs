@@ -249,7 +249,15 @@ impl NodeCtx {
                 leader_api_addr: fw.leader_node.map(|n| n.api_addr),
                 proposed: false,
             }),
-            Ok(Err(e)) => Err(ApiError::Unavailable(format!("cannot confirm leadership: {e}"))),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)))) => {
+                let got: Vec<String> = q.got.iter().map(|n| n.to_string()).collect();
+                Err(ApiError::Unavailable(format!(
+                    "no quorum confirmed this leader: only node(s) {} answered, and a majority of the voters must \
+                     (the others are down or cut off; ask another node)",
+                    got.join(", ")
+                )))
+            }
+            Ok(Err(RaftError::Fatal(f))) => Err(ApiError::Unavailable(format!("raft stopped: {f}"))),
             Err(_) => Err(ApiError::Unavailable(format!(
                 "no quorum confirmed this leader within api.read_timeout_ms = {} ms",
                 self.config.api.read_timeout_ms

@@ -27,11 +27,13 @@
 #![allow(clippy::result_large_err)]
 
 pub mod api;
+pub mod backup;
 pub mod batcher;
 pub mod codec;
 pub mod config;
 pub mod ctx;
 pub mod driver;
+pub mod metrics;
 pub mod node;
 pub mod raft;
 pub mod security;

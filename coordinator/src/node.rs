@@ -2,8 +2,13 @@
 //! transport and the API, and runs the leader-only loops (deadline reaper and
 //! forget). `run` takes its configuration and a shutdown future, so tests and
 //! `coordinator dev` start nodes the same way `coordinator serve` does.
+//!
+//! Whether the node serves (`raft::serving`) shows on both gRPC ports
+//! (`grpc.health.v1`), in `ClusterStatus`, on the metrics port's `/health`
+//! and in the gauges; the API port also answers server reflection.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,6 +18,9 @@ use anyhow::Context;
 use dtx_proto::v1::admin_server::AdminServer;
 use dtx_proto::v1::coordinator_server::CoordinatorServer;
 use dtx_proto::v1::raft_transport_server::RaftTransportServer;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use metrics_exporter_prometheus::PrometheusHandle;
 use openraft::error::RaftError;
 use openraft::SnapshotPolicy;
 use tracing::error;
@@ -29,6 +37,10 @@ use crate::raft::network::ChannelCache;
 use crate::raft::network::Network;
 use crate::raft::network::NetworkSettings;
 use crate::raft::service::RaftService;
+use crate::raft::serving;
+use crate::raft::serving::HealthTarget;
+use crate::raft::serving::Monitor;
+use crate::raft::serving::PeerContacts;
 use crate::raft::NodeId;
 use crate::raft::NodeInfo;
 use crate::raft::Raft;
@@ -92,7 +104,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     )
     .await
     .context("cannot start raft")?;
-    let _quorum_probe = crate::raft::quorum_probe::spawn(raft.clone(), &config, security.client_tls.clone());
+    let contacts = PeerContacts::default();
+    let _quorum_probe =
+        crate::raft::quorum_probe::spawn(raft.clone(), &config, security.client_tls.clone(), contacts.clone());
 
     let batcher = Batcher::start(
         raft.clone(),
@@ -117,20 +131,65 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     });
     let driver = Driver::new(ctx.clone());
 
-    if let Some(addr) = &config.metrics_addr {
-        let addr: SocketAddr = addr.parse()?;
-        if let Err(e) = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-        {
-            warn!("metrics exporter not started on {addr}: {e}");
-        }
-    }
-
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+
+    // Health: NOT_SERVING until the serving monitor finds otherwise (the
+    // reporter starts with "" SERVING), on each port for its own services.
+    let (api_health, api_health_service) = tonic_health::server::health_reporter();
+    let (raft_health, raft_health_service) = tonic_health::server::health_reporter();
+    let health = vec![
+        HealthTarget {
+            reporter: api_health,
+            services: vec![
+                "",
+                dtx_proto::v1::coordinator_server::SERVICE_NAME,
+                dtx_proto::v1::admin_server::SERVICE_NAME,
+            ],
+        },
+        HealthTarget {
+            reporter: raft_health,
+            services: vec!["", dtx_proto::v1::raft_transport_server::SERVICE_NAME],
+        },
+    ];
+    for h in &health {
+        h.set(false).await;
+    }
+    let (monitor, monitor_task) = serving::spawn(
+        raft.clone(),
+        serving::Limits::of(&config),
+        Duration::from_millis(config.raft.heartbeat_interval_ms),
+        contacts,
+        config.raft.quorum_probe_interval_ms > 0,
+        health,
+        stop_rx.clone(),
+    );
+    // Ended with the node however `run` returns (the early returns below
+    // included); on a stop it has set NOT_SERVING before (it watches
+    // `stop_rx`).
+    let _monitor_task = AbortOnDrop(monitor_task);
+
+    let _metrics_server = match &config.metrics_addr {
+        Some(addr) => {
+            let addr: SocketAddr = addr.parse()?;
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => Some(AbortOnDrop(tokio::spawn(serve_metrics(
+                    l,
+                    prometheus(),
+                    monitor.clone(),
+                )))),
+                Err(e) => {
+                    warn!("metrics listener not started on {addr}: {e}");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     let reloaders = security.spawn_reloaders(Duration::from_millis(config.tls.reload_interval_ms));
     let raft_router = tonic::transport::Server::builder()
         .layer(security.raft_layer())
+        .layer(monitor.layer())
+        .add_service(raft_health_service.clone())
         .add_service(
             RaftTransportServer::new(RaftService {
                 raft: raft.clone(),
@@ -150,6 +209,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let api_router = tonic::transport::Server::builder()
         .max_concurrent_streams(Some(config.api.max_concurrent_streams_per_connection))
         .layer(security.api_layer(&config.api))
+        .layer(monitor.layer())
+        .add_service(api_health_service)
+        .add_service(reflection_v1()?)
+        .add_service(reflection_v1alpha()?)
         .add_service(
             CoordinatorServer::new(crate::api::coordinator::CoordinatorService::new(driver.clone()))
                 .max_decoding_message_size(config.api.max_message_bytes),
@@ -181,7 +244,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         bootstrap(&raft, &config).await?;
     }
     let loops = tokio::spawn(leader_loops(driver.clone(), stop_rx.clone()));
-    let gauges = tokio::spawn(report_gauges(driver.clone()));
+    let gauges = tokio::spawn(report_gauges(driver.clone(), monitor.clone()));
 
     // Stop on the caller's signal, or when Raft stops on a fatal error (for
     // example a storage failure): the node never keeps serving without Raft.
@@ -271,16 +334,30 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     outcome
 }
 
+/// A task ended when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How long a stopping node waits for Raft to shut down and, then, for
 /// in-flight calls to finish, on a requested stop.
 const SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(5);
 /// The same after Raft stopped on a fatal error: nothing can be served.
 const FATAL_SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(1);
 
+/// The layers in front of both gRPC ports' services: the edge (who may
+/// call what), then the serving monitor's handle for the handlers.
+type Layers =
+    tower_layer::Stack<serving::MonitorLayer, tower_layer::Stack<dtx_proto::tls::EdgeLayer, tower_layer::Identity>>;
+
 /// Binds `addr` and serves `router` on it (with TLS when `tls` is set)
 /// until `stop` turns true.
 async fn serve(
-    router: tonic::transport::server::Router<tower_layer::Stack<dtx_proto::tls::EdgeLayer, tower_layer::Identity>>,
+    router: tonic::transport::server::Router<Layers>,
     addr: SocketAddr,
     what: &str,
     tls: Option<Arc<dtx_proto::tls::ServerTls>>,
@@ -325,15 +402,22 @@ async fn bootstrap(raft: &Raft, config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Exports this node's Raft position and table size as gauges, every second.
-async fn report_gauges(driver: Arc<Driver>) {
+/// Exports this node's Raft position, whether it serves, and its table
+/// size as gauges, every second. `dtx_raft_is_leader` is 1 only for a
+/// leader that serves (one a majority acknowledges): a leader cut off from
+/// its majority keeps openraft's Leader state until it hears of a newer
+/// term, and must not be counted as the cluster's leader meanwhile.
+async fn report_gauges(driver: Arc<Driver>, monitor: Monitor) {
     let ctx = &driver.ctx;
     loop {
         {
+            let serving = monitor.status().verdict.serving;
             let rx = ctx.raft.metrics();
             let m = rx.borrow();
+            metrics::gauge!("dtx_serving").set(if serving { 1.0 } else { 0.0 });
             metrics::gauge!("dtx_raft_term").set(m.current_term as f64);
-            metrics::gauge!("dtx_raft_is_leader").set(if m.current_leader == Some(ctx.id) { 1.0 } else { 0.0 });
+            let leads = m.current_leader == Some(ctx.id) && serving;
+            metrics::gauge!("dtx_raft_is_leader").set(if leads { 1.0 } else { 0.0 });
             metrics::gauge!("dtx_raft_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
             metrics::gauge!("dtx_raft_last_applied_index").set(m.last_applied.map(|l| l.index).unwrap_or(0) as f64);
             metrics::gauge!("dtx_raft_snapshot_index").set(m.snapshot.map(|l| l.index).unwrap_or(0) as f64);
@@ -341,10 +425,8 @@ async fn report_gauges(driver: Arc<Driver>) {
         {
             let st = ctx.sm.state();
             metrics::gauge!("dtx_transactions").set(st.table.len() as f64);
-            // Decided but not acked by every participant: a number that only
-            // grows points at a participant gone for good.
-            metrics::gauge!("dtx_undelivered_transactions").set(st.table.undelivered_count() as f64);
-            metrics::gauge!("dtx_preparing_transactions").set(st.table.preparing_count() as f64);
+            // PREPARING and undelivered counts, and the oldest in-doubt ages.
+            crate::metrics::report_table(&st.table, now_ms());
         }
         metrics::gauge!("dtx_participants_failing").set(driver.failing_participants() as f64);
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -376,4 +458,132 @@ async fn leader_loops(driver: Arc<Driver>, mut stop: tokio::sync::watch::Receive
         }
         driver.background_round(term, now_ms()).await;
     }
+}
+
+/// Server reflection (v1) for the API port: the services it serves, with
+/// their descriptors, so `grpcurl` needs no `.proto` files.
+fn reflection_v1() -> anyhow::Result<
+    tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
+> {
+    reflection("grpc.reflection.v1.ServerReflection")
+        .build_v1()
+        .context("server reflection (v1)")
+}
+
+/// The same for clients that speak only the older v1alpha.
+fn reflection_v1alpha() -> anyhow::Result<
+    tonic_reflection::server::v1alpha::ServerReflectionServer<impl tonic_reflection::server::v1alpha::ServerReflection>,
+> {
+    reflection("grpc.reflection.v1alpha.ServerReflection")
+        .build_v1alpha()
+        .context("server reflection (v1alpha)")
+}
+
+fn reflection(itself: &str) -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(dtx_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // Only what this port serves: the dtx.v1 files also describe the
+        // Raft transport and the participants' service.
+        .with_service_name(dtx_proto::v1::coordinator_server::SERVICE_NAME)
+        .with_service_name(dtx_proto::v1::admin_server::SERVICE_NAME)
+        .with_service_name("grpc.health.v1.Health")
+        .with_service_name(itself)
+}
+
+/// The process's Prometheus recorder, with `crate::metrics`'s settings and
+/// HELP texts (installed once; every node of the process renders the same
+/// one), or None when another recorder was installed first.
+fn prometheus() -> Option<PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<Option<PrometheusHandle>> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| match crate::metrics::exporter().install_recorder() {
+            Ok(h) => {
+                crate::metrics::describe();
+                Some(h)
+            }
+            Err(e) => {
+                warn!("metrics recorder not installed: {e}; the metrics port serves only /health");
+                None
+            }
+        })
+        .clone()
+}
+
+/// How often the recorder's upkeep runs (draining histograms), as the
+/// exporter's own listener did.
+const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The metrics port (HTTP/1): `/health` answers 200 `SERVING` or 503
+/// `NOT_SERVING: <reason>` from the serving monitor; every other path
+/// answers the Prometheus text, as metrics-exporter-prometheus's listener
+/// did (which answered `/health` with a constant `OK`).
+async fn serve_metrics(listener: tokio::net::TcpListener, handle: Option<PrometheusHandle>, monitor: Monitor) {
+    let mut upkeep = tokio::time::interval(METRICS_UPKEEP_INTERVAL);
+    loop {
+        let stream = tokio::select! {
+            _ = upkeep.tick() => {
+                if let Some(h) = &handle {
+                    h.run_upkeep();
+                }
+                continue;
+            }
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    warn!("metrics port: accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let handle = handle.clone();
+        let monitor = monitor.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let handle = handle.clone();
+                let monitor = monitor.clone();
+                async move { Ok::<_, Infallible>(metrics_response(req.uri().path(), handle, &monitor).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!("metrics port: connection ended: {e}");
+            }
+        });
+    }
+}
+
+async fn metrics_response(
+    path: &str,
+    handle: Option<PrometheusHandle>,
+    monitor: &Monitor,
+) -> hyper::Response<Full<Bytes>> {
+    let (status, body) = if path == "/health" {
+        let v = monitor.status().verdict;
+        if v.serving {
+            (hyper::StatusCode::OK, "SERVING\n".to_string())
+        } else {
+            (
+                hyper::StatusCode::SERVICE_UNAVAILABLE,
+                format!("NOT_SERVING: {}\n", v.reason),
+            )
+        }
+    } else {
+        let text = match handle {
+            Some(h) => tokio::task::spawn_blocking(move || h.render())
+                .await
+                .unwrap_or_default(),
+            None => String::new(),
+        };
+        (hyper::StatusCode::OK, text)
+    };
+    let mut resp = hyper::Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain"),
+    );
+    resp
 }

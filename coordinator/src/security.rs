@@ -195,11 +195,27 @@ const READ: &[Role] = &[Role::Application, Role::Participant, Role::Operator, Ro
 const STATUS: &[Role] = &[Role::Application, Role::Operator, Role::Node];
 const ADMIN: &[Role] = &[Role::Operator, Role::Node];
 const NODE: &[Role] = &[Role::Node];
+/// Any authenticated caller (not an anonymous one).
+const ANY_ROLE: &[Role] = &[Role::Application, Role::Participant, Role::Operator, Role::Node];
+
+/// `grpc.health.v1` is open to every caller on both ports: probes (a
+/// Kubernetes probe, a load balancer) carry no token and no certificate.
+/// It tells only whether the node serves (`raft::serving`). On a TLS port
+/// the caller still speaks TLS (and trusts the node's authority); it need
+/// not present a certificate, even where `tls.client_auth = "required"`:
+/// the handshake asks for one, and the edge layer, not the handshake,
+/// refuses a call without one to any other method.
+fn health(path: &str) -> bool {
+    matches!(path, "/grpc.health.v1.Health/Check" | "/grpc.health.v1.Health/Watch")
+}
 
 /// Who may call each method of the API port. Nodes may call all of them:
 /// a follower forwards its callers' calls to the leader (and names the
 /// caller in [`ON_BEHALF_OF_HEADER`]).
 pub fn api_policy(path: &str) -> Access {
+    if health(path) {
+        return Access::Open;
+    }
     let Some((service, method)) = path.trim_start_matches('/').split_once('/') else {
         return Access::Roles(&[]);
     };
@@ -213,13 +229,22 @@ pub fn api_policy(path: &str) -> Access {
             "ClusterStatus" | "AddNode" | "RemoveNode" | "TriggerSnapshot" | "Resolve" | "ListTransactions"
             | "DropParticipant" | "ForgetTransaction" | "Backup",
         ) => ADMIN,
+        // Server reflection (the API's own descriptors, for grpcurl and
+        // the like): any authenticated caller.
+        (
+            "grpc.reflection.v1.ServerReflection" | "grpc.reflection.v1alpha.ServerReflection",
+            "ServerReflectionInfo",
+        ) => ANY_ROLE,
         _ => &[],
     })
 }
 
-/// Who may call each method of the Raft port: nodes only.
+/// Who may call each method of the Raft port: nodes only, but for the
+/// health service (anyone).
 pub fn raft_policy(path: &str) -> Access {
-    if path.starts_with("/dtx.v1.RaftTransport/") {
+    if health(path) {
+        Access::Open
+    } else if path.starts_with("/dtx.v1.RaftTransport/") {
         Access::Roles(NODE)
     } else {
         Access::Roles(&[])
@@ -268,7 +293,19 @@ mod tests {
             ("/dtx.v1.Admin/RemoveNode", Role::Application, false),
             ("/dtx.v1.Admin/ClusterStatus", Role::Participant, false),
             ("/dtx.v1.Admin/Unknown", Role::Operator, false),
-            ("/grpc.health.v1.Health/Check", Role::Operator, false),
+            // Reflection: any role, but only its one method.
+            (
+                "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                Role::Participant,
+                true,
+            ),
+            (
+                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                Role::Application,
+                true,
+            ),
+            ("/grpc.reflection.v1.ServerReflection/Other", Role::Operator, false),
+            ("/grpc.health.v1.Health/Other", Role::Operator, false),
             ("nonsense", Role::Node, false),
         ] {
             let Access::Roles(r) = api_policy(path) else {
@@ -278,6 +315,21 @@ mod tests {
         }
         assert_eq!(raft_policy("/dtx.v1.RaftTransport/Vote"), Access::Roles(NODE));
         assert_eq!(raft_policy("/dtx.v1.Coordinator/Begin"), Access::Roles(&[]));
+        assert_eq!(
+            raft_policy("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            Access::Roles(&[]),
+            "no reflection on the Raft port"
+        );
+    }
+
+    #[test]
+    fn health_is_open_to_anyone_on_both_ports() {
+        // Was refused for every role before issue 13: probes carry no
+        // identity, and health says only whether the node serves.
+        for path in ["/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"] {
+            assert_eq!(api_policy(path), Access::Open, "{path} on the API port");
+            assert_eq!(raft_policy(path), Access::Open, "{path} on the Raft port");
+        }
     }
 
     #[test]

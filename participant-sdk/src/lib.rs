@@ -190,6 +190,7 @@
 //! ```
 
 pub mod log;
+pub mod metrics;
 pub mod participant;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -184,6 +184,15 @@ impl Verdict {
     }
 }
 
+/// The transactions a participant holds in doubt (a YES vote, no known
+/// decision): how many, and the age of the oldest vote when known (`None`:
+/// none in doubt, or the participant cannot tell).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InDoubtSummary {
+    pub count: usize,
+    pub oldest_age: Option<Duration>,
+}
+
 /// A participant as the server and recovery see it. Every method may do
 /// I/O; none may answer before what its answer reports is durable.
 pub trait Participant: Send + Sync + 'static {
@@ -224,6 +233,22 @@ pub trait Participant: Send + Sync + 'static {
         &self,
         age_min: Duration,
     ) -> impl Future<Output = Result<Vec<(u64, LogEntry)>, StoreError>> + Send;
+
+    /// How many transactions hold a YES vote without a known decision now,
+    /// and how long the oldest has held it (for the gauges
+    /// `dtx_participant_in_doubt` and
+    /// `dtx_participant_oldest_in_doubt_age_seconds`, set by the recovery
+    /// loop). The default counts [`Participant::in_doubt_older_than`] and
+    /// knows no age.
+    fn in_doubt_summary(&self) -> impl Future<Output = Result<InDoubtSummary, StoreError>> + Send {
+        async move {
+            let all = self.in_doubt_older_than(Duration::ZERO).await?;
+            Ok(InDoubtSummary {
+                count: all.len(),
+                oldest_age: None,
+            })
+        }
+    }
 
     /// Decided records (and READ_ONLY votes) that became so at or before
     /// `decided_before_ms` (ms since the Unix epoch), after the cursor
@@ -284,6 +309,10 @@ impl<P: Participant> Participant for std::sync::Arc<P> {
         age_min: Duration,
     ) -> impl Future<Output = Result<Vec<(u64, LogEntry)>, StoreError>> + Send {
         P::in_doubt_older_than(self, age_min)
+    }
+
+    fn in_doubt_summary(&self) -> impl Future<Output = Result<InDoubtSummary, StoreError>> + Send {
+        P::in_doubt_summary(self)
     }
 
     fn gc_candidates_after(

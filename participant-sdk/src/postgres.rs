@@ -82,6 +82,7 @@ use crate::log::Message;
 use crate::log::Refusal;
 use crate::log::Vote;
 use crate::participant::Answer;
+use crate::participant::InDoubtSummary;
 use crate::participant::Participant;
 use crate::participant::Verdict;
 use crate::store::PhaseTwo;
@@ -894,6 +895,28 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
             })),
             None => Ok(None),
         }
+    }
+
+    /// This participant's prepared transactions in `pg_prepared_xacts`
+    /// (the same ones `in_doubt_older_than` lists) and the oldest's age,
+    /// by PostgreSQL's clock.
+    async fn in_doubt_summary(&self) -> Result<InDoubtSummary, StoreError> {
+        let obj = self.conn().await?;
+        let row = obj
+            .query_one(
+                "SELECT count(*), coalesce(max((extract(epoch from now() - prepared) * 1000)::bigint), -1)
+                 FROM pg_prepared_xacts
+                 WHERE database = current_database() AND starts_with(gid, $1)",
+                &[&self.prefix],
+            )
+            .await
+            .map_err(|e| pg_err("counting pg_prepared_xacts", &e))?;
+        let count: i64 = row.get(0);
+        let oldest_ms: i64 = row.get(1);
+        Ok(InDoubtSummary {
+            count: count.max(0) as usize,
+            oldest_age: (oldest_ms >= 0).then(|| Duration::from_millis(oldest_ms as u64)),
+        })
     }
 
     async fn in_doubt_older_than(&self, age_min: Duration) -> Result<Vec<(u64, LogEntry)>, StoreError> {

@@ -388,13 +388,19 @@ async fn resolve_in_doubt<P: Participant>(
         return Ok(0);
     }
     let txids: Vec<u64> = in_doubt.iter().map(|(t, _)| *t).collect();
-    metrics::counter!("dtx_participant_recovery_lookups_total").increment(txids.len() as u64);
-    let answers = ask(client, &txids, "").await?;
+    let answers = match ask(client, &txids, "").await {
+        Ok(a) => a,
+        Err(e) => {
+            metrics::counter!("dtx_participant_recovery_lookups_total", "outcome" => "error")
+                .increment(txids.len() as u64);
+            return Err(e);
+        }
+    };
     let mut resolved = 0;
     for (answer, (txid, entry)) in answers.into_iter().zip(in_doubt) {
         let (msg, outcome) = match answer.decision {
-            Some(DecisionRead::Committed) => (Message::Commit { term: entry.term }, "committed"),
-            Some(DecisionRead::Aborted) => (Message::Abort { term: entry.term }, "aborted"),
+            Some(DecisionRead::Committed) => (Message::Commit { term: entry.term }, "commit"),
+            Some(DecisionRead::Aborted) => (Message::Abort { term: entry.term }, "abort"),
             // The cluster has no record: it never decided COMMIT, and
             // never will (invariant 7), so the transaction is aborted; said
             // apart, since a prepared transaction the cluster does not know
@@ -404,16 +410,16 @@ async fn resolve_in_doubt<P: Participant>(
                     txid,
                     "in-doubt transaction unknown to the cluster: presumed abort, rolling it back"
                 );
-                (Message::Abort { term: entry.term }, "presumed_abort")
+                (Message::Abort { term: entry.term }, "unknown_presumed_abort")
             }
             // Still undecided, or an outcome this SDK does not know: keep
             // waiting.
             Some(DecisionRead::Pending) | None => {
-                metrics::counter!("dtx_participant_recovery_outcomes_total", "outcome" => "pending").increment(1);
+                metrics::counter!("dtx_participant_recovery_lookups_total", "outcome" => "pending").increment(1);
                 continue;
             }
         };
-        metrics::counter!("dtx_participant_recovery_outcomes_total", "outcome" => outcome).increment(1);
+        metrics::counter!("dtx_participant_recovery_lookups_total", "outcome" => outcome).increment(1);
         match store.handle(*txid, msg, b"").await {
             Ok(_) => {
                 info!(txid, "in-doubt transaction resolved by recovery: {msg:?}");
@@ -808,6 +814,10 @@ pub fn participant_policy(path: &str) -> dtx_proto::tls::Access {
     }
 }
 
+/// How often the recovery loop sets the in-doubt gauges
+/// (`crate::metrics::report_in_doubt`).
+const IN_DOUBT_GAUGES_INTERVAL: Duration = Duration::from_secs(1);
+
 /// `spawn_recovery_with` with the default options, the given interval and
 /// this participant's id (as enlisted).
 pub fn spawn_recovery<P: Participant>(
@@ -844,6 +854,7 @@ pub fn spawn_recovery_with<P: Participant>(
         let mut age_min = Duration::ZERO;
         let mut next_gc = tokio::time::Instant::now();
         let mut gc_cursor = GcCursor::default();
+        let mut next_gauges = tokio::time::Instant::now();
         let mut retention = opts.log_retention;
         if retention.is_some() && opts.participant_id.is_empty() {
             error!(
@@ -873,6 +884,16 @@ pub fn spawn_recovery_with<P: Participant>(
                     Ok(0) => {}
                     Ok(n) => info!(forgotten = n, "decided log records garbage-collected"),
                     Err(e) => warn!("log garbage collection waits for the cluster: {e}"),
+                }
+            }
+            if tokio::time::Instant::now() >= next_gauges {
+                // At most once a second: a PostgreSQL participant asks its
+                // database for these.
+                next_gauges = tokio::time::Instant::now() + IN_DOUBT_GAUGES_INTERVAL;
+                match store.in_doubt_summary().await {
+                    Ok(s) => crate::metrics::report_in_doubt(&opts.participant_id, &s),
+                    // The listing below fails too, and says so.
+                    Err(e) => tracing::debug!("in-doubt gauges not updated: {e}"),
                 }
             }
             let in_doubt = match store.in_doubt_older_than(age_min).await {

@@ -31,6 +31,7 @@ use crate::log::LogEntry;
 use crate::log::Message;
 use crate::log::Vote;
 use crate::participant::Answer;
+use crate::participant::InDoubtSummary;
 use crate::participant::Participant;
 pub use crate::participant::PhaseTwo;
 pub use crate::participant::Reply;
@@ -207,6 +208,9 @@ pub struct ParticipantStore<R: Resource> {
     /// When this process recorded each YES vote still in doubt. Records from
     /// before the process started are absent and count as old.
     prepared_at: Mutex<HashMap<u64, std::time::Instant>>,
+    /// When this process opened the store: the least age of a vote from
+    /// before (for the in-doubt age gauge).
+    opened: std::time::Instant,
     /// In-doubt index entries already reported as inconsistent.
     inconsistent: Mutex<std::collections::HashSet<Vec<u8>>>,
     /// `None` only while dropping.
@@ -516,6 +520,7 @@ impl<R: Resource> ParticipantStore<R> {
             resource,
             serial: Mutex::new(()),
             prepared_at: Mutex::new(HashMap::new()),
+            opened: std::time::Instant::now(),
             inconsistent: Mutex::new(Default::default()),
             flusher: Some(flusher),
             flusher_thread: Some(thread),
@@ -702,6 +707,27 @@ impl<R: Resource> ParticipantStore<R> {
             .into_iter()
             .filter(|(t, _)| at.get(t).is_none_or(|when| when.elapsed() >= age_min))
             .collect())
+    }
+
+    /// How many transactions the in-doubt index holds and how long the
+    /// oldest has held its YES vote (for the gauges; reads the index keys
+    /// only). A vote from before this process started is as old as the
+    /// store's opening, at least, and is counted so.
+    pub fn in_doubt_summary(&self) -> Result<InDoubtSummary, StoreError> {
+        let at = self.prepared_at.lock().expect("prepared_at lock");
+        let mut count = 0;
+        let mut oldest: Option<std::time::Instant> = None;
+        for k in self.tree.scan_prefix([DOUBT_PREFIX]).keys() {
+            let k = k.map_err(|e| StoreError::Io(e.to_string()))?;
+            count += 1;
+            let txid = <[u8; 8]>::try_from(&k[1..]).map(u64::from_be_bytes).ok();
+            let since = txid.and_then(|t| at.get(&t).copied()).unwrap_or(self.opened);
+            oldest = Some(oldest.map_or(since, |o| o.min(since)));
+        }
+        Ok(InDoubtSummary {
+            count,
+            oldest_age: oldest.map(|o| o.elapsed()),
+        })
     }
 
     /// Records that may be collected (committed, aborted, tombstones, and
@@ -1246,6 +1272,10 @@ impl<R: Resource> Participant for ParticipantStore<R> {
 
     async fn in_doubt_older_than(&self, age_min: std::time::Duration) -> Result<Vec<(u64, LogEntry)>, StoreError> {
         ParticipantStore::in_doubt_older_than(self, age_min)
+    }
+
+    async fn in_doubt_summary(&self) -> Result<InDoubtSummary, StoreError> {
+        ParticipantStore::in_doubt_summary(self)
     }
 
     async fn gc_candidates_after(

@@ -318,6 +318,43 @@ fn doubt_txids(s: &ParticipantStore<Probe>) -> Vec<u64> {
     s.in_doubt().unwrap().iter().map(|(t, _)| *t).collect()
 }
 
+/// The in-doubt gauges' source (`dtx_participant_in_doubt`, the oldest's
+/// age): counts the YES votes without a decision, ages them from the vote,
+/// and a vote from before a reopen from the reopening at least.
+#[tokio::test]
+async fn in_doubt_summary_counts_the_votes_and_ages_the_oldest() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = Probe::default();
+    {
+        let s = open(dir.path(), &probe);
+        assert_eq!(s.in_doubt_summary().unwrap(), Default::default());
+        s.handle(1, Message::Prepare { term: 1 }, b"v").await.unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        s.handle(2, Message::Prepare { term: 1 }, b"v").await.unwrap();
+        let sum = s.in_doubt_summary().unwrap();
+        assert_eq!(sum.count, 2);
+        assert!(
+            sum.oldest_age.unwrap() >= std::time::Duration::from_millis(50),
+            "{sum:?}"
+        );
+        s.handle(1, Message::Commit { term: 1 }, b"").await.unwrap();
+        let sum = s.in_doubt_summary().unwrap();
+        assert_eq!(sum.count, 1);
+        assert!(sum.oldest_age.unwrap() < std::time::Duration::from_secs(30), "{sum:?}");
+        s.flush().await.unwrap();
+    }
+    let s = open(dir.path(), &probe);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let sum = s.in_doubt_summary().unwrap();
+    assert_eq!(sum.count, 1, "txid 2 is still in doubt after the reopen");
+    assert!(
+        sum.oldest_age.unwrap() >= std::time::Duration::from_millis(20),
+        "{sum:?}"
+    );
+    s.handle(2, Message::Abort { term: 1 }, b"").await.unwrap();
+    assert_eq!(s.in_doubt_summary().unwrap(), Default::default());
+}
+
 /// Invariant 5 (recovery finds every in-doubt vote): the in-doubt index
 /// follows every transition, survives a reopen, and a store written before
 /// the index existed gets it built on open, so no in-doubt vote is missed.

@@ -644,10 +644,19 @@ async fn prepared_transactions_open_and_the_oldest_age_are_reported() {
     assert_eq!(seen.get("dtx_participant_pg_prepared_open"), Some(&2.0), "{seen:?}");
     let oldest = seen["dtx_participant_pg_prepared_oldest_age_seconds"];
     assert!((1.0..60.0).contains(&oldest), "oldest age {oldest} s");
+    // The same, as the recovery loop's in-doubt gauges read it.
+    let summary = p.in_doubt_summary().await.unwrap();
+    assert_eq!(summary.count, 2);
+    let age = summary.oldest_age.expect("an age").as_secs_f64();
+    assert!((1.0..60.0).contains(&age), "oldest age {age} s");
     for t in [21, 22] {
         p.handle(t, Message::Abort { term: 1 }, b"").await.unwrap();
     }
     assert!(p.in_doubt_older_than(Duration::ZERO).await.unwrap().is_empty());
+    assert_eq!(
+        p.in_doubt_summary().await.unwrap(),
+        participant_sdk::participant::InDoubtSummary::default()
+    );
     let seen = rec.0.lock().unwrap().clone();
     assert_eq!(seen.get("dtx_participant_pg_prepared_open"), Some(&0.0));
     assert_eq!(seen.get("dtx_participant_pg_prepared_oldest_age_seconds"), Some(&0.0));

@@ -3,7 +3,7 @@
 //!
 //! - [`v1`]: the versioned gRPC API (`dtx.v1`), compiled from the `.proto`
 //!   files under `proto/dtx/v1/` (the source of truth; they document every
-//!   field).
+//!   field), and [`FILE_DESCRIPTOR_SET`], their descriptors for reflection.
 //! - [`limits`]: documented request limits, each name with its unit.
 //! - [`metadata`]: the gRPC metadata keys (the txid a request carries,
 //!   leader hints, "not applied", the Raft transport's cluster id) and
@@ -20,6 +20,11 @@
 pub mod v1 {
     tonic::include_proto!("dtx.v1");
 }
+
+/// The encoded `FileDescriptorSet` of every `dtx.v1` file (with the
+/// documentation comments), as compiled at build time: what a node's
+/// server reflection serves, so `grpcurl` needs no `.proto` files.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dtx_v1_descriptor.bin"));
 
 pub mod channel;
 pub mod endpoint;

@@ -32,6 +32,19 @@ pub const PREPARE_GROUP_PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
 /// Most txids one `ReserveTxids` hands a leader (the fast commit path's
 /// range, ADR 0012).
 pub const TXID_RESERVE_COUNT_MAX: u64 = 1 << 20;
+/// Records in one `Admin.ListTransactions` page when the request asks for
+/// 0.
+pub const LIST_TRANSACTIONS_PAGE_RECORDS_DEFAULT: usize = 100;
+/// Most records one `Admin.ListTransactions` page may ask for.
+pub const LIST_TRANSACTIONS_PAGE_RECORDS_MAX: usize = 1000;
+/// Most bytes of transactions one `Admin.ListTransactions` answer carries
+/// (the page is cut short beyond, keeping at least one), well under the
+/// 4 MiB a gRPC client decodes by default.
+pub const LIST_TRANSACTIONS_PAGE_BYTES_MAX: usize = 2 * 1024 * 1024;
+/// Most records one `Admin.ListTransactions` call looks at (holding the
+/// leader's state for reading) before it answers with the page so far and
+/// where to go on: a filter that few records meet still answers quickly.
+pub const LIST_TRANSACTIONS_SCAN_RECORDS_MAX: usize = 100_000;
 /// Largest encoded value the codec accepts from disk or network (network
 /// messages are further bounded by `raft.max_message_bytes`).
 pub const DECODE_BYTES_MAX: usize = 256 * 1024 * 1024;

@@ -72,7 +72,11 @@ impl AdminService {
             .collect()
     }
 
-    fn cluster_status(&self) -> pb::ClusterStatusResponse {
+    /// This node's view: Raft's position, whether it serves (the same
+    /// verdict as its health services, from `raft::serving`), and per
+    /// member the matched index and lag (the leader only: openraft's
+    /// replication metrics) and the reach (see `serving::member_reach`).
+    fn cluster_status(&self, serving: Option<&crate::raft::serving::Monitor>) -> pb::ClusterStatusResponse {
         let m = self.ctx().raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
@@ -81,6 +85,38 @@ impl AdminService {
             .and_then(|l| membership.get_node(&l))
             .map(|n| n.api_addr.clone())
             .unwrap_or_default();
+        let last_log_index = m.last_log_index.unwrap_or(0);
+        let (serving_now, not_serving_reason) = match serving {
+            Some(s) => {
+                let v = s.status().verdict;
+                (v.serving, v.reason)
+            }
+            None => (false, "this node does not track whether it serves".to_string()),
+        };
+        let member = |id: u64, n: &NodeInfo| {
+            let voter = voters.contains(&id);
+            // The leader's replication metrics: the matched log id per
+            // member (itself included, as its own last log index).
+            let matched_index = match &m.replication {
+                Some(_) if id == m.id => Some(last_log_index),
+                Some(r) => Some(r.get(&id).cloned().flatten().map(|l| l.index).unwrap_or(0)),
+                None => None,
+            };
+            let (reach, last_heard_ms_ago) = match serving {
+                Some(s) => s.member_reach(m.id, id, voter, m.current_leader),
+                None => (pb::MemberReach::Unspecified, 0),
+            };
+            pb::NodeStatus {
+                node_id: id,
+                raft_addr: n.raft_addr.clone(),
+                api_addr: n.api_addr.clone(),
+                voter,
+                matched_index: matched_index.unwrap_or(0),
+                lag_entries: matched_index.map(|i| last_log_index.saturating_sub(i)).unwrap_or(0),
+                reach: reach as i32,
+                last_heard_ms_ago,
+            }
+        };
         pb::ClusterStatusResponse {
             cluster_id: self.ctx().config.cluster_id.clone(),
             node_id: self.ctx().id,
@@ -88,23 +124,15 @@ impl AdminService {
             leader_id: m.current_leader.unwrap_or(0),
             leader_api_addr,
             term: m.current_term,
-            last_log_index: m.last_log_index.unwrap_or(0),
+            last_log_index,
             last_applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
             snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
             purged_index: m.purged.map(|l| l.index).unwrap_or(0),
-            members: membership
-                .nodes()
-                .map(|(id, n)| pb::NodeStatus {
-                    node_id: *id,
-                    raft_addr: n.raft_addr.clone(),
-                    api_addr: n.api_addr.clone(),
-                    voter: voters.contains(id),
-                    ..Default::default()
-                })
-                .collect(),
+            members: membership.nodes().map(|(id, n)| member(*id, n)).collect(),
             transactions: self.ctx().sm.state().table.len() as u64,
             next_txid: self.ctx().sm.state().table.next_txid(),
-            ..Default::default()
+            serving: serving_now,
+            not_serving_reason,
         }
     }
 
@@ -277,9 +305,12 @@ impl AdminService {
 impl Admin for AdminService {
     async fn cluster_status(
         &self,
-        _req: Request<pb::ClusterStatusRequest>,
+        req: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
-        Ok(Response::new(self.cluster_status()))
+        // The node's serving monitor rides in the request (put there by
+        // the layer `node` builds the servers with).
+        let serving = req.extensions().get::<crate::raft::serving::Monitor>();
+        Ok(Response::new(self.cluster_status(serving)))
     }
 
     async fn add_node(&self, req: Request<pb::AddNodeRequest>) -> Result<Response<pb::AddNodeResponse>, Status> {
@@ -329,28 +360,28 @@ impl Admin for AdminService {
 
     async fn list_transactions(
         &self,
-        _req: Request<pb::ListTransactionsRequest>,
+        req: Request<pb::ListTransactionsRequest>,
     ) -> Result<Response<pb::ListTransactionsResponse>, Status> {
-        Err(Status::unimplemented("ListTransactions: not built yet"))
+        super::admin_txn::list_transactions(&self.driver, req).await
     }
 
     async fn drop_participant(
         &self,
-        _req: Request<pb::DropParticipantRequest>,
+        req: Request<pb::DropParticipantRequest>,
     ) -> Result<Response<pb::DropParticipantResponse>, Status> {
-        Err(Status::unimplemented("DropParticipant: not built yet"))
+        super::admin_txn::drop_participant(&self.driver, req).await
     }
 
     async fn forget_transaction(
         &self,
-        _req: Request<pb::ForgetTransactionRequest>,
+        req: Request<pb::ForgetTransactionRequest>,
     ) -> Result<Response<pb::ForgetTransactionResponse>, Status> {
-        Err(Status::unimplemented("ForgetTransaction: not built yet"))
+        super::admin_txn::forget_transaction(&self.driver, req).await
     }
 
     type BackupStream = tonic::codegen::BoxStream<pb::BackupChunk>;
 
-    async fn backup(&self, _req: Request<pb::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
-        Err(Status::unimplemented("Backup: not built yet"))
+    async fn backup(&self, req: Request<pb::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
+        super::backup::backup(self.ctx(), req.into_inner()).await
     }
 }

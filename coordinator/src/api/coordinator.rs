@@ -30,6 +30,7 @@ use crate::sm::Enlistment;
 use crate::sm::Outcome;
 use crate::sm::Phase;
 use crate::sm::TxRecord;
+use crate::sm::TxTable;
 
 pub struct CoordinatorService {
     driver: Arc<Driver>,
@@ -113,7 +114,10 @@ pub fn decision_pb(d: &Decision) -> pb::Decision {
     }
 }
 
-fn status_pb(r: &TxRecord) -> pb::StatusResponse {
+/// The replicated record of a transaction as `Status` (and
+/// `ListTransactions`, `DropParticipant`) show it: the record, its owner
+/// and the participants an operator dropped, all from `table`.
+pub(crate) fn status_pb(table: &TxTable, r: &TxRecord) -> pb::StatusResponse {
     pb::StatusResponse {
         txid: r.txid,
         state: match r.phase {
@@ -124,18 +128,37 @@ fn status_pb(r: &TxRecord) -> pb::StatusResponse {
         participants: r
             .participants
             .iter()
-            .map(|p| pb::ParticipantInfo {
-                id: p.id.clone(),
-                address: p.address.clone(),
-                acked: p.acked,
-                ..Default::default()
+            .map(|p| {
+                let dropped = table.drop_of(r.txid, &p.id);
+                pb::ParticipantInfo {
+                    id: p.id.clone(),
+                    address: p.address.clone(),
+                    acked: p.acked,
+                    dropped: dropped.is_some(),
+                    dropped_note: dropped.map(|d| d.note.clone()).unwrap_or_default(),
+                    dropped_unix_ms: dropped.map(|d| d.dropped_ms).unwrap_or(0),
+                    ..Default::default()
+                }
             })
             .collect(),
         begun_unix_ms: r.begun_ms,
         deadline_unix_ms: r.deadline_ms,
         decision: r.decision().map(decision_pb),
         one_phase: r.one_phase,
-        owner: String::new(),
+        owner: table.owner(r.txid).unwrap_or_default().to_string(),
+    }
+}
+
+/// Adds this leader's phase-two attempts to each participant of `status`
+/// (leader-local, not replicated), so a transaction stuck on a participant
+/// shows why (invariant 11).
+pub(crate) fn add_delivery_attempts(driver: &Driver, status: &mut pb::StatusResponse) {
+    for p in &mut status.participants {
+        if let Some(a) = driver.delivery_attempts(status.txid, &p.id) {
+            p.delivery_attempts = a.attempts;
+            p.last_delivery_error = a.last_error;
+            p.next_delivery_unix_ms = a.next_unix_ms;
+        }
     }
 }
 
@@ -296,22 +319,14 @@ impl CoordinatorService {
         let txid = req.txid;
         let mut status = self
             .ctx()
-            .read_linearizable(|st| st.table.get(txid).map(status_pb))
+            .read_linearizable(|st| st.table.get(txid).map(|r| status_pb(&st.table, r)))
             .await?
             .ok_or_else(|| {
                 ApiError::NotFound(format!(
                     "transaction {txid} not found (never begun here, or forgotten after every participant acked)"
                 ))
             })?;
-        // This leader's phase-two attempts, so a transaction stuck on a
-        // participant shows why (invariant 11).
-        for p in &mut status.participants {
-            if let Some(a) = self.driver.delivery_attempts(txid, &p.id) {
-                p.delivery_attempts = a.attempts;
-                p.last_delivery_error = a.last_error;
-                p.next_delivery_unix_ms = a.next_unix_ms;
-            }
-        }
+        add_delivery_attempts(&self.driver, &mut status);
         Ok(status)
     }
 

@@ -5,6 +5,8 @@
 //! the leader once (followers).
 
 pub mod admin;
+mod admin_txn;
+pub mod backup;
 pub mod coordinator;
 pub mod error;
 
@@ -37,8 +39,8 @@ where
 {
     let started = std::time::Instant::now();
     let result = serve_or_forward_inner(ctx, req, local, remote).await;
-    // Per-call metrics, labelled by request type and gRPC code.
-    let method = std::any::type_name::<Req>().rsplit("::").next().unwrap_or("unknown");
+    // Per-call metrics, labelled by gRPC method (Begin, Commit, ...) and code.
+    let method = crate::metrics::grpc_method::<Req>();
     let code = match &result {
         Ok(_) => "Ok".to_string(),
         Err(s) => format!("{:?}", s.code()),

@@ -1079,20 +1079,23 @@ impl Driver {
             let st = self.ctx.sm.state();
             let Some(r) = st.table.get(txid) else { return };
             let Some(d) = r.decision() else { return };
-            let pending: Vec<Participant> = r.participants.iter().filter(|p| !p.acked).cloned().collect();
+            // Not to a participant an operator dropped (gone for good).
+            let pending: Vec<Participant> = r
+                .participants
+                .iter()
+                .filter(|p| st.table.awaiting_ack(txid, &p.id))
+                .cloned()
+                .collect();
             (d.outcome, pending)
         };
         futures::future::join_all(pending.iter().map(|p| self.deliver_one(txid, term, decision, p))).await;
     }
 
     /// True while the applied record of `txid` still waits for the ack of
-    /// `participant_id` (false once acked, or once the transaction is
-    /// forgotten).
+    /// `participant_id` (false once acked, once an operator dropped it, or
+    /// once the transaction is forgotten).
     fn awaits_ack(&self, txid: Txid, participant_id: &str) -> bool {
-        let st = self.ctx.sm.state();
-        st.table
-            .get(txid)
-            .is_some_and(|r| r.participants.iter().any(|p| p.id == participant_id && !p.acked))
+        self.ctx.sm.state().table.awaiting_ack(txid, participant_id)
     }
 
     fn note_attempt(&self, txid: Txid, p: &Participant, error: Option<&str>, next_in: Option<Duration>) {
@@ -1143,7 +1146,7 @@ impl Driver {
                 return; // The new leader delivers (invariant 9).
             }
             if !self.awaits_ack(txid, &p.id) {
-                return; // Acked (e.g. with a READ_ONLY vote) or forgotten (defect 4).
+                return; // Acked (e.g. with a READ_ONLY vote), dropped, or forgotten (defect 4).
             }
             // Registered before asking, so a wake-up between the answer
             // and the wait is not lost.
@@ -1234,14 +1237,16 @@ impl Driver {
                 Err(DeliveryError::NoAnswer(e)) => {
                     // Logged once per participant by its health record; the
                     // next attempt waits for the probe turn or its backoff.
-                    metrics::counter!("dtx_delivery_failures_total", "kind" => "no_answer").increment(1);
+                    metrics::counter!("dtx_delivery_failures_total", "kind" => "no_answer", "participant" => p.id.clone())
+                        .increment(1);
                     self.note_attempt(txid, p, Some(&e), None);
                 }
                 Err(DeliveryError::Refused { message, stale_term }) => {
                     // The participant answered and refused this message:
                     // about this transaction only (others go on).
                     leaving.holder = false;
-                    metrics::counter!("dtx_delivery_failures_total", "kind" => "refused").increment(1);
+                    metrics::counter!("dtx_delivery_failures_total", "kind" => "refused", "participant" => p.id.clone())
+                        .increment(1);
                     refusals = refusals.saturating_add(1);
                     if !stale_term {
                         metrics::counter!("dtx_participant_protocol_errors_total").increment(1);

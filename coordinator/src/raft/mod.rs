@@ -5,6 +5,7 @@
 pub mod network;
 pub mod quorum_probe;
 pub mod service;
+pub mod serving;
 
 use std::fmt;
 use std::io::Cursor;

@@ -27,6 +27,10 @@
 //! side still elects a leader (DESIGN invariant 6); with all voters healthy
 //! elections stay on, and a leader crash is handled exactly as without the
 //! probe. `raft.quorum_probe_interval_ms = 0` switches the probe off.
+//!
+//! Each answer is also written down ([`PeerContacts`]): when this node last
+//! heard from each voter is what `ClusterStatus` shows as the members'
+//! reach on the leader (`raft::serving`).
 
 use std::collections::BTreeSet;
 use std::collections::HashMap;
@@ -43,17 +47,19 @@ use tracing::warn;
 
 use super::network::CLUSTER_ID_HEADER;
 use super::network::FROM_NODE_HEADER;
+use super::serving::PeerContacts;
 use super::NodeId;
 use super::Raft;
 use crate::config::Config;
 
 /// Starts the probe for `raft` (a no-op when `raft.quorum_probe_interval_ms`
 /// is 0). Elections are off from here until a quorum has answered; the task
-/// ends when Raft shuts down.
+/// ends when Raft shuts down. Every answer is recorded in `contacts`.
 pub fn spawn(
     raft: Raft,
     config: &Config,
     tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    contacts: PeerContacts,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let interval = Duration::from_millis(config.raft.quorum_probe_interval_ms);
     if interval.is_zero() {
@@ -74,6 +80,7 @@ pub fn spawn(
         grace: Duration::from_millis(config.raft.election_timeout_max_ms),
         channels: HashMap::new(),
         tls,
+        contacts,
     };
     Some(tokio::spawn(probe.run()))
 }
@@ -87,6 +94,8 @@ struct Probe {
     grace: Duration,
     channels: HashMap<String, Channel>,
     tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    /// When each voter last answered.
+    contacts: PeerContacts,
 }
 
 /// What one round found.
@@ -209,7 +218,8 @@ impl Probe {
         Some(c)
     }
 
-    /// `Some(id)` when voter `id` itself answered in time.
+    /// `Some(id)` when voter `id` itself answered in time (written down in
+    /// the contacts as it arrives).
     fn ask(&self, ch: Channel, id: NodeId, timeout: Duration) -> impl std::future::Future<Output = Option<NodeId>> {
         let mut req = tonic::Request::new(ProbeRequest {});
         req.set_timeout(timeout);
@@ -219,13 +229,18 @@ impl Probe {
         }
         let me = self.raft.metrics().borrow().id;
         md.insert(FROM_NODE_HEADER, me.into());
+        let contacts = self.contacts.clone();
         async move {
-            match tokio::time::timeout(timeout, RaftTransportClient::new(ch).probe(req)).await {
+            let answered = match tokio::time::timeout(timeout, RaftTransportClient::new(ch).probe(req)).await {
                 Ok(Ok(r)) if r.get_ref().node_id == id => Some(id),
                 // A node of an older build has no Probe, but it answered.
                 Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Some(id),
                 _ => None,
+            };
+            if answered.is_some() {
+                contacts.heard(id, Instant::now());
             }
+            answered
         }
     }
 }

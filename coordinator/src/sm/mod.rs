@@ -13,7 +13,12 @@
 //! `tally`: the vote tally of a prepare round and the deadline rule, pure
 //! too; the driver decides by it, and the reaper's ABORT is held to its
 //! deadline rule here.
+//!
+//! `operator`: what an operator does to records (issue 13): drop a
+//! participant gone for good from phase two, forget a transaction before
+//! its retention, and the filtered listing of records.
 
+pub mod operator;
 pub mod tally;
 
 use std::collections::BTreeMap;
@@ -23,6 +28,12 @@ use std::fmt;
 use serde::Deserialize;
 use serde::Serialize;
 
+pub use self::operator::Dropped;
+pub use self::operator::Drops;
+pub use self::operator::ListFilter;
+pub use self::operator::ListPage;
+pub use self::operator::OperatorRefusal;
+pub use self::operator::StateFilter;
 use self::tally::deadline_passed;
 use crate::limits;
 
@@ -208,6 +219,27 @@ pub enum Command {
     /// the API then holds later calls on it to. Other commands are applied
     /// as they are. Appended last: older log entries keep their encoding.
     As { caller: String, command: Box<Command> },
+    /// An operator stops phase two to `participant_id` of the decided
+    /// `txid` (gone for good): kept in the table's side map of drops with
+    /// `note` ("operator <name>: <reason>") and `now_ms` (the proposing
+    /// leader's clock), the record itself unchanged. Refused (as
+    /// `CommandOk::OperatorRefused`) for an unknown or undecided
+    /// transaction, a participant not enlisted, or one that acked; a
+    /// second drop keeps the first one's note and time. Issue 13.
+    /// Appended last: older log entries keep their encoding.
+    DropParticipant {
+        txid: Txid,
+        participant_id: String,
+        note: String,
+        now_ms: u64,
+    },
+    /// An operator forgets the decided `txid` now rather than after the
+    /// retention: only when every participant acked or was dropped, and not
+    /// for a COMMIT with a dropped participant that never acked (invariant
+    /// 10). `note` says who and why (logged by every node that applies it).
+    /// A txid with no record is answered "nothing forgotten". Issue 13.
+    /// Appended last: older log entries keep their encoding.
+    ForgetByOperator { txid: Txid, note: String },
 }
 
 /// One participant named at BeginAndCommit.
@@ -273,6 +305,21 @@ pub enum CommandOk {
         recorded: bool,
         key_holder: Option<Txid>,
     },
+    /// `DropParticipant`: `recorded` is false when it was dropped before.
+    ParticipantDropped {
+        recorded: bool,
+    },
+    /// `ForgetByOperator`: the outcome of the record forgotten, None when
+    /// there was no record (never begun, or forgotten before).
+    ForgottenByOperator {
+        outcome: Option<Outcome>,
+    },
+    /// An operator command (`DropParticipant`, `ForgetByOperator`) refused
+    /// by the state it met at apply. A result rather than a
+    /// `CommandError`: its gRPC code and message are the operator API's own
+    /// (`OperatorRefusal::not_found`), where a `CommandError` has one
+    /// mapping for every command.
+    OperatorRefused(OperatorRefusal),
 }
 
 /// Refusals. They are part of the replicated result, so they are data.
@@ -321,9 +368,11 @@ pub type CommandResult = Result<CommandOk, CommandError>;
 /// What changed, for the storage layer and the leader's loops.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
-    /// The record of `txid` was created or changed: persist it.
+    /// The record of `txid`, or what is kept beside it (its owner, its
+    /// drops), was created or changed: persist them.
     Put(Txid),
-    /// The record of `txid` was removed: delete it.
+    /// The record of `txid` was removed (with its owner and drops): delete
+    /// them.
     Remove(Txid),
     /// A decision was recorded (only on first recording).
     Decided(Txid, Outcome),
@@ -356,6 +405,10 @@ pub struct TxTable {
     /// The application that created each transaction created through
     /// `Command::As`; write-once, removed with the record.
     owners: BTreeMap<Txid, String>,
+    /// Participants an operator dropped from phase two
+    /// (`Command::DropParticipant`), per transaction; kept (also after a
+    /// dropped participant acks) until the record is removed.
+    dropped: BTreeMap<Txid, Drops>,
 }
 
 /// What a reader learns about a decision (linearizable reads return this).
@@ -363,7 +416,8 @@ pub struct TxTable {
 pub enum DecisionView {
     Pending,
     Decided(Outcome),
-    /// No record: never begun, or forgotten after all acks. Presumed abort.
+    /// No record: never begun, or forgotten (after all acks, or by an
+    /// operator when nothing could contradict an abort). Presumed abort.
     Unknown,
 }
 
@@ -385,6 +439,7 @@ impl TxTable {
             undelivered: BTreeSet::new(),
             retired_node_ids: BTreeSet::new(),
             owners: BTreeMap::new(),
+            dropped: BTreeMap::new(),
         }
     }
 
@@ -414,9 +469,13 @@ impl TxTable {
                 Some(d) if r.all_acked() => {
                     self.done.insert((d.decided_ms, txid));
                 }
-                Some(_) => {
+                Some(_) if operator::owes_delivery(r, self.dropped.get(&txid)) => {
                     self.undelivered.insert(txid);
                 }
+                // Every participant left to ack was dropped by an operator:
+                // nothing to deliver, and not forgotten by the leader loop
+                // (an operator forgets it, `ForgetByOperator`).
+                Some(_) => {}
             }
         }
     }
@@ -454,7 +513,8 @@ impl TxTable {
         self.preparing_after(0).take(max).collect()
     }
 
-    /// Decided transactions with a participant still to ack, at most `max`.
+    /// Decided transactions with a participant still to ack (one an
+    /// operator did not drop), at most `max`.
     pub fn undelivered(&self, max: usize) -> Vec<Txid> {
         self.undelivered_after(0).take(max).collect()
     }
@@ -473,7 +533,8 @@ impl TxTable {
         wrapped_after(&self.undelivered, cursor)
     }
 
-    /// How many decided transactions wait for at least one ack.
+    /// How many decided transactions wait for at least one ack (of a
+    /// participant not dropped).
     pub fn undelivered_count(&self) -> usize {
         self.undelivered.len()
     }
@@ -675,6 +736,13 @@ impl TxTable {
                 (*now_ms, note),
                 effects,
             ),
+            Command::DropParticipant {
+                txid,
+                participant_id,
+                note,
+                now_ms,
+            } => self.drop_participant(*txid, participant_id, note, *now_ms, effects),
+            Command::ForgetByOperator { txid, note } => self.forget_by_operator(*txid, note, effects),
             Command::As { caller, command } => {
                 let result = self.apply_inner(entry_term, command, effects)?;
                 let created = match (&**command, &result) {
@@ -1124,14 +1192,21 @@ impl TxTable {
         if !pending.is_empty() {
             return Err(CommandError::NotAllAcked { txid, pending });
         }
-        let key = r.idempotency_key.clone();
-        self.txs.remove(&txid);
+        self.remove_record(txid, effects);
+        Ok(CommandOk::Forgotten)
+    }
+
+    /// Removes the record of `txid` with everything kept beside it (key,
+    /// owner, drops). `next_txid` is untouched: the id is never handed out
+    /// again (invariant 10).
+    fn remove_record(&mut self, txid: Txid, effects: &mut Vec<Effect>) {
+        let Some(r) = self.txs.remove(&txid) else { return };
         self.owners.remove(&txid);
-        if self.keys.get(&key) == Some(&txid) {
-            self.keys.remove(&key);
+        self.dropped.remove(&txid);
+        if self.keys.get(&r.idempotency_key) == Some(&txid) {
+            self.keys.remove(&r.idempotency_key);
         }
         effects.push(Effect::Remove(txid));
-        Ok(CommandOk::Forgotten)
     }
 
     /// True while `participant_id` is enlisted in `txid`, its decision is
@@ -1139,10 +1214,13 @@ impl TxTable {
     /// deliver the decision to it. A participant keeps its log record while
     /// this holds, since only the record makes a redelivered COMMIT a
     /// repeat (acked) rather than a commit without prepare (refused): issue
-    /// 8, defect 2. False for an unknown (forgotten) transaction.
+    /// 8, defect 2. False for an unknown (forgotten) transaction, and for a
+    /// participant an operator dropped (nothing more is delivered to it).
     pub fn awaiting_ack(&self, txid: Txid, participant_id: &str) -> bool {
         self.txs.get(&txid).is_some_and(|r| {
-            r.decision().is_some() && r.participants.iter().any(|p| p.id == participant_id && !p.acked)
+            r.decision().is_some()
+                && r.participants.iter().any(|p| p.id == participant_id && !p.acked)
+                && !self.is_dropped(txid, participant_id)
         })
     }
 }
@@ -1201,7 +1279,9 @@ fn command_txid(cmd: &Command) -> Option<Txid> {
         | Command::RequestCommitOnePhase { txid }
         | Command::Decide { txid, .. }
         | Command::Ack { txid, .. }
-        | Command::Forget { txid } => Some(*txid),
+        | Command::Forget { txid }
+        | Command::DropParticipant { txid, .. }
+        | Command::ForgetByOperator { txid, .. } => Some(*txid),
     }
 }
 
@@ -1266,6 +1346,8 @@ pub fn check_len(field: &str, len: usize, max: usize) -> Result<(), CommandError
     Ok(())
 }
 
+#[cfg(test)]
+mod admin_tests;
 #[cfg(test)]
 mod one_write_tests;
 #[cfg(test)]

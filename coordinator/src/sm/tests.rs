@@ -1254,7 +1254,17 @@ fn random_command(rng: &mut StdRng, t: &TxTable, now_ms: u64) -> Command {
             txid,
             participant_id: PIDS.choose(rng).unwrap().to_string(),
         },
-        _ => Command::Forget { txid },
+        90..=94 => Command::Forget { txid },
+        95..=97 => Command::DropParticipant {
+            txid,
+            participant_id: PIDS.choose(rng).unwrap().to_string(),
+            note: format!("operator o: n{}", rng.random_range(0..3)),
+            now_ms,
+        },
+        _ => Command::ForgetByOperator {
+            txid,
+            note: "operator o: why".to_string(),
+        },
     }
 }
 
@@ -1274,7 +1284,7 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
         let mut frozen: BTreeMap<Txid, Vec<Participant>> = BTreeMap::new();
         let mut forgotten: BTreeSet<Txid> = BTreeSet::new();
         let mut max_txid: Txid = 0;
-        let (mut commits, mut aborts, mut forgets) = (0, 0, 0);
+        let (mut commits, mut aborts, mut forgets, mut drops) = (0, 0, 0, 0);
 
         for step in 0..5000 {
             now_ms += rng.random_range(0..20);
@@ -1326,9 +1336,12 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
                 brute_preparing,
                 "seed {seed:#x} step {step}: preparing index"
             );
+            // Not waiting for a participant an operator dropped.
             let brute_undelivered: Vec<Txid> = a
                 .records()
-                .filter(|r| r.decision().is_some() && !r.all_acked())
+                .filter(|r| {
+                    r.decision().is_some() && r.participants.iter().any(|p| !p.acked && !a.is_dropped(r.txid, &p.id))
+                })
                 .map(|r| r.txid)
                 .collect();
             assert_eq!(
@@ -1342,8 +1355,14 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
             assert_eq!(ea, eb, "seed {seed:#x} step {step}: effects differ");
             assert_eq!(a, b, "seed {seed:#x} step {step}: tables differ");
 
+            // Drops are kept only beside a record.
+            assert!(
+                a.drops().keys().all(|t| a.get(*t).is_some()),
+                "seed {seed:#x} step {step}: drops of a forgotten record"
+            );
+
             // A refused command changes nothing and emits nothing.
-            if ra.is_err() {
+            if ra.is_err() || matches!(ra, Ok(CommandOk::OperatorRefused(_))) {
                 assert!(ea.is_empty(), "step {step}: error with effects {ea:?}");
                 assert_eq!(a, pre, "step {step}: error changed the table: {ra:?}");
             }
@@ -1363,7 +1382,7 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
                 .records()
                 .chain(a.records())
                 .map(|r| r.txid)
-                .filter(|id| pre.get(*id) != a.get(*id))
+                .filter(|id| pre.get(*id) != a.get(*id) || pre.dropped(*id) != a.dropped(*id))
                 .collect();
             let named: BTreeSet<Txid> = ea
                 .iter()
@@ -1395,6 +1414,27 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
                     forgotten.insert(*txid);
                     forgets += 1;
                 }
+            }
+            if ra == Ok(CommandOk::ParticipantDropped { recorded: true }) {
+                drops += 1;
+            }
+            if let (Command::ForgetByOperator { txid, .. }, Ok(CommandOk::ForgottenByOperator { outcome: Some(o) })) =
+                (&cmd, &ra)
+            {
+                // Invariant 10: only what nothing more is delivered to, and
+                // never a COMMIT a participant (dropped) did not ack.
+                let r = pre.get(*txid).unwrap();
+                assert_eq!(r.decision().map(|d| d.outcome), Some(*o));
+                for p in r.participants.iter().filter(|p| !p.acked) {
+                    assert!(
+                        pre.is_dropped(*txid, &p.id),
+                        "step {step}: forgot {txid} owing {}",
+                        p.id
+                    );
+                    assert_eq!(*o, Outcome::Abort, "step {step}: forgot a COMMIT {} never acked", p.id);
+                }
+                forgotten.insert(*txid);
+                forgets += 1;
             }
 
             if let Command::Decide {
@@ -1481,13 +1521,15 @@ fn prop_random_commands_are_deterministic_and_keep_inv1_inv2_inv10() {
         }
 
         // The rebuilt table is the same table.
-        let rebuilt = TxTable::from_parts(a.next_txid(), a.records().cloned().collect::<Vec<_>>());
+        let rebuilt =
+            TxTable::from_parts(a.next_txid(), a.records().cloned().collect::<Vec<_>>()).with_drops(a.drops().clone());
         assert_eq!(rebuilt, a, "seed {seed:#x}: from_parts round trip");
 
         // The generator really exercised the interesting paths.
         assert!(commits > 10, "seed {seed:#x}: only {commits} commits");
         assert!(aborts > 10, "seed {seed:#x}: only {aborts} aborts");
         assert!(forgets > 3, "seed {seed:#x}: only {forgets} forgets");
+        assert!(drops > 3, "seed {seed:#x}: only {drops} drops");
     }
 }
 

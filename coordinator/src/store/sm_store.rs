@@ -4,6 +4,11 @@
 //! so a restart finds the state of a whole prefix of the log: no gap and no
 //! double application. Snapshots serialize the whole table, and the ids of
 //! nodes removed from the cluster (never to be reused).
+//!
+//! Beside each record, under keys of their own, live its owner (`o<txid>`)
+//! and the participants an operator dropped from it (`d<txid>`): written
+//! with the record, deleted with it, absent in data directories written
+//! before they existed.
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -18,6 +23,7 @@ use openraft::RaftSnapshotBuilder;
 use openraft::StorageIOError;
 use serde::Deserialize;
 use serde::Serialize;
+use tracing::info;
 
 use super::engine::KvEngine;
 use super::engine::Space;
@@ -31,6 +37,10 @@ use crate::raft::SnapshotMeta;
 use crate::raft::StorageError;
 use crate::raft::StoredMembership;
 use crate::raft::TypeConfig;
+use crate::sm::Command;
+use crate::sm::CommandOk;
+use crate::sm::CommandResult;
+use crate::sm::Drops;
 use crate::sm::Effect;
 use crate::sm::TxRecord;
 use crate::sm::TxTable;
@@ -46,6 +56,10 @@ const RETIRED_NODE_IDS_KEY: &[u8] = b"m/retired_node_ids";
 /// The owner of a transaction (`Command::As`), beside its record; absent
 /// in data directories written before owners existed: absent = no owner.
 const OWNER_PREFIX: &[u8] = b"o";
+/// The participants an operator dropped from a transaction
+/// (`Command::DropParticipant`), beside its record; absent in data
+/// directories written before drops existed: absent = none dropped.
+const DROPS_PREFIX: &[u8] = b"d";
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
 
@@ -62,7 +76,17 @@ fn owner_key(txid: Txid) -> Vec<u8> {
 }
 
 fn txid_of_owner_key(k: &[u8]) -> Option<Txid> {
-    let b: [u8; 8] = k.strip_prefix(OWNER_PREFIX)?.try_into().ok()?;
+    txid_after(OWNER_PREFIX, k)
+}
+
+fn drops_key(txid: Txid) -> Vec<u8> {
+    let mut k = DROPS_PREFIX.to_vec();
+    k.extend_from_slice(&txid.to_be_bytes());
+    k
+}
+
+fn txid_after(prefix: &[u8], k: &[u8]) -> Option<Txid> {
+    let b: [u8; 8] = k.strip_prefix(prefix)?.try_into().ok()?;
     Some(Txid::from_be_bytes(b))
 }
 
@@ -85,6 +109,19 @@ struct SnapshotData {
     /// prefix of this one); see `decode_snapshot`.
     retired_node_ids: BTreeSet<u64>,
     /// Added after `retired_node_ids`, in the same way.
+    owners: BTreeMap<Txid, String>,
+    /// Added after `owners`, in the same way.
+    drops: BTreeMap<Txid, Drops>,
+}
+
+/// The layout of snapshots built before drops were recorded.
+#[derive(Serialize, Deserialize)]
+struct SnapshotDataWithoutDrops {
+    next_txid: Txid,
+    records: Vec<TxRecord>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    retired_node_ids: BTreeSet<u64>,
     owners: BTreeMap<Txid, String>,
 }
 
@@ -117,6 +154,17 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
         Ok(d) => return Ok(d),
         Err(e) => e,
     };
+    if let Ok(old) = codec::decode::<SnapshotDataWithoutDrops>(bytes) {
+        return Ok(SnapshotData {
+            next_txid: old.next_txid,
+            records: old.records,
+            last_applied: old.last_applied,
+            membership: old.membership,
+            retired_node_ids: old.retired_node_ids,
+            owners: old.owners,
+            drops: BTreeMap::new(),
+        });
+    }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutOwners>(bytes) {
         return Ok(SnapshotData {
             next_txid: old.next_txid,
@@ -125,6 +173,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             membership: old.membership,
             retired_node_ids: old.retired_node_ids,
             owners: BTreeMap::new(),
+            drops: BTreeMap::new(),
         });
     }
     match codec::decode::<SnapshotDataWithoutRetiredIds>(bytes) {
@@ -135,6 +184,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             membership: old.membership,
             retired_node_ids: BTreeSet::new(),
             owners: BTreeMap::new(),
+            drops: BTreeMap::new(),
         }),
         Err(_) => Err(current),
     }
@@ -208,10 +258,17 @@ impl StateMachineStore {
                 owners.push((t, codec::decode::<String>(&v)?));
             }
         }
+        let mut drops = Vec::new();
+        for (k, v) in engine.scan_prefix(Space::StateMachine, DROPS_PREFIX)? {
+            if let Some(t) = txid_after(DROPS_PREFIX, &k) {
+                drops.push((t, codec::decode::<Drops>(&v)?));
+            }
+        }
         let state = SmState {
             table: TxTable::from_parts(next_txid, records)
                 .with_retired_node_ids(retired)
-                .with_owners(owners),
+                .with_owners(owners)
+                .with_drops(drops),
             last_applied,
             membership,
         };
@@ -236,6 +293,7 @@ impl StateMachineStore {
             membership: st.membership.clone(),
             retired_node_ids: st.table.retired_node_ids().clone(),
             owners: st.table.owners().clone(),
+            drops: st.table.drops().clone(),
         };
         let bytes = codec::encode(&data).map_err(snap_err)?;
         let snapshot_id = match st.last_applied {
@@ -297,7 +355,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     // its txid was handed out in (ADR 0012).
                     let term = entry.log_id.leader_id.term;
                     for cmd in &batch.commands {
-                        out.results.push(st.table.apply_in_term(term, cmd, &mut effects));
+                        let result = st.table.apply_in_term(term, cmd, &mut effects);
+                        log_operator_change(cmd, &result);
+                        out.results.push(result);
                     }
                 }
                 EntryPayload::Membership(m) => {
@@ -318,10 +378,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         if let Some(o) = st.table.owner(*txid) {
                             b.put(owner_key(*txid), codec::encode(&o.to_string()).map_err(write_err)?);
                         }
+                        if let Some(d) = st.table.dropped(*txid) {
+                            b.put(drops_key(*txid), codec::encode(d).map_err(write_err)?);
+                        }
                     }
                     None => {
                         b.delete(record_key(*txid));
                         b.delete(owner_key(*txid));
+                        b.delete(drops_key(*txid));
                     }
                 },
                 _ => {}
@@ -384,6 +448,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         for (t, o) in &data.owners {
             b.put(owner_key(*t), codec::encode(o).map_err(write_err)?);
         }
+        for (t, d) in &data.drops {
+            b.put(drops_key(*t), codec::encode(d).map_err(write_err)?);
+        }
         b.put(
             NEXT_TXID_KEY.to_vec(),
             codec::encode(&data.next_txid).map_err(write_err)?,
@@ -404,7 +471,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.save_snapshot(meta, &bytes)?;
         st.table = TxTable::from_parts(data.next_txid, data.records)
             .with_retired_node_ids(data.retired_node_ids)
-            .with_owners(data.owners);
+            .with_owners(data.owners)
+            .with_drops(data.drops);
         st.last_applied = meta.last_log_id;
         st.membership = meta.last_membership.clone();
         drop(st);
@@ -425,6 +493,55 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 }
 
+/// For backups (issue 13): the snapshot of the state applied now, encoded
+/// exactly as `build_snapshot` encodes it, WITHOUT saving it as this node's
+/// current snapshot (openraft keeps track of that one).
+impl StateMachineStore {
+    pub fn snapshot_for_backup(&self) -> Result<(SnapshotMeta, Vec<u8>), StorageError> {
+        self.build_snapshot_bytes()
+    }
+}
+
+/// For backups (issue 13): the table a snapshot's bytes hold, decoded as
+/// `install_snapshot` decodes them (older layouts included).
+pub fn decode_snapshot_table(bytes: &[u8]) -> Result<TxTable, codec::CodecError> {
+    let data = decode_snapshot(bytes)?;
+    Ok(TxTable::from_parts(data.next_txid, data.records)
+        .with_retired_node_ids(data.retired_node_ids)
+        .with_owners(data.owners)
+        .with_drops(data.drops))
+}
+
+/// For restores (issue 13): a snapshot's bytes with its next txid raised to
+/// at least `next_txid`, re-encoded in the current layout.
+pub fn snapshot_with_next_txid_at_least(bytes: &[u8], next_txid: Txid) -> Result<Vec<u8>, codec::CodecError> {
+    let mut data = decode_snapshot(bytes)?;
+    data.next_txid = data.next_txid.max(next_txid);
+    codec::encode(&data)
+}
+
+/// Every node logs the operator's changes to transactions when it applies
+/// them (issue 13): who and why are in the note.
+fn log_operator_change(cmd: &Command, result: &CommandResult) {
+    match (cmd, result) {
+        (
+            Command::DropParticipant {
+                txid,
+                participant_id,
+                note,
+                ..
+            },
+            Ok(CommandOk::ParticipantDropped { recorded: true }),
+        ) => {
+            info!(txid, participant = %participant_id, note = %note, "participant dropped from phase two by an operator: the decision must be reconciled there by hand");
+        }
+        (Command::ForgetByOperator { txid, note }, Ok(CommandOk::ForgottenByOperator { outcome: Some(outcome) })) => {
+            info!(txid, outcome = %outcome, note = %note, "transaction forgotten by an operator");
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use openraft::CommittedLeaderId;
@@ -432,7 +549,6 @@ mod tests {
 
     use super::*;
     use crate::raft::Batch;
-    use crate::sm::Command;
 
     fn entry(index: u64, commands: Vec<Command>) -> Entry {
         RaftEntry {
@@ -662,6 +778,180 @@ mod tests {
         assert_eq!(reopened.state().table.owner(1), None);
         assert!(e2.get(Space::StateMachine, &owner_key(1)).unwrap().is_none());
         assert_eq!(reopened.state().table.owner(2), Some("billing"));
+    }
+
+    fn enlist(txid: Txid, id: &str) -> Command {
+        Command::Enlist {
+            txid,
+            participant_id: id.into(),
+            address: format!("127.0.0.1:{}", 9000 + txid),
+            payload: vec![],
+        }
+    }
+
+    fn abort(txid: Txid) -> Command {
+        Command::Decide {
+            txid,
+            outcome: crate::sm::Outcome::Abort,
+            voters: vec![],
+            source: crate::sm::DecisionSource::Client,
+            term: 1,
+            now_ms: 2,
+            note: String::new(),
+        }
+    }
+
+    fn drop_b(txid: Txid, note: &str) -> Command {
+        Command::DropParticipant {
+            txid,
+            participant_id: "b".into(),
+            note: note.into(),
+            now_ms: 7,
+        }
+    }
+
+    /// Two aborted transactions with participants a and b: in the first a
+    /// acked and b is dropped, in the second only b is dropped (a is still
+    /// owed phase two).
+    async fn two_with_drops(sm: &mut StateMachineStore) {
+        let begin = |key: &str| Command::Begin {
+            idempotency_key: key.into(),
+            fingerprint: [1; 32],
+            now_ms: 1,
+            timeout_ms: 1_000,
+        };
+        sm.apply(vec![entry(
+            1,
+            vec![
+                begin("k1"),
+                enlist(1, "a"),
+                enlist(1, "b"),
+                begin("k2"),
+                enlist(2, "a"),
+                enlist(2, "b"),
+            ],
+        )])
+        .await
+        .unwrap();
+        let acked_a = Command::Ack {
+            txid: 1,
+            participant_id: "a".into(),
+        };
+        sm.apply(vec![entry(
+            2,
+            vec![
+                abort(1),
+                abort(2),
+                acked_a,
+                drop_b(1, "operator o: one"),
+                drop_b(2, "operator o: two"),
+            ],
+        )])
+        .await
+        .unwrap();
+    }
+
+    /// The participants an operator dropped (issue 13) are persisted with
+    /// the apply that records them, carried by snapshots, there after a
+    /// restart (so a dropped participant is still owed no delivery, and the
+    /// record still awaits an operator), and removed with their record.
+    #[tokio::test]
+    async fn invariant_10_drops_survive_restarts_and_snapshots_and_go_with_their_record() {
+        let (_d1, e1, mut leader) = fresh();
+        two_with_drops(&mut leader).await;
+        let check = |sm: &StateMachineStore, what: &str| {
+            let st = sm.state();
+            assert_eq!(
+                st.table.drop_of(1, "b").map(|d| (d.note.as_str(), d.dropped_ms)),
+                Some(("operator o: one", 7)),
+                "{what}"
+            );
+            assert!(st.table.needs_reconciliation(1), "{what}");
+            assert!(st.table.is_dropped(2, "b"), "{what}");
+            assert_eq!(
+                st.table.undelivered(10),
+                vec![2],
+                "{what}: only 2 still owes a delivery (to a)"
+            );
+            assert_eq!(st.table.forgettable(u64::MAX, 10), Vec::<Txid>::new(), "{what}");
+        };
+        check(&leader, "applied");
+        let snap = leader.build_snapshot().await.unwrap();
+        drop(leader);
+        let leader = StateMachineStore::open(e1).unwrap();
+        check(&leader, "reopened");
+
+        let (_d2, e2, mut follower) = fresh();
+        follower.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+        check(&follower, "installed");
+        drop(follower);
+        let mut follower = StateMachineStore::open(e2.clone()).unwrap();
+        check(&follower, "installed and reopened");
+
+        // Forgotten by an operator (an ABORT): the drops go with it; the
+        // txid stays used.
+        let forget = Command::ForgetByOperator {
+            txid: 1,
+            note: "operator o: reconciled".into(),
+        };
+        let out = follower.apply(vec![entry(3, vec![forget])]).await.unwrap();
+        assert_eq!(
+            out[0].results,
+            vec![Ok(CommandOk::ForgottenByOperator {
+                outcome: Some(crate::sm::Outcome::Abort)
+            })]
+        );
+        assert!(follower.state().table.dropped(1).is_none());
+        assert!(e2.get(Space::StateMachine, &drops_key(1)).unwrap().is_none());
+        assert!(e2.get(Space::StateMachine, &drops_key(2)).unwrap().is_some());
+        drop(follower);
+        let reopened = StateMachineStore::open(e2).unwrap();
+        let st = reopened.state();
+        assert!(st.table.get(1).is_none() && st.table.dropped(1).is_none());
+        assert!(st.table.is_dropped(2, "b"));
+        assert_eq!(st.table.next_txid(), 3, "a forgotten txid is never handed out again");
+    }
+
+    /// A snapshot of the layout before drops (with owners) installs, with
+    /// none dropped; the current layout is never taken for it.
+    #[tokio::test]
+    async fn snapshot_without_drops_still_installs() {
+        let (_d1, _e1, mut leader) = fresh();
+        two_with_drops(&mut leader).await;
+        leader
+            .apply(vec![entry(3, vec![begin_as("shop", "k3")])])
+            .await
+            .unwrap();
+        let (meta, new_bytes) = leader.build_snapshot_bytes().unwrap();
+        let old_bytes = {
+            let st = leader.state();
+            codec::encode(&SnapshotDataWithoutDrops {
+                next_txid: st.table.next_txid(),
+                records: st.table.records().cloned().collect(),
+                last_applied: st.last_applied,
+                membership: st.membership.clone(),
+                retired_node_ids: BTreeSet::from([7]),
+                owners: st.table.owners().clone(),
+            })
+            .unwrap()
+        };
+        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
+        assert!(codec::decode::<SnapshotDataWithoutDrops>(&new_bytes).is_err());
+        let (_d2, _e2, mut follower) = fresh();
+        follower
+            .install_snapshot(&meta, Box::new(Cursor::new(old_bytes)))
+            .await
+            .unwrap();
+        let st = follower.state();
+        assert_eq!(st.table.len(), 3);
+        assert!(st.table.is_retired_node_id(7));
+        assert_eq!(st.table.owner(3), Some("shop"));
+        assert!(st.table.drops().is_empty());
+        assert_eq!(
+            st.table.undelivered(10),
+            vec![1, 2],
+            "without drops both owe b a delivery"
+        );
     }
 
     /// A snapshot of the layout before owners (with retired ids) installs,

@@ -224,6 +224,12 @@ pub struct BankServeArgs {
     pub accounts: usize,
     #[arg(long, default_value_t = 1000)]
     pub initial: i64,
+    /// Serve Prometheus metrics over HTTP on this address (every path
+    /// answers the text, e.g. `http://IP:PORT/metrics`): the participant's
+    /// in-doubt gauges, recovery look-ups and the rest of
+    /// `participant_sdk::metrics::METRICS`.
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub tls: dtx_tls::args::TlsArgs,
 }
@@ -237,6 +243,13 @@ pub struct BankServeArgs {
 /// holds everything acknowledged. Started while the disk is still full, it
 /// exits at once saying so (see `ParticipantStore::open`).
 pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    if let Some(addr) = a.metrics_addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .with_context(|| format!("metrics listener on {addr}"))?;
+        participant_sdk::metrics::describe();
+    }
     // Recovery connects from the service's own address, so network rules on
     // that address (the jepsen partitions) cut it both ways.
     let mut opts = participant_sdk::server::RecoveryOptions::for_service(&a.id, &a.listen);

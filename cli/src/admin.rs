@@ -1,0 +1,843 @@
+//! `coordinator admin`: the operator's commands against a running cluster.
+//!
+//! Human tables by default and `--json` everywhere (one JSON document on
+//! stdout). Errors go to stderr as one line, without backtraces, and the
+//! exit code says what happened, so scripts can tell a refusal from an
+//! unknown outcome from a cluster they cannot reach:
+//!
+//! | code | meaning |
+//! |---:|---|
+//! | 0 | done (or, for reads, answered) |
+//! | 1 | another error (an answer this tool cannot read, a local file) |
+//! | 2 | the command line is wrong (clap) |
+//! | 3 | refused: nothing changed (invalid, not found, not allowed now, not authorised, or a decision other than the one asked for already stands) |
+//! | 4 | outcome unknown: a write may or may not have been applied; look again (`txn show`) |
+//! | 5 | unreachable: no node answered in time |
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Subcommand;
+use dtx_client::Client;
+use dtx_client::ClientConfig;
+use dtx_client::ClientError;
+use dtx_client::TxOutcome;
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::admin_client::AdminClient;
+use serde_json::json;
+
+use crate::admin_view as view;
+
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_ERROR: i32 = 1;
+pub const EXIT_REFUSED: i32 = 3;
+pub const EXIT_UNKNOWN: i32 = 4;
+pub const EXIT_UNREACHABLE: i32 = 5;
+
+/// A list reads at most this many pages when asked for everything.
+const LIST_PAGES_MAX: usize = 1000;
+
+#[derive(clap::Args)]
+pub struct AdminArgs {
+    /// API address(es) of any node(s), comma-separated.
+    #[arg(long, default_value = "127.0.0.1:7201", value_delimiter = ',')]
+    addr: Vec<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Give up on a call after this many seconds (a dead node is skipped
+    /// after the connect timeout, at most 2 s).
+    #[arg(long, default_value_t = 10.0, global = true)]
+    timeout_s: f64,
+    /// TLS and token settings (an operator's certificate: dtx://operator/<name>).
+    #[command(flatten)]
+    tls: dtx_tls::args::TlsArgs,
+    #[command(subcommand)]
+    cmd: AdminCmd,
+}
+
+#[derive(Subcommand)]
+enum AdminCmd {
+    /// Each member's own view (role, serving, term, applied index) beside
+    /// the leader's (reach and lag per member).
+    Status,
+    /// Transactions: list, show, in-doubt report, repairs, and a drill.
+    #[command(subcommand)]
+    Txn(TxnCmd),
+    /// Add a node (as a learner, then a voter unless --learner).
+    AddNode {
+        #[arg(long)]
+        node_id: u64,
+        #[arg(long)]
+        raft_addr: String,
+        #[arg(long)]
+        api_addr: String,
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a node from the cluster (its id is never used again).
+    RemoveNode {
+        #[arg(long)]
+        node_id: u64,
+    },
+    /// Replace a member: add the new node (caught up, then a voter), then
+    /// remove the old one. Start the new node first, on an empty data
+    /// directory, without --bootstrap.
+    ReplaceNode {
+        /// The member to replace.
+        #[arg(long)]
+        old_node_id: u64,
+        /// The new node's id (never used before in this cluster).
+        #[arg(long)]
+        node_id: u64,
+        #[arg(long)]
+        raft_addr: String,
+        #[arg(long)]
+        api_addr: String,
+    },
+    /// Move leadership to another node: not offered by the pinned openraft
+    /// (0.9.25); says so and what to do instead.
+    TransferLeader {
+        #[arg(long)]
+        to: u64,
+    },
+    /// Build a snapshot on the addressed node now.
+    Snapshot,
+    /// Save a consistent backup of the cluster's replicated state to a file
+    /// (restore it with `coordinator restore`).
+    Backup {
+        /// The backup file to write (written beside it, then renamed).
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        opts: crate::backup::SaveOptions,
+    },
+}
+
+#[derive(Subcommand)]
+enum TxnCmd {
+    /// Transactions by ascending txid, filtered; one page unless --all.
+    List {
+        /// Only this state: active, preparing or decided.
+        #[arg(long, value_parser = ["active", "preparing", "decided"])]
+        state: Option<String>,
+        /// Only those begun at least this many seconds ago.
+        #[arg(long)]
+        older_than_s: Option<f64>,
+        /// Only those that enlisted this participant id.
+        #[arg(long)]
+        participant: Option<String>,
+        /// Only decided ones still waiting for a participant's ack.
+        #[arg(long)]
+        unacknowledged: bool,
+        /// Only those with a participant dropped from phase two.
+        #[arg(long)]
+        dropped: bool,
+        /// Start after this txid (the `next` printed by the previous page).
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// Page size (at most 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Every page, not just the first.
+        #[arg(long)]
+        all: bool,
+    },
+    /// One transaction: its timeline and where each participant stands.
+    Show { txid: u64 },
+    /// Participants left waiting, oldest first: transactions still
+    /// preparing, and decided ones not yet acknowledged by a participant.
+    InDoubt,
+    /// Record a decision by hand (write-once: it never overrides one).
+    #[command(group(clap::ArgGroup::new("outcome").required(true).args(["commit", "abort"])))]
+    Resolve {
+        txid: u64,
+        /// Record COMMIT: every participant must hold a YES vote (--voters).
+        #[arg(long)]
+        commit: bool,
+        /// Record ABORT.
+        #[arg(long)]
+        abort: bool,
+        /// Participants known to hold a YES vote (required for --commit).
+        #[arg(long, value_delimiter = ',')]
+        voters: Vec<String>,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Stop delivering the decision to a participant gone for good; the
+    /// transaction is then marked as needing manual reconciliation there.
+    DropParticipant {
+        txid: u64,
+        /// The participant id, as enlisted.
+        participant: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Forget a decided transaction now (every participant acked or was
+    /// dropped; never a COMMIT with a dropped participant).
+    Forget {
+        txid: u64,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Drill: begin a transaction (it is aborted at its deadline unless
+    /// committed).
+    Begin {
+        /// Idempotency key (the same key finds the same transaction).
+        #[arg(long)]
+        key: String,
+        /// Milliseconds until the deadline (0: the cluster's default).
+        #[arg(long, default_value_t = 0)]
+        timeout_ms: u64,
+    },
+    /// Drill: enlist a participant service in an active transaction.
+    Enlist {
+        txid: u64,
+        #[arg(long)]
+        participant: String,
+        /// The participant's gRPC address (host:port).
+        #[arg(long)]
+        address: String,
+        /// Payload handed to the participant with Prepare (UTF-8 text).
+        #[arg(long, default_value = "")]
+        payload: String,
+    },
+    /// Drill: ask for COMMIT and print the decision.
+    Commit { txid: u64 },
+    /// Drill: ask for ABORT and print the decision.
+    Abort {
+        txid: u64,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+/// Who makes a repair and why (both recorded). With authentication on,
+/// the cluster records the authenticated identity instead of --operator.
+#[derive(clap::Args)]
+struct Who {
+    /// Your name, recorded with the repair (default: $USER).
+    #[arg(long, env = "USER")]
+    operator: String,
+    /// Why, recorded with the repair.
+    #[arg(long)]
+    reason: String,
+}
+
+/// How a command ended: the exit code and the line for stderr.
+struct Failure {
+    code: i32,
+    message: String,
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Failure {
+        let code = match &e {
+            ClientError::InvalidArgument(_)
+            | ClientError::NotFound(_)
+            | ClientError::AlreadyExists(_)
+            | ClientError::FailedPrecondition(_)
+            | ClientError::Unimplemented(_)
+            | ClientError::Unauthenticated(_)
+            | ClientError::PermissionDenied(_) => EXIT_REFUSED,
+            ClientError::Unknown(_) => EXIT_UNKNOWN,
+            ClientError::Unavailable(_) => EXIT_UNREACHABLE,
+            ClientError::Internal(_) => EXIT_ERROR,
+        };
+        Failure {
+            code,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<tonic::Status> for Failure {
+    fn from(s: tonic::Status) -> Failure {
+        use tonic::Code;
+        let code = match s.code() {
+            Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::FailedPrecondition
+            | Code::Unimplemented
+            | Code::Unauthenticated
+            | Code::PermissionDenied
+            | Code::OutOfRange => EXIT_REFUSED,
+            Code::Unavailable => EXIT_UNREACHABLE,
+            Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => EXIT_UNKNOWN,
+            _ => EXIT_ERROR,
+        };
+        Failure {
+            code,
+            message: format!("{:?}: {}", s.code(), dtx_client::describe(&s)),
+        }
+    }
+}
+
+fn failure(code: i32, message: impl Into<String>) -> Failure {
+    Failure {
+        code,
+        message: message.into(),
+    }
+}
+
+fn local(e: impl std::fmt::Display) -> Failure {
+    failure(EXIT_ERROR, e.to_string())
+}
+
+type Outcome = Result<(), Failure>;
+
+/// Runs one admin command; the process's exit code.
+pub async fn run(a: AdminArgs) -> i32 {
+    match run_inner(a).await {
+        Ok(()) => EXIT_OK,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            f.code
+        }
+    }
+}
+
+struct Ctx {
+    addrs: Vec<String>,
+    json: bool,
+    timeout: Duration,
+    client: Client,
+    tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    token: Option<String>,
+}
+
+async fn run_inner(a: AdminArgs) -> Outcome {
+    if !(a.timeout_s.is_finite() && a.timeout_s > 0.0) {
+        return Err(failure(
+            2,
+            format!("--timeout-s must be a positive number of seconds, not {}", a.timeout_s),
+        ));
+    }
+    let timeout = Duration::from_secs_f64(a.timeout_s);
+    let mut cfg = ClientConfig::new(a.addr.clone());
+    cfg.call_deadline = timeout;
+    cfg.attempt_timeout = timeout.min(Duration::from_secs(5));
+    cfg.connect_timeout = timeout.min(Duration::from_secs(2));
+    cfg.tls = a.tls.client().map_err(local)?;
+    cfg.token = a.tls.token().map_err(local)?;
+    let ctx = Ctx {
+        addrs: a.addr,
+        json: a.json,
+        timeout,
+        tls: cfg.tls.clone(),
+        token: cfg.token.clone(),
+        client: Client::new(cfg).map_err(Failure::from)?,
+    };
+    match a.cmd {
+        AdminCmd::Status => status(&ctx).await,
+        AdminCmd::Txn(cmd) => txn(&ctx, cmd).await,
+        AdminCmd::AddNode {
+            node_id,
+            raft_addr,
+            api_addr,
+            learner,
+        } => add_node(&ctx, node_id, raft_addr, api_addr, !learner).await,
+        AdminCmd::RemoveNode { node_id } => remove_node(&ctx, node_id).await,
+        AdminCmd::ReplaceNode {
+            old_node_id,
+            node_id,
+            raft_addr,
+            api_addr,
+        } => {
+            if old_node_id == node_id {
+                return Err(failure(
+                    EXIT_REFUSED,
+                    "the new node needs an id of its own (node ids are never reused)",
+                ));
+            }
+            add_node(&ctx, node_id, raft_addr, api_addr, true).await?;
+            remove_node(&ctx, old_node_id).await
+        }
+        AdminCmd::TransferLeader { to } => Err(failure(
+            EXIT_REFUSED,
+            format!(
+                "leadership transfer is not offered by the pinned openraft (0.9.25), so node {to} cannot be made leader \
+                 directly; to move leadership off a node, restart it (kill -TERM, then start it again): the others \
+                 elect a leader within about an election timeout, and clients follow (docs/operations.md)"
+            ),
+        )),
+        AdminCmd::Snapshot => {
+            let r = first_answer(&ctx, |ch| {
+                let rq = dtx_client::request_with_token(pb::TriggerSnapshotRequest {}, ctx.token.as_deref());
+                async move { AdminClient::new(ch).trigger_snapshot(rq).await }
+            })
+            .await?;
+            emit(&ctx, json!({"snapshot_index": r.snapshot_index}), || {
+                format!("snapshot built at log index {}", r.snapshot_index)
+            });
+            Ok(())
+        }
+        AdminCmd::Backup { out, opts } => {
+            // The first address that answers; a failed attempt leaves no
+            // file under `out`.
+            let mut last = failure(EXIT_UNREACHABLE, "no address given");
+            for addr in &ctx.addrs {
+                match crate::backup::save(addr, ctx.tls.clone(), ctx.token.clone(), &out, opts).await {
+                    Ok(summary) => {
+                        emit(&ctx, json!({"file": out.display().to_string(), "summary": summary}), || {
+                            summary.clone()
+                        });
+                        return Ok(());
+                    }
+                    Err(e) => last = backup_failure(addr, e),
+                }
+                if last.code != EXIT_UNREACHABLE {
+                    break;
+                }
+            }
+            Err(last)
+        }
+    }
+}
+
+/// A failed backup: unreachable when the cause is a gRPC UNAVAILABLE
+/// (another address may answer), else what the status or error says.
+fn backup_failure(addr: &str, e: anyhow::Error) -> Failure {
+    match e.chain().find_map(|c| c.downcast_ref::<tonic::Status>()) {
+        Some(s) => {
+            let mut f = Failure::from(s.clone());
+            f.message = format!("{addr}: {e:#}");
+            f
+        }
+        None => failure(EXIT_ERROR, format!("{addr}: {e:#}")),
+    }
+}
+
+/// Prints `value` with --json, else `text()`.
+fn emit(ctx: &Ctx, value: serde_json::Value, text: impl FnOnce() -> String) {
+    if ctx.json {
+        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+    } else {
+        println!("{}", text());
+    }
+}
+
+/// The first node of --addr that answers `f` (a call served where it
+/// lands or forwarded by the node to the leader); the last failure if none
+/// does.
+async fn first_answer<T, F, Fut>(ctx: &Ctx, f: F) -> Result<T, Failure>
+where
+    F: Fn(tonic::transport::Channel) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let mut last = failure(EXIT_UNREACHABLE, "no address given");
+    for addr in &ctx.addrs {
+        let ch =
+            dtx_proto::channel::channel_with(addr, None, ctx.timeout.min(Duration::from_secs(2)), ctx.tls.as_ref())
+                .map_err(|e| failure(2, format!("--addr {addr}: {e}")))?;
+        match tokio::time::timeout(ctx.timeout, f(ch)).await {
+            Ok(Ok(r)) => return Ok(r.into_inner()),
+            Ok(Err(s)) if s.code() == tonic::Code::Unavailable => {
+                last = failure(EXIT_UNREACHABLE, format!("{addr}: {}", dtx_client::describe(&s)))
+            }
+            Ok(Err(s)) => {
+                let mut f = Failure::from(s);
+                f.message = format!("{addr}: {}", f.message);
+                return Err(f);
+            }
+            Err(_) => {
+                last = failure(
+                    EXIT_UNKNOWN,
+                    format!(
+                        "{addr}: no answer within {:?} (a write may or may not have been applied)",
+                        ctx.timeout
+                    ),
+                )
+            }
+        }
+    }
+    Err(last)
+}
+
+async fn add_node(ctx: &Ctx, node_id: u64, raft_addr: String, api_addr: String, voter: bool) -> Outcome {
+    let r = first_answer(ctx, |ch| {
+        let rq = dtx_client::request_with_token(
+            pb::AddNodeRequest {
+                node_id,
+                raft_addr: raft_addr.clone(),
+                api_addr: api_addr.clone(),
+                voter,
+            },
+            ctx.token.as_deref(),
+        );
+        async move { AdminClient::new(ch).add_node(rq).await }
+    })
+    .await?;
+    emit(ctx, json!({"added": node_id, "voters": r.voters}), || {
+        format!("node {node_id} added; voters now: {:?}", r.voters)
+    });
+    Ok(())
+}
+
+async fn remove_node(ctx: &Ctx, node_id: u64) -> Outcome {
+    let r = first_answer(ctx, |ch| {
+        let rq = dtx_client::request_with_token(pb::RemoveNodeRequest { node_id }, ctx.token.as_deref());
+        async move { AdminClient::new(ch).remove_node(rq).await }
+    })
+    .await?;
+    emit(ctx, json!({"removed": node_id, "voters": r.voters}), || {
+        format!("node {node_id} removed; voters now: {:?}", r.voters)
+    });
+    Ok(())
+}
+
+/// `admin status`: one node's view of the membership, then each member
+/// asked directly (each bounded by the timeout, all at once).
+async fn status(ctx: &Ctx) -> Outcome {
+    let first = ctx.client.cluster_status().await.map_err(Failure::from)?;
+    // The leader's view has reach and lag: ask it when one is known.
+    let leader_view = if first.role != "Leader" && !first.leader_api_addr.is_empty() {
+        member_status(ctx, &first.leader_api_addr).await.unwrap_or(first)
+    } else {
+        first
+    };
+    let answers = futures_join_all(ctx, &leader_view.members).await;
+    if ctx.json {
+        let nodes: Vec<serde_json::Value> = leader_view
+            .members
+            .iter()
+            .zip(&answers)
+            .map(|(m, a)| match a {
+                Ok(s) => json!({"node_id": m.node_id, "status": view::status_json(s)}),
+                Err(e) => json!({"node_id": m.node_id, "error": e}),
+            })
+            .collect();
+        let mut v = view::status_json(&leader_view);
+        v["nodes"] = serde_json::Value::Array(nodes);
+        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+    } else {
+        let views: Vec<view::MemberView<'_>> = leader_view
+            .members
+            .iter()
+            .zip(&answers)
+            .map(|(m, a)| view::MemberView {
+                member: m,
+                own: a.as_ref().map_err(|e| e.clone()),
+            })
+            .collect();
+        println!("{}", view::status_table(&leader_view, &views));
+    }
+    Ok(())
+}
+
+async fn member_status(ctx: &Ctx, addr: &str) -> Result<pb::ClusterStatusResponse, String> {
+    dtx_client::cluster_status_as(
+        addr,
+        ctx.timeout.min(Duration::from_secs(3)),
+        ctx.tls.as_ref(),
+        ctx.token.as_deref(),
+    )
+    .await
+    .map_err(|s| format!("{:?}: {}", s.code(), dtx_client::describe(&s)))
+}
+
+async fn futures_join_all(ctx: &Ctx, members: &[pb::NodeStatus]) -> Vec<Result<pb::ClusterStatusResponse, String>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, m) in members.iter().enumerate() {
+        let addr = m.api_addr.clone();
+        let (timeout, tls, token) = (
+            ctx.timeout.min(Duration::from_secs(3)),
+            ctx.tls.clone(),
+            ctx.token.clone(),
+        );
+        tasks.spawn(async move {
+            let r = dtx_client::cluster_status_as(&addr, timeout, tls.as_ref(), token.as_deref())
+                .await
+                .map_err(|s| format!("{:?}: {}", s.code(), dtx_client::describe(&s)));
+            (i, r)
+        });
+    }
+    let mut out: Vec<Result<pb::ClusterStatusResponse, String>> =
+        members.iter().map(|_| Err("not asked".to_string())).collect();
+    while let Some(Ok((i, r))) = tasks.join_next().await {
+        out[i] = r;
+    }
+    out
+}
+
+/// One page of `req` (the retrying client: follows the leader, rides out
+/// an election within the timeout).
+async fn list_page(ctx: &Ctx, req: pb::ListTransactionsRequest) -> Result<pb::ListTransactionsResponse, Failure> {
+    Ok(ctx.client.list_transactions(req).await?)
+}
+
+/// Every page of `req` (at most `LIST_PAGES_MAX`), and the leader's clock
+/// of the last answer.
+async fn list_all(ctx: &Ctx, mut req: pb::ListTransactionsRequest) -> Result<(Vec<pb::StatusResponse>, u64), Failure> {
+    let mut out = Vec::new();
+    let mut now = 0;
+    for _ in 0..LIST_PAGES_MAX {
+        let page = list_page(ctx, req.clone()).await?;
+        now = page.now_unix_ms;
+        out.extend(page.transactions);
+        if page.next_after_txid == 0 {
+            return Ok((out, now));
+        }
+        req.after_txid = page.next_after_txid;
+    }
+    Ok((out, now))
+}
+
+async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
+    match cmd {
+        TxnCmd::List {
+            state,
+            older_than_s,
+            participant,
+            unacknowledged,
+            dropped,
+            after,
+            limit,
+            all,
+        } => {
+            let state = match state.as_deref() {
+                Some("active") => pb::TxState::Active,
+                Some("preparing") => pb::TxState::Preparing,
+                Some("decided") => pb::TxState::Decided,
+                _ => pb::TxState::Unspecified,
+            };
+            let min_age_ms = match older_than_s {
+                Some(s) if s.is_finite() && s >= 0.0 => (s * 1000.0) as u64,
+                Some(s) => return Err(failure(2, format!("--older-than-s must be 0 or more seconds, not {s}"))),
+                None => 0,
+            };
+            let req = pb::ListTransactionsRequest {
+                state: state as i32,
+                min_age_ms,
+                participant: participant.unwrap_or_default(),
+                unacknowledged,
+                dropped,
+                after_txid: after,
+                limit,
+            };
+            let (txs, now, next) = if all {
+                let (txs, now) = list_all(ctx, req).await?;
+                (txs, now, 0)
+            } else {
+                let page = list_page(ctx, req).await?;
+                (page.transactions, page.now_unix_ms, page.next_after_txid)
+            };
+            if ctx.json {
+                let v = json!({
+                    "now_unix_ms": now,
+                    "next_after_txid": next,
+                    "transactions": txs.iter().map(view::tx_json).collect::<Vec<_>>(),
+                });
+                println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+            } else {
+                println!("{}", view::tx_table(&txs, now));
+                if next != 0 {
+                    println!("(more: --after {next}, or --all)");
+                } else {
+                    println!("({} transactions)", txs.len());
+                }
+            }
+            Ok(())
+        }
+        TxnCmd::Show { txid } => {
+            let page = list_page(
+                ctx,
+                pb::ListTransactionsRequest {
+                    after_txid: txid.saturating_sub(1),
+                    limit: 1,
+                    ..Default::default()
+                },
+            )
+            .await?;
+            let Some(t) = page.transactions.into_iter().find(|t| t.txid == txid) else {
+                return Err(failure(
+                    EXIT_REFUSED,
+                    format!(
+                        "transaction {txid} not found: never begun here, or forgotten after every participant acked \
+                         (a participant asking about it is told: unknown, presumed abort)"
+                    ),
+                ));
+            };
+            emit(ctx, view::tx_json(&t), || view::tx_timeline(&t, page.now_unix_ms));
+            Ok(())
+        }
+        TxnCmd::InDoubt => {
+            let (mut txs, now) = list_all(
+                ctx,
+                pb::ListTransactionsRequest {
+                    state: pb::TxState::Preparing as i32,
+                    limit: 1000,
+                    ..Default::default()
+                },
+            )
+            .await?;
+            let (unacked, now2) = list_all(
+                ctx,
+                pb::ListTransactionsRequest {
+                    unacknowledged: true,
+                    limit: 1000,
+                    ..Default::default()
+                },
+            )
+            .await?;
+            txs.extend(unacked);
+            txs.sort_by_key(|t| (t.begun_unix_ms, t.txid));
+            let now = now.max(now2);
+            if ctx.json {
+                let v: Vec<serde_json::Value> = txs
+                    .iter()
+                    .map(|t| {
+                        let mut v = view::tx_json(t);
+                        v["age_ms"] = now.saturating_sub(t.begun_unix_ms).into();
+                        v["waiting"] = view::waiting_on(t)
+                            .iter()
+                            .map(|p| p.id.clone())
+                            .collect::<Vec<_>>()
+                            .into();
+                        v
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({"now_unix_ms": now, "in_doubt": v})).expect("JSON")
+                );
+            } else if txs.is_empty() {
+                println!("nothing in doubt: no transaction is preparing and every decision is acknowledged");
+            } else {
+                println!("{}", view::tx_table(&txs, now));
+                println!("({} transactions, oldest first)", txs.len());
+            }
+            Ok(())
+        }
+        TxnCmd::Resolve {
+            txid,
+            commit,
+            abort: _,
+            voters,
+            who,
+        } => {
+            let asked = if commit {
+                TxOutcome::Committed
+            } else {
+                TxOutcome::Aborted
+            };
+            let (outcome, recorded) = ctx
+                .client
+                .resolve(txid, commit, &voters, &who.operator, &who.reason)
+                .await?;
+            let name = |o: TxOutcome| match o {
+                TxOutcome::Committed => "COMMIT",
+                TxOutcome::Aborted => "ABORT",
+                TxOutcome::Unknown => "UNKNOWN",
+            };
+            let v = json!({"txid": txid, "outcome": name(outcome), "recorded": recorded});
+            if recorded {
+                emit(ctx, v, || format!("recorded {} for transaction {txid}", name(outcome)));
+                Ok(())
+            } else if outcome == asked {
+                emit(ctx, v, || {
+                    format!(
+                        "transaction {txid} was already decided {} (as asked; nothing changed)",
+                        name(outcome)
+                    )
+                });
+                Ok(())
+            } else {
+                if ctx.json {
+                    println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+                }
+                Err(failure(
+                    EXIT_REFUSED,
+                    format!(
+                        "transaction {txid} was already decided {}; decisions are write-once, so your {} was not \
+                         recorded (txn show {txid} says who decided and why)",
+                        name(outcome),
+                        name(asked)
+                    ),
+                ))
+            }
+        }
+        TxnCmd::DropParticipant { txid, participant, who } => {
+            let r = ctx
+                .client
+                .drop_participant(txid, &participant, &who.operator, &who.reason)
+                .await?;
+            let v = json!({"txid": txid, "participant": participant, "recorded": r.recorded,
+                "transaction": r.transaction.as_ref().map(view::tx_json)});
+            emit(ctx, v, || {
+                if r.recorded {
+                    format!(
+                        "participant {participant} dropped from phase two of transaction {txid}: the decision must be \
+                         applied there by hand (txn show {txid})"
+                    )
+                } else {
+                    format!("participant {participant} of transaction {txid} was dropped before (nothing changed)")
+                }
+            });
+            Ok(())
+        }
+        TxnCmd::Forget { txid, who } => {
+            let forgotten = ctx.client.forget_transaction(txid, &who.operator, &who.reason).await?;
+            emit(ctx, json!({"txid": txid, "forgotten": forgotten}), || {
+                if forgotten {
+                    format!("transaction {txid} forgotten")
+                } else {
+                    format!("transaction {txid} has no record (never begun, or forgotten before); nothing changed")
+                }
+            });
+            Ok(())
+        }
+        TxnCmd::Begin { key, timeout_ms } => {
+            let b = ctx.client.begin(&key, timeout_ms, b"").await?;
+            emit(
+                ctx,
+                json!({"txid": b.txid, "existing": b.existing, "deadline_unix_ms": b.deadline_unix_ms}),
+                || {
+                    format!(
+                        "transaction {}{} (deadline {})",
+                        b.txid,
+                        if b.existing { ", begun before with this key" } else { "" },
+                        view::utc(b.deadline_unix_ms)
+                    )
+                },
+            );
+            Ok(())
+        }
+        TxnCmd::Enlist {
+            txid,
+            participant,
+            address,
+            payload,
+        } => {
+            ctx.client
+                .enlist(txid, &participant, &address, payload.as_bytes())
+                .await?;
+            emit(ctx, json!({"txid": txid, "enlisted": participant}), || {
+                format!("{participant} enlisted in transaction {txid}")
+            });
+            Ok(())
+        }
+        TxnCmd::Commit { txid } => decided(ctx, txid, ctx.client.commit(txid).await?),
+        TxnCmd::Abort { txid, reason } => decided(ctx, txid, ctx.client.abort(txid, &reason).await?),
+    }
+}
+
+/// Prints a commit's or abort's answer; UNKNOWN is its own exit code.
+fn decided(ctx: &Ctx, txid: u64, o: TxOutcome) -> Outcome {
+    let name = match o {
+        TxOutcome::Committed => "COMMITTED",
+        TxOutcome::Aborted => "ABORTED",
+        TxOutcome::Unknown => "UNKNOWN",
+    };
+    emit(ctx, json!({"txid": txid, "outcome": name}), || {
+        format!("transaction {txid}: {name}")
+    });
+    if o == TxOutcome::Unknown {
+        return Err(failure(
+            EXIT_UNKNOWN,
+            format!("the outcome of transaction {txid} is not known yet (it may still commit): txn show {txid}"),
+        ));
+    }
+    Ok(())
+}
