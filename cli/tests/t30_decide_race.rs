@@ -143,7 +143,11 @@ async fn t30_conflicting_decides_yield_exactly_one_decision() {
                     TxOutcome::Committed => "COMMIT",
                     _ => "ABORT",
                 };
-                assert_eq!(rec["decision"].as_str(), Some(want), "node {id} replica of tx {t}");
+                assert_eq!(
+                    rec["decision"]["outcome"].as_str(),
+                    Some(want),
+                    "node {id} replica of tx {t}"
+                );
             }
         }
         let n = v["transactions"].as_array().unwrap().len();

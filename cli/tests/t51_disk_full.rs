@@ -300,7 +300,7 @@ async fn t51_full_disk_stops_the_node_which_restarts_cleanly_once_space_is_freed
         .map(|t| {
             (
                 t["txid"].as_u64().unwrap(),
-                t["decision"].as_str().unwrap_or("none").to_string(),
+                t["decision"]["outcome"].as_str().unwrap_or("none").to_string(),
             )
         })
         .collect();

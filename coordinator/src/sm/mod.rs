@@ -64,6 +64,18 @@ pub enum DecisionSource {
     Operator,
 }
 
+impl DecisionSource {
+    /// The name operators see (`admin txn show`, `inspect`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DecisionSource::Driver => "driver",
+            DecisionSource::Client => "client",
+            DecisionSource::Reaper => "reaper",
+            DecisionSource::Operator => "operator",
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     pub outcome: Outcome,

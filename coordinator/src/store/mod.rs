@@ -334,6 +334,8 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
         .map(|(k, _)| u64::from_be_bytes(k[..8].try_into().unwrap_or([0; 8])));
     let sm = StateMachineStore::open(engine.clone()).map_err(|e| damaged(e.to_string()))?;
     let st = sm.state();
+    // The same fields and names as `coordinator admin txn show --json`
+    // (and the API's StatusResponse), plus the idempotency key.
     let records: Vec<serde_json::Value> = st
         .table
         .records()
@@ -341,13 +343,29 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
             serde_json::json!({
                 "txid": r.txid,
                 "idempotency_key": r.idempotency_key,
-                "phase": r.phase.name(),
-                "decision": r.decision().map(|d| d.outcome.to_string()),
-                "decision_source": r.decision().map(|d| format!("{:?}", d.source)),
-                "deadline_ms": r.deadline_ms,
-                "participants": r.participants.iter().map(|p| serde_json::json!({
-                    "id": p.id, "address": p.address, "acked": p.acked
-                })).collect::<Vec<_>>(),
+                "state": r.phase.name(),
+                "begun_unix_ms": r.begun_ms,
+                "deadline_unix_ms": r.deadline_ms,
+                "one_phase": r.one_phase,
+                "owner": st.table.owner(r.txid).unwrap_or(""),
+                "decision": r.decision().map(|d| serde_json::json!({
+                    "outcome": d.outcome.to_string(),
+                    "source": d.source.name(),
+                    "term": d.term,
+                    "decided_unix_ms": d.decided_ms,
+                    "note": d.note,
+                })),
+                "participants": r.participants.iter().map(|p| {
+                    let dropped = st.table.drop_of(r.txid, &p.id);
+                    serde_json::json!({
+                        "id": p.id,
+                        "address": p.address,
+                        "acked": p.acked,
+                        "dropped": dropped.is_some(),
+                        "dropped_note": dropped.map(|d| d.note.as_str()).unwrap_or(""),
+                        "dropped_unix_ms": dropped.map(|d| d.dropped_ms).unwrap_or(0),
+                    })
+                }).collect::<Vec<_>>(),
             })
         })
         .collect();
