@@ -337,8 +337,20 @@ async fn run_inner(a: AdminArgs) -> Outcome {
             raft_addr,
             api_addr,
             learner,
-        } => add_node(&ctx, node_id, raft_addr, api_addr, !learner).await,
-        AdminCmd::RemoveNode { node_id } => remove_node(&ctx, node_id).await,
+        } => {
+            let voters = add_node(&ctx, node_id, raft_addr, api_addr, !learner).await?;
+            emit(&ctx, json!({"added": node_id, "voters": voters}), || {
+                format!("node {node_id} added; voters now: {voters:?}")
+            });
+            Ok(())
+        }
+        AdminCmd::RemoveNode { node_id } => {
+            let voters = remove_node(&ctx, node_id).await?;
+            emit(&ctx, json!({"removed": node_id, "voters": voters}), || {
+                format!("node {node_id} removed; voters now: {voters:?}")
+            });
+            Ok(())
+        }
         AdminCmd::ReplaceNode {
             old_node_id,
             node_id,
@@ -352,7 +364,18 @@ async fn run_inner(a: AdminArgs) -> Outcome {
                 ));
             }
             add_node(&ctx, node_id, raft_addr, api_addr, true).await?;
-            remove_node(&ctx, old_node_id).await
+            let voters = remove_node(&ctx, old_node_id).await.map_err(|mut f| {
+                f.message = format!(
+                    "node {node_id} was added as a voter, but removing node {old_node_id} failed (run remove-node \
+                     --node-id {old_node_id} again): {}",
+                    f.message
+                );
+                f
+            })?;
+            emit(&ctx, json!({"added": node_id, "removed": old_node_id, "voters": voters}), || {
+                format!("node {node_id} replaced node {old_node_id}; voters now: {voters:?}")
+            });
+            Ok(())
         }
         AdminCmd::TransferLeader { to } => Err(failure(
             EXIT_REFUSED,
@@ -455,7 +478,14 @@ where
     Err(last)
 }
 
-async fn add_node(ctx: &Ctx, node_id: u64, raft_addr: String, api_addr: String, voter: bool) -> Outcome {
+/// Adds a node through the first address that answers; the voters after.
+async fn add_node(
+    ctx: &Ctx,
+    node_id: u64,
+    raft_addr: String,
+    api_addr: String,
+    voter: bool,
+) -> Result<Vec<u64>, Failure> {
     let r = first_answer(ctx, |ch| {
         let rq = dtx_client::request_with_token(
             pb::AddNodeRequest {
@@ -469,22 +499,17 @@ async fn add_node(ctx: &Ctx, node_id: u64, raft_addr: String, api_addr: String, 
         async move { AdminClient::new(ch).add_node(rq).await }
     })
     .await?;
-    emit(ctx, json!({"added": node_id, "voters": r.voters}), || {
-        format!("node {node_id} added; voters now: {:?}", r.voters)
-    });
-    Ok(())
+    Ok(r.voters)
 }
 
-async fn remove_node(ctx: &Ctx, node_id: u64) -> Outcome {
+/// Removes a node through the first address that answers; the voters after.
+async fn remove_node(ctx: &Ctx, node_id: u64) -> Result<Vec<u64>, Failure> {
     let r = first_answer(ctx, |ch| {
         let rq = dtx_client::request_with_token(pb::RemoveNodeRequest { node_id }, ctx.token.as_deref());
         async move { AdminClient::new(ch).remove_node(rq).await }
     })
     .await?;
-    emit(ctx, json!({"removed": node_id, "voters": r.voters}), || {
-        format!("node {node_id} removed; voters now: {:?}", r.voters)
-    });
-    Ok(())
+    Ok(r.voters)
 }
 
 /// `admin status`: one node's view of the membership, then each member

@@ -423,3 +423,96 @@ async fn t100_status_drill_and_exit_codes() {
         .unwrap();
     assert_eq!(o.status.code(), Some(5), "{}", text(&o));
 }
+
+/// Membership from the CLI: `replace-node` adds a fresh node (caught up,
+/// then a voter) and removes the old one; the old id is then refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t100_replace_node_swaps_a_member() {
+    let mut c = TestCluster::start("t100d");
+    let leader = c.leader().await;
+    let old = (1..=3).find(|i| *i != leader).unwrap();
+    let cl = c.client();
+    let t = cl.begin("before-the-swap", 60_000, b"").await.unwrap().txid;
+
+    // Node 4, empty, not bootstrapping, started before it is added.
+    let ip = common::node_ip(4);
+    let raft = format!("{ip}:{}", dtx_testkit::cluster::free_port(&ip).unwrap());
+    let api = format!("{ip}:{}", dtx_testkit::cluster::free_port(&ip).unwrap());
+    let mut cfg = c.procs.nodes[0].config.clone();
+    cfg.node_id = 4;
+    cfg.data_dir = c.dir.path().join("node4");
+    cfg.raft_addr = raft.clone();
+    cfg.api_addr = api.clone();
+    cfg.bootstrap.enabled = false;
+    let cfg_path = c.dir.path().join("node4.toml");
+    std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
+    let mut node4 = dtx_testkit::cluster::ServiceProcess::new(
+        common::bin(),
+        c.dir.path(),
+        "node4",
+        &api,
+        vec!["serve".into(), "--config".into(), cfg_path.into_os_string()],
+    );
+    node4.start(&[]).unwrap();
+    node4.wait_started().await.unwrap();
+
+    let out = json(&admin(
+        &c,
+        &[
+            "replace-node",
+            "--old-node-id",
+            &old.to_string(),
+            "--node-id",
+            "4",
+            "--raft-addr",
+            &raft,
+            "--api-addr",
+            &api,
+            "--json",
+        ],
+    ));
+    let mut voters: Vec<u64> = out["voters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    voters.sort_unstable();
+    let mut want: Vec<u64> = (1..=4).filter(|i| *i != old).collect();
+    want.sort_unstable();
+    assert_eq!(voters, want, "{out:#}");
+    c.procs.kill9(old);
+
+    // The new member holds the replicated state and answers for it.
+    let st = dtx_client::cluster_status_at(&api, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(st.members.iter().any(|m| m.node_id == 4 && m.voter), "{st:?}");
+    assert!(st.members.iter().all(|m| m.node_id != old), "{st:?}");
+    let o = std::process::Command::new(common::bin())
+        .args(["admin", "--addr", &api, "txn", "show", &t.to_string(), "--json"])
+        .output()
+        .unwrap();
+    let shown = json(&o);
+    assert_eq!(shown["state"], "ACTIVE", "{shown:#}");
+    // The old id is never used again.
+    let raft5 = format!("{ip}:{}", dtx_testkit::cluster::free_port(&ip).unwrap());
+    let api5 = format!("{ip}:{}", dtx_testkit::cluster::free_port(&ip).unwrap());
+    refused(
+        &admin(
+            &c,
+            &[
+                "add-node",
+                "--node-id",
+                &old.to_string(),
+                "--raft-addr",
+                &raft5,
+                "--api-addr",
+                &api5,
+                "--learner",
+            ],
+        ),
+        "never reused",
+    );
+    node4.kill9();
+}
