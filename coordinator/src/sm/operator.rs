@@ -74,7 +74,7 @@ pub enum OperatorRefusal {
     },
     #[error(
         "transaction {txid} is still being delivered: {pending:?} did not ack its decision yet; forget it once they \
-         ack, or drop those that are gone for good first (admin txn drop)"
+         ack, or drop those that are gone for good first (admin txn drop-participant)"
     )]
     StillDelivering { txid: Txid, pending: Vec<String> },
     #[error(
