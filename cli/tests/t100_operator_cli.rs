@@ -36,29 +36,20 @@ fn admin(c: &TestCluster, args: &[&str]) -> Output {
         .expect("run coordinator admin")
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn ok(o: &Output) -> String {
-    assert_eq!(o.status.code(), Some(0), "{}", text(o));
+    assert_eq!(o.status.code(), Some(0), "{}", common::output_text(o));
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 fn json(o: &Output) -> Value {
-    serde_json::from_str(&ok(o)).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(o)))
+    serde_json::from_str(&ok(o)).unwrap_or_else(|e| panic!("not JSON ({e}): {}", common::output_text(o)))
 }
 
 /// Refused: exit 3, one line on stderr that contains `why`, no backtrace.
 fn refused(o: &Output, why: &str) {
-    assert_eq!(o.status.code(), Some(3), "{}", text(o));
+    assert_eq!(o.status.code(), Some(3), "{}", common::output_text(o));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains(why), "expected {why:?}: {}", text(o));
+    assert!(err.contains(why), "expected {why:?}: {}", common::output_text(o));
     assert_eq!(err.trim_end().lines().count(), 1, "one line, no backtrace: {err}");
 }
 
@@ -329,7 +320,7 @@ async fn t100_inv1_inv10_a_commit_with_a_dropped_participant_is_never_forgotten(
     assert_eq!(same["recorded"], false, "{same:#}");
     // Neither --commit nor --abort: a usage error that names both.
     let o = admin(&c, &["txn", "resolve", &t.to_string(), "--reason", "x"]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", common::output_text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--commit") && err.contains("--abort"), "{err}");
 
@@ -421,7 +412,7 @@ async fn t100_status_drill_and_exit_codes() {
         .args(["admin", "--addr", &nowhere, "--timeout-s", "1", "status"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(5), "{}", common::output_text(&o));
 }
 
 /// Membership from the CLI: `replace-node` adds a fresh node (caught up,
@@ -435,27 +426,8 @@ async fn t100_replace_node_swaps_a_member() {
     let t = cl.begin("before-the-swap", 60_000, b"").await.unwrap().txid;
 
     // Node 4, empty, not bootstrapping, started before it is added.
+    let (mut node4, raft, api) = c.start_extra_node(4).await;
     let ip = common::node_ip(4);
-    let raft = format!("{ip}:{}", dtx_testkit::cluster::free_port(&ip).unwrap());
-    let api = format!("{ip}:{}", dtx_testkit::cluster::free_port(&ip).unwrap());
-    let mut cfg = c.procs.nodes[0].config.clone();
-    cfg.node_id = 4;
-    cfg.data_dir = c.dir.path().join("node4");
-    cfg.raft_addr = raft.clone();
-    cfg.api_addr = api.clone();
-    cfg.bootstrap.enabled = false;
-    let cfg_path = c.dir.path().join("node4.toml");
-    std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
-    let mut node4 = dtx_testkit::cluster::ServiceProcess::new(
-        common::bin(),
-        c.dir.path(),
-        "node4",
-        &api,
-        vec!["serve".into(), "--config".into(), cfg_path.into_os_string()],
-    );
-    node4.start(&[]).unwrap();
-    node4.wait_started().await.unwrap();
-
     let out = json(&admin(
         &c,
         &[

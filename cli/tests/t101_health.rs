@@ -325,20 +325,7 @@ async fn list_services(ch: Channel) -> Result<Vec<String>, tonic::Status> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t101_nodes_without_a_leader_do_not_serve_until_the_cluster_is_bootstrapped() {
     let dir = common::test_dir();
-    let plans = (1..=3u64)
-        .map(|id| {
-            let ip = node_ip(id);
-            let raft = format!("{ip}:{}", free_port(&ip).unwrap());
-            let api = format!("{ip}:{}", free_port(&ip).unwrap());
-            dtx_testkit::cluster::NodePlan {
-                id,
-                raft_listen: raft.clone(),
-                api_listen: api.clone(),
-                raft_advertise: raft,
-                api_advertise: api,
-            }
-        })
-        .collect();
+    let plans = common::local_plans(3);
     // Node 1 is the one that bootstraps; it starts last.
     let procs = ProcessCluster::new(common::bin(), dir.path(), "t101b", plans, with_metrics).unwrap();
     let mut c = TestCluster {

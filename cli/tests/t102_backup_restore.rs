@@ -28,9 +28,7 @@ use dtx_client::ClientConfig;
 use dtx_client::ClientError;
 use dtx_client::TxOutcome;
 use dtx_proto::v1 as pb;
-use dtx_testkit::cluster::free_port;
 use dtx_testkit::cluster::start_bank;
-use dtx_testkit::cluster::NodePlan;
 use dtx_testkit::cluster::ProcessCluster;
 use participant_sdk::log::LocalState;
 use participant_sdk::log::Vote;
@@ -51,15 +49,6 @@ fn run(args: &[&std::ffi::OsStr]) -> Output {
         .env("RUST_LOG", "warn")
         .output()
         .expect("run coordinator")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Every txid below `next_txid`: its record, or None for NOT_FOUND, with the
@@ -226,7 +215,7 @@ async fn t102_backup_of_a_loaded_cluster_restores_every_decision() {
     let follower = (1..=3).find(|i| *i != leader).unwrap();
     let file = work.path().join("cluster.dtxbak");
     let o = backup_to(&old.api(follower), &file, &[]);
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.status.success(), "{}", common::output_text(&o));
     let said = String::from_utf8_lossy(&o.stdout).to_string();
     eprintln!("backup: {said}");
     // Nothing moved meanwhile: the backup is of this state.
@@ -234,13 +223,17 @@ async fn t102_backup_of_a_loaded_cluster_restores_every_decision() {
     // An existing file is not replaced without --force (and is kept).
     let kept = std::fs::read(&file).unwrap();
     let o = backup_to(&old.api(leader), &file, &[]);
-    assert!(!o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--force"), "{}", text(&o));
+    assert!(!o.status.success(), "{}", common::output_text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--force"),
+        "{}",
+        common::output_text(&o)
+    );
     assert_eq!(std::fs::read(&file).unwrap(), kept);
     let again = work.path().join("again.dtxbak");
     std::fs::copy(&file, &again).unwrap();
     let o = backup_to(&old.api(leader), &again, &["--force"]);
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.status.success(), "{}", common::output_text(&o));
     let b2 = coordinator::backup::read_backup(&again).unwrap();
     assert_eq!(b2.header.next_txid, next_txid);
     // A follower's own state, unconfirmed, says so.
@@ -249,7 +242,7 @@ async fn t102_backup_of_a_loaded_cluster_restores_every_decision() {
         &work.path().join("follower.dtxbak"),
         &["--unconfirmed"],
     );
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.status.success(), "{}", common::output_text(&o));
     let b3 = coordinator::backup::read_backup(&work.path().join("follower.dtxbak")).unwrap();
     assert!(!b3.header.confirmed);
     assert_eq!(b3.header.node_id, follower);
@@ -267,7 +260,7 @@ async fn t102_backup_of_a_loaded_cluster_restores_every_decision() {
         file.as_os_str(),
         "--verify".as_ref(),
     ]);
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.status.success(), "{}", common::output_text(&o));
     let shown: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(shown["next_txid"], serde_json::json!(next_txid));
     assert_eq!(shown["decided_not_yet_delivered"], serde_json::json!(2));
@@ -280,11 +273,11 @@ async fn t102_backup_of_a_loaded_cluster_restores_every_decision() {
         cut.as_os_str(),
         "--verify".as_ref(),
     ]);
-    assert!(!o.status.success(), "{}", text(&o));
+    assert!(!o.status.success(), "{}", common::output_text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("truncated or damaged"),
         "{}",
-        text(&o)
+        common::output_text(&o)
     );
 
     // The old cluster is gone for good.
@@ -294,20 +287,7 @@ async fn t102_backup_of_a_loaded_cluster_restores_every_decision() {
 
     // A fresh cluster: new id, new ports, new data directories, no bootstrap.
     let new_dir = work.path().join("new");
-    let plans: Vec<NodePlan> = (1..=3)
-        .map(|id| {
-            let ip = common::node_ip(id);
-            let raft = format!("{ip}:{}", free_port(&ip).unwrap());
-            let api = format!("{ip}:{}", free_port(&ip).unwrap());
-            NodePlan {
-                id,
-                raft_listen: raft.clone(),
-                api_listen: api.clone(),
-                raft_advertise: raft,
-                api_advertise: api,
-            }
-        })
-        .collect();
+    let plans = common::local_plans(3);
     let mut new = ProcessCluster::new(bin(), &new_dir, "t102-new", plans, |c| {
         tune(c);
         // Node 1 keeps the bootstrap flag its config had (an operator's
@@ -355,7 +335,7 @@ async fn t102_backup_of_a_loaded_cluster_restores_every_decision() {
             let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
             run(&refs)
         };
-        assert!(o.status.success(), "restore of node {id}: {}", text(&o));
+        assert!(o.status.success(), "restore of node {id}: {}", common::output_text(&o));
         let out = String::from_utf8_lossy(&o.stdout).to_string();
         eprint!("{out}");
         let rid = out
@@ -375,11 +355,11 @@ async fn t102_backup_of_a_loaded_cluster_restores_every_decision() {
         "--config".as_ref(),
         new.node(1).config_path.as_os_str(),
     ]);
-    assert!(!o.status.success(), "{}", text(&o));
+    assert!(!o.status.success(), "{}", common::output_text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("is not empty"),
         "{}",
-        text(&o)
+        common::output_text(&o)
     );
     // So is the old cluster's id for the new cluster.
     let o = run(&[
@@ -393,11 +373,11 @@ async fn t102_backup_of_a_loaded_cluster_restores_every_decision() {
         "--data-dir".as_ref(),
         work.path().join("other").as_os_str(),
     ]);
-    assert!(!o.status.success(), "{}", text(&o));
+    assert!(!o.status.success(), "{}", common::output_text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("must differ"),
         "{}",
-        text(&o)
+        common::output_text(&o)
     );
 
     new.start_all().unwrap();

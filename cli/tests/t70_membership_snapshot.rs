@@ -6,10 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::node_ip;
 use common::TestCluster;
 use dtx_proto::v1::admin_client::AdminClient;
-use dtx_testkit::cluster::free_port;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t70_snapshot_purge_join_by_snapshot_and_remove() {
@@ -44,38 +42,7 @@ async fn t70_snapshot_purge_join_by_snapshot_and_remove() {
 
     // A fourth node joins; the entries it needs are purged, so it must
     // install a snapshot.
-    let ip = node_ip(4);
-    let raft = format!("{ip}:{}", free_port(&ip).unwrap());
-    let api = format!("{ip}:{}", free_port(&ip).unwrap());
-    let mut cfg = c.procs.nodes[0].config.clone();
-    cfg.node_id = 4;
-    cfg.data_dir = c.dir.path().join("node4");
-    cfg.raft_addr = raft.clone();
-    cfg.api_addr = api.clone();
-    cfg.bootstrap.enabled = false;
-    let cfg_path = c.dir.path().join("node4.toml");
-    std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
-    let log = std::fs::File::create(c.dir.path().join("node4.log")).unwrap();
-    let node4 = std::process::Command::new(common::bin())
-        .args(["serve", "--config"])
-        .arg(&cfg_path)
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let _node4 = KillOnDrop(node4);
-    let mut up = false;
-    for _ in 0..100 {
-        if dtx_client::cluster_status_at(&api, Duration::from_millis(500))
-            .await
-            .is_ok()
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(up, "node 4 did not start");
+    let (_node4, raft, api) = c.start_extra_node(4).await;
 
     let ch = coordinator::raft::network::channel(&c.api(leader), None, Duration::from_secs(2)).unwrap();
     let r = AdminClient::new(ch.clone())
@@ -124,14 +91,4 @@ async fn t70_snapshot_purge_join_by_snapshot_and_remove() {
     let cl = dtx_client::Client::new(dtx_client::ClientConfig::new(addrs)).unwrap();
     let again = cl.begin("s7", 600_000, b"").await.unwrap();
     assert_eq!((again.txid, again.existing), (txids[7], true));
-}
-
-/// Kills the extra node even when an assertion fails.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -75,6 +75,36 @@ pub fn node_ip(id: u64) -> String {
     format!("127.0.0.{}", 10 + id)
 }
 
+/// Nodes 1..=n, each on its own loopback IP (`node_ip`) with free ports,
+/// no proxies.
+pub fn local_plans(n: u64) -> Vec<NodePlan> {
+    (1..=n)
+        .map(|id| {
+            let ip = node_ip(id);
+            let raft = format!("{ip}:{}", free_port(&ip).unwrap());
+            let api = format!("{ip}:{}", free_port(&ip).unwrap());
+            NodePlan {
+                id,
+                raft_listen: raft.clone(),
+                api_listen: api.clone(),
+                raft_advertise: raft,
+                api_advertise: api,
+            }
+        })
+        .collect()
+}
+
+/// A finished command's exit code, stdout and stderr, for assertion
+/// messages.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 pub struct TestCluster {
     pub dir: TempDir,
     pub procs: ProcessCluster,
@@ -91,20 +121,7 @@ impl TestCluster {
 
     pub fn start_with(name: &str, n: u64, tune: impl Fn(&mut Config)) -> TestCluster {
         let dir = test_dir();
-        let plans: Vec<NodePlan> = (1..=n)
-            .map(|id| {
-                let ip = node_ip(id);
-                let raft = format!("{ip}:{}", free_port(&ip).unwrap());
-                let api = format!("{ip}:{}", free_port(&ip).unwrap());
-                NodePlan {
-                    id,
-                    raft_listen: raft.clone(),
-                    api_listen: api.clone(),
-                    raft_advertise: raft,
-                    api_advertise: api,
-                }
-            })
-            .collect();
+        let plans = local_plans(n);
         let mut procs = ProcessCluster::new(bin(), dir.path(), name, plans, tune).expect("cluster config");
         procs.start_all().expect("start nodes");
         TestCluster {
@@ -221,6 +238,33 @@ impl TestCluster {
     }
 
     /// Prints every node's log (call on failure paths for diagnosis).
+    /// Starts node `id` (not a member yet: empty data directory, no
+    /// bootstrap, the cluster's other settings) on its own loopback IP as
+    /// a process killed when dropped; its (process, raft_addr, api_addr).
+    pub async fn start_extra_node(&self, id: u64) -> (dtx_testkit::cluster::ServiceProcess, String, String) {
+        let ip = node_ip(id);
+        let raft = format!("{ip}:{}", free_port(&ip).unwrap());
+        let api = format!("{ip}:{}", free_port(&ip).unwrap());
+        let mut cfg = self.procs.nodes[0].config.clone();
+        cfg.node_id = id;
+        cfg.data_dir = self.dir.path().join(format!("node{id}"));
+        cfg.raft_addr = raft.clone();
+        cfg.api_addr = api.clone();
+        cfg.bootstrap.enabled = false;
+        let cfg_path = self.dir.path().join(format!("node{id}.toml"));
+        std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
+        let mut node = dtx_testkit::cluster::ServiceProcess::new(
+            bin(),
+            self.dir.path(),
+            &format!("node{id}"),
+            &api,
+            vec!["serve".into(), "--config".into(), cfg_path.into_os_string()],
+        );
+        node.start(&[]).unwrap();
+        node.wait_started().await.unwrap();
+        (node, raft, api)
+    }
+
     pub fn dump_logs(&self) {
         for n in &self.procs.nodes {
             if let Ok(s) = std::fs::read_to_string(&n.log_path) {
