@@ -42,6 +42,12 @@ pub struct Config {
     pub api_addr: String,
     /// Prometheus exporter listen address; leave the key out to disable it.
     pub metrics_addr: Option<String>,
+    /// Serve the read-only web console under `/console` on `metrics_addr`
+    /// (`crate::console`). The port has no authentication and the console
+    /// shows transaction ids, participant ids, addresses and notes: keep
+    /// `metrics_addr` on a management network, or turn this off (then
+    /// `/console...` answers 404).
+    pub console_enabled: bool,
     pub bootstrap: BootstrapConfig,
     pub raft: RaftConfig,
     pub batch: BatchConfig,
@@ -247,6 +253,7 @@ impl Default for Config {
             raft_addr: "127.0.0.1:7101".to_string(),
             api_addr: "127.0.0.1:7201".to_string(),
             metrics_addr: None,
+            console_enabled: true,
             bootstrap: BootstrapConfig::default(),
             raft: RaftConfig::default(),
             batch: BatchConfig::default(),
@@ -535,6 +542,13 @@ mod tests {
         c.validate().expect("example validates");
         assert!(!c.bootstrap.enabled, "the example must not found a cluster by itself");
         assert_eq!(c.bootstrap.members.len(), 3);
+    }
+
+    #[test]
+    fn the_console_is_on_by_default_and_can_be_turned_off() {
+        assert!(Config::default().console_enabled);
+        assert!(Config::from_toml("").unwrap().console_enabled);
+        assert!(!Config::from_toml("console_enabled = false").unwrap().console_enabled);
     }
 
     #[test]

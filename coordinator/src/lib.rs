@@ -31,6 +31,7 @@ pub mod backup;
 pub mod batcher;
 pub mod codec;
 pub mod config;
+pub mod console;
 pub mod ctx;
 pub mod driver;
 pub mod metrics;

@@ -176,6 +176,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
                     l,
                     prometheus(),
                     monitor.clone(),
+                    driver.clone(),
                 )))),
                 Err(e) => {
                     warn!("metrics listener not started on {addr}: {e}");
@@ -515,10 +516,17 @@ fn prometheus() -> Option<PrometheusHandle> {
 const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The metrics port (HTTP/1): `/health` answers 200 `SERVING` or 503
-/// `NOT_SERVING: <reason>` from the serving monitor; every other path
-/// answers the Prometheus text, as metrics-exporter-prometheus's listener
-/// did (which answered `/health` with a constant `OK`).
-async fn serve_metrics(listener: tokio::net::TcpListener, handle: Option<PrometheusHandle>, monitor: Monitor) {
+/// `NOT_SERVING: <reason>` from the serving monitor; `/console` and below
+/// is the read-only web console (`crate::console`; 404 when
+/// `console_enabled` is false); every other path answers the Prometheus
+/// text, as metrics-exporter-prometheus's listener did (which answered
+/// `/health` with a constant `OK`).
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    handle: Option<PrometheusHandle>,
+    monitor: Monitor,
+    driver: Arc<Driver>,
+) {
     let mut upkeep = tokio::time::interval(METRICS_UPKEEP_INTERVAL);
     loop {
         let stream = tokio::select! {
@@ -539,11 +547,14 @@ async fn serve_metrics(listener: tokio::net::TcpListener, handle: Option<Prometh
         };
         let handle = handle.clone();
         let monitor = monitor.clone();
+        let driver = driver.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let handle = handle.clone();
                 let monitor = monitor.clone();
-                async move { Ok::<_, Infallible>(metrics_response(req.uri().path(), handle, &monitor).await) }
+                let driver = driver.clone();
+                let (method, uri) = (req.method().clone(), req.uri().clone());
+                async move { Ok::<_, Infallible>(metrics_response(&method, &uri, handle, &monitor, &driver).await) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
@@ -556,10 +567,32 @@ async fn serve_metrics(listener: tokio::net::TcpListener, handle: Option<Prometh
 }
 
 async fn metrics_response(
-    path: &str,
+    method: &hyper::Method,
+    uri: &hyper::Uri,
     handle: Option<PrometheusHandle>,
     monitor: &Monitor,
+    driver: &Arc<Driver>,
 ) -> hyper::Response<Full<Bytes>> {
+    let path = uri.path();
+    let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or(path);
+    if let Some((status, content_type, body)) =
+        crate::console::handle(method.as_str(), path_and_query, driver, monitor).await
+    {
+        let mut resp = hyper::Response::new(Full::new(Bytes::from(body)));
+        *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+        let headers = resp.headers_mut();
+        headers.insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(content_type),
+        );
+        for (name, value) in crate::console::HEADERS {
+            headers.insert(name, hyper::header::HeaderValue::from_static(value));
+        }
+        if status == 405 {
+            headers.insert(hyper::header::ALLOW, hyper::header::HeaderValue::from_static("GET"));
+        }
+        return resp;
+    }
     let (status, body) = if path == "/health" {
         let v = monitor.status().verdict;
         if v.serving {
