@@ -103,6 +103,11 @@ enum AdminCmd {
     },
     /// Build a snapshot on the addressed node now.
     Snapshot,
+    /// A participant's own view, asked of the participant service at
+    /// --address (not the cluster): its log records for --txid, the
+    /// transactions it holds in doubt (voted YES, decision unknown: locks
+    /// held), its most recent records. Read-only.
+    Participant(crate::admin_participant::ParticipantArgs),
     /// Save a consistent backup of the cluster's replicated state to a file
     /// (restore it with `coordinator restore`).
     Backup {
@@ -385,6 +390,11 @@ async fn run_inner(a: AdminArgs) -> Outcome {
                  elect a leader within about an election timeout, and clients follow (docs/operations.md)"
             ),
         )),
+        AdminCmd::Participant(args) => {
+            crate::admin_participant::run(args, ctx.json, ctx.timeout, ctx.tls.clone(), ctx.token.clone())
+                .await
+                .map_err(|(code, message)| failure(code, message))
+        }
         AdminCmd::Snapshot => {
             let r = first_answer(&ctx, |ch| {
                 let rq = dtx_client::request_with_token(pb::TriggerSnapshotRequest {}, ctx.token.as_deref());

@@ -3,6 +3,7 @@
 //! does the work.
 
 mod admin;
+mod admin_participant;
 mod admin_view;
 mod backup;
 mod demo;
@@ -10,6 +11,8 @@ mod demo_kit;
 mod demo_pg;
 mod dev;
 mod log_levels;
+#[cfg(feature = "otel")]
+mod otel;
 
 use std::path::PathBuf;
 
@@ -137,7 +140,10 @@ fn init_tracing(format: &str) {
     } else {
         Box::new(fmt.with_filter(routine.clone()))
     };
-    tracing_subscriber::registry().with(filter).with(fmt).init();
+    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    #[cfg(feature = "otel")]
+    let registry = registry.with(otel::layer());
+    registry.init();
     log_levels::spawn_summary(routine);
 }
 
@@ -220,6 +226,9 @@ fn main() -> anyhow::Result<()> {
     // Tasks still running (a blocking storage call, a stuck connection)
     // never keep the process from exiting.
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    // The last spans go out before the process ends.
+    #[cfg(feature = "otel")]
+    otel::shutdown();
     outcome
 }
 

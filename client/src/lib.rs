@@ -27,6 +27,9 @@
 //!   SDK's recovery does this. A service that learns the txid from its
 //!   caller enlists itself ([`enlist`]); [`propagate`] carries the txid
 //!   across gRPC calls without hand work.
+//! - **Tracing.** Each transaction has one W3C trace ([`trace`]): begun in
+//!   the application's current trace or a new one, and carried in
+//!   `traceparent` on every call about the transaction.
 //!
 //! # Example
 //!
@@ -97,7 +100,9 @@
 pub mod backoff;
 pub mod enlist;
 pub mod propagate;
+pub mod trace;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -120,6 +125,7 @@ use dtx_proto::metadata::not_applied;
 
 use crate::backoff::Backoff;
 use crate::backoff::Jitter;
+use crate::trace::TraceContext;
 
 /// Where the cluster is and how long a call may take.
 #[derive(Clone, Debug)]
@@ -322,7 +328,13 @@ pub struct Client {
     leader: Mutex<Option<String>>,
     next: Mutex<usize>,
     channels: ChannelCache,
+    /// The trace of each transaction begun here, until its decision is
+    /// known (at most `TRACES_MAX`, the oldest txids dropped first).
+    traces: Mutex<BTreeMap<u64, TraceContext>>,
 }
+
+/// How many transactions' traces a [`Client`] remembers.
+const TRACES_MAX: usize = 10_000;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -345,6 +357,7 @@ impl Client {
             next: Mutex::new(0),
             channels: ChannelCache::new(cfg.local_ip, connect_timeout).with_tls(cfg.tls.clone()),
             cfg,
+            traces: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -363,11 +376,40 @@ impl Client {
         addr
     }
 
-    /// A request with the attempt's timeout and the bearer token, if any.
+    /// A request with the attempt's timeout, the bearer token, if any, and
+    /// the current trace context ([`trace::current`]), if any.
     fn request<T>(&self, msg: T, timeout: Duration) -> tonic::Request<T> {
         let mut rq = request_with_token(msg, self.cfg.token.as_deref());
         rq.set_timeout(timeout);
+        if let Some(ctx) = trace::current() {
+            ctx.attach(rq.metadata_mut());
+        }
         rq
+    }
+
+    /// The trace the calls about `txid` carry: the caller's current one
+    /// ([`trace::scope`]), else the one `txid` was begun in by this client.
+    pub fn trace_of(&self, txid: u64) -> Option<TraceContext> {
+        trace::current().or_else(|| self.traces.lock().expect("lock").get(&txid).cloned())
+    }
+
+    /// Runs `call` (calls about `txid`) in the transaction's trace.
+    async fn in_trace<T>(&self, txid: u64, call: impl Future<Output = T>) -> T {
+        trace::scope_opt(self.trace_of(txid), call).await
+    }
+
+    fn remember_trace(&self, txid: u64, ctx: TraceContext) {
+        let mut traces = self.traces.lock().expect("lock");
+        traces.insert(txid, ctx);
+        while traces.len() > TRACES_MAX {
+            traces.pop_first();
+        }
+    }
+
+    fn forget_trace(&self, txid: u64, outcome: &Result<TxOutcome, ClientError>) {
+        if matches!(outcome, Ok(TxOutcome::Committed | TxOutcome::Aborted)) {
+            self.traces.lock().expect("lock").remove(&txid);
+        }
     }
 
     /// One cached (multiplexed HTTP/2) channel per node address.
@@ -471,6 +513,9 @@ impl Client {
     /// key with the same request finds the same transaction
     /// ([`Began::existing`]); with another request it is
     /// [`ClientError::AlreadyExists`].
+    ///
+    /// The transaction's trace ([`trace`]) is the caller's current one, or
+    /// a new one; every later call of this client about the txid carries it.
     pub async fn begin(
         &self,
         idempotency_key: &str,
@@ -482,12 +527,16 @@ impl Client {
             timeout_ms,
             description: description.to_vec(),
         };
-        let r = self
-            .call(Kind::Write, |ch, t| {
+        let ctx = trace::current().unwrap_or_else(TraceContext::new_root);
+        let r = trace::scope(
+            ctx.clone(),
+            self.call(Kind::Write, |ch, t| {
                 let rq = self.request(req.clone(), t);
                 async move { CoordinatorClient::new(ch).begin(rq).await.map(|r| r.into_inner()) }
-            })
-            .await?;
+            }),
+        )
+        .await?;
+        self.remember_trace(r.txid, ctx);
         Ok(Began {
             txid: r.txid,
             existing: r.existing,
@@ -513,10 +562,13 @@ impl Client {
             payload: payload.to_vec(),
         };
         let r = self
-            .call(Kind::Write, |ch, t| {
-                let rq = self.request(req.clone(), t);
-                async move { CoordinatorClient::new(ch).enlist(rq).await.map(|r| r.into_inner()) }
-            })
+            .in_trace(
+                txid,
+                self.call(Kind::Write, |ch, t| {
+                    let rq = self.request(req.clone(), t);
+                    async move { CoordinatorClient::new(ch).enlist(rq).await.map(|r| r.into_inner()) }
+                }),
+            )
             .await?;
         Ok(r.participant_count)
     }
@@ -547,8 +599,11 @@ impl Client {
                 })
                 .collect(),
         };
-        let res = self
-            .call(Kind::Write, |ch, t| {
+        // One call: the caller's trace, or a new one.
+        let ctx = trace::current().unwrap_or_else(TraceContext::new_root);
+        let res = trace::scope(
+            ctx,
+            self.call(Kind::Write, |ch, t| {
                 let rq = self.request(req.clone(), t);
                 async move {
                     CoordinatorClient::new(ch)
@@ -556,8 +611,9 @@ impl Client {
                         .await
                         .map(|r| r.into_inner())
                 }
-            })
-            .await;
+            }),
+        )
+        .await;
         match res {
             Ok(r) => Ok(OneShot {
                 txid: Some(r.txid),
@@ -608,16 +664,21 @@ impl Client {
     /// be learned before the deadline (it may still commit: ask again).
     pub async fn commit(&self, txid: u64) -> Result<TxOutcome, ClientError> {
         let res = self
-            .call(Kind::Write, |ch, t| {
-                let rq = self.request(pb::CommitRequest { txid }, t);
-                async move { CoordinatorClient::new(ch).commit(rq).await.map(|r| r.into_inner()) }
-            })
+            .in_trace(
+                txid,
+                self.call(Kind::Write, |ch, t| {
+                    let rq = self.request(pb::CommitRequest { txid }, t);
+                    async move { CoordinatorClient::new(ch).commit(rq).await.map(|r| r.into_inner()) }
+                }),
+            )
             .await;
-        match res {
+        let outcome = match res {
             Ok(r) => tx_outcome(r.outcome),
             Err(ClientError::Unknown(_)) => Ok(TxOutcome::Unknown),
             Err(e) => Err(e),
-        }
+        };
+        self.forget_trace(txid, &outcome);
+        outcome
     }
 
     /// The recorded decision after asking for ABORT (COMMIT if it was already
@@ -628,16 +689,21 @@ impl Client {
             reason: reason.to_string(),
         };
         let res = self
-            .call(Kind::Write, |ch, t| {
-                let rq = self.request(req.clone(), t);
-                async move { CoordinatorClient::new(ch).abort(rq).await.map(|r| r.into_inner()) }
-            })
+            .in_trace(
+                txid,
+                self.call(Kind::Write, |ch, t| {
+                    let rq = self.request(req.clone(), t);
+                    async move { CoordinatorClient::new(ch).abort(rq).await.map(|r| r.into_inner()) }
+                }),
+            )
             .await;
-        match res {
+        let outcome = match res {
             Ok(r) => tx_outcome(r.outcome),
             Err(ClientError::Unknown(_)) => Ok(TxOutcome::Unknown),
             Err(e) => Err(e),
-        }
+        };
+        self.forget_trace(txid, &outcome);
+        outcome
     }
 
     /// Operator resolution (write-once; returns the recorded decision and
@@ -740,25 +806,31 @@ impl Client {
 
     /// The whole replicated record of `txid` (linearizable read).
     pub async fn status(&self, txid: u64) -> Result<pb::StatusResponse, ClientError> {
-        self.call(Kind::Read, |ch, t| {
-            let rq = self.request(pb::StatusRequest { txid }, t);
-            async move { CoordinatorClient::new(ch).status(rq).await.map(|r| r.into_inner()) }
-        })
+        self.in_trace(
+            txid,
+            self.call(Kind::Read, |ch, t| {
+                let rq = self.request(pb::StatusRequest { txid }, t);
+                async move { CoordinatorClient::new(ch).status(rq).await.map(|r| r.into_inner()) }
+            }),
+        )
         .await
     }
 
     /// The decision of `txid` (linearizable read).
     pub async fn decision(&self, txid: u64) -> Result<DecisionRead, ClientError> {
         let r = self
-            .call(Kind::Read, |ch, t| {
-                let rq = self.request(pb::GetDecisionRequest { txid }, t);
-                async move {
-                    CoordinatorClient::new(ch)
-                        .get_decision(rq)
-                        .await
-                        .map(|r| r.into_inner())
-                }
-            })
+            .in_trace(
+                txid,
+                self.call(Kind::Read, |ch, t| {
+                    let rq = self.request(pb::GetDecisionRequest { txid }, t);
+                    async move {
+                        CoordinatorClient::new(ch)
+                            .get_decision(rq)
+                            .await
+                            .map(|r| r.into_inner())
+                    }
+                }),
+            )
             .await?;
         DecisionRead::from_pb(r.outcome)
     }

@@ -23,6 +23,15 @@
 //! A task-local does not follow `tokio::spawn`: wrap a spawned future with
 //! [`with_current`] to keep the caller's transaction.
 //!
+//! The same layers carry the W3C trace context ([`crate::trace`]): the
+//! outbound side adds the current [`TraceContext`] as `traceparent` and
+//! `tracestate` (unless the request has a `traceparent` already); the
+//! inbound side continues the caller's trace (a new one when the request
+//! carries none that is valid) in a `tracing` span named `rpc` with the
+//! fields `rpc` (the gRPC path), `txid`, `trace_id` and `span_id`, entered
+//! while the handler runs (across its awaits), makes that span's context
+//! current for the handler, and puts it into the request's extensions.
+//!
 //! # Example: a service that enlists itself
 //!
 //! A service receives a call made inside a transaction and enlists itself
@@ -185,6 +194,10 @@ use dtx_proto::TXID_METADATA_KEY;
 use tokio::task::futures::TaskLocalFuture;
 use tower_layer::Layer;
 use tower_service::Service;
+use tracing::instrument::Instrumented;
+use tracing::Instrument;
+
+pub use crate::trace::TraceContext;
 
 tokio::task_local! {
     /// The transaction the running code works for (`None`: explicitly none).
@@ -235,13 +248,18 @@ fn header_txid(headers: &http::HeaderMap) -> Option<u64> {
         .and_then(|s| s.parse().ok())
 }
 
-/// Puts the current transaction into outgoing headers, unless the request
-/// already names one.
+/// Puts the current transaction and trace context into outgoing headers,
+/// unless the request already names its own.
 fn add_current(headers: &mut http::HeaderMap) {
     if let Some(txid) = current() {
         headers
             .entry(TXID_METADATA_KEY)
             .or_insert_with(|| http::HeaderValue::from(txid));
+    }
+    if !headers.contains_key(dtx_proto::trace::TRACEPARENT_HEADER) {
+        if let Some(ctx) = crate::trace::current() {
+            ctx.attach_headers(headers);
+        }
     }
 }
 
@@ -254,11 +272,7 @@ pub struct TxidInterceptor;
 
 impl tonic::service::Interceptor for TxidInterceptor {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(txid) = current() {
-            if req.metadata().get(TXID_METADATA_KEY).is_none() {
-                dtx_proto::attach_txid(&mut req, txid);
-            }
-        }
+        add_current(req.metadata_mut().as_mut());
         Ok(req)
     }
 }
@@ -318,7 +332,10 @@ where
 
 /// Server-side tower layer: for each incoming request that carries a txid,
 /// puts a [`Txid`] into its extensions and runs its handler with that txid
-/// as the current transaction. Install it with
+/// as the current transaction; for each that carries a txid or a
+/// `traceparent`, runs its handler in an `rpc` span that continues the
+/// caller's trace (its [`TraceContext`] current and in the extensions).
+/// Install it with
 /// `tonic::transport::Server::builder().layer(InboundTxidLayer)`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InboundTxidLayer;
@@ -356,22 +373,41 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = TaskLocalFuture<Option<u64>, S::Future>;
+    type Future = Instrumented<TaskLocalFuture<Option<TraceContext>, TaskLocalFuture<Option<u64>, S::Future>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        // A request without a txid runs with none, whatever the serving
-        // task had.
+        // A request without a txid (or a trace) runs with none, whatever
+        // the serving task had.
         let txid = header_txid(req.headers());
         if let Some(t) = txid {
             req.extensions_mut().insert(Txid(t));
         }
+        let remote = TraceContext::from_headers(req.headers());
+        let (span, trace) = if txid.is_some() || remote.is_some() {
+            let span = tracing::info_span!(
+                "rpc",
+                rpc = %req.uri().path(),
+                txid = tracing::field::Empty,
+                trace_id = tracing::field::Empty,
+                span_id = tracing::field::Empty,
+            );
+            if let Some(t) = txid {
+                span.record("txid", t);
+            }
+            let ctx = crate::trace::continue_in(&span, remote.as_ref());
+            req.extensions_mut().insert(ctx.clone());
+            (span, Some(ctx))
+        } else {
+            (tracing::Span::none(), None)
+        };
         let inner = &mut self.inner;
-        let fut = CURRENT.sync_scope(txid, || inner.call(req));
-        CURRENT.scope(txid, fut)
+        let fut = span
+            .in_scope(|| crate::trace::sync_scope_opt(trace.clone(), || CURRENT.sync_scope(txid, || inner.call(req))));
+        crate::trace::scope_opt(trace, CURRENT.scope(txid, fut)).instrument(span)
     }
 }
 

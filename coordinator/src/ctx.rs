@@ -162,7 +162,7 @@ impl NodeCtx {
         self.raft.metrics().borrow().current_term
     }
 
-    fn not_leader(&self) -> ApiError {
+    pub fn not_leader(&self) -> ApiError {
         match self.leader() {
             Some((id, node)) if id != self.id => ApiError::NotLeader {
                 leader_id: Some(id),

@@ -233,6 +233,17 @@ impl ParticipantService for Proxy {
         }
         self.upstream.clone().inquire(req.into_inner()).await
     }
+
+    /// Read-only, for operators: passed straight through, as `inquire`.
+    async fn inspect(
+        &self,
+        req: Request<pb::InspectParticipantRequest>,
+    ) -> Result<Response<pb::InspectParticipantResponse>, Status> {
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("participant gone"));
+        }
+        self.upstream.clone().inspect(req.into_inner()).await
+    }
 }
 
 /// A proxy's TLS in a run with `--tls`: what it serves with and what it

@@ -12,7 +12,9 @@
 //!    over any [`participant::Participant`], of which the store is one)
 //!    at the address it is enlisted with, for the coordinator's Prepare,
 //!    Commit, Abort, ApplyDecisions (many decisions in one message, applied
-//!    in one write), CommitOnePhase and Inquire;
+//!    in one write), CommitOnePhase and Inquire, and for operators Inspect
+//!    (what its log holds: records by txid, the in-doubt ones, the most
+//!    recent ones; read-only);
 //! 4. runs recovery ([`server::spawn_recovery_with`]) against the
 //!    coordinator cluster, which resolves transactions left in doubt and
 //!    garbage-collects the log;

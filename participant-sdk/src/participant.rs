@@ -193,6 +193,50 @@ pub struct InDoubtSummary {
     pub oldest_age: Option<Duration>,
 }
 
+/// What an operator asks a participant's log (`Participant::inspect`,
+/// served as `ParticipantService.Inspect`). The server checks the sizes
+/// against `dtx_proto::limits::INSPECT_RECORDS_MAX` first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InspectQuery {
+    /// Transactions to look up, answered in this order.
+    pub txids: Vec<u64>,
+    /// List the transactions held in doubt (at most `list_max`).
+    pub in_doubt: bool,
+    /// List this many of the most recent records (0: none).
+    pub recent: usize,
+    /// The most in-doubt records to list (the rest are only counted).
+    pub list_max: usize,
+}
+
+/// One record as `Participant::inspect` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InspectedRecord {
+    pub txid: u64,
+    /// The durable record; `None` when there is none.
+    pub entry: Option<LogEntry>,
+    /// When the record got its current state (ms since the Unix epoch),
+    /// if the log keeps it.
+    pub recorded_unix_ms: Option<u64>,
+}
+
+/// What `Participant::inspect` answers: only what is durable, read
+/// without changing anything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inspection {
+    /// One per asked txid, in the query's order.
+    pub records: Vec<InspectedRecord>,
+    /// When asked: the in-doubt transactions, oldest vote first (those
+    /// whose time is not kept first), at most `InspectQuery::list_max`.
+    pub in_doubt: Vec<InspectedRecord>,
+    /// When asked: the most recently recorded first; records without a
+    /// kept time last.
+    pub recent: Vec<InspectedRecord>,
+    /// How many are in doubt now (all of them), and the oldest's age.
+    pub in_doubt_summary: InDoubtSummary,
+    /// How many records the log holds, in every state.
+    pub records_total: u64,
+}
+
 /// A participant as the server and recovery see it. Every method may do
 /// I/O; none may answer before what its answer reports is durable.
 pub trait Participant: Send + Sync + 'static {
@@ -272,6 +316,13 @@ pub trait Participant: Send + Sync + 'static {
     fn stopped_because(&self) -> Option<String> {
         None
     }
+
+    /// What the durable log holds for an operator (`ParticipantService.
+    /// Inspect`): the records of `query.txids`, the in-doubt ones and the
+    /// most recent ones when asked, and the counts. Read-only: it writes
+    /// nothing (no tombstone for a txid never seen, no term), and answers
+    /// only what is durable.
+    fn inspect(&self, query: &InspectQuery) -> impl Future<Output = Result<Inspection, StoreError>> + Send;
 }
 
 /// A shared participant is one too (so `&Arc<P>` can be passed wherever a
@@ -330,5 +381,9 @@ impl<P: Participant> Participant for std::sync::Arc<P> {
 
     fn stopped_because(&self) -> Option<String> {
         P::stopped_because(self)
+    }
+
+    fn inspect(&self, query: &InspectQuery) -> impl Future<Output = Result<Inspection, StoreError>> + Send {
+        P::inspect(self, query)
     }
 }

@@ -83,6 +83,9 @@ use crate::log::Refusal;
 use crate::log::Vote;
 use crate::participant::Answer;
 use crate::participant::InDoubtSummary;
+use crate::participant::InspectQuery;
+use crate::participant::InspectedRecord;
+use crate::participant::Inspection;
 use crate::participant::Participant;
 use crate::participant::Verdict;
 use crate::store::PhaseTwo;
@@ -995,6 +998,142 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
             .into_iter()
             .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
             .collect())
+    }
+
+    /// Reads `pg_prepared_xacts` (this participant's prepared
+    /// transactions: in doubt, with PostgreSQL's time of each) and the log
+    /// table; writes nothing. A prepared transaction wins over a row of the
+    /// same txid, as in `durable_entry`.
+    async fn inspect(&self, q: &InspectQuery) -> Result<Inspection, StoreError> {
+        let obj = self.conn().await?;
+        // Prepared first, then the rows (a COMMIT PREPARED in between shows
+        // the row; the other order could miss both).
+        let prepared_rows = obj
+            .query(
+                "SELECT gid, (extract(epoch from prepared) * 1000)::bigint,
+                        (extract(epoch from now() - prepared) * 1000)::bigint
+                 FROM pg_prepared_xacts
+                 WHERE database = current_database() AND starts_with(gid, $1)",
+                &[&self.prefix],
+            )
+            .await
+            .map_err(|e| pg_err("reading pg_prepared_xacts", &e))?;
+        // txid -> (term, prepared ms, age ms): the highest term's gid.
+        let mut prepared: HashMap<u64, (u64, i64, i64)> = HashMap::new();
+        for r in prepared_rows {
+            let gid: String = r.get(0);
+            let Some((txid, term)) = self.parse_gid(&gid) else {
+                continue;
+            };
+            let (at, age): (i64, i64) = (r.get(1), r.get(2));
+            if prepared.get(&txid).is_none_or(|p| p.0 < term) {
+                prepared.insert(txid, (term, at, age));
+            }
+        }
+        let as_prepared = |txid: u64, (term, at, _): (u64, i64, i64)| InspectedRecord {
+            txid,
+            entry: Some(LogEntry {
+                state: LocalState::Prepared { vote: Vote::Yes },
+                term,
+            }),
+            recorded_unix_ms: u64::try_from(at).ok(),
+        };
+        let as_row = |txid: u64, state: String, term: i64, decided_ms: i64| -> Result<InspectedRecord, StoreError> {
+            let row = Row {
+                state,
+                term: term as u64,
+            };
+            Ok(InspectedRecord {
+                txid,
+                entry: Some(LogEntry {
+                    state: row.local_state(txid)?,
+                    term: row.term,
+                }),
+                recorded_unix_ms: u64::try_from(decided_ms).ok(),
+            })
+        };
+        let select = format!("SELECT txid, state, term, decided_ms FROM {LOG_TABLE} WHERE participant = $1");
+        let mut rows: HashMap<u64, InspectedRecord> = HashMap::new();
+        let unprepared: Vec<i64> = q
+            .txids
+            .iter()
+            .filter(|t| !prepared.contains_key(t))
+            .map(|&t| t as i64)
+            .collect();
+        if !unprepared.is_empty() {
+            for r in obj
+                .query(&format!("{select} AND txid = ANY($2)"), &[&self.id, &unprepared])
+                .await
+                .map_err(|e| pg_err("reading the log", &e))?
+            {
+                let txid = r.get::<_, i64>(0) as u64;
+                rows.insert(txid, as_row(txid, r.get(1), r.get(2), r.get(3))?);
+            }
+        }
+        let records = q
+            .txids
+            .iter()
+            .map(|&txid| match prepared.get(&txid) {
+                Some(&p) => as_prepared(txid, p),
+                None => rows.get(&txid).copied().unwrap_or(InspectedRecord {
+                    txid,
+                    entry: None,
+                    recorded_unix_ms: None,
+                }),
+            })
+            .collect();
+        let mut doubt: Vec<InspectedRecord> = prepared.iter().map(|(&t, &p)| as_prepared(t, p)).collect();
+        doubt.sort_by_key(|r| (r.recorded_unix_ms, r.txid));
+        let mut recent = Vec::new();
+        if q.recent > 0 {
+            let limit = q.recent.min(i64::MAX as usize) as i64;
+            for r in obj
+                .query(
+                    &format!("{select} ORDER BY decided_ms DESC, txid DESC LIMIT $2"),
+                    &[&self.id, &limit],
+                )
+                .await
+                .map_err(|e| pg_err("reading the log", &e))?
+            {
+                let txid = r.get::<_, i64>(0) as u64;
+                if !prepared.contains_key(&txid) {
+                    recent.push(as_row(txid, r.get(1), r.get(2), r.get(3))?);
+                }
+            }
+            recent.extend(doubt.iter().copied());
+            recent.sort_by_key(|r| std::cmp::Reverse((r.recorded_unix_ms, r.txid)));
+            recent.truncate(q.recent);
+        }
+        let rows_total: i64 = obj
+            .query_one(
+                &format!("SELECT count(*) FROM {LOG_TABLE} WHERE participant = $1"),
+                &[&self.id],
+            )
+            .await
+            .map_err(|e| pg_err("counting the log", &e))?
+            .get(0);
+        let in_doubt_summary = InDoubtSummary {
+            count: prepared.len(),
+            oldest_age: prepared
+                .values()
+                .map(|p| p.2)
+                .max()
+                .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+        };
+        let in_doubt = if q.in_doubt {
+            doubt.truncate(q.list_max);
+            doubt
+        } else {
+            Vec::new()
+        };
+        Ok(Inspection {
+            records,
+            in_doubt,
+            recent,
+            in_doubt_summary,
+            // A prepared transaction's row is inside it, not visible yet.
+            records_total: rows_total.max(0) as u64 + prepared.len() as u64,
+        })
     }
 
     async fn forget_records(&self, records: &[(u64, u64)]) -> Result<usize, StoreError> {

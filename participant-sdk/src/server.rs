@@ -25,6 +25,8 @@ use crate::log::Message;
 use crate::log::Refusal;
 use crate::log::Vote;
 use crate::participant::Answer;
+use crate::participant::InspectQuery;
+use crate::participant::InspectedRecord;
 use crate::participant::Participant;
 use crate::participant::Verdict;
 use crate::store::PhaseTwo;
@@ -322,21 +324,91 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
         // Only what is durable: a record whose write is still being synced
         // (or failed) is not answered.
         let entry = self.store.durable_entry(r.txid).await.map_err(store_status)?;
-        let record = match entry.map(|e| e.state) {
-            None => pb::LocalRecord::None,
-            Some(LocalState::Prepared { vote: Vote::Yes }) => pb::LocalRecord::PreparedYes,
-            Some(LocalState::Prepared { vote: Vote::ReadOnly }) => pb::LocalRecord::PreparedReadOnly,
-            // A NO vote is recorded as aborted (its work is rolled back).
-            Some(LocalState::Prepared { vote: Vote::No }) | Some(LocalState::Aborted { tombstone: false }) => {
-                pb::LocalRecord::Aborted
-            }
-            Some(LocalState::Committed) => pb::LocalRecord::Committed,
-            Some(LocalState::Aborted { tombstone: true }) => pb::LocalRecord::Tombstone,
-        };
         Ok(Response::new(pb::InquireResponse {
-            record: record as i32,
+            record: local_record(entry) as i32,
             term: entry.map(|e| e.term).unwrap_or(0),
         }))
+    }
+
+    async fn inspect(
+        &self,
+        req: Request<pb::InspectParticipantRequest>,
+    ) -> Result<Response<pb::InspectParticipantResponse>, Status> {
+        let r = req.into_inner();
+        let max = dtx_proto::limits::INSPECT_RECORDS_MAX;
+        if r.txids.len() > max {
+            return Err(Status::invalid_argument(format!(
+                "{} txids in one Inspect call; at most {max} (limits::INSPECT_RECORDS_MAX)",
+                r.txids.len()
+            )));
+        }
+        if r.recent as usize > max {
+            return Err(Status::invalid_argument(format!(
+                "{} recent records asked of one Inspect call; at most {max} (limits::INSPECT_RECORDS_MAX)",
+                r.recent
+            )));
+        }
+        let query = InspectQuery {
+            txids: r.txids,
+            in_doubt: r.in_doubt,
+            recent: r.recent as usize,
+            list_max: max,
+        };
+        let found = self.store.inspect(&query).await.map_err(store_status)?;
+        let list = |v: Vec<InspectedRecord>| v.into_iter().map(record_pb).collect();
+        Ok(Response::new(pb::InspectParticipantResponse {
+            participant_id: self.participant_id.clone(),
+            records: list(found.records),
+            in_doubt: list(found.in_doubt),
+            recent: list(found.recent),
+            in_doubt_count: found.in_doubt_summary.count as u64,
+            records_total: found.records_total,
+            oldest_in_doubt_age_ms: found
+                .in_doubt_summary
+                .oldest_age
+                .map(|a| a.as_millis().min(u64::MAX as u128) as u64)
+                .unwrap_or(0),
+            now_unix_ms: crate::store::unix_ms(),
+        }))
+    }
+}
+
+/// The wire form of a log record's state (Inquire, Inspect).
+fn local_record(entry: Option<LogEntry>) -> pb::LocalRecord {
+    match entry.map(|e| e.state) {
+        None => pb::LocalRecord::None,
+        Some(LocalState::Prepared { vote: Vote::Yes }) => pb::LocalRecord::PreparedYes,
+        Some(LocalState::Prepared { vote: Vote::ReadOnly }) => pb::LocalRecord::PreparedReadOnly,
+        // A NO vote is recorded as aborted (its work is rolled back).
+        Some(LocalState::Prepared { vote: Vote::No }) | Some(LocalState::Aborted { tombstone: false }) => {
+            pb::LocalRecord::Aborted
+        }
+        Some(LocalState::Committed) => pb::LocalRecord::Committed,
+        Some(LocalState::Aborted { tombstone: true }) => pb::LocalRecord::Tombstone,
+    }
+}
+
+/// The vote a record tells of (see `ParticipantRecord.vote`): YES for a
+/// YES vote and for COMMITTED, READ_ONLY and NO as recorded; none for an
+/// abort (NO vote or ABORT after YES: the log does not say), a tombstone
+/// (no vote) or no record.
+fn recorded_vote(entry: Option<LogEntry>) -> pb::Vote {
+    match entry.map(|e| e.state) {
+        Some(LocalState::Prepared { vote }) => vote_pb(vote),
+        Some(LocalState::Committed) => pb::Vote::Yes,
+        Some(LocalState::Aborted { .. }) | None => pb::Vote::Unspecified,
+    }
+}
+
+/// One record of an Inspect answer.
+fn record_pb(r: InspectedRecord) -> pb::ParticipantRecord {
+    pb::ParticipantRecord {
+        txid: r.txid,
+        record: local_record(r.entry) as i32,
+        vote: recorded_vote(r.entry) as i32,
+        term: r.entry.map(|e| e.term).unwrap_or(0),
+        recorded_unix_ms: r.recorded_unix_ms.unwrap_or(0),
+        in_doubt: r.entry.as_ref().is_some_and(crate::log::in_doubt),
     }
 }
 
@@ -710,7 +782,7 @@ pub async fn serve<P: Participant>(
 /// As [`serve`], over TLS when `tls` is set. Then every caller must
 /// present a certificate from the authority (mutual TLS), and only the
 /// cluster's nodes (`dtx://node/<id>`) may send Prepare, Commit, Abort and
-/// the grouped calls; `Inquire` also takes operators. Anyone else is
+/// the grouped calls; `Inquire` and `Inspect` also take operators. Anyone else is
 /// refused (`UNAUTHENTICATED` or `PERMISSION_DENIED`, logged and counted
 /// in `dtx_auth_refusals_total{server="participant"}`) before the
 /// participant sees the message.
@@ -782,6 +854,9 @@ pub async fn serve_guarded<P: Participant>(
             dtx_proto::tls::EdgeLayer::new("participant", node_tokens, policy)
                 .marking_not_applied(dtx_proto::metadata::NOT_APPLIED_HEADER),
         )
+        // Each call from the cluster runs in an `rpc` span with its `txid`
+        // (`x-dtx-txid`) and the W3C trace it continues (`traceparent`).
+        .layer(dtx_client::propagate::InboundTxidLayer)
         .add_service(
             dtx_proto::v1::participant_service_server::ParticipantServiceServer::new(ParticipantServer::new(
                 participant,
@@ -800,13 +875,15 @@ pub async fn serve_guarded<P: Participant>(
 /// How often a participant served with TLS looks at its certificate files.
 pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Who may call each method of a participant served with TLS: the
-/// cluster's nodes; `Inquire` (read-only) also operators.
+/// Who may call each method of a participant served with TLS (or node
+/// tokens): the cluster's nodes; the read-only `Inquire` and `Inspect`
+/// (which reveals business transaction ids) also operators. A method
+/// missing here is refused for everyone.
 pub fn participant_policy(path: &str) -> dtx_proto::tls::Access {
     use dtx_proto::tls::Access;
     use dtx_proto::tls::Role;
     match path.strip_prefix("/dtx.v1.ParticipantService/") {
-        Some("Inquire") => Access::Roles(&[Role::Node, Role::Operator]),
+        Some("Inquire" | "Inspect") => Access::Roles(&[Role::Node, Role::Operator]),
         Some("Prepare" | "Commit" | "Abort" | "CommitOnePhase" | "ApplyDecisions" | "PrepareMany") => {
             Access::Roles(&[Role::Node])
         }
@@ -956,10 +1033,18 @@ mod tests {
                 !roles.contains(&Role::Participant),
                 "{method}: participants must not be"
             );
-            assert_eq!(roles.contains(&Role::Operator), method == "Inquire", "{method}");
+            assert_eq!(
+                roles.contains(&Role::Operator),
+                matches!(method, "Inquire" | "Inspect"),
+                "{method}: only the read-only calls admit operators"
+            );
             seen += 1;
         }
-        assert!(seen >= 7, "{seen} methods found in participant.proto");
+        assert!(seen >= 8, "{seen} methods found in participant.proto");
+        assert_eq!(
+            participant_policy("/dtx.v1.ParticipantService/Inspect"),
+            Access::Roles(&[Role::Node, Role::Operator])
+        );
         assert_eq!(
             participant_policy("/dtx.v1.ParticipantService/Nope"),
             Access::Roles(&[])

@@ -32,6 +32,9 @@ use crate::log::Message;
 use crate::log::Vote;
 use crate::participant::Answer;
 use crate::participant::InDoubtSummary;
+use crate::participant::InspectQuery;
+use crate::participant::InspectedRecord;
+use crate::participant::Inspection;
 use crate::participant::Participant;
 pub use crate::participant::PhaseTwo;
 pub use crate::participant::Reply;
@@ -50,6 +53,9 @@ const DOUBT_INDEX_READY_KEY: &[u8] = b"mdoubt-index-v1";
 /// before READ_ONLY records were collected get them added on open).
 const READ_ONLY_GC_READY_KEY: &[u8] = b"mgc-read-only-v1";
 const ENTRY_FORMAT: u8 = 1;
+/// Most GC index entries one `inspect` looks through (newest first) for
+/// the times of decided records; an older record's time is not reported.
+const INSPECT_TIME_SCAN_KEYS_MAX: usize = 100_000;
 
 /// True when `e` says the file system is full or over quota.
 fn sled_disk_full(e: &sled::Error) -> bool {
@@ -730,6 +736,124 @@ impl<R: Resource> ParticipantStore<R> {
         })
     }
 
+    /// What the log holds, for an operator (`Participant::inspect`): reads
+    /// only, never the store's lock for long (a look at an inconsistent
+    /// in-doubt index entry, as recovery does), and writes nothing. Not one
+    /// atomic snapshot: a record that changes during the call may show
+    /// before or after. Times: a decided record's (or READ_ONLY vote's) is
+    /// its GC index entry's, found among the newest
+    /// `INSPECT_TIME_SCAN_KEYS_MAX` entries (older: unknown); a YES vote's
+    /// is known only when this process recorded it. Counting the records
+    /// reads every record key once. Not synced: the trait's `inspect`
+    /// waits for an fsync before answering, as `durable_entry` does.
+    pub fn inspect(&self, q: &InspectQuery) -> Result<Inspection, StoreError> {
+        let io = |e: sled::Error| StoreError::Io(e.to_string());
+        let now_ms = unix_ms();
+        // When each YES vote this process recorded was given.
+        let voted_ms: HashMap<u64, u64> = {
+            let at = self.prepared_at.lock().expect("prepared_at lock");
+            at.iter()
+                .map(|(t, i)| (*t, now_ms.saturating_sub(i.elapsed().as_millis() as u64)))
+                .collect()
+        };
+        let asked = q
+            .txids
+            .iter()
+            .map(|&t| Ok((t, self.entry(t)?)))
+            .collect::<Result<Vec<(u64, Option<LogEntry>)>, StoreError>>()?;
+        // Decided times: of the asked records that have one, and of the
+        // newest `q.recent` entries of the GC index (newest first).
+        let mut wanted: std::collections::HashSet<u64> = asked
+            .iter()
+            .filter(|(_, e)| e.as_ref().is_some_and(is_collectable))
+            .map(|(t, _)| *t)
+            .collect();
+        let mut decided_ms: HashMap<u64, u64> = HashMap::new();
+        let mut newest: Vec<u64> = Vec::new();
+        if !wanted.is_empty() || q.recent > 0 {
+            for k in self
+                .tree
+                .scan_prefix([GC_PREFIX])
+                .keys()
+                .rev()
+                .take(INSPECT_TIME_SCAN_KEYS_MAX)
+            {
+                let k = k.map_err(io)?;
+                if k.len() != 17 {
+                    continue;
+                }
+                let ms = u64::from_be_bytes(k[1..9].try_into().unwrap_or([0; 8]));
+                let txid = u64::from_be_bytes(k[9..17].try_into().unwrap_or([0; 8]));
+                if newest.len() < q.recent {
+                    newest.push(txid);
+                    decided_ms.entry(txid).or_insert(ms);
+                }
+                if wanted.remove(&txid) {
+                    decided_ms.entry(txid).or_insert(ms);
+                }
+                if wanted.is_empty() && newest.len() >= q.recent {
+                    break;
+                }
+            }
+        }
+        let time_of = |txid: u64, e: &Option<LogEntry>| match e {
+            Some(e) if crate::log::in_doubt(e) => voted_ms.get(&txid).copied(),
+            Some(e) if is_collectable(e) => decided_ms.get(&txid).copied(),
+            _ => None,
+        };
+        let shown = |txid: u64, entry: Option<LogEntry>| InspectedRecord {
+            txid,
+            entry,
+            recorded_unix_ms: time_of(txid, &entry),
+        };
+        let records = asked.into_iter().map(|(t, e)| shown(t, e)).collect();
+        let doubt = if q.in_doubt || q.recent > 0 {
+            self.in_doubt()?
+        } else {
+            Vec::new()
+        };
+        let mut in_doubt = Vec::new();
+        if q.in_doubt {
+            in_doubt = doubt.iter().map(|&(t, e)| shown(t, Some(e))).collect::<Vec<_>>();
+            // Oldest first; votes from before this process started (no
+            // time kept) are the oldest.
+            in_doubt.sort_by_key(|r| (r.recorded_unix_ms.is_some(), r.recorded_unix_ms, r.txid));
+            in_doubt.truncate(q.list_max);
+        }
+        let mut recent = Vec::new();
+        if q.recent > 0 {
+            let mut seen = std::collections::HashSet::new();
+            for txid in newest {
+                // Forgotten meanwhile: no longer a record.
+                if let Some(e) = self.entry(txid)? {
+                    if seen.insert(txid) {
+                        recent.push(shown(txid, Some(e)));
+                    }
+                }
+            }
+            for &(txid, e) in &doubt {
+                if seen.insert(txid) {
+                    recent.push(shown(txid, Some(e)));
+                }
+            }
+            // Newest first; no time kept: last, by txid, newest first.
+            recent.sort_by_key(|r| std::cmp::Reverse((r.recorded_unix_ms.is_some(), r.recorded_unix_ms, r.txid)));
+            recent.truncate(q.recent);
+        }
+        let mut records_total = 0u64;
+        for k in self.tree.scan_prefix([LOG_PREFIX]).keys() {
+            k.map_err(io)?;
+            records_total += 1;
+        }
+        Ok(Inspection {
+            records,
+            in_doubt,
+            recent,
+            in_doubt_summary: self.in_doubt_summary()?,
+            records_total,
+        })
+    }
+
     /// Records that may be collected (committed, aborted, tombstones, and
     /// READ_ONLY votes) that became so at or before `decided_before_ms` (ms
     /// since the Unix epoch), oldest first, at most `max`: candidates for
@@ -1293,5 +1417,12 @@ impl<R: Resource> Participant for ParticipantStore<R> {
 
     fn stopped_because(&self) -> Option<String> {
         self.failure().map(|f| f.to_string())
+    }
+
+    async fn inspect(&self, query: &InspectQuery) -> Result<Inspection, StoreError> {
+        let found = ParticipantStore::inspect(self, query)?;
+        // As `durable_entry`: nothing is answered before it is on disk.
+        self.flush().await?;
+        Ok(found)
     }
 }

@@ -661,3 +661,110 @@ async fn prepared_transactions_open_and_the_oldest_age_are_reported() {
     assert_eq!(seen.get("dtx_participant_pg_prepared_open"), Some(&0.0));
     assert_eq!(seen.get("dtx_participant_pg_prepared_oldest_age_seconds"), Some(&0.0));
 }
+
+/// Issue 13: `ParticipantService.Inspect` on the PostgreSQL participant:
+/// a prepared transaction (`pg_prepared_xacts`) is in doubt, with its
+/// gid's term and PostgreSQL's time; decided rows show their state and
+/// term; nothing is written (no row, no tombstone for a txid never seen).
+#[tokio::test]
+async fn inspect_shows_prepared_transactions_and_log_rows_and_changes_nothing() {
+    use dtx_proto::v1 as pb;
+    use dtx_proto::v1::participant_service_server::ParticipantService;
+    let Some((_s, p)) = setup().await else { return };
+    assert_eq!(
+        p.handle(1, Message::Prepare { term: 3 }, b"alice:+1").await.unwrap(),
+        yes()
+    );
+    assert_eq!(
+        p.handle(2, Message::Prepare { term: 1 }, b"bob:+1").await.unwrap(),
+        yes()
+    );
+    assert_eq!(p.handle(2, Message::Commit { term: 2 }, b"").await.unwrap(), ack());
+    let no = p.handle(3, Message::Prepare { term: 1 }, b"carol:-1000").await.unwrap();
+    assert_eq!(no.reply, Reply::Vote(Vote::No));
+    assert_eq!(p.handle(4, Message::Abort { term: 5 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.handle(5, Message::Prepare { term: 4 }, b"read:alice").await.unwrap(),
+        Answer::new(Reply::Vote(Vote::ReadOnly))
+    );
+    let log = |p: std::sync::Arc<PgParticipant<Accounts>>| async move {
+        let c = p.pool().get().await.unwrap();
+        c.query(
+            "SELECT participant, txid, state, term, decided_ms FROM dtx_participant_log ORDER BY 1, 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{}/{}/{}/{}/{}",
+                r.get::<_, String>(0),
+                r.get::<_, i64>(1),
+                r.get::<_, String>(2),
+                r.get::<_, i64>(3),
+                r.get::<_, i64>(4)
+            )
+        })
+        .collect::<Vec<_>>()
+    };
+    let p = std::sync::Arc::new(p);
+    let (log_before, gids_before) = (log(p.clone()).await, gids(&p).await);
+    let server = participant_sdk::server::ParticipantServer::new(p.clone(), ID);
+    let r = server
+        .inspect(tonic::Request::new(pb::InspectParticipantRequest {
+            txids: vec![1, 2, 3, 4, 5, 99],
+            in_doubt: true,
+            recent: 10,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.participant_id, ID);
+    let expect = [
+        (1, pb::LocalRecord::PreparedYes, pb::Vote::Yes, 3, true),
+        (2, pb::LocalRecord::Committed, pb::Vote::Yes, 2, false),
+        (3, pb::LocalRecord::Aborted, pb::Vote::Unspecified, 1, false),
+        (4, pb::LocalRecord::Tombstone, pb::Vote::Unspecified, 5, false),
+        (5, pb::LocalRecord::PreparedReadOnly, pb::Vote::ReadOnly, 4, false),
+        (99, pb::LocalRecord::None, pb::Vote::Unspecified, 0, false),
+    ];
+    assert_eq!(r.records.len(), expect.len(), "{r:?}");
+    for (got, (txid, rec, vote, term, doubt)) in r.records.iter().zip(expect) {
+        assert_eq!(
+            (got.txid, got.record, got.vote, got.term, got.in_doubt),
+            (txid, rec as i32, vote as i32, term, doubt),
+            "{got:?}"
+        );
+        assert_eq!(got.recorded_unix_ms > 0, txid != 99, "{got:?}");
+    }
+    assert_eq!(r.in_doubt.iter().map(|x| x.txid).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(r.in_doubt_count, 1);
+    assert_eq!(r.records_total, 5, "four rows and one prepared transaction");
+    assert!(r.oldest_in_doubt_age_ms < 60_000, "{r:?}");
+    let mut recent: Vec<u64> = r.recent.iter().map(|x| x.txid).collect();
+    let times: Vec<u64> = r.recent.iter().map(|x| x.recorded_unix_ms).collect();
+    assert!(times.windows(2).all(|w| w[0] >= w[1]), "newest first: {r:?}");
+    recent.sort();
+    assert_eq!(recent, vec![1, 2, 3, 4, 5]);
+    assert_eq!(log(p.clone()).await, log_before, "Inspect wrote to the log");
+    assert_eq!(gids(&p).await, gids_before);
+    assert_eq!(
+        p.durable_entry(99).await.unwrap(),
+        None,
+        "no tombstone for a txid never seen"
+    );
+    // Decided: no longer in doubt.
+    assert_eq!(p.handle(1, Message::Commit { term: 3 }, b"").await.unwrap(), ack());
+    let r = server
+        .inspect(tonic::Request::new(pb::InspectParticipantRequest {
+            txids: vec![1],
+            in_doubt: true,
+            recent: 0,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.records[0].record, pb::LocalRecord::Committed as i32);
+    assert!(r.in_doubt.is_empty() && r.in_doubt_count == 0 && r.oldest_in_doubt_age_ms == 0);
+}

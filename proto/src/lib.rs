@@ -8,6 +8,8 @@
 //! - [`metadata`]: the gRPC metadata keys (the txid a request carries,
 //!   leader hints, "not applied", the Raft transport's cluster id) and
 //!   their readers.
+//! - [`trace`]: the W3C `traceparent` / `tracestate` headers that carry a
+//!   trace from the client through the nodes to the participants.
 //! - [`endpoint`]: the one parser of addresses, and the server-side
 //!   accepted-connection stream.
 //! - [`channel`]: lazily connecting channels, plain or TLS, and the
@@ -30,6 +32,7 @@ pub mod channel;
 pub mod endpoint;
 pub mod limits;
 pub mod metadata;
+pub mod trace;
 
 pub use dtx_tls as tls;
 pub use endpoint::endpoint;

@@ -45,6 +45,10 @@ pub const LIST_TRANSACTIONS_PAGE_BYTES_MAX: usize = 2 * 1024 * 1024;
 /// leader's state for reading) before it answers with the page so far and
 /// where to go on: a filter that few records meet still answers quickly.
 pub const LIST_TRANSACTIONS_SCAN_RECORDS_MAX: usize = 100_000;
+/// Most records one `ParticipantService.Inspect` call names or lists in
+/// each of its lists: txids looked up, recent records asked for (more:
+/// INVALID_ARGUMENT), and in-doubt records listed (the rest are counted).
+pub const INSPECT_RECORDS_MAX: usize = 1000;
 /// Largest encoded value the codec accepts from disk or network (network
 /// messages are further bounded by `raft.max_message_bytes`).
 pub const DECODE_BYTES_MAX: usize = 256 * 1024 * 1024;

@@ -66,6 +66,19 @@ pub struct Gated {
     prepares_received: Arc<std::sync::atomic::AtomicU32>,
     /// PrepareMany calls received (not while `old_sdk`).
     prepare_many_calls: Arc<std::sync::atomic::AtomicU32>,
+    /// (method, `traceparent`) of each call that carried one.
+    traceparents: Arc<std::sync::Mutex<Vec<(String, String)>>>,
+}
+
+impl Gated {
+    fn saw<T>(&self, method: &str, req: &tonic::Request<T>) {
+        if let Some(v) = req.metadata().get("traceparent").and_then(|v| v.to_str().ok()) {
+            self.traceparents
+                .lock()
+                .unwrap()
+                .push((method.to_string(), v.to_string()));
+        }
+    }
 }
 
 type R<T> = Result<tonic::Response<T>, tonic::Status>;
@@ -73,6 +86,7 @@ type R<T> = Result<tonic::Response<T>, tonic::Status>;
 #[tonic::async_trait]
 impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
     async fn prepare(&self, req: tonic::Request<dtx_proto::v1::PrepareRequest>) -> R<dtx_proto::v1::PrepareResponse> {
+        self.saw("Prepare", &req);
         self.prepares_received.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let delay = self.prepare_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -87,6 +101,7 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         &self,
         req: tonic::Request<dtx_proto::v1::PrepareManyRequest>,
     ) -> R<dtx_proto::v1::PrepareManyResponse> {
+        self.saw("PrepareMany", &req);
         if self.old_sdk.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(tonic::Status::unimplemented(
                 "this participant's SDK predates PrepareMany",
@@ -107,6 +122,7 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         &self,
         req: tonic::Request<dtx_proto::v1::PrepareRequest>,
     ) -> R<dtx_proto::v1::OnePhaseResponse> {
+        self.saw("CommitOnePhase", &req);
         if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(tonic::Status::unavailable("held by the test"));
         }
@@ -122,6 +138,7 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         &self,
         req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,
     ) -> R<dtx_proto::v1::ParticipantDecisionResponse> {
+        self.saw("Commit", &req);
         self.decisions_received
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
@@ -133,6 +150,7 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         &self,
         req: tonic::Request<dtx_proto::v1::ParticipantDecisionRequest>,
     ) -> R<dtx_proto::v1::ParticipantDecisionResponse> {
+        self.saw("Abort", &req);
         self.decisions_received
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
@@ -144,6 +162,7 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         &self,
         req: tonic::Request<dtx_proto::v1::ApplyDecisionsRequest>,
     ) -> R<dtx_proto::v1::ApplyDecisionsResponse> {
+        self.saw("ApplyDecisions", &req);
         if self.old_sdk.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(tonic::Status::unimplemented(
                 "this participant's SDK predates ApplyDecisions",
@@ -160,6 +179,12 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
     }
     async fn inquire(&self, req: tonic::Request<dtx_proto::v1::InquireRequest>) -> R<dtx_proto::v1::InquireResponse> {
         self.inner.inquire(req).await
+    }
+    async fn inspect(
+        &self,
+        req: tonic::Request<dtx_proto::v1::InspectParticipantRequest>,
+    ) -> R<dtx_proto::v1::InspectParticipantResponse> {
+        self.inner.inspect(req).await
     }
 }
 
@@ -188,6 +213,8 @@ pub struct Svc {
     /// PrepareMany calls that reached this participant (not while
     /// `old_sdk`).
     pub prepare_many_calls: Arc<std::sync::atomic::AtomicU32>,
+    /// (method, `traceparent`) of each call that carried one.
+    pub traceparents: Arc<std::sync::Mutex<Vec<(String, String)>>>,
     /// Dropping it stops the server.
     _stop: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
@@ -212,6 +239,7 @@ impl Svc {
             apply_decisions_calls: Arc::default(),
             prepares_received: Arc::default(),
             prepare_many_calls: Arc::default(),
+            traceparents: Arc::default(),
             _stop: None,
             _dir: dir,
         };
@@ -234,6 +262,7 @@ impl Svc {
             apply_decisions_calls: self.apply_decisions_calls.clone(),
             prepares_received: self.prepares_received.clone(),
             prepare_many_calls: self.prepare_many_calls.clone(),
+            traceparents: self.traceparents.clone(),
         });
         tokio::spawn(
             tonic::transport::Server::builder()

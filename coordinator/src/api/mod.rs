@@ -10,9 +10,13 @@ pub mod backup;
 pub mod coordinator;
 pub mod error;
 
+use std::any::Any;
 use std::future::Future;
 use std::sync::Arc;
 
+use dtx_client::trace;
+use dtx_client::trace::TraceContext;
+use dtx_proto::v1 as pb;
 use tonic::transport::Channel;
 use tonic::Request;
 use tonic::Response;
@@ -22,8 +26,49 @@ use self::error::ApiError;
 use self::error::FORWARDED_HEADER;
 use crate::ctx::NodeCtx;
 
+/// The transaction a request is about, from its body (the request types
+/// that name one), else from its `x-dtx-txid` metadata.
+fn request_txid<Req: Any>(req: &Request<Req>) -> Option<u64> {
+    let body: &dyn Any = req.get_ref();
+    macro_rules! txid_field {
+        ($($t:ty),*) => {
+            $(if let Some(r) = body.downcast_ref::<$t>() {
+                return Some(r.txid);
+            })*
+        };
+    }
+    txid_field!(
+        pb::EnlistRequest,
+        pb::CommitRequest,
+        pb::AbortRequest,
+        pb::StatusRequest,
+        pb::GetDecisionRequest,
+        pb::ResolveRequest,
+        pb::DropParticipantRequest,
+        pb::ForgetTransactionRequest
+    );
+    dtx_proto::txid_of(req)
+}
+
+/// The transaction an answer names (Begin and BeginAndCommit learn theirs
+/// from it).
+fn response_txid<Resp: Any>(resp: &Response<Resp>) -> Option<u64> {
+    let body: &dyn Any = resp.get_ref();
+    if let Some(r) = body.downcast_ref::<pb::BeginResponse>() {
+        return Some(r.txid);
+    }
+    body.downcast_ref::<pb::BeginAndCommitResponse>().map(|r| r.txid)
+}
+
 /// Runs `local` here; when this node is not the leader and the request was
 /// not forwarded already, sends it once to the leader with `remote`.
+///
+/// Every request runs in a `request` span with the fields `rpc`, `txid`
+/// (from the body, or from the answer for Begin and BeginAndCommit),
+/// `forwarded`, `trace_id` and `span_id`: the span continues the caller's
+/// W3C trace (`traceparent`; a new trace without one), and its trace
+/// context is current while the request is served, so the driver's calls
+/// to participants and a forward to the leader carry it on.
 pub(crate) async fn serve_or_forward<Req, Resp, L, LFut, R, RFut>(
     ctx: &Arc<NodeCtx>,
     req: Request<Req>,
@@ -31,16 +76,35 @@ pub(crate) async fn serve_or_forward<Req, Resp, L, LFut, R, RFut>(
     remote: R,
 ) -> Result<Response<Resp>, Status>
 where
-    Req: Clone,
+    Req: Clone + Any,
+    Resp: Any,
     L: FnOnce(Req) -> LFut,
     LFut: Future<Output = Result<Resp, ApiError>>,
     R: FnOnce(Channel, Request<Req>) -> RFut,
     RFut: Future<Output = Result<Response<Resp>, Status>>,
 {
+    use tracing::Instrument;
     let started = std::time::Instant::now();
-    let result = serve_or_forward_inner(ctx, req, local, remote).await;
-    // Per-call metrics, labelled by gRPC method (Begin, Commit, ...) and code.
     let method = crate::metrics::grpc_method::<Req>();
+    let span = tracing::info_span!(
+        "request",
+        rpc = method,
+        txid = tracing::field::Empty,
+        forwarded = req.metadata().get(FORWARDED_HEADER).is_some(),
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    if let Some(txid) = request_txid(&req) {
+        span.record("txid", txid);
+    }
+    let trace_ctx = trace::continue_in(&span, TraceContext::from_metadata(req.metadata()).as_ref());
+    let result = trace::scope(trace_ctx, serve_or_forward_inner(ctx, req, local, remote))
+        .instrument(span.clone())
+        .await;
+    if let Some(txid) = result.as_ref().ok().and_then(response_txid) {
+        span.record("txid", txid);
+    }
+    // Per-call metrics, labelled by gRPC method (Begin, Commit, ...) and code.
     let code = match &result {
         Ok(_) => "Ok".to_string(),
         Err(s) => format!("{:?}", s.code()),
@@ -90,6 +154,10 @@ where
             }
             if let Some(t) = deadline {
                 fwd.metadata_mut().insert("grpc-timeout", t);
+            }
+            // The leader's span is a child of this node's request span.
+            if let Some(t) = trace::current() {
+                t.attach(fwd.metadata_mut());
             }
             remote(channel, fwd)
                 .await

@@ -32,6 +32,7 @@ use std::sync::Mutex;
 use tokio::sync::watch;
 use tracing::info;
 use tracing::warn;
+use tracing::Instrument;
 
 use super::BegunAndDecided;
 use super::Driver;
@@ -263,8 +264,10 @@ impl Driver {
             return Ok(FastOutcome::KeyKnown);
         }
         if !self.ctx.is_leader() {
-            // Certainly not proposed: the caller's error says where to go.
-            return Err(ApiError::NoLeader("this node is not the leader".into()));
+            // Certainly not proposed: the caller's error says where to go
+            // (NotLeader with the leader's address, so the call is
+            // forwarded like every other; found by t106).
+            return Err(self.ctx.not_leader());
         }
         // Either this call registers the key (and drives), or it finds the
         // same key in flight here (and waits for it).
@@ -284,16 +287,20 @@ impl Driver {
             Err(waiting) => waiting,
             Ok(tx) => {
                 let driver = self.clone();
-                let task = tokio::spawn(async move {
-                    let _key = KeyGuard {
-                        driver: &driver,
-                        key: idempotency_key.clone(),
-                        done: tx,
-                    };
-                    driver
-                        .fast_drive(idempotency_key, fingerprint, timeout_ms, participants, app)
-                        .await
-                });
+                // The request's span and trace go with the drive's task.
+                let task = tokio::spawn(
+                    dtx_client::trace::with_current(async move {
+                        let _key = KeyGuard {
+                            driver: &driver,
+                            key: idempotency_key.clone(),
+                            done: tx,
+                        };
+                        driver
+                            .fast_drive(idempotency_key, fingerprint, timeout_ms, participants, app)
+                            .await
+                    })
+                    .in_current_span(),
+                );
                 return task.await.map_err(|e| {
                     ApiError::Unknown(format!(
                         "the fast commit driver stopped ({e}); the decision may or may not be recorded: ask again with the same key"
@@ -322,6 +329,7 @@ impl Driver {
     ) -> Result<FastOutcome, ApiError> {
         let term = self.ctx.current_term();
         let txid = self.hand_out_txid(term).await?;
+        self.note_trace(txid);
         // Until its write has a known result, `txid` stays in flight (a
         // decision read answers PENDING); `keep` leaves it there when the
         // result is not known (the write may still be applied in this term;

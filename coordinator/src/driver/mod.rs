@@ -38,6 +38,17 @@
 //! probes it with backoff, and its failure is logged once per participant.
 //! READ_ONLY voters get no phase two: their acks go into the decision's own
 //! Raft entry.
+//!
+//! Tracing: the work for one transaction runs in a span with its `txid`
+//! (the request's span, and `drive`, `deliver` and `redrive` spans for the
+//! tasks it spawns), so every log line of it carries the txid. Each call to
+//! a participant about one transaction carries that transaction's W3C trace
+//! context (`traceparent`, `tracestate`; kept per txid on this leader from
+//! the request that drove it, not replicated: after a leader change the new
+//! leader's calls start traces of their own) and its txid (`x-dtx-txid`).
+//! A grouped message (PrepareMany, ApplyDecisions) carries the context of
+//! its first item in its metadata, runs in a span linked to every item's
+//! trace, and logs (at debug) each item's txid with its trace id.
 
 mod fast;
 mod group;
@@ -52,11 +63,14 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use dtx_client::trace;
+use dtx_client::trace::TraceContext;
 use dtx_proto::metadata::RefusalKind;
 use dtx_proto::v1 as pb;
 use rand::Rng;
 use tracing::info;
 use tracing::warn;
+use tracing::Instrument;
 
 use crate::ctx::now_ms;
 use crate::ctx::ApiError;
@@ -144,6 +158,9 @@ struct DriverState {
     redrive_backoff: Mutex<HashMap<Txid, Backoff>>,
     /// Where the leader loop's scans go on from (invariant 11).
     cursors: Mutex<Cursors>,
+    /// Per transaction driven here: the trace context of the request that
+    /// drove it, carried on its calls to participants (not replicated).
+    traces: Mutex<HashMap<Txid, TraceContext>>,
     retry_base: Duration,
     retry_max: Duration,
 }
@@ -193,6 +210,7 @@ impl DriverState {
             prepare_groups: prepare_group::PrepareGroups::default(),
             redrive_backoff: Mutex::default(),
             cursors: Mutex::default(),
+            traces: Mutex::default(),
             retry_base,
             retry_max,
         }
@@ -311,6 +329,83 @@ fn prepare_request(txid: Txid, term: u64, p: &Participant, timeout: Duration) ->
     req
 }
 
+/// How many transactions' trace contexts a leader keeps (those of
+/// transactions no longer in the table are dropped first).
+const TRACES_MAX: usize = 65_536;
+
+/// A span for work on `txid` (a child of the current span).
+fn txn_span(work: &'static str, txid: Txid) -> tracing::Span {
+    tracing::info_span!("txn", work, txid)
+}
+
+impl Driver {
+    /// Keeps the current trace context (the driving request's) as the
+    /// trace of `txid`'s participant calls, and names `txid` in the current
+    /// span (a Begin's request span learns its txid here).
+    fn note_trace(&self, txid: Txid) {
+        tracing::Span::current().record("txid", txid);
+        let Some(ctx) = trace::current() else { return };
+        let mut traces = self.state.traces.lock().expect("lock");
+        if traces.len() >= TRACES_MAX && !traces.contains_key(&txid) {
+            let st = self.ctx.sm.state();
+            traces.retain(|t, _| st.table.get(*t).is_some());
+            if traces.len() >= TRACES_MAX {
+                traces.clear();
+            }
+        }
+        traces.insert(txid, ctx);
+    }
+
+    /// The trace context of `txid`'s participant calls: the one kept for it
+    /// here, else the current one.
+    fn trace_of(&self, txid: Txid) -> Option<TraceContext> {
+        let kept = self.state.traces.lock().expect("lock").get(&txid).cloned();
+        kept.or_else(trace::current)
+    }
+
+    /// Puts `txid` and its trace context into the metadata of a call to a
+    /// participant about it.
+    fn mark_call<T>(&self, txid: Txid, req: &mut tonic::Request<T>) {
+        dtx_proto::attach_txid(req, txid);
+        if let Some(ctx) = self.trace_of(txid) {
+            ctx.attach(req.metadata_mut());
+        }
+    }
+
+    /// For a grouped message carrying `txids`: its first item's trace
+    /// context into `req`'s metadata, a link from `span` to every item's
+    /// trace, and a debug line naming each item's txid and trace id.
+    fn mark_group_call<T>(&self, span: &tracing::Span, txids: &[Txid], req: &mut tonic::Request<T>) {
+        let traces: Vec<(Txid, Option<TraceContext>)> = {
+            let kept = self.state.traces.lock().expect("lock");
+            txids.iter().map(|t| (*t, kept.get(t).cloned())).collect()
+        };
+        if let Some(first) = traces.first().and_then(|(_, c)| c.as_ref()) {
+            first.attach(req.metadata_mut());
+            span.record("trace_id", first.trace_id_hex());
+        }
+        for (_, ctx) in &traces {
+            if let Some(c) = ctx {
+                trace::link(span, c);
+            }
+        }
+        span.in_scope(|| {
+            tracing::debug!(
+                items = ?traces
+                    .iter()
+                    .map(|(t, c)| format!("{t}:{}", c.as_ref().map(|c| c.trace_id_hex()).unwrap_or_default()))
+                    .collect::<Vec<_>>(),
+                "grouped message: txid:trace_id of each item"
+            )
+        });
+    }
+
+    /// Forgets the trace context of `txid` (its delivery ended here).
+    fn forget_trace(&self, txid: Txid) {
+        self.state.traces.lock().expect("lock").remove(&txid);
+    }
+}
+
 /// Cuts a decision note to `limits::NOTE_BYTES_MAX` bytes.
 fn truncate_note(note: &mut String) {
     truncate_utf8(note, crate::limits::NOTE_BYTES_MAX);
@@ -333,7 +428,8 @@ impl Driver {
     /// prepares to its address (`prepare_group`), or a Prepare call of its
     /// own for a participant that does not serve PrepareMany.
     async fn prepare_one(self: &Arc<Self>, txid: Txid, term: u64, p: &Participant, timeout: Duration) -> Vote {
-        let req = prepare_request(txid, term, p, timeout);
+        let mut req = prepare_request(txid, term, p, timeout);
+        self.mark_call(txid, &mut req);
         if let Some(v) = self.prepare_grouped(&p.address, req.get_ref().clone(), timeout).await {
             return v;
         }
@@ -355,6 +451,7 @@ impl Driver {
     /// Drives a commit to its decision and returns the recorded decision
     /// (which may be another, earlier one: decisions are write-once).
     pub async fn drive_commit(self: &Arc<Self>, txid: Txid) -> Result<Decision, ApiError> {
+        self.note_trace(txid);
         self.drive_detached(txid, None).await
     }
 
@@ -411,6 +508,7 @@ impl Driver {
         // A key that is another application's: its transaction is not
         // this caller's to drive or to be told about.
         self.ctx.check_owner_applied(txid, app)?;
+        self.note_trace(txid);
         dtx_failpoint::failpoint!("coordinator_after_begin");
         let decision = match decision {
             Some(d) => {
@@ -430,6 +528,7 @@ impl Driver {
     /// A client's Abort: records ABORT (write-once: an earlier decision
     /// stands and is returned) and delivers the recorded decision.
     pub async fn abort(self: &Arc<Self>, txid: Txid, reason: String) -> Result<Decision, ApiError> {
+        self.note_trace(txid);
         let (d, _) = self
             .decide(txid, Outcome::Abort, Vec::new(), DecisionSource::Client, reason)
             .await?;
@@ -451,6 +550,7 @@ impl Driver {
         named_voters: &[String],
         note: String,
     ) -> Result<(Decision, bool), ApiError> {
+        self.note_trace(txid);
         let mut note = note;
         let (voters, read_only) = match outcome {
             Outcome::Abort => (Vec::new(), Vec::new()),
@@ -505,13 +605,16 @@ impl Driver {
         // (every step is idempotent) and leaves the mark to its owner.
         let guard = TaskMark::try_new(self, Work::Driving, txid);
         let driver = self.clone();
-        let task = tokio::spawn(async move {
-            let _guard = guard;
-            match known {
-                Some((participants, one_phase)) => driver.drive_preparing(txid, participants, one_phase).await,
-                None => driver.drive_commit_inner(txid).await,
-            }
-        });
+        let task = tokio::spawn(
+            trace::with_current(async move {
+                let _guard = guard;
+                match known {
+                    Some((participants, one_phase)) => driver.drive_preparing(txid, participants, one_phase).await,
+                    None => driver.drive_commit_inner(txid).await,
+                }
+            })
+            .instrument(txn_span("drive", txid)),
+        );
         // A drive that panicked or was cancelled may have recorded a
         // decision before it stopped: its outcome is not known (defect 6).
         task.await.map_err(|e| {
@@ -574,7 +677,8 @@ impl Driver {
         let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
         dtx_failpoint::failpoint!("coordinator_before_prepare");
         let ch = self.ctx.api_channel(&p.address)?;
-        let req = prepare_request(txid, term, p, timeout);
+        let mut req = prepare_request(txid, term, p, timeout);
+        self.mark_call(txid, &mut req);
         let answer = tokio::time::timeout(timeout, self.ctx.participant_over(ch).commit_one_phase(req)).await;
         let (outcome, note) = match answer {
             Ok(Ok(r)) => {
@@ -807,6 +911,7 @@ impl Driver {
                     participant_id: p.id.clone(),
                 });
                 req.set_timeout(timeout);
+                self.mark_call(txid, &mut req);
                 match tokio::time::timeout(timeout, self.ctx.participant_over(ch).inquire(req)).await {
                     Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
                     Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
@@ -915,10 +1020,14 @@ impl Driver {
             return;
         };
         let driver = self.clone();
-        tokio::spawn(async move {
-            let _guard = guard;
-            driver.deliver(txid).await;
-        });
+        tokio::spawn(
+            async move {
+                let _guard = guard;
+                driver.deliver(txid).await;
+                driver.forget_trace(txid);
+            }
+            .instrument(txn_span("deliver", txid)),
+        );
     }
 
     /// Re-drives a PREPARING transaction (after a leader change, or a caller
@@ -930,38 +1039,41 @@ impl Driver {
             return;
         };
         let driver = self.clone();
-        tokio::spawn(async move {
-            let _guard = guard;
-            // Already PREPARING with a frozen set: no RequestCommit write.
-            let known =
-                driver.ctx.sm.state().table.get(txid).and_then(|r| {
+        let span = txn_span("redrive", txid);
+        tokio::spawn(
+            async move {
+                let _guard = guard;
+                // Already PREPARING with a frozen set: no RequestCommit write.
+                let known = driver.ctx.sm.state().table.get(txid).and_then(|r| {
                     (r.phase == crate::sm::Phase::Preparing).then(|| (r.participants.clone(), r.one_phase))
                 });
-            let res = match known {
-                Some((participants, one_phase)) => driver.drive_preparing(txid, participants, one_phase).await,
-                None => driver.drive_commit_inner(txid).await,
-            };
-            let mut backoff = driver.state.redrive_backoff.lock().expect("lock");
-            match res {
-                Ok(_) => {
-                    backoff.remove(&txid);
-                }
-                Err(e) => {
-                    let failures = backoff.get(&txid).map(|b| b.failures).unwrap_or(0).saturating_add(1);
-                    let wait = driver.state.backoff(failures);
-                    backoff.insert(
-                        txid,
-                        Backoff {
-                            failures,
-                            not_before: tokio::time::Instant::now() + wait,
-                        },
-                    );
-                    if failures.is_power_of_two() {
-                        warn!(txid, failures, "re-drive of a PREPARING transaction not finished: {e}");
+                let res = match known {
+                    Some((participants, one_phase)) => driver.drive_preparing(txid, participants, one_phase).await,
+                    None => driver.drive_commit_inner(txid).await,
+                };
+                let mut backoff = driver.state.redrive_backoff.lock().expect("lock");
+                match res {
+                    Ok(_) => {
+                        backoff.remove(&txid);
+                    }
+                    Err(e) => {
+                        let failures = backoff.get(&txid).map(|b| b.failures).unwrap_or(0).saturating_add(1);
+                        let wait = driver.state.backoff(failures);
+                        backoff.insert(
+                            txid,
+                            Backoff {
+                                failures,
+                                not_before: tokio::time::Instant::now() + wait,
+                            },
+                        );
+                        if failures.is_power_of_two() {
+                            warn!(txid, failures, "re-drive of a PREPARING transaction not finished: {e}");
+                        }
                     }
                 }
             }
-        });
+            .instrument(span),
+        );
     }
 
     /// One round of the leader's background work, at `now_ms` in `term`
@@ -1282,6 +1394,7 @@ impl Driver {
         let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
         let mut req = tonic::Request::new(body);
         req.set_timeout(timeout);
+        self.mark_call(txid, &mut req);
         let call = async {
             match outcome {
                 Outcome::Commit => client.commit(req).await,

@@ -38,6 +38,7 @@ use dtx_proto::metadata::RefusalKind;
 use dtx_proto::v1 as pb;
 use tokio::sync::oneshot;
 use tracing::info;
+use tracing::Instrument;
 
 use super::group::Answer;
 use super::DeliveryError;
@@ -124,10 +125,25 @@ impl Driver {
             }
         };
         let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
+        let txids: Vec<Txid> = batch.iter().map(|it| it.txid).collect();
         let mut req = tonic::Request::new(pb::ApplyDecisionsRequest { items: batch });
         req.set_timeout(timeout);
+        // Many transactions: the span names the first item's trace and
+        // links the others' (no txid field: each item's is in its own
+        // delivery's log lines).
+        let span = tracing::info_span!(
+            "participant_call",
+            rpc = "ApplyDecisions",
+            address = %addr,
+            items = n,
+            trace_id = tracing::field::Empty,
+        );
+        self.mark_group_call(&span, &txids, &mut req);
         let mut client = self.ctx.participant_over(ch);
-        match tokio::time::timeout(timeout, client.apply_decisions(req)).await {
+        match tokio::time::timeout(timeout, client.apply_decisions(req))
+            .instrument(span)
+            .await
+        {
             Err(_) => every(DeliveryError::NoAnswer(format!(
                 "no answer within {} ms",
                 timeout.as_millis()

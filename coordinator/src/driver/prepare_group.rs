@@ -31,10 +31,12 @@ use dtx_proto::v1 as pb;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::info;
+use tracing::Instrument;
 
 use super::group::Answer;
 use super::Driver;
 use crate::sm::tally::Vote;
+use crate::sm::Txid;
 
 /// One queued prepare: its message and when its caller stops waiting.
 #[derive(Clone)]
@@ -115,12 +117,27 @@ impl Driver {
         let timeout = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
+        let txids: Vec<Txid> = batch.iter().map(|it| it.req.txid).collect();
         let mut req = tonic::Request::new(pb::PrepareManyRequest {
             items: batch.into_iter().map(|it| it.req).collect(),
         });
         req.set_timeout(timeout);
+        // Many transactions: the span names the first item's trace and
+        // links the others' (each item's txid is in its own prepare
+        // round's log lines).
+        let span = tracing::info_span!(
+            "participant_call",
+            rpc = "PrepareMany",
+            address = %addr,
+            items = n,
+            trace_id = tracing::field::Empty,
+        );
+        self.mark_group_call(&span, &txids, &mut req);
         let mut client = self.ctx.participant_over(ch);
-        match tokio::time::timeout(timeout, client.prepare_many(req)).await {
+        match tokio::time::timeout(timeout, client.prepare_many(req))
+            .instrument(span)
+            .await
+        {
             Err(_) => every(format!("no vote within {} ms", timeout.as_millis())),
             Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
                 if self.state.prepare_groups.remember_single_calls(addr) {
