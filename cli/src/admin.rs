@@ -28,11 +28,12 @@ use serde_json::json;
 
 use crate::admin_view as view;
 
-pub const EXIT_OK: i32 = 0;
-pub const EXIT_ERROR: i32 = 1;
-pub const EXIT_REFUSED: i32 = 3;
-pub const EXIT_UNKNOWN: i32 = 4;
-pub const EXIT_UNREACHABLE: i32 = 5;
+use crate::exit_codes::EXIT_ERROR;
+use crate::exit_codes::EXIT_OK;
+use crate::exit_codes::EXIT_REFUSED;
+use crate::exit_codes::EXIT_UNKNOWN;
+use crate::exit_codes::EXIT_UNREACHABLE;
+use crate::exit_codes::EXIT_USAGE;
 
 /// A list reads at most this many pages when asked for everything.
 const LIST_PAGES_MAX: usize = 1000;
@@ -463,7 +464,7 @@ where
     for addr in &ctx.addrs {
         let ch =
             dtx_proto::channel::channel_with(addr, None, ctx.timeout.min(Duration::from_secs(2)), ctx.tls.as_ref())
-                .map_err(|e| failure(2, format!("--addr {addr}: {e}")))?;
+                .map_err(|e| failure(EXIT_USAGE, format!("--addr {addr}: {e}")))?;
         match tokio::time::timeout(ctx.timeout, f(ch)).await {
             Ok(Ok(r)) => return Ok(r.into_inner()),
             Ok(Err(s)) if s.code() == tonic::Code::Unavailable => {
@@ -639,7 +640,12 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
             };
             let min_age_ms = match older_than_s {
                 Some(s) if s.is_finite() && s >= 0.0 => (s * 1000.0) as u64,
-                Some(s) => return Err(failure(2, format!("--older-than-s must be 0 or more seconds, not {s}"))),
+                Some(s) => {
+                    return Err(failure(
+                        EXIT_USAGE,
+                        format!("--older-than-s must be 0 or more seconds, not {s}"),
+                    ))
+                }
                 None => 0,
             };
             let req = pb::ListTransactionsRequest {

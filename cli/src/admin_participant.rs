@@ -24,13 +24,10 @@ use serde_json::Value;
 use crate::admin_view::span;
 use crate::admin_view::utc;
 use crate::admin_view::Table;
-
-use crate::admin::EXIT_ERROR;
-use crate::admin::EXIT_REFUSED;
-use crate::admin::EXIT_UNREACHABLE;
-
-/// The command line is wrong (as clap's exit code).
-const EXIT_USAGE: i32 = 2;
+use crate::exit_codes::EXIT_ERROR;
+use crate::exit_codes::EXIT_REFUSED;
+use crate::exit_codes::EXIT_UNREACHABLE;
+use crate::exit_codes::EXIT_USAGE;
 
 /// `admin participant`: ask one participant service what its log holds.
 #[derive(clap::Args)]

@@ -10,6 +10,7 @@ mod demo;
 mod demo_kit;
 mod demo_pg;
 mod dev;
+mod exit_codes;
 mod log_levels;
 #[cfg(feature = "otel")]
 mod otel;
