@@ -601,19 +601,7 @@ async fn write_state(backup: &Backup, plan: &RestorePlan, dir: &Path) -> Result<
     let h = &backup.header;
     let last_applied = h.last_applied;
     let voters: BTreeSet<NodeId> = plan.members.iter().map(|m| m.id).collect();
-    let nodes: BTreeMap<NodeId, NodeInfo> = plan
-        .members
-        .iter()
-        .map(|m| {
-            (
-                m.id,
-                NodeInfo {
-                    raft_addr: m.raft_addr.clone(),
-                    api_addr: m.api_addr.clone(),
-                },
-            )
-        })
-        .collect();
+    let nodes: BTreeMap<NodeId, NodeInfo> = crate::raft::nodes_of(&plan.members);
     let membership = StoredMembership::new(Some(last_applied), Membership::new(vec![voters], nodes));
     let id = restore_id(backup, plan);
     let meta = SnapshotMeta {

@@ -381,20 +381,7 @@ async fn bootstrap(raft: &Raft, config: &Config) -> anyhow::Result<()> {
         info!("data directory already holds cluster state; bootstrap skipped");
         return Ok(());
     }
-    let members: BTreeMap<NodeId, NodeInfo> = config
-        .bootstrap
-        .members
-        .iter()
-        .map(|m| {
-            (
-                m.id,
-                NodeInfo {
-                    raft_addr: m.raft_addr.clone(),
-                    api_addr: m.api_addr.clone(),
-                },
-            )
-        })
-        .collect();
+    let members: BTreeMap<NodeId, NodeInfo> = crate::raft::nodes_of(&config.bootstrap.members);
     match raft.initialize(members).await {
         Ok(()) => info!("initialized a new cluster"),
         Err(RaftError::APIError(e)) => info!("initialize skipped: {e}"),

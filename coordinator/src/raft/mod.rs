@@ -26,6 +26,22 @@ pub struct NodeInfo {
     pub api_addr: String,
 }
 
+/// The members of a configuration (bootstrap, restore) as Raft's nodes.
+pub fn nodes_of(members: &[crate::config::Member]) -> std::collections::BTreeMap<NodeId, NodeInfo> {
+    members
+        .iter()
+        .map(|m| {
+            (
+                m.id,
+                NodeInfo {
+                    raft_addr: m.raft_addr.clone(),
+                    api_addr: m.api_addr.clone(),
+                },
+            )
+        })
+        .collect()
+}
+
 impl fmt::Display for NodeInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "raft={} api={}", self.raft_addr, self.api_addr)
