@@ -4,9 +4,9 @@
 //! gauges computed from the replicated transaction table once a second.
 //!
 //! Every `metrics::counter!/gauge!/histogram!("dtx_...")` in this crate
-//! and in `dtx-tls` (the node's servers) has an entry in [`METRICS`]; a unit
-//! test scans the sources and fails on a metric without one, or with the
-//! wrong type. Labels are bounded: request methods, gRPC codes, outcomes,
+//! has an entry in [`METRICS`] (`dtx-tls` describes its own, the servers'
+//! edge); a unit test scans the sources and fails on a metric without one,
+//! or with the wrong type, or an entry nothing records. Labels are bounded: request methods, gRPC codes, outcomes,
 //! participant ids as enlisted (service names, bounded by the deployment),
 //! never a txid.
 
@@ -43,26 +43,10 @@ pub fn exporter() -> PrometheusBuilder {
         .expect("latency buckets are not empty")
 }
 
-/// A metric's type, as its macro records it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Counter,
-    Gauge,
-    Histogram,
-}
-
-/// One metric this process may emit: name, type, unit, HELP text (labels
-/// are named in the text).
-pub struct Described {
-    pub name: &'static str,
-    pub kind: Kind,
-    pub unit: Unit,
-    pub help: &'static str,
-}
-
-const fn m(name: &'static str, kind: Kind, unit: Unit, help: &'static str) -> Described {
-    Described { name, kind, unit, help }
-}
+use dtx_proto::tls::described::described as m;
+pub use dtx_proto::tls::described::Described;
+pub use dtx_proto::tls::described::Kind;
+use dtx_proto::tls::described::EDGE_METRICS;
 
 use Kind::Counter as C;
 use Kind::Gauge as G;
@@ -115,27 +99,15 @@ pub const METRICS: &[Described] = &[
     m("dtx_api_requests_total", C, Unit::Count, "Coordinator and Admin calls, by method (the gRPC method: Begin, Commit, ...) and gRPC code."),
     m("dtx_api_request_seconds", H, Unit::Seconds, "Latency of the same calls as this node served them, by method and gRPC code (forwarded calls include the hop to the leader)."),
     m("dtx_api_forwarded_total", C, Unit::Count, "API calls forwarded once to the leader (non-leaders)."),
-    // The servers' edge (dtx-tls).
-    m("dtx_undecodable_requests_total", C, Unit::Count, "Requests refused before any handler because they could not be decoded, by server (api, raft, participant)."),
-    m("dtx_rate_limited_total", C, Unit::Count, "Calls refused by the per-identity rate limit, by server."),
-    m("dtx_auth_refusals_total", C, Unit::Count, "Calls refused before any handler ran, by server and code (unauthenticated, permission_denied)."),
-    m("dtx_tls_handshake_failures_total", C, Unit::Count, "TLS handshakes that failed or took more than 10 s."),
-    m("dtx_tls_client_certificates_refused_total", C, Unit::Count, "Client certificates that prove no identity."),
-    m("dtx_tls_reloads_total", C, Unit::Count, "Certificate files re-read after a change, by side (server, client)."),
-    m("dtx_tls_reload_failures_total", C, Unit::Count, "Changed certificate files that could not be used, by side."),
 ];
 
-/// Registers the HELP text and unit of every metric in [`METRICS`] with
-/// the installed recorder (call it once, after installing one; before,
-/// the descriptions go nowhere).
+/// Registers the HELP text and unit of every metric in [`METRICS`] and of
+/// the servers' edge (`dtx-tls`'s `EDGE_METRICS`) with the installed
+/// recorder (call it once, after installing one; before, the descriptions
+/// go nowhere).
 pub fn describe() {
-    for d in METRICS {
-        match d.kind {
-            Kind::Counter => metrics::describe_counter!(d.name, d.unit, d.help),
-            Kind::Gauge => metrics::describe_gauge!(d.name, d.unit, d.help),
-            Kind::Histogram => metrics::describe_histogram!(d.name, d.unit, d.help),
-        }
-    }
+    dtx_proto::tls::described::describe(METRICS);
+    dtx_proto::tls::described::describe(EDGE_METRICS);
 }
 
 /// The method label of an API call whose request type is `Req`: the gRPC
@@ -216,7 +188,6 @@ pub fn report_table(table: &TxTable, now_ms: u64) {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::path::Path;
 
     use super::*;
@@ -227,79 +198,12 @@ mod tests {
     use crate::sm::Phase;
     use crate::sm::TxRecord;
 
-    /// Every `metrics::<kind>!("name"` in the `.rs` files under `dir`, as
-    /// (name, kind, file).
-    fn emitted(dir: &Path, out: &mut Vec<(String, Kind, String)>) {
-        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                emitted(&p, out);
-                continue;
-            }
-            if p.extension().is_none_or(|x| x != "rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&p).unwrap();
-            for (mac, kind) in [("counter!(", C), ("gauge!(", G), ("histogram!(", H)] {
-                let mut at = 0;
-                while let Some(i) = text[at..].find(mac) {
-                    let start = at + i;
-                    at = start + mac.len();
-                    // `describe_counter!(` and the like are not emissions.
-                    let before = text[..start].chars().next_back();
-                    if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-                        continue;
-                    }
-                    let rest = text[at..].trim_start();
-                    let Some(lit) = rest.strip_prefix('"') else {
-                        continue;
-                    };
-                    let name = &lit[..lit.find('"').unwrap()];
-                    // A real name (not a placeholder in a comment).
-                    let real = name
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-                    if name.starts_with("dtx_") && real {
-                        out.push((name.to_string(), kind, p.display().to_string()));
-                    }
-                }
-            }
-        }
-    }
-
-    fn all_emitted() -> Vec<(String, Kind, String)> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut out = Vec::new();
-        emitted(&root.join("src"), &mut out);
-        emitted(&root.join("../tls/src"), &mut out);
-        out
-    }
-
     #[test]
     fn every_metric_emitted_has_help_text_and_its_type() {
-        let found = all_emitted();
+        let found = dtx_proto::tls::described::emitted_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).unwrap();
         assert!(found.len() > 40, "the scan found only {} metric calls", found.len());
-        let described: BTreeMap<&str, &Described> = METRICS.iter().map(|d| (d.name, d)).collect();
-        assert_eq!(described.len(), METRICS.len(), "a metric is described twice");
-        for (name, kind, file) in &found {
-            let d = described
-                .get(name.as_str())
-                .unwrap_or_else(|| panic!("{name} ({file}) has no entry in metrics::METRICS (HELP text)"));
-            assert_eq!(
-                d.kind, *kind,
-                "{name} ({file}) is recorded as a {kind:?}, described as a {:?}",
-                d.kind
-            );
-            assert!(!d.help.is_empty(), "{name}");
-        }
-        // And nothing described that nothing emits (a renamed metric).
-        for d in METRICS {
-            assert!(
-                found.iter().any(|(n, _, _)| n == d.name),
-                "{} is described but never emitted",
-                d.name
-            );
-        }
+        let wrong = dtx_proto::tls::described::mismatches(&found, METRICS);
+        assert!(wrong.is_empty(), "{wrong:#?}");
     }
 
     #[test]

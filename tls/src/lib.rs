@@ -29,6 +29,7 @@
 #[cfg(feature = "cli")]
 pub mod args;
 pub mod client;
+pub mod described;
 pub mod dev;
 pub mod edge;
 pub mod files;
