@@ -101,6 +101,7 @@ pub mod backoff;
 pub mod enlist;
 pub mod propagate;
 pub mod trace;
+pub mod view;
 
 use std::collections::BTreeMap;
 use std::future::Future;
