@@ -89,7 +89,16 @@ async fn t88_postgres_participant_crash_mid_recovery_resolves_the_rest_after_res
     let Some(pg) = postgres_or_skip("t88 mid-recovery") else {
         return;
     };
-    let mut c = TestCluster::start("t88b");
+    // Recovery at the service's start must be what applies the decisions
+    // (the crash point fires in the middle of it), not the leader's
+    // delivery: after its first attempt fails on the stopped service, the
+    // next one waits 10 to 20 s. With the default 50 ms backoff the
+    // delivery sometimes reached the restarted service first and recovery
+    // found nothing in doubt (seen once in CI).
+    let mut c = TestCluster::start_with("t88b", 3, |cfg| {
+        cfg.txn.delivery_retry_base_ms = 20_000;
+        cfg.txn.delivery_retry_max_ms = 20_000;
+    });
     c.leader().await;
     let mut shop = shop(&c, pg).await;
     let client = c.client();
