@@ -8,6 +8,7 @@ pub use dtx_client::view::source_name;
 pub use dtx_client::view::span;
 pub use dtx_client::view::state_line;
 pub use dtx_client::view::state_name;
+pub use dtx_client::view::timeline;
 pub use dtx_client::view::utc;
 pub use dtx_client::view::waiting_on;
 use dtx_proto::v1 as pb;
@@ -152,68 +153,7 @@ pub fn tx_timeline(t: &pb::StatusResponse, now_ms: u64) -> String {
         out.push_str(&format!("  owner {}", t.owner));
     }
     out.push_str("\n\ntimeline (the leader's clock, UTC)\n");
-    let mut events: Vec<(u64, String)> = vec![(
-        t.begun_unix_ms,
-        format!(
-            "begin (deadline {}, {} after begin)",
-            utc(t.deadline_unix_ms),
-            span(t.deadline_unix_ms.saturating_sub(t.begun_unix_ms))
-        ),
-    )];
-    let ids: Vec<String> = t
-        .participants
-        .iter()
-        .map(|p| format!("{} at {}", p.id, p.address))
-        .collect();
-    if !ids.is_empty() {
-        events.push((t.begun_unix_ms, format!("enlisted {}", ids.join(", "))));
-    }
-    match &t.decision {
-        Some(d) => {
-            let votes = if outcome_name(d.outcome) == "COMMIT" {
-                if t.one_phase {
-                    "the one participant prepared and committed in one phase".to_string()
-                } else {
-                    format!(
-                        "YES from every participant ({}): COMMIT needs them all",
-                        t.participants
-                            .iter()
-                            .map(|p| p.id.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                }
-            } else {
-                "not every participant voted YES in time, or the transaction was aborted before the votes (see the note)"
-                    .to_string()
-            };
-            events.push((d.decided_unix_ms, format!("votes: {votes}")));
-            events.push((
-                d.decided_unix_ms,
-                format!(
-                    "decided {} by the {} in term {}: {}",
-                    outcome_name(d.outcome),
-                    source_name(d.source),
-                    d.term,
-                    if d.note.is_empty() { "-" } else { &d.note }
-                ),
-            ));
-        }
-        None => {
-            if state_name(t.state) == "PREPARING" {
-                events.push((now_ms, "preparing: votes are being collected (no decision yet)".into()));
-            }
-        }
-    }
-    for p in &t.participants {
-        if p.dropped {
-            events.push((
-                p.dropped_unix_ms,
-                format!("{} dropped from phase two: {}", p.id, p.dropped_note),
-            ));
-        }
-    }
-    events.sort_by_key(|e| e.0);
+    let events = timeline(t, now_ms);
     let mut tl = Table::new(&["WHEN", "WHAT"]);
     for (when, what) in events {
         tl.row(vec![utc(when), what]);

@@ -516,6 +516,7 @@ pub use dtx_client::view::source_name;
 pub use dtx_client::view::span;
 pub use dtx_client::view::state_line;
 pub use dtx_client::view::state_name;
+pub use dtx_client::view::timeline;
 pub use dtx_client::view::utc;
 pub use dtx_client::view::waiting_on;
 
@@ -922,73 +923,6 @@ pub fn render_in_doubt(f: &Frame, rows: &[pb::StatusResponse], cut: bool) -> Str
         );
     }
     page(f, "In doubt", true, &b)
-}
-
-/// The timeline events of `t` (`admin txn show`'s), by time.
-pub fn timeline(t: &pb::StatusResponse, now_ms: u64) -> Vec<(u64, String)> {
-    let mut events: Vec<(u64, String)> = vec![(
-        t.begun_unix_ms,
-        format!(
-            "begin (deadline {}, {} after begin)",
-            utc(t.deadline_unix_ms),
-            span(t.deadline_unix_ms.saturating_sub(t.begun_unix_ms))
-        ),
-    )];
-    let ids: Vec<String> = t
-        .participants
-        .iter()
-        .map(|p| format!("{} at {}", p.id, p.address))
-        .collect();
-    if !ids.is_empty() {
-        events.push((t.begun_unix_ms, format!("enlisted {}", ids.join(", "))));
-    }
-    match &t.decision {
-        Some(d) => {
-            let votes = if outcome_name(d.outcome) == "COMMIT" {
-                if t.one_phase {
-                    "the one participant prepared and committed in one phase".to_string()
-                } else {
-                    format!(
-                        "YES from every participant ({}): COMMIT needs them all",
-                        t.participants
-                            .iter()
-                            .map(|p| p.id.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                }
-            } else {
-                "not every participant voted YES in time, or the transaction was aborted before the votes (see the note)"
-                    .to_string()
-            };
-            events.push((d.decided_unix_ms, format!("votes: {votes}")));
-            events.push((
-                d.decided_unix_ms,
-                format!(
-                    "decided {} by the {} in term {}: {}",
-                    outcome_name(d.outcome),
-                    source_name(d.source),
-                    d.term,
-                    if d.note.is_empty() { "-" } else { &d.note }
-                ),
-            ));
-        }
-        None => {
-            if state_name(t.state) == "PREPARING" {
-                events.push((now_ms, "preparing: votes are being collected (no decision yet)".into()));
-            }
-        }
-    }
-    for p in &t.participants {
-        if p.dropped {
-            events.push((
-                p.dropped_unix_ms,
-                format!("{} dropped from phase two: {}", p.id, p.dropped_note),
-            ));
-        }
-    }
-    events.sort_by_key(|e| e.0);
-    events
 }
 
 /// `/console/txn/<txid>`.
