@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "dtx/v1/participant.proto",
         "dtx/v1/raft.proto",
         "dtx/v1/admin.proto",
+        "dtx/v1/saga.proto",
     ];
     println!("cargo:rerun-if-changed=build.rs");
     for f in &files {

@@ -65,6 +65,10 @@ enum AdminCmd {
     /// Transactions: list, show, in-doubt report, repairs, and a drill.
     #[command(subcommand)]
     Txn(TxnCmd),
+    /// Sagas: list, show, the manual path for a parked saga (retry, skip,
+    /// compensate, complete), definitions (register, list), start.
+    #[command(subcommand)]
+    Saga(crate::admin_saga::SagaCmd),
     /// Add a node (as a learner, then a voter unless --learner).
     AddNode {
         #[arg(long)]
@@ -231,9 +235,9 @@ struct Who {
 }
 
 /// How a command ended: the exit code and the line for stderr.
-struct Failure {
-    code: i32,
-    message: String,
+pub(crate) struct Failure {
+    pub(crate) code: i32,
+    pub(crate) message: String,
 }
 
 impl From<ClientError> for Failure {
@@ -280,7 +284,7 @@ impl From<tonic::Status> for Failure {
     }
 }
 
-fn failure(code: i32, message: impl Into<String>) -> Failure {
+pub(crate) fn failure(code: i32, message: impl Into<String>) -> Failure {
     Failure {
         code,
         message: message.into(),
@@ -291,7 +295,7 @@ fn local(e: impl std::fmt::Display) -> Failure {
     failure(EXIT_ERROR, e.to_string())
 }
 
-type Outcome = Result<(), Failure>;
+pub(crate) type Outcome = Result<(), Failure>;
 
 /// Runs one admin command; the process's exit code.
 pub async fn run(a: AdminArgs) -> i32 {
@@ -304,13 +308,28 @@ pub async fn run(a: AdminArgs) -> i32 {
     }
 }
 
-struct Ctx {
-    addrs: Vec<String>,
-    json: bool,
-    timeout: Duration,
+pub(crate) struct Ctx {
+    pub(crate) addrs: Vec<String>,
+    pub(crate) json: bool,
+    pub(crate) timeout: Duration,
     client: Client,
-    tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
-    token: Option<String>,
+    pub(crate) tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    pub(crate) token: Option<String>,
+}
+
+#[cfg(test)]
+impl Ctx {
+    /// A plain-text context without a token, for the subcommands' tests.
+    pub(crate) fn for_tests(addrs: Vec<String>, json: bool, timeout: Duration) -> Ctx {
+        Ctx {
+            client: Client::new(ClientConfig::new(addrs.clone())).expect("client"),
+            addrs,
+            json,
+            timeout,
+            tls: None,
+            token: None,
+        }
+    }
 }
 
 async fn run_inner(a: AdminArgs) -> Outcome {
@@ -338,6 +357,7 @@ async fn run_inner(a: AdminArgs) -> Outcome {
     match a.cmd {
         AdminCmd::Status => status(&ctx).await,
         AdminCmd::Txn(cmd) => txn(&ctx, cmd).await,
+        AdminCmd::Saga(cmd) => crate::admin_saga::run(&ctx, cmd).await,
         AdminCmd::AddNode {
             node_id,
             raft_addr,
@@ -444,7 +464,7 @@ fn backup_failure(addr: &str, e: anyhow::Error) -> Failure {
 }
 
 /// Prints `value` with --json, else `text()`.
-fn emit(ctx: &Ctx, value: serde_json::Value, text: impl FnOnce() -> String) {
+pub(crate) fn emit(ctx: &Ctx, value: serde_json::Value, text: impl FnOnce() -> String) {
     if ctx.json {
         println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
     } else {

@@ -4,6 +4,7 @@
 
 mod admin;
 mod admin_participant;
+mod admin_saga;
 mod admin_view;
 mod backup;
 mod demo;
@@ -14,6 +15,7 @@ mod exit_codes;
 mod log_levels;
 #[cfg(feature = "otel")]
 mod otel;
+mod saga_shop;
 
 use std::path::PathBuf;
 
@@ -48,6 +50,12 @@ enum Cmd {
     /// Run one shop service on its PostgreSQL database (the example of
     /// `demo --postgres`).
     ShopServe(dtx_shop::ShopServeArgs),
+    /// Run one step service of the order saga (the saga example: inventory,
+    /// payment or email) until SIGTERM.
+    SagaStepServe(dtx_saga_shop::StepServeArgs),
+    /// Print what a stopped order-saga step service's data directory holds
+    /// (stock, charges, confirmations, duplicates), as JSON.
+    SagaStepAudit(dtx_saga_shop::StepAuditArgs),
     /// Sum the balances of stopped bank services' data directories (or of
     /// PostgreSQL banks' databases).
     BankAudit {
@@ -244,6 +252,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Demo(a) => demo::run(a, shutdown_signal()).await,
         Cmd::BankServe(a) => dtx_bank::serve(a, shutdown_signal()).await,
         Cmd::ShopServe(a) => dtx_shop::serve(a, shutdown_signal()).await,
+        Cmd::SagaStepServe(a) => saga_shop::serve(a).await,
+        Cmd::SagaStepAudit(a) => saga_shop::audit(a),
         Cmd::BankAudit { postgres, json, .. } if !postgres.is_empty() => {
             let mut total = 0i64;
             let mut in_doubt = 0;

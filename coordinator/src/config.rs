@@ -52,9 +52,35 @@ pub struct Config {
     pub raft: RaftConfig,
     pub batch: BatchConfig,
     pub txn: TxnConfig,
+    /// The saga orchestrator (issue 14).
+    pub saga: SagaConfig,
     pub api: ApiConfig,
     pub tls: TlsConfig,
     pub auth: AuthConfig,
+}
+
+/// The leader's saga orchestrator (issue 14, ADR 0019).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SagaConfig {
+    /// Longest wait for a step service's answer to one call (forward,
+    /// compensation or status query); past it the outcome is UNKNOWN.
+    pub call_timeout_ms: u64,
+    /// How often the leader looks for sagas to drive (a new saga and an
+    /// operator's action wake it at once).
+    pub scan_interval_ms: u64,
+    /// Sagas driven at once at most; the others wait for a free slot.
+    pub sagas_in_flight_max: usize,
+}
+
+impl Default for SagaConfig {
+    fn default() -> Self {
+        SagaConfig {
+            call_timeout_ms: 2_000,
+            scan_interval_ms: 200,
+            sagas_in_flight_max: 256,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -258,6 +284,7 @@ impl Default for Config {
             raft: RaftConfig::default(),
             batch: BatchConfig::default(),
             txn: TxnConfig::default(),
+            saga: SagaConfig::default(),
             api: ApiConfig::default(),
             tls: TlsConfig::default(),
             auth: AuthConfig::default(),
@@ -389,6 +416,12 @@ impl Config {
         }
         if let Some(m) = &self.metrics_addr {
             check_addr("metrics_addr", m)?;
+        }
+        if self.saga.call_timeout_ms == 0 || self.saga.scan_interval_ms == 0 || self.saga.sagas_in_flight_max == 0 {
+            return bad(format!(
+                "saga.call_timeout_ms ({}), saga.scan_interval_ms ({}) and saga.sagas_in_flight_max ({}) must be > 0",
+                self.saga.call_timeout_ms, self.saga.scan_interval_ms, self.saga.sagas_in_flight_max
+            ));
         }
         let a = &self.api;
         if a.max_message_bytes < 64 * 1024 || a.max_message_bytes > dtx_proto::limits::DECODE_BYTES_MAX {

@@ -22,6 +22,7 @@ use crate::raft::network::ChannelCache;
 use crate::raft::NodeId;
 use crate::raft::NodeInfo;
 use crate::raft::Raft;
+use crate::sm::saga::SagaError;
 use crate::sm::Command;
 use crate::sm::CommandError;
 use crate::sm::CommandOk;
@@ -103,6 +104,21 @@ impl From<CommandError> for ApiError {
             | CommandError::UnknownParticipant { .. }
             | CommandError::OnePhaseOnly { .. }
             | CommandError::OperatorCommitNotPrepared { .. } => ApiError::FailedPrecondition(m),
+            CommandError::Saga(e) => ApiError::from(e),
+        }
+    }
+}
+
+impl From<SagaError> for ApiError {
+    fn from(e: SagaError) -> Self {
+        let m = e.to_string();
+        match e {
+            SagaError::InvalidDefinition(_) | SagaError::Invalid(_) => ApiError::InvalidArgument(m),
+            SagaError::DefinitionConflict { .. } | SagaError::KeyConflict { .. } => ApiError::AlreadyExists(m),
+            SagaError::UnknownDefinition { .. } | SagaError::NotFound(_) => ApiError::NotFound(m),
+            SagaError::StaleJournal { .. } | SagaError::WrongState { .. } | SagaError::Refused { .. } => {
+                ApiError::FailedPrecondition(m)
+            }
         }
     }
 }

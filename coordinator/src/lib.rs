@@ -6,18 +6,21 @@
 //!
 //! Module map (data flows top to bottom; imports run one way):
 //! - `node`     wires a node together: storage, Raft, servers, leader loops.
-//! - `api`      gRPC services (Coordinator, Admin): they translate requests
+//! - `api`      gRPC services (Coordinator, Admin, SagaService): they translate requests
 //!   into state-machine commands or calls on the `Driver`; error -> status
 //!   mapping in one place (`api::error`).
 //! - `driver`   the leader's 2PC driver (`Driver`, one owner): prepare,
 //!   decide, deliver, the ack queue, re-drive; `driver::health` per
 //!   participant address.
+//! - `orchestrator` the leader's saga orchestrator: drives every running
+//!   saga by the pure plan and journal of `sm::saga` (issue 14).
 //! - `ctx`      `NodeCtx`, what the API and the driver share: Raft, the
 //!   state machine, the batcher, channels; propose and linearizable reads.
 //! - `batcher`  group commit: many concurrent commands -> one Raft entry.
 //! - `raft`     openraft type config, network client, transport service.
 //! - `store`    `KvEngine` (sled) plus the log store and state-machine store.
-//! - `sm`       the pure transaction state machine (no I/O, no clock).
+//! - `sm`       the pure transaction state machine and saga journal (no
+//!   I/O, no clock).
 //! - `codec`    every binary encoding: version byte + bincode 2.
 //! - `config`   TOML configuration with defaults and `validate()`.
 //! - `limits`   documented request limits (from `dtx_proto::limits`).
@@ -36,6 +39,7 @@ pub mod ctx;
 pub mod driver;
 pub mod metrics;
 pub mod node;
+pub mod orchestrator;
 pub mod raft;
 pub mod security;
 pub mod sm;

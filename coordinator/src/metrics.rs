@@ -71,6 +71,13 @@ pub const METRICS: &[Described] = &[
     m("dtx_writes_refused_no_quorum_total", C, Unit::Count, "Writes refused at once by a leader that heard from no quorum for too long."),
     // The replicated table (every node; meaningful on the leader).
     m("dtx_transactions", G, Unit::Count, "Transaction records held in the state machine."),
+    // Sagas (issue 14; the leader's orchestrator).
+    m("dtx_sagas", G, Unit::Count, "Sagas by state (RUNNING, COMPENSATING, PARKED), as the leader's orchestrator last scanned them."),
+    m("dtx_saga_parked_total", C, Unit::Count, "Sagas the orchestrator parked for an operator (a limit reached, an UNKNOWN it could not settle, expired rights, no registered option left)."),
+    m("dtx_saga_calls_total", C, Unit::Count, "Step-service calls the orchestrator journaled, by call (forward, compensation) and outcome (OK, FAILED, UNKNOWN, NOOP, STALE)."),
+    m("dtx_saga_reconciliations_total", C, Unit::Count, "Status queries that settled a step call's UNKNOWN outcome (or an intent found on resume), by call."),
+    m("dtx_saga_unknown_seconds", H, Unit::Seconds, "Time a step call's outcome stayed UNKNOWN before a status query settled it, by call."),
+    m("dtx_saga_status_query_seconds", H, Unit::Seconds, "Latency of one status query to a step service."),
     m("dtx_preparing_transactions", G, Unit::Count, "Transactions in PREPARING (votes being collected)."),
     m("dtx_undelivered_transactions", G, Unit::Count, "Decided transactions with a participant (not dropped by an operator) whose ack is not recorded."),
     m("dtx_oldest_in_doubt_age_seconds", G, Unit::Seconds, "Age (now - begin) of the oldest transaction in PREPARING or decided and not acked by every participant; 0 when none."),

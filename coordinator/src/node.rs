@@ -18,6 +18,7 @@ use anyhow::Context;
 use dtx_proto::v1::admin_server::AdminServer;
 use dtx_proto::v1::coordinator_server::CoordinatorServer;
 use dtx_proto::v1::raft_transport_server::RaftTransportServer;
+use dtx_proto::v1::saga_service_server::SagaServiceServer;
 use http_body_util::Full;
 use hyper::body::Bytes;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -130,6 +131,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         participant_token: security.participant_token.clone(),
     });
     let driver = Driver::new(ctx.clone());
+    let orchestrator =
+        crate::orchestrator::Orchestrator::new(ctx.clone(), Arc::new(crate::sm::saga::plan::RegisteredOrder));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 
@@ -144,6 +147,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
                 "",
                 dtx_proto::v1::coordinator_server::SERVICE_NAME,
                 dtx_proto::v1::admin_server::SERVICE_NAME,
+                dtx_proto::v1::saga_service_server::SERVICE_NAME,
             ],
         },
         HealthTarget {
@@ -221,6 +225,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .add_service(
             AdminServer::new(crate::api::admin::AdminService::new(driver.clone()))
                 .max_decoding_message_size(config.api.max_message_bytes),
+        )
+        .add_service(
+            SagaServiceServer::new(crate::api::saga::SagaApi::new(ctx.clone(), orchestrator.clone()))
+                .max_decoding_message_size(config.api.max_message_bytes),
         );
     let api_server = serve(
         api_router,
@@ -245,6 +253,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         bootstrap(&raft, &config).await?;
     }
     let loops = tokio::spawn(leader_loops(driver.clone(), stop_rx.clone()));
+    let _sagas = AbortOnDrop(tokio::spawn(orchestrator.clone().run(stop_rx.clone())));
     let gauges = tokio::spawn(report_gauges(driver.clone(), monitor.clone()));
 
     // Stop on the caller's signal, or when Raft stops on a fatal error (for

@@ -194,6 +194,7 @@ const ENLIST: &[Role] = &[Role::Application, Role::Participant, Role::Node];
 const READ: &[Role] = &[Role::Application, Role::Participant, Role::Operator, Role::Node];
 const STATUS: &[Role] = &[Role::Application, Role::Operator, Role::Node];
 const ADMIN: &[Role] = &[Role::Operator, Role::Node];
+const SAGA: &[Role] = &[Role::Application, Role::Operator, Role::Node];
 const NODE: &[Role] = &[Role::Node];
 /// Any authenticated caller (not an anonymous one).
 const ANY_ROLE: &[Role] = &[Role::Application, Role::Participant, Role::Operator, Role::Node];
@@ -229,6 +230,12 @@ pub fn api_policy(path: &str) -> Access {
             "ClusterStatus" | "AddNode" | "RemoveNode" | "TriggerSnapshot" | "Resolve" | "ListTransactions"
             | "DropParticipant" | "ForgetTransaction" | "Backup",
         ) => ADMIN,
+        // Sagas (issue 14): applications register definitions, start sagas
+        // and read them; operators read them too and act on parked ones.
+        ("dtx.v1.SagaService", "RegisterDefinition" | "StartSaga" | "GetSaga" | "ListSagas" | "ListDefinitions") => {
+            SAGA
+        }
+        ("dtx.v1.SagaService", "OperateSaga") => ADMIN,
         // Server reflection (the API's own descriptors, for grpcurl and
         // the like): any authenticated caller.
         (
@@ -342,6 +349,15 @@ mod tests {
                 include_str!("../../proto/dtx/v1/coordinator.proto"),
             ),
             ("dtx.v1.Admin", include_str!("../../proto/dtx/v1/admin.proto")),
+            // Only the first service of saga.proto is served by nodes
+            // (SagaStepService is the step services').
+            (
+                "dtx.v1.SagaService",
+                include_str!("../../proto/dtx/v1/saga.proto")
+                    .split("service SagaStepService")
+                    .next()
+                    .unwrap(),
+            ),
         ];
         for (service, text) in protos {
             for line in text.lines() {

@@ -75,6 +75,11 @@
 //! cluster's decisions. The server and recovery drive either through the
 //! [`participant::Participant`] trait.
 //!
+//! A service whose work cannot prepare takes part in sagas instead
+//! ([`saga`]): it runs the steps' forward actions and compensations once
+//! per operation id for the cluster's orchestrator
+//! (`dtx.v1.SagaStepService`), with an inbox and an outbox in its store.
+//!
 //! # Example
 //!
 //! A key-value register: the payload `key=value` sets `key` when the
@@ -196,5 +201,6 @@ pub mod metrics;
 pub mod participant;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod saga;
 pub mod server;
 pub mod store;

@@ -36,6 +36,8 @@ pub const METRICS: &[Described] = &[
     m("dtx_participant_store_failures_total", C, Unit::Count, "Times the participant store stopped on a failed write or fsync, by disk_full; the service exits and is restarted."),
     m("dtx_participant_pg_prepared_open", G, Unit::Count, "PostgreSQL participant: its prepared transactions open in pg_prepared_xacts, by participant."),
     m("dtx_participant_pg_prepared_oldest_age_seconds", G, Unit::Seconds, "PostgreSQL participant: age of the oldest of them, by participant; 0 when none."),
+    m("dtx_step_calls_total", C, Unit::Count, "Saga step service calls, by call (forward, compensate, status) and outcome (ok, failed, noop, stale; applied, not_applied for status; invalid, error)."),
+    m("dtx_step_duplicates_total", C, Unit::Count, "Saga step calls whose operation id was answered before, by call (forward, compensate): answered from the inbox, the handler not run again."),
 ];
 
 /// Registers the HELP text and unit of every metric in [`METRICS`] and of

@@ -52,3 +52,9 @@ pub const INSPECT_RECORDS_MAX: usize = 1000;
 /// Largest encoded value the codec accepts from disk or network (network
 /// messages are further bounded by `raft.max_message_bytes`).
 pub const DECODE_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// Steps in one saga definition.
+pub const SAGA_STEPS_MAX: usize = 32;
+/// Sagas in one page of `ListSagas` when the request names no limit.
+pub const LIST_SAGAS_PAGE_DEFAULT: usize = 100;
+/// Sagas in one page of `ListSagas` at most.
+pub const LIST_SAGAS_PAGE_MAX: usize = 1000;

@@ -6,6 +6,7 @@
 pub mod bank_run;
 pub mod participants;
 pub mod proxy;
+pub mod sagas;
 pub mod shop;
 
 use std::path::Path;

@@ -9,6 +9,7 @@ mod admin_txn;
 pub mod backup;
 pub mod coordinator;
 pub mod error;
+pub mod saga;
 
 use std::any::Any;
 use std::future::Future;

@@ -19,6 +19,7 @@
 //! its retention, and the filtered listing of records.
 
 pub mod operator;
+pub mod saga;
 pub mod tally;
 
 use std::collections::BTreeMap;
@@ -252,6 +253,10 @@ pub enum Command {
     /// A txid with no record is answered "nothing forgotten". Issue 13.
     /// Appended last: older log entries keep their encoding.
     ForgetByOperator { txid: Txid, note: String },
+    /// A write to the saga journal (issue 14): applied by `saga::SagaBook`,
+    /// beside the transaction table, never to a transaction. Appended last:
+    /// older log entries keep their encoding.
+    Saga(saga::SagaCommand),
 }
 
 /// One participant named at BeginAndCommit.
@@ -332,6 +337,8 @@ pub enum CommandOk {
     /// (`OperatorRefusal::not_found`), where a `CommandError` has one
     /// mapping for every command.
     OperatorRefused(OperatorRefusal),
+    /// What a `Command::Saga` did.
+    Saga(saga::SagaOk),
 }
 
 /// Refusals. They are part of the replicated result, so they are data.
@@ -373,6 +380,9 @@ pub enum CommandError {
     OperatorCommitNotPrepared { txid: Txid, phase: String },
     #[error("{0}")]
     Invalid(String),
+    /// A `Command::Saga` refused; nothing changed.
+    #[error("{0}")]
+    Saga(saga::SagaError),
 }
 
 pub type CommandResult = Result<CommandOk, CommandError>;
@@ -755,6 +765,10 @@ impl TxTable {
                 now_ms,
             } => self.drop_participant(*txid, participant_id, note, *now_ms, effects),
             Command::ForgetByOperator { txid, note } => self.forget_by_operator(*txid, note, effects),
+            // The store applies saga commands to its `SagaBook`.
+            Command::Saga(_) => Err(CommandError::Invalid(
+                "a saga command is applied to the saga journal, not to the transaction table".to_string(),
+            )),
             Command::As { caller, command } => {
                 let result = self.apply_inner(entry_term, command, effects)?;
                 let created = match (&**command, &result) {
@@ -1294,6 +1308,7 @@ fn command_txid(cmd: &Command) -> Option<Txid> {
         | Command::Forget { txid }
         | Command::DropParticipant { txid, .. }
         | Command::ForgetByOperator { txid, .. } => Some(*txid),
+        Command::Saga(_) => None,
     }
 }
 

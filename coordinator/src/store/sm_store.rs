@@ -37,7 +37,14 @@ use crate::raft::SnapshotMeta;
 use crate::raft::StorageError;
 use crate::raft::StoredMembership;
 use crate::raft::TypeConfig;
+use crate::sm::saga::Definition;
+use crate::sm::saga::SagaBook;
+use crate::sm::saga::SagaBookData;
+use crate::sm::saga::SagaEffect;
+use crate::sm::saga::SagaId;
+use crate::sm::saga::SagaRecord;
 use crate::sm::Command;
+use crate::sm::CommandError;
 use crate::sm::CommandOk;
 use crate::sm::CommandResult;
 use crate::sm::Drops;
@@ -60,6 +67,12 @@ const OWNER_PREFIX: &[u8] = b"o";
 /// (`Command::DropParticipant`), beside its record; absent in data
 /// directories written before drops existed: absent = none dropped.
 const DROPS_PREFIX: &[u8] = b"d";
+/// Saga records (`s<saga id>`), definitions (`g<name>\0<version>`) and the
+/// next saga id (issue 14); absent in data directories written before
+/// sagas existed: absent = none.
+const SAGA_PREFIX: &[u8] = b"s";
+const DEFINITION_PREFIX: &[u8] = b"g";
+const NEXT_SAGA_ID_KEY: &[u8] = b"m/next_saga_id";
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
 
@@ -85,6 +98,20 @@ fn drops_key(txid: Txid) -> Vec<u8> {
     k
 }
 
+fn saga_key(id: SagaId) -> Vec<u8> {
+    let mut k = SAGA_PREFIX.to_vec();
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+fn definition_key(name: &str, version: u32) -> Vec<u8> {
+    let mut k = DEFINITION_PREFIX.to_vec();
+    k.extend_from_slice(name.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&version.to_be_bytes());
+    k
+}
+
 fn txid_after(prefix: &[u8], k: &[u8]) -> Option<Txid> {
     let b: [u8; 8] = k.strip_prefix(prefix)?.try_into().ok()?;
     Some(Txid::from_be_bytes(b))
@@ -94,6 +121,8 @@ fn txid_after(prefix: &[u8], k: &[u8]) -> Option<Txid> {
 #[derive(Debug, Default)]
 pub struct SmState {
     pub table: TxTable,
+    /// Saga definitions and journals (issue 14).
+    pub sagas: SagaBook,
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
 }
@@ -111,6 +140,20 @@ struct SnapshotData {
     /// Added after `retired_node_ids`, in the same way.
     owners: BTreeMap<Txid, String>,
     /// Added after `owners`, in the same way.
+    drops: BTreeMap<Txid, Drops>,
+    /// Added after `drops`, in the same way (issue 14).
+    sagas: SagaBookData,
+}
+
+/// The layout of snapshots built before sagas were recorded.
+#[derive(Serialize, Deserialize)]
+struct SnapshotDataWithoutSagas {
+    next_txid: Txid,
+    records: Vec<TxRecord>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    retired_node_ids: BTreeSet<u64>,
+    owners: BTreeMap<Txid, String>,
     drops: BTreeMap<Txid, Drops>,
 }
 
@@ -154,6 +197,18 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
         Ok(d) => return Ok(d),
         Err(e) => e,
     };
+    if let Ok(old) = codec::decode::<SnapshotDataWithoutSagas>(bytes) {
+        return Ok(SnapshotData {
+            next_txid: old.next_txid,
+            records: old.records,
+            last_applied: old.last_applied,
+            membership: old.membership,
+            retired_node_ids: old.retired_node_ids,
+            owners: old.owners,
+            drops: old.drops,
+            sagas: SagaBookData::default(),
+        });
+    }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutDrops>(bytes) {
         return Ok(SnapshotData {
             next_txid: old.next_txid,
@@ -163,6 +218,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             retired_node_ids: old.retired_node_ids,
             owners: old.owners,
             drops: BTreeMap::new(),
+            sagas: SagaBookData::default(),
         });
     }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutOwners>(bytes) {
@@ -174,6 +230,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             retired_node_ids: old.retired_node_ids,
             owners: BTreeMap::new(),
             drops: BTreeMap::new(),
+            sagas: SagaBookData::default(),
         });
     }
     match codec::decode::<SnapshotDataWithoutRetiredIds>(bytes) {
@@ -185,6 +242,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             retired_node_ids: BTreeSet::new(),
             owners: BTreeMap::new(),
             drops: BTreeMap::new(),
+            sagas: SagaBookData::default(),
         }),
         Err(_) => Err(current),
     }
@@ -264,11 +322,24 @@ impl StateMachineStore {
                 drops.push((t, codec::decode::<Drops>(&v)?));
             }
         }
+        let mut sagas = Vec::new();
+        for (_, v) in engine.scan_prefix(Space::StateMachine, SAGA_PREFIX)? {
+            sagas.push(codec::decode::<SagaRecord>(&v)?);
+        }
+        let mut definitions = Vec::new();
+        for (_, v) in engine.scan_prefix(Space::StateMachine, DEFINITION_PREFIX)? {
+            definitions.push(codec::decode::<Definition>(&v)?);
+        }
+        let next_saga_id: SagaId = match get(NEXT_SAGA_ID_KEY)? {
+            Some(b) => codec::decode(&b)?,
+            None => 1,
+        };
         let state = SmState {
             table: TxTable::from_parts(next_txid, records)
                 .with_retired_node_ids(retired)
                 .with_owners(owners)
                 .with_drops(drops),
+            sagas: SagaBook::from_parts(next_saga_id, definitions, sagas),
             last_applied,
             membership,
         };
@@ -294,6 +365,7 @@ impl StateMachineStore {
             retired_node_ids: st.table.retired_node_ids().clone(),
             owners: st.table.owners().clone(),
             drops: st.table.drops().clone(),
+            sagas: st.sagas.data(),
         };
         let bytes = codec::encode(&data).map_err(snap_err)?;
         let snapshot_id = match st.last_applied {
@@ -344,6 +416,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut st = self.state.write().expect("state machine lock poisoned");
         let mut responses = Vec::new();
         let mut effects = Vec::new();
+        let mut saga_effects = Vec::new();
         let mut membership_changed = false;
         for entry in entries {
             st.last_applied = Some(entry.log_id);
@@ -355,7 +428,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     // its txid was handed out in (ADR 0012).
                     let term = entry.log_id.leader_id.term;
                     for cmd in &batch.commands {
-                        let result = st.table.apply_in_term(term, cmd, &mut effects);
+                        let result = match cmd {
+                            Command::Saga(c) => st
+                                .sagas
+                                .apply(c, &mut saga_effects)
+                                .map(CommandOk::Saga)
+                                .map_err(CommandError::Saga),
+                            _ => st.table.apply_in_term(term, cmd, &mut effects),
+                        };
                         log_operator_change(cmd, &result);
                         out.results.push(result);
                     }
@@ -390,6 +470,26 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 },
                 _ => {}
             }
+        }
+        for e in &saga_effects {
+            match e {
+                SagaEffect::Put(id) => {
+                    if let Some(r) = st.sagas.get(*id) {
+                        b.put(saga_key(*id), codec::encode(r).map_err(write_err)?);
+                    }
+                }
+                SagaEffect::Definition(name, version) => {
+                    if let Some(d) = st.sagas.definition(name, *version) {
+                        b.put(definition_key(name, *version), codec::encode(d).map_err(write_err)?);
+                    }
+                }
+            }
+        }
+        if !saga_effects.is_empty() {
+            b.put(
+                NEXT_SAGA_ID_KEY.to_vec(),
+                codec::encode(&st.sagas.next_saga_id()).map_err(write_err)?,
+            );
         }
         b.put(
             NEXT_TXID_KEY.to_vec(),
@@ -451,6 +551,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         for (t, d) in &data.drops {
             b.put(drops_key(*t), codec::encode(d).map_err(write_err)?);
         }
+        for r in &data.sagas.sagas {
+            b.put(saga_key(r.id), codec::encode(r).map_err(write_err)?);
+        }
+        for d in &data.sagas.definitions {
+            b.put(definition_key(&d.name, d.version), codec::encode(d).map_err(write_err)?);
+        }
+        b.put(
+            NEXT_SAGA_ID_KEY.to_vec(),
+            codec::encode(&data.sagas.next_saga_id).map_err(write_err)?,
+        );
         b.put(
             NEXT_TXID_KEY.to_vec(),
             codec::encode(&data.next_txid).map_err(write_err)?,
@@ -473,6 +583,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .with_retired_node_ids(data.retired_node_ids)
             .with_owners(data.owners)
             .with_drops(data.drops);
+        st.sagas = SagaBook::from_data(data.sagas);
         st.last_applied = meta.last_log_id;
         st.membership = meta.last_membership.clone();
         drop(st);
@@ -982,5 +1093,229 @@ mod tests {
         assert_eq!(follower.state().table.len(), 1);
         assert!(follower.state().table.is_retired_node_id(7));
         assert_eq!(follower.state().table.owner(1), None);
+    }
+
+    /// Sagas (issue 14): the journal is persisted with the apply that
+    /// writes it and is there after re-opening the store from its engine; a
+    /// snapshot carries definitions, journals and the next saga id (build,
+    /// install, re-open); a snapshot of the layout before sagas still
+    /// installs, with none (replacing the sagas the node had, on disk too),
+    /// and the current layout is never taken for it.
+    #[tokio::test]
+    async fn sagas_survive_restarts_and_snapshots_and_the_layout_without_sagas_still_installs() {
+        use crate::sm::saga::CallOutcome;
+        use crate::sm::saga::JournalEvent;
+        use crate::sm::saga::Reply;
+        use crate::sm::saga::RetryPolicy;
+        use crate::sm::saga::SagaCommand;
+        use crate::sm::saga::SagaError;
+        use crate::sm::saga::SagaOk;
+        use crate::sm::saga::SagaState;
+        use crate::sm::saga::StepDef;
+        use crate::sm::saga::StepKind;
+
+        let step = |name: &str, kind: StepKind| StepDef {
+            name: name.into(),
+            kind,
+            service: "127.0.0.1:7000".into(),
+            action: format!("do_{name}"),
+            compensation: (kind == StepKind::Compensable).then(|| format!("undo_{name}")),
+            status_query: format!("status_{name}"),
+            versioned: true,
+            retry: RetryPolicy::default(),
+            on_failure: vec![],
+        };
+        let def = Definition {
+            name: "shop".into(),
+            version: 1,
+            steps: vec![
+                step("reserve", StepKind::Compensable),
+                step("charge", StepKind::Pivot),
+                step("ship", StepKind::Retriable),
+            ],
+        };
+        let start = |key: &str| {
+            Command::Saga(SagaCommand::Start {
+                idempotency_key: key.into(),
+                fingerprint: [3; 32],
+                definition: "shop".into(),
+                version: 1,
+                input: b"order".to_vec(),
+                authorization: Default::default(),
+                owner: Some("shop-app".into()),
+                now_ms: 5,
+            })
+        };
+        let journal = |saga_id: SagaId, seq: u64, event: JournalEvent| {
+            Command::Saga(SagaCommand::Journal {
+                saga_id,
+                seq,
+                now_ms: 10 + seq,
+                event,
+            })
+        };
+        let started = |saga_id: SagaId, created: bool| Ok(CommandOk::Saga(SagaOk::Started { saga_id, created }));
+
+        let (_d1, e1, mut leader) = fresh();
+        let out = leader
+            .apply(vec![entry(
+                1,
+                vec![
+                    Command::Saga(SagaCommand::Register {
+                        definition: def.clone(),
+                    }),
+                    start("a"),
+                    start("b"),
+                    Command::Begin {
+                        idempotency_key: "tx".into(),
+                        fingerprint: [1; 32],
+                        now_ms: 1,
+                        timeout_ms: 1_000,
+                    },
+                ],
+            )])
+            .await
+            .unwrap();
+        assert_eq!(
+            out[0].results[..3],
+            [
+                Ok(CommandOk::Saga(SagaOk::Registered { created: true })),
+                started(1, true),
+                started(2, true)
+            ]
+        );
+        let mut ok = Reply::of(CallOutcome::Ok, "reserved");
+        ok.resource_version = "v1".into();
+        let out = leader
+            .apply(vec![entry(
+                2,
+                vec![
+                    journal(1, 0, JournalEvent::ForwardIntent { step: 0 }),
+                    journal(1, 1, JournalEvent::ForwardOutcome { step: 0, reply: ok }),
+                    journal(2, 0, JournalEvent::ForwardIntent { step: 0 }),
+                    // Planned on a journal that has moved on: refused.
+                    journal(2, 0, JournalEvent::ForwardIntent { step: 0 }),
+                ],
+            )])
+            .await
+            .unwrap();
+        assert_eq!(
+            out[0].results[1],
+            Ok(CommandOk::Saga(SagaOk::Journaled {
+                seq: 2,
+                state: SagaState::Running
+            }))
+        );
+        assert!(matches!(
+            out[0].results[3],
+            Err(CommandError::Saga(SagaError::StaleJournal {
+                saga_id: 2,
+                planned: 0,
+                actual: 1
+            }))
+        ));
+        let check = |sm: &StateMachineStore, what: &str| {
+            let st = sm.state();
+            let s = &st.sagas;
+            assert_eq!(s.definition("shop", 1), Some(&def), "{what}");
+            let a = s.get(1).expect(what);
+            assert_eq!((a.seq, a.current, a.state), (2, 1, SagaState::Running), "{what}");
+            assert_eq!(a.steps[0].precondition, "v1", "{what}");
+            let f = a.steps[0].forward.as_ref().expect(what);
+            assert_eq!(
+                (f.operation_id.as_str(), f.outcome()),
+                ("1.0.f1", CallOutcome::Ok),
+                "{what}"
+            );
+            assert_eq!(a.owner.as_deref(), Some("shop-app"), "{what}");
+            let b = s.get(2).expect(what);
+            assert_eq!(b.seq, 1, "{what}: the refused write changed nothing");
+            assert_eq!(
+                b.steps[0].forward.as_ref().map(|c| (c.attempts, c.outcome())),
+                Some((1, CallOutcome::Intended)),
+                "{what}"
+            );
+            assert_eq!(st.table.len(), 1, "{what}: the transaction table is beside it");
+        };
+        check(&leader, "applied");
+        let applied = leader.state().sagas.clone();
+        drop(leader);
+        let mut leader = StateMachineStore::open(e1.clone()).unwrap();
+        check(&leader, "reopened");
+        assert_eq!(leader.state().sagas, applied);
+        // The next saga id and the idempotency keys survived too.
+        let out = leader
+            .apply(vec![entry(3, vec![start("c"), start("a")])])
+            .await
+            .unwrap();
+        assert_eq!(out[0].results, vec![started(3, true), started(1, false)]);
+
+        // A snapshot with sagas: built, installed, re-opened.
+        let snap = leader.build_snapshot().await.unwrap();
+        let snapped = leader.state().sagas.clone();
+        assert_eq!(snapped.sagas().count(), 3);
+        let (_d2, e2, mut follower) = fresh();
+        follower.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+        check(&follower, "installed");
+        assert_eq!(follower.state().sagas, snapped);
+        drop(follower);
+        let mut follower = StateMachineStore::open(e2.clone()).unwrap();
+        check(&follower, "installed and reopened");
+        assert_eq!(follower.state().sagas, snapped);
+        // The follower goes on from the same journal.
+        let out = follower
+            .apply(vec![entry(
+                4,
+                vec![journal(1, 2, JournalEvent::ForwardIntent { step: 1 })],
+            )])
+            .await
+            .unwrap();
+        assert_eq!(
+            out[0].results,
+            vec![Ok(CommandOk::Saga(SagaOk::Journaled {
+                seq: 3,
+                state: SagaState::Running
+            }))]
+        );
+
+        // The layout before sagas.
+        let (meta, new_bytes) = leader.build_snapshot_bytes().unwrap();
+        let old_bytes = {
+            let st = leader.state();
+            codec::encode(&SnapshotDataWithoutSagas {
+                next_txid: st.table.next_txid(),
+                records: st.table.records().cloned().collect(),
+                last_applied: st.last_applied,
+                membership: st.membership.clone(),
+                retired_node_ids: BTreeSet::from([7]),
+                owners: st.table.owners().clone(),
+                drops: st.table.drops().clone(),
+            })
+            .unwrap()
+        };
+        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
+        assert!(codec::decode::<SnapshotDataWithoutSagas>(&new_bytes).is_err());
+        // Installed on the follower, which has sagas: it has none after.
+        follower
+            .install_snapshot(&meta, Box::new(Cursor::new(old_bytes)))
+            .await
+            .unwrap();
+        let no_sagas = |sm: &StateMachineStore, what: &str| {
+            let st = sm.state();
+            assert_eq!(st.table.len(), 1, "{what}");
+            assert!(st.table.is_retired_node_id(7), "{what}");
+            assert_eq!(st.sagas.sagas().count(), 0, "{what}");
+            assert_eq!(st.sagas.definitions().count(), 0, "{what}");
+            assert_eq!(st.sagas.next_saga_id(), 1, "{what}");
+        };
+        no_sagas(&follower, "old layout installed");
+        drop(follower);
+        let reopened = StateMachineStore::open(e2.clone()).unwrap();
+        no_sagas(&reopened, "old layout installed and reopened");
+        assert!(e2.get(Space::StateMachine, &saga_key(1)).unwrap().is_none());
+        assert!(e2
+            .get(Space::StateMachine, &definition_key("shop", 1))
+            .unwrap()
+            .is_none());
     }
 }

@@ -1,0 +1,527 @@
+//! The `SagaService` (issue 14): register definitions, start sagas, read
+//! their journals, and the operator's manual path for a parked saga. Every
+//! call is served by the leader (a follower forwards it once); reads are
+//! linearizable. The journal's rules are the state machine's
+//! (`sm::saga`); the leader's orchestrator drives the sagas.
+
+use std::sync::Arc;
+
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::saga_service_client::SagaServiceClient;
+use dtx_proto::v1::saga_service_server::SagaService;
+use sha2::Digest;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+
+use super::check_id;
+use super::check_len;
+use super::error::ApiError;
+use super::serve_or_forward;
+use crate::ctx::now_ms;
+use crate::ctx::NodeCtx;
+use crate::limits;
+use crate::orchestrator::Orchestrator;
+use crate::sm::saga;
+use crate::sm::saga::CallOutcome;
+use crate::sm::saga::SagaCommand;
+use crate::sm::saga::SagaOk;
+use crate::sm::saga::SagaRecord;
+use crate::sm::saga::SagaState;
+use crate::sm::Command;
+use crate::sm::CommandOk;
+
+pub struct SagaApi {
+    ctx: Arc<NodeCtx>,
+    /// Woken when a saga starts or an operator resumes one, so it need not
+    /// wait for its next scan.
+    orchestrator: Arc<Orchestrator>,
+}
+
+impl SagaApi {
+    pub fn new(ctx: Arc<NodeCtx>, orchestrator: Arc<Orchestrator>) -> Self {
+        SagaApi { ctx, orchestrator }
+    }
+}
+
+fn unexpected(ok: CommandOk) -> ApiError {
+    ApiError::Internal(format!("unexpected state-machine result {ok:?}"))
+}
+
+async fn propose(ctx: &NodeCtx, c: SagaCommand) -> Result<SagaOk, ApiError> {
+    match ctx.propose(Command::Saga(c)).await? {
+        CommandOk::Saga(ok) => Ok(ok),
+        other => Err(unexpected(other)),
+    }
+}
+
+// ----- proto <-> state machine ---------------------------------------
+
+fn kind_of(k: i32) -> Result<saga::StepKind, String> {
+    match pb::StepKind::try_from(k) {
+        Ok(pb::StepKind::Compensable) => Ok(saga::StepKind::Compensable),
+        Ok(pb::StepKind::Pivot) => Ok(saga::StepKind::Pivot),
+        Ok(pb::StepKind::Retriable) => Ok(saga::StepKind::Retriable),
+        _ => Err(format!("kind {k} is not COMPENSABLE, PIVOT or RETRIABLE")),
+    }
+}
+
+fn kind_pb(k: saga::StepKind) -> pb::StepKind {
+    match k {
+        saga::StepKind::Compensable => pb::StepKind::Compensable,
+        saga::StepKind::Pivot => pb::StepKind::Pivot,
+        saga::StepKind::Retriable => pb::StepKind::Retriable,
+    }
+}
+
+fn recovery_of(o: i32) -> Result<saga::Recovery, String> {
+    match pb::RecoveryOption::try_from(o) {
+        Ok(pb::RecoveryOption::Retry) => Ok(saga::Recovery::Retry),
+        Ok(pb::RecoveryOption::Compensate) => Ok(saga::Recovery::Compensate),
+        Ok(pb::RecoveryOption::Park) => Ok(saga::Recovery::Park),
+        _ => Err(format!("recovery option {o} is not RETRY, COMPENSATE or PARK")),
+    }
+}
+
+fn recovery_pb(o: saga::Recovery) -> pb::RecoveryOption {
+    match o {
+        saga::Recovery::Retry => pb::RecoveryOption::Retry,
+        saga::Recovery::Compensate => pb::RecoveryOption::Compensate,
+        saga::Recovery::Park => pb::RecoveryOption::Park,
+    }
+}
+
+/// The state machine's definition from the request's; the rules are
+/// checked when it is applied (`Definition::validate`), and before
+/// proposing, so a refused one writes nothing.
+pub fn definition_of(d: &pb::SagaDefinition) -> Result<saga::Definition, ApiError> {
+    let mut steps = Vec::with_capacity(d.steps.len());
+    for (i, s) in d.steps.iter().enumerate() {
+        let at =
+            |e: String| ApiError::InvalidArgument(format!("saga definition refused: step {i} ({:?}): {e}", s.name));
+        let retry = match &s.retry {
+            Some(r) => saga::RetryPolicy {
+                max_attempts: r.max_attempts,
+                backoff_initial_ms: r.backoff_initial_ms,
+                backoff_max_ms: r.backoff_max_ms,
+            },
+            None => saga::RetryPolicy::default(),
+        };
+        let mut on_failure = Vec::new();
+        for o in &s.on_failure {
+            on_failure.push(recovery_of(*o).map_err(at)?);
+        }
+        steps.push(saga::StepDef {
+            name: s.name.clone(),
+            kind: kind_of(s.kind).map_err(at)?,
+            service: s.service.clone(),
+            action: s.action.clone(),
+            compensation: Some(s.compensation.clone()).filter(|c| !c.is_empty()),
+            status_query: s.status_query.clone(),
+            versioned: s.versioned,
+            retry,
+            on_failure,
+        });
+    }
+    let def = saga::Definition {
+        name: d.name.clone(),
+        version: d.version,
+        steps,
+    };
+    def.validate()
+        .map_err(|e| ApiError::InvalidArgument(format!("saga definition refused: {e}")))?;
+    Ok(def)
+}
+
+pub fn definition_pb(d: &saga::Definition) -> pb::SagaDefinition {
+    pb::SagaDefinition {
+        name: d.name.clone(),
+        version: d.version,
+        steps: d
+            .steps
+            .iter()
+            .map(|s| pb::SagaStepDefinition {
+                name: s.name.clone(),
+                kind: kind_pb(s.kind) as i32,
+                service: s.service.clone(),
+                action: s.action.clone(),
+                compensation: s.compensation.clone().unwrap_or_default(),
+                status_query: s.status_query.clone(),
+                versioned: s.versioned,
+                retry: Some(pb::RetryPolicy {
+                    max_attempts: s.retry.max_attempts,
+                    backoff_initial_ms: s.retry.backoff_initial_ms,
+                    backoff_max_ms: s.retry.backoff_max_ms,
+                }),
+                on_failure: s.on_failure.iter().map(|o| recovery_pb(*o) as i32).collect(),
+            })
+            .collect(),
+    }
+}
+
+pub fn state_pb(s: SagaState) -> pb::SagaState {
+    match s {
+        SagaState::Running => pb::SagaState::Running,
+        SagaState::Compensating => pb::SagaState::Compensating,
+        SagaState::Completed => pb::SagaState::Completed,
+        SagaState::Compensated => pb::SagaState::Compensated,
+        SagaState::Parked => pb::SagaState::Parked,
+    }
+}
+
+fn state_of(s: i32) -> Result<SagaState, ApiError> {
+    match pb::SagaState::try_from(s) {
+        Ok(pb::SagaState::Running) => Ok(SagaState::Running),
+        Ok(pb::SagaState::Compensating) => Ok(SagaState::Compensating),
+        Ok(pb::SagaState::Completed) => Ok(SagaState::Completed),
+        Ok(pb::SagaState::Compensated) => Ok(SagaState::Compensated),
+        Ok(pb::SagaState::Parked) => Ok(SagaState::Parked),
+        _ => Err(ApiError::InvalidArgument(format!(
+            "state {s} is not RUNNING, COMPENSATING, COMPLETED, COMPENSATED or PARKED"
+        ))),
+    }
+}
+
+pub fn outcome_pb(o: CallOutcome) -> pb::StepOutcome {
+    match o {
+        // Journaled before the call, no answer seen: not known.
+        CallOutcome::Intended | CallOutcome::Unknown => pb::StepOutcome::Unknown,
+        CallOutcome::Ok => pb::StepOutcome::Ok,
+        CallOutcome::Failed => pb::StepOutcome::Failed,
+        CallOutcome::Noop => pb::StepOutcome::Noop,
+        CallOutcome::Stale => pb::StepOutcome::Stale,
+        CallOutcome::Skipped => pb::StepOutcome::Skipped,
+    }
+}
+
+fn call_pb(c: &saga::Call) -> pb::StepCallView {
+    pb::StepCallView {
+        operation_id: c.operation_id.clone(),
+        intent_at_ms: c.intent_at_ms,
+        attempts: c.attempts,
+        outcome: outcome_pb(c.outcome()) as i32,
+        reason: c.reason.clone(),
+        downstream_operation_id: c.downstream_operation_id.clone(),
+        resource_version: c.resource_version.clone(),
+        outcome_at_ms: c.outcome_at_ms,
+        unknown_ms: c.unknown_ms,
+        reconciliations: c.reconciliations,
+        unknown_since_ms: c.unknown_since_ms,
+    }
+}
+
+fn auth_pb(a: &saga::Authorization) -> pb::SagaAuthorization {
+    pb::SagaAuthorization {
+        principal: a.principal.clone(),
+        tenant: a.tenant.clone(),
+        expires_at_ms: a.expires_at_ms,
+        policy: a.policy.clone(),
+    }
+}
+
+pub fn view_pb(r: &SagaRecord, def: Option<&saga::Definition>) -> pb::SagaView {
+    pb::SagaView {
+        saga_id: r.id,
+        definition: r.definition.clone(),
+        version: r.version,
+        state: state_pb(r.state) as i32,
+        current_step: r.current,
+        parked_reason: r.parked_reason.clone(),
+        parked_from: r.parked_from.map(|s| state_pb(s) as i32).unwrap_or_default(),
+        authorization: Some(auth_pb(&r.authorization)),
+        owner: r.owner.clone().unwrap_or_default(),
+        started_at_ms: r.started_at_ms,
+        ended_at_ms: r.ended_at_ms,
+        steps: r
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, j)| {
+                let sd = def.and_then(|d| d.steps.get(i));
+                pb::StepJournalView {
+                    step: i as u32,
+                    name: sd.map(|s| s.name.clone()).unwrap_or_default(),
+                    kind: sd.map(|s| kind_pb(s.kind) as i32).unwrap_or_default(),
+                    fingerprint: j.fingerprint.clone(),
+                    forward: j.forward.as_ref().map(call_pb),
+                    compensation: j.compensation.as_ref().map(call_pb),
+                    residual: j.residual.clone(),
+                    compensation_ref: j.compensation_ref.clone(),
+                    precondition: j.precondition.clone(),
+                }
+            })
+            .collect(),
+        operator_actions: r
+            .operator_actions
+            .iter()
+            .map(|o| pb::SagaOperatorActionView {
+                action: o.action.name().to_string(),
+                who: o.who.clone(),
+                why: o.why.clone(),
+                at_ms: o.at_ms,
+                step: o.step,
+            })
+            .collect(),
+        input: r.input.clone(),
+        idempotency_key: r.idempotency_key.clone(),
+        past_pivot: r.past_pivot,
+        journal_seq: r.seq,
+    }
+}
+
+/// The fingerprint of a StartSaga request: everything but the key.
+fn start_fingerprint(r: &pb::StartSagaRequest) -> [u8; 32] {
+    let mut h = sha2::Sha256::new();
+    h.update(r.definition.as_bytes());
+    h.update([0]);
+    h.update(r.version.to_be_bytes());
+    h.update((r.input.len() as u64).to_be_bytes());
+    h.update(&r.input);
+    if let Some(a) = &r.authorization {
+        for f in [&a.principal, &a.tenant, &a.policy] {
+            h.update((f.len() as u64).to_be_bytes());
+            h.update(f.as_bytes());
+        }
+        h.update(a.expires_at_ms.to_be_bytes());
+    }
+    h.finalize().into()
+}
+
+// ----- the handlers (leader side) -----------------------------------
+
+async fn register(
+    ctx: &NodeCtx,
+    r: pb::RegisterSagaDefinitionRequest,
+) -> Result<pb::RegisterSagaDefinitionResponse, ApiError> {
+    let Some(d) = r.definition.as_ref() else {
+        return Err(ApiError::InvalidArgument("definition is missing".into()));
+    };
+    let definition = definition_of(d)?;
+    match propose(ctx, SagaCommand::Register { definition }).await? {
+        SagaOk::Registered { created } => Ok(pb::RegisterSagaDefinitionResponse { created }),
+        other => Err(ApiError::Internal(format!("unexpected saga result {other:?}"))),
+    }
+}
+
+async fn start(
+    ctx: &NodeCtx,
+    r: pb::StartSagaRequest,
+    owner: Option<String>,
+) -> Result<pb::StartSagaResponse, ApiError> {
+    check_id("definition", &r.definition)?;
+    check_id("idempotency_key", &r.idempotency_key)?;
+    check_len("input", r.input.len(), limits::PAYLOAD_BYTES_MAX)?;
+    let a = r.authorization.clone().unwrap_or_default();
+    for (f, v) in [
+        ("principal", &a.principal),
+        ("tenant", &a.tenant),
+        ("policy", &a.policy),
+    ] {
+        check_len(f, v.len(), limits::ID_BYTES_MAX)?;
+    }
+    let cmd = SagaCommand::Start {
+        idempotency_key: r.idempotency_key.clone(),
+        fingerprint: start_fingerprint(&r),
+        definition: r.definition.clone(),
+        version: r.version,
+        input: r.input.clone(),
+        authorization: saga::Authorization {
+            principal: a.principal,
+            tenant: a.tenant,
+            expires_at_ms: a.expires_at_ms,
+            policy: a.policy,
+        },
+        owner,
+        now_ms: now_ms(),
+    };
+    match propose(ctx, cmd).await? {
+        SagaOk::Started { saga_id, created } => Ok(pb::StartSagaResponse { saga_id, created }),
+        other => Err(ApiError::Internal(format!("unexpected saga result {other:?}"))),
+    }
+}
+
+async fn get(ctx: &NodeCtx, r: pb::GetSagaRequest) -> Result<pb::SagaView, ApiError> {
+    let id = r.saga_id;
+    ctx.read_linearizable(move |st| {
+        st.sagas
+            .get(id)
+            .map(|s| view_pb(s, st.sagas.definition(&s.definition, s.version)))
+    })
+    .await?
+    .ok_or_else(|| ApiError::NotFound(format!("saga {id} does not exist")))
+}
+
+async fn list(ctx: &NodeCtx, r: pb::ListSagasRequest) -> Result<pb::ListSagasResponse, ApiError> {
+    let limit = match r.limit as usize {
+        0 => limits::LIST_SAGAS_PAGE_DEFAULT,
+        n if n > limits::LIST_SAGAS_PAGE_MAX => {
+            return Err(ApiError::InvalidArgument(format!(
+                "limit is {n}; the limit is {} sagas per page",
+                limits::LIST_SAGAS_PAGE_MAX
+            )))
+        }
+        n => n,
+    };
+    let mut states = Vec::new();
+    for s in &r.states {
+        states.push(state_of(*s)?);
+    }
+    ctx.read_linearizable(move |st| {
+        let mut out = Vec::new();
+        let mut last = 0;
+        let mut more = false;
+        for s in st.sagas.sagas_after(r.after_saga_id) {
+            if (!states.is_empty() && !states.contains(&s.state))
+                || (!r.definition.is_empty() && s.definition != r.definition)
+            {
+                continue;
+            }
+            if out.len() == limit {
+                more = true;
+                break;
+            }
+            last = s.id;
+            out.push(view_pb(s, st.sagas.definition(&s.definition, s.version)));
+        }
+        pb::ListSagasResponse {
+            sagas: out,
+            next_after_saga_id: if more { last } else { 0 },
+        }
+    })
+    .await
+}
+
+async fn operate(ctx: &NodeCtx, r: pb::OperateSagaRequest, who: String) -> Result<pb::SagaView, ApiError> {
+    let action = match pb::SagaOperatorAction::try_from(r.action) {
+        Ok(pb::SagaOperatorAction::Retry) => saga::OperatorAction::Retry,
+        Ok(pb::SagaOperatorAction::Skip) => saga::OperatorAction::Skip,
+        Ok(pb::SagaOperatorAction::Compensate) => saga::OperatorAction::Compensate,
+        Ok(pb::SagaOperatorAction::MarkComplete) => saga::OperatorAction::MarkComplete,
+        _ => {
+            return Err(ApiError::InvalidArgument(format!(
+                "action {} is not RETRY, SKIP, COMPENSATE or MARK_COMPLETE",
+                r.action
+            )))
+        }
+    };
+    if r.why.is_empty() {
+        return Err(ApiError::InvalidArgument(
+            "why must not be empty: say why (it is recorded)".into(),
+        ));
+    }
+    check_len("why", r.why.len(), limits::REASON_BYTES_MAX)?;
+    check_id("operator", &who)?;
+    let cmd = SagaCommand::Operate {
+        saga_id: r.saga_id,
+        action,
+        who,
+        why: r.why.clone(),
+        now_ms: now_ms(),
+    };
+    propose(ctx, cmd).await?;
+    let st = ctx.sm.state();
+    let s = st
+        .sagas
+        .get(r.saga_id)
+        .ok_or_else(|| ApiError::Internal(format!("saga {} vanished after an operator's action", r.saga_id)))?;
+    Ok(view_pb(s, st.sagas.definition(&s.definition, s.version)))
+}
+
+#[tonic::async_trait]
+impl SagaService for SagaApi {
+    async fn register_definition(
+        &self,
+        req: Request<pb::RegisterSagaDefinitionRequest>,
+    ) -> Result<Response<pb::RegisterSagaDefinitionResponse>, Status> {
+        let ctx = &self.ctx;
+        serve_or_forward(
+            ctx,
+            req,
+            |r| async move { register(ctx, r).await },
+            |ch, r| async move { SagaServiceClient::new(ch).register_definition(r).await },
+        )
+        .await
+    }
+
+    async fn start_saga(&self, req: Request<pb::StartSagaRequest>) -> Result<Response<pb::StartSagaResponse>, Status> {
+        let ctx = &self.ctx;
+        let owner = crate::security::caller(&req).map(|id| id.name);
+        let out = serve_or_forward(
+            ctx,
+            req,
+            |r| async move { start(ctx, r, owner).await },
+            |ch, r| async move { SagaServiceClient::new(ch).start_saga(r).await },
+        )
+        .await;
+        if out.is_ok() {
+            self.orchestrator.kick();
+        }
+        out
+    }
+
+    async fn get_saga(&self, req: Request<pb::GetSagaRequest>) -> Result<Response<pb::SagaView>, Status> {
+        let ctx = &self.ctx;
+        serve_or_forward(
+            ctx,
+            req,
+            |r| async move { get(ctx, r).await },
+            |ch, r| async move { SagaServiceClient::new(ch).get_saga(r).await },
+        )
+        .await
+    }
+
+    async fn list_sagas(&self, req: Request<pb::ListSagasRequest>) -> Result<Response<pb::ListSagasResponse>, Status> {
+        let ctx = &self.ctx;
+        serve_or_forward(
+            ctx,
+            req,
+            |r| async move { list(ctx, r).await },
+            |ch, r| async move { SagaServiceClient::new(ch).list_sagas(r).await },
+        )
+        .await
+    }
+
+    async fn operate_saga(&self, req: Request<pb::OperateSagaRequest>) -> Result<Response<pb::SagaView>, Status> {
+        let ctx = &self.ctx;
+        // With authentication on, the recorded operator is the
+        // authenticated caller; without it, the name the request gives
+        // ("operator" when it gives none).
+        let who = match crate::security::caller(&req) {
+            Some(id) => id.name,
+            None if req.get_ref().operator.is_empty() => "operator".to_string(),
+            None => req.get_ref().operator.clone(),
+        };
+        let out = serve_or_forward(
+            ctx,
+            req,
+            |r| async move { operate(ctx, r, who).await },
+            |ch, r| async move { SagaServiceClient::new(ch).operate_saga(r).await },
+        )
+        .await;
+        if out.is_ok() {
+            self.orchestrator.kick();
+        }
+        out
+    }
+
+    async fn list_definitions(
+        &self,
+        req: Request<pb::ListSagaDefinitionsRequest>,
+    ) -> Result<Response<pb::ListSagaDefinitionsResponse>, Status> {
+        let ctx = &self.ctx;
+        serve_or_forward(
+            ctx,
+            req,
+            |_| async move {
+                ctx.read_linearizable(|st| {
+                    let mut definitions: Vec<pb::SagaDefinition> = st.sagas.definitions().map(definition_pb).collect();
+                    definitions.sort_by(|a, b| a.name.cmp(&b.name).then(b.version.cmp(&a.version)));
+                    pb::ListSagaDefinitionsResponse { definitions }
+                })
+                .await
+            },
+            |ch, r| async move { SagaServiceClient::new(ch).list_definitions(r).await },
+        )
+        .await
+    }
+}

@@ -1,0 +1,651 @@
+//! The leader's saga orchestrator (issue 14, ADR 0019): drives every
+//! RUNNING or COMPENSATING saga, one task per saga, by the pure plan
+//! (`sm::saga::plan::next`) and the journal (`sm::saga`). It does the I/O
+//! (calls to step services, journal writes through Raft); every rule is
+//! the journal's.
+//!
+//! The order of one step, each line done before the next starts:
+//! 1. journal the intent (operation id, and the compensation it would
+//!    need);
+//! 2. call the step service with the operation id;
+//! 3. journal the outcome (OK, FAILED, or UNKNOWN for a timeout, a lost
+//!    reply or an error status);
+//! 4. an UNKNOWN (or an intent found on resume: this leader did not make
+//!    it, so a call may have gone out) is settled by the step's status
+//!    query before anything else: applied gives the call's own answer;
+//!    not applied gives a new attempt under the same operation id.
+//!
+//! A compensation first asks whether the forward action happened (the
+//! status query of the forward operation id): if it did not, the
+//! compensation is journaled NOOP and never called.
+//!
+//! A write is planned on the journal it read (`seq`); a deposed leader's
+//! or a stale plan's write is refused by the state machine, and the task
+//! reads again. The task of a saga ends when this node stops leading the
+//! term it started in; the next leader starts its own from the journal.
+//!
+//! Crash points (the `failpoints` feature): `saga_before_forward_call`
+//! (intent journaled, nothing called), `saga_after_reply_before_journal`
+//! (the step service answered, nothing journaled), `saga_after_pivot` (the
+//! pivot's OK journaled), `saga_mid_compensation` (the compensation's
+//! intent journaled and the forward action confirmed, the compensation not
+//! called).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+use std::time::Instant;
+
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
+use tokio::sync::Notify;
+use tokio::sync::Semaphore;
+use tracing::info;
+use tracing::warn;
+
+use crate::ctx::now_ms;
+use crate::ctx::ApiError;
+use crate::ctx::NodeCtx;
+use crate::sm::saga::plan;
+use crate::sm::saga::plan::Move;
+use crate::sm::saga::plan::RecoveryPolicy;
+use crate::sm::saga::CallOutcome;
+use crate::sm::saga::Definition;
+use crate::sm::saga::JournalEvent;
+use crate::sm::saga::Reply;
+use crate::sm::saga::SagaCommand;
+use crate::sm::saga::SagaId;
+use crate::sm::saga::SagaOk;
+use crate::sm::saga::SagaRecord;
+use crate::sm::saga::StepKind;
+use crate::sm::Command;
+use crate::sm::CommandOk;
+
+pub struct Orchestrator {
+    ctx: Arc<NodeCtx>,
+    policy: Arc<dyn RecoveryPolicy>,
+    wake: Notify,
+    /// Sagas with a task on this node.
+    driving: Mutex<HashSet<SagaId>>,
+    slots: Arc<Semaphore>,
+}
+
+/// Which step call an operation is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Forward,
+    Compensation,
+}
+
+impl Side {
+    fn label(self) -> &'static str {
+        match self {
+            Side::Forward => "forward",
+            Side::Compensation => "compensation",
+        }
+    }
+}
+
+/// A call's answer as the orchestrator sees it.
+enum Answer {
+    Reply(pb::StepReply),
+    /// Timeout, lost reply, error status, unreachable: UNKNOWN.
+    Unknown(String),
+}
+
+impl Orchestrator {
+    pub fn new(ctx: Arc<NodeCtx>, policy: Arc<dyn RecoveryPolicy>) -> Arc<Orchestrator> {
+        let slots = Arc::new(Semaphore::new(ctx.config.saga.sagas_in_flight_max));
+        Arc::new(Orchestrator {
+            ctx,
+            policy,
+            wake: Notify::new(),
+            driving: Mutex::new(HashSet::new()),
+            slots,
+        })
+    }
+
+    /// Wakes the scan now (a saga started, an operator resumed one).
+    pub fn kick(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Every `saga.scan_interval_ms` (or when kicked), on the leader: a
+    /// task for every driven saga that has none.
+    pub async fn run(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let interval = Duration::from_millis(self.ctx.config.saga.scan_interval_ms);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = self.wake.notified() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            if !self.ctx.is_leader() {
+                continue;
+            }
+            let term = self.ctx.current_term();
+            let ids = self.ctx.sm.state().sagas.driven();
+            self.report_gauges();
+            for id in ids {
+                if !self.driving.lock().expect("lock").insert(id) {
+                    continue;
+                }
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let _slot = me.slots.clone().acquire_owned().await;
+                    me.drive(id, term).await;
+                    me.driving.lock().expect("lock").remove(&id);
+                });
+            }
+        }
+    }
+
+    fn report_gauges(&self) {
+        use crate::sm::saga::SagaState::*;
+        let st = self.ctx.sm.state();
+        for s in [Running, Compensating, Parked] {
+            metrics::gauge!("dtx_sagas", "state" => s.name()).set(st.sagas.count_in(s) as f64);
+        }
+    }
+
+    fn read(&self, id: SagaId) -> Option<(SagaRecord, Definition)> {
+        let st = self.ctx.sm.state();
+        let r = st.sagas.get(id)?.clone();
+        let d = st.sagas.definition(&r.definition, r.version)?.clone();
+        Some((r, d))
+    }
+
+    /// Drives saga `id` while this node leads `term`.
+    async fn drive(&self, id: SagaId, term: u64) {
+        // The (operation id, attempts) of an intent this task journaled
+        // and has not called yet: only that one may be called without
+        // asking first.
+        let mut fresh: Option<(String, u32)> = None;
+        let mut query_failures: u32 = 0;
+        let mut refusals: u32 = 0;
+        loop {
+            if !self.ctx.is_leader_of(term) {
+                return;
+            }
+            let Some((r, def)) = self.read(id) else { return };
+            let current = current_call(&r);
+            let is_fresh = fresh.is_some() && current.as_ref().map(|c| (c.0.clone(), c.1)) == fresh;
+            let mv = plan::next(&r, &def, is_fresh, now_ms(), self.policy.as_ref());
+            let step = r.current;
+            let sd = &def.steps[step as usize];
+            match mv {
+                Move::Idle => return,
+                Move::Journal(ev) => {
+                    let intent = matches!(
+                        ev,
+                        JournalEvent::ForwardIntent { .. }
+                            | JournalEvent::CompensationIntent { .. }
+                            | JournalEvent::Recover {
+                                option: crate::sm::saga::Recovery::Retry,
+                                ..
+                            }
+                    );
+                    // A retry waits its backoff first.
+                    let retry_after = match (&ev, current.as_ref()) {
+                        (JournalEvent::ForwardIntent { .. } | JournalEvent::CompensationIntent { .. }, Some(c))
+                            if c.1 > 0 =>
+                        {
+                            Some(sd.retry.backoff_ms(c.1))
+                        }
+                        (JournalEvent::Recover { .. }, Some(c)) => Some(sd.retry.backoff_ms(c.1)),
+                        _ => None,
+                    };
+                    if let Some(ms) = retry_after.filter(|_| intent) {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                    }
+                    if let JournalEvent::Park { reason } = &ev {
+                        metrics::counter!("dtx_saga_parked_total").increment(1);
+                        warn!(saga = id, step, reason = %reason, "saga parked for an operator");
+                    }
+                    match self.journal(&r, ev).await {
+                        Ok(()) => {
+                            refusals = 0;
+                            fresh = if intent {
+                                self.read(id).and_then(|(r2, _)| current_call(&r2))
+                            } else {
+                                None
+                            };
+                        }
+                        Err(e) => {
+                            fresh = None;
+                            if !self.after_refusal(id, &e, &mut refusals).await {
+                                return;
+                            }
+                        }
+                    }
+                }
+                Move::CallForward { step } => {
+                    fresh = None;
+                    dtx_failpoint::failpoint!("saga_before_forward_call");
+                    let a = self.call(&r, &def, step, Side::Forward).await;
+                    dtx_failpoint::failpoint!("saga_after_reply_before_journal");
+                    let reply = forward_reply(reply_of(a, false));
+                    let ok = reply.outcome == CallOutcome::Ok;
+                    self.outcome_metrics(Side::Forward, &reply);
+                    match self.journal(&r, JournalEvent::ForwardOutcome { step, reply }).await {
+                        Ok(()) => {
+                            if ok && sd.kind == StepKind::Pivot {
+                                dtx_failpoint::failpoint!("saga_after_pivot");
+                                info!(saga = id, step, "saga passed its pivot: it only goes forward now");
+                            }
+                        }
+                        Err(e) => {
+                            if !self.after_refusal(id, &e, &mut refusals).await {
+                                return;
+                            }
+                        }
+                    }
+                }
+                Move::QueryForward { step } => {
+                    let c = r.steps[step as usize].forward.clone().unwrap_or_default();
+                    let ev = match self
+                        .status(sd.service.as_str(), &c.operation_id, &sd.status_query)
+                        .await
+                    {
+                        Ok(s) if s.applied => {
+                            query_failures = 0;
+                            let reply = forward_reply(reply_of(Answer::Reply(s.reply.unwrap_or_default()), true));
+                            self.settled_metrics(Side::Forward, &c);
+                            JournalEvent::ForwardOutcome { step, reply }
+                        }
+                        Ok(_) => {
+                            query_failures = 0;
+                            if c.attempts < sd.retry.max_attempts {
+                                JournalEvent::ForwardIntent { step }
+                            } else {
+                                self.settled_metrics(Side::Forward, &c);
+                                let mut reply = Reply::of(
+                                    CallOutcome::Failed,
+                                    format!("not applied after {} attempts (status query)", c.attempts),
+                                );
+                                reply.reconciled = true;
+                                JournalEvent::ForwardOutcome { step, reply }
+                            }
+                        }
+                        Err(e) => match self
+                            .query_failed(&r, sd.retry.max_attempts, &mut query_failures, Side::Forward, &e)
+                            .await
+                        {
+                            Some(ev) => ev,
+                            None => continue,
+                        },
+                    };
+                    // A status query that found nothing applied journals a
+                    // new intent: this task made it, so it may call.
+                    let intent = matches!(
+                        ev,
+                        JournalEvent::ForwardIntent { .. } | JournalEvent::CompensationIntent { .. }
+                    );
+                    match self.journal(&r, ev).await {
+                        Ok(()) if intent => fresh = self.read(id).and_then(|(r2, _)| current_call(&r2)),
+                        Ok(()) => {}
+                        Err(e) => {
+                            if !self.after_refusal(id, &e, &mut refusals).await {
+                                return;
+                            }
+                        }
+                    }
+                }
+                Move::AskThenCompensate { step } => {
+                    fresh = None;
+                    let j = &r.steps[step as usize];
+                    let fwd = j.forward.clone().unwrap_or_default();
+                    let happened = match self
+                        .status(sd.service.as_str(), &fwd.operation_id, &sd.status_query)
+                        .await
+                    {
+                        Ok(s) => s.applied && s.reply.as_ref().map(|x| x.outcome) == Some(pb::StepOutcome::Ok as i32),
+                        Err(e) => {
+                            // Nothing was called: the intent stays and is
+                            // asked about again after a backoff.
+                            match self
+                                .query_failed(&r, sd.retry.max_attempts, &mut query_failures, Side::Compensation, &e)
+                                .await
+                            {
+                                Some(JournalEvent::Park { reason }) => {
+                                    let _ = self.journal(&r, JournalEvent::Park { reason }).await;
+                                }
+                                _ => {
+                                    fresh = current_call(&r);
+                                }
+                            }
+                            continue;
+                        }
+                    };
+                    query_failures = 0;
+                    let reply = if happened {
+                        dtx_failpoint::failpoint!("saga_mid_compensation");
+                        let a = self.call(&r, &def, step, Side::Compensation).await;
+                        reply_of(a, false)
+                    } else {
+                        Reply::of(
+                            CallOutcome::Noop,
+                            format!(
+                                "the forward action {} never happened at {}: nothing to undo",
+                                fwd.operation_id, sd.service
+                            ),
+                        )
+                    };
+                    self.outcome_metrics(Side::Compensation, &reply);
+                    if let Err(e) = self
+                        .journal(&r, JournalEvent::CompensationOutcome { step, reply })
+                        .await
+                    {
+                        if !self.after_refusal(id, &e, &mut refusals).await {
+                            return;
+                        }
+                    }
+                }
+                Move::QueryCompensation { step } => {
+                    let c = r.steps[step as usize].compensation.clone().unwrap_or_default();
+                    let ev = match self
+                        .status(sd.service.as_str(), &c.operation_id, &sd.status_query)
+                        .await
+                    {
+                        Ok(s) if s.applied => {
+                            query_failures = 0;
+                            self.settled_metrics(Side::Compensation, &c);
+                            JournalEvent::CompensationOutcome {
+                                step,
+                                reply: reply_of(Answer::Reply(s.reply.unwrap_or_default()), true),
+                            }
+                        }
+                        Ok(_) => {
+                            query_failures = 0;
+                            if c.attempts < sd.retry.max_attempts {
+                                JournalEvent::CompensationIntent { step }
+                            } else {
+                                JournalEvent::Park {
+                                    reason: format!(
+                                        "the compensation of step {step} ({:?}) was not applied after {} attempts",
+                                        sd.name, c.attempts
+                                    ),
+                                }
+                            }
+                        }
+                        Err(e) => match self
+                            .query_failed(&r, sd.retry.max_attempts, &mut query_failures, Side::Compensation, &e)
+                            .await
+                        {
+                            Some(ev) => ev,
+                            None => continue,
+                        },
+                    };
+                    // A status query that found nothing applied journals a
+                    // new intent: this task made it, so it may call.
+                    let intent = matches!(
+                        ev,
+                        JournalEvent::ForwardIntent { .. } | JournalEvent::CompensationIntent { .. }
+                    );
+                    match self.journal(&r, ev).await {
+                        Ok(()) if intent => fresh = self.read(id).and_then(|(r2, _)| current_call(&r2)),
+                        Ok(()) => {}
+                        Err(e) => {
+                            if !self.after_refusal(id, &e, &mut refusals).await {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A status query failed: the call's outcome is (or stays) UNKNOWN.
+    /// The first failure journals UNKNOWN (its dwell time starts); after
+    /// `max` failures in a row the saga parks; in between, a backoff.
+    async fn query_failed(
+        &self,
+        r: &SagaRecord,
+        max: u32,
+        failures: &mut u32,
+        side: Side,
+        e: &str,
+    ) -> Option<JournalEvent> {
+        *failures += 1;
+        let step = r.current;
+        let call = match side {
+            Side::Forward => r.steps[step as usize].forward.as_ref(),
+            Side::Compensation => r.steps[step as usize].compensation.as_ref(),
+        };
+        if *failures >= max.max(1) {
+            return Some(JournalEvent::Park {
+                reason: format!(
+                    "step {step}: the {} outcome is UNKNOWN and its status query failed {} times: {e}",
+                    side.label(),
+                    failures
+                ),
+            });
+        }
+        if call.map(|c| c.outcome()) == Some(CallOutcome::Intended) {
+            let reply = Reply::of(CallOutcome::Unknown, format!("status query failed: {e}"));
+            return Some(match side {
+                Side::Forward => JournalEvent::ForwardOutcome { step, reply },
+                Side::Compensation => JournalEvent::CompensationOutcome { step, reply },
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100u64 << (*failures).min(5))).await;
+        None
+    }
+
+    /// After a refused or unknown journal write: read again (true), or end
+    /// the task (false) when this node no longer leads or the refusals go
+    /// on (the next scan starts a new task).
+    async fn after_refusal(&self, id: SagaId, e: &ApiError, refusals: &mut u32) -> bool {
+        *refusals += 1;
+        match e {
+            ApiError::NotLeader { .. } | ApiError::NoLeader(_) => false,
+            _ if *refusals > 20 => {
+                warn!(saga = id, error = %e, "saga journal writes keep failing; the next scan starts over");
+                false
+            }
+            _ => {
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(*refusals))).await;
+                true
+            }
+        }
+    }
+
+    async fn journal(&self, r: &SagaRecord, event: JournalEvent) -> Result<(), ApiError> {
+        let cmd = Command::Saga(SagaCommand::Journal {
+            saga_id: r.id,
+            seq: r.seq,
+            now_ms: now_ms(),
+            event,
+        });
+        match self.ctx.propose(cmd).await? {
+            CommandOk::Saga(SagaOk::Journaled { .. }) => Ok(()),
+            other => Err(ApiError::Internal(format!("unexpected state-machine result {other:?}"))),
+        }
+    }
+
+    fn client(
+        &self,
+        service: &str,
+    ) -> Result<
+        SagaStepServiceClient<
+            tonic::service::interceptor::InterceptedService<tonic::transport::Channel, dtx_proto::tls::edge::Bearer>,
+        >,
+        String,
+    > {
+        let ch = self.ctx.api_channel(service).map_err(|e| e.to_string())?;
+        Ok(SagaStepServiceClient::with_interceptor(
+            ch,
+            self.ctx.participant_token.clone(),
+        ))
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.ctx.config.saga.call_timeout_ms)
+    }
+
+    async fn call(&self, r: &SagaRecord, def: &Definition, step: u32, side: Side) -> Answer {
+        let sd = &def.steps[step as usize];
+        let j = &r.steps[step as usize];
+        let (call, action, precondition, fwd_op) = match side {
+            Side::Forward => (
+                j.forward.clone().unwrap_or_default(),
+                sd.action.clone(),
+                String::new(),
+                String::new(),
+            ),
+            Side::Compensation => (
+                j.compensation.clone().unwrap_or_default(),
+                sd.compensation.clone().unwrap_or_default(),
+                j.precondition.clone(),
+                j.forward.as_ref().map(|c| c.operation_id.clone()).unwrap_or_default(),
+            ),
+        };
+        let req = pb::StepCall {
+            saga_id: r.id,
+            step,
+            operation_id: call.operation_id.clone(),
+            action,
+            input: r.input.clone(),
+            fingerprint: j.fingerprint.clone(),
+            precondition,
+            forward_operation_id: fwd_op,
+            authorization: Some(pb::SagaAuthorization {
+                principal: r.authorization.principal.clone(),
+                tenant: r.authorization.tenant.clone(),
+                expires_at_ms: r.authorization.expires_at_ms,
+                policy: r.authorization.policy.clone(),
+            }),
+            term: self.ctx.current_term(),
+        };
+        let mut client = match self.client(&sd.service) {
+            Ok(c) => c,
+            Err(e) => return Answer::Unknown(e),
+        };
+        let mut request = tonic::Request::new(req);
+        request.set_timeout(self.timeout());
+        let fut = async {
+            match side {
+                Side::Forward => client.forward(request).await,
+                Side::Compensation => client.compensate(request).await,
+            }
+        };
+        match tokio::time::timeout(self.timeout(), fut).await {
+            Ok(Ok(resp)) => Answer::Reply(resp.into_inner()),
+            Ok(Err(s)) => Answer::Unknown(format!("{}: {}", code_name(s.code()), s.message())),
+            Err(_) => Answer::Unknown(format!(
+                "no answer within saga.call_timeout_ms = {} ms",
+                self.ctx.config.saga.call_timeout_ms
+            )),
+        }
+    }
+
+    async fn status(&self, service: &str, operation_id: &str, query: &str) -> Result<pb::StepStatusReply, String> {
+        let started = Instant::now();
+        let mut client = self.client(service)?;
+        let mut request = tonic::Request::new(pb::StepStatusRequest {
+            operation_id: operation_id.to_string(),
+            query: query.to_string(),
+        });
+        request.set_timeout(self.timeout());
+        let out = match tokio::time::timeout(self.timeout(), client.status(request)).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(s)) => Err(format!("{}: {}", code_name(s.code()), s.message())),
+            Err(_) => Err(format!(
+                "no answer within saga.call_timeout_ms = {} ms",
+                self.ctx.config.saga.call_timeout_ms
+            )),
+        };
+        metrics::histogram!("dtx_saga_status_query_seconds").record(started.elapsed().as_secs_f64());
+        out
+    }
+
+    fn outcome_metrics(&self, side: Side, reply: &Reply) {
+        if reply.outcome == CallOutcome::Unknown {
+            info!(call = side.label(), reason = %reply.reason, "saga step call outcome UNKNOWN: its status query settles it");
+        }
+        metrics::counter!("dtx_saga_calls_total", "call" => side.label(), "outcome" => reply.outcome.name())
+            .increment(1);
+    }
+
+    /// A status query settled `c`: count the reconciliation and, for an
+    /// UNKNOWN, the time it stayed UNKNOWN.
+    fn settled_metrics(&self, side: Side, c: &crate::sm::saga::Call) {
+        metrics::counter!("dtx_saga_reconciliations_total", "call" => side.label()).increment(1);
+        if c.outcome() == CallOutcome::Unknown && c.unknown_since_ms > 0 {
+            let s = now_ms().saturating_sub(c.unknown_since_ms) as f64 / 1000.0;
+            metrics::histogram!("dtx_saga_unknown_seconds", "call" => side.label()).record(s);
+        }
+    }
+}
+
+/// The (operation id, attempts) of the call the saga's current step waits
+/// on (its forward call while RUNNING, its compensation while
+/// COMPENSATING).
+fn current_call(r: &SagaRecord) -> Option<(String, u32)> {
+    use crate::sm::saga::SagaState;
+    let j = r.step(r.current)?;
+    let c = match r.state {
+        SagaState::Running => j.forward.as_ref()?,
+        SagaState::Compensating => j.compensation.as_ref()?,
+        _ => return None,
+    };
+    Some((c.operation_id.clone(), c.attempts))
+}
+
+/// A forward call answers OK or FAILED; anything else (NOOP, STALE) is a
+/// service's mistake, journaled as FAILED with what it said.
+fn forward_reply(mut r: Reply) -> Reply {
+    if matches!(r.outcome, CallOutcome::Noop | CallOutcome::Stale | CallOutcome::Skipped) {
+        r.reason = format!(
+            "the service answered {} to a forward call: {}",
+            r.outcome.name(),
+            r.reason
+        );
+        r.outcome = CallOutcome::Failed;
+    }
+    r
+}
+
+fn code_name(c: tonic::Code) -> String {
+    format!("{c:?}")
+}
+
+fn reply_of(a: Answer, reconciled: bool) -> Reply {
+    match a {
+        Answer::Unknown(reason) => Reply {
+            reconciled,
+            ..Reply::of(CallOutcome::Unknown, reason)
+        },
+        Answer::Reply(r) => {
+            let outcome = match pb::StepOutcome::try_from(r.outcome) {
+                Ok(pb::StepOutcome::Ok) => CallOutcome::Ok,
+                Ok(pb::StepOutcome::Failed) => CallOutcome::Failed,
+                Ok(pb::StepOutcome::Noop) => CallOutcome::Noop,
+                Ok(pb::StepOutcome::Stale) => CallOutcome::Stale,
+                // A service that answers something else could not tell.
+                _ => CallOutcome::Unknown,
+            };
+            let clip = |s: String| -> String {
+                let max = crate::limits::REASON_BYTES_MAX;
+                if s.len() <= max {
+                    return s;
+                }
+                let mut end = max;
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                s[..end].to_string()
+            };
+            Reply {
+                outcome,
+                reason: clip(r.reason),
+                downstream_operation_id: clip(r.downstream_operation_id),
+                resource_version: clip(r.resource_version),
+                residual: clip(r.residual),
+                reconciled,
+            }
+        }
+    }
+}

@@ -1,0 +1,1143 @@
+//! The replicated saga journal (issue 14, DESIGN "Sagas"), as a pure state
+//! machine beside the transaction table: registered definitions, and per
+//! saga its state and the journal of every step's forward call and
+//! compensation. Like `TxTable`, it does no I/O and reads no clock (time
+//! arrives inside commands, from the proposing leader).
+//!
+//! Saga life:
+//! ```text
+//! Start ─> RUNNING ──every step OK──────────────────────────> COMPLETED
+//!             │ a step FAILED, recovery COMPENSATE (before the pivot)
+//!             └──> COMPENSATING ──every done step undone───> COMPENSATED
+//! RUNNING / COMPENSATING ──limit reached, stale version, expired rights──> PARKED
+//! PARKED ──operator: retry | skip | compensate | mark complete──> ...
+//! ```
+//! The rules the journal keeps (DESIGN): a call's intent (with the
+//! compensation it would need) is journaled before the call; its outcome
+//! before the next step; an UNKNOWN outcome stays UNKNOWN until a status
+//! query settles it (an intent journaled again after UNKNOWN records that
+//! the query found nothing applied); COMPENSATE is only chosen before the
+//! pivot and only when the step's definition registered it; a stale
+//! compensation parks the saga rather than erase a newer change.
+//!
+//! Every journal write names the journal length it was planned on
+//! (`seq`): a write planned on an older journal (a deposed leader's
+//! orchestrator, an operator's action in between) is refused and changes
+//! nothing.
+//!
+//! `definition`: the definitions and their registration rules. `plan`: the
+//! orchestrator's next move for a saga, as a pure function of its record.
+
+pub mod definition;
+pub mod plan;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::Serialize;
+use sha2::Digest;
+
+pub use self::definition::Definition;
+pub use self::definition::Recovery;
+pub use self::definition::RetryPolicy;
+pub use self::definition::StepDef;
+pub use self::definition::StepKind;
+use crate::limits;
+
+pub type SagaId = u64;
+
+/// What a call (a forward action or a compensation) is known to have done.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// Journaled before the call; no outcome seen yet.
+    Intended,
+    /// A timeout, a lost reply or a service that could not tell: it may or
+    /// may not have happened. Never the same as FAILED.
+    Unknown,
+    Ok,
+    Failed,
+    /// A compensation that found no forward action to undo.
+    Noop,
+    /// A compensation refused: the resource's version moved on.
+    Stale,
+    /// An operator skipped it.
+    Skipped,
+}
+
+impl CallOutcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            CallOutcome::Intended => "INTENDED",
+            CallOutcome::Unknown => "UNKNOWN",
+            CallOutcome::Ok => "OK",
+            CallOutcome::Failed => "FAILED",
+            CallOutcome::Noop => "NOOP",
+            CallOutcome::Stale => "STALE",
+            CallOutcome::Skipped => "SKIPPED",
+        }
+    }
+
+    /// The forward action may have happened (so it may need undoing).
+    fn may_have_happened(self) -> bool {
+        matches!(self, CallOutcome::Intended | CallOutcome::Unknown | CallOutcome::Ok)
+    }
+
+    fn unsettled(self) -> bool {
+        matches!(self, CallOutcome::Intended | CallOutcome::Unknown)
+    }
+}
+
+/// One call of a step, as journaled.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct Call {
+    /// The idempotency key sent downstream: "<saga>.<step>.f<generation>"
+    /// or "<saga>.<step>.c<generation>". A new generation only after a
+    /// FAILED outcome (the service remembers FAILED for the old key).
+    pub operation_id: String,
+    pub generation: u32,
+    /// When the (latest) intent was journaled.
+    pub intent_at_ms: u64,
+    /// Calls intended so far for this step, over every generation, since
+    /// the saga started or an operator's retry.
+    pub attempts: u32,
+    pub outcome: Option<CallOutcome>,
+    pub reason: String,
+    pub downstream_operation_id: String,
+    pub resource_version: String,
+    pub outcome_at_ms: u64,
+    /// Time spent UNKNOWN, summed over every UNKNOWN spell.
+    pub unknown_ms: u64,
+    /// Status queries that settled an UNKNOWN or a resumed intent.
+    pub reconciliations: u32,
+    /// Start of the current UNKNOWN spell; 0 when not UNKNOWN.
+    pub unknown_since_ms: u64,
+}
+
+impl Call {
+    pub fn outcome(&self) -> CallOutcome {
+        self.outcome.unwrap_or(CallOutcome::Intended)
+    }
+
+    fn new(saga: SagaId, step: u32, tag: char, generation: u32, attempts: u32, now_ms: u64) -> Call {
+        Call {
+            operation_id: format!("{saga}.{step}.{tag}{generation}"),
+            generation,
+            intent_at_ms: now_ms,
+            attempts,
+            outcome: Some(CallOutcome::Intended),
+            ..Call::default()
+        }
+    }
+
+    /// Ends an UNKNOWN spell (if one is running) at `now_ms`; `reconciled`:
+    /// a status query settled it (counted), not an operator.
+    fn settle_unknown(&mut self, now_ms: u64, reconciled: bool) {
+        if self.outcome() == CallOutcome::Unknown {
+            self.unknown_ms += now_ms.saturating_sub(self.unknown_since_ms);
+            self.unknown_since_ms = 0;
+        }
+        if reconciled {
+            self.reconciliations += 1;
+        }
+    }
+
+    /// A new generation of this call (after FAILED or STALE), keeping what
+    /// the earlier generations measured.
+    fn next_generation(&self, saga: SagaId, step: u32, tag: char, attempts: u32, now_ms: u64) -> Call {
+        let mut n = Call::new(saga, step, tag, self.generation + 1, attempts, now_ms);
+        n.unknown_ms = self.unknown_ms;
+        n.reconciliations = self.reconciliations;
+        n
+    }
+
+    fn record(&mut self, r: &Reply, now_ms: u64) {
+        if r.outcome == CallOutcome::Unknown {
+            if self.outcome() != CallOutcome::Unknown {
+                self.unknown_since_ms = now_ms;
+            }
+            self.outcome = Some(CallOutcome::Unknown);
+            self.reason = r.reason.clone();
+            return;
+        }
+        self.settle_unknown(now_ms, r.reconciled);
+        self.outcome = Some(r.outcome);
+        self.reason = r.reason.clone();
+        self.downstream_operation_id = r.downstream_operation_id.clone();
+        if !r.resource_version.is_empty() {
+            self.resource_version = r.resource_version.clone();
+        }
+        self.outcome_at_ms = now_ms;
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct StepJournal {
+    /// sha256 over (definition, version, step, input), hex: the request
+    /// fingerprint sent with every call of the step.
+    pub fingerprint: String,
+    pub forward: Option<Call>,
+    pub compensation: Option<Call>,
+    /// What could not be undone.
+    pub residual: String,
+    /// The compensation journaled with the forward intent:
+    /// "<definition>@<version>:<compensation>"; empty for steps without one.
+    pub compensation_ref: String,
+    /// The precondition the compensation carries: the version the forward
+    /// action left.
+    pub precondition: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SagaState {
+    Running,
+    Compensating,
+    Completed,
+    Compensated,
+    Parked,
+}
+
+impl SagaState {
+    pub fn name(self) -> &'static str {
+        match self {
+            SagaState::Running => "RUNNING",
+            SagaState::Compensating => "COMPENSATING",
+            SagaState::Completed => "COMPLETED",
+            SagaState::Compensated => "COMPENSATED",
+            SagaState::Parked => "PARKED",
+        }
+    }
+
+    pub fn ended(self) -> bool {
+        matches!(self, SagaState::Completed | SagaState::Compensated)
+    }
+
+    /// The orchestrator drives it.
+    pub fn driven(self) -> bool {
+        matches!(self, SagaState::Running | SagaState::Compensating)
+    }
+}
+
+/// The rights a saga runs with, checked again before every compensation.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct Authorization {
+    pub principal: String,
+    pub tenant: String,
+    /// Unix ms after which the rights may not be used; 0: no expiry.
+    pub expires_at_ms: u64,
+    pub policy: String,
+}
+
+impl Authorization {
+    pub fn expired(&self, now_ms: u64) -> bool {
+        self.expires_at_ms != 0 && now_ms >= self.expires_at_ms
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperatorAction {
+    Retry,
+    Skip,
+    Compensate,
+    MarkComplete,
+}
+
+impl OperatorAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            OperatorAction::Retry => "retry",
+            OperatorAction::Skip => "skip",
+            OperatorAction::Compensate => "compensate",
+            OperatorAction::MarkComplete => "mark-complete",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct OperatorEntry {
+    pub action: OperatorAction,
+    pub who: String,
+    pub why: String,
+    pub at_ms: u64,
+    pub step: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SagaRecord {
+    pub id: SagaId,
+    pub definition: String,
+    pub version: u32,
+    pub idempotency_key: String,
+    pub request_fingerprint: [u8; 32],
+    pub input: Vec<u8>,
+    pub authorization: Authorization,
+    /// The authenticated identity that started it.
+    pub owner: Option<String>,
+    pub state: SagaState,
+    /// The step driven now (or parked at).
+    pub current: u32,
+    pub parked_reason: String,
+    pub parked_from: Option<SagaState>,
+    pub started_at_ms: u64,
+    pub ended_at_ms: u64,
+    pub steps: Vec<StepJournal>,
+    pub operator_actions: Vec<OperatorEntry>,
+    /// Journal writes applied so far: the fence of the next one.
+    pub seq: u64,
+    pub past_pivot: bool,
+}
+
+impl SagaRecord {
+    pub fn step(&self, i: u32) -> Option<&StepJournal> {
+        self.steps.get(i as usize)
+    }
+}
+
+/// An outcome as a journal event carries it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub outcome: CallOutcome,
+    pub reason: String,
+    pub downstream_operation_id: String,
+    pub resource_version: String,
+    /// Compensations: what could not be undone.
+    pub residual: String,
+    /// Learnt from a status query, not from the call's own reply.
+    pub reconciled: bool,
+}
+
+impl Reply {
+    pub fn of(outcome: CallOutcome, reason: impl Into<String>) -> Reply {
+        Reply {
+            outcome,
+            reason: reason.into(),
+            downstream_operation_id: String::new(),
+            resource_version: String::new(),
+            residual: String::new(),
+            reconciled: false,
+        }
+    }
+}
+
+/// One write to a saga's journal, planned by the orchestrator on the
+/// journal of length `seq`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum JournalEvent {
+    /// Before a forward call of `step`. First intent: generation 1. After
+    /// INTENDED or UNKNOWN (a status query found it not applied): the same
+    /// operation id, one more attempt.
+    ForwardIntent { step: u32 },
+    /// What the forward call (or its status query) answered: OK, FAILED or
+    /// UNKNOWN.
+    ForwardOutcome { step: u32, reply: Reply },
+    /// The orchestrator's choice after a FAILED forward step, among the
+    /// options the step registered. RETRY starts a new generation (its
+    /// intent); COMPENSATE starts compensating; PARK parks.
+    Recover {
+        step: u32,
+        option: Recovery,
+        reason: String,
+    },
+    /// Before a compensation call of `step` (after FAILED: a new
+    /// generation; after INTENDED or UNKNOWN: the same operation id).
+    CompensationIntent { step: u32 },
+    /// What the compensation (or the status queries) answered: OK, NOOP,
+    /// FAILED, STALE or UNKNOWN.
+    CompensationOutcome { step: u32, reply: Reply },
+    /// Stop for an operator with the reason.
+    Park { reason: String },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum SagaCommand {
+    Register {
+        definition: Definition,
+    },
+    Start {
+        idempotency_key: String,
+        fingerprint: [u8; 32],
+        definition: String,
+        version: u32,
+        input: Vec<u8>,
+        authorization: Authorization,
+        owner: Option<String>,
+        now_ms: u64,
+    },
+    Journal {
+        saga_id: SagaId,
+        seq: u64,
+        now_ms: u64,
+        event: JournalEvent,
+    },
+    Operate {
+        saga_id: SagaId,
+        action: OperatorAction,
+        who: String,
+        why: String,
+        now_ms: u64,
+    },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum SagaOk {
+    Registered {
+        created: bool,
+    },
+    Started {
+        saga_id: SagaId,
+        created: bool,
+    },
+    /// The journal now has `seq` writes.
+    Journaled {
+        seq: u64,
+        state: SagaState,
+    },
+    Operated {
+        state: SagaState,
+    },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SagaError {
+    #[error("saga definition refused: {0}")]
+    InvalidDefinition(String),
+    #[error("saga definition {name}@{version} is already registered with other content; register a new version")]
+    DefinitionConflict { name: String, version: u32 },
+    #[error("no saga definition {name}@{version} is registered")]
+    UnknownDefinition { name: String, version: u32 },
+    #[error("idempotency key {key:?} already started saga {saga_id} with another request")]
+    KeyConflict { key: String, saga_id: SagaId },
+    #[error("saga {0} does not exist")]
+    NotFound(SagaId),
+    #[error("saga {saga_id}: the write was planned on journal length {planned}, the journal has {actual}")]
+    StaleJournal { saga_id: SagaId, planned: u64, actual: u64 },
+    #[error("saga {saga_id} is {state}: {what}")]
+    WrongState {
+        saga_id: SagaId,
+        state: String,
+        what: String,
+    },
+    #[error("saga {saga_id} step {step}: {what}")]
+    Refused { saga_id: SagaId, step: u32, what: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl SagaError {
+    pub fn not_found(&self) -> bool {
+        matches!(self, SagaError::NotFound(_) | SagaError::UnknownDefinition { .. })
+    }
+}
+
+/// What changed, for the store to persist.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SagaEffect {
+    Put(SagaId),
+    Definition(String, u32),
+}
+
+/// Definitions and sagas.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SagaBook {
+    next_saga_id: SagaId,
+    definitions: BTreeMap<(String, u32), Definition>,
+    sagas: BTreeMap<SagaId, SagaRecord>,
+    keys: BTreeMap<String, SagaId>,
+}
+
+/// Everything a snapshot keeps of the book.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct SagaBookData {
+    pub next_saga_id: SagaId,
+    pub definitions: Vec<Definition>,
+    pub sagas: Vec<SagaRecord>,
+}
+
+/// The fingerprint of step `step` of a saga of `definition`@`version` over
+/// `input`, hex.
+pub fn step_fingerprint(definition: &str, version: u32, step: u32, input: &[u8]) -> String {
+    let mut h = sha2::Sha256::new();
+    h.update(definition.as_bytes());
+    h.update([0]);
+    h.update(version.to_be_bytes());
+    h.update(step.to_be_bytes());
+    h.update(input);
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl SagaBook {
+    pub fn from_parts(
+        next_saga_id: SagaId,
+        definitions: impl IntoIterator<Item = Definition>,
+        sagas: impl IntoIterator<Item = SagaRecord>,
+    ) -> SagaBook {
+        let mut b = SagaBook {
+            next_saga_id,
+            ..SagaBook::default()
+        };
+        for d in definitions {
+            b.definitions.insert((d.name.clone(), d.version), d);
+        }
+        for s in sagas {
+            b.keys.insert(s.idempotency_key.clone(), s.id);
+            b.next_saga_id = b.next_saga_id.max(s.id + 1);
+            b.sagas.insert(s.id, s);
+        }
+        b
+    }
+
+    pub fn data(&self) -> SagaBookData {
+        SagaBookData {
+            next_saga_id: self.next_saga_id,
+            definitions: self.definitions.values().cloned().collect(),
+            sagas: self.sagas.values().cloned().collect(),
+        }
+    }
+
+    pub fn from_data(d: SagaBookData) -> SagaBook {
+        SagaBook::from_parts(d.next_saga_id, d.definitions, d.sagas)
+    }
+
+    pub fn next_saga_id(&self) -> SagaId {
+        self.next_saga_id.max(1)
+    }
+
+    pub fn get(&self, id: SagaId) -> Option<&SagaRecord> {
+        self.sagas.get(&id)
+    }
+
+    pub fn definition(&self, name: &str, version: u32) -> Option<&Definition> {
+        self.definitions.get(&(name.to_string(), version))
+    }
+
+    pub fn definitions(&self) -> impl Iterator<Item = &Definition> {
+        self.definitions.values()
+    }
+
+    pub fn sagas(&self) -> impl Iterator<Item = &SagaRecord> {
+        self.sagas.values()
+    }
+
+    pub fn sagas_after(&self, after: SagaId) -> impl Iterator<Item = &SagaRecord> {
+        self.sagas.range(after.saturating_add(1)..).map(|(_, s)| s)
+    }
+
+    /// The sagas the orchestrator drives (RUNNING or COMPENSATING).
+    pub fn driven(&self) -> Vec<SagaId> {
+        self.sagas.values().filter(|s| s.state.driven()).map(|s| s.id).collect()
+    }
+
+    pub fn count_in(&self, state: SagaState) -> usize {
+        self.sagas.values().filter(|s| s.state == state).count()
+    }
+
+    pub fn apply(&mut self, cmd: &SagaCommand, effects: &mut Vec<SagaEffect>) -> Result<SagaOk, SagaError> {
+        match cmd {
+            SagaCommand::Register { definition } => self.register(definition, effects),
+            SagaCommand::Start {
+                idempotency_key,
+                fingerprint,
+                definition,
+                version,
+                input,
+                authorization,
+                owner,
+                now_ms,
+            } => self.start(
+                idempotency_key,
+                fingerprint,
+                (definition, *version),
+                input,
+                authorization,
+                owner.clone(),
+                *now_ms,
+                effects,
+            ),
+            SagaCommand::Journal {
+                saga_id,
+                seq,
+                now_ms,
+                event,
+            } => self.journal(*saga_id, *seq, *now_ms, event, effects),
+            SagaCommand::Operate {
+                saga_id,
+                action,
+                who,
+                why,
+                now_ms,
+            } => self.operate(*saga_id, *action, who, why, *now_ms, effects),
+        }
+    }
+
+    fn register(&mut self, d: &Definition, effects: &mut Vec<SagaEffect>) -> Result<SagaOk, SagaError> {
+        d.validate().map_err(SagaError::InvalidDefinition)?;
+        let k = (d.name.clone(), d.version);
+        if let Some(old) = self.definitions.get(&k) {
+            if old == d {
+                return Ok(SagaOk::Registered { created: false });
+            }
+            return Err(SagaError::DefinitionConflict {
+                name: d.name.clone(),
+                version: d.version,
+            });
+        }
+        self.definitions.insert(k, d.clone());
+        effects.push(SagaEffect::Definition(d.name.clone(), d.version));
+        Ok(SagaOk::Registered { created: true })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &mut self,
+        key: &str,
+        fingerprint: &[u8; 32],
+        (name, version): (&str, u32),
+        input: &[u8],
+        authorization: &Authorization,
+        owner: Option<String>,
+        now_ms: u64,
+        effects: &mut Vec<SagaEffect>,
+    ) -> Result<SagaOk, SagaError> {
+        if key.is_empty() || key.len() > limits::ID_BYTES_MAX {
+            return Err(SagaError::Invalid(format!(
+                "idempotency_key must be 1 to {} bytes",
+                limits::ID_BYTES_MAX
+            )));
+        }
+        if input.len() > limits::PAYLOAD_BYTES_MAX {
+            return Err(SagaError::Invalid(format!(
+                "input is {} bytes; the limit is {} bytes",
+                input.len(),
+                limits::PAYLOAD_BYTES_MAX
+            )));
+        }
+        if let Some(&id) = self.keys.get(key) {
+            let s = &self.sagas[&id];
+            if &s.request_fingerprint == fingerprint {
+                return Ok(SagaOk::Started {
+                    saga_id: id,
+                    created: false,
+                });
+            }
+            return Err(SagaError::KeyConflict {
+                key: key.to_string(),
+                saga_id: id,
+            });
+        }
+        let Some(def) = self.definition(name, version) else {
+            return Err(SagaError::UnknownDefinition {
+                name: name.to_string(),
+                version,
+            });
+        };
+        let id = self.next_saga_id();
+        let steps = def
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| StepJournal {
+                fingerprint: step_fingerprint(name, version, i as u32, input),
+                compensation_ref: s
+                    .compensation
+                    .as_ref()
+                    .map(|c| format!("{}:{c}", def.label()))
+                    .unwrap_or_default(),
+                ..StepJournal::default()
+            })
+            .collect();
+        let rec = SagaRecord {
+            id,
+            definition: name.to_string(),
+            version,
+            idempotency_key: key.to_string(),
+            request_fingerprint: *fingerprint,
+            input: input.to_vec(),
+            authorization: authorization.clone(),
+            owner,
+            state: SagaState::Running,
+            current: 0,
+            parked_reason: String::new(),
+            parked_from: None,
+            started_at_ms: now_ms,
+            ended_at_ms: 0,
+            steps,
+            operator_actions: Vec::new(),
+            seq: 0,
+            past_pivot: false,
+        };
+        self.next_saga_id = id + 1;
+        self.keys.insert(key.to_string(), id);
+        self.sagas.insert(id, rec);
+        effects.push(SagaEffect::Put(id));
+        Ok(SagaOk::Started {
+            saga_id: id,
+            created: true,
+        })
+    }
+
+    fn journal(
+        &mut self,
+        id: SagaId,
+        seq: u64,
+        now_ms: u64,
+        ev: &JournalEvent,
+        effects: &mut Vec<SagaEffect>,
+    ) -> Result<SagaOk, SagaError> {
+        let Some(rec) = self.sagas.get(&id) else {
+            return Err(SagaError::NotFound(id));
+        };
+        if rec.seq != seq {
+            return Err(SagaError::StaleJournal {
+                saga_id: id,
+                planned: seq,
+                actual: rec.seq,
+            });
+        }
+        if !rec.state.driven() {
+            return Err(SagaError::WrongState {
+                saga_id: id,
+                state: rec.state.name().into(),
+                what: "only a RUNNING or COMPENSATING saga takes journal writes".into(),
+            });
+        }
+        let def = self
+            .definitions
+            .get(&(rec.definition.clone(), rec.version))
+            .cloned()
+            .ok_or_else(|| SagaError::UnknownDefinition {
+                name: rec.definition.clone(),
+                version: rec.version,
+            })?;
+        // Work on a copy: a refused write changes nothing.
+        let mut r = rec.clone();
+        apply_event(&mut r, &def, now_ms, ev)?;
+        r.seq += 1;
+        let out = SagaOk::Journaled {
+            seq: r.seq,
+            state: r.state,
+        };
+        self.sagas.insert(id, r);
+        effects.push(SagaEffect::Put(id));
+        Ok(out)
+    }
+
+    fn operate(
+        &mut self,
+        id: SagaId,
+        action: OperatorAction,
+        who: &str,
+        why: &str,
+        now_ms: u64,
+        effects: &mut Vec<SagaEffect>,
+    ) -> Result<SagaOk, SagaError> {
+        let Some(rec) = self.sagas.get(&id) else {
+            return Err(SagaError::NotFound(id));
+        };
+        if who.is_empty() || why.is_empty() {
+            return Err(SagaError::Invalid(
+                "an operator's action records who and why: both must be given".into(),
+            ));
+        }
+        if rec.state != SagaState::Parked {
+            return Err(SagaError::WrongState {
+                saga_id: id,
+                state: rec.state.name().into(),
+                what: format!("only a PARKED saga takes an operator's {}", action.name()),
+            });
+        }
+        let def = self
+            .definitions
+            .get(&(rec.definition.clone(), rec.version))
+            .cloned()
+            .ok_or_else(|| SagaError::UnknownDefinition {
+                name: rec.definition.clone(),
+                version: rec.version,
+            })?;
+        let mut r = rec.clone();
+        let from = r.parked_from.unwrap_or(SagaState::Running);
+        let step = r.current;
+        match action {
+            OperatorAction::Retry => {
+                r.state = from;
+                r.parked_reason.clear();
+                r.parked_from = None;
+                let call = if from == SagaState::Compensating {
+                    r.steps[step as usize].compensation.as_mut()
+                } else {
+                    r.steps[step as usize].forward.as_mut()
+                };
+                let tag = if from == SagaState::Compensating { 'c' } else { 'f' };
+                if let Some(c) = call {
+                    // A fresh attempt budget; a FAILED or STALE call needs a
+                    // new operation id (the service remembers the old one's
+                    // answer).
+                    if matches!(c.outcome(), CallOutcome::Failed | CallOutcome::Stale) {
+                        *c = c.next_generation(id, step, tag, 1, now_ms);
+                    } else {
+                        c.attempts = 0;
+                    }
+                }
+            }
+            OperatorAction::Skip => {
+                r.parked_reason.clear();
+                r.parked_from = None;
+                if from == SagaState::Compensating {
+                    let j = &mut r.steps[step as usize];
+                    let c = j
+                        .compensation
+                        .get_or_insert_with(|| Call::new(id, step, 'c', 1, 0, now_ms));
+                    c.settle_unknown(now_ms, false);
+                    c.outcome = Some(CallOutcome::Skipped);
+                    c.outcome_at_ms = now_ms;
+                    if j.residual.is_empty() {
+                        j.residual = format!("compensation skipped by operator {who}: {why}");
+                    }
+                    r.state = SagaState::Compensating;
+                    next_compensation(&mut r, &def, step.checked_sub(1), now_ms);
+                } else {
+                    let c = r.steps[step as usize]
+                        .forward
+                        .get_or_insert_with(|| Call::new(id, step, 'f', 1, 0, now_ms));
+                    c.settle_unknown(now_ms, false);
+                    c.outcome = Some(CallOutcome::Skipped);
+                    c.outcome_at_ms = now_ms;
+                    r.state = SagaState::Running;
+                    advance(&mut r, &def, now_ms);
+                }
+            }
+            OperatorAction::Compensate => {
+                if let Some(why) = beyond_return(&r, &def) {
+                    return Err(SagaError::WrongState {
+                        saga_id: id,
+                        state: why,
+                        what: "past its point of no return a saga only goes forward; retry, skip or mark it complete"
+                            .into(),
+                    });
+                }
+                if from == SagaState::Compensating {
+                    return Err(SagaError::WrongState {
+                        saga_id: id,
+                        state: "PARKED while compensating".into(),
+                        what: "it is compensating already; retry or skip the compensation".into(),
+                    });
+                }
+                r.parked_reason.clear();
+                r.parked_from = None;
+                r.state = SagaState::Compensating;
+                next_compensation(&mut r, &def, Some(step), now_ms);
+            }
+            OperatorAction::MarkComplete => {
+                // Finished by hand: forward (COMPLETED), or the undoing
+                // (COMPENSATED) when it parked while compensating.
+                r.parked_reason.clear();
+                r.parked_from = None;
+                r.state = if from == SagaState::Compensating {
+                    SagaState::Compensated
+                } else {
+                    SagaState::Completed
+                };
+                r.ended_at_ms = now_ms;
+            }
+        }
+        r.operator_actions.push(OperatorEntry {
+            action,
+            who: who.to_string(),
+            why: why.to_string(),
+            at_ms: now_ms,
+            step,
+        });
+        r.seq += 1;
+        let state = r.state;
+        self.sagas.insert(id, r);
+        effects.push(SagaEffect::Put(id));
+        Ok(SagaOk::Operated { state })
+    }
+}
+
+fn refused(r: &SagaRecord, step: u32, what: impl fmt::Display) -> SagaError {
+    SagaError::Refused {
+        saga_id: r.id,
+        step,
+        what: what.to_string(),
+    }
+}
+
+/// Why the saga may no longer be compensated, if it may not: it passed its
+/// pivot, or a step that cannot be undone (the pivot, or a RETRIABLE step
+/// of a saga without one) may have happened (its outcome OK, UNKNOWN or
+/// only intended: a compensation then would leave it done).
+fn beyond_return(r: &SagaRecord, def: &Definition) -> Option<String> {
+    if r.past_pivot {
+        return Some("past its pivot".into());
+    }
+    for (i, (sd, j)) in def.steps.iter().zip(&r.steps).enumerate() {
+        if sd.kind == StepKind::Compensable {
+            continue;
+        }
+        if let Some(c) = j.forward.as_ref().filter(|c| c.outcome().may_have_happened()) {
+            return Some(format!(
+                "past its point of no return: step {i} ({:?}, {}) is {}",
+                sd.name,
+                sd.kind.name(),
+                c.outcome().name()
+            ));
+        }
+    }
+    None
+}
+
+fn park(r: &mut SagaRecord, reason: &str) {
+    r.parked_from = Some(r.state);
+    r.state = SagaState::Parked;
+    r.parked_reason = reason.to_string();
+}
+
+/// After step `r.current` went forward (OK or skipped): the next step, or
+/// COMPLETED.
+fn advance(r: &mut SagaRecord, def: &Definition, now_ms: u64) {
+    if def.steps[r.current as usize].kind == StepKind::Pivot {
+        r.past_pivot = true;
+    }
+    if (r.current as usize) + 1 >= def.steps.len() {
+        r.state = SagaState::Completed;
+        r.ended_at_ms = now_ms;
+    } else {
+        r.current += 1;
+    }
+}
+
+/// Moves a COMPENSATING saga to the newest step at or below `from` that
+/// may need undoing (a COMPENSABLE step whose forward action may have
+/// happened and whose compensation is not done), or ends it COMPENSATED.
+fn next_compensation(r: &mut SagaRecord, def: &Definition, from: Option<u32>, now_ms: u64) {
+    let mut j = from;
+    while let Some(i) = j {
+        let s = &r.steps[i as usize];
+        let may = s.forward.as_ref().is_some_and(|c| c.outcome().may_have_happened());
+        let done = s
+            .compensation
+            .as_ref()
+            .is_some_and(|c| matches!(c.outcome(), CallOutcome::Ok | CallOutcome::Noop | CallOutcome::Skipped));
+        if def.steps[i as usize].kind == StepKind::Compensable && may && !done {
+            r.current = i;
+            return;
+        }
+        j = i.checked_sub(1);
+    }
+    r.state = SagaState::Compensated;
+    r.ended_at_ms = now_ms;
+}
+
+fn apply_event(r: &mut SagaRecord, def: &Definition, now_ms: u64, ev: &JournalEvent) -> Result<(), SagaError> {
+    let id = r.id;
+    let check_step = |r: &SagaRecord, step: u32, want: SagaState| -> Result<(), SagaError> {
+        if r.state != want {
+            return Err(SagaError::WrongState {
+                saga_id: id,
+                state: r.state.name().into(),
+                what: format!("this write needs it {}", want.name()),
+            });
+        }
+        if step != r.current {
+            return Err(refused(r, step, format!("the saga is at step {}", r.current)));
+        }
+        Ok(())
+    };
+    match ev {
+        JournalEvent::ForwardIntent { step } => {
+            check_step(r, *step, SagaState::Running)?;
+            let max = def.steps[*step as usize].retry.max_attempts;
+            let j = &mut r.steps[*step as usize];
+            match j.forward.as_mut() {
+                None => j.forward = Some(Call::new(id, *step, 'f', 1, 1, now_ms)),
+                Some(c) if c.outcome().unsettled() => {
+                    if c.attempts >= max {
+                        return Err(refused(r, *step, format!("the forward call had its {max} attempts")));
+                    }
+                    // A status query found it not applied: settle the
+                    // UNKNOWN spell, call again under the same key.
+                    c.settle_unknown(now_ms, true);
+                    c.outcome = Some(CallOutcome::Intended);
+                    c.attempts += 1;
+                    c.intent_at_ms = now_ms;
+                }
+                Some(c) => {
+                    let o = c.outcome();
+                    return Err(refused(
+                        r,
+                        *step,
+                        format!("the forward call is {}: a new intent needs a recovery choice", o.name()),
+                    ));
+                }
+            }
+            if j.compensation_ref.is_empty() {
+                if let Some(c) = &def.steps[*step as usize].compensation {
+                    j.compensation_ref = format!("{}:{c}", def.label());
+                }
+            }
+        }
+        JournalEvent::ForwardOutcome { step, reply } => {
+            check_step(r, *step, SagaState::Running)?;
+            check_reply(
+                r,
+                *step,
+                reply,
+                &[CallOutcome::Ok, CallOutcome::Failed, CallOutcome::Unknown],
+            )?;
+            let j = &mut r.steps[*step as usize];
+            let Some(c) = j.forward.as_mut().filter(|c| c.outcome().unsettled()) else {
+                return Err(refused(r, *step, "no forward call is waiting for an outcome"));
+            };
+            c.record(reply, now_ms);
+            if reply.outcome == CallOutcome::Ok {
+                j.precondition = c.resource_version.clone();
+                advance(r, def, now_ms);
+            }
+        }
+        JournalEvent::Recover { step, option, reason } => {
+            check_step(r, *step, SagaState::Running)?;
+            let sd = &def.steps[*step as usize];
+            let failed = r.steps[*step as usize]
+                .forward
+                .as_ref()
+                .is_some_and(|c| c.outcome() == CallOutcome::Failed);
+            if !failed {
+                return Err(refused(r, *step, "recovery is chosen only for a FAILED forward call"));
+            }
+            if !sd.recovery().contains(option) {
+                return Err(refused(
+                    r,
+                    *step,
+                    format!(
+                        "{} is not among the recovery options the definition registered for step {:?}",
+                        option.name(),
+                        sd.name
+                    ),
+                ));
+            }
+            match option {
+                Recovery::Retry => {
+                    let c = r.steps[*step as usize].forward.as_mut().expect("checked above");
+                    if c.attempts >= sd.retry.max_attempts {
+                        return Err(refused(
+                            r,
+                            *step,
+                            format!("the forward call had its {} attempts", sd.retry.max_attempts),
+                        ));
+                    }
+                    *c = c.next_generation(id, *step, 'f', c.attempts + 1, now_ms);
+                }
+                Recovery::Compensate => {
+                    if let Some(why) = beyond_return(r, def) {
+                        return Err(refused(r, *step, format!("the saga only goes forward: it is {why}")));
+                    }
+                    r.state = SagaState::Compensating;
+                    next_compensation(r, def, step.checked_sub(1), now_ms);
+                }
+                Recovery::Park => {
+                    if reason.is_empty() {
+                        return Err(SagaError::Invalid("a saga parks with its reason".into()));
+                    }
+                    park(r, reason)
+                }
+            }
+        }
+        JournalEvent::CompensationIntent { step } => {
+            check_step(r, *step, SagaState::Compensating)?;
+            let max = def.steps[*step as usize].retry.max_attempts;
+            let j = &mut r.steps[*step as usize];
+            match j.compensation.as_mut() {
+                None => j.compensation = Some(Call::new(id, *step, 'c', 1, 1, now_ms)),
+                Some(c) if c.outcome().unsettled() || c.outcome() == CallOutcome::Failed => {
+                    if c.attempts >= max {
+                        return Err(refused(r, *step, format!("the compensation had its {max} attempts")));
+                    }
+                    if c.outcome() == CallOutcome::Failed {
+                        *c = c.next_generation(id, *step, 'c', c.attempts + 1, now_ms);
+                    } else {
+                        c.settle_unknown(now_ms, true);
+                        c.outcome = Some(CallOutcome::Intended);
+                        c.attempts += 1;
+                        c.intent_at_ms = now_ms;
+                    }
+                }
+                Some(c) => {
+                    let o = c.outcome();
+                    return Err(refused(r, *step, format!("the compensation is {}", o.name())));
+                }
+            }
+        }
+        JournalEvent::CompensationOutcome { step, reply } => {
+            check_step(r, *step, SagaState::Compensating)?;
+            check_reply(
+                r,
+                *step,
+                reply,
+                &[
+                    CallOutcome::Ok,
+                    CallOutcome::Noop,
+                    CallOutcome::Failed,
+                    CallOutcome::Stale,
+                    CallOutcome::Unknown,
+                ],
+            )?;
+            let j = &mut r.steps[*step as usize];
+            let Some(c) = j.compensation.as_mut().filter(|c| c.outcome().unsettled()) else {
+                return Err(refused(r, *step, "no compensation is waiting for an outcome"));
+            };
+            c.record(reply, now_ms);
+            if !reply.residual.is_empty() {
+                j.residual = reply.residual.clone();
+            }
+            match reply.outcome {
+                CallOutcome::Ok | CallOutcome::Noop => next_compensation(r, def, step.checked_sub(1), now_ms),
+                CallOutcome::Stale => {
+                    if j.residual.is_empty() {
+                        j.residual = format!("not undone: {}", reply.reason);
+                    }
+                    let why = format!(
+                        "step {step} ({:?}): compensation refused, the resource's version moved on since the forward action: {}",
+                        def.steps[*step as usize].name, reply.reason
+                    );
+                    park(r, &why);
+                }
+                _ => {}
+            }
+        }
+        JournalEvent::Park { reason } => {
+            if reason.is_empty() {
+                return Err(SagaError::Invalid("a saga parks with its reason".into()));
+            }
+            park(r, reason);
+        }
+    }
+    Ok(())
+}
+
+fn check_reply(r: &SagaRecord, step: u32, reply: &Reply, allowed: &[CallOutcome]) -> Result<(), SagaError> {
+    if !allowed.contains(&reply.outcome) {
+        return Err(refused(
+            r,
+            step,
+            format!("{} is not an outcome of this call", reply.outcome.name()),
+        ));
+    }
+    for (field, v) in [
+        ("reason", &reply.reason),
+        ("residual", &reply.residual),
+        ("downstream_operation_id", &reply.downstream_operation_id),
+        ("resource_version", &reply.resource_version),
+    ] {
+        if v.len() > limits::REASON_BYTES_MAX {
+            return Err(SagaError::Invalid(format!(
+                "{field} is {} bytes; the limit is {} bytes",
+                v.len(),
+                limits::REASON_BYTES_MAX
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

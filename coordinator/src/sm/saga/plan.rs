@@ -1,0 +1,133 @@
+//! The orchestrator's next move for one saga, as a pure function of its
+//! journal (so the rules are unit-tested without a network): what to
+//! journal, what to call, what to ask. The orchestrator does the I/O and
+//! journals what it saw; a new leader runs the same function on the same
+//! journal and so resumes where the old one stopped.
+
+use super::CallOutcome;
+use super::Definition;
+use super::JournalEvent;
+use super::Recovery;
+use super::SagaRecord;
+use super::SagaState;
+
+/// The next move.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Move {
+    /// Nothing to do: the saga ended or waits for an operator.
+    Idle,
+    /// Write this to the journal (then plan again).
+    Journal(JournalEvent),
+    /// Call the step's forward action (its intent is journaled).
+    CallForward { step: u32 },
+    /// Ask the step service what the forward call's operation id did: its
+    /// outcome is UNKNOWN, or its intent was journaled by an earlier leader
+    /// (or before a restart) that may have called.
+    QueryForward { step: u32 },
+    /// Ask whether the forward action happened, then (if it did) call the
+    /// compensation (whose intent is journaled): a compensation never runs
+    /// for an action that did not happen.
+    AskThenCompensate { step: u32 },
+    /// Ask what the compensation's operation id did (UNKNOWN, or a
+    /// compensation intent journaled by an earlier leader).
+    QueryCompensation { step: u32 },
+}
+
+/// Ranks the registered recovery options of a failed step (the policy
+/// boundary, issue 14 item 6): it may order them and say why, never add
+/// one. The orchestrator takes the first option the journal admits; the
+/// state machine refuses an option the definition did not register.
+pub trait RecoveryPolicy: Send + Sync {
+    fn rank(&self, saga: &SagaRecord, step: u32, registered: &[Recovery]) -> Vec<Recovery>;
+}
+
+/// The registered order, as is.
+pub struct RegisteredOrder;
+
+impl RecoveryPolicy for RegisteredOrder {
+    fn rank(&self, _: &SagaRecord, _: u32, registered: &[Recovery]) -> Vec<Recovery> {
+        registered.to_vec()
+    }
+}
+
+/// The next move for `r`. `fresh` says the current call's INTENDED was
+/// journaled by this orchestrator in this term and not called yet (so
+/// calling is safe without asking first); otherwise an INTENDED call may
+/// have been made and is asked about first. `now_ms` is the leader's clock.
+pub fn next(r: &SagaRecord, def: &Definition, fresh: bool, now_ms: u64, policy: &dyn RecoveryPolicy) -> Move {
+    let step = r.current;
+    let sd = &def.steps[step as usize];
+    let j = &r.steps[step as usize];
+    match r.state {
+        SagaState::Running => match j.forward.as_ref().map(|c| (c.outcome(), c.attempts)) {
+            None => Move::Journal(JournalEvent::ForwardIntent { step }),
+            Some((CallOutcome::Intended, _)) if fresh => Move::CallForward { step },
+            Some((CallOutcome::Intended | CallOutcome::Unknown, _)) => Move::QueryForward { step },
+            Some((CallOutcome::Failed, attempts)) => {
+                let registered = sd.recovery();
+                let reason = j.forward.as_ref().map(|c| c.reason.clone()).unwrap_or_default();
+                for o in policy.rank(r, step, &registered) {
+                    if !registered.contains(&o) {
+                        continue;
+                    }
+                    let admitted = match o {
+                        Recovery::Retry => attempts < sd.retry.max_attempts,
+                        Recovery::Compensate => !r.past_pivot,
+                        Recovery::Park => true,
+                    };
+                    if admitted {
+                        let why = match o {
+                            Recovery::Park => {
+                                format!("step {step} ({:?}) failed after {attempts} attempts: {reason}", sd.name)
+                            }
+                            _ => reason,
+                        };
+                        return Move::Journal(JournalEvent::Recover {
+                            step,
+                            option: o,
+                            reason: why,
+                        });
+                    }
+                }
+                Move::Journal(JournalEvent::Park {
+                    reason: format!(
+                        "step {step} ({:?}) failed after {attempts} attempts and no registered recovery option is left: {reason}",
+                        sd.name
+                    ),
+                })
+            }
+            // OK and SKIPPED move the saga on when journaled.
+            Some(_) => Move::Idle,
+        },
+        SagaState::Compensating => {
+            if r.authorization.expired(now_ms) {
+                return Move::Journal(JournalEvent::Park {
+                    reason: format!(
+                        "the saga's rights (principal {:?}) expired at {} ms before the compensation of step {step} ({:?}): escalated, not compensated",
+                        r.authorization.principal, r.authorization.expires_at_ms, sd.name
+                    ),
+                });
+            }
+            match j.compensation.as_ref().map(|c| (c.outcome(), c.attempts)) {
+                None => Move::Journal(JournalEvent::CompensationIntent { step }),
+                Some((CallOutcome::Intended, _)) if fresh => Move::AskThenCompensate { step },
+                Some((CallOutcome::Intended | CallOutcome::Unknown, _)) => Move::QueryCompensation { step },
+                Some((CallOutcome::Failed, attempts)) => {
+                    if attempts < sd.retry.max_attempts {
+                        Move::Journal(JournalEvent::CompensationIntent { step })
+                    } else {
+                        let reason = j.compensation.as_ref().map(|c| c.reason.clone()).unwrap_or_default();
+                        Move::Journal(JournalEvent::Park {
+                            reason: format!(
+                                "the compensation of step {step} ({:?}) failed after {attempts} attempts: {reason}",
+                                sd.name
+                            ),
+                        })
+                    }
+                }
+                Some(_) => Move::Idle,
+            }
+        }
+        _ => Move::Idle,
+    }
+}

@@ -1,0 +1,750 @@
+//! The order saga's step services (issue 14, item 8; docs/sagas.md, "The
+//! order saga"): three services on the participant SDK's saga module
+//! ([`participant_sdk::saga`]), one process each, all reading the same
+//! input, an [`OrderInput`] as JSON:
+//! `{"order":"o-17","sku":"sku-3","qty":2,"customer":"c-5","amount":1200}`.
+//!
+//! - **inventory** ([`services::Inventory`]): [`RESERVE`] takes `qty` of
+//!   `sku` out of stock into the order's reservation (COMPENSABLE,
+//!   versioned: it reports the sku's version), FAILED "out of stock";
+//!   [`RELEASE`] puts it back, STALE when the reservation changed since
+//!   (see the type's documentation); status query [`RESERVATION`].
+//! - **payment** ([`services::Payment`]): [`CHARGE`] takes `amount` from
+//!   the customer's balance (PIVOT), FAILED "insufficient funds"; status
+//!   query [`CHARGE_STATUS`]. Its simulated API can lose replies: with
+//!   `--lose-replies-percent N` the charge is applied durably and then,
+//!   N% of the time, the caller gets UNAVAILABLE "reply lost" instead of
+//!   the reply ([`LosingReplies`]), so the orchestrator must reconcile
+//!   through Status.
+//! - **email** ([`services::Email`]): [`SEND_CONFIRMATION`] writes the
+//!   outbox event "confirmation for order X" (RETRIABLE); with
+//!   `--fail-first-percent N` it answers FAILED "mail server busy" N% of
+//!   the time before doing anything; status query [`EMAIL_STATUS`]. The
+//!   outbox relay appends delivered events to `<data>/sent.log` (the "mail
+//!   server"), one line `<event number>\t<event>` each, at least once.
+//!
+//! [`order_saga_definition`] is the saga the orchestrator runs over them.
+//! [`audit`] reads a stopped service's data directory: what a checker needs
+//! to say that stock and money are conserved and that no business effect
+//! was applied more than once per order (`duplicate_forward_actions`, must
+//! be 0). Seeded when the data directory is new ([`Seed`]).
+//!
+//! The commands: `coordinator saga-step-serve` ([`StepServeArgs`],
+//! [`serve`]) and `coordinator saga-step-audit` ([`StepAuditArgs`]).
+
+pub mod services;
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::saga_step_service_server::SagaStepService;
+use participant_sdk::saga::OutboxSink;
+use participant_sdk::saga::StepHandler;
+use participant_sdk::saga::StepServer;
+use participant_sdk::saga::StepStaged;
+use participant_sdk::saga::StepStore;
+use participant_sdk::saga::StepView;
+use serde::Deserialize;
+use serde::Serialize;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+
+use crate::services::AccountRecord;
+use crate::services::ChargeRecord;
+use crate::services::Email;
+use crate::services::Inventory;
+use crate::services::Payment;
+use crate::services::ReservationRecord;
+use crate::services::SkuRecord;
+
+/// The inventory's forward action, compensation and status query.
+pub const RESERVE: &str = "reserve";
+pub const RELEASE: &str = "release";
+pub const RESERVATION: &str = "reservation";
+/// Not a saga step: a change to an order's reservation made outside the
+/// saga (customer service), which makes a later release STALE.
+pub const AMEND: &str = "amend";
+/// The payment service's forward action and status query.
+pub const CHARGE: &str = "charge";
+pub const CHARGE_STATUS: &str = "charge_status";
+/// The e-mail service's forward action and status query.
+pub const SEND_CONFIRMATION: &str = "send_confirmation";
+pub const EMAIL_STATUS: &str = "email_status";
+
+/// The saga definition's name and version ([`order_saga_definition`]).
+pub const ORDER_SAGA: &str = "order";
+pub const ORDER_SAGA_VERSION: u32 = 1;
+/// Its steps' names.
+pub const STEP_RESERVE_STOCK: &str = "reserve_stock";
+pub const STEP_CHARGE_CARD: &str = "charge_card";
+pub const STEP_SEND_CONFIRMATION: &str = "send_confirmation";
+
+/// The file the e-mail service's relay appends delivered events to, in its
+/// data directory.
+pub const SENT_LOG: &str = "sent.log";
+/// How often the e-mail service's outbox relay looks for events.
+pub const RELAY_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The input every step of the order saga gets (as JSON).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OrderInput {
+    pub order: String,
+    pub sku: String,
+    pub qty: u64,
+    pub customer: String,
+    pub amount: u64,
+}
+
+impl OrderInput {
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("serializable")
+    }
+}
+
+/// The order saga (name [`ORDER_SAGA`], version [`ORDER_SAGA_VERSION`])
+/// over step services at these addresses (host:port): reserve_stock
+/// (COMPENSABLE, versioned) → charge_card (PIVOT) → send_confirmation
+/// (RETRIABLE); each retried up to 8 calls, backing off 50 ms to 1 s; the
+/// default recovery options.
+pub fn order_saga_definition(inventory: &str, payment: &str, email: &str) -> pb::SagaDefinition {
+    let retry = Some(pb::RetryPolicy {
+        max_attempts: 8,
+        backoff_initial_ms: 50,
+        backoff_max_ms: 1000,
+    });
+    let step = |name: &str, kind: pb::StepKind, service: &str, action: &str, compensation: &str, query: &str| {
+        pb::SagaStepDefinition {
+            name: name.into(),
+            kind: kind as i32,
+            service: service.into(),
+            action: action.into(),
+            compensation: compensation.into(),
+            status_query: query.into(),
+            versioned: kind == pb::StepKind::Compensable,
+            retry,
+            on_failure: vec![],
+        }
+    };
+    pb::SagaDefinition {
+        name: ORDER_SAGA.into(),
+        version: ORDER_SAGA_VERSION,
+        steps: vec![
+            step(
+                STEP_RESERVE_STOCK,
+                pb::StepKind::Compensable,
+                inventory,
+                RESERVE,
+                RELEASE,
+                RESERVATION,
+            ),
+            step(
+                STEP_CHARGE_CARD,
+                pb::StepKind::Pivot,
+                payment,
+                CHARGE,
+                "",
+                CHARGE_STATUS,
+            ),
+            step(
+                STEP_SEND_CONFIRMATION,
+                pb::StepKind::Retriable,
+                email,
+                SEND_CONFIRMATION,
+                "",
+                EMAIL_STATUS,
+            ),
+        ],
+    }
+}
+
+/// Which service a process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Inventory,
+    Payment,
+    Email,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Inventory => "inventory",
+            Role::Payment => "payment",
+            Role::Email => "email",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a new data directory starts with: skus `sku-0` .. with `stock`
+/// each (inventory), customers `c-0` .. with `balance` each (payment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seed {
+    pub skus: u32,
+    pub stock: u64,
+    pub customers: u32,
+    pub balance: u64,
+}
+
+impl Default for Seed {
+    fn default() -> Self {
+        Seed {
+            skus: 10,
+            stock: 100,
+            customers: 10,
+            balance: 100_000,
+        }
+    }
+}
+
+/// `coordinator saga-step-serve`: one step service of the order saga until
+/// SIGTERM.
+#[derive(clap::Args, Clone, Debug)]
+pub struct StepServeArgs {
+    #[arg(long, value_enum)]
+    pub role: Role,
+    /// Address to serve `dtx.v1.SagaStepService` on (host:port).
+    #[arg(long)]
+    pub listen: String,
+    /// The service's data directory (created and seeded when new).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Lose this percentage of Forward and Compensate replies after
+    /// applying the call durably (answering UNAVAILABLE "reply lost").
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub lose_replies_percent: u32,
+    /// email: answer FAILED "mail server busy" this percentage of the time,
+    /// before doing anything.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub fail_first_percent: u32,
+    /// inventory seed: skus sku-0 .. sku-(N-1).
+    #[arg(long, default_value_t = 10)]
+    pub skus: u32,
+    /// inventory seed: the stock of each sku.
+    #[arg(long, default_value_t = 100)]
+    pub stock: u64,
+    /// payment seed: customers c-0 .. c-(N-1).
+    #[arg(long, default_value_t = 10)]
+    pub customers: u32,
+    /// payment seed: the balance of each customer.
+    #[arg(long, default_value_t = 100_000)]
+    pub balance: u64,
+    #[command(flatten)]
+    pub tls: dtx_tls::args::TlsArgs,
+}
+
+impl StepServeArgs {
+    /// Plain text, no failures, the default seed.
+    pub fn new(role: Role, listen: &str, data: &Path) -> StepServeArgs {
+        let seed = Seed::default();
+        StepServeArgs {
+            role,
+            listen: listen.into(),
+            data: data.into(),
+            lose_replies_percent: 0,
+            fail_first_percent: 0,
+            skus: seed.skus,
+            stock: seed.stock,
+            customers: seed.customers,
+            balance: seed.balance,
+            tls: Default::default(),
+        }
+    }
+
+    pub fn seed(&self) -> Seed {
+        Seed {
+            skus: self.skus,
+            stock: self.stock,
+            customers: self.customers,
+            balance: self.balance,
+        }
+    }
+}
+
+/// `coordinator saga-step-audit`: the [`Audit`] of a stopped service's data
+/// directory, as JSON.
+#[derive(clap::Args, Clone, Debug)]
+pub struct StepAuditArgs {
+    #[arg(long, value_enum)]
+    pub role: Role,
+    #[arg(long)]
+    pub data: PathBuf,
+}
+
+/// A step service wrapper whose Forward and Compensate replies get lost
+/// `percent`% of the time AFTER the call was applied (and made durable):
+/// the caller gets UNAVAILABLE "reply lost" and cannot tell what happened
+/// but through Status, which never loses its replies.
+pub struct LosingReplies<S> {
+    inner: S,
+    percent: u32,
+    lost: AtomicU64,
+}
+
+impl<S: SagaStepService> LosingReplies<S> {
+    pub fn new(inner: S, percent: u32) -> Self {
+        LosingReplies {
+            inner,
+            percent: percent.min(100),
+            lost: AtomicU64::new(0),
+        }
+    }
+
+    /// Replies lost so far.
+    pub fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
+
+    fn maybe_lose(
+        &self,
+        call: &'static str,
+        reply: Result<Response<pb::StepReply>, Status>,
+    ) -> Result<Response<pb::StepReply>, Status> {
+        let reply = reply?;
+        if self.percent > 0 && rand::random_range(0..100u32) < self.percent {
+            let n = self.lost.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::info!(call, lost = n, "simulated: the reply is lost (the call was applied)");
+            return Err(Status::unavailable("reply lost"));
+        }
+        Ok(reply)
+    }
+}
+
+#[tonic::async_trait]
+impl<S: SagaStepService> SagaStepService for LosingReplies<S> {
+    async fn forward(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
+        let r = self.inner.forward(req).await;
+        self.maybe_lose("forward", r)
+    }
+
+    async fn compensate(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
+        let r = self.inner.compensate(req).await;
+        self.maybe_lose("compensate", r)
+    }
+
+    async fn status(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
+        self.inner.status(req).await
+    }
+}
+
+/// The e-mail service's "mail server": appends each delivered event as a
+/// line `<number>\t<event>` to a file, and syncs it before saying OK.
+pub struct SentLog {
+    pub path: PathBuf,
+}
+
+#[tonic::async_trait]
+impl OutboxSink for SentLog {
+    async fn deliver(&self, events: &[(u64, Vec<u8>)]) -> Result<(), String> {
+        let path = self.path.clone();
+        let mut text = String::new();
+        for (seq, ev) in events {
+            text.push_str(&format!("{seq}\t{}\n", String::from_utf8_lossy(ev)));
+        }
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_data()
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("{}: {e}", self.path.display()))
+    }
+}
+
+/// What the three services have in common here.
+trait ShopService: StepHandler {
+    fn seed(seed: &Seed, staged: &mut StepStaged);
+    fn audit(view: &StepView<'_>, data: &Path, audit: &mut Audit) -> anyhow::Result<()>;
+}
+
+impl ShopService for Inventory {
+    fn seed(seed: &Seed, staged: &mut StepStaged) {
+        Inventory::seed(seed, staged)
+    }
+
+    fn audit(view: &StepView<'_>, _data: &Path, a: &mut Audit) -> anyhow::Result<()> {
+        let mut held: BTreeMap<String, u64> = BTreeMap::new();
+        for (k, v) in view.scan(b"reservation/")? {
+            let (order, _op) = split_order(&k, "reservation/")?;
+            let r: ReservationRecord = serde_json::from_slice(&v).context("a reservation record")?;
+            a.reservations.entry(order).or_default().reserved_qty += r.qty;
+            *held.entry(r.sku).or_default() += r.qty;
+        }
+        for (order, n) in counts(view, "reserve")? {
+            a.reservations.entry(order).or_default().reserves_applied = n;
+        }
+        for (order, n) in counts(view, "release")? {
+            a.reservations.entry(order).or_default().releases_applied = n;
+        }
+        for (k, v) in view.scan(b"sku/")? {
+            let sku = String::from_utf8_lossy(&k["sku/".len()..]).into_owned();
+            let r: SkuRecord = serde_json::from_slice(&v).context("a sku record")?;
+            let conserved = r.stock + r.reserved == r.initial;
+            if !conserved {
+                a.problems.push(format!(
+                    "{sku}: stock {} + reserved {} != initial {}",
+                    r.stock, r.reserved, r.initial
+                ));
+            }
+            let h = held.remove(&sku).unwrap_or(0);
+            if h != r.reserved {
+                a.problems
+                    .push(format!("{sku}: {} reserved, but the reservations hold {h}", r.reserved));
+            }
+            a.skus.insert(
+                sku,
+                SkuAudit {
+                    initial: r.initial,
+                    stock: r.stock,
+                    reserved: r.reserved,
+                    conserved,
+                },
+            );
+        }
+        for (sku, h) in held {
+            a.problems.push(format!("reservations hold {h} of unknown sku {sku}"));
+        }
+        a.duplicate_forward_actions = a
+            .reservations
+            .values()
+            .map(|r| r.reserves_applied.saturating_sub(1))
+            .sum();
+        Ok(())
+    }
+}
+
+impl ShopService for Payment {
+    fn seed(seed: &Seed, staged: &mut StepStaged) {
+        Payment::seed(seed, staged)
+    }
+
+    fn audit(view: &StepView<'_>, _data: &Path, a: &mut Audit) -> anyhow::Result<()> {
+        let mut charged: BTreeMap<String, u64> = BTreeMap::new();
+        for (k, v) in view.scan(b"charge/")? {
+            let (order, _op) = split_order(&k, "charge/")?;
+            let c: ChargeRecord = serde_json::from_slice(&v).context("a charge record")?;
+            a.charges.entry(order).or_default().amount += c.amount;
+            *charged.entry(c.customer).or_default() += c.amount;
+        }
+        for (order, n) in counts(view, "charge")? {
+            a.charges.entry(order).or_default().charges_applied = n;
+        }
+        for (k, v) in view.scan(b"customer/")? {
+            let customer = String::from_utf8_lossy(&k["customer/".len()..]).into_owned();
+            let r: AccountRecord = serde_json::from_slice(&v).context("an account record")?;
+            let c = charged.remove(&customer).unwrap_or(0);
+            if r.initial.checked_sub(r.balance) != Some(c) {
+                a.problems.push(format!(
+                    "{customer}: initial {} - balance {} != charged {c}",
+                    r.initial, r.balance
+                ));
+            }
+            a.balances.insert(
+                customer,
+                BalanceAudit {
+                    initial: r.initial,
+                    balance: r.balance,
+                    charged: c,
+                },
+            );
+        }
+        for (customer, c) in charged {
+            a.problems.push(format!("{c} charged to unknown customer {customer}"));
+        }
+        a.duplicate_forward_actions = a.charges.values().map(|c| c.charges_applied.saturating_sub(1)).sum();
+        Ok(())
+    }
+}
+
+impl ShopService for Email {
+    fn seed(_seed: &Seed, _staged: &mut StepStaged) {}
+
+    fn audit(view: &StepView<'_>, data: &Path, a: &mut Audit) -> anyhow::Result<()> {
+        for (order, n) in counts(view, "confirm")? {
+            a.confirmations.entry(order).or_default().applied = n;
+        }
+        let sent = match std::fs::read_to_string(data.join(SENT_LOG)) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e).context(SENT_LOG),
+        };
+        let mut events: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+        for line in sent.lines().filter(|l| !l.is_empty()) {
+            let parsed = line.split_once('\t').and_then(|(seq, ev)| {
+                Some((
+                    seq.parse::<u64>().ok()?,
+                    ev.strip_prefix(&services::confirmation_event(""))?.to_string(),
+                ))
+            });
+            let Some((seq, order)) = parsed else {
+                a.problems.push(format!("{SENT_LOG}: unreadable line {line:?}"));
+                continue;
+            };
+            a.confirmations.entry(order.clone()).or_default().sent_lines += 1;
+            events.entry(order).or_default().insert(seq);
+        }
+        for (order, seqs) in events {
+            let c = a.confirmations.entry(order.clone()).or_default();
+            c.sent_events = seqs.len() as u64;
+            if c.sent_events > c.applied {
+                a.problems.push(format!(
+                    "order {order}: {} confirmations sent, {} applied",
+                    c.sent_events, c.applied
+                ));
+            }
+        }
+        a.duplicate_forward_actions = a.confirmations.values().map(|c| c.applied.saturating_sub(1)).sum();
+        Ok(())
+    }
+}
+
+/// `what/<order>/<op>` -> (order, op).
+fn split_order(key: &[u8], prefix: &str) -> anyhow::Result<(String, String)> {
+    let rest = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+    let (order, op) = rest
+        .split_once('/')
+        .with_context(|| format!("a key {prefix}{rest} without an operation id"))?;
+    Ok((order.to_string(), op.to_string()))
+}
+
+/// The per-order counts of effect `what`.
+fn counts(view: &StepView<'_>, what: &str) -> anyhow::Result<Vec<(String, u64)>> {
+    let prefix = format!("effects/{what}/");
+    let mut out = Vec::new();
+    for (k, v) in view.scan(prefix.as_bytes())? {
+        let order = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+        let n = std::str::from_utf8(&v)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("the count of {what} for {order}"))?;
+        out.push((order, n));
+    }
+    Ok(out)
+}
+
+/// One sku (inventory).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SkuAudit {
+    pub initial: u64,
+    pub stock: u64,
+    pub reserved: u64,
+    /// `stock + reserved == initial`.
+    pub conserved: bool,
+}
+
+/// One order's reservations (inventory).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReservationAudit {
+    /// Reserves applied (must be at most 1).
+    pub reserves_applied: u64,
+    pub releases_applied: u64,
+    /// Still reserved for the order.
+    pub reserved_qty: u64,
+}
+
+/// One order's charges (payment).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChargeAudit {
+    /// Charges applied (must be at most 1).
+    pub charges_applied: u64,
+    /// Their total.
+    pub amount: u64,
+}
+
+/// One customer (payment).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BalanceAudit {
+    pub initial: u64,
+    pub balance: u64,
+    /// What the charges recorded took (`initial - balance` when money is
+    /// conserved).
+    pub charged: u64,
+}
+
+/// One order's confirmations (email).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConfirmationAudit {
+    /// Confirmations applied (must be at most 1).
+    pub applied: u64,
+    /// Lines in sent.log (more than `sent_events` when a delivery was
+    /// repeated: at least once).
+    pub sent_lines: u64,
+    /// Distinct events in sent.log.
+    pub sent_events: u64,
+}
+
+/// What a stopped service's data directory holds ([`audit`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Audit {
+    pub role: String,
+    /// Inbox records: operation ids answered, by kind.
+    pub inbox_forward: u64,
+    pub inbox_compensate: u64,
+    /// Repeated operation ids answered from the inbox (the durable
+    /// `dtx_step_duplicates_total`): harmless repeats.
+    pub forward_duplicates_seen: u64,
+    pub compensate_duplicates_seen: u64,
+    /// Outbox events not delivered yet.
+    pub outbox_pending: u64,
+    /// Business effects applied more than once for one order (the extra
+    /// applications, summed over orders): MUST be 0.
+    pub duplicate_forward_actions: u64,
+    /// Broken invariants (stock or money not conserved, a confirmation sent
+    /// that was never applied), one sentence each: MUST be empty.
+    pub problems: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub skus: BTreeMap<String, SkuAudit>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reservations: BTreeMap<String, ReservationAudit>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub charges: BTreeMap<String, ChargeAudit>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub balances: BTreeMap<String, BalanceAudit>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub confirmations: BTreeMap<String, ConfirmationAudit>,
+}
+
+impl Audit {
+    /// No problem and no duplicate forward action.
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty() && self.duplicate_forward_actions == 0
+    }
+}
+
+/// The audit of `role`'s stopped service in `data` (opens its store: the
+/// service must not run).
+pub fn audit(role: Role, data: &Path) -> anyhow::Result<Audit> {
+    anyhow::ensure!(
+        data.join("db").exists(),
+        "{} holds no step service's data",
+        data.display()
+    );
+    match role {
+        Role::Inventory => audit_with(role, data, Inventory),
+        Role::Payment => audit_with(role, data, Payment),
+        Role::Email => audit_with(role, data, Email::default()),
+    }
+}
+
+fn audit_with<H: ShopService>(role: Role, data: &Path, handler: H) -> anyhow::Result<Audit> {
+    let store = StepStore::open(data, handler)?;
+    let stats = store.stats()?;
+    let mut a = Audit {
+        role: role.to_string(),
+        inbox_forward: stats.forward_records,
+        inbox_compensate: stats.compensate_records,
+        forward_duplicates_seen: stats.forward_duplicates,
+        compensate_duplicates_seen: stats.compensate_duplicates,
+        outbox_pending: stats.outbox_pending,
+        ..Audit::default()
+    };
+    H::audit(&store.view(), data, &mut a)?;
+    Ok(a)
+}
+
+/// Opens (seeding it when new) the store of a service.
+async fn open_store<H: ShopService>(data: &Path, handler: H, seed: &Seed) -> anyhow::Result<Arc<StepStore<H>>> {
+    std::fs::create_dir_all(data).with_context(|| format!("creating {}", data.display()))?;
+    let store = StepStore::open(data, handler)?;
+    if store.view().get(services::SEEDED_KEY)?.is_none() {
+        store
+            .write_data(|_, staged| {
+                H::seed(seed, staged);
+                staged.put(services::SEEDED_KEY, b"1");
+            })
+            .await?;
+    }
+    Ok(store)
+}
+
+/// `coordinator saga-step-serve`: binds `--listen`, then [`serve_listener`].
+pub async fn serve(a: StepServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .with_context(|| format!("listening on {}", a.listen))?;
+    serve_listener(a, listener, shutdown).await
+}
+
+/// Serves `a.role` on `listener` until `shutdown`, or until its store stops
+/// (a write failed: then an error, so a supervisor restarts it).
+pub async fn serve_listener(
+    a: StepServeArgs,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    match a.role {
+        Role::Inventory => run(Inventory, &a, listener, shutdown).await,
+        Role::Payment => run(Payment, &a, listener, shutdown).await,
+        Role::Email => {
+            let email = Email {
+                fail_first_percent: a.fail_first_percent,
+            };
+            run(email, &a, listener, shutdown).await
+        }
+    }
+}
+
+async fn run<H: ShopService>(
+    handler: H,
+    a: &StepServeArgs,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let store = open_store(&a.data, handler, &a.seed()).await?;
+    let relay = (a.role == Role::Email).then(|| {
+        let sink = Arc::new(SentLog {
+            path: a.data.join(SENT_LOG),
+        });
+        participant_sdk::saga::spawn_outbox_relay(store.clone(), sink, RELAY_INTERVAL)
+    });
+    let guard = participant_sdk::server::Guard {
+        tls: a.tls.server().context("TLS of the step service")?,
+        node_tokens: a.tls.node_tokens()?,
+    };
+    let stop = {
+        let store = store.clone();
+        let role = a.role;
+        async move {
+            tokio::select! {
+                _ = shutdown => {}
+                f = store.stopped() => tracing::error!(%role, "stopping: {f}"),
+            }
+        }
+    };
+    tracing::info!(
+        role = %a.role,
+        listen = %listener.local_addr().map(|x| x.to_string()).unwrap_or_default(),
+        data = %a.data.display(),
+        lose_replies_percent = a.lose_replies_percent,
+        fail_first_percent = a.fail_first_percent,
+        "saga step service serving"
+    );
+    let service = LosingReplies::new(StepServer::new(store.clone()), a.lose_replies_percent);
+    let served = participant_sdk::saga::serve_steps_guarded(service, listener, guard, stop).await;
+    if let Some(r) = relay {
+        r.abort();
+        let _ = r.await;
+    }
+    served.context("serving")?;
+    match store.failure() {
+        Some(f) => Err(anyhow::anyhow!("{f}")),
+        None => Ok(()),
+    }
+}

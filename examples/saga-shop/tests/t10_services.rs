@@ -1,0 +1,401 @@
+//! Issue 14, item 8: the order saga's three step services, each served on
+//! 127.0.0.1 as `saga-step-serve` runs it, driven through their gRPC API
+//! directly (no cluster): reserve, charge and send for one order; reserve
+//! then release for another; a release on a stale version; a payment API
+//! that loses every reply, reconciled through Status; a mail server that
+//! is busy half of the time, retried under new operation ids; then the
+//! audit of each stopped service.
+
+use std::path::Path;
+use std::time::Duration;
+
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
+use dtx_saga_shop::OrderInput;
+use dtx_saga_shop::Role;
+use dtx_saga_shop::StepServeArgs;
+use tonic::transport::Channel;
+
+struct Svc {
+    client: SagaStepServiceClient<Channel>,
+    query: &'static str,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Svc {
+    async fn start(args: StepServeArgs) -> Svc {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let query = match args.role {
+            Role::Inventory => dtx_saga_shop::RESERVATION,
+            Role::Payment => dtx_saga_shop::CHARGE_STATUS,
+            Role::Email => dtx_saga_shop::EMAIL_STATUS,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(dtx_saga_shop::serve_listener(args, listener, async {
+            let _ = stopped.await;
+        }));
+        let ch = dtx_proto::channel::channel_with(&addr, None, Duration::from_secs(2), None).unwrap();
+        Svc {
+            client: SagaStepServiceClient::new(ch),
+            query,
+            stop,
+            served,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.served.await.unwrap().unwrap();
+    }
+
+    async fn forward(&mut self, call: pb::StepCall) -> Result<pb::StepReply, tonic::Status> {
+        self.client.forward(call).await.map(|r| r.into_inner())
+    }
+
+    async fn compensate(&mut self, call: pb::StepCall) -> pb::StepReply {
+        self.client.compensate(call).await.unwrap().into_inner()
+    }
+
+    async fn status(&mut self, op: &str) -> pb::StepStatusReply {
+        self.client
+            .status(pb::StepStatusRequest {
+                operation_id: op.into(),
+                query: self.query.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// What an orchestrator does: call; on an error (UNKNOWN) ask Status;
+    /// not applied: call again under the same operation id.
+    async fn forward_reconciled(&mut self, call: pb::StepCall) -> (pb::StepReply, u32) {
+        let mut reconciliations = 0;
+        for _ in 0..20 {
+            match self.forward(call.clone()).await {
+                Ok(r) => return (r, reconciliations),
+                Err(st) => {
+                    assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+                    reconciliations += 1;
+                    let s = self.status(&call.operation_id).await;
+                    if s.applied {
+                        return (s.reply.unwrap(), reconciliations);
+                    }
+                }
+            }
+        }
+        panic!("no answer for {}", call.operation_id);
+    }
+}
+
+fn order(order: &str, qty: u64, amount: u64) -> OrderInput {
+    OrderInput {
+        order: order.into(),
+        sku: "sku-3".into(),
+        qty,
+        customer: "c-5".into(),
+        amount,
+    }
+}
+
+fn call(op: &str, action: &str, input: &OrderInput) -> pb::StepCall {
+    pb::StepCall {
+        saga_id: 1,
+        step: 0,
+        operation_id: op.into(),
+        action: action.into(),
+        input: input.to_json(),
+        fingerprint: "f".into(),
+        authorization: Some(pb::SagaAuthorization {
+            principal: "shop".into(),
+            ..Default::default()
+        }),
+        term: 1,
+        ..Default::default()
+    }
+}
+
+fn release(op: &str, forward_op: &str, precondition: &str, input: &OrderInput) -> pb::StepCall {
+    pb::StepCall {
+        forward_operation_id: forward_op.into(),
+        precondition: precondition.into(),
+        ..call(op, dtx_saga_shop::RELEASE, input)
+    }
+}
+
+fn outcome(r: &pb::StepReply) -> pb::StepOutcome {
+    pb::StepOutcome::try_from(r.outcome).unwrap()
+}
+
+async fn sent_log_has(dir: &Path, line: &str) {
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(dir.join(dtx_saga_shop::SENT_LOG)).unwrap_or_default();
+        if text.lines().any(|l| l.ends_with(line)) {
+            return;
+        }
+        assert!(std::time::Instant::now() < until, "{line:?} not in sent.log: {text:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_three_services_run_the_order_saga_steps_once_and_audit_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inv_dir, pay_dir, mail_dir) = (dir.path().join("inv"), dir.path().join("pay"), dir.path().join("mail"));
+    let mut inv = Svc::start(StepServeArgs::new(Role::Inventory, "-", &inv_dir)).await;
+    let mut pay = Svc::start(StepServeArgs {
+        lose_replies_percent: 100,
+        ..StepServeArgs::new(Role::Payment, "-", &pay_dir)
+    })
+    .await;
+    let mut mail = Svc::start(StepServeArgs {
+        fail_first_percent: 50,
+        ..StepServeArgs::new(Role::Email, "-", &mail_dir)
+    })
+    .await;
+
+    // Order o-1: reserve, charge (every reply lost), send the confirmation.
+    let o1 = order("o-1", 2, 1200);
+    let r = inv.forward(call("1.0.f", dtx_saga_shop::RESERVE, &o1)).await.unwrap();
+    assert_eq!(outcome(&r), pb::StepOutcome::Ok, "{r:?}");
+    assert_eq!(r.resource_version, "1", "sku-3's first change");
+    let st = pay
+        .forward(call("1.1.f", dtx_saga_shop::CHARGE, &o1))
+        .await
+        .unwrap_err();
+    assert_eq!((st.code(), st.message()), (tonic::Code::Unavailable, "reply lost"));
+    let (charged, reconciliations) = pay.forward_reconciled(call("1.1.f", dtx_saga_shop::CHARGE, &o1)).await;
+    assert_eq!(outcome(&charged), pb::StepOutcome::Ok, "{charged:?}");
+    assert_eq!(reconciliations, 1, "the repeat's reply was lost too; Status settled it");
+    let mut attempts = 0;
+    let sent = loop {
+        attempts += 1;
+        assert!(attempts <= 40, "the mail server stays busy");
+        let op = format!("1.2.f.{attempts}");
+        let r = mail
+            .forward(call(&op, dtx_saga_shop::SEND_CONFIRMATION, &o1))
+            .await
+            .unwrap();
+        match outcome(&r) {
+            pb::StepOutcome::Ok => break r,
+            pb::StepOutcome::Failed => {
+                assert_eq!(r.reason, "mail server busy");
+                assert_eq!(mail.status(&op).await.reply, Some(r), "a FAILED answer is recorded");
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(mail.status(&format!("1.2.f.{attempts}")).await.reply, Some(sent));
+    sent_log_has(&mail_dir, "\tconfirmation for order o-1").await;
+
+    // Order o-2: reserved, then released (a repeat answers the same).
+    let o2 = order("o-2", 3, 500);
+    let r = inv.forward(call("2.0.f", dtx_saga_shop::RESERVE, &o2)).await.unwrap();
+    assert_eq!(r.resource_version, "2");
+    let rel = inv
+        .compensate(release("2.0.c", "2.0.f", &r.resource_version, &o2))
+        .await;
+    assert_eq!(outcome(&rel), pb::StepOutcome::Ok, "{rel:?}");
+    assert_eq!(
+        inv.compensate(release("2.0.c", "2.0.f", &r.resource_version, &o2))
+            .await,
+        rel
+    );
+    // Released again under another operation id: nothing is held any more.
+    let again = inv
+        .compensate(release("2.0.c.2", "2.0.f", &r.resource_version, &o2))
+        .await;
+    assert_eq!(outcome(&again), pb::StepOutcome::Noop, "{again:?}");
+
+    // Order o-3: a release whose precondition is not the reservation's
+    // version is STALE and changes nothing.
+    let o3 = order("o-3", 2, 100);
+    let r = inv.forward(call("3.0.f", dtx_saga_shop::RESERVE, &o3)).await.unwrap();
+    assert_eq!(r.resource_version, "4");
+    let stale = inv.compensate(release("3.0.c", "3.0.f", "999", &o3)).await;
+    assert_eq!(outcome(&stale), pb::StepOutcome::Stale, "{stale:?}");
+    assert!(stale.residual.contains("2 of sku-3"), "{stale:?}");
+    // Another order's reserve moves the sku on, not o-1's reservation.
+    let r1 = inv.compensate(release("1.0.c", "1.0.f", "1", &o1)).await;
+    assert_eq!(outcome(&r1), pb::StepOutcome::Ok, "{r1:?}");
+
+    // Refusals: out of stock, insufficient funds (its reply lost too).
+    let o4 = order("o-4", 1000, 1_000_000_000);
+    let r = inv.forward(call("4.0.f", dtx_saga_shop::RESERVE, &o4)).await.unwrap();
+    assert_eq!(
+        (outcome(&r), r.reason.as_str()),
+        (pb::StepOutcome::Failed, "out of stock")
+    );
+    let (r, _) = pay.forward_reconciled(call("4.1.f", dtx_saga_shop::CHARGE, &o4)).await;
+    assert_eq!(
+        (outcome(&r), r.reason.as_str()),
+        (pb::StepOutcome::Failed, "insufficient funds")
+    );
+    // A compensation whose forward action never happened here.
+    let noop = inv.compensate(release("5.0.c", "5.0.f", "", &order("o-5", 1, 1))).await;
+    assert_eq!(outcome(&noop), pb::StepOutcome::Noop, "{noop:?}");
+    // The status queries are the registered ones.
+    let st = inv
+        .client
+        .status(pb::StepStatusRequest {
+            operation_id: "1.0.f".into(),
+            query: dtx_saga_shop::CHARGE_STATUS.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), tonic::Code::InvalidArgument);
+    // The pivot has no compensation.
+    let r = pay
+        .client
+        .compensate(release("1.1.c", "1.1.f", "", &o1))
+        .await
+        .unwrap_err();
+    assert_eq!(r.code(), tonic::Code::Unavailable, "its replies are lost too");
+    let s = pay.status("1.1.c").await;
+    assert_eq!(s.reply.map(|r| outcome(&r)), Some(pb::StepOutcome::Failed));
+
+    inv.stop().await;
+    pay.stop().await;
+    mail.stop().await;
+
+    let a = dtx_saga_shop::audit(Role::Inventory, &inv_dir).unwrap();
+    println!("{}", serde_json::to_string_pretty(&a).unwrap());
+    assert!(a.ok(), "{a:#?}");
+    let sku = &a.skus["sku-3"];
+    assert_eq!((sku.initial, sku.stock, sku.reserved), (100, 98, 2), "{a:#?}");
+    assert!(sku.conserved);
+    assert_eq!(a.skus.len(), 10);
+    assert_eq!(a.reservations["o-1"].reserves_applied, 1);
+    assert_eq!(a.reservations["o-1"].releases_applied, 1);
+    assert_eq!(a.reservations["o-1"].reserved_qty, 0);
+    assert_eq!(a.reservations["o-2"].releases_applied, 1);
+    assert_eq!(a.reservations["o-3"].reserved_qty, 2, "the stale release left it");
+    assert_eq!((a.inbox_forward, a.inbox_compensate), (4, 5), "{a:#?}");
+    assert_eq!(a.compensate_duplicates_seen, 1);
+    assert_eq!(a.duplicate_forward_actions, 0);
+
+    let a = dtx_saga_shop::audit(Role::Payment, &pay_dir).unwrap();
+    println!("{}", serde_json::to_string_pretty(&a).unwrap());
+    assert!(a.ok(), "{a:#?}");
+    assert_eq!(a.charges.len(), 1, "{a:#?}");
+    assert_eq!((a.charges["o-1"].charges_applied, a.charges["o-1"].amount), (1, 1200));
+    assert_eq!(a.balances["c-5"].balance, 100_000 - 1200);
+    assert_eq!(a.balances["c-0"].balance, 100_000);
+    assert_eq!(a.forward_duplicates_seen, 1, "the repeat of 1.1.f");
+    assert_eq!((a.inbox_forward, a.inbox_compensate), (2, 1));
+
+    let a = dtx_saga_shop::audit(Role::Email, &mail_dir).unwrap();
+    println!("{}", serde_json::to_string_pretty(&a).unwrap());
+    assert!(a.ok(), "{a:#?}");
+    let c = &a.confirmations["o-1"];
+    assert_eq!((c.applied, c.sent_events), (1, 1), "{a:#?}");
+    assert!(c.sent_lines >= 1);
+    assert_eq!(a.outbox_pending, 0);
+    assert_eq!(a.inbox_forward, attempts as u64, "every FAILED attempt is recorded too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_is_seeded_once_and_a_duplicate_effect_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("inv");
+    let mut inv = Svc::start(StepServeArgs {
+        skus: 2,
+        stock: 5,
+        ..StepServeArgs::new(Role::Inventory, "-", &data)
+    })
+    .await;
+    let o = OrderInput {
+        sku: "sku-1".into(),
+        ..order("o-9", 2, 0)
+    };
+    let r = inv.forward(call("9.0.f", dtx_saga_shop::RESERVE, &o)).await.unwrap();
+    assert_eq!(outcome(&r), pb::StepOutcome::Ok);
+    inv.stop().await;
+    // Restarted with another seed: the data stays as it is.
+    let mut inv = Svc::start(StepServeArgs::new(Role::Inventory, "-", &data)).await;
+    assert_eq!(inv.forward(call("9.0.f", dtx_saga_shop::RESERVE, &o)).await.unwrap(), r);
+    // The same order reserved under a second operation id (what a broken
+    // orchestrator would do): applied, and reported by the audit.
+    let r = inv
+        .forward(call("9.0.f.bis", dtx_saga_shop::RESERVE, &o))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&r), pb::StepOutcome::Ok);
+    let r = inv
+        .forward(call("9.0.f.ter", dtx_saga_shop::RESERVE, &o))
+        .await
+        .unwrap();
+    assert_eq!(
+        (outcome(&r), r.reason.as_str()),
+        (pb::StepOutcome::Failed, "out of stock")
+    );
+    inv.stop().await;
+    let a = dtx_saga_shop::audit(Role::Inventory, &data).unwrap();
+    assert_eq!(a.skus.len(), 2, "{a:#?}");
+    assert_eq!((a.skus["sku-1"].stock, a.skus["sku-1"].reserved), (1, 4));
+    assert!(a.problems.is_empty(), "{a:#?}");
+    assert_eq!(a.duplicate_forward_actions, 1);
+    assert!(!a.ok());
+    assert_eq!(a.forward_duplicates_seen, 1);
+}
+
+#[test]
+fn the_order_saga_definition() {
+    let d = dtx_saga_shop::order_saga_definition("inv:1", "pay:2", "mail:3");
+    assert_eq!((d.name.as_str(), d.version), ("order", 1));
+    let steps: Vec<_> = d
+        .steps
+        .iter()
+        .map(|s| {
+            (
+                s.name.as_str(),
+                pb::StepKind::try_from(s.kind).unwrap(),
+                s.service.as_str(),
+                s.action.as_str(),
+                s.compensation.as_str(),
+                s.status_query.as_str(),
+                s.versioned,
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (
+                "reserve_stock",
+                pb::StepKind::Compensable,
+                "inv:1",
+                "reserve",
+                "release",
+                "reservation",
+                true
+            ),
+            (
+                "charge_card",
+                pb::StepKind::Pivot,
+                "pay:2",
+                "charge",
+                "",
+                "charge_status",
+                false
+            ),
+            (
+                "send_confirmation",
+                pb::StepKind::Retriable,
+                "mail:3",
+                "send_confirmation",
+                "",
+                "email_status",
+                false
+            ),
+        ]
+    );
+    let retry = d.steps[0].retry.unwrap();
+    assert_eq!(
+        (retry.max_attempts, retry.backoff_initial_ms, retry.backoff_max_ms),
+        (8, 50, 1000)
+    );
+}

@@ -1,0 +1,1364 @@
+//! The step-service side of sagas (DESIGN "Sagas", issue 14, ADR 0019):
+//! what a service embeds to run saga steps for the cluster's orchestrator
+//! (`dtx.v1.SagaStepService`: Forward, Compensate, Status).
+//!
+//! A step service
+//! 1. implements [`StepHandler`] for its business: `forward` runs a step's
+//!    forward action, `compensate` undoes it (checking the resource's
+//!    version with [`StepCall::check_precondition`]), `authorize` checks
+//!    the saga's rights (by default: refused once they expired);
+//! 2. opens a [`StepStore`] on a directory of its own (or a sled tree):
+//!    the business data, the inbox of operation ids and the outbox of
+//!    events live there together;
+//! 3. serves [`StepServer`] with [`serve_steps`] (or
+//!    [`serve_steps_guarded`]: TLS or node tokens, only the cluster's nodes
+//!    may call), and runs [`spawn_outbox_relay`] when it emits events.
+//!
+//! # What the store guarantees
+//!
+//! - **Once per operation id.** Each call's reply is recorded in the INBOX
+//!   under its operation id, in ONE atomic sled batch with the handler's
+//!   business writes and outbox events, and that batch is fsynced BEFORE
+//!   the reply is sent. A repeated operation id answers the recorded reply
+//!   and never runs the handler again (counted in
+//!   `dtx_step_duplicates_total` and durably, see [`StepStats`]).
+//! - **Only an OK answer changes anything.** FAILED, NOOP and STALE answers
+//!   are recorded (so a repeat answers the same) but the writes and events
+//!   the handler staged for them are discarded. After a FAILED forward the
+//!   orchestrator retries under a NEW operation id.
+//! - **Compensation checks the forward action happened here**: when the
+//!   inbox has no OK forward reply under `forward_operation_id`, the answer
+//!   is NOOP ("the forward action never happened here"), recorded under the
+//!   compensation's operation id, without running the handler.
+//! - **Rights are checked on every new call** (`StepHandler::authorize`);
+//!   a refusal answers FAILED naming it and is NOT recorded (the rights may
+//!   be renewed and the same operation id sent again). A repeat of a
+//!   recorded operation id answers its reply without the check.
+//! - **Status** ([`StepStore::status`]) answers what an operation id did
+//!   (nothing yet, or its recorded reply) after an fsync that covers it;
+//!   it changes nothing and takes no lock.
+//! - **A store that cannot write stops**, as the participant store does:
+//!   its first failed write or fsync makes it refuse every later call
+//!   (an error status, which the orchestrator takes as UNKNOWN and
+//!   reconciles through Status once the service is back), and
+//!   [`StepStore::stopped`] completes so the service can exit and be
+//!   restarted.
+//! - **The outbox** is delivered at least once by [`spawn_outbox_relay`]:
+//!   an event is removed only after its sink accepted it.
+//!
+//! Concurrency: Forward and Compensate calls of one store run one at a
+//! time (one tokio mutex per store, held from the inbox look-up to the
+//! batch; the fsync runs outside it), so a handler needs no locking of its
+//! own. Status takes no lock.
+//!
+//! Key layout in the tree: `d` + key -> the business data (what
+//! [`StepView`] and [`StepStaged`] read and write); `n` + operation id ->
+//! the inbox record; `o` + sequence number (big-endian u64) -> a pending
+//! outbox event; `m` + name -> store metadata (the next event number, the
+//! duplicate counters).
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::saga_step_service_server::SagaStepService;
+use dtx_proto::v1::saga_step_service_server::SagaStepServiceServer;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+use tracing::debug;
+use tracing::warn;
+
+use crate::participant::StoreError;
+use crate::participant::StoreFailure;
+use crate::store::unix_ms;
+use crate::store::KvPair;
+
+const DATA_PREFIX: u8 = b'd';
+const INBOX_PREFIX: u8 = b'n';
+const OUTBOX_PREFIX: u8 = b'o';
+/// The number the next outbox event gets (big-endian u64).
+const OUTBOX_NEXT_KEY: &[u8] = b"moutbox-next";
+/// Repeated operation ids seen by Forward and Compensate (big-endian u64).
+const DUPLICATES_FORWARD_KEY: &[u8] = b"mduplicates-forward";
+const DUPLICATES_COMPENSATE_KEY: &[u8] = b"mduplicates-compensate";
+/// The sled tree a store opened on a directory uses.
+pub const STEP_TREE: &str = "saga_steps";
+const RECORD_FORMAT: u8 = 1;
+/// How long `StepStore::open` waits for a directory lock still held by a
+/// store of this process that is closing.
+const OPEN_LOCK_WAIT_MS: u64 = 3_000;
+/// Events one relay pass hands to the sink at most.
+const RELAY_BATCH_MAX: usize = 100;
+
+/// The rights a saga runs with (`dtx.v1.SagaAuthorization`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Authorization {
+    pub principal: String,
+    pub tenant: String,
+    /// Unix ms after which these rights may no longer be used; 0: never.
+    pub expires_at_ms: u64,
+    pub policy: String,
+}
+
+impl Authorization {
+    /// True when the rights have expired at `now_ms`.
+    pub fn expired_at(&self, now_ms: u64) -> bool {
+        self.expires_at_ms != 0 && now_ms >= self.expires_at_ms
+    }
+}
+
+impl From<pb::SagaAuthorization> for Authorization {
+    fn from(a: pb::SagaAuthorization) -> Self {
+        Authorization {
+            principal: a.principal,
+            tenant: a.tenant,
+            expires_at_ms: a.expires_at_ms,
+            policy: a.policy,
+        }
+    }
+}
+
+impl From<Authorization> for pb::SagaAuthorization {
+    fn from(a: Authorization) -> Self {
+        pb::SagaAuthorization {
+            principal: a.principal,
+            tenant: a.tenant,
+            expires_at_ms: a.expires_at_ms,
+            policy: a.policy,
+        }
+    }
+}
+
+/// One call of a step (`dtx.v1.StepCall`): a forward action or a
+/// compensation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepCall {
+    pub saga_id: u64,
+    pub step: u32,
+    /// The idempotency key ("<saga_id>.<step>.f" / ".c" from the
+    /// orchestrator; any non-empty string here).
+    pub operation_id: String,
+    /// The forward action's or the compensation's name.
+    pub action: String,
+    pub input: Vec<u8>,
+    pub fingerprint: String,
+    /// Compensation: the resource version the forward action reported;
+    /// empty for forward calls and unversioned steps.
+    pub precondition: String,
+    /// Compensation: the forward call's operation id.
+    pub forward_operation_id: String,
+    pub authorization: Authorization,
+    /// The orchestrating leader's Raft term (for logs).
+    pub term: u64,
+}
+
+impl From<pb::StepCall> for StepCall {
+    fn from(c: pb::StepCall) -> Self {
+        StepCall {
+            saga_id: c.saga_id,
+            step: c.step,
+            operation_id: c.operation_id,
+            action: c.action,
+            input: c.input,
+            fingerprint: c.fingerprint,
+            precondition: c.precondition,
+            forward_operation_id: c.forward_operation_id,
+            authorization: c.authorization.map(Into::into).unwrap_or_default(),
+            term: c.term,
+        }
+    }
+}
+
+impl From<StepCall> for pb::StepCall {
+    fn from(c: StepCall) -> Self {
+        pb::StepCall {
+            saga_id: c.saga_id,
+            step: c.step,
+            operation_id: c.operation_id,
+            action: c.action,
+            input: c.input,
+            fingerprint: c.fingerprint,
+            precondition: c.precondition,
+            forward_operation_id: c.forward_operation_id,
+            authorization: Some(c.authorization.into()),
+            term: c.term,
+        }
+    }
+}
+
+impl StepCall {
+    /// The precondition rule of a compensation: `Err(Stale)` when the call
+    /// carries a precondition (the version the forward action left) and
+    /// the resource's `current_version` is another one (it moved on since:
+    /// someone else changed it, so undoing could destroy their change).
+    /// An empty precondition (an unversioned step) always holds.
+    ///
+    /// ```
+    /// # use participant_sdk::saga::{StepCall, StepResult};
+    /// let call = StepCall { precondition: "7".into(), ..StepCall::default() };
+    /// assert!(call.check_precondition("7").is_ok());
+    /// assert!(matches!(call.check_precondition("8"), Err(StepResult::Stale { .. })));
+    /// ```
+    pub fn check_precondition(&self, current_version: &str) -> Result<(), StepResult> {
+        if self.precondition.is_empty() || self.precondition == current_version {
+            return Ok(());
+        }
+        Err(StepResult::Stale {
+            reason: format!(
+                "the resource's version is {current_version:?}, not {:?} as the forward action left it: it moved on, so it is not undone",
+                self.precondition
+            ),
+            residual: String::new(),
+        })
+    }
+}
+
+/// What a forward action or a compensation answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepResult {
+    /// Done. `resource_version`: the resource's version after it (versioned
+    /// steps; the compensation's precondition). `downstream_operation_id`:
+    /// the service's own id of the operation (the store fills in the
+    /// operation id when empty). `residual`: for a compensation, what it
+    /// could not undo (empty: everything).
+    Ok {
+        resource_version: String,
+        downstream_operation_id: String,
+        residual: String,
+    },
+    /// Not done, and nothing changed.
+    Failed { reason: String },
+    /// A compensation with nothing to undo.
+    Noop { reason: String },
+    /// A compensation refused: the resource's version moved on; nothing
+    /// changed. `residual`: what therefore stays in place.
+    Stale { reason: String, residual: String },
+}
+
+impl StepResult {
+    /// OK with the resource's version (empty for unversioned steps).
+    pub fn ok(resource_version: impl Into<String>) -> StepResult {
+        StepResult::Ok {
+            resource_version: resource_version.into(),
+            downstream_operation_id: String::new(),
+            residual: String::new(),
+        }
+    }
+
+    pub fn failed(reason: impl Into<String>) -> StepResult {
+        StepResult::Failed { reason: reason.into() }
+    }
+
+    pub fn noop(reason: impl Into<String>) -> StepResult {
+        StepResult::Noop { reason: reason.into() }
+    }
+
+    pub fn is_ok(&self) -> bool {
+        matches!(self, StepResult::Ok { .. })
+    }
+
+    pub fn outcome(&self) -> pb::StepOutcome {
+        match self {
+            StepResult::Ok { .. } => pb::StepOutcome::Ok,
+            StepResult::Failed { .. } => pb::StepOutcome::Failed,
+            StepResult::Noop { .. } => pb::StepOutcome::Noop,
+            StepResult::Stale { .. } => pb::StepOutcome::Stale,
+        }
+    }
+
+    /// The outcome's name, for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            StepResult::Ok { .. } => "ok",
+            StepResult::Failed { .. } => "failed",
+            StepResult::Noop { .. } => "noop",
+            StepResult::Stale { .. } => "stale",
+        }
+    }
+
+    pub fn to_reply(&self) -> pb::StepReply {
+        let mut r = pb::StepReply {
+            outcome: self.outcome() as i32,
+            ..Default::default()
+        };
+        match self {
+            StepResult::Ok {
+                resource_version,
+                downstream_operation_id,
+                residual,
+            } => {
+                r.resource_version = resource_version.clone();
+                r.downstream_operation_id = downstream_operation_id.clone();
+                r.residual = residual.clone();
+            }
+            StepResult::Failed { reason } | StepResult::Noop { reason } => r.reason = reason.clone(),
+            StepResult::Stale { reason, residual } => {
+                r.reason = reason.clone();
+                r.residual = residual.clone();
+            }
+        }
+        r
+    }
+
+    /// The result a reply carries; `None` for an outcome a step service
+    /// never answers (UNSPECIFIED, UNKNOWN, SKIPPED).
+    pub fn from_reply(r: &pb::StepReply) -> Option<StepResult> {
+        Some(match pb::StepOutcome::try_from(r.outcome).ok()? {
+            pb::StepOutcome::Ok => StepResult::Ok {
+                resource_version: r.resource_version.clone(),
+                downstream_operation_id: r.downstream_operation_id.clone(),
+                residual: r.residual.clone(),
+            },
+            pb::StepOutcome::Failed => StepResult::failed(r.reason.clone()),
+            pb::StepOutcome::Noop => StepResult::noop(r.reason.clone()),
+            pb::StepOutcome::Stale => StepResult::Stale {
+                reason: r.reason.clone(),
+                residual: r.residual.clone(),
+            },
+            _ => return None,
+        })
+    }
+}
+
+/// Which call an inbox record answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    Forward,
+    Compensate,
+}
+
+impl CallKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Forward => "forward",
+            CallKind::Compensate => "compensate",
+        }
+    }
+}
+
+/// An inbox record: what one operation id answered here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepRecord {
+    pub kind: CallKind,
+    pub result: StepResult,
+    /// Unix ms when it was recorded.
+    pub at_ms: u64,
+    pub saga_id: u64,
+    pub step: u32,
+    pub action: String,
+    pub fingerprint: String,
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+    if b.len() < n {
+        return Err(format!("truncated: {} bytes left, {n} needed", b.len()));
+    }
+    let (head, rest) = b.split_at(n);
+    *b = rest;
+    Ok(head)
+}
+
+fn take_u64(b: &mut &[u8]) -> Result<u64, String> {
+    Ok(u64::from_be_bytes(take(b, 8)?.try_into().expect("8 bytes")))
+}
+
+fn take_str(b: &mut &[u8]) -> Result<String, String> {
+    let n = u32::from_be_bytes(take(b, 4)?.try_into().expect("4 bytes")) as usize;
+    String::from_utf8(take(b, n)?.to_vec()).map_err(|e| e.to_string())
+}
+
+impl StepRecord {
+    /// `format, kind, outcome, at_ms, saga_id (8 bytes BE each), step (4
+    /// bytes BE)`, then the strings reason, resource version, downstream
+    /// operation id, residual, action and fingerprint, each as a 4-byte BE
+    /// length and its UTF-8 bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let (outcome, reason, version, downstream, residual): (u8, &str, &str, &str, &str) = match &self.result {
+            StepResult::Ok {
+                resource_version,
+                downstream_operation_id,
+                residual,
+            } => (1, "", resource_version, downstream_operation_id, residual),
+            StepResult::Failed { reason } => (2, reason, "", "", ""),
+            StepResult::Noop { reason } => (3, reason, "", "", ""),
+            StepResult::Stale { reason, residual } => (4, reason, "", "", residual),
+        };
+        let mut out = vec![
+            RECORD_FORMAT,
+            match self.kind {
+                CallKind::Forward => 1,
+                CallKind::Compensate => 2,
+            },
+            outcome,
+        ];
+        out.extend_from_slice(&self.at_ms.to_be_bytes());
+        out.extend_from_slice(&self.saga_id.to_be_bytes());
+        out.extend_from_slice(&self.step.to_be_bytes());
+        for s in [reason, version, downstream, residual, &self.action, &self.fingerprint] {
+            put_str(&mut out, s);
+        }
+        out
+    }
+
+    pub fn decode(mut b: &[u8]) -> Result<StepRecord, String> {
+        let b = &mut b;
+        let head = take(b, 3)?;
+        if head[0] != RECORD_FORMAT {
+            return Err(format!("unknown record format {}", head[0]));
+        }
+        let kind = match head[1] {
+            1 => CallKind::Forward,
+            2 => CallKind::Compensate,
+            k => return Err(format!("unknown call kind {k}")),
+        };
+        let at_ms = take_u64(b)?;
+        let saga_id = take_u64(b)?;
+        let step = u32::from_be_bytes(take(b, 4)?.try_into().expect("4 bytes"));
+        let reason = take_str(b)?;
+        let resource_version = take_str(b)?;
+        let downstream_operation_id = take_str(b)?;
+        let residual = take_str(b)?;
+        let action = take_str(b)?;
+        let fingerprint = take_str(b)?;
+        let result = match head[2] {
+            1 => StepResult::Ok {
+                resource_version,
+                downstream_operation_id,
+                residual,
+            },
+            2 => StepResult::Failed { reason },
+            3 => StepResult::Noop { reason },
+            4 => StepResult::Stale { reason, residual },
+            o => return Err(format!("unknown outcome {o}")),
+        };
+        Ok(StepRecord {
+            kind,
+            result,
+            at_ms,
+            saga_id,
+            step,
+            action,
+            fingerprint,
+        })
+    }
+}
+
+fn data_key(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(DATA_PREFIX);
+    k.extend_from_slice(key);
+    k
+}
+
+fn inbox_key(operation_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(operation_id.len() + 1);
+    k.push(INBOX_PREFIX);
+    k.extend_from_slice(operation_id.as_bytes());
+    k
+}
+
+fn outbox_key(seq: u64) -> [u8; 9] {
+    let mut k = [OUTBOX_PREFIX; 9];
+    k[1..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn read_u64(v: Option<sled::IVec>) -> u64 {
+    v.and_then(|v| <[u8; 8]>::try_from(&v[..]).ok())
+        .map(u64::from_be_bytes)
+        .unwrap_or(0)
+}
+
+/// Read access to the business data (the `d` key space). A read error is
+/// remembered: the call it happened in then answers an error (UNKNOWN to
+/// the orchestrator) and records nothing, whatever the handler returned.
+pub struct StepView<'a> {
+    tree: &'a sled::Tree,
+    error: RefCell<Option<String>>,
+}
+
+impl<'a> StepView<'a> {
+    fn new(tree: &'a sled::Tree) -> Self {
+        StepView {
+            tree,
+            error: RefCell::new(None),
+        }
+    }
+
+    fn io(&self, e: sled::Error) -> StoreError {
+        let msg = e.to_string();
+        self.error.borrow_mut().get_or_insert(msg.clone());
+        StoreError::Io(msg)
+    }
+
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.tree
+            .get(data_key(key))
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| self.io(e))
+    }
+
+    /// Every (key, value) whose key starts with `prefix`, in key order.
+    pub fn scan(&self, prefix: &[u8]) -> Result<Vec<KvPair>, StoreError> {
+        self.tree
+            .scan_prefix(data_key(prefix))
+            .map(|r| r.map(|(k, v)| (k[1..].to_vec(), v.to_vec())))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.io(e))
+    }
+
+    /// What operation id `operation_id` answered here, if anything.
+    pub fn record(&self, operation_id: &str) -> Result<Option<StepRecord>, StoreError> {
+        match self.tree.get(inbox_key(operation_id)).map_err(|e| self.io(e))? {
+            None => Ok(None),
+            Some(b) => StepRecord::decode(&b).map(Some).map_err(|m| {
+                let msg = format!("inbox record of operation {operation_id:?} is damaged: {m}");
+                self.error.borrow_mut().get_or_insert(msg.clone());
+                StoreError::Io(msg)
+            }),
+        }
+    }
+
+    fn take_error(&self) -> Option<String> {
+        self.error.borrow_mut().take()
+    }
+}
+
+/// What a handler stages in one call: business writes and outbox events.
+/// They become durable with the call's inbox record, in one batch, and only
+/// when the call answers OK.
+#[derive(Default, Debug)]
+pub struct StepStaged {
+    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    events: Vec<Vec<u8>>,
+}
+
+impl StepStaged {
+    pub fn put(&mut self, key: &[u8], value: &[u8]) {
+        self.ops.push((key.to_vec(), Some(value.to_vec())));
+    }
+
+    pub fn delete(&mut self, key: &[u8]) {
+        self.ops.push((key.to_vec(), None));
+    }
+
+    /// Adds an event to the outbox (delivered at least once, in order, by
+    /// [`spawn_outbox_relay`]).
+    pub fn emit(&mut self, event: impl Into<Vec<u8>>) {
+        self.events.push(event.into());
+    }
+
+    /// What was staged for `key` so far: `None` when nothing, `Some(None)`
+    /// when deleted (a handler that writes a key twice reads its own write).
+    pub fn staged(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.ops.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_deref())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && self.events.is_empty()
+    }
+}
+
+/// The rights check every handler gets by default: refused once
+/// `authorization.expires_at_ms` (when not 0) is past at `now_ms`.
+pub fn authorization_current(call: &StepCall, now_ms: u64) -> Result<(), String> {
+    if call.authorization.expired_at(now_ms) {
+        return Err(format!(
+            "the saga's rights (principal {:?}) expired at {} ms, now is {now_ms} ms",
+            call.authorization.principal, call.authorization.expires_at_ms
+        ));
+    }
+    Ok(())
+}
+
+/// What a step service implements. Calls run one at a time (see the module
+/// documentation) and must not block on the network: they read through the
+/// view and stage their writes and events.
+pub trait StepHandler: Send + Sync + 'static {
+    /// Runs the forward action `call.action` (dispatch on it; an unknown
+    /// name should answer FAILED). Only an OK answer keeps what it staged.
+    fn forward(&self, view: &StepView<'_>, call: &StepCall, staged: &mut StepStaged) -> StepResult;
+
+    /// Undoes the forward action `call.forward_operation_id` (which the
+    /// store has checked answered OK here) with compensation `call.action`.
+    /// Before changing anything it compares the resource's current version
+    /// with `call.precondition` ([`StepCall::check_precondition`]) and
+    /// answers STALE when it moved on. Only an OK answer keeps what it
+    /// staged.
+    fn compensate(&self, view: &StepView<'_>, call: &StepCall, staged: &mut StepStaged) -> StepResult;
+
+    /// Whether the call's rights allow it (checked before every new call,
+    /// forward and compensation); `Err(why)` answers FAILED with `why`.
+    /// Default: refused once the rights expired.
+    fn authorize(&self, call: &StepCall) -> Result<(), String> {
+        authorization_current(call, unix_ms())
+    }
+
+    /// Whether `query` names a status query of this service (a Status call
+    /// with another is refused INVALID_ARGUMENT). Default: any.
+    fn knows_query(&self, _query: &str) -> bool {
+        true
+    }
+}
+
+/// Why a call got no reply.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The store could not read, write or sync (or stopped): whether the
+    /// call was applied is not known to the caller (UNKNOWN); Status tells
+    /// once the store answers again.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The call is malformed (empty operation id; an operation id recorded
+    /// for the other kind of call); nothing was done.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What the store's inbox and outbox hold ([`StepStore::stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepStats {
+    /// Inbox records (operation ids answered), by kind.
+    pub forward_records: u64,
+    pub compensate_records: u64,
+    /// Repeated operation ids answered from the inbox since the store was
+    /// created (durable with the next fsync).
+    pub forward_duplicates: u64,
+    pub compensate_duplicates: u64,
+    /// Outbox events not yet delivered.
+    pub outbox_pending: u64,
+}
+
+/// What `StepStore::apply` did with a call.
+enum Applied {
+    /// The operation id was answered before: its record.
+    Repeat(StepRecord),
+    /// Refused before anything ran (rights); not recorded.
+    Refused(StepResult),
+    /// Answered and recorded now (not synced yet).
+    Recorded(StepResult),
+}
+
+/// The step service's durable store; see the module documentation.
+pub struct StepStore<H: StepHandler> {
+    /// Kept open as long as the store when it opened a directory.
+    _db: Option<sled::Db>,
+    tree: sled::Tree,
+    /// The directory (or tree name), for messages.
+    path: String,
+    handler: H,
+    /// Serializes Forward and Compensate, from the inbox look-up to the
+    /// batch (never held across the fsync).
+    serial: tokio::sync::Mutex<()>,
+    /// The number of the next outbox event (written under `serial`).
+    next_event: Mutex<u64>,
+    /// Set by the first failed write; then every call is refused.
+    failure: tokio::sync::watch::Sender<Option<StoreFailure>>,
+}
+
+fn is_lock_error(e: &sled::Error) -> bool {
+    e.to_string().contains("could not acquire lock")
+}
+
+fn sled_disk_full(e: &sled::Error) -> bool {
+    matches!(
+        e,
+        sled::Error::Io(io) if matches!(io.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
+    )
+}
+
+impl<H: StepHandler> StepStore<H> {
+    /// Opens (or creates) a store in directory `path` (sled tree
+    /// [`STEP_TREE`]), waiting a moment for a directory lock still held by
+    /// a store of this process that is closing.
+    pub fn open(path: &Path, handler: H) -> Result<Arc<Self>, StoreError> {
+        let open_err = |e: sled::Error| StoreError::Open {
+            path: path.display().to_string(),
+            disk_full: sled_disk_full(&e),
+            message: e.to_string(),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_millis(OPEN_LOCK_WAIT_MS);
+        let db = loop {
+            match sled::Config::new().path(path).flush_every_ms(None).open() {
+                Err(e) if is_lock_error(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                other => break other.map_err(open_err)?,
+            }
+        };
+        let tree = db.open_tree(STEP_TREE).map_err(open_err)?;
+        Self::build(Some(db), tree, path.display().to_string(), handler)
+    }
+
+    /// A store on `tree` (of a database the caller keeps open), beside
+    /// whatever else the database holds. Every fsync covers the whole
+    /// database.
+    pub fn open_tree(tree: sled::Tree, handler: H) -> Result<Arc<Self>, StoreError> {
+        let name = String::from_utf8_lossy(&tree.name()).into_owned();
+        Self::build(None, tree, format!("sled tree {name:?}"), handler)
+    }
+
+    fn build(db: Option<sled::Db>, tree: sled::Tree, path: String, handler: H) -> Result<Arc<Self>, StoreError> {
+        let io = |e: sled::Error| StoreError::Io(e.to_string());
+        // The next event number: past the stored counter and past every
+        // pending event (whichever is larger).
+        let stored = read_u64(tree.get(OUTBOX_NEXT_KEY).map_err(io)?);
+        let last = match tree.scan_prefix([OUTBOX_PREFIX]).next_back() {
+            Some(r) => {
+                let (k, _) = r.map_err(io)?;
+                <[u8; 8]>::try_from(&k[1..]).map(u64::from_be_bytes).unwrap_or(0) + 1
+            }
+            None => 0,
+        };
+        Ok(Arc::new(StepStore {
+            _db: db,
+            tree,
+            path,
+            handler,
+            serial: tokio::sync::Mutex::new(()),
+            next_event: Mutex::new(stored.max(last).max(1)),
+            failure: tokio::sync::watch::Sender::new(None),
+        }))
+    }
+
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// The business data as written so far (not necessarily synced).
+    pub fn view(&self) -> StepView<'_> {
+        StepView::new(&self.tree)
+    }
+
+    /// For tests and tools: the underlying tree.
+    pub fn tree(&self) -> &sled::Tree {
+        &self.tree
+    }
+
+    /// Runs a forward call once per operation id (see the module
+    /// documentation). Answers only after the answer is durable.
+    pub async fn forward(&self, call: &StepCall) -> Result<StepResult, StepError> {
+        self.call(CallKind::Forward, call).await
+    }
+
+    /// Runs a compensation once per operation id: NOOP without running the
+    /// handler when the forward operation did not answer OK here.
+    pub async fn compensate(&self, call: &StepCall) -> Result<StepResult, StepError> {
+        self.call(CallKind::Compensate, call).await
+    }
+
+    async fn call(&self, kind: CallKind, call: &StepCall) -> Result<StepResult, StepError> {
+        let answer = self.call_inner(kind, call).await;
+        let outcome = match &answer {
+            Ok(r) => r.label(),
+            Err(StepError::Invalid(_)) => "invalid",
+            Err(StepError::Store(_)) => "error",
+        };
+        metrics::counter!("dtx_step_calls_total", "call" => kind.as_str(), "outcome" => outcome).increment(1);
+        answer
+    }
+
+    async fn call_inner(&self, kind: CallKind, call: &StepCall) -> Result<StepResult, StepError> {
+        self.check_running()?;
+        if call.operation_id.is_empty() {
+            return Err(StepError::Invalid("the call has no operation id".into()));
+        }
+        if kind == CallKind::Compensate && call.forward_operation_id.is_empty() {
+            return Err(StepError::Invalid(
+                "the compensation names no forward operation id".into(),
+            ));
+        }
+        let applied = {
+            let _serial = self.serial.lock().await;
+            self.check_running()?;
+            self.apply(kind, call)?
+        };
+        let result = match applied {
+            Applied::Repeat(rec) => return self.repeat(kind, call, rec).await,
+            Applied::Refused(result) => return Ok(result),
+            Applied::Recorded(result) => result,
+        };
+        self.flush().await?;
+        match kind {
+            CallKind::Forward => dtx_failpoint::failpoint!("step_forward_after_commit_before_reply"),
+            CallKind::Compensate => dtx_failpoint::failpoint!("step_compensation_after_commit_before_reply"),
+        }
+        debug!(
+            saga_id = call.saga_id,
+            step = call.step,
+            operation_id = %call.operation_id,
+            action = %call.action,
+            outcome = result.label(),
+            "{} recorded",
+            kind.as_str()
+        );
+        Ok(result)
+    }
+
+    /// The synchronous part of a call, under the store's lock: the inbox
+    /// look-up, the rights check, the handler, and the one batch (not
+    /// synced: the caller flushes).
+    fn apply(&self, kind: CallKind, call: &StepCall) -> Result<Applied, StepError> {
+        let view = self.view();
+        if let Some(rec) = view.record(&call.operation_id)? {
+            return Ok(Applied::Repeat(rec));
+        }
+        if let Err(why) = self.handler.authorize(call) {
+            debug!(
+                saga_id = call.saga_id,
+                step = call.step,
+                operation_id = %call.operation_id,
+                "{} refused: {why}",
+                kind.as_str()
+            );
+            return Ok(Applied::Refused(StepResult::failed(format!(
+                "authorization refused: {why}"
+            ))));
+        }
+        let mut staged = StepStaged::default();
+        let result = match kind {
+            CallKind::Forward => self.handler.forward(&view, call, &mut staged),
+            CallKind::Compensate => match view.record(&call.forward_operation_id)? {
+                Some(f) if f.kind == CallKind::Forward && f.result.is_ok() => {
+                    self.handler.compensate(&view, call, &mut staged)
+                }
+                Some(f) => StepResult::noop(format!(
+                    "the forward action never happened here: operation {:?} {}",
+                    call.forward_operation_id,
+                    match &f.result {
+                        _ if f.kind == CallKind::Compensate => "is a compensation".to_string(),
+                        StepResult::Failed { reason }
+                        | StepResult::Noop { reason }
+                        | StepResult::Stale { reason, .. } => {
+                            format!("answered {}: {reason}", f.result.label())
+                        }
+                        StepResult::Ok { .. } => "answered ok".to_string(),
+                    }
+                )),
+                None => StepResult::noop(format!(
+                    "the forward action never happened here: operation {:?} is not in the inbox",
+                    call.forward_operation_id
+                )),
+            },
+        };
+        if let Some(e) = view.take_error() {
+            // The handler read through an error: its answer may rest on
+            // nothing; record nothing and let the orchestrator ask again.
+            return Err(StoreError::Io(format!("a read failed during the call: {e}")).into());
+        }
+        let result = match result {
+            StepResult::Ok {
+                resource_version,
+                downstream_operation_id,
+                residual,
+            } => StepResult::Ok {
+                resource_version,
+                downstream_operation_id: if downstream_operation_id.is_empty() {
+                    call.operation_id.clone()
+                } else {
+                    downstream_operation_id
+                },
+                residual,
+            },
+            other => other,
+        };
+        let record = StepRecord {
+            kind,
+            result: result.clone(),
+            at_ms: unix_ms(),
+            saga_id: call.saga_id,
+            step: call.step,
+            action: call.action.clone(),
+            fingerprint: call.fingerprint.clone(),
+        };
+        if !result.is_ok() {
+            // Only an OK answer changes anything.
+            staged = StepStaged::default();
+        }
+        let mut batch = sled::Batch::default();
+        let next_event = self.stage_batch(&mut batch, staged);
+        batch.insert(inbox_key(&call.operation_id), record.encode());
+        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+        *self.next_event.lock().expect("next_event lock") = next_event;
+        Ok(Applied::Recorded(result))
+    }
+
+    /// Adds `staged` (business writes, and outbox events under the next
+    /// numbers) to `batch`; returns the number the event after them gets.
+    fn stage_batch(&self, batch: &mut sled::Batch, staged: StepStaged) -> u64 {
+        for (k, v) in staged.ops {
+            match v {
+                Some(v) => batch.insert(data_key(&k), v),
+                None => batch.remove(data_key(&k)),
+            }
+        }
+        let mut next_event = *self.next_event.lock().expect("next_event lock");
+        if !staged.events.is_empty() {
+            for ev in staged.events {
+                batch.insert(&outbox_key(next_event)[..], ev);
+                next_event += 1;
+            }
+            batch.insert(OUTBOX_NEXT_KEY, &next_event.to_be_bytes()[..]);
+        }
+        next_event
+    }
+
+    /// A repeated operation id: its recorded reply, once that is durable.
+    async fn repeat(&self, kind: CallKind, call: &StepCall, rec: StepRecord) -> Result<StepResult, StepError> {
+        if rec.kind != kind {
+            return Err(StepError::Invalid(format!(
+                "operation id {:?} was a {} call here, not a {} call",
+                call.operation_id,
+                rec.kind.as_str(),
+                kind.as_str()
+            )));
+        }
+        if !call.fingerprint.is_empty() && !rec.fingerprint.is_empty() && call.fingerprint != rec.fingerprint {
+            warn!(
+                operation_id = %call.operation_id,
+                "a repeated operation id carries another fingerprint ({} recorded, {} now); answering the recorded reply",
+                rec.fingerprint,
+                call.fingerprint
+            );
+        }
+        metrics::counter!("dtx_step_duplicates_total", "call" => kind.as_str()).increment(1);
+        let key = match kind {
+            CallKind::Forward => DUPLICATES_FORWARD_KEY,
+            CallKind::Compensate => DUPLICATES_COMPENSATE_KEY,
+        };
+        self.tree
+            .update_and_fetch(key, |v| {
+                Some((read_u64(v.map(sled::IVec::from)) + 1).to_be_bytes().to_vec())
+            })
+            .map_err(|e| self.fail(&e))?;
+        // The record may have been written by a call whose fsync is still
+        // running (or failed): answer only once it is on disk.
+        self.flush().await?;
+        debug!(
+            operation_id = %call.operation_id,
+            outcome = rec.result.label(),
+            "repeated {} answered from the inbox",
+            kind.as_str()
+        );
+        Ok(rec.result)
+    }
+
+    /// What `operation_id` did here: `None` when nothing (yet), else its
+    /// record. Answered after an fsync that covers it; changes nothing.
+    pub async fn status(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        let answer = async {
+            self.check_running()?;
+            if operation_id.is_empty() {
+                return Err(StepError::Invalid("the status query has no operation id".into()));
+            }
+            let rec = self.view().record(operation_id)?;
+            if rec.is_some() {
+                self.flush().await?;
+            }
+            Ok(rec)
+        }
+        .await;
+        let outcome = match &answer {
+            Ok(Some(_)) => "applied",
+            Ok(None) => "not_applied",
+            Err(StepError::Invalid(_)) => "invalid",
+            Err(StepError::Store(_)) => "error",
+        };
+        metrics::counter!("dtx_step_calls_total", "call" => "status", "outcome" => outcome).increment(1);
+        answer
+    }
+
+    /// What `operation_id` did here, as written so far (not synced; for
+    /// tools and tests).
+    pub fn record(&self, operation_id: &str) -> Result<Option<StepRecord>, StoreError> {
+        self.view().record(operation_id)
+    }
+
+    /// Every inbox record (operation id, record), in operation id order.
+    pub fn records(&self) -> Result<Vec<(String, StepRecord)>, StoreError> {
+        let mut out = Vec::new();
+        for r in self.tree.scan_prefix([INBOX_PREFIX]) {
+            let (k, v) = r.map_err(|e| StoreError::Io(e.to_string()))?;
+            let op = String::from_utf8_lossy(&k[1..]).into_owned();
+            let rec = StepRecord::decode(&v)
+                .map_err(|m| StoreError::Io(format!("inbox record of operation {op:?} is damaged: {m}")))?;
+            out.push((op, rec));
+        }
+        Ok(out)
+    }
+
+    /// Counts of the inbox, the duplicates seen and the outbox.
+    pub fn stats(&self) -> Result<StepStats, StoreError> {
+        let io = |e: sled::Error| StoreError::Io(e.to_string());
+        let mut s = StepStats {
+            forward_duplicates: read_u64(self.tree.get(DUPLICATES_FORWARD_KEY).map_err(io)?),
+            compensate_duplicates: read_u64(self.tree.get(DUPLICATES_COMPENSATE_KEY).map_err(io)?),
+            ..StepStats::default()
+        };
+        for (_, rec) in self.records()? {
+            match rec.kind {
+                CallKind::Forward => s.forward_records += 1,
+                CallKind::Compensate => s.compensate_records += 1,
+            }
+        }
+        s.outbox_pending = self.tree.scan_prefix([OUTBOX_PREFIX]).keys().count() as u64;
+        Ok(s)
+    }
+
+    /// Up to `max` outbox events not yet delivered, oldest first (number,
+    /// event), as written so far (the relay flushes before delivering).
+    pub fn pending_events(&self, max: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        self.tree
+            .scan_prefix([OUTBOX_PREFIX])
+            .take(max)
+            .map(|r| {
+                let (k, v) = r.map_err(|e| StoreError::Io(e.to_string()))?;
+                let seq = <[u8; 8]>::try_from(&k[1..])
+                    .map(u64::from_be_bytes)
+                    .map_err(|_| StoreError::Io(format!("outbox key of {} bytes", k.len())))?;
+                Ok((seq, v.to_vec()))
+            })
+            .collect()
+    }
+
+    /// Removes delivered events from the outbox, durably.
+    pub async fn ack_events(&self, seqs: &[u64]) -> Result<(), StoreError> {
+        self.check_running()?;
+        let mut batch = sled::Batch::default();
+        for &s in seqs {
+            batch.remove(&outbox_key(s)[..]);
+        }
+        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+        self.flush().await
+    }
+
+    /// Writes business data outside any call (for example a new service's
+    /// initial stock), atomically and durably; events it emits go to the
+    /// outbox too.
+    pub async fn write_data(&self, f: impl FnOnce(&StepView<'_>, &mut StepStaged)) -> Result<(), StoreError> {
+        self.check_running()?;
+        {
+            let _serial = self.serial.lock().await;
+            let view = self.view();
+            let mut staged = StepStaged::default();
+            f(&view, &mut staged);
+            if let Some(e) = view.take_error() {
+                return Err(StoreError::Io(e));
+            }
+            let mut batch = sled::Batch::default();
+            let next_event = self.stage_batch(&mut batch, staged);
+            self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+            *self.next_event.lock().expect("next_event lock") = next_event;
+        }
+        self.flush().await
+    }
+
+    /// Waits for an fsync that covers every write made before the call. A
+    /// failed fsync stops the store.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.check_running()?;
+        let tree = self.tree.clone();
+        let res = tokio::task::spawn_blocking(move || tree.flush())
+            .await
+            .map_err(|e| StoreError::Io(format!("the fsync task failed: {e}")))?;
+        res.map(|_| ()).map_err(|e| self.fail(&e))
+    }
+
+    /// Records the first failed write (the store stops), logs it once, and
+    /// returns the error to give the caller.
+    fn fail(&self, e: &sled::Error) -> StoreError {
+        let failure = StoreFailure {
+            path: self.path.clone(),
+            disk_full: sled_disk_full(e),
+            detail: e.to_string(),
+        };
+        let first = self.failure.send_if_modified(|f| {
+            if f.is_none() {
+                *f = Some(failure.clone());
+                true
+            } else {
+                false
+            }
+        });
+        if first {
+            tracing::error!(disk_full = failure.disk_full, "saga step store: {failure}");
+        }
+        StoreError::Stopped(self.failure().unwrap_or(failure))
+    }
+
+    fn check_running(&self) -> Result<(), StoreError> {
+        match self.failure() {
+            Some(f) => Err(StoreError::Stopped(f)),
+            None => Ok(()),
+        }
+    }
+
+    /// Why the store stopped, if it has (a write or fsync failed).
+    pub fn failure(&self) -> Option<StoreFailure> {
+        self.failure.borrow().clone()
+    }
+
+    /// Waits until the store stops (a write or fsync failed) and says why;
+    /// the service should then exit and be restarted.
+    pub async fn stopped(&self) -> StoreFailure {
+        let mut rx = self.failure.subscribe();
+        let failure = match rx.wait_for(|f| f.is_some()).await {
+            Ok(f) => f.clone(),
+            Err(_) => None,
+        };
+        failure.expect("the store's failure is set before it is signalled")
+    }
+}
+
+/// Where the outbox relay delivers events (a mail server, a queue, a
+/// webhook). `Ok` means the sink has them: they are removed from the
+/// outbox. A sink may see an event again (after an error, or a crash
+/// between its `Ok` and the removal), so it should de-duplicate by the
+/// event's number when that matters.
+#[tonic::async_trait]
+pub trait OutboxSink: Send + Sync {
+    /// Delivers `events` (number, event), oldest first.
+    async fn deliver(&self, events: &[(u64, Vec<u8>)]) -> Result<(), String>;
+}
+
+/// One relay pass: flushes (only durable events leave the service), hands
+/// up to 100 pending events to `sink`, and removes them once it said OK.
+/// Returns how many were delivered.
+pub async fn relay_once<H: StepHandler>(store: &StepStore<H>, sink: &dyn OutboxSink) -> Result<usize, String> {
+    let events = store.pending_events(RELAY_BATCH_MAX).map_err(|e| e.to_string())?;
+    if events.is_empty() {
+        return Ok(0);
+    }
+    store.flush().await.map_err(|e| e.to_string())?;
+    sink.deliver(&events).await?;
+    let seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
+    store.ack_events(&seqs).await.map_err(|e| e.to_string())?;
+    Ok(seqs.len())
+}
+
+/// Delivers the outbox to `sink` at least once: every `interval` (at once
+/// again while events remain), one pass of [`relay_once`]; a sink error is
+/// logged and the same events are tried again after `interval`. Ends when
+/// the store stops or the handle is aborted.
+pub fn spawn_outbox_relay<H: StepHandler>(
+    store: Arc<StepStore<H>>,
+    sink: Arc<dyn OutboxSink>,
+    interval: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            if let Some(f) = store.failure() {
+                tracing::error!("outbox relay stopped: {f}");
+                return;
+            }
+            match relay_once(&store, sink.as_ref()).await {
+                Ok(n) if n >= RELAY_BATCH_MAX => continue,
+                Ok(n) => {
+                    if n > 0 {
+                        debug!(delivered = n, "outbox events delivered");
+                    }
+                }
+                Err(e) => warn!("outbox delivery failed; retrying in {interval:?}: {e}"),
+            }
+            tokio::time::sleep(interval).await;
+        }
+    })
+}
+
+/// `dtx.v1.SagaStepService` on a [`StepStore`].
+pub struct StepServer<H: StepHandler> {
+    store: Arc<StepStore<H>>,
+}
+
+impl<H: StepHandler> StepServer<H> {
+    pub fn new(store: Arc<StepStore<H>>) -> Self {
+        StepServer { store }
+    }
+
+    pub fn store(&self) -> &Arc<StepStore<H>> {
+        &self.store
+    }
+}
+
+/// The gRPC status of a call that got no reply: never an OK reply, so the
+/// orchestrator takes the outcome as UNKNOWN (a stopped store or an I/O
+/// error: UNAVAILABLE, asked again later; a malformed call:
+/// INVALID_ARGUMENT or FAILED_PRECONDITION).
+pub fn step_error_status(e: StepError) -> Status {
+    match e {
+        StepError::Invalid(m) if m.contains(" call here, not a ") => Status::failed_precondition(m),
+        StepError::Invalid(m) => Status::invalid_argument(m),
+        StepError::Store(StoreError::Stopped(f)) => Status::unavailable(f.to_string()),
+        StepError::Store(StoreError::Io(m) | StoreError::Unavailable(m)) => Status::unavailable(m),
+        StepError::Store(other) => Status::internal(other.to_string()),
+    }
+}
+
+#[tonic::async_trait]
+impl<H: StepHandler> SagaStepService for StepServer<H> {
+    async fn forward(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
+        let call = StepCall::from(req.into_inner());
+        let r = self.store.forward(&call).await.map_err(step_error_status)?;
+        Ok(Response::new(r.to_reply()))
+    }
+
+    async fn compensate(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
+        let call = StepCall::from(req.into_inner());
+        let r = self.store.compensate(&call).await.map_err(step_error_status)?;
+        Ok(Response::new(r.to_reply()))
+    }
+
+    async fn status(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
+        let r = req.into_inner();
+        if !self.store.handler().knows_query(&r.query) {
+            return Err(Status::invalid_argument(format!(
+                "this service has no status query {:?}",
+                r.query
+            )));
+        }
+        let rec = self.store.status(&r.operation_id).await.map_err(step_error_status)?;
+        Ok(Response::new(match rec {
+            Some(rec) => pb::StepStatusReply {
+                applied: true,
+                reply: Some(rec.result.to_reply()),
+            },
+            None => pb::StepStatusReply {
+                applied: false,
+                reply: None,
+            },
+        }))
+    }
+}
+
+/// Who may call a step service served with TLS or node tokens: the
+/// cluster's nodes (the orchestrator); Status, which changes nothing, also
+/// operators. A method missing here is refused for everyone.
+pub fn step_policy(path: &str) -> dtx_proto::tls::Access {
+    use dtx_proto::tls::Access;
+    use dtx_proto::tls::Role;
+    match path.strip_prefix("/dtx.v1.SagaStepService/") {
+        Some("Status") => Access::Roles(&[Role::Node, Role::Operator]),
+        Some("Forward" | "Compensate") => Access::Roles(&[Role::Node]),
+        _ => Access::Roles(&[]),
+    }
+}
+
+/// Serves `service` (a [`StepServer`], or a wrapper of one) on `listener`
+/// in plain text until `shutdown` completes. A service whose store can stop
+/// by itself makes [`StepStore::stopped`] part of `shutdown`.
+pub async fn serve_steps<S: SagaStepService>(
+    service: S,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    serve_steps_guarded(service, listener, crate::server::Guard::default(), shutdown).await
+}
+
+/// As [`serve_steps`], over TLS when `tls` is set (mutual TLS: only the
+/// cluster's nodes may call, see [`step_policy`]).
+pub async fn serve_steps_with_tls<S: SagaStepService>(
+    service: S,
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<dtx_proto::tls::ServerTls>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let guard = crate::server::Guard {
+        tls,
+        node_tokens: dtx_proto::tls::Tokens::default(),
+    };
+    serve_steps_guarded(service, listener, guard, shutdown).await
+}
+
+/// As [`serve_steps`], with a [`crate::server::Guard`]: TLS, node tokens,
+/// or both; then callers are checked against [`step_policy`] (refusals
+/// counted in `dtx_auth_refusals_total{server="step"}`) before the service
+/// sees the call. With neither, anyone may call.
+pub async fn serve_steps_guarded<S: SagaStepService>(
+    service: S,
+    listener: tokio::net::TcpListener,
+    guard: crate::server::Guard,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let crate::server::Guard { tls, node_tokens } = guard;
+    let reloader = tls
+        .as_ref()
+        .map(|t| t.spawn_reloader(crate::server::TLS_RELOAD_INTERVAL, "saga step service"));
+    let policy: dtx_proto::tls::AuthPolicy = if tls.is_some() || !node_tokens.is_empty() {
+        step_policy
+    } else {
+        |_| dtx_proto::tls::Access::Open
+    };
+    let served = tonic::transport::Server::builder()
+        .layer(
+            dtx_proto::tls::EdgeLayer::new("step", node_tokens, policy)
+                .marking_not_applied(dtx_proto::metadata::NOT_APPLIED_HEADER),
+        )
+        .add_service(SagaStepServiceServer::new(service))
+        .serve_with_incoming_shutdown(dtx_proto::tls::incoming(listener, tls), shutdown)
+        .await;
+    if let Some(r) = reloader {
+        r.abort();
+    }
+    served
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip() {
+        for result in [
+            StepResult::Ok {
+                resource_version: "3".into(),
+                downstream_operation_id: "inv-9".into(),
+                residual: "r".into(),
+            },
+            StepResult::failed("out of stock"),
+            StepResult::noop("never happened"),
+            StepResult::Stale {
+                reason: "moved".into(),
+                residual: "kept".into(),
+            },
+        ] {
+            let rec = StepRecord {
+                kind: CallKind::Compensate,
+                result: result.clone(),
+                at_ms: 17,
+                saga_id: 5,
+                step: 2,
+                action: "release".into(),
+                fingerprint: "ab".into(),
+            };
+            assert_eq!(StepRecord::decode(&rec.encode()), Ok(rec));
+            assert_eq!(StepResult::from_reply(&result.to_reply()), Some(result));
+        }
+        assert!(StepRecord::decode(&[9, 1, 1]).is_err());
+        assert!(StepRecord::decode(&[RECORD_FORMAT, 1]).is_err());
+    }
+
+    #[test]
+    fn policy_lets_nodes_call_and_refuses_unknown_methods() {
+        use dtx_proto::tls::Access;
+        use dtx_proto::tls::Role;
+        assert_eq!(
+            step_policy("/dtx.v1.SagaStepService/Forward"),
+            Access::Roles(&[Role::Node])
+        );
+        assert_eq!(
+            step_policy("/dtx.v1.SagaStepService/Compensate"),
+            Access::Roles(&[Role::Node])
+        );
+        assert_eq!(step_policy("/dtx.v1.SagaStepService/Nope"), Access::Roles(&[]));
+        assert_eq!(step_policy("/dtx.v1.ParticipantService/Prepare"), Access::Roles(&[]));
+    }
+}
