@@ -16,8 +16,12 @@
 //!    not applied gives a new attempt under the same operation id.
 //!
 //! A compensation first asks whether the forward action happened (the
-//! status query of the forward operation id): if it did not, the
-//! compensation is journaled NOOP and never called.
+//! forward operation id's status, asked with a fence: the step service
+//! records "never to run" for an operation it does not have, so a late
+//! call of it, from a deposed leader or a delayed request, cannot happen
+//! after): if it did not, the compensation is journaled NOOP and never
+//! called. A forward call whose last attempt found nothing applied is
+//! fenced the same way before it counts as FAILED.
 //!
 //! A write is planned on the journal it read (`seq`); a deposed leader's
 //! or a stale plan's write is refused by the state machine, and the task
@@ -259,13 +263,41 @@ impl Orchestrator {
                             if c.attempts < sd.retry.max_attempts {
                                 JournalEvent::ForwardIntent { step }
                             } else {
-                                self.settled_metrics(Side::Forward, &c);
-                                let mut reply = Reply::of(
-                                    CallOutcome::Failed,
-                                    format!("not applied after {} attempts (status query)", c.attempts),
-                                );
-                                reply.reconciled = true;
-                                JournalEvent::ForwardOutcome { step, reply }
+                                // Its last attempt: fence it, so "not
+                                // applied" stays true (a late call of it
+                                // will never run), then count it FAILED.
+                                match self
+                                    .ask(sd.service.as_str(), &c.operation_id, &sd.status_query, true)
+                                    .await
+                                {
+                                    Ok(f) => {
+                                        self.settled_metrics(Side::Forward, &c);
+                                        if f.applied {
+                                            let reply = forward_reply(reply_of(
+                                                Answer::Reply(f.reply.unwrap_or_default()),
+                                                true,
+                                            ));
+                                            JournalEvent::ForwardOutcome { step, reply }
+                                        } else {
+                                            let mut reply = Reply::of(
+                                                CallOutcome::Failed,
+                                                format!(
+                                                    "not applied after {} attempts (status query; fenced)",
+                                                    c.attempts
+                                                ),
+                                            );
+                                            reply.reconciled = true;
+                                            JournalEvent::ForwardOutcome { step, reply }
+                                        }
+                                    }
+                                    Err(e) => match self
+                                        .query_failed(&r, sd.retry.max_attempts, &mut query_failures, Side::Forward, &e)
+                                        .await
+                                    {
+                                        Some(ev) => ev,
+                                        None => continue,
+                                    },
+                                }
                             }
                         }
                         Err(e) => match self
@@ -296,8 +328,11 @@ impl Orchestrator {
                     fresh = None;
                     let j = &r.steps[step as usize];
                     let fwd = j.forward.clone().unwrap_or_default();
+                    // Asked with a fence: "not applied" becomes final at the
+                    // service (a late forward call of it will never run), so
+                    // NOOP is safe to journal.
                     let happened = match self
-                        .status(sd.service.as_str(), &fwd.operation_id, &sd.status_query)
+                        .ask(sd.service.as_str(), &fwd.operation_id, &sd.status_query, true)
                         .await
                     {
                         Ok(s) => s.applied && s.reply.as_ref().map(|x| x.outcome) == Some(pb::StepOutcome::Ok as i32),
@@ -542,6 +577,18 @@ impl Orchestrator {
     }
 
     async fn status(&self, service: &str, operation_id: &str, query: &str) -> Result<pb::StepStatusReply, String> {
+        self.ask(service, operation_id, query, false).await
+    }
+
+    /// The status query of `operation_id`; with `fence`, the Fence call
+    /// (the same answer, and "not applied" recorded as final).
+    async fn ask(
+        &self,
+        service: &str,
+        operation_id: &str,
+        query: &str,
+        fence: bool,
+    ) -> Result<pb::StepStatusReply, String> {
         let started = Instant::now();
         let mut client = self.client(service)?;
         let mut request = tonic::Request::new(pb::StepStatusRequest {
@@ -549,7 +596,14 @@ impl Orchestrator {
             query: query.to_string(),
         });
         request.set_timeout(self.timeout());
-        let out = match tokio::time::timeout(self.timeout(), client.status(request)).await {
+        let call = async {
+            if fence {
+                client.fence(request).await
+            } else {
+                client.status(request).await
+            }
+        };
+        let out = match tokio::time::timeout(self.timeout(), call).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(s)) => Err(format!("{}: {}", code_name(s.code()), s.message())),
             Err(_) => Err(format!(

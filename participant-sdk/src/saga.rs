@@ -825,6 +825,7 @@ impl<H: StepHandler> StepStore<H> {
             ))));
         }
         let mut staged = StepStaged::default();
+        let mut fence: Option<String> = None;
         let result = match kind {
             CallKind::Forward => self.handler.forward(&view, call, &mut staged),
             CallKind::Compensate => match view.record(&call.forward_operation_id)? {
@@ -844,10 +845,15 @@ impl<H: StepHandler> StepStore<H> {
                         StepResult::Ok { .. } => "answered ok".to_string(),
                     }
                 )),
-                None => StepResult::noop(format!(
-                    "the forward action never happened here: operation {:?} is not in the inbox",
-                    call.forward_operation_id
-                )),
+                None => {
+                    // Fence the forward operation in the same batch: a late
+                    // forward call of it must never run after this NOOP.
+                    fence = Some(call.forward_operation_id.clone());
+                    StepResult::noop(format!(
+                        "the forward action never happened here: operation {:?} is not in the inbox (now fenced)",
+                        call.forward_operation_id
+                    ))
+                }
             },
         };
         if let Some(e) = view.take_error() {
@@ -887,6 +893,9 @@ impl<H: StepHandler> StepStore<H> {
         let mut batch = sled::Batch::default();
         let next_event = self.stage_batch(&mut batch, staged);
         batch.insert(inbox_key(&call.operation_id), record.encode());
+        if let Some(f) = fence {
+            batch.insert(inbox_key(&f), fence_record(call.saga_id, call.step).encode());
+        }
         self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
         *self.next_event.lock().expect("next_event lock") = next_event;
         Ok(Applied::Recorded(result))
@@ -975,6 +984,34 @@ impl<H: StepHandler> StepStore<H> {
         };
         metrics::counter!("dtx_step_calls_total", "call" => "status", "outcome" => outcome).increment(1);
         answer
+    }
+
+    /// What `operation_id` did here, like [`StepStore::status`]; when
+    /// nothing, records it as a FAILED forward call ("fenced") and answers
+    /// `None`: a late call of it then answers FAILED and never runs, so the
+    /// answer "not applied" stays true. Answered after the fsync.
+    pub async fn fence(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        self.check_running()?;
+        if operation_id.is_empty() {
+            return Err(StepError::Invalid("the fence names no operation id".into()));
+        }
+        let existing = {
+            let _serial = self.serial.lock().await;
+            self.check_running()?;
+            match self.view().record(operation_id)? {
+                Some(rec) => Some(rec),
+                None => {
+                    self.tree
+                        .insert(inbox_key(operation_id), fence_record(0, 0).encode())
+                        .map_err(|e| self.fail(&e))?;
+                    None
+                }
+            }
+        };
+        self.flush().await?;
+        let outcome = if existing.is_some() { "applied" } else { "fenced" };
+        metrics::counter!("dtx_step_calls_total", "call" => "fence", "outcome" => outcome).increment(1);
+        Ok(existing)
     }
 
     /// What `operation_id` did here, as written so far (not synced; for
@@ -1217,6 +1254,21 @@ impl<H: StepHandler> SagaStepService for StepServer<H> {
         Ok(Response::new(r.to_reply()))
     }
 
+    async fn fence(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
+        let r = req.into_inner();
+        if !self.store.handler().knows_query(&r.query) {
+            return Err(Status::invalid_argument(format!(
+                "this service has no status query {:?}",
+                r.query
+            )));
+        }
+        let rec = self.store.fence(&r.operation_id).await.map_err(step_error_status)?;
+        Ok(Response::new(pb::StepStatusReply {
+            applied: rec.is_some(),
+            reply: rec.map(|rec| rec.result.to_reply()),
+        }))
+    }
+
     async fn status(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
         let r = req.into_inner();
         if !self.store.handler().knows_query(&r.query) {
@@ -1239,6 +1291,23 @@ impl<H: StepHandler> SagaStepService for StepServer<H> {
     }
 }
 
+/// The record that fences a forward operation id that never ran here.
+fn fence_record(saga_id: u64, step: u32) -> StepRecord {
+    StepRecord {
+        kind: CallKind::Forward,
+        result: StepResult::failed(FENCED_REASON),
+        at_ms: unix_ms(),
+        saga_id,
+        step,
+        action: String::new(),
+        fingerprint: String::new(),
+    }
+}
+
+/// The reason a fenced operation answers FAILED with.
+pub const FENCED_REASON: &str =
+    "fenced: the orchestrator found this operation not applied and settled it as never to run";
+
 /// Who may call a step service served with TLS or node tokens: the
 /// cluster's nodes (the orchestrator); Status, which changes nothing, also
 /// operators. A method missing here is refused for everyone.
@@ -1247,7 +1316,7 @@ pub fn step_policy(path: &str) -> dtx_proto::tls::Access {
     use dtx_proto::tls::Role;
     match path.strip_prefix("/dtx.v1.SagaStepService/") {
         Some("Status") => Access::Roles(&[Role::Node, Role::Operator]),
-        Some("Forward" | "Compensate") => Access::Roles(&[Role::Node]),
+        Some("Forward" | "Compensate" | "Fence") => Access::Roles(&[Role::Node]),
         _ => Access::Roles(&[]),
     }
 }

@@ -306,11 +306,19 @@ async fn a_compensation_without_its_forward_action_is_a_noop_and_runs_nothing() 
     let st = s.status("3.0.c").await;
     assert!(st.applied, "the NOOP is recorded under the compensation's id");
     assert_eq!(st.reply.as_ref(), Some(&noop));
-    // The forward action arriving late does not change that answer.
-    let fwd = s.forward(take("3.0.f", 2)).await;
-    assert_eq!(outcome(&fwd), pb::StepOutcome::Ok);
+    // The NOOP fenced the forward operation: arriving late (a deposed
+    // leader's call, a delayed request), it answers FAILED and never runs,
+    // so the NOOP stays true.
+    let forwards = s.store.handler().forwards.load(Ordering::SeqCst);
+    let late = s.forward(take("3.0.f", 2)).await;
+    assert_eq!(outcome(&late), pb::StepOutcome::Failed, "{late:?}");
+    assert!(late.reason.contains("fenced"), "{late:?}");
+    assert_eq!(s.store.handler().forwards.load(Ordering::SeqCst), forwards, "the handler did not run");
+    assert_eq!(s.stock(), 10);
     assert_eq!(s.compensate(give_back("3.0.c", "3.0.f", "")).await, noop);
     assert_eq!(s.compensations(), 0);
+    let fwd = s.forward(take("3.3.f", 2)).await;
+    assert_eq!(outcome(&fwd), pb::StepOutcome::Ok);
     // A forward action that FAILED: nothing to undo either.
     assert_eq!(outcome(&s.forward(take("3.1.f", 99)).await), pb::StepOutcome::Failed);
     let noop = s.compensate(give_back("3.1.c", "3.1.f", "")).await;
@@ -319,10 +327,10 @@ async fn a_compensation_without_its_forward_action_is_a_noop_and_runs_nothing() 
     assert_eq!(s.compensations(), 0);
     assert_eq!(s.stock(), 8);
     // A real compensation: runs once, undoes the forward action.
-    let done = s.compensate(give_back("3.2.c", "3.0.f", &fwd.resource_version)).await;
+    let done = s.compensate(give_back("3.2.c", "3.3.f", &fwd.resource_version)).await;
     assert_eq!(outcome(&done), pb::StepOutcome::Ok, "{done:?}");
     assert_eq!(
-        s.compensate(give_back("3.2.c", "3.0.f", &fwd.resource_version)).await,
+        s.compensate(give_back("3.2.c", "3.3.f", &fwd.resource_version)).await,
         done
     );
     assert_eq!(s.compensations(), 1);
@@ -380,6 +388,38 @@ async fn expired_rights_answer_failed_and_change_nothing() {
     assert!(refused.reason.contains("expired"), "{refused:?}");
     assert_eq!((s.compensations(), s.stock()), (0, 8));
     assert!(!s.status("5.0.c").await.applied);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_makes_not_applied_final_and_answers_an_applied_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Service::start(dir.path()).await;
+    let ask = |op: &str| pb::StepStatusRequest {
+        operation_id: op.into(),
+        query: "taken".into(),
+    };
+    // Nothing there: fenced, and a late call never runs.
+    let f = s.client.fence(ask("5.0.f1")).await.unwrap().into_inner();
+    assert!(!f.applied, "{f:?}");
+    let late = s.forward(take("5.0.f1", 1)).await;
+    assert_eq!(outcome(&late), pb::StepOutcome::Failed, "{late:?}");
+    assert!(late.reason.contains("fenced"), "{late:?}");
+    assert_eq!(s.store.handler().forwards.load(Ordering::SeqCst), 0, "the handler never ran");
+    assert_eq!(s.stock(), 10);
+    // Applied before: the fence answers what it did and changes nothing.
+    let fwd = s.forward(take("5.1.f1", 3)).await;
+    assert_eq!(outcome(&fwd), pb::StepOutcome::Ok);
+    let f = s.client.fence(ask("5.1.f1")).await.unwrap().into_inner();
+    assert!(f.applied);
+    assert_eq!(f.reply.as_ref(), Some(&fwd));
+    assert_eq!(s.stock(), 7);
+    // The fence survives reopening the store.
+    s.stop().await;
+    let mut s = Service::start(dir.path()).await;
+    let again = s.forward(take("5.0.f1", 1)).await;
+    assert_eq!(again, late);
+    assert_eq!(s.stock(), 7);
     s.stop().await;
 }
 

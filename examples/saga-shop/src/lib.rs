@@ -340,6 +340,10 @@ impl<S: SagaStepService> SagaStepService for LosingReplies<S> {
     async fn status(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
         self.inner.status(req).await
     }
+
+    async fn fence(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
+        self.inner.fence(req).await
+    }
 }
 
 /// The e-mail service's "mail server": appends each delivered event as a
