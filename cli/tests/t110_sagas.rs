@@ -402,3 +402,37 @@ async fn t110_operator_cli_lists_shows_and_retries_a_parked_saga() {
     let audits = shop.audit_all();
     assert_eq!(audits[2].confirmations[&o.order].applied, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t110_ended_sagas_are_forgotten_after_their_retention_and_parked_ones_are_kept() {
+    let mut c = TestCluster::start_with("t110g", 3, |cfg| cfg.saga.retention_ms = 1_000);
+    c.leader().await;
+    let mut shop = SagaShop::start(c.dir.path(), ShopFlags::default()).await;
+    sagas::register(&c, shop.definition()).await;
+    sagas::register(&c, parking_definition(&shop)).await;
+    let o = sagas::order(1, 1, 1, 1, 10);
+    let done = sagas::start(&c, ORDER, &o, None).await;
+    let parked = parked_at_the_charge(&c, &mut shop, &sagas::order(2, 2, 1, 2, 10_000_000), None).await;
+    sagas::wait_state(&c, &mut shop, done, &ENDED, Duration::from_secs(30)).await;
+    // Forgotten within a few scans after the retention.
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = sagas::call(&c, Duration::from_secs(10), |mut cl| async move {
+            cl.get_saga(pb::GetSagaRequest { saga_id: done }).await
+        })
+        .await;
+        match r {
+            Err(s) if s.code() == tonic::Code::NotFound => break,
+            Ok(_) => {}
+            Err(s) => panic!("{s:?}"),
+        }
+        assert!(std::time::Instant::now() < until, "saga {done} was not forgotten");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A parked saga is kept however old.
+    let v = sagas::get(&c, parked).await;
+    assert_eq!(sagas::state(&v), pb::SagaState::Parked);
+    // The key is free again; the new saga gets a new id.
+    let again = sagas::start(&c, ORDER, &o, None).await;
+    assert!(again > parked, "saga ids are never reused: {again}");
+}

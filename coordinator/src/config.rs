@@ -71,6 +71,10 @@ pub struct SagaConfig {
     pub scan_interval_ms: u64,
     /// Sagas driven at once at most; the others wait for a free slot.
     pub sagas_in_flight_max: usize,
+    /// How long an ended saga (COMPLETED or COMPENSATED) is kept before the
+    /// leader forgets it (and its idempotency key). Parked sagas are never
+    /// forgotten.
+    pub retention_ms: u64,
 }
 
 impl Default for SagaConfig {
@@ -79,6 +83,7 @@ impl Default for SagaConfig {
             call_timeout_ms: 2_000,
             scan_interval_ms: 200,
             sagas_in_flight_max: 256,
+            retention_ms: 7 * 24 * 3_600_000,
         }
     }
 }
@@ -417,10 +422,11 @@ impl Config {
         if let Some(m) = &self.metrics_addr {
             check_addr("metrics_addr", m)?;
         }
-        if self.saga.call_timeout_ms == 0 || self.saga.scan_interval_ms == 0 || self.saga.sagas_in_flight_max == 0 {
+        let g = &self.saga;
+        if g.call_timeout_ms == 0 || g.scan_interval_ms == 0 || g.sagas_in_flight_max == 0 || g.retention_ms == 0 {
             return bad(format!(
-                "saga.call_timeout_ms ({}), saga.scan_interval_ms ({}) and saga.sagas_in_flight_max ({}) must be > 0",
-                self.saga.call_timeout_ms, self.saga.scan_interval_ms, self.saga.sagas_in_flight_max
+                "saga.call_timeout_ms ({}), saga.scan_interval_ms ({}), saga.sagas_in_flight_max ({}) and saga.retention_ms ({}) must be > 0",
+                g.call_timeout_ms, g.scan_interval_ms, g.sagas_in_flight_max, g.retention_ms
             ));
         }
         let a = &self.api;

@@ -73,6 +73,7 @@ pub const METRICS: &[Described] = &[
     m("dtx_transactions", G, Unit::Count, "Transaction records held in the state machine."),
     // Sagas (issue 14; the leader's orchestrator).
     m("dtx_sagas", G, Unit::Count, "Sagas by state (RUNNING, COMPENSATING, PARKED), as the leader's orchestrator last scanned them."),
+    m("dtx_sagas_forgotten_total", C, Unit::Count, "Ended sagas the leader forgot after saga.retention_ms."),
     m("dtx_saga_parked_total", C, Unit::Count, "Sagas the orchestrator parked for an operator (a limit reached, an UNKNOWN it could not settle, expired rights, no registered option left)."),
     m("dtx_saga_calls_total", C, Unit::Count, "Step-service calls the orchestrator journaled, by call (forward, compensation) and outcome (OK, FAILED, UNKNOWN, NOOP, STALE)."),
     m("dtx_saga_reconciliations_total", C, Unit::Count, "Status queries that settled a step call's UNKNOWN outcome (or an intent found on resume), by call."),

@@ -66,6 +66,9 @@ use crate::sm::saga::StepKind;
 use crate::sm::Command;
 use crate::sm::CommandOk;
 
+/// Ended sagas forgotten per scan at most.
+const FORGET_PER_SCAN: usize = 256;
+
 pub struct Orchestrator {
     ctx: Arc<NodeCtx>,
     policy: Arc<dyn RecoveryPolicy>,
@@ -131,6 +134,7 @@ impl Orchestrator {
             let term = self.ctx.current_term();
             let ids = self.ctx.sm.state().sagas.driven();
             self.report_gauges();
+            self.forget_ended().await;
             for id in ids {
                 if !self.driving.lock().expect("lock").insert(id) {
                     continue;
@@ -142,6 +146,35 @@ impl Orchestrator {
                     me.driving.lock().expect("lock").remove(&id);
                 });
             }
+        }
+    }
+
+    /// Forgets ended sagas past `saga.retention_ms` (at most
+    /// `FORGET_PER_SCAN` per scan, in one Raft entry).
+    async fn forget_ended(&self) {
+        let before = now_ms().saturating_sub(self.ctx.config.saga.retention_ms);
+        let ids = self.ctx.sm.state().sagas.forgettable(before, FORGET_PER_SCAN);
+        if ids.is_empty() {
+            return;
+        }
+        let cmds = ids
+            .iter()
+            .map(|&saga_id| {
+                Command::Saga(SagaCommand::Forget {
+                    saga_id,
+                    ended_before_ms: before,
+                })
+            })
+            .collect();
+        match self.ctx.propose_together(cmds).await {
+            Ok(results) => {
+                let n = results
+                    .iter()
+                    .filter(|r| matches!(r, Ok(CommandOk::Saga(SagaOk::Forgotten { removed: true }))))
+                    .count();
+                metrics::counter!("dtx_sagas_forgotten_total").increment(n as u64);
+            }
+            Err(e) => warn!(error = %e, "forgetting ended sagas failed; the next scan tries again"),
         }
     }
 

@@ -478,6 +478,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         b.put(saga_key(*id), codec::encode(r).map_err(write_err)?);
                     }
                 }
+                SagaEffect::Remove(id) => b.delete(saga_key(*id)),
                 SagaEffect::Definition(name, version) => {
                     if let Some(d) = st.sagas.definition(name, *version) {
                         b.put(definition_key(name, *version), codec::encode(d).map_err(write_err)?);

@@ -376,6 +376,14 @@ pub enum SagaCommand {
         why: String,
         now_ms: u64,
     },
+    /// Removes an ended (COMPLETED or COMPENSATED) saga whose end is at or
+    /// before `ended_before_ms` (the leader's clock minus the retention),
+    /// and frees its idempotency key. Its id is never handed out again.
+    /// Appended last: older log entries keep their encoding.
+    Forget {
+        saga_id: SagaId,
+        ended_before_ms: u64,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -394,6 +402,10 @@ pub enum SagaOk {
     },
     Operated {
         state: SagaState,
+    },
+    /// Removed (false: there was no such saga: nothing to do).
+    Forgotten {
+        removed: bool,
     },
 }
 
@@ -433,6 +445,7 @@ impl SagaError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SagaEffect {
     Put(SagaId),
+    Remove(SagaId),
     Definition(String, u32),
 }
 
@@ -566,7 +579,50 @@ impl SagaBook {
                 why,
                 now_ms,
             } => self.operate(*saga_id, *action, who, why, *now_ms, effects),
+            SagaCommand::Forget {
+                saga_id,
+                ended_before_ms,
+            } => self.forget(*saga_id, *ended_before_ms, effects),
         }
+    }
+
+    fn forget(&mut self, id: SagaId, ended_before_ms: u64, effects: &mut Vec<SagaEffect>) -> Result<SagaOk, SagaError> {
+        let Some(r) = self.sagas.get(&id) else {
+            return Ok(SagaOk::Forgotten { removed: false });
+        };
+        if !r.state.ended() {
+            return Err(SagaError::WrongState {
+                saga_id: id,
+                state: r.state.name().into(),
+                what: "only an ended saga (COMPLETED or COMPENSATED) is forgotten".into(),
+            });
+        }
+        if r.ended_at_ms > ended_before_ms {
+            return Err(SagaError::Refused {
+                saga_id: id,
+                step: r.current,
+                what: format!(
+                    "it ended at {} ms, after {ended_before_ms} ms: its retention has not passed",
+                    r.ended_at_ms
+                ),
+            });
+        }
+        let key = r.idempotency_key.clone();
+        self.sagas.remove(&id);
+        self.keys.remove(&key);
+        effects.push(SagaEffect::Remove(id));
+        Ok(SagaOk::Forgotten { removed: true })
+    }
+
+    /// Ended sagas whose end is at or before `ended_before_ms`, lowest ids
+    /// first, at most `max`.
+    pub fn forgettable(&self, ended_before_ms: u64, max: usize) -> Vec<SagaId> {
+        self.sagas
+            .values()
+            .filter(|s| s.state.ended() && s.ended_at_ms <= ended_before_ms)
+            .take(max)
+            .map(|s| s.id)
+            .collect()
     }
 
     fn register(&mut self, d: &Definition, effects: &mut Vec<SagaEffect>) -> Result<SagaOk, SagaError> {

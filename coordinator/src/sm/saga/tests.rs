@@ -2250,3 +2250,51 @@ fn operator_skip_is_not_counted_as_a_reconciliation() {
     h.operate(id, OperatorAction::Skip, "bob", "checked by hand").unwrap();
     assert_eq!(fwd(&h.rec(id), 0).reconciliations, 0);
 }
+
+// ------------------------------------------------------------- forgetting
+
+#[test]
+fn only_ended_sagas_past_their_retention_are_forgotten_and_their_ids_are_never_reused() {
+    let d = def_of(&[C, P]);
+    let mut h = H::new(&[&d]);
+    let done = h.start(&d, "done");
+    h.forward(done, 0, CallOutcome::Ok);
+    assert_eq!(h.forward(done, 1, CallOutcome::Ok), SagaState::Completed);
+    let ended_at = h.rec(done).ended_at_ms;
+    let running = h.start(&d, "running");
+    h.forward(running, 0, CallOutcome::Ok);
+    assert_eq!(h.book.forgettable(ended_at, 10), vec![done]);
+    assert!(h.book.forgettable(ended_at - 1, 10).is_empty());
+
+    // A running saga, and an ended one inside its retention: refused.
+    let before = h.book.clone();
+    let forget = |id, ended_before_ms| SagaCommand::Forget {
+        saga_id: id,
+        ended_before_ms,
+    };
+    let (res, fx) = h.apply(forget(running, u64::MAX));
+    assert!(matches!(res, Err(SagaError::WrongState { .. })), "{res:?}");
+    let (res2, fx2) = h.apply(forget(done, ended_at - 1));
+    assert!(
+        matches!(&res2, Err(SagaError::Refused { what, .. }) if what.contains("retention")),
+        "{res2:?}"
+    );
+    assert!(fx.is_empty() && fx2.is_empty());
+    assert_eq!(h.book, before, "refusals change nothing");
+
+    // Past it: removed with its key; a second forget finds nothing.
+    let (res, fx) = h.apply(forget(done, ended_at));
+    assert_eq!(res, Ok(SagaOk::Forgotten { removed: true }));
+    assert_eq!(fx, vec![SagaEffect::Remove(done)]);
+    assert!(h.book.get(done).is_none());
+    let (res, fx) = h.apply(forget(done, ended_at));
+    assert_eq!(res, Ok(SagaOk::Forgotten { removed: false }));
+    assert!(fx.is_empty());
+
+    // The key is free again and starts a new saga with a new id.
+    let again = h.start(&d, "done");
+    assert!(again > running, "ids only grow: {again}");
+    // And the numbering survives the book's snapshot data.
+    let restored = SagaBook::from_data(h.book.data());
+    assert_eq!(restored.next_saga_id(), again + 1);
+}
