@@ -19,6 +19,19 @@ use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
 
 const ORDER: &str = dtx_saga_shop::ORDER_SAGA;
 
+/// The body of GET `path` on `addr` (a node's metrics port).
+async fn get(addr: &str, path: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }
@@ -326,8 +339,11 @@ async fn t110_operator_cli_lists_shows_and_retries_a_parked_saga() {
     // The e-mail service is down: the confirmation's outcome is UNKNOWN and
     // its status query keeps failing, so the saga parks; the operator
     // starts the service and retries through the CLI.
-    let mut c = TestCluster::start("t110f");
-    c.leader().await;
+    let mut c = TestCluster::start_with("t110f", 3, |cfg| {
+        let ip = common::node_ip(cfg.node_id);
+        cfg.metrics_addr = Some(format!("{ip}:{}", dtx_testkit::cluster::free_port(&ip).unwrap()));
+    });
+    let leader = c.leader().await;
     let mut shop = SagaShop::start(
         c.dir.path(),
         ShopFlags {
@@ -357,6 +373,15 @@ async fn t110_operator_cli_lists_shows_and_retries_a_parked_saga() {
             .output()
             .unwrap()
     };
+    // The leader's console lists it among the parked ones and shows why.
+    let http = c.procs.node(leader).config.metrics_addr.clone().unwrap();
+    let list = get(&http, "/console/sagas?state=parked").await;
+    assert!(list.contains(&format!("href=\"/console/saga/{id}\"")), "{list}");
+    let page = get(&http, &format!("/console/saga/{id}")).await;
+    assert!(
+        page.contains("PARKED (from RUNNING)") && page.contains("send_confirmation"),
+        "{page}"
+    );
     let out = admin(&["saga", "list", "--state", "parked", "--json"]);
     assert!(out.status.success(), "{}", common::output_text(&out));
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

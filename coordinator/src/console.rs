@@ -12,6 +12,8 @@
 //!   transactions, oldest first, with the participants still waiting.
 //! - `/console/txn/<txid>`: one transaction's timeline and each
 //!   participant's phase two, in the words of `admin txn show`.
+//! - `/console/sagas?state=&after=` and `/console/saga/<id>`: sagas by
+//!   state, and one saga's journal (`sagas`).
 //!
 //! Every page shows THIS node's applied state (no linearizable read: a
 //! follower may lag the leader by a few entries) and says so. The port has
@@ -40,6 +42,8 @@ use crate::sm::ListFilter;
 use crate::sm::Phase;
 use crate::sm::StateFilter;
 use crate::sm::TxTable;
+
+mod sagas;
 
 /// Transactions per page of `/console/transactions`.
 pub const PAGE_RECORDS: usize = 100;
@@ -93,8 +97,11 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
     let ctx = &driver.ctx;
     Some(match page {
         Route::Overview => {
-            let counts = Counts::of(&ctx.sm.state().table);
-            (200, HTML, render_overview(&frame, &status, &counts))
+            let (counts, saga_counts) = {
+                let st = ctx.sm.state();
+                (Counts::of(&st.table), sagas::counts(&st.sagas))
+            };
+            (200, HTML, render_overview(&frame, &status, &counts, &saga_counts))
         }
         Route::Transactions(q) => {
             let (mut rows, next_after) = {
@@ -129,6 +136,22 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
                 None => (404, HTML, render_txn_not_found(&frame, txid)),
             }
         }
+        Route::Sagas(q) => {
+            let (rows, next_after) = sagas::list_page(&ctx.sm.state().sagas, &q);
+            (200, HTML, sagas::render_list(&frame, &q, &rows, next_after))
+        }
+        Route::Saga(id) => {
+            let found = {
+                let st = ctx.sm.state();
+                st.sagas
+                    .get(id)
+                    .map(|r| crate::api::saga::view_pb(r, st.sagas.definition(&r.definition, r.version)))
+            };
+            match found {
+                Some(v) => (200, HTML, sagas::render_saga(&frame, &v)),
+                None => (404, HTML, sagas::render_not_found(&frame, id)),
+            }
+        }
         Route::BadRequest(why) => (400, HTML, render_error(&frame, 400, &why)),
         Route::NotFound => (
             404,
@@ -136,7 +159,8 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
             render_error(
                 &frame,
                 404,
-                "no such page: the console has /console, /console/transactions, /console/in-doubt and /console/txn/TXID",
+                "no such page: the console has /console, /console/transactions, /console/in-doubt, /console/txn/TXID, \
+                 /console/sagas and /console/saga/ID",
             ),
         ),
         Route::NotConsole | Route::Disabled | Route::MethodNotAllowed => unreachable!("answered above"),
@@ -182,6 +206,8 @@ pub enum Route {
     Transactions(ListQuery),
     InDoubt,
     Txn(u64),
+    Sagas(sagas::SagaQuery),
+    Saga(u64),
     BadRequest(String),
     NotFound,
 }
@@ -293,6 +319,20 @@ pub fn route(method: &str, path_and_query: &str, enabled: bool) -> Route {
             Err(e) => Route::BadRequest(e),
         },
         "/in-doubt" => Route::InDoubt,
+        "/sagas" => match sagas::parse_query(query) {
+            Ok(q) => Route::Sagas(q),
+            Err(e) => Route::BadRequest(e),
+        },
+        _ if rest.starts_with("/saga/") => {
+            let t = &rest["/saga/".len()..];
+            match t.parse::<u64>() {
+                Ok(id) => Route::Saga(id),
+                Err(_) => Route::BadRequest(format!(
+                    "{:?} is not a saga id (a saga id is a whole number)",
+                    pct_decode(t).unwrap_or_else(|_| t.to_string())
+                )),
+            }
+        }
         _ => match rest.strip_prefix("/txn/") {
             Some(t) => match t.parse::<u64>() {
                 Ok(txid) => Route::Txn(txid),
@@ -613,7 +653,7 @@ fn page(f: &Frame, title: &str, refresh: bool, body: &str) -> String {
         out,
         "<header><b>dtx console</b><span>cluster <span class=\"mono\">{}</span> · node {}</span>\
          <a href=\"/console\">Cluster</a><a href=\"/console/transactions\">Transactions</a>\
-         <a href=\"/console/in-doubt\">In doubt</a></header><main>",
+         <a href=\"/console/in-doubt\">In doubt</a><a href=\"/console/sagas\">Sagas</a></header><main>",
         esc(&f.cluster_id),
         f.node_id
     );
@@ -669,7 +709,12 @@ fn count_cell(n: usize, url: &str) -> String {
 }
 
 /// `/console`.
-pub fn render_overview(f: &Frame, s: &pb::ClusterStatusResponse, c: &Counts) -> String {
+pub fn render_overview(
+    f: &Frame,
+    s: &pb::ClusterStatusResponse,
+    c: &Counts,
+    saga_counts: &[(&'static str, usize, String)],
+) -> String {
     let mut b = String::new();
     // This node beside the leader and the counts; the members below.
     b.push_str("<div class=\"cols\"><section><h2>This node</h2><table id=\"this-node\">");
@@ -719,6 +764,16 @@ pub fn render_overview(f: &Frame, s: &pb::ClusterStatusResponse, c: &Counts) -> 
     ];
     for (name, n, url) in rows {
         let _ = write!(b, "<tr><td>{name}</td>{}</tr>", count_cell(n, url));
+    }
+    b.push_str("</table>");
+    b.push_str("<h2>Sagas by state</h2><table id=\"saga-counts\"><tr><th>STATE</th><th>COUNT</th></tr>");
+    for (name, n, url) in saga_counts {
+        let name = if *name == "PARKED" && *n > 0 {
+            "<span class=\"bad\">PARKED: waiting for an operator</span>".to_string()
+        } else {
+            name.to_string()
+        };
+        let _ = write!(b, "<tr><td>{name}</td>{}</tr>", count_cell(*n, url));
     }
     b.push_str("</table></section></div>");
 
@@ -1333,7 +1388,7 @@ mod tests {
             render_txn(&evil_frame, &s),
             render_in_doubt(&evil_frame, &rows, false),
             render_transactions(&evil_frame, &q, &rows, 9),
-            render_overview(&evil_frame, &status, &Counts::default()),
+            render_overview(&evil_frame, &status, &Counts::default(), &[]),
             render_error(&evil_frame, 400, EVIL),
         ] {
             assert!(!html.contains("<script"), "unescaped: {html}");
@@ -1461,7 +1516,17 @@ mod tests {
             ],
             ..Default::default()
         };
-        let html = render_overview(&frame(1, 1), &s, &Counts::of(&table()));
+        let html = render_overview(
+            &frame(1, 1),
+            &s,
+            &Counts::of(&table()),
+            &[("PARKED", 2, "/console/sagas?state=parked".into())],
+        );
+        assert!(
+            html.contains("PARKED: waiting for an operator")
+                && html.contains("href=\"/console/sagas?state=parked\">2</a>"),
+            "{html}"
+        );
         for want in [
             "<meta http-equiv=\"refresh\" content=\"5\">",
             "<span class=\"ok\">SERVING</span>",
@@ -1485,7 +1550,7 @@ mod tests {
             not_serving_reason: "no message from leader 1 for 900 ms".into(),
             ..s
         };
-        let html = render_overview(&follower, &s2, &Counts::default());
+        let html = render_overview(&follower, &s2, &Counts::default(), &[]);
         assert!(
             html.contains("NOT SERVING</span>: no message from leader 1 for 900 ms"),
             "{html}"
