@@ -66,6 +66,18 @@ use crate::sm::saga::StepKind;
 use crate::sm::Command;
 use crate::sm::CommandOk;
 
+/// What one saga's task keeps between moves.
+#[derive(Default)]
+struct Task {
+    /// The (operation id, attempts) of an intent this task journaled and
+    /// has not called yet: only that one may be called without asking.
+    fresh: Option<(String, u32)>,
+    /// Status queries failed in a row.
+    query_failures: u32,
+    /// Journal writes refused in a row.
+    refusals: u32,
+}
+
 /// Ended sagas forgotten per scan at most.
 const FORGET_PER_SCAN: usize = 256;
 
@@ -193,312 +205,255 @@ impl Orchestrator {
         Some((r, d))
     }
 
-    /// Drives saga `id` while this node leads `term`.
+    /// Drives saga `id` while this node leads `term`: plans the next move
+    /// on the journal as applied here, does its I/O, journals what it saw,
+    /// and plans again.
     async fn drive(&self, id: SagaId, term: u64) {
-        // The (operation id, attempts) of an intent this task journaled
-        // and has not called yet: only that one may be called without
-        // asking first.
-        let mut fresh: Option<(String, u32)> = None;
-        let mut query_failures: u32 = 0;
-        let mut refusals: u32 = 0;
+        let mut t = Task::default();
         loop {
             if !self.ctx.is_leader_of(term) {
                 return;
             }
             let Some((r, def)) = self.read(id) else { return };
-            let current = current_call(&r);
-            let is_fresh = fresh.is_some() && current.as_ref().map(|c| (c.0.clone(), c.1)) == fresh;
-            let mv = plan::next(&r, &def, is_fresh, now_ms(), self.policy.as_ref());
-            let step = r.current;
-            let sd = &def.steps[step as usize];
-            match mv {
+            let is_fresh = t.fresh.is_some() && current_call(&r) == t.fresh;
+            let sd = &def.steps[r.current as usize];
+            let ev = match plan::next(&r, &def, is_fresh, now_ms(), self.policy.as_ref()) {
                 Move::Idle => return,
                 Move::Journal(ev) => {
-                    let intent = matches!(
-                        ev,
-                        JournalEvent::ForwardIntent { .. }
-                            | JournalEvent::CompensationIntent { .. }
-                            | JournalEvent::Recover {
-                                option: crate::sm::saga::Recovery::Retry,
-                                ..
-                            }
-                    );
-                    // A retry waits its backoff first.
-                    let retry_after = match (&ev, current.as_ref()) {
-                        (JournalEvent::ForwardIntent { .. } | JournalEvent::CompensationIntent { .. }, Some(c))
-                            if c.1 > 0 =>
-                        {
-                            Some(sd.retry.backoff_ms(c.1))
-                        }
-                        (JournalEvent::Recover { .. }, Some(c)) => Some(sd.retry.backoff_ms(c.1)),
-                        _ => None,
-                    };
-                    if let Some(ms) = retry_after.filter(|_| intent) {
-                        tokio::time::sleep(Duration::from_millis(ms)).await;
-                    }
-                    if let JournalEvent::Park { reason } = &ev {
-                        metrics::counter!("dtx_saga_parked_total").increment(1);
-                        warn!(saga = id, step, reason = %reason, "saga parked for an operator");
-                    }
-                    match self.journal(&r, ev).await {
-                        Ok(()) => {
-                            refusals = 0;
-                            fresh = if intent {
-                                self.read(id).and_then(|(r2, _)| current_call(&r2))
-                            } else {
-                                None
-                            };
-                        }
-                        Err(e) => {
-                            fresh = None;
-                            if !self.after_refusal(id, &e, &mut refusals).await {
-                                return;
-                            }
-                        }
-                    }
+                    self.before_journaling(&r, &def, &ev).await;
+                    Some(ev)
                 }
                 Move::CallForward { step } => {
-                    fresh = None;
-                    dtx_failpoint::failpoint!("saga_before_forward_call");
-                    let a = self.call(&r, &def, step, Side::Forward).await;
-                    dtx_failpoint::failpoint!("saga_after_reply_before_journal");
-                    let reply = forward_reply(reply_of(a, false));
-                    let ok = reply.outcome == CallOutcome::Ok;
-                    self.outcome_metrics(Side::Forward, &reply);
-                    match self.journal(&r, JournalEvent::ForwardOutcome { step, reply }).await {
-                        Ok(()) => {
-                            if ok && sd.kind == StepKind::Pivot {
-                                dtx_failpoint::failpoint!("saga_after_pivot");
-                                info!(saga = id, step, "saga passed its pivot: it only goes forward now");
-                            }
-                        }
-                        Err(e) => {
-                            if !self.after_refusal(id, &e, &mut refusals).await {
-                                return;
-                            }
-                        }
-                    }
+                    t.fresh = None;
+                    Some(self.call_forward(&r, &def, step).await)
                 }
-                Move::QueryForward { step } => {
-                    let c = r.steps[step as usize].forward.clone().unwrap_or_default();
-                    let ev = match self
-                        .status(sd.service.as_str(), &c.operation_id, &sd.status_query)
-                        .await
-                    {
-                        Ok(s) if s.applied => {
-                            query_failures = 0;
-                            let reply = forward_reply(reply_of(Answer::Reply(s.reply.unwrap_or_default()), true));
-                            self.settled_metrics(Side::Forward, &c);
-                            JournalEvent::ForwardOutcome { step, reply }
-                        }
-                        Ok(_) => {
-                            query_failures = 0;
-                            if c.attempts < sd.retry.max_attempts {
-                                JournalEvent::ForwardIntent { step }
-                            } else {
-                                // Its last attempt: fence it, so "not
-                                // applied" stays true (a late call of it
-                                // will never run), then count it FAILED.
-                                match self
-                                    .ask(sd.service.as_str(), &c.operation_id, &sd.status_query, true)
-                                    .await
-                                {
-                                    Ok(f) => {
-                                        self.settled_metrics(Side::Forward, &c);
-                                        if f.applied {
-                                            let reply = forward_reply(reply_of(
-                                                Answer::Reply(f.reply.unwrap_or_default()),
-                                                true,
-                                            ));
-                                            JournalEvent::ForwardOutcome { step, reply }
-                                        } else {
-                                            let mut reply = Reply::of(
-                                                CallOutcome::Failed,
-                                                format!(
-                                                    "not applied after {} attempts (status query; fenced)",
-                                                    c.attempts
-                                                ),
-                                            );
-                                            reply.reconciled = true;
-                                            JournalEvent::ForwardOutcome { step, reply }
-                                        }
-                                    }
-                                    Err(e) => match self
-                                        .query_failed(&r, sd.retry.max_attempts, &mut query_failures, Side::Forward, &e)
-                                        .await
-                                    {
-                                        Some(ev) => ev,
-                                        None => continue,
-                                    },
-                                }
-                            }
-                        }
-                        Err(e) => match self
-                            .query_failed(&r, sd.retry.max_attempts, &mut query_failures, Side::Forward, &e)
-                            .await
-                        {
-                            Some(ev) => ev,
-                            None => continue,
-                        },
-                    };
-                    // A status query that found nothing applied journals a
-                    // new intent: this task made it, so it may call.
-                    let intent = matches!(
-                        ev,
-                        JournalEvent::ForwardIntent { .. } | JournalEvent::CompensationIntent { .. }
-                    );
-                    match self.journal(&r, ev).await {
-                        Ok(()) if intent => fresh = self.read(id).and_then(|(r2, _)| current_call(&r2)),
-                        Ok(()) => {}
-                        Err(e) => {
-                            if !self.after_refusal(id, &e, &mut refusals).await {
-                                return;
-                            }
-                        }
+                Move::QueryForward { step } => self.query_forward(&r, &def, step, &mut t).await,
+                Move::AskThenCompensate { step } => self.ask_then_compensate(&r, &def, step, &mut t).await,
+                Move::QueryCompensation { step } => self.query_compensation(&r, &def, step, &mut t).await,
+            };
+            let Some(ev) = ev else { continue };
+            let intent = matches!(
+                ev,
+                JournalEvent::ForwardIntent { .. }
+                    | JournalEvent::CompensationIntent { .. }
+                    | JournalEvent::Recover {
+                        option: crate::sm::saga::Recovery::Retry,
+                        ..
                     }
-                }
-                Move::AskThenCompensate { step } => {
-                    fresh = None;
-                    let j = &r.steps[step as usize];
-                    let fwd = j.forward.clone().unwrap_or_default();
-                    // Asked with a fence: "not applied" becomes final at the
-                    // service (a late forward call of it will never run), so
-                    // NOOP is safe to journal.
-                    let happened = match self
-                        .ask(sd.service.as_str(), &fwd.operation_id, &sd.status_query, true)
-                        .await
-                    {
-                        Ok(s) => s.applied && s.reply.as_ref().map(|x| x.outcome) == Some(pb::StepOutcome::Ok as i32),
-                        Err(e) => {
-                            // Nothing was called: the intent stays and is
-                            // asked about again after a backoff.
-                            match self
-                                .query_failed(&r, sd.retry.max_attempts, &mut query_failures, Side::Compensation, &e)
-                                .await
-                            {
-                                Some(JournalEvent::Park { reason }) => {
-                                    let _ = self.journal(&r, JournalEvent::Park { reason }).await;
-                                }
-                                _ => {
-                                    fresh = current_call(&r);
-                                }
-                            }
-                            continue;
-                        }
-                    };
-                    query_failures = 0;
-                    let reply = if happened {
-                        dtx_failpoint::failpoint!("saga_mid_compensation");
-                        let a = self.call(&r, &def, step, Side::Compensation).await;
-                        reply_of(a, false)
+            );
+            let pivot_passed = sd.kind == StepKind::Pivot
+                && matches!(&ev, JournalEvent::ForwardOutcome { reply, .. } if reply.outcome == CallOutcome::Ok);
+            match self.journal(&r, ev).await {
+                Ok(()) => {
+                    t.refusals = 0;
+                    // Only an intent this task journaled may be called
+                    // without asking first.
+                    t.fresh = if intent {
+                        self.read(id).and_then(|(r2, _)| current_call(&r2))
                     } else {
-                        Reply::of(
-                            CallOutcome::Noop,
-                            format!(
-                                "the forward action {} never happened at {}: nothing to undo",
-                                fwd.operation_id, sd.service
-                            ),
-                        )
+                        None
                     };
-                    self.outcome_metrics(Side::Compensation, &reply);
-                    if let Err(e) = self
-                        .journal(&r, JournalEvent::CompensationOutcome { step, reply })
-                        .await
-                    {
-                        if !self.after_refusal(id, &e, &mut refusals).await {
-                            return;
-                        }
+                    if pivot_passed {
+                        dtx_failpoint::failpoint!("saga_after_pivot");
+                        info!(
+                            saga = id,
+                            step = r.current,
+                            "saga passed its pivot: it only goes forward now"
+                        );
                     }
                 }
-                Move::QueryCompensation { step } => {
-                    let c = r.steps[step as usize].compensation.clone().unwrap_or_default();
-                    let ev = match self
-                        .status(sd.service.as_str(), &c.operation_id, &sd.status_query)
-                        .await
-                    {
-                        Ok(s) if s.applied => {
-                            query_failures = 0;
-                            self.settled_metrics(Side::Compensation, &c);
-                            JournalEvent::CompensationOutcome {
-                                step,
-                                reply: reply_of(Answer::Reply(s.reply.unwrap_or_default()), true),
-                            }
-                        }
-                        Ok(_) => {
-                            query_failures = 0;
-                            if c.attempts < sd.retry.max_attempts {
-                                JournalEvent::CompensationIntent { step }
-                            } else {
-                                JournalEvent::Park {
-                                    reason: format!(
-                                        "the compensation of step {step} ({:?}) was not applied after {} attempts",
-                                        sd.name, c.attempts
-                                    ),
-                                }
-                            }
-                        }
-                        Err(e) => match self
-                            .query_failed(&r, sd.retry.max_attempts, &mut query_failures, Side::Compensation, &e)
-                            .await
-                        {
-                            Some(ev) => ev,
-                            None => continue,
-                        },
-                    };
-                    // A status query that found nothing applied journals a
-                    // new intent: this task made it, so it may call.
-                    let intent = matches!(
-                        ev,
-                        JournalEvent::ForwardIntent { .. } | JournalEvent::CompensationIntent { .. }
-                    );
-                    match self.journal(&r, ev).await {
-                        Ok(()) if intent => fresh = self.read(id).and_then(|(r2, _)| current_call(&r2)),
-                        Ok(()) => {}
-                        Err(e) => {
-                            if !self.after_refusal(id, &e, &mut refusals).await {
-                                return;
-                            }
-                        }
+                Err(e) => {
+                    t.fresh = None;
+                    if !self.after_refusal(id, &e, &mut t.refusals).await {
+                        return;
                     }
                 }
             }
         }
     }
 
+    /// Before a planned journal write: a retry waits its backoff; a park
+    /// is counted and logged.
+    async fn before_journaling(&self, r: &SagaRecord, def: &Definition, ev: &JournalEvent) {
+        let sd = &def.steps[r.current as usize];
+        let attempts = current_call(r).map(|c| c.1).unwrap_or(0);
+        let retry = match ev {
+            JournalEvent::ForwardIntent { .. } | JournalEvent::CompensationIntent { .. } => attempts > 0,
+            JournalEvent::Recover { option, .. } => *option == crate::sm::saga::Recovery::Retry,
+            _ => false,
+        };
+        if retry {
+            tokio::time::sleep(Duration::from_millis(sd.retry.backoff_ms(attempts))).await;
+        }
+        if let JournalEvent::Park { reason } = ev {
+            metrics::counter!("dtx_saga_parked_total").increment(1);
+            warn!(saga = r.id, step = r.current, reason = %reason, "saga parked for an operator");
+        }
+    }
+
+    /// Calls the forward action whose intent this task journaled; its
+    /// outcome (UNKNOWN for no answer).
+    async fn call_forward(&self, r: &SagaRecord, def: &Definition, step: u32) -> JournalEvent {
+        dtx_failpoint::failpoint!("saga_before_forward_call");
+        let a = self.call(r, def, step, Side::Forward).await;
+        dtx_failpoint::failpoint!("saga_after_reply_before_journal");
+        let reply = forward_reply(reply_of(a, false));
+        self.outcome_metrics(Side::Forward, &reply);
+        JournalEvent::ForwardOutcome { step, reply }
+    }
+
+    /// Settles a forward call that is UNKNOWN (or an intent found on
+    /// resume) by its status query: applied → its answer; not applied →
+    /// a new attempt, or after the last one a fence and FAILED. None: the
+    /// query failed and is asked again after a backoff.
+    async fn query_forward(&self, r: &SagaRecord, def: &Definition, step: u32, t: &mut Task) -> Option<JournalEvent> {
+        let sd = &def.steps[step as usize];
+        let c = r.steps[step as usize].forward.clone().unwrap_or_default();
+        let last = c.attempts >= sd.retry.max_attempts;
+        // The last attempt is asked with a fence, so "not applied" stays
+        // true (a late call of it will never run).
+        match self.ask(&sd.service, &c.operation_id, &sd.status_query, last).await {
+            Ok(s) => {
+                t.query_failures = 0;
+                if s.applied {
+                    self.settled_metrics(Side::Forward, &c);
+                    let reply = forward_reply(reply_of(Answer::Reply(s.reply.unwrap_or_default()), true));
+                    Some(JournalEvent::ForwardOutcome { step, reply })
+                } else if !last {
+                    Some(JournalEvent::ForwardIntent { step })
+                } else {
+                    self.settled_metrics(Side::Forward, &c);
+                    let mut reply = Reply::of(
+                        CallOutcome::Failed,
+                        format!("not applied after {} attempts (status query; fenced)", c.attempts),
+                    );
+                    reply.reconciled = true;
+                    Some(JournalEvent::ForwardOutcome { step, reply })
+                }
+            }
+            Err(e) => {
+                self.query_failed(r, sd.retry.max_attempts, t, Side::Forward, &e, true)
+                    .await
+            }
+        }
+    }
+
+    /// A compensation whose intent this task journaled: asks (with a
+    /// fence) whether the forward action happened; calls the compensation
+    /// only if it did, else journals NOOP. None: the question failed (the
+    /// intent stays this task's, nothing was called).
+    async fn ask_then_compensate(
+        &self,
+        r: &SagaRecord,
+        def: &Definition,
+        step: u32,
+        t: &mut Task,
+    ) -> Option<JournalEvent> {
+        let sd = &def.steps[step as usize];
+        let fwd = r.steps[step as usize].forward.clone().unwrap_or_default();
+        let happened = match self.ask(&sd.service, &fwd.operation_id, &sd.status_query, true).await {
+            Ok(s) => s.applied && s.reply.as_ref().map(|x| x.outcome) == Some(pb::StepOutcome::Ok as i32),
+            Err(e) => {
+                return match self
+                    .query_failed(r, sd.retry.max_attempts, t, Side::Compensation, &e, false)
+                    .await
+                {
+                    park @ Some(JournalEvent::Park { .. }) => park,
+                    _ => None,
+                };
+            }
+        };
+        t.query_failures = 0;
+        t.fresh = None;
+        let reply = if happened {
+            dtx_failpoint::failpoint!("saga_mid_compensation");
+            reply_of(self.call(r, def, step, Side::Compensation).await, false)
+        } else {
+            Reply::of(
+                CallOutcome::Noop,
+                format!(
+                    "the forward action {} never happened at {}: nothing to undo",
+                    fwd.operation_id, sd.service
+                ),
+            )
+        };
+        self.outcome_metrics(Side::Compensation, &reply);
+        Some(JournalEvent::CompensationOutcome { step, reply })
+    }
+
+    /// Settles a compensation that is UNKNOWN (or an intent found on
+    /// resume) by its status query: applied → its answer; not applied → a
+    /// new attempt, or after the last one the saga parks.
+    async fn query_compensation(
+        &self,
+        r: &SagaRecord,
+        def: &Definition,
+        step: u32,
+        t: &mut Task,
+    ) -> Option<JournalEvent> {
+        let sd = &def.steps[step as usize];
+        let c = r.steps[step as usize].compensation.clone().unwrap_or_default();
+        match self.status(&sd.service, &c.operation_id, &sd.status_query).await {
+            Ok(s) => {
+                t.query_failures = 0;
+                if s.applied {
+                    self.settled_metrics(Side::Compensation, &c);
+                    let reply = reply_of(Answer::Reply(s.reply.unwrap_or_default()), true);
+                    Some(JournalEvent::CompensationOutcome { step, reply })
+                } else if c.attempts < sd.retry.max_attempts {
+                    Some(JournalEvent::CompensationIntent { step })
+                } else {
+                    Some(JournalEvent::Park {
+                        reason: format!(
+                            "the compensation of step {step} ({:?}) was not applied after {} attempts",
+                            sd.name, c.attempts
+                        ),
+                    })
+                }
+            }
+            Err(e) => {
+                self.query_failed(r, sd.retry.max_attempts, t, Side::Compensation, &e, true)
+                    .await
+            }
+        }
+    }
+
     /// A status query failed: the call's outcome is (or stays) UNKNOWN.
-    /// The first failure journals UNKNOWN (its dwell time starts); after
-    /// `max` failures in a row the saga parks; in between, a backoff.
+    /// The first failure journals UNKNOWN for an INTENDED call when
+    /// `mark_unknown` (its dwell time starts); after `max` failures in a
+    /// row the saga parks; otherwise a backoff and None (ask again).
     async fn query_failed(
         &self,
         r: &SagaRecord,
         max: u32,
-        failures: &mut u32,
+        t: &mut Task,
         side: Side,
         e: &str,
+        mark_unknown: bool,
     ) -> Option<JournalEvent> {
-        *failures += 1;
+        t.query_failures += 1;
         let step = r.current;
         let call = match side {
             Side::Forward => r.steps[step as usize].forward.as_ref(),
             Side::Compensation => r.steps[step as usize].compensation.as_ref(),
         };
-        if *failures >= max.max(1) {
+        if t.query_failures >= max.max(1) {
             return Some(JournalEvent::Park {
                 reason: format!(
                     "step {step}: the {} outcome is UNKNOWN and its status query failed {} times: {e}",
                     side.label(),
-                    failures
+                    t.query_failures
                 ),
             });
         }
-        if call.map(|c| c.outcome()) == Some(CallOutcome::Intended) {
+        if mark_unknown && call.map(|c| c.outcome()) == Some(CallOutcome::Intended) {
             let reply = Reply::of(CallOutcome::Unknown, format!("status query failed: {e}"));
             return Some(match side {
                 Side::Forward => JournalEvent::ForwardOutcome { step, reply },
                 Side::Compensation => JournalEvent::CompensationOutcome { step, reply },
             });
         }
-        tokio::time::sleep(Duration::from_millis(100u64 << (*failures).min(5))).await;
+        tokio::time::sleep(Duration::from_millis(100u64 << t.query_failures.min(5))).await;
         None
     }
 
