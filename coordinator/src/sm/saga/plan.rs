@@ -39,6 +39,14 @@ pub enum Move {
 /// state machine refuses an option the definition did not register.
 pub trait RecoveryPolicy: Send + Sync {
     fn rank(&self, saga: &SagaRecord, step: u32, registered: &[Recovery]) -> Vec<Recovery>;
+
+    /// The reason a failed step's saga parks with (an escalation to an
+    /// operator), given the orchestrator's own; by default that one. A
+    /// policy may say more (whom to call, what it tried); it changes only
+    /// the words recorded, never what runs.
+    fn escalation_reason(&self, _saga: &SagaRecord, _step: u32, default: String) -> String {
+        default
+    }
 }
 
 /// The registered order, as is.
@@ -77,9 +85,11 @@ pub fn next(r: &SagaRecord, def: &Definition, fresh: bool, now_ms: u64, policy: 
                     };
                     if admitted {
                         let why = match o {
-                            Recovery::Park => {
-                                format!("step {step} ({:?}) failed after {attempts} attempts: {reason}", sd.name)
-                            }
+                            Recovery::Park => policy.escalation_reason(
+                                r,
+                                step,
+                                format!("step {step} ({:?}) failed after {attempts} attempts: {reason}", sd.name),
+                            ),
                             _ => reason,
                         };
                         return Move::Journal(JournalEvent::Recover {
@@ -90,9 +100,13 @@ pub fn next(r: &SagaRecord, def: &Definition, fresh: bool, now_ms: u64, policy: 
                     }
                 }
                 Move::Journal(JournalEvent::Park {
-                    reason: format!(
-                        "step {step} ({:?}) failed after {attempts} attempts and no registered recovery option is left: {reason}",
-                        sd.name
+                    reason: policy.escalation_reason(
+                        r,
+                        step,
+                        format!(
+                            "step {step} ({:?}) failed after {attempts} attempts and no registered recovery option is left: {reason}",
+                            sd.name
+                        ),
                     ),
                 })
             }

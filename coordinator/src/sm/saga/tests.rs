@@ -2298,3 +2298,63 @@ fn only_ended_sagas_past_their_retention_are_forgotten_and_their_ids_are_never_r
     let restored = SagaBook::from_data(h.book.data());
     assert_eq!(restored.next_saga_id(), again + 1);
 }
+
+/// A policy that ranks PARK first and says whom it escalates to.
+struct Pager;
+
+impl RecoveryPolicy for Pager {
+    fn rank(&self, _: &SagaRecord, _: u32, registered: &[Recovery]) -> Vec<Recovery> {
+        let mut v = registered.to_vec();
+        v.sort_by_key(|o| *o != Recovery::Park);
+        v
+    }
+
+    fn escalation_reason(&self, saga: &SagaRecord, step: u32, default: String) -> String {
+        format!("paged the payments on-call for saga {} step {step}: {default}", saga.id)
+    }
+}
+
+#[test]
+fn a_policy_may_word_the_escalation_but_only_among_registered_options() {
+    let d = with_step(def_of(&[C, P, R]), 1, |s| {
+        s.on_failure = vec![Recovery::Compensate, Recovery::Park]
+    });
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.forward(id, 1, CallOutcome::Failed);
+    let r = h.rec(id);
+    let def = h.book.definition("shop", 1).unwrap().clone();
+    match plan::next(&r, &def, false, h.now, &Pager) {
+        Move::Journal(JournalEvent::Recover {
+            option: Recovery::Park,
+            reason,
+            ..
+        }) => {
+            assert!(
+                reason.starts_with("paged the payments on-call for saga 1 step 1: step 1"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A step that did not register PARK: the policy's ranking of it is
+    // ignored and the registered option runs.
+    let d2 = Definition {
+        name: "other".into(),
+        ..with_step(def_of(&[C, P, R]), 1, |s| s.on_failure = vec![Recovery::Compensate])
+    };
+    let mut h2 = H::new(&[&d2]);
+    let id2 = h2.start(&d2, "k");
+    h2.forward(id2, 0, CallOutcome::Ok);
+    h2.forward(id2, 1, CallOutcome::Failed);
+    let r2 = h2.rec(id2);
+    let def2 = h2.book.definition("other", 1).unwrap().clone();
+    assert!(matches!(
+        plan::next(&r2, &def2, false, h2.now, &Pager),
+        Move::Journal(JournalEvent::Recover {
+            option: Recovery::Compensate,
+            ..
+        })
+    ));
+}
