@@ -36,11 +36,11 @@ use tonic::Status;
 #[path = "admin_saga_view.rs"]
 mod view;
 
-use crate::admin::emit;
-use crate::admin::failure;
-use crate::admin::Ctx;
-use crate::admin::Failure;
-use crate::admin::Outcome;
+use crate::admin_ctx::emit;
+use crate::admin_ctx::failure;
+use crate::admin_ctx::Ctx;
+use crate::admin_ctx::Failure;
+use crate::admin_ctx::Outcome;
 use crate::exit_codes::EXIT_ERROR;
 use crate::exit_codes::EXIT_REFUSED;
 use crate::exit_codes::EXIT_UNKNOWN;

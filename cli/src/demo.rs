@@ -30,10 +30,7 @@ use crate::demo_kit::DemoArgs;
 use crate::demo_kit::LeaderKills;
 
 pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
-    let _ = std::fs::remove_dir_all(&a.dir);
-    std::fs::create_dir_all(&a.dir)?;
-    let dir = a.dir.canonicalize()?;
-    let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
+    let (dir, bin) = crate::demo_kit::fresh_workdir(&a.dir)?;
     let plans = ProcessCluster::plan_local("127.0.0.1", 3)?;
     let pki = if a.tls {
         Some(DevPki::create(&dir.join("tls"), "dtx demo authority")?)

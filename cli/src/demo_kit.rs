@@ -1,7 +1,9 @@
-//! What both demos share (`demo`, the banks; `demo --postgres`, the shop):
-//! their arguments, the clients' counts and progress line, the leader
-//! kills, and the look-up of outcomes the clients did not learn.
+//! What the demos share (`demo`, the banks; `demo --postgres`, the shop;
+//! `demo --saga`, the order saga): their arguments and working directory,
+//! the 2PC clients' counts and progress line, the leader kills, and the
+//! look-up of outcomes the clients did not learn.
 
+use std::path::Path;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
@@ -47,6 +49,24 @@ pub struct DemoArgs {
     /// clients as an application (`dtx://application/demo`).
     #[arg(long, conflicts_with = "postgres")]
     pub tls: bool,
+    /// The order saga instead of 2PC: inventory (reserve stock,
+    /// compensable), payment (charge the card, the pivot; a simulated API
+    /// that loses 20% of its replies) and e-mail (the confirmation,
+    /// retriable; busy 20% of the time) step services; clients start order
+    /// sagas (some unpayable, some out of stock) while the leader is
+    /// killed; the audit reads the three services' data.
+    #[arg(long, conflicts_with_all = ["postgres", "tls"])]
+    pub saga: bool,
+}
+
+/// A demo's working directory, emptied (recreated) and made absolute, and
+/// the `coordinator` binary every process of the demo runs.
+pub(crate) fn fresh_workdir(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
+    Ok((dir, bin))
 }
 
 /// The decision of `txid` once it has one (true = COMMIT), asked every

@@ -76,10 +76,7 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
              on Debian or Ubuntu: sudo apt-get install postgresql (or run scripts/postgres-deps); elsewhere put initdb on PATH"
         );
     }
-    let _ = std::fs::remove_dir_all(&a.dir);
-    std::fs::create_dir_all(&a.dir)?;
-    let dir = a.dir.canonicalize()?;
-    let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
+    let (dir, bin) = crate::demo_kit::fresh_workdir(&a.dir)?;
 
     let pg = dtx_pg_server::PgServer::start(dtx_pg_server::PgServerOptions::default())
         .map_err(|e| anyhow::anyhow!("{e}"))

@@ -3,6 +3,7 @@
 //! does the work.
 
 mod admin;
+mod admin_ctx;
 mod admin_participant;
 mod admin_saga;
 mod admin_view;
@@ -10,6 +11,7 @@ mod backup;
 mod demo;
 mod demo_kit;
 mod demo_pg;
+mod demo_saga;
 mod dev;
 mod exit_codes;
 mod log_levels;
@@ -249,6 +251,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Dev(a) => dev::run(a, shutdown_signal()).await,
         Cmd::Demo(a) if a.postgres => demo_pg::run(a, shutdown_signal()).await,
+        Cmd::Demo(a) if a.saga => demo_saga::run(a, shutdown_signal()).await,
         Cmd::Demo(a) => demo::run(a, shutdown_signal()).await,
         Cmd::BankServe(a) => dtx_bank::serve(a, shutdown_signal()).await,
         Cmd::ShopServe(a) => dtx_shop::serve(a, shutdown_signal()).await,

@@ -313,7 +313,11 @@ async fn a_compensation_without_its_forward_action_is_a_noop_and_runs_nothing() 
     let late = s.forward(take("3.0.f", 2)).await;
     assert_eq!(outcome(&late), pb::StepOutcome::Failed, "{late:?}");
     assert!(late.reason.contains("fenced"), "{late:?}");
-    assert_eq!(s.store.handler().forwards.load(Ordering::SeqCst), forwards, "the handler did not run");
+    assert_eq!(
+        s.store.handler().forwards.load(Ordering::SeqCst),
+        forwards,
+        "the handler did not run"
+    );
     assert_eq!(s.stock(), 10);
     assert_eq!(s.compensate(give_back("3.0.c", "3.0.f", "")).await, noop);
     assert_eq!(s.compensations(), 0);
@@ -405,7 +409,11 @@ async fn a_fence_makes_not_applied_final_and_answers_an_applied_call() {
     let late = s.forward(take("5.0.f1", 1)).await;
     assert_eq!(outcome(&late), pb::StepOutcome::Failed, "{late:?}");
     assert!(late.reason.contains("fenced"), "{late:?}");
-    assert_eq!(s.store.handler().forwards.load(Ordering::SeqCst), 0, "the handler never ran");
+    assert_eq!(
+        s.store.handler().forwards.load(Ordering::SeqCst),
+        0,
+        "the handler never ran"
+    );
     assert_eq!(s.stock(), 10);
     // Applied before: the fence answers what it did and changes nothing.
     let fwd = s.forward(take("5.1.f1", 3)).await;

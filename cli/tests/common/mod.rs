@@ -43,6 +43,19 @@ pub fn bin() -> &'static Path {
 /// and checks what every demo run must show: it exits 0, prints
 /// "audit: OK", and committed more than 20 transfers. Returns its stdout.
 pub fn run_demo(args: &[&str]) -> String {
+    let stdout = run_demo_audited(args);
+    let committed = summary_count(&stdout, "committed");
+    assert!(
+        committed > 20,
+        "too few transfers committed to mean anything: {committed}"
+    );
+    stdout
+}
+
+/// Runs `coordinator demo` with `args` in a fresh directory (RUST_LOG=warn)
+/// and checks that it exits 0 and prints "audit: OK" (what any demo,
+/// 2PC or saga, must show). Returns its stdout.
+pub fn run_demo_audited(args: &[&str]) -> String {
     let dir = test_dir();
     let out = std::process::Command::new(bin())
         .arg("demo")
@@ -60,16 +73,18 @@ pub fn run_demo(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("audit: OK"), "{stdout}");
-    let committed: u64 = stdout
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("committed"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("summary has a committed count");
-    assert!(
-        committed > 20,
-        "too few transfers committed to mean anything: {committed}"
-    );
     stdout
+}
+
+/// The number on a demo summary's line that starts with `label`
+/// (`  committed   123`, `  completed   45 (...)`).
+pub fn summary_count(stdout: &str, label: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(label))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("the summary has no {label:?} count: {stdout}"))
 }
 
 pub fn node_ip(id: u64) -> String {

@@ -1,0 +1,113 @@
+//! What every `admin` subcommand shares: the connection settings
+//! (`Ctx`), how a command ends (`Failure`, with the exit code its error
+//! maps to), and printing a result as a table or JSON (`emit`).
+
+use std::time::Duration;
+
+use dtx_client::Client;
+#[cfg(test)]
+use dtx_client::ClientConfig;
+use dtx_client::ClientError;
+
+use crate::exit_codes::EXIT_ERROR;
+use crate::exit_codes::EXIT_REFUSED;
+use crate::exit_codes::EXIT_UNKNOWN;
+use crate::exit_codes::EXIT_UNREACHABLE;
+
+/// How a command ended: the exit code and the line for stderr.
+pub(crate) struct Failure {
+    pub(crate) code: i32,
+    pub(crate) message: String,
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Failure {
+        let code = match &e {
+            ClientError::InvalidArgument(_)
+            | ClientError::NotFound(_)
+            | ClientError::AlreadyExists(_)
+            | ClientError::FailedPrecondition(_)
+            | ClientError::Unimplemented(_)
+            | ClientError::Unauthenticated(_)
+            | ClientError::PermissionDenied(_) => EXIT_REFUSED,
+            ClientError::Unknown(_) => EXIT_UNKNOWN,
+            ClientError::Unavailable(_) => EXIT_UNREACHABLE,
+            ClientError::Internal(_) => EXIT_ERROR,
+        };
+        Failure {
+            code,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<tonic::Status> for Failure {
+    fn from(s: tonic::Status) -> Failure {
+        use tonic::Code;
+        let code = match s.code() {
+            Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::FailedPrecondition
+            | Code::Unimplemented
+            | Code::Unauthenticated
+            | Code::PermissionDenied
+            | Code::OutOfRange => EXIT_REFUSED,
+            Code::Unavailable => EXIT_UNREACHABLE,
+            Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => EXIT_UNKNOWN,
+            _ => EXIT_ERROR,
+        };
+        Failure {
+            code,
+            message: format!("{:?}: {}", s.code(), dtx_client::describe(&s)),
+        }
+    }
+}
+
+pub(crate) fn failure(code: i32, message: impl Into<String>) -> Failure {
+    Failure {
+        code,
+        message: message.into(),
+    }
+}
+
+pub(crate) fn local(e: impl std::fmt::Display) -> Failure {
+    failure(EXIT_ERROR, e.to_string())
+}
+
+pub(crate) type Outcome = Result<(), Failure>;
+
+/// What a command runs with: the addresses, the output format, the
+/// timeout, the client and the TLS settings and token.
+pub(crate) struct Ctx {
+    pub(crate) addrs: Vec<String>,
+    pub(crate) json: bool,
+    pub(crate) timeout: Duration,
+    pub(crate) client: Client,
+    pub(crate) tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    pub(crate) token: Option<String>,
+}
+
+#[cfg(test)]
+impl Ctx {
+    /// A plain-text context without a token, for the subcommands' tests.
+    pub(crate) fn for_tests(addrs: Vec<String>, json: bool, timeout: Duration) -> Ctx {
+        Ctx {
+            client: Client::new(ClientConfig::new(addrs.clone())).expect("client"),
+            addrs,
+            json,
+            timeout,
+            tls: None,
+            token: None,
+        }
+    }
+}
+
+/// Prints `value` with --json, else `text()`.
+pub(crate) fn emit(ctx: &Ctx, value: serde_json::Value, text: impl FnOnce() -> String) {
+    if ctx.json {
+        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+    } else {
+        println!("{}", text());
+    }
+}
