@@ -84,6 +84,8 @@ use crate::history::InDoubtEntry;
 use crate::history::Op;
 use crate::history::OpType;
 
+pub mod saga;
+
 #[cfg(test)]
 mod tests;
 
@@ -94,7 +96,7 @@ const SUMMARY_EXAMPLES: usize = 5;
 pub const GONE_FAULT: &str = "participant-gone";
 
 /// The verdict of a check.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Validity {
     /// Every check ran and found nothing.
@@ -103,6 +105,7 @@ pub enum Validity {
     Invalid,
     /// No anomaly, but some check could not be made (see
     /// [`Report::unknown_reason`]).
+    #[default]
     Unknown,
 }
 
@@ -709,6 +712,7 @@ impl<'a> Run<'a> {
                         self.stats.ignored_ops += 1;
                     }
                 }
+                Body::Saga(_) => self.stats.ignored_ops += 1,
                 Body::Resolution {
                     service,
                     resolved_after_ms,

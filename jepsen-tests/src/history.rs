@@ -122,6 +122,69 @@ pub enum Body {
     /// What one process whose data directory was on the filled filesystem
     /// did during a `disk-full` fault (`process` "nemesis", type `ok`).
     DiskFull(DiskFullSeen),
+    /// The saga workload's operations (`--workload saga`, see
+    /// [`SagaEvent`]); the transfer checkers ignore them.
+    Saga(SagaEvent),
+}
+
+/// What the saga workload records.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "saga", rename_all = "kebab-case")]
+pub enum SagaEvent {
+    /// A client's StartSaga of one order (key = the order): an `invoke`,
+    /// then `ok` with the saga id, `fail` (refused) or `info` (UNKNOWN: it
+    /// may have started; retried with the same key). `kind` is what the
+    /// client meant: `good`, `out-of-stock` or `unpayable`.
+    Start {
+        order: String,
+        kind: String,
+        qty: u64,
+        amount: u64,
+        /// 1 for the first try of this order, 2.. for retries of an
+        /// UNKNOWN start with the same key.
+        attempt: u32,
+        saga_id: Option<u64>,
+    },
+    /// After the final heal and the settle wait: one saga as ListSagas
+    /// reported it (`process` "final").
+    Final(SagaSeen),
+    /// The settle wait: how long it took, and whether every saga the
+    /// cluster holds had ended (COMPLETED, COMPENSATED or PARKED) and the
+    /// final listing was read at all.
+    Settle {
+        waited_ms: u64,
+        all_ended: bool,
+        read: bool,
+    },
+    /// One stopped step service's audit (`coordinator saga-step-audit`);
+    /// `error` when it could not be read.
+    Audit {
+        role: String,
+        audit: Option<dtx_saga_shop::Audit>,
+        error: Option<String>,
+    },
+}
+
+/// One saga at the end of a run, from its journal.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct SagaSeen {
+    pub saga_id: u64,
+    /// The idempotency key: the order.
+    pub key: String,
+    /// RUNNING, COMPENSATING, COMPLETED, COMPENSATED or PARKED.
+    pub state: String,
+    pub parked_reason: String,
+    /// Calls (forward and compensation) with a journal entry.
+    pub calls: u64,
+    /// Calls whose outcome was UNKNOWN for a while (`unknown_ms` > 0, or
+    /// still UNKNOWN), their summed and longest UNKNOWN time, ms.
+    pub unknown_calls: u64,
+    pub unknown_ms_sum: u64,
+    pub unknown_ms_max: u64,
+    /// Status queries that settled an UNKNOWN call (summed over calls).
+    pub reconciliations: u64,
+    /// Operator actions recorded (none are made by the harness).
+    pub operator_actions: u64,
 }
 
 /// A prepared, undecided transaction in a participant's log at the end.

@@ -13,6 +13,8 @@
 //!   and stop answering for a participant gone for good (`participant-gone`).
 //! - `disk`: the small filesystems the `disk-full` nemesis fills.
 //! - `runner`: one run: start, workload + nemesis, heal, final reads, check.
+//! - `saga`: the same for the saga workload (`--workload saga`): the order
+//!   saga's step services instead of banks; checked by `checker::saga`.
 
 pub mod checker;
 pub mod disk;
@@ -22,3 +24,4 @@ pub mod nemesis;
 pub mod plot;
 pub mod procs;
 pub mod runner;
+pub mod saga;

@@ -41,7 +41,8 @@ enum Cmd {
         nemesis: String,
         /// What the banks keep their accounts in: sled (their own store) or
         /// postgres (one PostgreSQL server started by the run, a database
-        /// per bank).
+        /// per bank); or saga: no banks, the order saga over its three
+        /// step services (see docs/jepsen.md, "Saga workload").
         #[arg(long, value_enum, default_value_t = runner::Workload::Sled)]
         workload: runner::Workload,
         /// Seed of the fault schedule and the clients' choices.
@@ -98,7 +99,8 @@ enum Cmd {
         #[arg(long)]
         tls: bool,
     },
-    /// Run the checkers on a history file (JSON lines) and print the summary.
+    /// Run the checkers on a history file (JSON lines) and print the
+    /// summary (the saga checker for a saga workload's history).
     Check {
         history: PathBuf,
         #[arg(long, default_value_t = 3000)]
@@ -133,6 +135,12 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
         } => {
             let f = std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
             let ops = history::read_jsonl(std::io::BufReader::new(f))?;
+            // A saga workload's history has its own checker.
+            if ops.iter().any(|op| matches!(op.body, history::Body::Saga(_))) {
+                let report = checker::saga::check(&ops);
+                println!("{}", report.summary());
+                return Ok(report.valid);
+            }
             let report = checker::check(
                 &ops,
                 &checker::CheckOptions {
@@ -211,9 +219,13 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            let r = rt.block_on(runner::run(opts))?;
+            let r = if opts.workload == runner::Workload::Saga {
+                rt.block_on(jepsen_tests::saga::run(opts))?
+            } else {
+                rt.block_on(runner::run(opts))?
+            };
             println!("results: {}", r.dir.display());
-            Ok(r.report.valid)
+            Ok(r.valid)
         }
     }
 }

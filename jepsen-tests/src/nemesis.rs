@@ -113,6 +113,20 @@ pub const COORDINATOR_POINTS: [&str; 7] = [
     "coordinator_mid_delivery",
 ];
 
+/// The saga workload's crash points (issue 14): the leader's orchestrator
+/// ones fire in nodes, the step ones in step services. The points above
+/// sit on the 2PC paths, which that workload does not take.
+pub const SAGA_COORDINATOR_POINTS: [&str; 4] = [
+    "saga_before_forward_call",
+    "saga_after_reply_before_journal",
+    "saga_after_pivot",
+    "saga_mid_compensation",
+];
+pub const SAGA_STEP_POINTS: [&str; 2] = [
+    "step_forward_after_commit_before_reply",
+    "step_compensation_after_commit_before_reply",
+];
+
 /// Parses a comma-separated list of fault names; `all` means every fault,
 /// `none` none. Unknown names are an error that lists the known ones.
 pub fn parse_list(s: &str) -> Result<Vec<Fault>, String> {
@@ -180,6 +194,19 @@ impl Schedule {
         p
     }
 
+    /// The next crash point of the saga workload: (point, true if it
+    /// fires in a step service).
+    pub fn next_saga_crash_point(&mut self) -> (&'static str, bool) {
+        let all: Vec<(&'static str, bool)> = SAGA_STEP_POINTS
+            .iter()
+            .map(|p| (*p, true))
+            .chain(SAGA_COORDINATOR_POINTS.iter().map(|p| (*p, false)))
+            .collect();
+        let p = all[self.next_point % all.len()];
+        self.next_point += 1;
+        p
+    }
+
     pub fn rng(&mut self) -> &mut StdRng {
         &mut self.rng
     }
@@ -226,5 +253,16 @@ mod tests {
         seen.dedup();
         assert_eq!(seen.len(), 10);
         assert!(seen.contains(&"coordinator_after_reserve"));
+    }
+
+    #[test]
+    fn saga_crash_points_rotate_through_all_six() {
+        let mut s = Schedule::new(1, &[Fault::CrashPoint]);
+        let seen: Vec<(&str, bool)> = (0..6).map(|_| s.next_saga_crash_point()).collect();
+        let mut names: Vec<&str> = seen.iter().map(|p| p.0).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), 6);
+        assert_eq!(seen.iter().filter(|p| p.1).count(), 2, "two fire in step services");
     }
 }

@@ -67,6 +67,10 @@ pub enum Workload {
     /// The example bank on PostgreSQL (`bank-serve --postgres`): one
     /// PostgreSQL server started by the run, one database per bank.
     Postgres,
+    /// No banks: the order saga of issue 14 over its three step services
+    /// (inventory, payment, email), sagas started by the clients and
+    /// driven by the leader's orchestrator (see `crate::saga`).
+    Saga,
 }
 
 impl Workload {
@@ -74,6 +78,7 @@ impl Workload {
         match self {
             Workload::Sled => "sled",
             Workload::Postgres => "postgres",
+            Workload::Saga => "saga",
         }
     }
 
@@ -86,6 +91,20 @@ impl Workload {
             (Workload::Postgres, Fault::DiskFull) => Some(
                 "the PostgreSQL banks keep nothing in a data directory of their own (the nodes' disks are \
                  filled in the sled workload)",
+            ),
+            (Workload::Saga, Fault::KillPostgres) => Some("the saga workload has no PostgreSQL server"),
+            (Workload::Saga, Fault::DiskFull) => Some(
+                "its filesystems and probes are built around a bank (a probe transfer); the saga workload has \
+                 none (the nodes' disks are filled in the sled workload)",
+            ),
+            (Workload::Saga, Fault::MessageChaos) => Some(
+                "the message proxies speak the 2PC participant protocol (ParticipantService), not \
+                 SagaStepService, so they cannot sit in front of the step services (the payment service \
+                 loses 20% of its replies instead)",
+            ),
+            (Workload::Saga, Fault::ParticipantGone) => Some(
+                "a step service gone for good leaves its sagas unable to end, which the saga checker \
+                 counts as invalid; kill-participant kills and restarts step services instead",
             ),
             _ => None,
         };
@@ -145,7 +164,7 @@ struct RecorderInner {
 }
 
 impl Recorder {
-    fn new(path: &Path) -> anyhow::Result<Recorder> {
+    pub(crate) fn new(path: &Path) -> anyhow::Result<Recorder> {
         let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
         Ok(Recorder {
             inner: Arc::new(Mutex::new(RecorderInner {
@@ -174,13 +193,13 @@ impl Recorder {
         g.ops.push(op);
     }
 
-    fn snapshot(&self) -> Vec<Op> {
+    pub(crate) fn snapshot(&self) -> Vec<Op> {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let _ = g.file.flush();
         g.ops.clone()
     }
 
-    fn elapsed_s(&self) -> f64 {
+    pub(crate) fn elapsed_s(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
     }
 }
@@ -1197,7 +1216,7 @@ pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
 
 /// Every address a run listens on: nodes on 127.0.0.11-13 (raft, api),
 /// banks on 127.0.0.21.. (another `--ip-prefix` than 127.0.0 moves them).
-fn addrs(o: &RunOptions) -> Vec<(String, u16)> {
+pub(crate) fn addrs(o: &RunOptions) -> Vec<(String, u16)> {
     let mut v = Vec::new();
     for id in 1..=3u16 {
         v.push((format!("{}.{}", o.ip_prefix, 10 + id), o.base_port + id * 10));
@@ -1216,10 +1235,17 @@ fn addrs(o: &RunOptions) -> Vec<(String, u16)> {
 /// The outcome of a run.
 pub struct RunResult {
     pub dir: PathBuf,
-    pub report: checker::Report,
+    /// The verdict (of the transfer checkers, or of the saga checker).
+    pub valid: checker::Validity,
 }
 
+/// A run of the transfer workloads (sled, postgres); the saga workload
+/// is `saga::run` (main picks).
 pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
+    anyhow::ensure!(
+        o.workload != Workload::Saga,
+        "the saga workload runs through saga::run, not runner::run"
+    );
     preflight(&o)?;
     // Ctrl-C from here on stops the run in order (the schedule ends, every
     // process is stopped, the small filesystems are unmounted) instead of
@@ -1306,7 +1332,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     // The PostgreSQL workload: one server for the run, one database per
     // bank (bank_a, ...).
     let pg = match o.workload {
-        Workload::Sled => None,
+        Workload::Sled | Workload::Saga => None,
         Workload::Postgres => {
             let pg = PgServer::start(PgServerOptions {
                 max_prepared_transactions: 128,
@@ -1679,7 +1705,10 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     };
     let report = checker::check(&history, &opts);
     write_results(&dir, &o, &history, &report, interrupted)?;
-    Ok(RunResult { dir, report })
+    Ok(RunResult {
+        dir,
+        valid: report.valid,
+    })
 }
 
 /// A fault that is still in force.
@@ -1722,7 +1751,7 @@ async fn begin_fault(w: &mut World, sched: &mut Schedule, f: Fault, label: &str)
 }
 
 /// One nemesis event in the history.
-fn record_fault(rec: &Recorder, f: Fault, target: String, phase: FaultPhase) {
+pub(crate) fn record_fault(rec: &Recorder, f: Fault, target: String, phase: FaultPhase) {
     let body = Body::Nemesis {
         fault: f.name().to_string(),
         target,
@@ -2206,6 +2235,18 @@ mod tests {
         assert!(pg.contains(&Fault::KillPostgres));
         assert!(!pg.contains(&Fault::DiskFull));
         assert!(notes[0].starts_with("disk-full skipped"), "{notes:?}");
+        let (saga, notes) = Workload::Saga.faults(&all);
+        for f in [
+            Fault::KillPostgres,
+            Fault::DiskFull,
+            Fault::MessageChaos,
+            Fault::ParticipantGone,
+        ] {
+            assert!(!saga.contains(&f), "{f:?}");
+            assert!(notes.iter().any(|n| n.starts_with(f.name())), "{notes:?}");
+        }
+        assert_eq!(saga.len(), all.len() - 4);
+        assert!(saga.contains(&Fault::CrashPoint) && saga.contains(&Fault::KillParticipant));
     }
 
     #[test]

@@ -1,0 +1,995 @@
+//! The saga workload (`--workload saga`, issue 14): three coordinator nodes
+//! and, instead of banks, the order saga's three step services
+//! (`coordinator saga-step-serve`: inventory, payment losing some of its
+//! replies, email failing some first tries), each its own process on its
+//! own IP, supervised like the banks (a service that died is started
+//! again). The order definition is registered once; closed-loop clients
+//! start order sagas (most good, some out of stock, some unpayable, so
+//! compensations happen), each with its order as the idempotency key,
+//! retrying an UNKNOWN start with the same key, and wait for it to end
+//! before the next. The nemeses of the sled workload that make sense here
+//! run meanwhile (see [`crate::runner::Workload::faults`] for those left
+//! out); `crash-point` rotates through the six saga crash points.
+//!
+//! After the workload: everything healed, a bounded wait (`--settle-s`)
+//! until every saga the cluster holds is COMPLETED, COMPENSATED or PARKED,
+//! the final journals (ListSagas), then the services stopped and audited
+//! (`coordinator saga-step-audit`). [`crate::checker::saga`] decides.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+use std::time::Instant;
+
+use anyhow::Context;
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::saga_service_client::SagaServiceClient;
+use dtx_saga_shop::OrderInput;
+use dtx_testkit::cluster::wait_listening;
+use dtx_testkit::cluster::NodePlan;
+use dtx_testkit::cluster::ProcessCluster;
+use dtx_testkit::cluster::ServiceProcess;
+use rand::rngs::StdRng;
+use rand::Rng;
+use rand::SeedableRng;
+use tonic::transport::Channel;
+
+use crate::checker::saga as saga_checker;
+use crate::history::Body;
+use crate::history::FaultPhase;
+use crate::history::Op;
+use crate::history::OpType;
+use crate::history::SagaEvent;
+use crate::history::SagaSeen;
+use crate::nemesis::Fault;
+use crate::nemesis::Schedule;
+use crate::plot;
+use crate::procs::check_bindable;
+use crate::procs::Net;
+use crate::runner::record_fault;
+use crate::runner::Recorder;
+use crate::runner::RunOptions;
+use crate::runner::RunResult;
+use crate::runner::LIBFAKETIME;
+
+/// The step services, in the order of the saga.
+pub const ROLES: [&str; 3] = ["inventory", "payment", "email"];
+/// Payment loses this share of its Forward/Compensate replies (after
+/// applying them): UNKNOWN outcomes the orchestrator must reconcile.
+pub const LOSE_REPLIES_PERCENT: u32 = 20;
+/// Email answers FAILED "mail server busy" this share of first tries.
+pub const FAIL_FIRST_PERCENT: u32 = 20;
+/// Seed of the services' data: skus and their stock, customers and their
+/// balance; large enough that good orders never run out in 30 minutes.
+pub const SKUS: u32 = 10;
+pub const STOCK: u64 = 1_000_000;
+pub const CUSTOMERS: u32 = 10;
+pub const BALANCE: u64 = 1_000_000_000;
+/// Out of 100 orders: out of stock (a quantity above any sku's stock) and
+/// unpayable (an amount above any balance); the rest are good.
+pub const OUT_OF_STOCK_PERCENT: u32 = 10;
+pub const UNPAYABLE_PERCENT: u32 = 10;
+/// Tries of one start (the first and retries of an UNKNOWN answer with the
+/// same key), and how long each may look for a node that answers.
+const START_TRIES: u32 = 4;
+const START_CALL_WAIT: Duration = Duration::from_secs(8);
+/// How long a client waits for its saga to end before it starts the next.
+const END_WAIT: Duration = Duration::from_secs(20);
+
+/// The processes of a saga run.
+struct World {
+    cluster: ProcessCluster,
+    /// inventory, payment, email.
+    services: Vec<ServiceProcess>,
+    svc_ips: Vec<String>,
+    node_ips: Vec<String>,
+    net: Option<Net>,
+    /// Run-time crash point files: the nodes', the step services'.
+    fp_nodes: PathBuf,
+    fp_services: PathBuf,
+    rec: Recorder,
+    /// Services found dead (a crash point) and started again.
+    restarts: u64,
+}
+
+impl World {
+    fn node_env(&self) -> Vec<(String, String)> {
+        vec![("DTX_FAILPOINT_FILE".into(), self.fp_nodes.display().to_string())]
+    }
+
+    fn service_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("DTX_FAILPOINT_FILE".into(), self.fp_services.display().to_string()),
+            ("RUST_LOG".into(), "warn".into()),
+        ]
+    }
+
+    async fn leader(&self) -> Option<u64> {
+        let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
+        for addr in self.cluster.api_addrs() {
+            if let Ok(s) = dtx_client::cluster_status_with(&addr, Duration::from_millis(500), None).await {
+                if s.leader_id != 0 {
+                    *votes.entry(s.leader_id).or_default() += 1;
+                }
+            }
+        }
+        votes.into_iter().max_by_key(|(_, n)| *n).map(|(id, _)| id)
+    }
+
+    async fn wait_leader(&self, timeout: Duration) -> Option<u64> {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if let Some(l) = self.leader().await {
+                return Some(l);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
+    fn restart_node(&mut self, id: u64, extra: &[(String, String)]) -> anyhow::Result<()> {
+        let mut env = self.node_env();
+        env.extend_from_slice(extra);
+        self.cluster.env = env;
+        let r = self.cluster.start(id);
+        self.cluster.env = self.node_env();
+        Ok(r?)
+    }
+
+    /// The supervisor: starts every step service that is not running
+    /// (one that a crash point or a kill took down).
+    fn restart_services(&mut self) -> anyhow::Result<()> {
+        let env = self.service_env();
+        for s in &mut self.services {
+            if !s.is_running() {
+                if s.pid().is_some() {
+                    self.restarts += 1;
+                }
+                s.start(&env)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn restart_dead_nodes(&mut self) -> anyhow::Result<()> {
+        for id in 1..=3u64 {
+            if !self.cluster.node(id).is_running() {
+                self.restart_node(id, &[])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Network whole, every process running and unpaused, true clocks, no
+    /// crash point armed.
+    fn heal_all(&mut self) -> anyhow::Result<()> {
+        if let Some(n) = &self.net {
+            n.heal()?;
+        }
+        let _ = std::fs::remove_file(&self.fp_nodes);
+        let _ = std::fs::remove_file(&self.fp_services);
+        for id in 1..=3u64 {
+            self.cluster.signal(id, libc::SIGCONT);
+        }
+        self.restart_dead_nodes()?;
+        for s in &mut self.services {
+            s.signal(libc::SIGCONT);
+        }
+        self.restart_services()
+    }
+
+    fn net(&self) -> anyhow::Result<&Net> {
+        self.net
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("partition faults need nftables"))
+    }
+}
+
+/// What a started fault must undo.
+enum Undo {
+    RestartNode(u64),
+    RestartService(usize),
+    Cont(u64),
+    HealNet,
+    Unskew(u64),
+    Disarm { file: PathBuf, point: &'static str },
+}
+
+async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Result<(String, Undo)> {
+    let leader = w.leader().await.unwrap_or(1);
+    let followers: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    let random_node = s.rng().random_range(1..=3u64);
+    let ip = |id: u64| w.node_ips[(id - 1) as usize].clone();
+    Ok(match f {
+        Fault::KillLeader => {
+            w.cluster.kill9(leader);
+            (format!("n{leader}"), Undo::RestartNode(leader))
+        }
+        Fault::KillNode => {
+            w.cluster.kill9(random_node);
+            (format!("n{random_node}"), Undo::RestartNode(random_node))
+        }
+        Fault::KillParticipant => {
+            let i = s.rng().random_range(0..w.services.len());
+            w.services[i].kill9();
+            (ROLES[i].to_string(), Undo::RestartService(i))
+        }
+        Fault::PauseLeader => {
+            w.cluster.signal(leader, libc::SIGSTOP);
+            (format!("n{leader}"), Undo::Cont(leader))
+        }
+        Fault::PartitionIsolate => {
+            let others: Vec<(String, String)> = (1..=3)
+                .filter(|i| *i != random_node)
+                .map(|o| (ip(random_node), ip(o)))
+                .collect();
+            w.net()?.cut(&others)?;
+            (format!("n{random_node} | rest"), Undo::HealNet)
+        }
+        Fault::PartitionMajority => {
+            let si = s.rng().random_range(0..w.services.len());
+            let minority = [ip(random_node), w.svc_ips[si].clone()];
+            let majority: Vec<String> = (1..=3)
+                .filter(|i| *i != random_node)
+                .map(ip)
+                .chain(
+                    w.svc_ips
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| *i != si)
+                        .map(|(_, b)| b.clone()),
+                )
+                .collect();
+            let pairs: Vec<(String, String)> = minority
+                .iter()
+                .flat_map(|a| majority.iter().map(move |b| (a.clone(), b.clone())))
+                .collect();
+            w.net()?.cut(&pairs)?;
+            (format!("n{random_node}+{} | rest", ROLES[si]), Undo::HealNet)
+        }
+        Fault::PartitionBridge => {
+            let (a, b) = (followers[0], followers[1]);
+            w.net()?.cut(&[(ip(a), ip(b))])?;
+            (format!("n{a} x n{b}, bridge n{leader}"), Undo::HealNet)
+        }
+        Fault::PartitionLeaderParticipants => {
+            let pairs: Vec<(String, String)> = w.svc_ips.iter().map(|b| (ip(leader), b.clone())).collect();
+            w.net()?.cut(&pairs)?;
+            (format!("n{leader} x step services"), Undo::HealNet)
+        }
+        Fault::PartitionLeaderFollowers => {
+            let pairs: Vec<(String, String)> = followers.iter().map(|f| (ip(leader), ip(*f))).collect();
+            w.net()?.cut(&pairs)?;
+            (format!("n{leader} x followers"), Undo::HealNet)
+        }
+        Fault::ClockSkew => {
+            let skew_s: i64 = if s.rng().random_bool(0.5) { 1 } else { -1 } * s.rng().random_range(5..=120i64);
+            w.cluster.kill9(random_node);
+            let env = vec![
+                ("LD_PRELOAD".to_string(), LIBFAKETIME.to_string()),
+                ("FAKETIME".to_string(), format!("{skew_s:+}s")),
+                ("FAKETIME_DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
+            ];
+            w.restart_node(random_node, &env)?;
+            (format!("n{random_node} {skew_s:+}s"), Undo::Unskew(random_node))
+        }
+        Fault::CrashPoint => {
+            let (point, in_service) = s.next_saga_crash_point();
+            let file = if in_service {
+                w.fp_services.clone()
+            } else {
+                w.fp_nodes.clone()
+            };
+            std::fs::write(&file, point)?;
+            (point.to_string(), Undo::Disarm { file, point })
+        }
+        Fault::MessageChaos | Fault::ParticipantGone | Fault::DiskFull | Fault::KillPostgres => {
+            anyhow::bail!("{} is not part of the saga workload", f.name())
+        }
+    })
+}
+
+fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
+    let note = match undo {
+        Undo::RestartNode(id) => {
+            w.restart_node(id, &[])?;
+            String::new()
+        }
+        Undo::RestartService(i) => {
+            let env = w.service_env();
+            w.services[i].start(&env)?;
+            String::new()
+        }
+        Undo::Cont(id) => {
+            w.cluster.signal(id, libc::SIGCONT);
+            String::new()
+        }
+        Undo::HealNet => {
+            w.net()?.heal()?;
+            String::new()
+        }
+        Undo::Unskew(id) => {
+            w.cluster.kill9(id);
+            w.restart_node(id, &[])?;
+            String::new()
+        }
+        Undo::Disarm { file, point } => {
+            let fired = !file.exists();
+            let _ = std::fs::remove_file(&file);
+            if fired {
+                format!("{point} fired")
+            } else {
+                format!("{point} not reached")
+            }
+        }
+    };
+    // The supervisor: whatever died meanwhile (a crash point) is started
+    // again.
+    w.restart_dead_nodes()?;
+    w.restart_services()?;
+    Ok(note)
+}
+
+type Active = (Fault, String, Undo);
+
+async fn end_fault(w: &mut World, f: Fault, target: String, undo: Undo) {
+    let note = stop_fault(w, undo).unwrap_or_else(|e| format!("heal failed: {e}"));
+    let target = if note.is_empty() {
+        target
+    } else {
+        format!("{target}: {note}")
+    };
+    record_fault(&w.rec, f, target, FaultPhase::Stop);
+    println!("[{:>7.1} s] nemesis: healed {} {note}", w.rec.elapsed_s(), f.name());
+}
+
+async fn begin_fault(w: &mut World, sched: &mut Schedule, f: Fault) -> anyhow::Result<(String, Undo)> {
+    let (target, undo) = start_fault(w, sched, f).await.inspect_err(|e| {
+        eprintln!("jepsen: could not start {}: {e}", f.name());
+    })?;
+    record_fault(&w.rec, f, target.clone(), FaultPhase::Start);
+    println!("[{:>7.1} s] nemesis: {} {target}", w.rec.elapsed_s(), f.name());
+    Ok((target, undo))
+}
+
+/// The fault schedule until the time is up or Ctrl-C: whether it was
+/// interrupted, and the fault still in force.
+async fn nemesis_loop(
+    w: &mut World,
+    o: &RunOptions,
+    mut interrupt: tokio::sync::watch::Receiver<bool>,
+) -> (bool, Option<Active>) {
+    let mut sched = Schedule::new(o.seed, &o.faults);
+    let end = Instant::now() + Duration::from_secs(o.time_s);
+    let ctrl_c = async move {
+        let _ = interrupt.wait_for(|i| *i).await;
+    };
+    tokio::pin!(ctrl_c);
+    let sleep_until = |t: Instant| tokio::time::sleep_until(tokio::time::Instant::from_std(t.min(end)));
+    let mut rng = StdRng::seed_from_u64(o.seed ^ 0x4E3E);
+    loop {
+        let quiet = Duration::from_secs(rng.random_range(o.quiet_s.0..=o.quiet_s.1));
+        tokio::select! {
+            _ = sleep_until(Instant::now() + quiet) => {}
+            _ = &mut ctrl_c => return (true, None),
+        }
+        if let Err(e) = w.restart_services() {
+            eprintln!("jepsen: restarting step services: {e}");
+        }
+        if Instant::now() >= end {
+            return (false, None);
+        }
+        let Some(f) = sched.next_fault() else {
+            tokio::select! {
+                _ = sleep_until(end) => return (false, None),
+                _ = &mut ctrl_c => return (true, None),
+            }
+        };
+        let Ok((target, undo)) = begin_fault(w, &mut sched, f).await else {
+            continue;
+        };
+        let hold = Duration::from_secs(rng.random_range(o.fault_s.0..=o.fault_s.1));
+        let mut interrupted = false;
+        tokio::select! {
+            _ = sleep_until(Instant::now() + hold) => {}
+            _ = &mut ctrl_c => interrupted = true,
+        }
+        if interrupted || Instant::now() >= end {
+            return (interrupted, Some((f, target, undo)));
+        }
+        end_fault(w, f, target, undo).await;
+    }
+}
+
+/// Lazy channels to every node's API (they reconnect by themselves).
+fn channels(addrs: &[String]) -> anyhow::Result<Vec<Channel>> {
+    addrs
+        .iter()
+        .map(|a| {
+            Ok(tonic::transport::Endpoint::from_shared(format!("http://{a}"))?
+                .connect_timeout(Duration::from_millis(500))
+                .timeout(Duration::from_secs(5))
+                .connect_lazy())
+        })
+        .collect()
+}
+
+/// Whether an error answer leaves the call's effect unknown (a dead node,
+/// an election, a cut connection, a deadline): retry elsewhere.
+fn transient(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown | tonic::Code::Cancelled
+    )
+}
+
+/// Calls `f` on each node in turn until one answers something other than
+/// a transient error, for up to `wait`. Only for calls that may be
+/// repeated: reads, and starts (idempotent by key).
+async fn call<T, F, Fut>(chans: &[Channel], wait: Duration, mut f: F) -> Result<T, tonic::Status>
+where
+    F: FnMut(SagaServiceClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let until = Instant::now() + wait;
+    loop {
+        for ch in chans {
+            match f(SagaServiceClient::new(ch.clone())).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) if transient(&s) => {
+                    if Instant::now() >= until {
+                        return Err(s);
+                    }
+                }
+                Err(s) => return Err(s),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn state_name(state: i32) -> String {
+    pb::SagaState::try_from(state)
+        .map(|s| s.as_str_name().trim_start_matches("SAGA_STATE_").to_string())
+        .unwrap_or_else(|_| format!("STATE_{state}"))
+}
+
+fn ended(state: i32) -> bool {
+    matches!(
+        pb::SagaState::try_from(state),
+        Ok(pb::SagaState::Completed | pb::SagaState::Compensated | pb::SagaState::Parked)
+    )
+}
+
+/// One closed-loop client: starts an order saga, waits for it to end (up
+/// to [`END_WAIT`]), and again, until `stop`.
+async fn client_loop(
+    id: usize,
+    seed: u64,
+    rec: Recorder,
+    chans: Vec<Channel>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5A6A);
+    let process = format!("client-{id}");
+    let mut n = 0u64;
+    while !*stop.borrow() {
+        n += 1;
+        let roll = rng.random_range(0..100u32);
+        let (kind, qty, amount) = if roll < OUT_OF_STOCK_PERCENT {
+            ("out-of-stock", STOCK * 10, rng.random_range(1..=100u64))
+        } else if roll < OUT_OF_STOCK_PERCENT + UNPAYABLE_PERCENT {
+            ("unpayable", rng.random_range(1..=3u64), BALANCE * 10)
+        } else {
+            ("good", rng.random_range(1..=3u64), rng.random_range(1..=100u64))
+        };
+        let input = OrderInput {
+            order: format!("o-c{id}-{n}"),
+            sku: format!("sku-{}", rng.random_range(0..SKUS)),
+            qty,
+            customer: format!("c-{}", rng.random_range(0..CUSTOMERS)),
+            amount,
+        };
+        let req = pb::StartSagaRequest {
+            definition: dtx_saga_shop::ORDER_SAGA.to_string(),
+            version: dtx_saga_shop::ORDER_SAGA_VERSION,
+            idempotency_key: input.order.clone(),
+            input: input.to_json(),
+            authorization: None,
+        };
+        let mut started = None;
+        for attempt in 1..=START_TRIES {
+            let ev = |saga_id| {
+                Body::Saga(SagaEvent::Start {
+                    order: input.order.clone(),
+                    kind: kind.to_string(),
+                    qty,
+                    amount,
+                    attempt,
+                    saga_id,
+                })
+            };
+            rec.record(&process, OpType::Invoke, None, ev(None), None);
+            let r = call(&chans, START_CALL_WAIT, |mut c| {
+                let r = req.clone();
+                async move { c.start_saga(r).await }
+            })
+            .await;
+            match r {
+                Ok(resp) => {
+                    rec.record(&process, OpType::Ok, None, ev(Some(resp.saga_id)), None);
+                    started = Some(resp.saga_id);
+                    break;
+                }
+                Err(s) if !transient(&s) => {
+                    rec.record(&process, OpType::Fail, None, ev(None), Some(s.to_string()));
+                    break;
+                }
+                Err(s) => {
+                    rec.record(&process, OpType::Info, None, ev(None), Some(s.to_string()));
+                    // The same key again after a pause (idempotent), unless
+                    // the workload is over.
+                    if *stop.borrow() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(200..600))).await;
+                }
+            }
+        }
+        let Some(saga_id) = started else {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(50..200))).await;
+            continue;
+        };
+        // Closed loop: the next order once this one ended.
+        let until = Instant::now() + END_WAIT;
+        while Instant::now() < until && !*stop.borrow() {
+            let v = call(&chans, Duration::from_secs(2), |mut c| async move {
+                c.get_saga(pb::GetSagaRequest { saga_id }).await
+            })
+            .await;
+            if v.is_ok_and(|v| ended(v.state)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Every saga the cluster holds (ListSagas, page by page), or None when a
+/// page could not be read.
+async fn list_all(chans: &[Channel]) -> Option<Vec<pb::SagaView>> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = call(chans, Duration::from_secs(10), |mut c| async move {
+            c.list_sagas(pb::ListSagasRequest {
+                states: vec![],
+                definition: String::new(),
+                after_saga_id: after,
+                limit: 500,
+            })
+            .await
+        })
+        .await
+        .ok()?;
+        out.extend(page.sagas);
+        if page.next_after_saga_id == 0 {
+            return Some(out);
+        }
+        after = page.next_after_saga_id;
+    }
+}
+
+/// What the checker needs of one saga's journal.
+pub fn seen(v: &pb::SagaView) -> SagaSeen {
+    let mut s = SagaSeen {
+        saga_id: v.saga_id,
+        key: v.idempotency_key.clone(),
+        state: state_name(v.state),
+        parked_reason: v.parked_reason.clone(),
+        operator_actions: v.operator_actions.len() as u64,
+        ..SagaSeen::default()
+    };
+    for c in v
+        .steps
+        .iter()
+        .flat_map(|st| [st.forward.as_ref(), st.compensation.as_ref()])
+        .flatten()
+    {
+        s.calls += 1;
+        let still_unknown = c.outcome == pb::StepOutcome::Unknown as i32;
+        if c.unknown_ms > 0 || still_unknown {
+            s.unknown_calls += 1;
+        }
+        s.unknown_ms_sum += c.unknown_ms;
+        s.unknown_ms_max = s.unknown_ms_max.max(c.unknown_ms);
+        s.reconciliations += u64::from(c.reconciliations);
+    }
+    s
+}
+
+/// The audit of a stopped step service (`coordinator saga-step-audit`).
+fn audit(bin: &std::path::Path, role: &str, data: &std::path::Path) -> Result<dtx_saga_shop::Audit, String> {
+    let o = std::process::Command::new(bin)
+        .args(["saga-step-audit", "--role", role, "--data"])
+        .arg(data)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    if !o.status.success() {
+        return Err(format!(
+            "saga-step-audit --role {role} failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&o.stdout).map_err(|e| format!("audit of {role} unreadable: {e}"))
+}
+
+pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
+    anyhow::ensure!(
+        !o.tls,
+        "--tls is not supported by the saga workload (the step services and the harness's saga calls run \
+         in plain text)"
+    );
+    anyhow::ensure!(
+        o.coordinator_bin.is_file(),
+        "coordinator binary not found at {}; build it with `cargo build --release -p dtx-cli --features failpoints` \
+         (scripts/jepsen does) or pass --coordinator-bin",
+        o.coordinator_bin.display()
+    );
+    anyhow::ensure!(o.clients >= 1, "--clients must be at least 1");
+    anyhow::ensure!(o.time_s >= 1, "--time must be at least 1 second");
+    let node_addrs: Vec<(String, u16)> = crate::runner::addrs(&o).into_iter().take(6).collect();
+    let svc_addrs: Vec<(String, u16)> = (0..ROLES.len() as u16)
+        .map(|i| (format!("{}.{}", o.ip_prefix, 21 + i), o.base_port + 100 + i))
+        .collect();
+    for (ip, port) in node_addrs.iter().chain(&svc_addrs) {
+        check_bindable(&format!("{ip}:{port}"))?;
+    }
+    if o.faults.iter().any(|f| f.is_partition()) {
+        Net::new(&format!("dtx_jepsen_probe_{}", o.base_port))
+            .context("partition nemeses need nftables (apt-get install nftables) and root")?;
+    }
+    if o.faults.contains(&Fault::ClockSkew) {
+        anyhow::ensure!(
+            std::path::Path::new(LIBFAKETIME).exists(),
+            "clock-skew needs libfaketime at {LIBFAKETIME} (apt-get install faketime)"
+        );
+    }
+    let (interrupt_tx, interrupt) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("jepsen: interrupted; stopping in order");
+            let _ = interrupt_tx.send(true);
+        }
+    });
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let dir = o.out_dir.join(format!("{stamp}-seed{}", o.seed));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    std::fs::write(dir.join("repro.sh"), format!("#!/usr/bin/env bash\n{}\n", o.command))?;
+    let rec = Recorder::new(&dir.join("history.jsonl"))?;
+
+    let plans: Vec<NodePlan> = (0..3)
+        .map(|i| {
+            let raft = format!("{}:{}", node_addrs[2 * i].0, node_addrs[2 * i].1);
+            let api = format!("{}:{}", node_addrs[2 * i + 1].0, node_addrs[2 * i + 1].1);
+            NodePlan {
+                id: i as u64 + 1,
+                raft_listen: raft.clone(),
+                api_listen: api.clone(),
+                raft_advertise: raft,
+                api_advertise: api,
+            }
+        })
+        .collect();
+    let node_ips: Vec<String> = (1..=3).map(|id| format!("{}.{}", o.ip_prefix, 10 + id)).collect();
+    let cluster = ProcessCluster::new(&o.coordinator_bin, &dir.join("nodes"), "dtx-jepsen-saga", plans, |_| {})?;
+    let net = if o.faults.iter().any(|f| f.is_partition()) {
+        Some(Net::new(&format!("dtx_jepsen_{}", o.base_port))?)
+    } else {
+        None
+    };
+    let svc_dir = dir.join("step-services");
+    std::fs::create_dir_all(&svc_dir)?;
+    let mut services = Vec::new();
+    for (role, (ip, port)) in ROLES.iter().zip(&svc_addrs) {
+        let addr = format!("{ip}:{port}");
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "saga-step-serve".into(),
+            "--role".into(),
+            (*role).into(),
+            "--listen".into(),
+            addr.clone().into(),
+            "--data".into(),
+            svc_dir.join(role).into(),
+            "--skus".into(),
+            SKUS.to_string().into(),
+            "--stock".into(),
+            STOCK.to_string().into(),
+            "--customers".into(),
+            CUSTOMERS.to_string().into(),
+            "--balance".into(),
+            BALANCE.to_string().into(),
+        ];
+        if *role == "payment" {
+            args.extend(["--lose-replies-percent".into(), LOSE_REPLIES_PERCENT.to_string().into()]);
+        }
+        if *role == "email" {
+            args.extend(["--fail-first-percent".into(), FAIL_FIRST_PERCENT.to_string().into()]);
+        }
+        services.push(ServiceProcess::new(&o.coordinator_bin, &svc_dir, role, &addr, args));
+    }
+    let mut w = World {
+        cluster,
+        services,
+        svc_ips: svc_addrs.iter().map(|(ip, _)| ip.clone()).collect(),
+        node_ips,
+        net,
+        fp_nodes: dir.join("failpoint-nodes"),
+        fp_services: dir.join("failpoint-services"),
+        rec: rec.clone(),
+        restarts: 0,
+    };
+    w.cluster.env = w.node_env();
+    w.cluster.start_all()?;
+    w.restart_services()?;
+    anyhow::ensure!(
+        w.wait_leader(Duration::from_secs(30)).await.is_some(),
+        "the cluster elected no leader within 30 s (see {}/nodes/*.log)",
+        dir.display()
+    );
+    for s in &w.services {
+        anyhow::ensure!(
+            wait_listening(&s.addr, Duration::from_secs(20)).await,
+            "{} is not listening on {} after 20 s (see {})",
+            s.id,
+            s.addr,
+            s.log_path.display()
+        );
+    }
+    let chans = channels(&w.cluster.api_addrs())?;
+    let def = dtx_saga_shop::order_saga_definition(&w.services[0].addr, &w.services[1].addr, &w.services[2].addr);
+    call(&chans, Duration::from_secs(30), |mut c| {
+        let d = def.clone();
+        async move {
+            c.register_definition(pb::RegisterSagaDefinitionRequest { definition: Some(d) })
+                .await
+        }
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("registering the order saga: {e}"))?;
+    println!(
+        "jepsen: 3 nodes, step services {} (payment loses {LOSE_REPLIES_PERCENT}% of its replies, email fails \
+         {FAIL_FIRST_PERCENT}% of first tries), {} clients, {} s, nemeses [{}], seed {}; results in {}",
+        w.services
+            .iter()
+            .map(|s| format!("{}@{}", s.id, s.addr))
+            .collect::<Vec<_>>()
+            .join(", "),
+        o.clients,
+        o.time_s,
+        o.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
+        o.seed,
+        dir.display()
+    );
+
+    // Workload and nemesis.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    for id in 0..o.clients {
+        tasks.push(tokio::spawn(client_loop(
+            id,
+            o.seed,
+            rec.clone(),
+            channels(&w.cluster.api_addrs())?,
+            stop_rx.clone(),
+        )));
+    }
+    let (interrupted, active) = nemesis_loop(&mut w, &o, interrupt).await;
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    println!(
+        "[{:>7.1} s] jepsen: workload stopped; healing everything",
+        rec.elapsed_s()
+    );
+    if let Some((f, target, undo)) = active {
+        end_fault(&mut w, f, target, undo).await;
+    }
+    w.heal_all()?;
+
+    // Settle: every saga ended (COMPLETED, COMPENSATED or PARKED), with
+    // the services supervised meanwhile.
+    let healed = Instant::now();
+    let settle = Duration::from_secs(if interrupted { 10 } else { o.settle_s });
+    if w.wait_leader(settle).await.is_none() {
+        eprintln!("jepsen: no leader {} s after the final heal", settle.as_secs());
+    }
+    let mut last: Option<Vec<pb::SagaView>> = None;
+    let mut all_ended = false;
+    loop {
+        if let Err(e) = w.restart_services() {
+            eprintln!("jepsen: restarting step services: {e}");
+        }
+        if let Err(e) = w.restart_dead_nodes() {
+            eprintln!("jepsen: restarting nodes: {e}");
+        }
+        if let Some(list) = list_all(&chans).await {
+            all_ended = list.iter().all(|v| ended(v.state));
+            last = Some(list);
+        }
+        if all_ended || healed.elapsed() >= settle {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let waited_ms = healed.elapsed().as_millis() as u64;
+    let read = last.is_some();
+    for v in last.iter().flatten() {
+        rec.record("final", OpType::Ok, None, Body::Saga(SagaEvent::Final(seen(v))), None);
+    }
+    rec.record(
+        "final",
+        OpType::Ok,
+        None,
+        Body::Saga(SagaEvent::Settle {
+            waited_ms,
+            all_ended,
+            read,
+        }),
+        None,
+    );
+    println!(
+        "[{:>7.1} s] jepsen: {} saga(s) held, {} after {waited_ms} ms; step services restarted {} time(s)",
+        rec.elapsed_s(),
+        last.as_ref().map(Vec::len).unwrap_or(0),
+        if !read {
+            "the listing could not be read"
+        } else if all_ended {
+            "all ended"
+        } else {
+            "NOT all ended"
+        },
+        w.restarts
+    );
+
+    // Audits of the stopped services.
+    for s in &mut w.services {
+        s.stop(Duration::from_secs(5));
+    }
+    for role in ROLES {
+        let (a, error) = match audit(&o.coordinator_bin, role, &svc_dir.join(role)) {
+            Ok(a) => (Some(a), None),
+            Err(e) => {
+                eprintln!("jepsen: {e}");
+                (None, Some(e))
+            }
+        };
+        rec.record(
+            "final",
+            OpType::Ok,
+            None,
+            Body::Saga(SagaEvent::Audit {
+                role: role.to_string(),
+                audit: a,
+                error,
+            }),
+            None,
+        );
+    }
+    w.cluster.stop_all(Duration::from_secs(5));
+    if let Some(n) = &w.net {
+        let _ = n.heal();
+    }
+    drop(w);
+
+    let history = rec.snapshot();
+    let report = saga_checker::check(&history);
+    write_results(&dir, &o, &history, &report, interrupted)?;
+    Ok(RunResult {
+        dir,
+        valid: report.valid,
+    })
+}
+
+/// Completed start calls as plot samples (completion time, latency,
+/// outcome).
+fn samples(history: &[Op]) -> Vec<plot::Sample> {
+    let mut invoked: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut out = Vec::new();
+    for op in history {
+        if !matches!(op.body, Body::Saga(SagaEvent::Start { .. })) {
+            continue;
+        }
+        match op.kind {
+            OpType::Invoke => {
+                invoked.insert(&op.process, op.time_ns);
+            }
+            kind => {
+                if let Some(t0) = invoked.remove(op.process.as_str()) {
+                    out.push(plot::Sample {
+                        done_s: op.time_ns as f64 / 1e9,
+                        latency_ms: op.time_ns.saturating_sub(t0) as f64 / 1e6,
+                        outcome: match kind {
+                            OpType::Ok => plot::Outcome::Ok,
+                            OpType::Fail => plot::Outcome::Fail,
+                            _ => plot::Outcome::Info,
+                        },
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn write_results(
+    dir: &std::path::Path,
+    o: &RunOptions,
+    history: &[Op],
+    report: &saga_checker::SagaReport,
+    interrupted: bool,
+) -> anyhow::Result<()> {
+    let end_s = history.last().map(|op| op.time_ns as f64 / 1e9).unwrap_or(0.0);
+    let samples = samples(history);
+    let faults = crate::runner::fault_intervals(history, end_s);
+    let title = format!("dtx jepsen saga seed {} ({} s): StartSaga calls", o.seed, o.time_s);
+    let input = plot::PlotInput {
+        title: &title,
+        samples: &samples,
+        faults: &faults,
+        duration_s: end_s,
+    };
+    if let Err(e) = plot::latency_svg(&input, &dir.join("latency.svg")) {
+        eprintln!("jepsen: latency plot: {e}");
+    }
+    if let Err(e) = plot::throughput_svg(&input, &dir.join("throughput.svg")) {
+        eprintln!("jepsen: throughput plot: {e}");
+    }
+    let crash_notes: Vec<String> = history
+        .iter()
+        .filter_map(|op| match &op.body {
+            Body::Nemesis {
+                fault,
+                target,
+                phase: FaultPhase::Stop,
+            } if fault == "crash-point" => Some(target.clone()),
+            _ => None,
+        })
+        .collect();
+    let results = serde_json::json!({
+        "workload": "saga",
+        "valid": report.valid,
+        "interrupted": interrupted,
+        "seed": o.seed,
+        "time_s": o.time_s,
+        "nemeses": o.faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
+        "command": o.command,
+        "crash_points": crash_notes,
+        "report": report,
+    });
+    std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&results)?)?;
+    let mut summary = format!(
+        "dtx jepsen saga run: seed {}, {} s, nemeses [{}]{}\nreproduce: {}\n\n",
+        o.seed,
+        o.time_s,
+        o.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
+        if interrupted { " (interrupted)" } else { "" },
+        o.command
+    );
+    summary.push_str(&report.summary());
+    if !crash_notes.is_empty() {
+        summary.push_str("\ncrash points:\n");
+        for n in &crash_notes {
+            summary.push_str(&format!("  {n}\n"));
+        }
+    }
+    std::fs::write(dir.join("summary.txt"), &summary)?;
+    println!("{summary}");
+    Ok(())
+}
