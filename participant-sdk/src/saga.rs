@@ -74,7 +74,10 @@ use tracing::warn;
 
 use crate::participant::StoreError;
 use crate::participant::StoreFailure;
+use crate::store::open_sled;
+use crate::store::sled_disk_full;
 use crate::store::unix_ms;
+use crate::store::FailureLatch;
 use crate::store::KvPair;
 
 const DATA_PREFIX: u8 = b'd';
@@ -88,9 +91,6 @@ const DUPLICATES_COMPENSATE_KEY: &[u8] = b"mduplicates-compensate";
 /// The sled tree a store opened on a directory uses.
 pub const STEP_TREE: &str = "saga_steps";
 const RECORD_FORMAT: u8 = 1;
-/// How long `StepStore::open` waits for a directory lock still held by a
-/// store of this process that is closing.
-const OPEN_LOCK_WAIT_MS: u64 = 3_000;
 /// Events one relay pass hands to the sink at most.
 const RELAY_BATCH_MAX: usize = 100;
 
@@ -653,8 +653,6 @@ pub struct StepStore<H: StepHandler> {
     /// Kept open as long as the store when it opened a directory.
     _db: Option<sled::Db>,
     tree: sled::Tree,
-    /// The directory (or tree name), for messages.
-    path: String,
     handler: H,
     /// Serializes Forward and Compensate, from the inbox look-up to the
     /// batch (never held across the fsync).
@@ -662,18 +660,7 @@ pub struct StepStore<H: StepHandler> {
     /// The number of the next outbox event (written under `serial`).
     next_event: Mutex<u64>,
     /// Set by the first failed write; then every call is refused.
-    failure: tokio::sync::watch::Sender<Option<StoreFailure>>,
-}
-
-fn is_lock_error(e: &sled::Error) -> bool {
-    e.to_string().contains("could not acquire lock")
-}
-
-fn sled_disk_full(e: &sled::Error) -> bool {
-    matches!(
-        e,
-        sled::Error::Io(io) if matches!(io.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
-    )
+    latch: FailureLatch,
 }
 
 impl<H: StepHandler> StepStore<H> {
@@ -686,15 +673,7 @@ impl<H: StepHandler> StepStore<H> {
             disk_full: sled_disk_full(&e),
             message: e.to_string(),
         };
-        let deadline = std::time::Instant::now() + Duration::from_millis(OPEN_LOCK_WAIT_MS);
-        let db = loop {
-            match sled::Config::new().path(path).flush_every_ms(None).open() {
-                Err(e) if is_lock_error(&e) && std::time::Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                other => break other.map_err(open_err)?,
-            }
-        };
+        let db = open_sled(path).map_err(open_err)?;
         let tree = db.open_tree(STEP_TREE).map_err(open_err)?;
         Self::build(Some(db), tree, path.display().to_string(), handler)
     }
@@ -722,11 +701,10 @@ impl<H: StepHandler> StepStore<H> {
         Ok(Arc::new(StepStore {
             _db: db,
             tree,
-            path,
+            latch: FailureLatch::new(path),
             handler,
             serial: tokio::sync::Mutex::new(()),
             next_event: Mutex::new(stored.max(last).max(1)),
-            failure: tokio::sync::watch::Sender::new(None),
         }))
     }
 
@@ -1110,49 +1088,30 @@ impl<H: StepHandler> StepStore<H> {
         res.map(|_| ()).map_err(|e| self.fail(&e))
     }
 
-    /// Records the first failed write (the store stops), logs it once, and
-    /// returns the error to give the caller.
+    /// Records the first failed write (the store stops, see
+    /// `FailureLatch`), logs it once, and returns the error to give the
+    /// caller.
     fn fail(&self, e: &sled::Error) -> StoreError {
-        let failure = StoreFailure {
-            path: self.path.clone(),
-            disk_full: sled_disk_full(e),
-            detail: e.to_string(),
-        };
-        let first = self.failure.send_if_modified(|f| {
-            if f.is_none() {
-                *f = Some(failure.clone());
-                true
-            } else {
-                false
-            }
-        });
+        let (failure, first) = self.latch.record(e);
         if first {
             tracing::error!(disk_full = failure.disk_full, "saga step store: {failure}");
         }
-        StoreError::Stopped(self.failure().unwrap_or(failure))
+        StoreError::Stopped(failure)
     }
 
     fn check_running(&self) -> Result<(), StoreError> {
-        match self.failure() {
-            Some(f) => Err(StoreError::Stopped(f)),
-            None => Ok(()),
-        }
+        self.latch.check()
     }
 
     /// Why the store stopped, if it has (a write or fsync failed).
     pub fn failure(&self) -> Option<StoreFailure> {
-        self.failure.borrow().clone()
+        self.latch.get()
     }
 
     /// Waits until the store stops (a write or fsync failed) and says why;
     /// the service should then exit and be restarted.
     pub async fn stopped(&self) -> StoreFailure {
-        let mut rx = self.failure.subscribe();
-        let failure = match rx.wait_for(|f| f.is_some()).await {
-            Ok(f) => f.clone(),
-            Err(_) => None,
-        };
-        failure.expect("the store's failure is set before it is signalled")
+        self.latch.stopped().await
     }
 }
 
@@ -1255,21 +1214,22 @@ impl<H: StepHandler> SagaStepService for StepServer<H> {
     }
 
     async fn fence(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
-        let r = req.into_inner();
-        if !self.store.handler().knows_query(&r.query) {
-            return Err(Status::invalid_argument(format!(
-                "this service has no status query {:?}",
-                r.query
-            )));
-        }
+        let r = self.known_query(req)?;
         let rec = self.store.fence(&r.operation_id).await.map_err(step_error_status)?;
-        Ok(Response::new(pb::StepStatusReply {
-            applied: rec.is_some(),
-            reply: rec.map(|rec| rec.result.to_reply()),
-        }))
+        Ok(Response::new(status_reply(rec)))
     }
 
     async fn status(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
+        let r = self.known_query(req)?;
+        let rec = self.store.status(&r.operation_id).await.map_err(step_error_status)?;
+        Ok(Response::new(status_reply(rec)))
+    }
+}
+
+impl<H: StepHandler> StepServer<H> {
+    /// A Status or Fence request naming a status query this service has;
+    /// INVALID_ARGUMENT otherwise.
+    fn known_query(&self, req: Request<pb::StepStatusRequest>) -> Result<pb::StepStatusRequest, Status> {
         let r = req.into_inner();
         if !self.store.handler().knows_query(&r.query) {
             return Err(Status::invalid_argument(format!(
@@ -1277,17 +1237,16 @@ impl<H: StepHandler> SagaStepService for StepServer<H> {
                 r.query
             )));
         }
-        let rec = self.store.status(&r.operation_id).await.map_err(step_error_status)?;
-        Ok(Response::new(match rec {
-            Some(rec) => pb::StepStatusReply {
-                applied: true,
-                reply: Some(rec.result.to_reply()),
-            },
-            None => pb::StepStatusReply {
-                applied: false,
-                reply: None,
-            },
-        }))
+        Ok(r)
+    }
+}
+
+/// What Status and Fence answer for an operation's record (none: not
+/// applied).
+fn status_reply(rec: Option<StepRecord>) -> pb::StepStatusReply {
+    pb::StepStatusReply {
+        applied: rec.is_some(),
+        reply: rec.map(|rec| rec.result.to_reply()),
     }
 }
 

@@ -58,7 +58,7 @@ const ENTRY_FORMAT: u8 = 1;
 const INSPECT_TIME_SCAN_KEYS_MAX: usize = 100_000;
 
 /// True when `e` says the file system is full or over quota.
-fn sled_disk_full(e: &sled::Error) -> bool {
+pub(crate) fn sled_disk_full(e: &sled::Error) -> bool {
     matches!(
         e,
         sled::Error::Io(io) if matches!(io.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
@@ -72,6 +72,68 @@ fn sled_detail(e: &sled::Error) -> String {
         sled::Error::Io(io) if io.kind() == std::io::ErrorKind::StorageFull => "no space left on device".into(),
         sled::Error::Io(io) if io.kind() == std::io::ErrorKind::QuotaExceeded => "disk quota exceeded".into(),
         other => other.to_string(),
+    }
+}
+
+/// The first failed write or fsync of a sled-backed store (the
+/// participant store, the saga step store): once it is set the store stops,
+/// refusing every later request, since sled refuses every later write
+/// anyway and reads could show writes that never reached the disk.
+pub(crate) struct FailureLatch {
+    /// The store's directory (or tree name), for messages.
+    path: String,
+    failure: tokio::sync::watch::Sender<Option<StoreFailure>>,
+}
+
+impl FailureLatch {
+    pub(crate) fn new(path: String) -> FailureLatch {
+        FailureLatch {
+            path,
+            failure: tokio::sync::watch::Sender::new(None),
+        }
+    }
+
+    /// Records `e` unless a failure was recorded before; the failure that
+    /// stopped the store, and whether it is `e` (to log and count once).
+    pub(crate) fn record(&self, e: &sled::Error) -> (StoreFailure, bool) {
+        let failure = StoreFailure {
+            path: self.path.clone(),
+            disk_full: sled_disk_full(e),
+            detail: sled_detail(e),
+        };
+        let first = self.failure.send_if_modified(|f| {
+            if f.is_none() {
+                *f = Some(failure.clone());
+                true
+            } else {
+                false
+            }
+        });
+        (self.get().unwrap_or(failure), first)
+    }
+
+    /// Why the store stopped, if it has.
+    pub(crate) fn get(&self) -> Option<StoreFailure> {
+        self.failure.borrow().clone()
+    }
+
+    /// `Stopped` once a failure was recorded.
+    pub(crate) fn check(&self) -> Result<(), StoreError> {
+        match self.get() {
+            Some(f) => Err(StoreError::Stopped(f)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until a failure is recorded and says which.
+    pub(crate) async fn stopped(&self) -> StoreFailure {
+        let mut rx = self.failure.subscribe();
+        let failure = match rx.wait_for(|f| f.is_some()).await {
+            Ok(f) => f.clone(),
+            // The sender lives as long as the latch.
+            Err(_) => None,
+        };
+        failure.expect("the store's failure is set before it is signalled")
     }
 }
 
@@ -203,10 +265,8 @@ pub trait Resource: Send + Sync + 'static {
 
 pub struct ParticipantStore<R: Resource> {
     db: sled::Db,
-    /// The directory, for messages.
-    path: String,
     /// Set by the first failed write; then every request is refused.
-    failure: tokio::sync::watch::Sender<Option<StoreFailure>>,
+    latch: FailureLatch,
     tree: sled::Tree,
     resource: R,
     /// Serializes read-step-write; never held across the fsync.
@@ -452,7 +512,10 @@ fn remove_unfinished_snapshots(path: &std::path::Path) -> usize {
     n
 }
 
-fn open_sled(path: &std::path::Path) -> Result<sled::Db, sled::Error> {
+/// Opens the sled database in `path`, waiting up to `OPEN_LOCK_WAIT_MS`
+/// for a directory lock still held by a store of this process that is
+/// closing (the participant store, the saga step store).
+pub(crate) fn open_sled(path: &std::path::Path) -> Result<sled::Db, sled::Error> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(OPEN_LOCK_WAIT_MS);
     loop {
         match sled::Config::new().path(path).flush_every_ms(None).open() {
@@ -520,8 +583,7 @@ impl<R: Resource> ParticipantStore<R> {
             .map_err(|e| StoreError::Io(e.to_string()))?;
         let store = Arc::new(ParticipantStore {
             db,
-            path: path.display().to_string(),
-            failure: tokio::sync::watch::Sender::new(None),
+            latch: FailureLatch::new(path.display().to_string()),
             tree,
             resource,
             serial: Mutex::new(()),
@@ -1312,42 +1374,26 @@ impl<R: Resource> ParticipantStore<R> {
             .map_err(|e| self.fail(&e))
     }
 
-    /// Records the first failed write (the store stops: every later request
-    /// is refused, since sled refuses every later write anyway and reads
-    /// could show writes that never reached the disk), logs it once, and
-    /// returns the error to give the caller.
+    /// Records the first failed write (the store stops, see
+    /// `FailureLatch`), logs and counts it once, and returns the error to
+    /// give the caller.
     fn fail(&self, e: &sled::Error) -> StoreError {
-        let failure = StoreFailure {
-            path: self.path.clone(),
-            disk_full: sled_disk_full(e),
-            detail: sled_detail(e),
-        };
-        let first = self.failure.send_if_modified(|f| {
-            if f.is_none() {
-                *f = Some(failure.clone());
-                true
-            } else {
-                false
-            }
-        });
+        let (failure, first) = self.latch.record(e);
         if first {
             metrics::counter!("dtx_participant_store_failures_total", "disk_full" => failure.disk_full.to_string())
                 .increment(1);
             tracing::error!(disk_full = failure.disk_full, "{failure}");
         }
-        StoreError::Stopped(self.failure().unwrap_or(failure))
+        StoreError::Stopped(failure)
     }
 
     fn check_running(&self) -> Result<(), StoreError> {
-        match self.failure() {
-            Some(f) => Err(StoreError::Stopped(f)),
-            None => Ok(()),
-        }
+        self.latch.check()
     }
 
     /// Why the store stopped, if it has (a write or fsync failed).
     pub fn failure(&self) -> Option<StoreFailure> {
-        self.failure.borrow().clone()
+        self.latch.get()
     }
 
     /// Waits until the store stops (a write or fsync failed) and says why.
@@ -1357,13 +1403,7 @@ impl<R: Resource> ParticipantStore<R> {
     /// everything acknowledged. For a full disk the restart fails, saying
     /// so, until space is freed.
     pub async fn stopped(&self) -> StoreFailure {
-        let mut rx = self.failure.subscribe();
-        let failure = match rx.wait_for(|f| f.is_some()).await {
-            Ok(f) => f.clone(),
-            // The sender lives as long as the store.
-            Err(_) => None,
-        };
-        failure.expect("the store's failure is set before it is signalled")
+        self.latch.stopped().await
     }
 
     /// For tests and tools: the underlying database handle.
