@@ -367,25 +367,16 @@ async fn list(ctx: &NodeCtx, r: pb::ListSagasRequest) -> Result<pb::ListSagasRes
         states.push(state_of(*s)?);
     }
     ctx.read_linearizable(move |st| {
-        let mut out = Vec::new();
-        let mut last = 0;
-        let mut more = false;
-        for s in st.sagas.sagas_after(r.after_saga_id) {
-            if (!states.is_empty() && !states.contains(&s.state))
-                || (!r.definition.is_empty() && s.definition != r.definition)
-            {
-                continue;
-            }
-            if out.len() == limit {
-                more = true;
-                break;
-            }
-            last = s.id;
-            out.push(view_pb(s, st.sagas.definition(&s.definition, s.version)));
-        }
+        let (page, next) = st.sagas.list(r.after_saga_id, limit, |s| {
+            (states.is_empty() || states.contains(&s.state))
+                && (r.definition.is_empty() || s.definition == r.definition)
+        });
         pb::ListSagasResponse {
-            sagas: out,
-            next_after_saga_id: if more { last } else { 0 },
+            sagas: page
+                .into_iter()
+                .map(|s| view_pb(s, st.sagas.definition(&s.definition, s.version)))
+                .collect(),
+            next_after_saga_id: next,
         }
     })
     .await

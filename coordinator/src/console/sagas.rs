@@ -91,19 +91,12 @@ pub fn parse_query(query: &str) -> Result<SagaQuery, String> {
 /// One page of sagas for `q` from the book, with their definitions, and
 /// the id to go on after (0: none).
 pub fn list_page(book: &SagaBook, q: &SagaQuery) -> (Vec<pb::SagaView>, u64) {
-    let mut out = Vec::new();
-    let mut last = 0;
-    for s in book.sagas_after(q.after) {
-        if q.state.is_some_and(|st| st != s.state) {
-            continue;
-        }
-        if out.len() == PAGE_SAGAS {
-            return (out, last);
-        }
-        last = s.id;
-        out.push(crate::api::saga::view_pb(s, book.definition(&s.definition, s.version)));
-    }
-    (out, 0)
+    let (page, next) = book.list(q.after, PAGE_SAGAS, |s| q.state.is_none_or(|st| st == s.state));
+    let views = page
+        .into_iter()
+        .map(|s| crate::api::saga::view_pb(s, book.definition(&s.definition, s.version)))
+        .collect();
+    (views, next)
 }
 
 /// Counts by state, for the overview.

@@ -535,6 +535,21 @@ impl SagaBook {
         self.sagas.range(after.saturating_add(1)..).map(|(_, s)| s)
     }
 
+    /// A page of sagas: those above `after` that `keep` accepts, in id
+    /// order, at most `limit`; and the id to list on after (0: nothing
+    /// follows). The listing of `ListSagas` and the console.
+    pub fn list(&self, after: SagaId, limit: usize, keep: impl Fn(&SagaRecord) -> bool) -> (Vec<&SagaRecord>, SagaId) {
+        let mut out = Vec::new();
+        for s in self.sagas_after(after).filter(|s| keep(s)) {
+            if out.len() == limit {
+                let last = out.last().map_or(0, |l: &&SagaRecord| l.id);
+                return (out, last);
+            }
+            out.push(s);
+        }
+        (out, 0)
+    }
+
     /// The sagas the orchestrator drives (RUNNING or COMPENSATING).
     pub fn driven(&self) -> Vec<SagaId> {
         self.sagas.values().filter(|s| s.state.driven()).map(|s| s.id).collect()
@@ -623,6 +638,17 @@ impl SagaBook {
             .take(max)
             .map(|s| s.id)
             .collect()
+    }
+
+    /// The definition saga `rec` runs (registered definitions are never
+    /// removed, so it is there).
+    fn definition_of(&self, rec: &SagaRecord) -> Result<Definition, SagaError> {
+        self.definition(&rec.definition, rec.version)
+            .cloned()
+            .ok_or_else(|| SagaError::UnknownDefinition {
+                name: rec.definition.clone(),
+                version: rec.version,
+            })
     }
 
     fn register(&mut self, d: &Definition, effects: &mut Vec<SagaEffect>) -> Result<SagaOk, SagaError> {
@@ -756,14 +782,7 @@ impl SagaBook {
                 what: "only a RUNNING or COMPENSATING saga takes journal writes".into(),
             });
         }
-        let def = self
-            .definitions
-            .get(&(rec.definition.clone(), rec.version))
-            .cloned()
-            .ok_or_else(|| SagaError::UnknownDefinition {
-                name: rec.definition.clone(),
-                version: rec.version,
-            })?;
+        let def = self.definition_of(rec)?;
         // Work on a copy: a refused write changes nothing.
         let mut r = rec.clone();
         apply_event(&mut r, &def, now_ms, ev)?;
@@ -801,14 +820,7 @@ impl SagaBook {
                 what: format!("only a PARKED saga takes an operator's {}", action.name()),
             });
         }
-        let def = self
-            .definitions
-            .get(&(rec.definition.clone(), rec.version))
-            .cloned()
-            .ok_or_else(|| SagaError::UnknownDefinition {
-                name: rec.definition.clone(),
-                version: rec.version,
-            })?;
+        let def = self.definition_of(rec)?;
         let mut r = rec.clone();
         let from = r.parked_from.unwrap_or(SagaState::Running);
         let step = r.current;

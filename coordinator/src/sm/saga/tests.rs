@@ -2358,3 +2358,31 @@ fn a_policy_may_word_the_escalation_but_only_among_registered_options() {
         })
     ));
 }
+
+#[test]
+fn a_list_page_stops_at_its_limit_and_names_where_to_go_on() {
+    let d = def_of(&[C, P]);
+    let mut h = H::new(&[&d]);
+    let ids: Vec<SagaId> = (0..5).map(|i| h.start(&d, &format!("k{i}"))).collect();
+    h.forward(ids[1], 0, CallOutcome::Failed);
+    let ended = h.ok(
+        ids[1],
+        JournalEvent::Recover {
+            step: 0,
+            option: Recovery::Compensate,
+            reason: "out of stock".into(),
+        },
+    );
+    assert_eq!(ended, SagaState::Compensated);
+    let all = |_: &SagaRecord| true;
+    let (page, next) = h.book.list(0, 2, all);
+    assert_eq!(page.iter().map(|s| s.id).collect::<Vec<_>>(), ids[..2]);
+    assert_eq!(next, ids[1]);
+    let (page, next) = h.book.list(next, 10, all);
+    assert_eq!(page.iter().map(|s| s.id).collect::<Vec<_>>(), ids[2..]);
+    assert_eq!(next, 0, "nothing follows");
+    // Exactly `limit` left: no next page is promised.
+    assert_eq!(h.book.list(ids[2], 2, all).1, 0);
+    let (page, _) = h.book.list(0, 10, |s| s.state == SagaState::Compensated);
+    assert_eq!(page.iter().map(|s| s.id).collect::<Vec<_>>(), vec![ids[1]]);
+}
