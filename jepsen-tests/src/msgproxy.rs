@@ -17,6 +17,11 @@
 //!   after its transaction was decided; its answer is dropped). Late copies
 //!   still arrive after the fault ends.
 //!
+//! The saga workload puts the same proxy in front of each step service
+//! ([`spawn_step`], SagaStepService): Forward, Compensate and Fence get the
+//! same delay, duplicate and late replay (a Fence is a write: it records an
+//! unknown operation as never to run); Status passes straight through.
+//!
 //! The `participant-gone` nemesis also shuts a proxy down for good
 //! ([`ProxyHandle::go_away`]): its address then refuses connections, as the
 //! address of a process that is gone does.
@@ -43,6 +48,9 @@ use dtx_proto::v1 as pb;
 use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use dtx_proto::v1::participant_service_server::ParticipantService;
 use dtx_proto::v1::participant_service_server::ParticipantServiceServer;
+use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
+use dtx_proto::v1::saga_step_service_server::SagaStepService;
+use dtx_proto::v1::saga_step_service_server::SagaStepServiceServer;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
@@ -83,8 +91,9 @@ struct Plan {
     late_ms: Option<u64>,
 }
 
-struct Proxy {
-    upstream: ParticipantServiceClient<Channel>,
+/// A proxy in front of one service; `C` is the client of its protocol.
+struct Proxy<C> {
+    upstream: C,
     chaos: Arc<Chaos>,
     rng: Mutex<StdRng>,
     gone: Arc<AtomicBool>,
@@ -112,7 +121,7 @@ impl ProxyHandle {
 /// timeouts).
 const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
 
-impl Proxy {
+impl<C: Clone + Send + 'static> Proxy<C> {
     fn plan(&self) -> Plan {
         if !self.chaos.on.load(Ordering::SeqCst) {
             return Plan {
@@ -138,7 +147,7 @@ impl Proxy {
     where
         Q: Clone + Send + 'static,
         A: Send + 'static,
-        F: Fn(ParticipantServiceClient<Channel>, Request<Q>) -> Fut + Clone + Send + 'static,
+        F: Fn(C, Request<Q>) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = Result<Response<A>, Status>> + Send + 'static,
     {
         if self.gone.load(Ordering::SeqCst) {
@@ -175,7 +184,7 @@ impl Proxy {
 }
 
 #[tonic::async_trait]
-impl ParticipantService for Proxy {
+impl ParticipantService for Proxy<ParticipantServiceClient<Channel>> {
     async fn prepare(&self, req: Request<pb::PrepareRequest>) -> Result<Response<pb::PrepareResponse>, Status> {
         self.relay(req.into_inner(), |mut c, r| async move { c.prepare(r).await })
             .await
@@ -246,6 +255,34 @@ impl ParticipantService for Proxy {
     }
 }
 
+#[tonic::async_trait]
+impl SagaStepService for Proxy<SagaStepServiceClient<Channel>> {
+    async fn forward(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
+        self.relay(req.into_inner(), |mut c, r| async move { c.forward(r).await })
+            .await
+    }
+
+    async fn compensate(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
+        self.relay(req.into_inner(), |mut c, r| async move { c.compensate(r).await })
+            .await
+    }
+
+    /// Read-only: passed straight through (no chaos on an inquiry).
+    async fn status(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("step service gone"));
+        }
+        self.upstream.clone().status(req.into_inner()).await
+    }
+
+    /// A write (an unknown operation becomes never to run): delayed,
+    /// duplicated and replayed late like Forward.
+    async fn fence(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
+        self.relay(req.into_inner(), |mut c, r| async move { c.fence(r).await })
+            .await
+    }
+}
+
 /// A proxy's TLS in a run with `--tls`: what it serves with and what it
 /// calls its bank with (one node certificate for both).
 pub struct ProxyTls {
@@ -268,7 +305,46 @@ pub async fn spawn(
     seed: u64,
     tls: Option<ProxyTls>,
 ) -> anyhow::Result<ProxyHandle> {
-    let (channel, server_tls) = match tls {
+    let (channel, server_tls) = connect(listen, upstream, tls)?;
+    let gone = Arc::new(AtomicBool::new(false));
+    let proxy = Proxy {
+        upstream: ParticipantServiceClient::new(channel),
+        chaos,
+        rng: Mutex::new(StdRng::seed_from_u64(seed)),
+        gone: gone.clone(),
+    };
+    let router = tonic::transport::Server::builder().add_service(ParticipantServiceServer::new(proxy));
+    serve(listen, router, server_tls, gone).await
+}
+
+/// Starts a proxy on `listen` in front of the saga step service at
+/// `upstream` (plain text), as [`spawn`] does for a bank.
+pub async fn spawn_step(
+    listen: SocketAddr,
+    upstream: &str,
+    chaos: Arc<Chaos>,
+    seed: u64,
+) -> anyhow::Result<ProxyHandle> {
+    let (channel, _) = connect(listen, upstream, None)?;
+    let gone = Arc::new(AtomicBool::new(false));
+    let proxy = Proxy {
+        upstream: SagaStepServiceClient::new(channel),
+        chaos,
+        rng: Mutex::new(StdRng::seed_from_u64(seed)),
+        gone: gone.clone(),
+    };
+    let router = tonic::transport::Server::builder().add_service(SagaStepServiceServer::new(proxy));
+    serve(listen, router, None, gone).await
+}
+
+/// The channel to the service behind a proxy, dialled from `listen`'s IP,
+/// and what the proxy serves TLS with.
+fn connect(
+    listen: SocketAddr,
+    upstream: &str,
+    tls: Option<ProxyTls>,
+) -> anyhow::Result<(Channel, Option<Arc<ServerTls>>)> {
+    Ok(match tls {
         None => {
             let endpoint = dtx_proto::endpoint(upstream).map_err(|e| anyhow::anyhow!(e))?;
             let channel = endpoint
@@ -284,19 +360,20 @@ pub async fn spawn(
                     .map_err(|e| anyhow::anyhow!(e))?;
             (channel, Some(t.server))
         }
-    };
-    let gone = Arc::new(AtomicBool::new(false));
-    let proxy = Proxy {
-        upstream: ParticipantServiceClient::new(channel),
-        chaos,
-        rng: Mutex::new(StdRng::seed_from_u64(seed)),
-        gone: gone.clone(),
-    };
+    })
+}
+
+/// Serves `router` on `listen` until [`ProxyHandle::go_away`].
+async fn serve(
+    listen: SocketAddr,
+    router: tonic::transport::server::Router,
+    server_tls: Option<Arc<ServerTls>>,
+    gone: Arc<AtomicBool>,
+) -> anyhow::Result<ProxyHandle> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| anyhow::anyhow!("message proxy cannot listen on {listen}: {e}"))?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let router = tonic::transport::Server::builder().add_service(ParticipantServiceServer::new(proxy));
     let shutdown = async move {
         let _ = rx.await;
     };

@@ -83,8 +83,9 @@ impl Workload {
     }
 
     /// The faults this workload can inject, and a note for each one left
-    /// out: `kill-postgres` needs the PostgreSQL server; `disk-full` fills
-    /// the banks' data filesystem, which PostgreSQL banks do not use.
+    /// out: `kill-postgres` needs the PostgreSQL server (only the
+    /// PostgreSQL workload has one); `disk-full` fills the banks' data
+    /// filesystem, which PostgreSQL banks do not use.
     pub fn faults(self, faults: &[Fault]) -> (Vec<Fault>, Vec<String>) {
         let skip = |f: Fault| match (self, f) {
             (Workload::Sled, Fault::KillPostgres) => Some("the sled workload has no PostgreSQL server"),
@@ -93,19 +94,6 @@ impl Workload {
                  filled in the sled workload)",
             ),
             (Workload::Saga, Fault::KillPostgres) => Some("the saga workload has no PostgreSQL server"),
-            (Workload::Saga, Fault::DiskFull) => Some(
-                "its filesystems and probes are built around a bank (a probe transfer); the saga workload has \
-                 none (the nodes' disks are filled in the sled workload)",
-            ),
-            (Workload::Saga, Fault::MessageChaos) => Some(
-                "the message proxies speak the 2PC participant protocol (ParticipantService), not \
-                 SagaStepService, so they cannot sit in front of the step services (the payment service \
-                 loses 20% of its replies instead)",
-            ),
-            (Workload::Saga, Fault::ParticipantGone) => Some(
-                "a step service gone for good leaves its sagas unable to end, which the saga checker \
-                 counts as invalid; kill-participant kills and restarts step services instead",
-            ),
             _ => None,
         };
         let kept = faults.iter().copied().filter(|f| skip(*f).is_none()).collect();
@@ -2235,18 +2223,21 @@ mod tests {
         assert!(pg.contains(&Fault::KillPostgres));
         assert!(!pg.contains(&Fault::DiskFull));
         assert!(notes[0].starts_with("disk-full skipped"), "{notes:?}");
+        // The saga workload runs every nemesis but kill-postgres.
         let (saga, notes) = Workload::Saga.faults(&all);
+        assert!(!saga.contains(&Fault::KillPostgres));
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].starts_with("kill-postgres skipped"), "{notes:?}");
+        assert_eq!(saga.len(), all.len() - 1);
         for f in [
-            Fault::KillPostgres,
+            Fault::CrashPoint,
+            Fault::KillParticipant,
             Fault::DiskFull,
             Fault::MessageChaos,
             Fault::ParticipantGone,
         ] {
-            assert!(!saga.contains(&f), "{f:?}");
-            assert!(notes.iter().any(|n| n.starts_with(f.name())), "{notes:?}");
+            assert!(saga.contains(&f), "{f:?}");
         }
-        assert_eq!(saga.len(), all.len() - 4);
-        assert!(saga.contains(&Fault::CrashPoint) && saga.contains(&Fault::KillParticipant));
     }
 
     #[test]

@@ -3,7 +3,11 @@
 //! (`coordinator saga-step-serve`: inventory, payment losing some of its
 //! replies, email failing some first tries), each its own process on its
 //! own IP, supervised like the banks (a service that died is started
-//! again). The order definition is registered once; closed-loop clients
+//! again), each behind a message proxy on its IP ([`crate::msgproxy`]:
+//! the `message-chaos` nemesis delays, duplicates and replays late its
+//! Forward, Compensate and Fence calls). The order definition is registered
+//! once (and again as a new version naming the replacement of a step
+//! service gone for good, `participant-gone`); closed-loop clients
 //! start order sagas (most good, some out of stock, some unpayable, so
 //! compensations happen), each with its order as the idempotency key,
 //! retrying an UNKNOWN start with the same key, and wait for it to end
@@ -18,6 +22,9 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 
@@ -35,12 +42,17 @@ use rand::SeedableRng;
 use tonic::transport::Channel;
 
 use crate::checker::saga as saga_checker;
+use crate::disk;
+use crate::disk::SmallFs;
 use crate::history::Body;
 use crate::history::FaultPhase;
 use crate::history::Op;
 use crate::history::OpType;
 use crate::history::SagaEvent;
 use crate::history::SagaSeen;
+use crate::msgproxy;
+use crate::msgproxy::Chaos;
+use crate::msgproxy::ProxyHandle;
 use crate::nemesis::Fault;
 use crate::nemesis::Schedule;
 use crate::plot;
@@ -76,12 +88,64 @@ const START_CALL_WAIT: Duration = Duration::from_secs(8);
 /// How long a client waits for its saga to end before it starts the next.
 const END_WAIT: Duration = Duration::from_secs(20);
 
+/// Port offsets from `--base-port`: the step services, their message
+/// proxies (the addresses the definition names), and the same for the
+/// replacement of a step service gone for good.
+const SERVICE_PORT: u16 = 100;
+const PROXY_PORT: u16 = 200;
+const REPLACEMENT_SERVICE_PORT: u16 = 110;
+const REPLACEMENT_PROXY_PORT: u16 = 210;
+
+/// The step service gone for good (`participant-gone`): its process (dead,
+/// never restarted) and data, audited offline at the end.
+struct Gone {
+    slot: usize,
+    process: ServiceProcess,
+    data: PathBuf,
+    /// Whether its replacement is registered (the definition's next version
+    /// names it).
+    replaced: bool,
+}
+
+/// The small filesystems of `disk-full`: one node's data directory and one
+/// step service's, fixed for the run by the seed.
+struct SagaDisk {
+    node: u64,
+    node_fs: SmallFs,
+    slot: usize,
+    svc_fs: SmallFs,
+}
+
+/// A filled disk: what its end needs.
+struct Filled {
+    at: Instant,
+    node_log_from: u64,
+    svc_log_from: u64,
+    stop: tokio::sync::watch::Sender<bool>,
+    top_up: tokio::task::JoinHandle<()>,
+}
+
 /// The processes of a saga run.
 struct World {
     cluster: ProcessCluster,
-    /// inventory, payment, email.
+    /// inventory, payment, email (after `participant-gone`, its slot holds
+    /// the replacement).
     services: Vec<ServiceProcess>,
+    /// Each service's data directory and the message proxy in front of it.
+    svc_data: Vec<PathBuf>,
+    proxies: Vec<ProxyHandle>,
+    proxy_addrs: Vec<String>,
+    chaos: Arc<Chaos>,
+    gone: Option<Gone>,
+    disk: Option<SagaDisk>,
+    /// The order definition's version the clients start (raised when a
+    /// replacement is registered).
+    version: Arc<AtomicU32>,
     svc_ips: Vec<String>,
+    base_port: u16,
+    bin: PathBuf,
+    svc_dir: PathBuf,
+    proxy_seed: u64,
     node_ips: Vec<String>,
     net: Option<Net>,
     /// Run-time crash point files: the nodes', the step services'.
@@ -192,7 +256,14 @@ enum Undo {
     Cont(u64),
     HealNet,
     Unskew(u64),
-    Disarm { file: PathBuf, point: &'static str },
+    Disarm {
+        file: PathBuf,
+        point: &'static str,
+    },
+    ChaosOff,
+    /// A step service gone for good: register its replacement.
+    Replace,
+    FreeDisk(Filled),
 }
 
 async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Result<(String, Undo)> {
@@ -283,13 +354,31 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             std::fs::write(&file, point)?;
             (point.to_string(), Undo::Disarm { file, point })
         }
-        Fault::MessageChaos | Fault::ParticipantGone | Fault::DiskFull | Fault::KillPostgres => {
-            anyhow::bail!("{} is not part of the saga workload", f.name())
+        Fault::MessageChaos => {
+            w.chaos.set(true);
+            ("step service calls".to_string(), Undo::ChaosOff)
         }
+        Fault::ParticipantGone => {
+            if let Some(g) = &w.gone {
+                anyhow::bail!("{} is already gone (one step service per run); skipped", ROLES[g.slot]);
+            }
+            // Not the service on the small filesystem: disk-full needs it.
+            let disk_slot = w.disk.as_ref().map(|d| d.slot);
+            let candidates: Vec<usize> = (0..w.services.len()).filter(|i| Some(*i) != disk_slot).collect();
+            let slot = candidates[s.rng().random_range(0..candidates.len())];
+            go_away(w, slot).await?;
+            (ROLES[slot].to_string(), Undo::Replace)
+        }
+        Fault::DiskFull => {
+            let filled = fill_disk(w)?;
+            let d = w.disk.as_ref().expect("fill_disk checked");
+            (format!("n{} + {}", d.node, ROLES[d.slot]), Undo::FreeDisk(filled))
+        }
+        Fault::KillPostgres => anyhow::bail!("{} is not part of the saga workload", f.name()),
     })
 }
 
-fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
+async fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
     let note = match undo {
         Undo::RestartNode(id) => {
             w.restart_node(id, &[])?;
@@ -322,6 +411,12 @@ fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
                 format!("{point} not reached")
             }
         }
+        Undo::ChaosOff => {
+            w.chaos.set(false);
+            w.chaos.summary()
+        }
+        Undo::Replace => replace_gone(w).await?,
+        Undo::FreeDisk(filled) => free_disk(w, filled).await?,
     };
     // The supervisor: whatever died meanwhile (a crash point) is started
     // again.
@@ -333,7 +428,9 @@ fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
 type Active = (Fault, String, Undo);
 
 async fn end_fault(w: &mut World, f: Fault, target: String, undo: Undo) {
-    let note = stop_fault(w, undo).unwrap_or_else(|e| format!("heal failed: {e}"));
+    let note = stop_fault(w, undo)
+        .await
+        .unwrap_or_else(|e| format!("heal failed: {e}"));
     let target = if note.is_empty() {
         target
     } else {
@@ -399,6 +496,170 @@ async fn nemesis_loop(
         }
         end_fault(w, f, target, undo).await;
     }
+}
+
+/// A step service process of `role` named `name` (its log and data
+/// directory under `svc_dir`) serving on `addr`, and its data directory.
+fn service_process(
+    bin: &std::path::Path,
+    svc_dir: &std::path::Path,
+    role: &str,
+    name: &str,
+    addr: &str,
+) -> (ServiceProcess, PathBuf) {
+    let data = svc_dir.join(name);
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "saga-step-serve".into(),
+        "--role".into(),
+        role.into(),
+        "--listen".into(),
+        addr.into(),
+        "--data".into(),
+        data.clone().into(),
+        "--skus".into(),
+        SKUS.to_string().into(),
+        "--stock".into(),
+        STOCK.to_string().into(),
+        "--customers".into(),
+        CUSTOMERS.to_string().into(),
+        "--balance".into(),
+        BALANCE.to_string().into(),
+    ];
+    if role == "payment" {
+        args.extend(["--lose-replies-percent".into(), LOSE_REPLIES_PERCENT.to_string().into()]);
+    }
+    if role == "email" {
+        args.extend(["--fail-first-percent".into(), FAIL_FIRST_PERCENT.to_string().into()]);
+    }
+    (ServiceProcess::new(bin, svc_dir, name, addr, args), data)
+}
+
+/// `participant-gone`: the step service in `slot` is killed (-9) and its
+/// proxy closed for good (its address refuses connections); sagas that need
+/// it park. The operator's replacement (`<role>-2`, fresh data, new ports on
+/// the same IP, behind a proxy of its own) starts at once, and is
+/// registered when the fault ends ([`replace_gone`]).
+async fn go_away(w: &mut World, slot: usize) -> anyhow::Result<()> {
+    w.services[slot].kill9();
+    w.proxies[slot].go_away();
+    let role = ROLES[slot];
+    let ip = w.svc_ips[slot].clone();
+    let addr = format!("{ip}:{}", w.base_port + REPLACEMENT_SERVICE_PORT + slot as u16);
+    let proxy_addr = format!("{ip}:{}", w.base_port + REPLACEMENT_PROXY_PORT + slot as u16);
+    let (process, data) = service_process(&w.bin, &w.svc_dir, role, &format!("{role}-2"), &addr);
+    let seed = w.proxy_seed ^ 0x60_4E ^ slot as u64;
+    let proxy = msgproxy::spawn_step(proxy_addr.parse()?, &addr, w.chaos.clone(), seed).await?;
+    let old = std::mem::replace(&mut w.services[slot], process);
+    let old_data = std::mem::replace(&mut w.svc_data[slot], data);
+    w.proxies[slot] = proxy;
+    w.proxy_addrs[slot] = proxy_addr;
+    w.gone = Some(Gone {
+        slot,
+        process: old,
+        data: old_data,
+        replaced: false,
+    });
+    w.restart_services()
+}
+
+/// The operator's runbook for a step service gone for good: the order
+/// definition's next version names its replacement; new orders start on
+/// it. Sagas parked at the gone service stay parked for an operator.
+async fn replace_gone(w: &mut World) -> anyhow::Result<String> {
+    let Some(slot) = w.gone.as_ref().filter(|g| !g.replaced).map(|g| g.slot) else {
+        return Ok(String::new());
+    };
+    let version = w.version.load(Ordering::SeqCst) + 1;
+    let mut def = dtx_saga_shop::order_saga_definition(&w.proxy_addrs[0], &w.proxy_addrs[1], &w.proxy_addrs[2]);
+    def.version = version;
+    register(&channels(&w.cluster.api_addrs())?, def).await?;
+    w.version.store(version, Ordering::SeqCst);
+    if let Some(g) = w.gone.as_mut() {
+        g.replaced = true;
+    }
+    Ok(format!(
+        "replaced by {} at {}; order saga v{version} registered",
+        w.services[slot].id, w.proxy_addrs[slot]
+    ))
+}
+
+/// Registers a saga definition (any node; retried while none answers).
+async fn register(chans: &[Channel], def: pb::SagaDefinition) -> anyhow::Result<()> {
+    let name = format!("{}@{}", def.name, def.version);
+    call(chans, Duration::from_secs(30), |mut c| {
+        let d = def.clone();
+        async move {
+            c.register_definition(pb::RegisterSagaDefinitionRequest { definition: Some(d) })
+                .await
+        }
+    })
+    .await
+    .map(|_| ())
+    .map_err(|e| anyhow::anyhow!("registering {name}: {e}"))
+}
+
+/// `disk-full`: fills the node's and the step service's small filesystems
+/// and keeps them full (space a process frees is taken again) until
+/// [`free_disk`].
+fn fill_disk(w: &mut World) -> anyhow::Result<Filled> {
+    let Some(d) = w.disk.as_mut() else {
+        anyhow::bail!("disk-full has no small filesystems (they are mounted at the start of a run)");
+    };
+    let node_log_from = disk::file_len(&w.cluster.node(d.node).log_path);
+    let svc_log_from = disk::file_len(&w.services[d.slot].log_path);
+    d.node_fs.fill()?;
+    if let Err(e) = d.svc_fs.fill() {
+        let _ = d.node_fs.free();
+        let _ = d.svc_fs.free();
+        return Err(e);
+    }
+    let paths = [d.node_fs.path.clone(), d.svc_fs.path.clone()];
+    let (stop, mut rx) = tokio::sync::watch::channel(false);
+    let top_up = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = rx.wait_for(|s| *s) => break,
+            }
+            for p in &paths {
+                let _ = disk::top_up(p);
+            }
+        }
+    });
+    Ok(Filled {
+        at: Instant::now(),
+        node_log_from,
+        svc_log_from,
+        stop,
+        top_up,
+    })
+}
+
+/// Frees the small filesystems; the note says how long they were full,
+/// which filled process had exited, and how many disk-full lines each
+/// logged meanwhile (the supervisor then starts whatever is down).
+async fn free_disk(w: &mut World, f: Filled) -> anyhow::Result<String> {
+    let _ = f.stop.send(true);
+    let _ = f.top_up.await;
+    let Some(d) = w.disk.as_mut() else {
+        anyhow::bail!("disk-full has no small filesystems");
+    };
+    let (node, slot) = (d.node, d.slot);
+    let node_running = w.cluster.node(node).is_running();
+    let svc_running = w.services[slot].is_running();
+    d.node_fs.free()?;
+    d.svc_fs.free()?;
+    let (node_lines, _) = disk::disk_full_lines(&w.cluster.node(node).log_path, f.node_log_from);
+    let (svc_lines, _) = disk::disk_full_lines(&w.services[slot].log_path, f.svc_log_from);
+    let state = |running: bool| if running { "still running" } else { "had exited" };
+    Ok(format!(
+        "freed after {} ms; n{node} {} ({node_lines} disk-full log lines), {} {} ({svc_lines} disk-full log \
+         lines)",
+        f.at.elapsed().as_millis(),
+        state(node_running),
+        ROLES[slot],
+        state(svc_running)
+    ))
 }
 
 /// Lazy channels to every node's API (they reconnect by themselves).
@@ -468,6 +729,7 @@ async fn client_loop(
     seed: u64,
     rec: Recorder,
     chans: Vec<Channel>,
+    version: Arc<AtomicU32>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut rng = StdRng::seed_from_u64(seed ^ (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5A6A);
@@ -492,7 +754,8 @@ async fn client_loop(
         };
         let req = pb::StartSagaRequest {
             definition: dtx_saga_shop::ORDER_SAGA.to_string(),
-            version: dtx_saga_shop::ORDER_SAGA_VERSION,
+            // Fixed for the order's tries (its key names one request).
+            version: version.load(Ordering::SeqCst),
             idempotency_key: input.order.clone(),
             input: input.to_json(),
             authorization: None,
@@ -640,11 +903,28 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     anyhow::ensure!(o.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(o.time_s >= 1, "--time must be at least 1 second");
     let node_addrs: Vec<(String, u16)> = crate::runner::addrs(&o).into_iter().take(6).collect();
-    let svc_addrs: Vec<(String, u16)> = (0..ROLES.len() as u16)
-        .map(|i| (format!("{}.{}", o.ip_prefix, 21 + i), o.base_port + 100 + i))
+    let port_set = |offset: u16| -> Vec<(String, u16)> {
+        (0..ROLES.len() as u16)
+            .map(|i| (format!("{}.{}", o.ip_prefix, 21 + i), o.base_port + offset + i))
+            .collect()
+    };
+    let svc_addrs = port_set(SERVICE_PORT);
+    let proxy_addrs = port_set(PROXY_PORT);
+    let mut listened: Vec<(String, u16)> = node_addrs
+        .iter()
+        .chain(&svc_addrs)
+        .chain(&proxy_addrs)
+        .cloned()
         .collect();
-    for (ip, port) in node_addrs.iter().chain(&svc_addrs) {
+    if o.faults.contains(&Fault::ParticipantGone) {
+        listened.extend(port_set(REPLACEMENT_SERVICE_PORT));
+        listened.extend(port_set(REPLACEMENT_PROXY_PORT));
+    }
+    for (ip, port) in &listened {
         check_bindable(&format!("{ip}:{port}"))?;
+    }
+    if o.faults.contains(&Fault::DiskFull) {
+        disk::probe(&std::env::temp_dir(), o.base_port)?;
     }
     if o.faults.iter().any(|f| f.is_partition()) {
         Net::new(&format!("dtx_jepsen_probe_{}", o.base_port))
@@ -695,37 +975,31 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     };
     let svc_dir = dir.join("step-services");
     std::fs::create_dir_all(&svc_dir)?;
-    let mut services = Vec::new();
-    for (role, (ip, port)) in ROLES.iter().zip(&svc_addrs) {
+    let chaos = Arc::new(Chaos::default());
+    let proxy_seed = o.seed ^ 0x5A90;
+    let (mut services, mut svc_data, mut proxies) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, (role, (ip, port))) in ROLES.iter().zip(&svc_addrs).enumerate() {
         let addr = format!("{ip}:{port}");
-        let mut args: Vec<std::ffi::OsString> = vec![
-            "saga-step-serve".into(),
-            "--role".into(),
-            (*role).into(),
-            "--listen".into(),
-            addr.clone().into(),
-            "--data".into(),
-            svc_dir.join(role).into(),
-            "--skus".into(),
-            SKUS.to_string().into(),
-            "--stock".into(),
-            STOCK.to_string().into(),
-            "--customers".into(),
-            CUSTOMERS.to_string().into(),
-            "--balance".into(),
-            BALANCE.to_string().into(),
-        ];
-        if *role == "payment" {
-            args.extend(["--lose-replies-percent".into(), LOSE_REPLIES_PERCENT.to_string().into()]);
-        }
-        if *role == "email" {
-            args.extend(["--fail-first-percent".into(), FAIL_FIRST_PERCENT.to_string().into()]);
-        }
-        services.push(ServiceProcess::new(&o.coordinator_bin, &svc_dir, role, &addr, args));
+        let (process, data) = service_process(&o.coordinator_bin, &svc_dir, role, role, &addr);
+        services.push(process);
+        svc_data.push(data);
+        let listen = format!("{}:{}", proxy_addrs[i].0, proxy_addrs[i].1);
+        proxies.push(msgproxy::spawn_step(listen.parse()?, &addr, chaos.clone(), proxy_seed ^ i as u64).await?);
     }
     let mut w = World {
         cluster,
         services,
+        svc_data,
+        proxies,
+        proxy_addrs: proxy_addrs.iter().map(|(ip, port)| format!("{ip}:{port}")).collect(),
+        chaos: chaos.clone(),
+        gone: None,
+        disk: None,
+        version: Arc::new(AtomicU32::new(dtx_saga_shop::ORDER_SAGA_VERSION)),
+        base_port: o.base_port,
+        bin: o.coordinator_bin.clone(),
+        svc_dir: svc_dir.clone(),
+        proxy_seed,
         svc_ips: svc_addrs.iter().map(|(ip, _)| ip.clone()).collect(),
         node_ips,
         net,
@@ -734,6 +1008,29 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         rec: rec.clone(),
         restarts: 0,
     };
+    if o.faults.contains(&Fault::DiskFull) {
+        // One node and one step service, fixed for the run by the seed, get
+        // a small filesystem of their own before they first start.
+        disk::unmount_stale(o.base_port);
+        let mut rng = StdRng::seed_from_u64(o.seed ^ 0xD15C);
+        let node = rng.random_range(1..=3u64);
+        let slot = rng.random_range(0..ROLES.len());
+        let node_dir = w.cluster.node(node).config.data_dir.clone();
+        let node_fs = SmallFs::mount(&node_dir, o.base_port)?;
+        let svc_fs = SmallFs::mount(&w.svc_data[slot], o.base_port)?;
+        println!(
+            "jepsen: disk-full: n{node} ({}) and {} ({}) on small filesystems (tmpfs)",
+            node_dir.display(),
+            ROLES[slot],
+            w.svc_data[slot].display()
+        );
+        w.disk = Some(SagaDisk {
+            node,
+            node_fs,
+            slot,
+            svc_fs,
+        });
+    }
     w.cluster.env = w.node_env();
     w.cluster.start_all()?;
     w.restart_services()?;
@@ -752,22 +1049,15 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         );
     }
     let chans = channels(&w.cluster.api_addrs())?;
-    let def = dtx_saga_shop::order_saga_definition(&w.services[0].addr, &w.services[1].addr, &w.services[2].addr);
-    call(&chans, Duration::from_secs(30), |mut c| {
-        let d = def.clone();
-        async move {
-            c.register_definition(pb::RegisterSagaDefinitionRequest { definition: Some(d) })
-                .await
-        }
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("registering the order saga: {e}"))?;
+    let def = dtx_saga_shop::order_saga_definition(&w.proxy_addrs[0], &w.proxy_addrs[1], &w.proxy_addrs[2]);
+    register(&chans, def).await?;
     println!(
         "jepsen: 3 nodes, step services {} (payment loses {LOSE_REPLIES_PERCENT}% of its replies, email fails \
          {FAIL_FIRST_PERCENT}% of first tries), {} clients, {} s, nemeses [{}], seed {}; results in {}",
         w.services
             .iter()
-            .map(|s| format!("{}@{}", s.id, s.addr))
+            .zip(&w.proxy_addrs)
+            .map(|(s, p)| format!("{}@{} (proxy {p})", s.id, s.addr))
             .collect::<Vec<_>>()
             .join(", "),
         o.clients,
@@ -786,6 +1076,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             o.seed,
             rec.clone(),
             channels(&w.cluster.api_addrs())?,
+            w.version.clone(),
             stop_rx.clone(),
         )));
     }
@@ -800,6 +1091,21 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     );
     if let Some((f, target, undo)) = active {
         end_fault(&mut w, f, target, undo).await;
+    }
+    // With a step service gone for good, the leader is then killed: a new
+    // leader must resume every saga the old one drove, and leave the
+    // parked ones parked.
+    if !interrupted && w.gone.is_some() {
+        let mut sched = Schedule::new(o.seed, &[]);
+        if let Ok((target, undo)) = begin_fault(&mut w, &mut sched, Fault::KillLeader).await {
+            if let Undo::RestartNode(old) = undo {
+                let until = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < until && w.leader().await.is_none_or(|l| l == old) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            end_fault(&mut w, Fault::KillLeader, target, undo).await;
+        }
     }
     w.heal_all()?;
 
@@ -862,8 +1168,18 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     for s in &mut w.services {
         s.stop(Duration::from_secs(5));
     }
-    for role in ROLES {
-        let (a, error) = match audit(&o.coordinator_bin, role, &svc_dir.join(role)) {
+    // Each slot's service, and the one gone for good (its disk outlived it).
+    let mut audited: Vec<(&str, PathBuf)> = ROLES.iter().copied().zip(w.svc_data.iter().cloned()).collect();
+    if let Some(g) = &w.gone {
+        audited.push((ROLES[g.slot], g.data.clone()));
+        println!(
+            "jepsen: {} gone for good (log {}); its data audited with its replacement's",
+            g.process.id,
+            g.process.log_path.display()
+        );
+    }
+    for (role, data) in audited {
+        let (a, error) = match audit(&o.coordinator_bin, role, &data) {
             Ok(a) => (Some(a), None),
             Err(e) => {
                 eprintln!("jepsen: {e}");
@@ -885,6 +1201,20 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     w.cluster.stop_all(Duration::from_secs(5));
     if let Some(n) = &w.net {
         let _ = n.heal();
+    }
+    if o.faults.contains(&Fault::MessageChaos) {
+        println!("jepsen: message chaos on step calls: {}", chaos.summary());
+    }
+    // The small filesystems go away with their mounts: their contents
+    // (not the filler) are kept beside them for a post-mortem.
+    if let Some(d) = w.disk.as_mut() {
+        for fs in [&mut d.node_fs, &mut d.svc_fs] {
+            let saved = fs.path.with_extension("saved");
+            if let Err(e) = fs.save(&saved) {
+                eprintln!("jepsen: could not keep {}: {e}", fs.path.display());
+            }
+            fs.unmount();
+        }
     }
     drop(w);
 

@@ -113,7 +113,10 @@ pub fn check(history: &[Op]) -> SagaReport {
     let mut r = SagaReport::default();
     let mut tried: BTreeMap<String, Tried> = BTreeMap::new();
     let mut finals: Vec<&SagaSeen> = Vec::new();
-    let mut audits: BTreeMap<String, &Audit> = BTreeMap::new();
+    // Per role, every instance's audit merged (after `participant-gone`, the
+    // gone service's and its replacement's), and how many instances.
+    let mut audits: BTreeMap<String, Audit> = BTreeMap::new();
+    let mut instances: BTreeMap<String, u64> = BTreeMap::new();
     let mut missing: Vec<String> = Vec::new();
     let mut settle_read = None;
     for op in history {
@@ -149,7 +152,13 @@ pub fn check(history: &[Op]) -> SagaReport {
             }
             SagaEvent::Audit { role, audit, error } => match audit {
                 Some(a) => {
-                    audits.insert(role.clone(), a);
+                    *instances.entry(role.clone()).or_default() += 1;
+                    match audits.get_mut(role) {
+                        Some(into) => merge(into, a),
+                        None => {
+                            audits.insert(role.clone(), a.clone());
+                        }
+                    }
                 }
                 None => missing.push(format!(
                     "no audit of {role}: {}",
@@ -238,9 +247,14 @@ pub fn check(history: &[Op]) -> SagaReport {
 
     // Audits.
     let empty = Audit::default();
-    let inv = audits.get("inventory").copied().unwrap_or(&empty);
-    let pay = audits.get("payment").copied().unwrap_or(&empty);
-    let mail = audits.get("email").copied().unwrap_or(&empty);
+    let inv = audits.get("inventory").unwrap_or(&empty);
+    let pay = audits.get("payment").unwrap_or(&empty);
+    let mail = audits.get("email").unwrap_or(&empty);
+    for (role, n) in instances.iter().filter(|(_, n)| **n > 1) {
+        r.notes.push(format!(
+            "{role}: {n} instances audited (one gone for good, and its replacement); their orders are merged"
+        ));
+    }
     for (role, a) in &audits {
         r.duplicate_forward_actions += a.duplicate_forward_actions;
         r.forward_duplicates_seen += a.forward_duplicates_seen;
@@ -475,6 +489,42 @@ impl SagaReport {
     }
 }
 
+/// Adds `a`, the audit of another instance of the same role (a step service
+/// gone for good, or its replacement), into `into`. Orders are disjoint
+/// between instances (each saga's definition version names one); an order
+/// with effects at both is a problem. Skus and balances are each
+/// instance's own (its `problems` say whether it conserved them).
+fn merge(into: &mut Audit, a: &Audit) {
+    into.inbox_forward += a.inbox_forward;
+    into.inbox_compensate += a.inbox_compensate;
+    into.forward_duplicates_seen += a.forward_duplicates_seen;
+    into.compensate_duplicates_seen += a.compensate_duplicates_seen;
+    into.outbox_pending += a.outbox_pending;
+    into.duplicate_forward_actions += a.duplicate_forward_actions;
+    into.problems.extend(a.problems.iter().cloned());
+    let mut twice = Vec::new();
+    for (k, v) in &a.reservations {
+        if into.reservations.insert(k.clone(), v.clone()).is_some() {
+            twice.push(k.clone());
+        }
+    }
+    for (k, v) in &a.charges {
+        if into.charges.insert(k.clone(), v.clone()).is_some() {
+            twice.push(k.clone());
+        }
+    }
+    for (k, v) in &a.confirmations {
+        if into.confirmations.insert(k.clone(), v.clone()).is_some() {
+            twice.push(k.clone());
+        }
+    }
+    into.problems.extend(
+        twice
+            .into_iter()
+            .map(|o| format!("order {o} has effects at two instances of {}", a.role)),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use dtx_saga_shop::ChargeAudit;
@@ -622,6 +672,68 @@ mod tests {
         assert_eq!((r.unknown_calls, r.unknown_ms_sum, r.unknown_ms_max), (2, 80, 40));
         assert_eq!(r.reconciliations, 2);
         assert!(r.summary().starts_with("VALID\n"), "{}", r.summary());
+    }
+
+    /// A step service gone for good (participant-gone) is audited with its
+    /// replacement: their orders are merged and checked as one role's; an
+    /// order with effects at both instances is a problem.
+    #[test]
+    fn a_gone_step_service_is_audited_with_its_replacement() {
+        let (inv, pay, mail) = good_audits();
+        // o-1's charge is at the gone instance; the replacement charged o-4,
+        // whose saga is parked (left out of the per-order invariant).
+        let mut replacement = Audit {
+            role: "payment".into(),
+            ..Audit::default()
+        };
+        replacement.charges.insert(
+            "o-4".into(),
+            ChargeAudit {
+                charges_applied: 1,
+                amount: 5,
+            },
+        );
+        let mut h = history(inv.clone(), pay.clone(), mail.clone(), "COMPENSATED");
+        h.insert(6, start(OpType::Ok, "o-4", "good", Some(4)));
+        h.insert(7, seen(4, "o-4", "PARKED"));
+        h.push(audit("payment", replacement.clone()));
+        let r = check(&h);
+        assert_eq!(r.valid, Validity::Valid, "{}", r.summary());
+        assert!(
+            r.notes.iter().any(|n| n.starts_with("payment: 2 instances")),
+            "{:?}",
+            r.notes
+        );
+        assert_eq!(r.parked.len(), 1);
+
+        // Without the gone instance's audit, o-1 would hold no charge.
+        let mut h = history(inv.clone(), replacement.clone(), mail.clone(), "COMPENSATED");
+        h.insert(6, start(OpType::Ok, "o-4", "good", Some(4)));
+        h.insert(7, seen(4, "o-4", "PARKED"));
+        assert_eq!(check(&h).valid, Validity::Invalid);
+
+        // The same order charged at both instances.
+        let mut both = replacement;
+        both.charges.insert(
+            "o-1".into(),
+            ChargeAudit {
+                charges_applied: 1,
+                amount: 30,
+            },
+        );
+        let mut h = history(inv, pay, mail, "COMPENSATED");
+        h.insert(6, start(OpType::Ok, "o-4", "good", Some(4)));
+        h.insert(7, seen(4, "o-4", "PARKED"));
+        h.push(audit("payment", both));
+        let r = check(&h);
+        assert_eq!(r.valid, Validity::Invalid);
+        assert!(
+            r.audit_problems
+                .iter()
+                .any(|p| p.contains("o-1 has effects at two instances")),
+            "{}",
+            r.summary()
+        );
     }
 
     #[test]
