@@ -781,3 +781,118 @@ async fn t95_an_application_is_refused_on_another_applications_transaction() {
     let note = st.decision.map(|d| d.note).unwrap_or_default();
     assert_eq!(note, "application shop: mine");
 }
+
+/// Sagas are their application's (issue 14, with issue 12's identities):
+/// a saga's input and rights are its owner's, so another application's
+/// certificate is PERMISSION_DENIED on GetSaga of it and on a StartSaga
+/// that reuses its key, and its ListSagas pages hold only its own sagas;
+/// an operator sees every saga. Asked through a follower too (the follower
+/// names the caller to the leader).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t95_an_application_sees_and_starts_only_its_own_sagas() {
+    use dtx_proto::v1::saga_service_client::SagaServiceClient;
+    use tonic::transport::Channel;
+
+    let dir = common::test_dir();
+    let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t95 authority").unwrap());
+    let mut c = tls_cluster("t95h", &pki, "required", |_| {});
+    let leader = c.leader().await;
+    let api_of = |pick: &dyn Fn(u64) -> bool| {
+        c.procs
+            .nodes
+            .iter()
+            .find(|n| pick(n.plan.id))
+            .unwrap()
+            .plan
+            .api_listen
+            .clone()
+    };
+    let (leader_api, follower_api) = (api_of(&|id| id == leader), api_of(&|id| id != leader));
+    let saga_client = |role: Role, name: &str, addr: &str| -> SagaServiceClient<Channel> {
+        let tls = pki.client(&pki.issue(role, name, &[]).unwrap()).unwrap();
+        SagaServiceClient::new(
+            dtx_proto::channel::channel_with(addr, None, Duration::from_secs(2), Some(&tls)).unwrap(),
+        )
+    };
+    let mut shop = saga_client(Role::Application, "shop", &leader_api);
+    let mut billing = saga_client(Role::Application, "billing", &leader_api);
+    let mut ops = saga_client(Role::Operator, "ops", &leader_api);
+    let mut billing_via_follower = saga_client(Role::Application, "billing", &follower_api);
+
+    // No step service answers at these addresses: the sagas only need to
+    // exist (they park in time).
+    let nowhere = "127.0.0.1:9";
+    shop.register_definition(pb::RegisterSagaDefinitionRequest {
+        definition: Some(dtx_saga_shop::order_saga_definition(nowhere, nowhere, nowhere)),
+    })
+    .await
+    .expect("an application registers a definition");
+    let start = |key: &str| pb::StartSagaRequest {
+        definition: dtx_saga_shop::ORDER_SAGA.into(),
+        version: dtx_saga_shop::ORDER_SAGA_VERSION,
+        idempotency_key: key.into(),
+        input: dtx_saga_shop::OrderInput {
+            order: key.into(),
+            sku: "sku-0".into(),
+            qty: 1,
+            customer: "c-0".into(),
+            amount: 5,
+        }
+        .to_json(),
+        authorization: None,
+    };
+    let mine = shop.start_saga(start("t95h-1")).await.unwrap().into_inner().saga_id;
+    let theirs = billing.start_saga(start("t95h-2")).await.unwrap().into_inner().saga_id;
+
+    let denied = |r: Result<(), tonic::Status>, what: &str| match r {
+        Err(s) if s.code() == tonic::Code::PermissionDenied => assert!(
+            s.message()
+                .contains(&format!("saga {mine} belongs to application shop"))
+                && s.message().contains("billing"),
+            "{what}: {}",
+            s.message()
+        ),
+        other => panic!("{what}: {other:?}"),
+    };
+    let get = |id| pb::GetSagaRequest { saga_id: id };
+    denied(billing.get_saga(get(mine)).await.map(|_| ()), "get");
+    denied(
+        billing.start_saga(start("t95h-1")).await.map(|_| ()),
+        "start with its key",
+    );
+    denied(
+        billing_via_follower.get_saga(get(mine)).await.map(|_| ()),
+        "get through a follower",
+    );
+
+    async fn listed(c: &mut SagaServiceClient<Channel>) -> Vec<u64> {
+        let page = c
+            .list_sagas(pb::ListSagasRequest {
+                states: vec![],
+                definition: String::new(),
+                after_saga_id: 0,
+                limit: 100,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        page.sagas.iter().map(|s| s.saga_id).collect()
+    }
+    assert_eq!(listed(&mut shop).await, vec![mine]);
+    assert_eq!(listed(&mut billing).await, vec![theirs]);
+    assert_eq!(listed(&mut billing_via_follower).await, vec![theirs]);
+    let mut all = listed(&mut ops).await;
+    all.sort_unstable();
+    let mut both = vec![mine, theirs];
+    both.sort_unstable();
+    assert_eq!(all, both, "an operator sees every saga");
+
+    // Each application reads its own; an operator reads any.
+    let own = shop.get_saga(get(mine)).await.unwrap().into_inner();
+    assert_eq!(own.owner, "shop");
+    assert_eq!(
+        billing.get_saga(get(theirs)).await.unwrap().into_inner().owner,
+        "billing"
+    );
+    assert_eq!(ops.get_saga(get(mine)).await.unwrap().into_inner().owner, "shop");
+}

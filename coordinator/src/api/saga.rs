@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use dtx_proto::tls::Role;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_service_client::SagaServiceClient;
 use dtx_proto::v1::saga_service_server::SagaService;
@@ -25,6 +26,7 @@ use crate::orchestrator::Orchestrator;
 use crate::sm::saga;
 use crate::sm::saga::CallOutcome;
 use crate::sm::saga::SagaCommand;
+use crate::sm::saga::SagaId;
 use crate::sm::saga::SagaOk;
 use crate::sm::saga::SagaRecord;
 use crate::sm::saga::SagaState;
@@ -303,10 +305,31 @@ async fn register(
     }
 }
 
+/// The caller's name when it is an authenticated application: it may see
+/// and start only its own sagas (their input and rights are its own).
+/// Operators and nodes see every saga; without authentication, everyone
+/// does.
+fn application<T>(req: &Request<T>) -> Option<String> {
+    crate::security::caller(req)
+        .filter(|id| id.role == Role::Application)
+        .map(|id| id.name)
+}
+
+/// Refuses application `app` a saga another application started.
+fn check_saga_owner(id: SagaId, owner: Option<&str>, app: Option<&str>) -> Result<(), ApiError> {
+    match (owner, app) {
+        (Some(o), Some(me)) if o != me => Err(ApiError::PermissionDenied(format!(
+            "saga {id} belongs to application {o}; application {me} may not see or start it"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 async fn start(
     ctx: &NodeCtx,
     r: pb::StartSagaRequest,
     owner: Option<String>,
+    app: Option<String>,
 ) -> Result<pb::StartSagaResponse, ApiError> {
     check_id("definition", &r.definition)?;
     check_id("idempotency_key", &r.idempotency_key)?;
@@ -335,23 +358,35 @@ async fn start(
         now_ms: now_ms(),
     };
     match propose(ctx, cmd).await? {
-        SagaOk::Started { saga_id, created } => Ok(pb::StartSagaResponse { saga_id, created }),
+        SagaOk::Started { saga_id, created } => {
+            // The key may be another application's saga's. Its record is
+            // applied here, so the local state answers.
+            let st = ctx.sm.state();
+            check_saga_owner(
+                saga_id,
+                st.sagas.get(saga_id).and_then(|s| s.owner.as_deref()),
+                app.as_deref(),
+            )?;
+            Ok(pb::StartSagaResponse { saga_id, created })
+        }
         other => Err(ApiError::Internal(format!("unexpected saga result {other:?}"))),
     }
 }
 
-async fn get(ctx: &NodeCtx, r: pb::GetSagaRequest) -> Result<pb::SagaView, ApiError> {
+async fn get(ctx: &NodeCtx, r: pb::GetSagaRequest, app: Option<String>) -> Result<pb::SagaView, ApiError> {
     let id = r.saga_id;
     ctx.read_linearizable(move |st| {
-        st.sagas
-            .get(id)
-            .map(|s| view_pb(s, st.sagas.definition(&s.definition, s.version)))
+        st.sagas.get(id).map(|s| {
+            check_saga_owner(id, s.owner.as_deref(), app.as_deref())
+                .map(|()| view_pb(s, st.sagas.definition(&s.definition, s.version)))
+        })
     })
     .await?
-    .ok_or_else(|| ApiError::NotFound(format!("saga {id} does not exist")))
+    .ok_or_else(|| ApiError::NotFound(format!("saga {id} does not exist")))?
 }
 
-async fn list(ctx: &NodeCtx, r: pb::ListSagasRequest) -> Result<pb::ListSagasResponse, ApiError> {
+/// A page of sagas; an application's pages hold only its own.
+async fn list(ctx: &NodeCtx, r: pb::ListSagasRequest, app: Option<String>) -> Result<pb::ListSagasResponse, ApiError> {
     let limit = match r.limit as usize {
         0 => limits::LIST_SAGAS_PAGE_DEFAULT,
         n if n > limits::LIST_SAGAS_PAGE_MAX => {
@@ -370,6 +405,7 @@ async fn list(ctx: &NodeCtx, r: pb::ListSagasRequest) -> Result<pb::ListSagasRes
         let (page, next) = st.sagas.list(r.after_saga_id, limit, |s| {
             (states.is_empty() || states.contains(&s.state))
                 && (r.definition.is_empty() || s.definition == r.definition)
+                && (app.is_none() || s.owner.as_deref() == app.as_deref())
         });
         pb::ListSagasResponse {
             sagas: page
@@ -437,10 +473,11 @@ impl SagaService for SagaApi {
     async fn start_saga(&self, req: Request<pb::StartSagaRequest>) -> Result<Response<pb::StartSagaResponse>, Status> {
         let ctx = &self.ctx;
         let owner = crate::security::caller(&req).map(|id| id.name);
+        let app = application(&req);
         let out = serve_or_forward(
             ctx,
             req,
-            |r| async move { start(ctx, r, owner).await },
+            |r| async move { start(ctx, r, owner, app).await },
             |ch, r| async move { SagaServiceClient::new(ch).start_saga(r).await },
         )
         .await;
@@ -452,10 +489,11 @@ impl SagaService for SagaApi {
 
     async fn get_saga(&self, req: Request<pb::GetSagaRequest>) -> Result<Response<pb::SagaView>, Status> {
         let ctx = &self.ctx;
+        let app = application(&req);
         serve_or_forward(
             ctx,
             req,
-            |r| async move { get(ctx, r).await },
+            |r| async move { get(ctx, r, app).await },
             |ch, r| async move { SagaServiceClient::new(ch).get_saga(r).await },
         )
         .await
@@ -463,10 +501,11 @@ impl SagaService for SagaApi {
 
     async fn list_sagas(&self, req: Request<pb::ListSagasRequest>) -> Result<Response<pb::ListSagasResponse>, Status> {
         let ctx = &self.ctx;
+        let app = application(&req);
         serve_or_forward(
             ctx,
             req,
-            |r| async move { list(ctx, r).await },
+            |r| async move { list(ctx, r, app).await },
             |ch, r| async move { SagaServiceClient::new(ch).list_sagas(r).await },
         )
         .await
