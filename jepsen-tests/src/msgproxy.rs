@@ -318,14 +318,16 @@ pub async fn spawn(
 }
 
 /// Starts a proxy on `listen` in front of the saga step service at
-/// `upstream` (plain text), as [`spawn`] does for a bank.
+/// `upstream`, as [`spawn`] does for a bank (with `tls`, as a man in the
+/// middle the nodes trust).
 pub async fn spawn_step(
     listen: SocketAddr,
     upstream: &str,
     chaos: Arc<Chaos>,
     seed: u64,
+    tls: Option<ProxyTls>,
 ) -> anyhow::Result<ProxyHandle> {
-    let (channel, _) = connect(listen, upstream, None)?;
+    let (channel, server_tls) = connect(listen, upstream, tls)?;
     let gone = Arc::new(AtomicBool::new(false));
     let proxy = Proxy {
         upstream: SagaStepServiceClient::new(channel),
@@ -334,7 +336,7 @@ pub async fn spawn_step(
         gone: gone.clone(),
     };
     let router = tonic::transport::Server::builder().add_service(SagaStepServiceServer::new(proxy));
-    serve(listen, router, None, gone).await
+    serve(listen, router, server_tls, gone).await
 }
 
 /// The channel to the service behind a proxy, dialled from `listen`'s IP,

@@ -29,6 +29,8 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Context;
+use dtx_proto::tls::ClientTls;
+use dtx_proto::tls::Role;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_service_client::SagaServiceClient;
 use dtx_saga_shop::OrderInput;
@@ -36,6 +38,7 @@ use dtx_testkit::cluster::wait_listening;
 use dtx_testkit::cluster::NodePlan;
 use dtx_testkit::cluster::ProcessCluster;
 use dtx_testkit::cluster::ServiceProcess;
+use dtx_testkit::pki::DevPki;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
@@ -146,6 +149,12 @@ struct World {
     bin: PathBuf,
     svc_dir: PathBuf,
     proxy_seed: u64,
+    /// With `--tls`: the run's authority, and the harness's identities (an
+    /// application starts and reads its sagas; an operator reads the
+    /// cluster's status and every saga, and registers definitions).
+    pki: Option<DevPki>,
+    app_tls: Option<Arc<ClientTls>>,
+    op_tls: Option<Arc<ClientTls>>,
     node_ips: Vec<String>,
     net: Option<Net>,
     /// Run-time crash point files: the nodes', the step services'.
@@ -171,7 +180,9 @@ impl World {
     async fn leader(&self) -> Option<u64> {
         let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
         for addr in self.cluster.api_addrs() {
-            if let Ok(s) = dtx_client::cluster_status_with(&addr, Duration::from_millis(500), None).await {
+            if let Ok(s) =
+                dtx_client::cluster_status_with(&addr, Duration::from_millis(500), self.op_tls.as_ref()).await
+            {
                 if s.leader_id != 0 {
                     *votes.entry(s.leader_id).or_default() += 1;
                 }
@@ -246,6 +257,35 @@ impl World {
         self.net
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("partition faults need nftables"))
+    }
+
+    /// A step service process (see [`service_process`]); with `--tls` it
+    /// serves TLS with a participant certificate for `addr` (only nodes,
+    /// and the proxies standing in for them, may call it).
+    fn step_service(&self, role: &str, name: &str, addr: &str) -> anyhow::Result<(ServiceProcess, PathBuf)> {
+        let (mut process, data) = service_process(&self.bin, &self.svc_dir, role, name, addr);
+        if let Some(pki) = &self.pki {
+            let files = pki.issue(Role::Participant, name, &[addr])?;
+            process.add_args(pki.args(&files).to_flags());
+        }
+        Ok((process, data))
+    }
+
+    /// The message proxy on `listen` in front of the step service at
+    /// `upstream`; with `--tls`, with a node certificate for `listen`.
+    async fn step_proxy(&self, name: &str, listen: &str, upstream: &str, seed: u64) -> anyhow::Result<ProxyHandle> {
+        let tls = match &self.pki {
+            None => None,
+            Some(pki) => {
+                let files = pki.issue(Role::Node, &format!("proxy-{name}"), &[listen])?;
+                let args = pki.args(&files);
+                Some(msgproxy::ProxyTls {
+                    server: args.server()?.expect("a CA is set"),
+                    client: args.client()?.expect("a CA is set"),
+                })
+            }
+        };
+        msgproxy::spawn_step(listen.parse()?, upstream, self.chaos.clone(), seed, tls).await
     }
 }
 
@@ -546,9 +586,10 @@ async fn go_away(w: &mut World, slot: usize) -> anyhow::Result<()> {
     let ip = w.svc_ips[slot].clone();
     let addr = format!("{ip}:{}", w.base_port + REPLACEMENT_SERVICE_PORT + slot as u16);
     let proxy_addr = format!("{ip}:{}", w.base_port + REPLACEMENT_PROXY_PORT + slot as u16);
-    let (process, data) = service_process(&w.bin, &w.svc_dir, role, &format!("{role}-2"), &addr);
+    let name = format!("{role}-2");
+    let (process, data) = w.step_service(role, &name, &addr)?;
     let seed = w.proxy_seed ^ 0x60_4E ^ slot as u64;
-    let proxy = msgproxy::spawn_step(proxy_addr.parse()?, &addr, w.chaos.clone(), seed).await?;
+    let proxy = w.step_proxy(&name, &proxy_addr, &addr, seed).await?;
     let old = std::mem::replace(&mut w.services[slot], process);
     let old_data = std::mem::replace(&mut w.svc_data[slot], data);
     w.proxies[slot] = proxy;
@@ -572,7 +613,7 @@ async fn replace_gone(w: &mut World) -> anyhow::Result<String> {
     let version = w.version.load(Ordering::SeqCst) + 1;
     let mut def = dtx_saga_shop::order_saga_definition(&w.proxy_addrs[0], &w.proxy_addrs[1], &w.proxy_addrs[2]);
     def.version = version;
-    register(&channels(&w.cluster.api_addrs())?, def).await?;
+    register(&channels(&w.cluster.api_addrs(), w.op_tls.as_ref())?, def).await?;
     w.version.store(version, Ordering::SeqCst);
     if let Some(g) = w.gone.as_mut() {
         g.replaced = true;
@@ -662,18 +703,19 @@ async fn free_disk(w: &mut World, f: Filled) -> anyhow::Result<String> {
     ))
 }
 
-/// Lazy channels to every node's API (they reconnect by themselves).
-fn channels(addrs: &[String]) -> anyhow::Result<Vec<Channel>> {
+/// Lazy channels to every node's API (they reconnect by themselves), over
+/// TLS as `tls` when it is set.
+fn channels(addrs: &[String], tls: Option<&Arc<ClientTls>>) -> anyhow::Result<Vec<Channel>> {
     addrs
         .iter()
         .map(|a| {
-            Ok(tonic::transport::Endpoint::from_shared(format!("http://{a}"))?
-                .connect_timeout(Duration::from_millis(500))
-                .timeout(Duration::from_secs(5))
-                .connect_lazy())
+            dtx_proto::channel::channel_with(a, None, Duration::from_millis(500), tls).map_err(|e| anyhow::anyhow!(e))
         })
         .collect()
 }
+
+/// How long one call of the harness may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether an error answer leaves the call's effect unknown (a dead node,
 /// an election, a cut connection, a deadline): retry elsewhere.
@@ -695,7 +737,10 @@ where
     let until = Instant::now() + wait;
     loop {
         for ch in chans {
-            match f(SagaServiceClient::new(ch.clone())).await {
+            let answer = tokio::time::timeout(CALL_TIMEOUT, f(SagaServiceClient::new(ch.clone())))
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer in time")));
+            match answer {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(s) if transient(&s) => {
                     if Instant::now() >= until {
@@ -890,11 +935,6 @@ fn audit(bin: &std::path::Path, role: &str, data: &std::path::Path) -> Result<dt
 
 pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     anyhow::ensure!(
-        !o.tls,
-        "--tls is not supported by the saga workload (the step services and the harness's saga calls run \
-         in plain text)"
-    );
-    anyhow::ensure!(
         o.coordinator_bin.is_file(),
         "coordinator binary not found at {}; build it with `cargo build --release -p dtx-cli --features failpoints` \
          (scripts/jepsen does) or pass --coordinator-bin",
@@ -967,7 +1007,35 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         })
         .collect();
     let node_ips: Vec<String> = (1..=3).map(|id| format!("{}.{}", o.ip_prefix, 10 + id)).collect();
-    let cluster = ProcessCluster::new(&o.coordinator_bin, &dir.join("nodes"), "dtx-jepsen-saga", plans, |_| {})?;
+    // With --tls: a throwaway authority in the run's folder (tls/), the
+    // nodes' certificates, and the harness's two identities.
+    let pki = if o.tls {
+        Some(
+            DevPki::create(&dir.join("tls"), "dtx jepsen saga run")
+                .context("creating the run's certificate authority")?,
+        )
+    } else {
+        None
+    };
+    let (app_tls, op_tls) = match &pki {
+        Some(pki) => (
+            Some(pki.client(&pki.issue(Role::Application, "jepsen-clients", &[])?)?),
+            Some(pki.client(&pki.issue(Role::Operator, "jepsen", &[])?)?),
+        ),
+        None => (None, None),
+    };
+    let node_tls_error: std::cell::RefCell<Option<anyhow::Error>> = std::cell::RefCell::new(None);
+    let mut cluster = ProcessCluster::new(&o.coordinator_bin, &dir.join("nodes"), "dtx-jepsen-saga", plans, |c| {
+        if let Some(pki) = &pki {
+            if let Err(e) = pki.apply_node(c) {
+                node_tls_error.borrow_mut().get_or_insert(e);
+            }
+        }
+    })?;
+    if let Some(e) = node_tls_error.into_inner() {
+        return Err(e.context("issuing the nodes' certificates"));
+    }
+    cluster.client_tls = op_tls.clone();
     let net = if o.faults.iter().any(|f| f.is_partition()) {
         Some(Net::new(&format!("dtx_jepsen_{}", o.base_port))?)
     } else {
@@ -976,21 +1044,11 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     let svc_dir = dir.join("step-services");
     std::fs::create_dir_all(&svc_dir)?;
     let chaos = Arc::new(Chaos::default());
-    let proxy_seed = o.seed ^ 0x5A90;
-    let (mut services, mut svc_data, mut proxies) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, (role, (ip, port))) in ROLES.iter().zip(&svc_addrs).enumerate() {
-        let addr = format!("{ip}:{port}");
-        let (process, data) = service_process(&o.coordinator_bin, &svc_dir, role, role, &addr);
-        services.push(process);
-        svc_data.push(data);
-        let listen = format!("{}:{}", proxy_addrs[i].0, proxy_addrs[i].1);
-        proxies.push(msgproxy::spawn_step(listen.parse()?, &addr, chaos.clone(), proxy_seed ^ i as u64).await?);
-    }
     let mut w = World {
         cluster,
-        services,
-        svc_data,
-        proxies,
+        services: Vec::new(),
+        svc_data: Vec::new(),
+        proxies: Vec::new(),
         proxy_addrs: proxy_addrs.iter().map(|(ip, port)| format!("{ip}:{port}")).collect(),
         chaos: chaos.clone(),
         gone: None,
@@ -999,7 +1057,10 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         base_port: o.base_port,
         bin: o.coordinator_bin.clone(),
         svc_dir: svc_dir.clone(),
-        proxy_seed,
+        proxy_seed: o.seed ^ 0x5A90,
+        pki,
+        app_tls,
+        op_tls,
         svc_ips: svc_addrs.iter().map(|(ip, _)| ip.clone()).collect(),
         node_ips,
         net,
@@ -1008,6 +1069,15 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         rec: rec.clone(),
         restarts: 0,
     };
+    for (i, (role, (ip, port))) in ROLES.iter().zip(&svc_addrs).enumerate() {
+        let addr = format!("{ip}:{port}");
+        let (process, data) = w.step_service(role, role, &addr)?;
+        let listen = format!("{}:{}", proxy_addrs[i].0, proxy_addrs[i].1);
+        let proxy = w.step_proxy(role, &listen, &addr, w.proxy_seed ^ i as u64).await?;
+        w.services.push(process);
+        w.svc_data.push(data);
+        w.proxies.push(proxy);
+    }
     if o.faults.contains(&Fault::DiskFull) {
         // One node and one step service, fixed for the run by the seed, get
         // a small filesystem of their own before they first start.
@@ -1048,12 +1118,14 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             s.log_path.display()
         );
     }
-    let chans = channels(&w.cluster.api_addrs())?;
+    // The operator's channels (registration, the final listing); the
+    // clients have the application's.
+    let chans = channels(&w.cluster.api_addrs(), w.op_tls.as_ref())?;
     let def = dtx_saga_shop::order_saga_definition(&w.proxy_addrs[0], &w.proxy_addrs[1], &w.proxy_addrs[2]);
     register(&chans, def).await?;
     println!(
         "jepsen: 3 nodes, step services {} (payment loses {LOSE_REPLIES_PERCENT}% of its replies, email fails \
-         {FAIL_FIRST_PERCENT}% of first tries), {} clients, {} s, nemeses [{}], seed {}; results in {}",
+         {FAIL_FIRST_PERCENT}% of first tries), {} clients, {} s, nemeses [{}], seed {}{}; results in {}",
         w.services
             .iter()
             .zip(&w.proxy_addrs)
@@ -1064,6 +1136,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         o.time_s,
         o.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
         o.seed,
+        if o.tls { ", TLS on every link" } else { "" },
         dir.display()
     );
 
@@ -1075,7 +1148,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             id,
             o.seed,
             rec.clone(),
-            channels(&w.cluster.api_addrs())?,
+            channels(&w.cluster.api_addrs(), w.app_tls.as_ref())?,
             w.version.clone(),
             stop_rx.clone(),
         )));
@@ -1298,6 +1371,7 @@ fn write_results(
         "interrupted": interrupted,
         "seed": o.seed,
         "time_s": o.time_s,
+        "tls": o.tls,
         "nemeses": o.faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
         "command": o.command,
         "crash_points": crash_notes,
@@ -1305,10 +1379,11 @@ fn write_results(
     });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     let mut summary = format!(
-        "dtx jepsen saga run: seed {}, {} s, nemeses [{}]{}\nreproduce: {}\n\n",
+        "dtx jepsen saga run: seed {}, {} s, nemeses [{}]{}{}\nreproduce: {}\n\n",
         o.seed,
         o.time_s,
         o.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
+        if o.tls { ", TLS" } else { "" },
         if interrupted { " (interrupted)" } else { "" },
         o.command
     );
