@@ -458,3 +458,141 @@ async fn t102_backup_of_a_loaded_cluster_restores_every_decision() {
     }
     eprintln!("t102 took {:?}", started.elapsed());
 }
+
+/// Sagas survive a backup and restore (issue 13's backup carrying issue
+/// 14's journal): a COMPLETED, a COMPENSATED and a PARKED saga read back
+/// identical from a fresh cluster restored from the backup, and so do the
+/// definitions. The old idempotency key finds its saga (no second one), a
+/// new saga gets an id above every old one, and the parked saga,
+/// compensated there by an operator, is driven to its end by the new
+/// cluster's leader against the same step services.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t102_sagas_survive_a_backup_and_restore() {
+    use common::sagas;
+    use common::sagas::SagaShop;
+    use common::sagas::ShopFlags;
+    use common::TestCluster as Tc;
+
+    const ORDER: &str = dtx_saga_shop::ORDER_SAGA;
+    let mut old = TestCluster::start("t102s-old");
+    let leader = old.leader().await;
+    let work = common::test_dir();
+    let mut shop = SagaShop::start(work.path(), ShopFlags::default()).await;
+    sagas::register(&old, shop.definition()).await;
+    sagas::register(&old, shop.parking_definition()).await;
+    let good = sagas::order(1, 0, 2, 1, 50);
+    let unpayable = sagas::order(2, 1, 1, 2, 10_000_000);
+    let parks = sagas::order(3, 2, 3, 3, 10_000_000);
+    let a = sagas::start(&old, ORDER, &good, None).await;
+    let b = sagas::start(&old, ORDER, &unpayable, None).await;
+    let c = sagas::start(&old, "order-parks", &parks, None).await;
+    let wait = Duration::from_secs(60);
+    let mut before = Vec::new();
+    for (id, state) in [
+        (a, pb::SagaState::Completed),
+        (b, pb::SagaState::Compensated),
+        (c, pb::SagaState::Parked),
+    ] {
+        before.push(sagas::wait_state(&old, &mut shop, id, &[state], wait).await);
+    }
+    async fn definitions(t: &common::TestCluster) -> Result<pb::ListSagaDefinitionsResponse, tonic::Status> {
+        common::sagas::call(t, Duration::from_secs(30), |mut cl| async move {
+            cl.list_definitions(pb::ListSagaDefinitionsRequest {}).await
+        })
+        .await
+    }
+    let defs_before = definitions(&old).await.unwrap().definitions;
+    assert_eq!(defs_before.len(), 2);
+
+    let file = work.path().join("sagas.dtxbak");
+    let o = backup_to(&old.api(leader), &file, &[]);
+    assert!(o.status.success(), "{}", common::output_text(&o));
+    for id in 1..=3 {
+        old.procs.kill9(id);
+    }
+
+    // A fresh cluster restored from the backup, on new ports.
+    let new_dir = common::test_dir();
+    let mut procs = ProcessCluster::new(
+        bin(),
+        &new_dir.path().join("nodes"),
+        "t102s-new",
+        common::local_plans(3),
+        |_| {},
+    )
+    .unwrap();
+    for id in 1..=3u64 {
+        let o = run(&[
+            "restore".as_ref(),
+            "--backup".as_ref(),
+            file.as_os_str(),
+            "--config".as_ref(),
+            procs.node(id).config_path.as_os_str(),
+        ]);
+        assert!(o.status.success(), "restore of node {id}: {}", common::output_text(&o));
+    }
+    procs.start_all().unwrap();
+    procs
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .expect("a leader in the restored cluster");
+    let mut new = Tc {
+        dir: new_dir,
+        procs,
+        proxies: Vec::new(),
+    };
+
+    for (id, was) in [a, b, c].into_iter().zip(&before) {
+        assert_eq!(&sagas::get(&new, id).await, was, "saga {id} differs after the restore");
+    }
+    assert_eq!(definitions(&new).await.unwrap().definitions, defs_before);
+    // The old key finds the old saga.
+    let again = pb::StartSagaRequest {
+        definition: ORDER.into(),
+        version: 1,
+        idempotency_key: good.order.clone(),
+        input: good.to_json(),
+        authorization: None,
+    };
+    let r = sagas::call(&new, Duration::from_secs(30), |mut cl| {
+        let r = again.clone();
+        async move { cl.start_saga(r).await }
+    })
+    .await
+    .unwrap();
+    assert_eq!((r.saga_id, r.created), (a, false));
+    // A new saga: an id above every old one, driven by the new leader.
+    let d = sagas::start(&new, ORDER, &sagas::order(4, 3, 1, 4, 20), None).await;
+    assert!(d > c, "saga id {d} reused (old ids up to {c})");
+    sagas::wait_state(&new, &mut shop, d, &[pb::SagaState::Completed], wait).await;
+    // The parked one: an operator compensates it in the new cluster.
+    let req = pb::OperateSagaRequest {
+        saga_id: c,
+        action: pb::SagaOperatorAction::Compensate as i32,
+        why: "card declined for good".into(),
+        operator: "alice".into(),
+    };
+    sagas::call(&new, Duration::from_secs(30), |mut cl| {
+        let r = req.clone();
+        async move { cl.operate_saga(r).await }
+    })
+    .await
+    .unwrap();
+    let v = sagas::wait_state(&new, &mut shop, c, &[pb::SagaState::Compensated], wait).await;
+    assert_eq!(v.operator_actions.len(), 1, "{v:#?}");
+
+    // The step services saw each effect once, across both clusters.
+    let audits = shop.audit_all();
+    for au in &audits {
+        assert!(au.ok(), "{au:?}");
+    }
+    let inv = &audits[0];
+    assert_eq!(inv.reservations[&good.order].reserved_qty, 2);
+    assert_eq!(inv.reservations[&unpayable.order].reserved_qty, 0);
+    assert_eq!(inv.reservations[&parks.order].reserved_qty, 0);
+    assert_eq!(inv.reservations[&parks.order].releases_applied, 1);
+    assert_eq!(audits[1].charges[&good.order].charges_applied, 1);
+    for id in 1..=3 {
+        new.procs.kill9(id);
+    }
+}

@@ -38,13 +38,6 @@ fn now_ms() -> u64 {
 
 /// The order saga, but a failed charge parks for an operator instead of
 /// compensating (a registered option), under another name.
-fn parking_definition(shop: &SagaShop) -> pb::SagaDefinition {
-    let mut d = shop.definition();
-    d.name = "order-parks".into();
-    d.steps[1].on_failure = vec![pb::RecoveryOption::Park as i32];
-    d
-}
-
 async fn ready(name: &str, flags: ShopFlags) -> (TestCluster, SagaShop) {
     let mut c = TestCluster::start(name);
     c.leader().await;
@@ -237,7 +230,7 @@ async fn parked_at_the_charge(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t110_a_stale_compensation_parks_and_never_erases_the_newer_change() {
     let (c, mut shop) = ready("t110d", ShopFlags::default()).await;
-    sagas::register(&c, parking_definition(&shop)).await;
+    sagas::register(&c, shop.parking_definition()).await;
     let o = sagas::order(1, 3, 4, 1, 10_000_000);
     let id = parked_at_the_charge(&c, &mut shop, &o, None).await;
     // Customer service changes the reservation outside the saga.
@@ -301,7 +294,7 @@ async fn t110_a_stale_compensation_parks_and_never_erases_the_newer_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t110_expired_rights_escalate_instead_of_compensating() {
     let (c, mut shop) = ready("t110e", ShopFlags::default()).await;
-    sagas::register(&c, parking_definition(&shop)).await;
+    sagas::register(&c, shop.parking_definition()).await;
     let o = sagas::order(1, 2, 3, 1, 10_000_000);
     let expires = now_ms() + 3_000;
     let auth = pb::SagaAuthorization {
@@ -434,7 +427,7 @@ async fn t110_ended_sagas_are_forgotten_after_their_retention_and_parked_ones_ar
     c.leader().await;
     let mut shop = SagaShop::start(c.dir.path(), ShopFlags::default()).await;
     sagas::register(&c, shop.definition()).await;
-    sagas::register(&c, parking_definition(&shop)).await;
+    sagas::register(&c, shop.parking_definition()).await;
     let o = sagas::order(1, 1, 1, 1, 10);
     let done = sagas::start(&c, ORDER, &o, None).await;
     let parked = parked_at_the_charge(&c, &mut shop, &sagas::order(2, 2, 1, 2, 10_000_000), None).await;

@@ -117,6 +117,15 @@ impl SagaShop {
         dtx_saga_shop::order_saga_definition(&self.addr("inventory"), &self.addr("payment"), &self.addr("email"))
     }
 
+    /// The order saga as `order-parks`: a failed charge parks the saga
+    /// (recovery PARK) instead of compensating.
+    pub fn parking_definition(&self) -> pb::SagaDefinition {
+        let mut d = self.definition();
+        d.name = "order-parks".into();
+        d.steps[1].on_failure = vec![pb::RecoveryOption::Park as i32];
+        d
+    }
+
     /// Stops every service and audits its data (the store is not shared
     /// with a running process). Returns inventory, payment, email.
     pub fn audit_all(&mut self) -> Vec<dtx_saga_shop::Audit> {
