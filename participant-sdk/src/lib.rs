@@ -78,7 +78,9 @@
 //! A service whose work cannot prepare takes part in sagas instead
 //! ([`saga`]): it runs the steps' forward actions and compensations once
 //! per operation id for the cluster's orchestrator
-//! (`dtx.v1.SagaStepService`), with an inbox and an outbox in its store.
+//! (`dtx.v1.SagaStepService`), with an inbox and an outbox in its store
+//! (a sled tree, or with the `postgres` feature the service's own
+//! PostgreSQL database: `saga_pg`, when built with it).
 //!
 //! # Example
 //!
@@ -202,5 +204,7 @@ pub mod participant;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod saga;
+#[cfg(feature = "postgres")]
+pub mod saga_pg;
 pub mod server;
 pub mod store;

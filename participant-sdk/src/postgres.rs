@@ -246,7 +246,7 @@ struct Prepared {
 /// server error, SQLSTATE class 08, or the server shutting down or starting)
 /// is `Unavailable` (retried by the coordinator, nothing decided); any
 /// other is `Io`.
-fn pg_err(what: &str, e: &tokio_postgres::Error) -> StoreError {
+pub(crate) fn pg_err(what: &str, e: &tokio_postgres::Error) -> StoreError {
     match e.as_db_error() {
         Some(db) => {
             let code = db.code().code();

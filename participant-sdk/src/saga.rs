@@ -139,7 +139,7 @@ impl From<Authorization> for pb::SagaAuthorization {
 pub struct StepCall {
     pub saga_id: u64,
     pub step: u32,
-    /// The idempotency key ("<saga_id>.<step>.f" / ".c" from the
+    /// The idempotency key (`"<saga_id>.<step>.f"` / `".c"` from the
     /// orchestrator; any non-empty string here).
     pub operation_id: String,
     /// The forward action's or the compensation's name.
@@ -747,14 +747,7 @@ impl<H: StepHandler> StepStore<H> {
 
     async fn call_inner(&self, kind: CallKind, call: &StepCall) -> Result<StepResult, StepError> {
         self.check_running()?;
-        if call.operation_id.is_empty() {
-            return Err(StepError::Invalid("the call has no operation id".into()));
-        }
-        if kind == CallKind::Compensate && call.forward_operation_id.is_empty() {
-            return Err(StepError::Invalid(
-                "the compensation names no forward operation id".into(),
-            ));
-        }
+        check_call(kind, call)?;
         let applied = {
             let _serial = self.serial.lock().await;
             self.check_running()?;
@@ -810,27 +803,12 @@ impl<H: StepHandler> StepStore<H> {
                 Some(f) if f.kind == CallKind::Forward && f.result.is_ok() => {
                     self.handler.compensate(&view, call, &mut staged)
                 }
-                Some(f) => StepResult::noop(format!(
-                    "the forward action never happened here: operation {:?} {}",
-                    call.forward_operation_id,
-                    match &f.result {
-                        _ if f.kind == CallKind::Compensate => "is a compensation".to_string(),
-                        StepResult::Failed { reason }
-                        | StepResult::Noop { reason }
-                        | StepResult::Stale { reason, .. } => {
-                            format!("answered {}: {reason}", f.result.label())
-                        }
-                        StepResult::Ok { .. } => "answered ok".to_string(),
-                    }
-                )),
+                Some(f) => noop_for(&call.forward_operation_id, Some(&f)),
                 None => {
                     // Fence the forward operation in the same batch: a late
                     // forward call of it must never run after this NOOP.
                     fence = Some(call.forward_operation_id.clone());
-                    StepResult::noop(format!(
-                        "the forward action never happened here: operation {:?} is not in the inbox (now fenced)",
-                        call.forward_operation_id
-                    ))
+                    noop_for(&call.forward_operation_id, None)
                 }
             },
         };
@@ -839,31 +817,8 @@ impl<H: StepHandler> StepStore<H> {
             // nothing; record nothing and let the orchestrator ask again.
             return Err(StoreError::Io(format!("a read failed during the call: {e}")).into());
         }
-        let result = match result {
-            StepResult::Ok {
-                resource_version,
-                downstream_operation_id,
-                residual,
-            } => StepResult::Ok {
-                resource_version,
-                downstream_operation_id: if downstream_operation_id.is_empty() {
-                    call.operation_id.clone()
-                } else {
-                    downstream_operation_id
-                },
-                residual,
-            },
-            other => other,
-        };
-        let record = StepRecord {
-            kind,
-            result: result.clone(),
-            at_ms: unix_ms(),
-            saga_id: call.saga_id,
-            step: call.step,
-            action: call.action.clone(),
-            fingerprint: call.fingerprint.clone(),
-        };
+        let record = record_of(kind, call, result);
+        let result = record.result.clone();
         if !result.is_ok() {
             // Only an OK answer changes anything.
             staged = StepStaged::default();
@@ -901,23 +856,7 @@ impl<H: StepHandler> StepStore<H> {
 
     /// A repeated operation id: its recorded reply, once that is durable.
     async fn repeat(&self, kind: CallKind, call: &StepCall, rec: StepRecord) -> Result<StepResult, StepError> {
-        if rec.kind != kind {
-            return Err(StepError::Invalid(format!(
-                "operation id {:?} was a {} call here, not a {} call",
-                call.operation_id,
-                rec.kind.as_str(),
-                kind.as_str()
-            )));
-        }
-        if !call.fingerprint.is_empty() && !rec.fingerprint.is_empty() && call.fingerprint != rec.fingerprint {
-            warn!(
-                operation_id = %call.operation_id,
-                "a repeated operation id carries another fingerprint ({} recorded, {} now); answering the recorded reply",
-                rec.fingerprint,
-                call.fingerprint
-            );
-        }
-        metrics::counter!("dtx_step_duplicates_total", "call" => kind.as_str()).increment(1);
+        check_repeat(kind, call, &rec)?;
         let key = match kind {
             CallKind::Forward => DUPLICATES_FORWARD_KEY,
             CallKind::Compensate => DUPLICATES_COMPENSATE_KEY,
@@ -1126,18 +1065,52 @@ pub trait OutboxSink: Send + Sync {
     async fn deliver(&self, events: &[(u64, Vec<u8>)]) -> Result<(), String>;
 }
 
-/// One relay pass: flushes (only durable events leave the service), hands
-/// up to 100 pending events to `sink`, and removes them once it said OK.
-/// Returns how many were delivered.
-pub async fn relay_once<H: StepHandler>(store: &StepStore<H>, sink: &dyn OutboxSink) -> Result<usize, String> {
-    let events = store.pending_events(RELAY_BATCH_MAX).map_err(|e| e.to_string())?;
+/// What the outbox relay needs of a step store: the sled [`StepStore`],
+/// and the PostgreSQL one (`saga_pg::PgStepStore`, feature `postgres`).
+#[tonic::async_trait]
+pub trait Outbox: Send + Sync {
+    /// Up to `max` events not delivered yet, oldest first (number, event).
+    async fn pending(&self, max: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError>;
+    /// Makes the events `pending` returned durable before they leave (the
+    /// sled store fsyncs; what PostgreSQL returns is committed already).
+    async fn make_durable(&self) -> Result<(), StoreError>;
+    /// Removes delivered events, durably.
+    async fn remove(&self, seqs: &[u64]) -> Result<(), StoreError>;
+    /// Why the store stopped, if it has (the relay then ends).
+    fn stopped_by(&self) -> Option<StoreFailure>;
+}
+
+#[tonic::async_trait]
+impl<H: StepHandler> Outbox for StepStore<H> {
+    async fn pending(&self, max: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        self.pending_events(max)
+    }
+
+    async fn make_durable(&self) -> Result<(), StoreError> {
+        self.flush().await
+    }
+
+    async fn remove(&self, seqs: &[u64]) -> Result<(), StoreError> {
+        self.ack_events(seqs).await
+    }
+
+    fn stopped_by(&self) -> Option<StoreFailure> {
+        self.failure()
+    }
+}
+
+/// One relay pass: makes the events durable (only durable events leave
+/// the service), hands up to 100 pending events to `sink`, and removes
+/// them once it said OK. Returns how many were delivered.
+pub async fn relay_once<O: Outbox + ?Sized>(store: &O, sink: &dyn OutboxSink) -> Result<usize, String> {
+    let events = store.pending(RELAY_BATCH_MAX).await.map_err(|e| e.to_string())?;
     if events.is_empty() {
         return Ok(0);
     }
-    store.flush().await.map_err(|e| e.to_string())?;
+    store.make_durable().await.map_err(|e| e.to_string())?;
     sink.deliver(&events).await?;
     let seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
-    store.ack_events(&seqs).await.map_err(|e| e.to_string())?;
+    store.remove(&seqs).await.map_err(|e| e.to_string())?;
     Ok(seqs.len())
 }
 
@@ -1145,18 +1118,18 @@ pub async fn relay_once<H: StepHandler>(store: &StepStore<H>, sink: &dyn OutboxS
 /// again while events remain), one pass of [`relay_once`]; a sink error is
 /// logged and the same events are tried again after `interval`. Ends when
 /// the store stops or the handle is aborted.
-pub fn spawn_outbox_relay<H: StepHandler>(
-    store: Arc<StepStore<H>>,
+pub fn spawn_outbox_relay<O: Outbox + 'static>(
+    store: Arc<O>,
     sink: Arc<dyn OutboxSink>,
     interval: Duration,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
-            if let Some(f) = store.failure() {
+            if let Some(f) = store.stopped_by() {
                 tracing::error!("outbox relay stopped: {f}");
                 return;
             }
-            match relay_once(&store, sink.as_ref()).await {
+            match relay_once(store.as_ref(), sink.as_ref()).await {
                 Ok(n) if n >= RELAY_BATCH_MAX => continue,
                 Ok(n) => {
                     if n > 0 {
@@ -1243,15 +1216,102 @@ impl<H: StepHandler> StepServer<H> {
 
 /// What Status and Fence answer for an operation's record (none: not
 /// applied).
-fn status_reply(rec: Option<StepRecord>) -> pb::StepStatusReply {
+pub(crate) fn status_reply(rec: Option<StepRecord>) -> pb::StepStatusReply {
     pb::StepStatusReply {
         applied: rec.is_some(),
         reply: rec.map(|rec| rec.result.to_reply()),
     }
 }
 
+/// Refuses a malformed call: no operation id, or a compensation naming no
+/// forward operation id.
+pub(crate) fn check_call(kind: CallKind, call: &StepCall) -> Result<(), StepError> {
+    if call.operation_id.is_empty() {
+        return Err(StepError::Invalid("the call has no operation id".into()));
+    }
+    if kind == CallKind::Compensate && call.forward_operation_id.is_empty() {
+        return Err(StepError::Invalid(
+            "the compensation names no forward operation id".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A call whose operation id has record `rec` here: refused when it was
+/// the other kind of call; a changed fingerprint is logged (the recorded
+/// reply is answered). Counts the duplicate.
+pub(crate) fn check_repeat(kind: CallKind, call: &StepCall, rec: &StepRecord) -> Result<(), StepError> {
+    if rec.kind != kind {
+        return Err(StepError::Invalid(format!(
+            "operation id {:?} was a {} call here, not a {} call",
+            call.operation_id,
+            rec.kind.as_str(),
+            kind.as_str()
+        )));
+    }
+    if !call.fingerprint.is_empty() && !rec.fingerprint.is_empty() && call.fingerprint != rec.fingerprint {
+        warn!(
+            operation_id = %call.operation_id,
+            "a repeated operation id carries another fingerprint ({} recorded, {} now); answering the recorded reply",
+            rec.fingerprint,
+            call.fingerprint
+        );
+    }
+    metrics::counter!("dtx_step_duplicates_total", "call" => kind.as_str()).increment(1);
+    Ok(())
+}
+
+/// The inbox record of `call` answered `result` now; an OK without a
+/// downstream operation id gets the call's operation id.
+pub(crate) fn record_of(kind: CallKind, call: &StepCall, result: StepResult) -> StepRecord {
+    let result = match result {
+        StepResult::Ok {
+            resource_version,
+            downstream_operation_id,
+            residual,
+        } => StepResult::Ok {
+            resource_version,
+            downstream_operation_id: if downstream_operation_id.is_empty() {
+                call.operation_id.clone()
+            } else {
+                downstream_operation_id
+            },
+            residual,
+        },
+        other => other,
+    };
+    StepRecord {
+        kind,
+        result,
+        at_ms: unix_ms(),
+        saga_id: call.saga_id,
+        step: call.step,
+        action: call.action.clone(),
+        fingerprint: call.fingerprint.clone(),
+    }
+}
+
+/// The NOOP a compensation answers when its forward operation did not
+/// answer OK here: `forward` is that operation's record (a FAILED, fenced
+/// or other answer), or `None` when it has none (and is now fenced).
+pub(crate) fn noop_for(forward_operation_id: &str, forward: Option<&StepRecord>) -> StepResult {
+    let what = match forward {
+        None => "is not in the inbox (now fenced)".to_string(),
+        Some(f) if f.kind == CallKind::Compensate => "is a compensation".to_string(),
+        Some(f) => match &f.result {
+            StepResult::Failed { reason } | StepResult::Noop { reason } | StepResult::Stale { reason, .. } => {
+                format!("answered {}: {reason}", f.result.label())
+            }
+            StepResult::Ok { .. } => "answered ok".to_string(),
+        },
+    };
+    StepResult::noop(format!(
+        "the forward action never happened here: operation {forward_operation_id:?} {what}"
+    ))
+}
+
 /// The record that fences a forward operation id that never ran here.
-fn fence_record(saga_id: u64, step: u32) -> StepRecord {
+pub(crate) fn fence_record(saga_id: u64, step: u32) -> StepRecord {
     StepRecord {
         kind: CallKind::Forward,
         result: StepResult::failed(FENCED_REASON),

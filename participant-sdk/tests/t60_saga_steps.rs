@@ -563,7 +563,7 @@ async fn the_inbox_the_business_change_and_the_outbox_survive_reopening() {
     let pending = s.store.pending_events(10).unwrap();
     assert_eq!(pending.len(), 1, "the event survived");
     let sink = Sink::default();
-    assert_eq!(participant_sdk::saga::relay_once(&s.store, &sink).await, Ok(1));
+    assert_eq!(participant_sdk::saga::relay_once(s.store.as_ref(), &sink).await, Ok(1));
     assert_eq!(outcome(&s.forward(take("8.2.f", 1)).await), pb::StepOutcome::Ok);
     let next = s.store.pending_events(10).unwrap();
     assert!(

@@ -1,0 +1,759 @@
+//! Saga step services whose business data lives in PostgreSQL (cargo
+//! feature `postgres`; issue 14's inbox and outbox on issue 11's
+//! database): the same guarantees as the sled [`crate::saga::StepStore`],
+//! kept by one PostgreSQL transaction per call instead of one sled batch.
+//!
+//! A step service
+//! 1. implements [`PgStepHandler`]: `forward` and `compensate` run the
+//!    service's SQL inside the transaction they are given (they may do any
+//!    I/O) and answer a [`StepResult`], pushing outbox events as they go;
+//! 2. opens a [`PgStepStore`] with [`PgStepOptions`] (a connection string
+//!    and the service's name; the tables are created when missing);
+//! 3. serves [`PgStepServer`] with [`crate::saga::serve_steps`] (or the
+//!    guarded variants), and runs [`crate::saga::spawn_outbox_relay`] on
+//!    the store when it emits events.
+//!
+//! # What one call does
+//!
+//! In ONE PostgreSQL transaction:
+//! 1. claims the operation id: a placeholder row in the inbox
+//!    (`INSERT .. ON CONFLICT DO NOTHING`). When the id is taken, the call
+//!    is a repeat: the transaction is rolled back and the recorded reply
+//!    answered (a concurrent duplicate waits on the row until the first
+//!    call commits, then answers its reply). The handler never runs twice
+//!    for one operation id.
+//! 2. checks the rights ([`PgStepHandler::authorize`]); a refusal answers
+//!    FAILED and is NOT recorded (rolled back), as in the sled store;
+//! 3. for a compensation, claims the forward operation id too: when it has
+//!    no record, a FAILED "fenced" record is written for it (a late
+//!    forward call of it then answers FAILED and never runs) and the
+//!    answer is NOOP without running the handler; when it has a record
+//!    other than an OK forward, NOOP; otherwise the handler compensates;
+//! 4. runs the handler after a savepoint; any answer but OK rolls back to
+//!    the savepoint (only an OK answer changes anything) and drops the
+//!    events;
+//! 5. records the reply in the inbox and the events in the outbox, and
+//!    commits. The reply is sent only after the commit, which PostgreSQL
+//!    makes durable (with the default `synchronous_commit = on`).
+//!
+//! A handler error (`Err`) or a lost connection rolls everything back and
+//! answers an error status: the orchestrator takes it as UNKNOWN and asks
+//! Status, which finds nothing recorded. Status reads the inbox; Fence
+//! writes the fenced record when there is none.
+//!
+//! Calls with different operation ids run concurrently, each on its own
+//! pooled connection: the handler serialises what it must with the
+//! database's row locks (`SELECT .. FOR UPDATE`), not with a lock of the
+//! store's.
+//!
+//! # Tables
+//!
+//! Created when missing, shared by every service of a database (each row
+//! carries the service's name):
+//! - `dtx_step_inbox(service text, operation_id text, kind smallint, saga_id
+//!   bigint, step integer, record bytea, recorded_ms bigint, primary key
+//!   (service, operation_id))`: `kind` 0 while a call holds the placeholder
+//!   (never committed), 1 forward, 2 compensation; `record` is
+//!   [`StepRecord::encode`].
+//! - `dtx_step_outbox(seq bigserial primary key, service text, event
+//!   bytea)`: pending events, removed once delivered.
+//! - `dtx_step_counters(service text, name text, value bigint, primary key
+//!   (service, name))`: repeated operation ids seen.
+
+use std::future::Future;
+use std::time::Duration;
+use std::time::Instant;
+
+use deadpool_postgres::GenericClient;
+use deadpool_postgres::Manager;
+use deadpool_postgres::ManagerConfig;
+use deadpool_postgres::Pool;
+use deadpool_postgres::RecyclingMethod;
+pub use deadpool_postgres::Transaction;
+use dtx_proto::v1 as pb;
+use dtx_proto::v1::saga_step_service_server::SagaStepService;
+use std::sync::Arc;
+use tokio_postgres::NoTls;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+use tracing::debug;
+
+use crate::participant::StoreError;
+use crate::participant::StoreFailure;
+use crate::postgres::pg_err;
+use crate::postgres::HandlerError;
+use crate::saga::authorization_current;
+use crate::saga::check_repeat;
+use crate::saga::fence_record;
+use crate::saga::noop_for;
+use crate::saga::record_of;
+use crate::saga::status_reply;
+use crate::saga::step_error_status;
+use crate::saga::CallKind;
+use crate::saga::Outbox;
+use crate::saga::StepCall;
+use crate::saga::StepError;
+use crate::saga::StepRecord;
+use crate::saga::StepResult;
+use crate::saga::StepStats;
+use crate::store::unix_ms;
+
+pub const INBOX_TABLE: &str = "dtx_step_inbox";
+pub const OUTBOX_TABLE: &str = "dtx_step_outbox";
+pub const COUNTERS_TABLE: &str = "dtx_step_counters";
+/// The longest service name.
+pub const SERVICE_NAME_BYTES_MAX: usize = 128;
+
+/// What a PostgreSQL step service implements.
+pub trait PgStepHandler: Send + Sync + 'static {
+    /// Runs the forward action `call.action` in `tx` (dispatch on it; an
+    /// unknown name should answer FAILED) and pushes the events it emits
+    /// onto `events`. Only an OK answer keeps its writes and events. Must
+    /// not commit or roll back `tx`. An `Err` rolls everything back and
+    /// records nothing (the orchestrator asks again).
+    fn forward(
+        &self,
+        tx: &Transaction<'_>,
+        call: &StepCall,
+        events: &mut Vec<Vec<u8>>,
+    ) -> impl Future<Output = Result<StepResult, HandlerError>> + Send;
+
+    /// Undoes the forward action `call.forward_operation_id` (which the
+    /// store has checked answered OK here) with compensation `call.action`,
+    /// comparing the resource's version with `call.precondition`
+    /// ([`StepCall::check_precondition`]) before changing anything.
+    fn compensate(
+        &self,
+        tx: &Transaction<'_>,
+        call: &StepCall,
+        events: &mut Vec<Vec<u8>>,
+    ) -> impl Future<Output = Result<StepResult, HandlerError>> + Send;
+
+    /// Whether the call's rights allow it (checked before every new call);
+    /// `Err(why)` answers FAILED with `why`, unrecorded. Default: refused
+    /// once the rights expired.
+    fn authorize(&self, call: &StepCall) -> Result<(), String> {
+        authorization_current(call, unix_ms())
+    }
+
+    /// Whether `query` names a status query of this service. Default: any.
+    fn knows_query(&self, _query: &str) -> bool {
+        true
+    }
+}
+
+/// How to reach PostgreSQL.
+#[derive(Clone, Debug)]
+pub struct PgStepOptions {
+    /// The service's name: the key of its rows in the shared tables.
+    pub service: String,
+    /// A tokio-postgres connection string.
+    pub conn_string: String,
+    /// Pooled connections: how many calls run at once.
+    pub concurrency: usize,
+    /// Connection attempts at start before giving up (at least 1), the
+    /// wait after the first failed one (doubled after each, capped), and
+    /// one attempt's connect timeout.
+    pub connect_attempts: u32,
+    pub connect_backoff: Duration,
+    pub connect_backoff_max: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl PgStepOptions {
+    pub fn new(service: impl Into<String>, conn_string: impl Into<String>) -> Self {
+        PgStepOptions {
+            service: service.into(),
+            conn_string: conn_string.into(),
+            concurrency: 16,
+            connect_attempts: 8,
+            connect_backoff: Duration::from_millis(200),
+            connect_backoff_max: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The step store on PostgreSQL; see the module documentation.
+pub struct PgStepStore<H: PgStepHandler> {
+    pool: Pool,
+    handler: H,
+    service: String,
+    target: String,
+}
+
+/// What the claim of an operation id found.
+enum Claim {
+    /// Ours now (the placeholder row is written in the transaction).
+    New,
+    /// Recorded before: its record.
+    Taken(StepRecord),
+}
+
+fn damaged(op: &str, m: String) -> StoreError {
+    StoreError::Io(format!("inbox record of operation {op:?} is damaged: {m}"))
+}
+
+impl<H: PgStepHandler> PgStepStore<H> {
+    /// Connects (retrying with backoff up to `opts.connect_attempts`) and
+    /// creates the tables when missing; a clear error says what is wrong
+    /// (an unreachable server, missing rights, a bad service name).
+    pub async fn connect(opts: PgStepOptions, handler: H) -> Result<Arc<Self>, StoreError> {
+        let name = &opts.service;
+        if name.is_empty() || name.len() > SERVICE_NAME_BYTES_MAX || name.chars().any(|c| c.is_control()) {
+            return Err(StoreError::Io(format!(
+                "step service name {name:?} must be 1 to {SERVICE_NAME_BYTES_MAX} bytes without control characters"
+            )));
+        }
+        let mut cfg: tokio_postgres::Config = opts
+            .conn_string
+            .parse()
+            .map_err(|e| StoreError::Io(format!("PostgreSQL connection string: {e}")))?;
+        if cfg.get_connect_timeout().is_none() {
+            cfg.connect_timeout(opts.connect_timeout);
+        }
+        let host = match cfg.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(s)) => s.clone(),
+            Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+            None => "localhost".into(),
+        };
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        let dbname = cfg.get_dbname().unwrap_or("(default)").to_string();
+        let user = cfg.get_user().unwrap_or("(default)").to_string();
+        let target = format!("postgresql://{host}:{port}/{dbname}");
+        let open_err = |message: String| StoreError::Open {
+            path: target.clone(),
+            message,
+            disk_full: false,
+        };
+        let mgr = Manager::from_config(
+            cfg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(opts.concurrency.max(1))
+            .build()
+            .map_err(|e| open_err(format!("building the connection pool: {e}")))?;
+        let attempts = opts.connect_attempts.max(1);
+        let mut wait = opts.connect_backoff;
+        let began = Instant::now();
+        let mut n = 1;
+        let client = loop {
+            match pool.get().await {
+                Ok(c) => break c,
+                Err(e) if n < attempts => {
+                    tracing::warn!(
+                        "PostgreSQL at {host}:{port} (database {dbname}): connection attempt {n}/{attempts} failed: {e}; retrying in {wait:?}"
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(opts.connect_backoff_max);
+                    n += 1;
+                }
+                Err(e) => {
+                    return Err(open_err(format!(
+                        "unreachable: {attempts} connection attempts over {:?} failed, the last with: {e}",
+                        began.elapsed()
+                    )))
+                }
+            }
+        };
+        let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {INBOX_TABLE} (
+                 service text NOT NULL,
+                 operation_id text NOT NULL,
+                 kind smallint NOT NULL,
+                 saga_id bigint NOT NULL,
+                 step integer NOT NULL,
+                 record bytea NOT NULL,
+                 recorded_ms bigint NOT NULL,
+                 PRIMARY KEY (service, operation_id));
+             CREATE TABLE IF NOT EXISTS {OUTBOX_TABLE} (
+                 seq bigserial PRIMARY KEY,
+                 service text NOT NULL,
+                 event bytea NOT NULL);
+             CREATE INDEX IF NOT EXISTS {OUTBOX_TABLE}_service ON {OUTBOX_TABLE} (service, seq);
+             CREATE TABLE IF NOT EXISTS {COUNTERS_TABLE} (
+                 service text NOT NULL,
+                 name text NOT NULL,
+                 value bigint NOT NULL,
+                 PRIMARY KEY (service, name));"
+        );
+        let hint = format!(
+            "the role {user} needs CREATE on the schema to create {INBOX_TABLE}, {OUTBOX_TABLE} and \
+             {COUNTERS_TABLE} (or an owner creates them and grants SELECT, INSERT, UPDATE, DELETE on them, and \
+             USAGE on the outbox's sequence, to {user})"
+        );
+        let missing: bool = client
+            .query_one(
+                "SELECT to_regclass($1) IS NULL OR to_regclass($2) IS NULL OR to_regclass($3) IS NULL",
+                &[&INBOX_TABLE, &OUTBOX_TABLE, &COUNTERS_TABLE],
+            )
+            .await
+            .map_err(|e| open_err(format!("looking for the step tables: {e}")))?
+            .get(0);
+        if missing {
+            let mut tries = 0;
+            loop {
+                match client.batch_execute(&ddl).await {
+                    Ok(()) => break,
+                    Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
+                        return Err(open_err(format!("cannot create the step tables: {e}; {hint}")));
+                    }
+                    // Two services creating them at once: look again.
+                    Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) && tries < 3 => {
+                        tries += 1
+                    }
+                    Err(e) => return Err(open_err(format!("creating the step tables: {e}"))),
+                }
+            }
+        }
+        let allowed: bool = client
+            .query_one(
+                "SELECT has_table_privilege($1, 'SELECT, INSERT, UPDATE, DELETE')
+                    AND has_table_privilege($2, 'SELECT, INSERT, DELETE')
+                    AND has_table_privilege($3, 'SELECT, INSERT, UPDATE')",
+                &[&INBOX_TABLE, &OUTBOX_TABLE, &COUNTERS_TABLE],
+            )
+            .await
+            .map_err(|e| open_err(format!("checking the rights on the step tables: {e}")))?
+            .get(0);
+        if !allowed {
+            return Err(open_err(format!(
+                "the role {user} lacks rights on the step tables; {hint}"
+            )));
+        }
+        drop(client);
+        Ok(Arc::new(PgStepStore {
+            pool,
+            handler,
+            service: opts.service,
+            target,
+        }))
+    }
+
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    async fn conn(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("PostgreSQL at {}: {e}", self.target)))
+    }
+
+    /// Runs a forward call once per operation id (see the module
+    /// documentation). Answers only after the commit.
+    pub async fn forward(&self, call: &StepCall) -> Result<StepResult, StepError> {
+        self.call(CallKind::Forward, call).await
+    }
+
+    /// Runs a compensation once per operation id: NOOP without running the
+    /// handler when the forward operation did not answer OK here (fenced
+    /// when it has no record).
+    pub async fn compensate(&self, call: &StepCall) -> Result<StepResult, StepError> {
+        self.call(CallKind::Compensate, call).await
+    }
+
+    async fn call(&self, kind: CallKind, call: &StepCall) -> Result<StepResult, StepError> {
+        let answer = self.call_inner(kind, call).await;
+        let outcome = match &answer {
+            Ok(r) => r.label(),
+            Err(StepError::Invalid(_)) => "invalid",
+            Err(StepError::Store(_)) => "error",
+        };
+        metrics::counter!("dtx_step_calls_total", "call" => kind.as_str(), "outcome" => outcome).increment(1);
+        answer
+    }
+
+    async fn call_inner(&self, kind: CallKind, call: &StepCall) -> Result<StepResult, StepError> {
+        crate::saga::check_call(kind, call)?;
+        let mut conn = self.conn().await?;
+        let tx = conn
+            .transaction()
+            .await
+            .map_err(|e| pg_err("beginning a step's transaction", &e))?;
+        if let Claim::Taken(rec) = self.claim(&tx, &call.operation_id, call.saga_id, call.step).await? {
+            drop(tx);
+            return self.repeat(&conn, kind, call, rec).await;
+        }
+        if let Err(why) = self.handler.authorize(call) {
+            // Not recorded: the rights may be renewed and the same
+            // operation id sent again. Dropping `tx` rolls back.
+            return Ok(StepResult::failed(format!("authorization refused: {why}")));
+        }
+        // A compensation: did its forward operation answer OK here?
+        let noop = match kind {
+            CallKind::Forward => None,
+            CallKind::Compensate => match self
+                .claim(&tx, &call.forward_operation_id, call.saga_id, call.step)
+                .await?
+            {
+                Claim::Taken(f) if f.kind == CallKind::Forward && f.result.is_ok() => None,
+                Claim::Taken(f) => Some(noop_for(&call.forward_operation_id, Some(&f))),
+                Claim::New => {
+                    // Fenced in this transaction: a late forward call of it
+                    // must never run after this NOOP.
+                    self.write_record(&tx, &call.forward_operation_id, &fence_record(call.saga_id, call.step))
+                        .await?;
+                    Some(noop_for(&call.forward_operation_id, None))
+                }
+            },
+        };
+        let mut events = Vec::new();
+        let result = match noop {
+            Some(n) => n,
+            None => {
+                tx.batch_execute("SAVEPOINT dtx_step_handler")
+                    .await
+                    .map_err(|e| pg_err("setting the handler's savepoint", &e))?;
+                let r = match kind {
+                    CallKind::Forward => self.handler.forward(&tx, call, &mut events).await,
+                    CallKind::Compensate => self.handler.compensate(&tx, call, &mut events).await,
+                }
+                .map_err(|e| StoreError::Io(format!("the {} handler failed: {e}", kind.as_str())))?;
+                if !r.is_ok() {
+                    // Only an OK answer changes anything.
+                    events.clear();
+                    tx.batch_execute("ROLLBACK TO SAVEPOINT dtx_step_handler")
+                        .await
+                        .map_err(|e| pg_err("rolling back the handler's work", &e))?;
+                }
+                r
+            }
+        };
+        let record = record_of(kind, call, result);
+        self.write_record(&tx, &call.operation_id, &record).await?;
+        if !events.is_empty() {
+            let insert = tx
+                .prepare_cached(&format!("INSERT INTO {OUTBOX_TABLE} (service, event) VALUES ($1, $2)"))
+                .await
+                .map_err(|e| pg_err("preparing the outbox insert", &e))?;
+            for ev in &events {
+                tx.execute(&insert, &[&self.service, ev])
+                    .await
+                    .map_err(|e| pg_err("writing an outbox event", &e))?;
+            }
+        }
+        tx.commit()
+            .await
+            .map_err(|e| pg_err("committing a step's transaction", &e))?;
+        match kind {
+            CallKind::Forward => dtx_failpoint::failpoint!("step_forward_after_commit_before_reply"),
+            CallKind::Compensate => dtx_failpoint::failpoint!("step_compensation_after_commit_before_reply"),
+        }
+        debug!(
+            saga_id = call.saga_id,
+            step = call.step,
+            operation_id = %call.operation_id,
+            action = %call.action,
+            outcome = record.result.label(),
+            "{} recorded",
+            kind.as_str()
+        );
+        Ok(record.result)
+    }
+
+    /// Claims `op` in `tx`: a placeholder row (kind 0) when it has none
+    /// (held until the transaction ends; a concurrent claim of it waits),
+    /// else its committed record.
+    async fn claim(&self, tx: &Transaction<'_>, op: &str, saga_id: u64, step: u32) -> Result<Claim, StoreError> {
+        let insert = tx
+            .prepare_cached(&format!(
+                "INSERT INTO {INBOX_TABLE} (service, operation_id, kind, saga_id, step, record, recorded_ms)
+                 VALUES ($1, $2, 0, $3, $4, '\\x', $5) ON CONFLICT DO NOTHING"
+            ))
+            .await
+            .map_err(|e| pg_err("preparing the inbox claim", &e))?;
+        let n = tx
+            .execute(
+                &insert,
+                &[
+                    &self.service,
+                    &op,
+                    &(saga_id as i64),
+                    &(step as i32),
+                    &(unix_ms() as i64),
+                ],
+            )
+            .await
+            .map_err(|e| pg_err("claiming an operation id", &e))?;
+        if n == 1 {
+            return Ok(Claim::New);
+        }
+        match self.read_record(tx, op).await? {
+            Some(rec) => Ok(Claim::Taken(rec)),
+            // Taken by a transaction that then rolled back between our
+            // insert and read: not possible (ON CONFLICT waited for it to
+            // end); a damaged table if it happens.
+            None => Err(StoreError::Io(format!(
+                "operation {op:?} is neither free nor recorded in {INBOX_TABLE}"
+            ))),
+        }
+    }
+
+    async fn read_record<C: GenericClient + Sync>(&self, c: &C, op: &str) -> Result<Option<StepRecord>, StoreError> {
+        let select = c
+            .prepare_cached(&format!(
+                "SELECT record FROM {INBOX_TABLE} WHERE service = $1 AND operation_id = $2 AND kind <> 0"
+            ))
+            .await
+            .map_err(|e| pg_err("preparing the inbox read", &e))?;
+        let row = c
+            .query_opt(&select, &[&self.service, &op])
+            .await
+            .map_err(|e| pg_err("reading the inbox", &e))?;
+        row.map(|r| StepRecord::decode(r.get::<_, &[u8]>(0)).map_err(|m| damaged(op, m)))
+            .transpose()
+    }
+
+    async fn write_record(&self, tx: &Transaction<'_>, op: &str, rec: &StepRecord) -> Result<(), StoreError> {
+        let update = tx
+            .prepare_cached(&format!(
+                "UPDATE {INBOX_TABLE} SET kind = $3, record = $4, recorded_ms = $5
+                 WHERE service = $1 AND operation_id = $2"
+            ))
+            .await
+            .map_err(|e| pg_err("preparing the inbox write", &e))?;
+        let kind: i16 = match rec.kind {
+            CallKind::Forward => 1,
+            CallKind::Compensate => 2,
+        };
+        tx.execute(
+            &update,
+            &[&self.service, &op, &kind, &rec.encode(), &(rec.at_ms as i64)],
+        )
+        .await
+        .map_err(|e| pg_err("writing the inbox", &e))?;
+        Ok(())
+    }
+
+    /// A repeated operation id: its recorded reply (committed, so durable).
+    async fn repeat<C: GenericClient + Sync>(
+        &self,
+        c: &C,
+        kind: CallKind,
+        call: &StepCall,
+        rec: StepRecord,
+    ) -> Result<StepResult, StepError> {
+        check_repeat(kind, call, &rec)?;
+        let bump = c
+            .prepare_cached(&format!(
+                "INSERT INTO {COUNTERS_TABLE} (service, name, value) VALUES ($1, $2, 1)
+                 ON CONFLICT (service, name) DO UPDATE SET value = {COUNTERS_TABLE}.value + 1"
+            ))
+            .await
+            .map_err(|e| pg_err("preparing the duplicate counter", &e))?;
+        let name = format!("duplicates-{}", kind.as_str());
+        c.execute(&bump, &[&self.service, &name])
+            .await
+            .map_err(|e| pg_err("counting a duplicate", &e))?;
+        debug!(
+            operation_id = %call.operation_id,
+            outcome = rec.result.label(),
+            "repeated {} answered from the inbox",
+            kind.as_str()
+        );
+        Ok(rec.result)
+    }
+
+    /// What `operation_id` did here: `None` when nothing (yet), else its
+    /// record. Changes nothing.
+    pub async fn status(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        let answer = async {
+            if operation_id.is_empty() {
+                return Err(StepError::Invalid("the status query has no operation id".into()));
+            }
+            let c = self.conn().await?;
+            Ok(self.read_record(&c, operation_id).await?)
+        }
+        .await;
+        let outcome = match &answer {
+            Ok(Some(_)) => "applied",
+            Ok(None) => "not_applied",
+            Err(StepError::Invalid(_)) => "invalid",
+            Err(StepError::Store(_)) => "error",
+        };
+        metrics::counter!("dtx_step_calls_total", "call" => "status", "outcome" => outcome).increment(1);
+        answer
+    }
+
+    /// As [`PgStepStore::status`]; when nothing, records `operation_id` as
+    /// a FAILED forward call ("fenced") and answers `None`, so "not
+    /// applied" stays true.
+    pub async fn fence(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        if operation_id.is_empty() {
+            return Err(StepError::Invalid("the fence names no operation id".into()));
+        }
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(|e| pg_err("beginning a fence", &e))?;
+        let existing = match self.claim(&tx, operation_id, 0, 0).await? {
+            Claim::Taken(rec) => Some(rec),
+            Claim::New => {
+                self.write_record(&tx, operation_id, &fence_record(0, 0)).await?;
+                None
+            }
+        };
+        tx.commit().await.map_err(|e| pg_err("committing a fence", &e))?;
+        let outcome = if existing.is_some() { "applied" } else { "fenced" };
+        metrics::counter!("dtx_step_calls_total", "call" => "fence", "outcome" => outcome).increment(1);
+        Ok(existing)
+    }
+
+    /// Every inbox record of this service (operation id, record), in
+    /// operation id order.
+    pub async fn records(&self) -> Result<Vec<(String, StepRecord)>, StoreError> {
+        let c = self.conn().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT operation_id, record FROM {INBOX_TABLE} WHERE service = $1 AND kind <> 0
+                     ORDER BY operation_id"
+                ),
+                &[&self.service],
+            )
+            .await
+            .map_err(|e| pg_err("listing the inbox", &e))?;
+        rows.iter()
+            .map(|r| {
+                let op: String = r.get(0);
+                let rec = StepRecord::decode(r.get::<_, &[u8]>(1)).map_err(|m| damaged(&op, m))?;
+                Ok((op, rec))
+            })
+            .collect()
+    }
+
+    /// Counts of the inbox, the duplicates seen and the outbox.
+    pub async fn stats(&self) -> Result<StepStats, StoreError> {
+        let c = self.conn().await?;
+        let row = c
+            .query_one(
+                &format!(
+                    "SELECT (SELECT count(*) FROM {INBOX_TABLE} WHERE service = $1 AND kind = 1),
+                            (SELECT count(*) FROM {INBOX_TABLE} WHERE service = $1 AND kind = 2),
+                            (SELECT coalesce(max(value), 0) FROM {COUNTERS_TABLE}
+                               WHERE service = $1 AND name = 'duplicates-forward'),
+                            (SELECT coalesce(max(value), 0) FROM {COUNTERS_TABLE}
+                               WHERE service = $1 AND name = 'duplicates-compensate'),
+                            (SELECT count(*) FROM {OUTBOX_TABLE} WHERE service = $1)"
+                ),
+                &[&self.service],
+            )
+            .await
+            .map_err(|e| pg_err("counting the inbox and outbox", &e))?;
+        let n = |i: usize| row.get::<_, i64>(i).max(0) as u64;
+        Ok(StepStats {
+            forward_records: n(0),
+            compensate_records: n(1),
+            forward_duplicates: n(2),
+            compensate_duplicates: n(3),
+            outbox_pending: n(4),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl<H: PgStepHandler> Outbox for PgStepStore<H> {
+    async fn pending(&self, max: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        let c = self.conn().await?;
+        let rows = c
+            .query(
+                &format!("SELECT seq, event FROM {OUTBOX_TABLE} WHERE service = $1 ORDER BY seq LIMIT $2"),
+                &[&self.service, &(max as i64)],
+            )
+            .await
+            .map_err(|e| pg_err("reading the outbox", &e))?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, Vec<u8>>(1)))
+            .collect())
+    }
+
+    /// Committed rows are durable already.
+    async fn make_durable(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn remove(&self, seqs: &[u64]) -> Result<(), StoreError> {
+        let c = self.conn().await?;
+        let seqs: Vec<i64> = seqs.iter().map(|s| *s as i64).collect();
+        c.execute(
+            &format!("DELETE FROM {OUTBOX_TABLE} WHERE service = $1 AND seq = ANY($2)"),
+            &[&self.service, &seqs],
+        )
+        .await
+        .map_err(|e| pg_err("removing delivered events", &e))?;
+        Ok(())
+    }
+
+    /// A PostgreSQL store does not stop by itself: a lost server makes
+    /// calls fail (UNKNOWN to the orchestrator) until it is back.
+    fn stopped_by(&self) -> Option<StoreFailure> {
+        None
+    }
+}
+
+/// `dtx.v1.SagaStepService` on a [`PgStepStore`].
+pub struct PgStepServer<H: PgStepHandler> {
+    store: Arc<PgStepStore<H>>,
+}
+
+impl<H: PgStepHandler> PgStepServer<H> {
+    pub fn new(store: Arc<PgStepStore<H>>) -> Self {
+        PgStepServer { store }
+    }
+
+    pub fn store(&self) -> &Arc<PgStepStore<H>> {
+        &self.store
+    }
+
+    fn known_query(&self, req: Request<pb::StepStatusRequest>) -> Result<pb::StepStatusRequest, Status> {
+        let r = req.into_inner();
+        if !self.store.handler().knows_query(&r.query) {
+            return Err(Status::invalid_argument(format!(
+                "this service has no status query {:?}",
+                r.query
+            )));
+        }
+        Ok(r)
+    }
+}
+
+#[tonic::async_trait]
+impl<H: PgStepHandler> SagaStepService for PgStepServer<H> {
+    async fn forward(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
+        let call = StepCall::from(req.into_inner());
+        let r = self.store.forward(&call).await.map_err(step_error_status)?;
+        Ok(Response::new(r.to_reply()))
+    }
+
+    async fn compensate(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
+        let call = StepCall::from(req.into_inner());
+        let r = self.store.compensate(&call).await.map_err(step_error_status)?;
+        Ok(Response::new(r.to_reply()))
+    }
+
+    async fn status(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
+        let r = self.known_query(req)?;
+        let rec = self.store.status(&r.operation_id).await.map_err(step_error_status)?;
+        Ok(Response::new(status_reply(rec)))
+    }
+
+    async fn fence(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
+        let r = self.known_query(req)?;
+        let rec = self.store.fence(&r.operation_id).await.map_err(step_error_status)?;
+        Ok(Response::new(status_reply(rec)))
+    }
+}
