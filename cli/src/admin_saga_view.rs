@@ -142,6 +142,7 @@ pub fn saga_json(s: &pb::SagaView) -> Value {
         "ended_at_ms": s.ended_at_ms,
         "past_pivot": s.past_pivot,
         "journal_seq": s.journal_seq,
+        "query_failures": s.query_failures,
         "idempotency_key": s.idempotency_key,
         "input": std::str::from_utf8(&s.input).ok(),
         "steps": s.steps.iter().map(step_json).collect::<Vec<_>>(),
@@ -330,6 +331,9 @@ pub fn show_text(s: &pb::SagaView) -> String {
     field("key", or_dash(&s.idempotency_key));
     field("input", input_line(&s.input));
     field("journal seq", s.journal_seq.to_string());
+    if s.query_failures > 0 {
+        field("status queries", format!("failed {} times in a row", s.query_failures));
+    }
     let mut out = out.join("\n");
 
     out.push_str("\n\nsteps:\n");
@@ -503,6 +507,7 @@ pub(crate) mod tests {
             idempotency_key: "order-7".into(),
             past_pivot: false,
             journal_seq: 17,
+            query_failures: 0,
         }
     }
 

@@ -454,3 +454,61 @@ async fn t110_ended_sagas_are_forgotten_after_their_retention_and_parked_ones_ar
     let again = sagas::start(&c, ORDER, &o, None).await;
     assert!(again > parked, "saga ids are never reused: {again}");
 }
+
+/// A saga whose step service is down parks once its step's limit of
+/// status queries has failed in a row, even though the leader changes
+/// after every failure: the count is in the journal (`QueryFailed`), so
+/// each new leader goes on from it and waits its backoff. (A count kept by
+/// each leader's task started again from 0, so a saga could stay RUNNING
+/// for as long as leaders changed faster than its backoff.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t110_a_saga_at_a_dead_step_service_parks_though_leaders_change() {
+    let (mut c, mut shop) = ready("t110h", ShopFlags::default()).await;
+    let mut d = shop.definition();
+    d.name = "order-quick-park".into();
+    d.steps[1].retry = Some(pb::RetryPolicy {
+        max_attempts: 4,
+        backoff_initial_ms: 50,
+        backoff_max_ms: 200,
+    });
+    sagas::register(&c, d).await;
+    shop.service("payment").kill9();
+    let id = sagas::start(&c, "order-quick-park", &sagas::order(1, 0, 1, 1, 10), None).await;
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    let (mut seen, mut kills) = (0, 0);
+    let v = loop {
+        let v = sagas::get(&c, id).await;
+        if sagas::state(&v) == pb::SagaState::Parked {
+            break v;
+        }
+        assert!(
+            v.query_failures >= seen,
+            "the count went back from {seen} to {}: {v:#?}",
+            v.query_failures
+        );
+        if v.query_failures > seen {
+            // A new leader after each failure.
+            seen = v.query_failures;
+            let l = c.leader().await;
+            c.procs.kill9(l);
+            c.procs
+                .wait_for_leader(Duration::from_secs(20))
+                .await
+                .expect("a new leader");
+            c.procs.start(l).unwrap();
+            kills += 1;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "not parked after 2 minutes ({kills} leader kills): {v:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(kills, 3, "one kill per failure counted before the park: {v:#?}");
+    assert_eq!(v.current_step, 1, "{v:#?}");
+    assert!(
+        v.parked_reason.contains("status query failed 4 times in a row"),
+        "{v:#?}"
+    );
+    assert_eq!(v.query_failures, 0, "the park reset the count");
+}

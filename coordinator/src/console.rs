@@ -143,9 +143,7 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
         Route::Saga(id) => {
             let found = {
                 let st = ctx.sm.state();
-                st.sagas
-                    .get(id)
-                    .map(|r| crate::api::saga::view_pb(r, st.sagas.definition(&r.definition, r.version)))
+                st.sagas.get(id).map(|r| crate::api::saga::view_pb(r, &st.sagas))
             };
             match found {
                 Some(v) => (200, HTML, sagas::render_saga(&frame, &v)),

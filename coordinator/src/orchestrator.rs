@@ -72,11 +72,12 @@ struct Task {
     /// The (operation id, attempts) of an intent this task journaled and
     /// has not called yet: only that one may be called without asking.
     fresh: Option<(String, u32)>,
-    /// Status queries failed in a row.
-    query_failures: u32,
     /// Journal writes refused in a row.
     refusals: u32,
 }
+
+/// The longest error a `QueryFailed` journal write carries (bytes).
+const QUERY_ERROR_BYTES_MAX: usize = 512;
 
 /// Ended sagas forgotten per scan at most.
 const FORGET_PER_SCAN: usize = 256;
@@ -227,9 +228,18 @@ impl Orchestrator {
                     t.fresh = None;
                     Some(self.call_forward(&r, &def, step).await)
                 }
-                Move::QueryForward { step } => self.query_forward(&r, &def, step, &mut t).await,
-                Move::AskThenCompensate { step } => self.ask_then_compensate(&r, &def, step, &mut t).await,
-                Move::QueryCompensation { step } => self.query_compensation(&r, &def, step, &mut t).await,
+                Move::QueryForward { step } => {
+                    self.after_query_failures(&r).await;
+                    self.query_forward(&r, &def, step).await
+                }
+                Move::AskThenCompensate { step } => {
+                    self.after_query_failures(&r).await;
+                    self.ask_then_compensate(&r, &def, step, &mut t).await
+                }
+                Move::QueryCompensation { step } => {
+                    self.after_query_failures(&r).await;
+                    self.query_compensation(&r, &def, step).await
+                }
             };
             let Some(ev) = ev else { continue };
             let intent = matches!(
@@ -243,16 +253,26 @@ impl Orchestrator {
             );
             let pivot_passed = sd.kind == StepKind::Pivot
                 && matches!(&ev, JournalEvent::ForwardOutcome { reply, .. } if reply.outcome == CallOutcome::Ok);
+            let query_failed = matches!(ev, JournalEvent::QueryFailed { .. });
+            let parked = match &ev {
+                JournalEvent::Park { reason } => Some(reason.clone()),
+                _ => None,
+            };
             match self.journal(&r, ev).await {
                 Ok(()) => {
                     t.refusals = 0;
                     // Only an intent this task journaled may be called
-                    // without asking first.
-                    t.fresh = if intent {
-                        self.read(id).and_then(|(r2, _)| current_call(&r2))
-                    } else {
-                        None
-                    };
+                    // without asking first (a failed question before it
+                    // leaves it uncalled).
+                    if intent {
+                        t.fresh = self.read(id).and_then(|(r2, _)| current_call(&r2));
+                    } else if !query_failed {
+                        t.fresh = None;
+                    }
+                    if let Some(reason) = parked {
+                        metrics::counter!("dtx_saga_parked_total").increment(1);
+                        warn!(saga = id, step = r.current, reason = %reason, "saga parked for an operator");
+                    }
                     if pivot_passed {
                         dtx_failpoint::failpoint!("saga_after_pivot");
                         info!(
@@ -272,8 +292,17 @@ impl Orchestrator {
         }
     }
 
-    /// Before a planned journal write: a retry waits its backoff; a park
-    /// is counted and logged.
+    /// Before asking a status question again after `n` failed in a row
+    /// (the journal's count, so a new leader waits too): 100 ms doubled per
+    /// failure, at most 3.2 s.
+    async fn after_query_failures(&self, r: &SagaRecord) {
+        let n = self.ctx.sm.state().sagas.query_failures(r.id);
+        if n > 0 {
+            tokio::time::sleep(Duration::from_millis(100u64 << n.min(5))).await;
+        }
+    }
+
+    /// Before a planned journal write: a retry waits its backoff.
     async fn before_journaling(&self, r: &SagaRecord, def: &Definition, ev: &JournalEvent) {
         let sd = &def.steps[r.current as usize];
         let attempts = current_call(r).map(|c| c.1).unwrap_or(0);
@@ -284,10 +313,6 @@ impl Orchestrator {
         };
         if retry {
             tokio::time::sleep(Duration::from_millis(sd.retry.backoff_ms(attempts))).await;
-        }
-        if let JournalEvent::Park { reason } = ev {
-            metrics::counter!("dtx_saga_parked_total").increment(1);
-            warn!(saga = r.id, step = r.current, reason = %reason, "saga parked for an operator");
         }
     }
 
@@ -304,9 +329,9 @@ impl Orchestrator {
 
     /// Settles a forward call that is UNKNOWN (or an intent found on
     /// resume) by its status query: applied → its answer; not applied →
-    /// a new attempt, or after the last one a fence and FAILED. None: the
-    /// query failed and is asked again after a backoff.
-    async fn query_forward(&self, r: &SagaRecord, def: &Definition, step: u32, t: &mut Task) -> Option<JournalEvent> {
+    /// a new attempt, or after the last one a fence and FAILED; a failed
+    /// query: see [`Orchestrator::query_failed`].
+    async fn query_forward(&self, r: &SagaRecord, def: &Definition, step: u32) -> Option<JournalEvent> {
         let sd = &def.steps[step as usize];
         let c = r.steps[step as usize].forward.clone().unwrap_or_default();
         let last = c.attempts >= sd.retry.max_attempts;
@@ -314,7 +339,6 @@ impl Orchestrator {
         // true (a late call of it will never run).
         match self.ask(&sd.service, &c.operation_id, &sd.status_query, last).await {
             Ok(s) => {
-                t.query_failures = 0;
                 if s.applied {
                     self.settled_metrics(Side::Forward, &c);
                     let reply = forward_reply(reply_of(Answer::Reply(s.reply.unwrap_or_default()), true));
@@ -331,17 +355,18 @@ impl Orchestrator {
                     Some(JournalEvent::ForwardOutcome { step, reply })
                 }
             }
-            Err(e) => {
-                self.query_failed(r, sd.retry.max_attempts, t, Side::Forward, &e, true)
-                    .await
-            }
+            Err(e) => Some(
+                self.query_failed(r, sd.retry.max_attempts, Side::Forward, &e, true)
+                    .await,
+            ),
         }
     }
 
     /// A compensation whose intent this task journaled: asks (with a
     /// fence) whether the forward action happened; calls the compensation
-    /// only if it did, else journals NOOP. None: the question failed (the
-    /// intent stays this task's, nothing was called).
+    /// only if it did, else journals NOOP. A failed question: see
+    /// [`Orchestrator::query_failed`] (the intent stays this task's,
+    /// nothing was called).
     async fn ask_then_compensate(
         &self,
         r: &SagaRecord,
@@ -354,16 +379,14 @@ impl Orchestrator {
         let happened = match self.ask(&sd.service, &fwd.operation_id, &sd.status_query, true).await {
             Ok(s) => s.applied && s.reply.as_ref().map(|x| x.outcome) == Some(pb::StepOutcome::Ok as i32),
             Err(e) => {
-                return match self
-                    .query_failed(r, sd.retry.max_attempts, t, Side::Compensation, &e, false)
-                    .await
-                {
-                    park @ Some(JournalEvent::Park { .. }) => park,
-                    _ => None,
-                };
+                // The intent stays this task's (nothing was called): see
+                // `drive`, which keeps it fresh across a QueryFailed.
+                return Some(
+                    self.query_failed(r, sd.retry.max_attempts, Side::Compensation, &e, false)
+                        .await,
+                );
             }
         };
-        t.query_failures = 0;
         t.fresh = None;
         let reply = if happened {
             dtx_failpoint::failpoint!("saga_mid_compensation");
@@ -384,18 +407,11 @@ impl Orchestrator {
     /// Settles a compensation that is UNKNOWN (or an intent found on
     /// resume) by its status query: applied → its answer; not applied → a
     /// new attempt, or after the last one the saga parks.
-    async fn query_compensation(
-        &self,
-        r: &SagaRecord,
-        def: &Definition,
-        step: u32,
-        t: &mut Task,
-    ) -> Option<JournalEvent> {
+    async fn query_compensation(&self, r: &SagaRecord, def: &Definition, step: u32) -> Option<JournalEvent> {
         let sd = &def.steps[step as usize];
         let c = r.steps[step as usize].compensation.clone().unwrap_or_default();
         match self.status(&sd.service, &c.operation_id, &sd.status_query).await {
             Ok(s) => {
-                t.query_failures = 0;
                 if s.applied {
                     self.settled_metrics(Side::Compensation, &c);
                     let reply = reply_of(Answer::Reply(s.reply.unwrap_or_default()), true);
@@ -411,50 +427,51 @@ impl Orchestrator {
                     })
                 }
             }
-            Err(e) => {
-                self.query_failed(r, sd.retry.max_attempts, t, Side::Compensation, &e, true)
-                    .await
-            }
+            Err(e) => Some(
+                self.query_failed(r, sd.retry.max_attempts, Side::Compensation, &e, true)
+                    .await,
+            ),
         }
     }
 
     /// A status query failed: the call's outcome is (or stays) UNKNOWN.
-    /// The first failure journals UNKNOWN for an INTENDED call when
-    /// `mark_unknown` (its dwell time starts); after `max` failures in a
-    /// row the saga parks; otherwise a backoff and None (ask again).
-    async fn query_failed(
-        &self,
-        r: &SagaRecord,
-        max: u32,
-        t: &mut Task,
-        side: Side,
-        e: &str,
-        mark_unknown: bool,
-    ) -> Option<JournalEvent> {
-        t.query_failures += 1;
+    /// After `max` failures in a row (the journal's count, kept across
+    /// leaders, this one included) the saga parks. Otherwise the first
+    /// failure of an INTENDED call journals it UNKNOWN when `mark_unknown`
+    /// (its dwell time starts; the count starts after it), and any other
+    /// failure is journaled as `QueryFailed` (the count goes up; the next
+    /// question waits `after_query_failures`).
+    async fn query_failed(&self, r: &SagaRecord, max: u32, side: Side, e: &str, mark_unknown: bool) -> JournalEvent {
         let step = r.current;
+        let failures = self.ctx.sm.state().sagas.query_failures(r.id) + 1;
+        if failures >= max.max(1) {
+            return JournalEvent::Park {
+                reason: format!(
+                    "step {step}: the {} outcome is UNKNOWN and its status query failed {failures} times in a row: {e}",
+                    side.label()
+                ),
+            };
+        }
         let call = match side {
             Side::Forward => r.steps[step as usize].forward.as_ref(),
             Side::Compensation => r.steps[step as usize].compensation.as_ref(),
         };
-        if t.query_failures >= max.max(1) {
-            return Some(JournalEvent::Park {
-                reason: format!(
-                    "step {step}: the {} outcome is UNKNOWN and its status query failed {} times: {e}",
-                    side.label(),
-                    t.query_failures
-                ),
-            });
-        }
         if mark_unknown && call.map(|c| c.outcome()) == Some(CallOutcome::Intended) {
             let reply = Reply::of(CallOutcome::Unknown, format!("status query failed: {e}"));
-            return Some(match side {
+            return match side {
                 Side::Forward => JournalEvent::ForwardOutcome { step, reply },
                 Side::Compensation => JournalEvent::CompensationOutcome { step, reply },
-            });
+            };
         }
-        tokio::time::sleep(Duration::from_millis(100u64 << t.query_failures.min(5))).await;
-        None
+        let mut error = e.to_string();
+        if error.len() > QUERY_ERROR_BYTES_MAX {
+            let mut at = QUERY_ERROR_BYTES_MAX;
+            while !error.is_char_boundary(at) {
+                at -= 1;
+            }
+            error.truncate(at);
+        }
+        JournalEvent::QueryFailed { step, error }
     }
 
     /// After a refused or unknown journal write: read again (true), or end

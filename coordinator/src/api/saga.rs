@@ -221,8 +221,12 @@ fn auth_pb(a: &saga::Authorization) -> pb::SagaAuthorization {
     }
 }
 
-pub fn view_pb(r: &SagaRecord, def: Option<&saga::Definition>) -> pb::SagaView {
+/// The view of saga `r` of `book` (its definition's step names and kinds,
+/// its count of failed status queries).
+pub fn view_pb(r: &SagaRecord, book: &saga::SagaBook) -> pb::SagaView {
+    let def = book.definition(&r.definition, r.version);
     pb::SagaView {
+        query_failures: book.query_failures(r.id),
         saga_id: r.id,
         definition: r.definition.clone(),
         version: r.version,
@@ -376,10 +380,9 @@ async fn start(
 async fn get(ctx: &NodeCtx, r: pb::GetSagaRequest, app: Option<String>) -> Result<pb::SagaView, ApiError> {
     let id = r.saga_id;
     ctx.read_linearizable(move |st| {
-        st.sagas.get(id).map(|s| {
-            check_saga_owner(id, s.owner.as_deref(), app.as_deref())
-                .map(|()| view_pb(s, st.sagas.definition(&s.definition, s.version)))
-        })
+        st.sagas
+            .get(id)
+            .map(|s| check_saga_owner(id, s.owner.as_deref(), app.as_deref()).map(|()| view_pb(s, &st.sagas)))
     })
     .await?
     .ok_or_else(|| ApiError::NotFound(format!("saga {id} does not exist")))?
@@ -408,10 +411,7 @@ async fn list(ctx: &NodeCtx, r: pb::ListSagasRequest, app: Option<String>) -> Re
                 && (app.is_none() || s.owner.as_deref() == app.as_deref())
         });
         pb::ListSagasResponse {
-            sagas: page
-                .into_iter()
-                .map(|s| view_pb(s, st.sagas.definition(&s.definition, s.version)))
-                .collect(),
+            sagas: page.into_iter().map(|s| view_pb(s, &st.sagas)).collect(),
             next_after_saga_id: next,
         }
     })
@@ -451,7 +451,7 @@ async fn operate(ctx: &NodeCtx, r: pb::OperateSagaRequest, who: String) -> Resul
         .sagas
         .get(r.saga_id)
         .ok_or_else(|| ApiError::Internal(format!("saga {} vanished after an operator's action", r.saga_id)))?;
-    Ok(view_pb(s, st.sagas.definition(&s.definition, s.version)))
+    Ok(view_pb(s, &st.sagas))
 }
 
 #[tonic::async_trait]

@@ -92,10 +92,7 @@ pub fn parse_query(query: &str) -> Result<SagaQuery, String> {
 /// the id to go on after (0: none).
 pub fn list_page(book: &SagaBook, q: &SagaQuery) -> (Vec<pb::SagaView>, u64) {
     let (page, next) = book.list(q.after, PAGE_SAGAS, |s| q.state.is_none_or(|st| st == s.state));
-    let views = page
-        .into_iter()
-        .map(|s| crate::api::saga::view_pb(s, book.definition(&s.definition, s.version)))
-        .collect();
+    let views = page.into_iter().map(|s| crate::api::saga::view_pb(s, book)).collect();
     (views, next)
 }
 
@@ -308,6 +305,7 @@ pub fn render_saga(f: &Frame, v: &pb::SagaView) -> String {
         ),
         ("owner", if v.owner.is_empty() { "-".into() } else { esc(&v.owner) }),
         ("journal writes", v.journal_seq.to_string()),
+        ("status queries failed in a row", v.query_failures.to_string()),
     ] {
         let _ = write!(b, "<tr><th>{k}</th><td>{val}</td></tr>");
     }
@@ -557,7 +555,7 @@ mod tests {
     fn a_saga_page_shows_its_journal_and_escapes_every_datum() {
         let b = book(EVIL);
         let r = b.get(2).unwrap();
-        let v = crate::api::saga::view_pb(r, b.definition("order", 1));
+        let v = crate::api::saga::view_pb(r, &b);
         let html = render_saga(&frame(), &v);
         assert!(!html.contains("<script>"), "{html}");
         assert!(html.contains("&lt;script&gt;"), "{html}");

@@ -73,6 +73,10 @@ const DROPS_PREFIX: &[u8] = b"d";
 const SAGA_PREFIX: &[u8] = b"s";
 const DEFINITION_PREFIX: &[u8] = b"g";
 const NEXT_SAGA_ID_KEY: &[u8] = b"m/next_saga_id";
+/// A saga's count of status queries failed in a row
+/// (`JournalEvent::QueryFailed`), beside its record while not 0; absent in
+/// data directories written before it existed: absent = 0.
+const QUERY_FAILURES_PREFIX: &[u8] = b"q";
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
 
@@ -100,6 +104,12 @@ fn drops_key(txid: Txid) -> Vec<u8> {
 
 fn saga_key(id: SagaId) -> Vec<u8> {
     let mut k = SAGA_PREFIX.to_vec();
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+fn query_failures_key(id: SagaId) -> Vec<u8> {
+    let mut k = QUERY_FAILURES_PREFIX.to_vec();
     k.extend_from_slice(&id.to_be_bytes());
     k
 }
@@ -143,6 +153,27 @@ struct SnapshotData {
     drops: BTreeMap<Txid, Drops>,
     /// Added after `drops`, in the same way (issue 14).
     sagas: SagaBookData,
+}
+
+/// The layout of snapshots built before the sagas' counts of failed status
+/// queries were recorded (the last field of `SagaBookData`).
+#[derive(Serialize, Deserialize)]
+struct SnapshotDataWithoutQueryFailures {
+    next_txid: Txid,
+    records: Vec<TxRecord>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    retired_node_ids: BTreeSet<u64>,
+    owners: BTreeMap<Txid, String>,
+    drops: BTreeMap<Txid, Drops>,
+    sagas: SagaBookDataWithoutQueryFailures,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SagaBookDataWithoutQueryFailures {
+    next_saga_id: SagaId,
+    definitions: Vec<Definition>,
+    sagas: Vec<SagaRecord>,
 }
 
 /// The layout of snapshots built before sagas were recorded.
@@ -197,6 +228,23 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
         Ok(d) => return Ok(d),
         Err(e) => e,
     };
+    if let Ok(old) = codec::decode::<SnapshotDataWithoutQueryFailures>(bytes) {
+        return Ok(SnapshotData {
+            next_txid: old.next_txid,
+            records: old.records,
+            last_applied: old.last_applied,
+            membership: old.membership,
+            retired_node_ids: old.retired_node_ids,
+            owners: old.owners,
+            drops: old.drops,
+            sagas: SagaBookData {
+                next_saga_id: old.sagas.next_saga_id,
+                definitions: old.sagas.definitions,
+                sagas: old.sagas.sagas,
+                query_failures: Vec::new(),
+            },
+        });
+    }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutSagas>(bytes) {
         return Ok(SnapshotData {
             next_txid: old.next_txid,
@@ -334,12 +382,18 @@ impl StateMachineStore {
             Some(b) => codec::decode(&b)?,
             None => 1,
         };
+        let mut query_failures = Vec::new();
+        for (k, v) in engine.scan_prefix(Space::StateMachine, QUERY_FAILURES_PREFIX)? {
+            if let Some(id) = txid_after(QUERY_FAILURES_PREFIX, &k) {
+                query_failures.push((id, codec::decode::<u32>(&v)?));
+            }
+        }
         let state = SmState {
             table: TxTable::from_parts(next_txid, records)
                 .with_retired_node_ids(retired)
                 .with_owners(owners)
                 .with_drops(drops),
-            sagas: SagaBook::from_parts(next_saga_id, definitions, sagas),
+            sagas: SagaBook::from_parts(next_saga_id, definitions, sagas).with_query_failures(query_failures),
             last_applied,
             membership,
         };
@@ -477,8 +531,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     if let Some(r) = st.sagas.get(*id) {
                         b.put(saga_key(*id), codec::encode(r).map_err(write_err)?);
                     }
+                    match st.sagas.query_failures(*id) {
+                        0 => b.delete(query_failures_key(*id)),
+                        n => b.put(query_failures_key(*id), codec::encode(&n).map_err(write_err)?),
+                    }
                 }
-                SagaEffect::Remove(id) => b.delete(saga_key(*id)),
+                SagaEffect::Remove(id) => {
+                    b.delete(saga_key(*id));
+                    b.delete(query_failures_key(*id));
+                }
                 SagaEffect::Definition(name, version) => {
                     if let Some(d) = st.sagas.definition(name, *version) {
                         b.put(definition_key(name, *version), codec::encode(d).map_err(write_err)?);
@@ -557,6 +618,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
         for d in &data.sagas.definitions {
             b.put(definition_key(&d.name, d.version), codec::encode(d).map_err(write_err)?);
+        }
+        for (id, n) in &data.sagas.query_failures {
+            b.put(query_failures_key(*id), codec::encode(n).map_err(write_err)?);
         }
         b.put(
             NEXT_SAGA_ID_KEY.to_vec(),
@@ -1318,5 +1382,149 @@ mod tests {
             .get(Space::StateMachine, &definition_key("shop", 1))
             .unwrap()
             .is_none());
+    }
+
+    /// The count of failed status queries of a saga
+    /// (`JournalEvent::QueryFailed`) is kept beside its record (`q<id>`):
+    /// it survives a restart and a snapshot, its key goes when another
+    /// write resets it, and a snapshot of the layout before it installs
+    /// with every count 0.
+    #[tokio::test]
+    async fn query_failure_counts_survive_restarts_and_snapshots_and_the_layout_before_them_installs() {
+        use crate::sm::saga::CallOutcome;
+        use crate::sm::saga::JournalEvent;
+        use crate::sm::saga::Reply;
+        use crate::sm::saga::RetryPolicy;
+        use crate::sm::saga::SagaCommand;
+        use crate::sm::saga::StepDef;
+        use crate::sm::saga::StepKind;
+
+        let def = Definition {
+            name: "pay".into(),
+            version: 1,
+            steps: vec![StepDef {
+                name: "charge".into(),
+                kind: StepKind::Pivot,
+                service: "127.0.0.1:7000".into(),
+                action: "charge".into(),
+                compensation: None,
+                status_query: "charge_status".into(),
+                versioned: false,
+                retry: RetryPolicy::default(),
+                on_failure: vec![],
+            }],
+        };
+        let journal = |seq: u64, event: JournalEvent| {
+            Command::Saga(SagaCommand::Journal {
+                saga_id: 1,
+                seq,
+                now_ms: 10 + seq,
+                event,
+            })
+        };
+        let failed = |seq: u64| {
+            journal(
+                seq,
+                JournalEvent::QueryFailed {
+                    step: 0,
+                    error: "unavailable".into(),
+                },
+            )
+        };
+        let (_d1, e1, mut sm) = fresh();
+        sm.apply(vec![entry(
+            1,
+            vec![
+                Command::Saga(SagaCommand::Register { definition: def }),
+                Command::Saga(SagaCommand::Start {
+                    idempotency_key: "k".into(),
+                    fingerprint: [1; 32],
+                    definition: "pay".into(),
+                    version: 1,
+                    input: vec![],
+                    authorization: Default::default(),
+                    owner: None,
+                    now_ms: 5,
+                }),
+                journal(0, JournalEvent::ForwardIntent { step: 0 }),
+                journal(
+                    1,
+                    JournalEvent::ForwardOutcome {
+                        step: 0,
+                        reply: Reply::of(CallOutcome::Unknown, "no answer"),
+                    },
+                ),
+                failed(2),
+                failed(3),
+                failed(4),
+            ],
+        )])
+        .await
+        .unwrap();
+        assert_eq!(sm.state().sagas.query_failures(1), 3);
+        drop(sm);
+        let mut sm = StateMachineStore::open(e1.clone()).unwrap();
+        assert_eq!(sm.state().sagas.query_failures(1), 3, "reopened");
+
+        // A snapshot carries it.
+        let snap = sm.build_snapshot().await.unwrap();
+        let (_d2, e2, mut follower) = fresh();
+        follower.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+        assert_eq!(follower.state().sagas.query_failures(1), 3, "installed");
+        drop(follower);
+        let follower = StateMachineStore::open(e2.clone()).unwrap();
+        assert_eq!(follower.state().sagas.query_failures(1), 3, "installed and reopened");
+
+        // The layout before the counts: installs, every count 0.
+        let (meta, new_bytes) = sm.build_snapshot_bytes().unwrap();
+        let old_bytes = {
+            let st = sm.state();
+            let data = st.sagas.data();
+            codec::encode(&SnapshotDataWithoutQueryFailures {
+                next_txid: st.table.next_txid(),
+                records: st.table.records().cloned().collect(),
+                last_applied: st.last_applied,
+                membership: st.membership.clone(),
+                retired_node_ids: BTreeSet::new(),
+                owners: st.table.owners().clone(),
+                drops: st.table.drops().clone(),
+                sagas: SagaBookDataWithoutQueryFailures {
+                    next_saga_id: data.next_saga_id,
+                    definitions: data.definitions,
+                    sagas: data.sagas,
+                },
+            })
+            .unwrap()
+        };
+        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
+        assert!(codec::decode::<SnapshotDataWithoutQueryFailures>(&new_bytes).is_err());
+        let (_d3, e3, mut old) = fresh();
+        old.install_snapshot(&meta, Box::new(Cursor::new(old_bytes)))
+            .await
+            .unwrap();
+        assert_eq!(old.state().sagas.query_failures(1), 0);
+        assert_eq!(
+            old.state().sagas.get(1),
+            sm.state().sagas.get(1),
+            "the saga itself installed"
+        );
+        assert!(e3.get(Space::StateMachine, &query_failures_key(1)).unwrap().is_none());
+
+        // Another write resets the count, and its key goes.
+        assert!(e1.get(Space::StateMachine, &query_failures_key(1)).unwrap().is_some());
+        sm.apply(vec![entry(
+            2,
+            vec![journal(
+                5,
+                JournalEvent::ForwardOutcome {
+                    step: 0,
+                    reply: Reply::of(CallOutcome::Ok, "charged"),
+                },
+            )],
+        )])
+        .await
+        .unwrap();
+        assert_eq!(sm.state().sagas.query_failures(1), 0);
+        assert!(e1.get(Space::StateMachine, &query_failures_key(1)).unwrap().is_none());
     }
 }

@@ -346,6 +346,12 @@ pub enum JournalEvent {
     CompensationOutcome { step: u32, reply: Reply },
     /// Stop for an operator with the reason.
     Park { reason: String },
+    /// A status query of `step` (or the question asked before a
+    /// compensation) failed: the outcome stays as it is. Counted per saga
+    /// ([`SagaBook::query_failures`]) until the next other journal write or
+    /// operator action, so the limit of failures in a row holds across
+    /// leaders (a new leader's orchestrator continues the count).
+    QueryFailed { step: u32, error: String },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -456,6 +462,9 @@ pub struct SagaBook {
     definitions: BTreeMap<(String, u32), Definition>,
     sagas: BTreeMap<SagaId, SagaRecord>,
     keys: BTreeMap<String, SagaId>,
+    /// Status queries failed in a row (`JournalEvent::QueryFailed`) since
+    /// the saga's last other journal write or operator action; absent: 0.
+    query_failures: BTreeMap<SagaId, u32>,
 }
 
 /// Everything a snapshot keeps of the book.
@@ -464,6 +473,9 @@ pub struct SagaBookData {
     pub next_saga_id: SagaId,
     pub definitions: Vec<Definition>,
     pub sagas: Vec<SagaRecord>,
+    /// Added after `sagas` (last, so snapshots built before it are a prefix
+    /// of this layout; see `store::sm_store::decode_snapshot`).
+    pub query_failures: Vec<(SagaId, u32)>,
 }
 
 /// The fingerprint of step `step` of a saga of `definition`@`version` over
@@ -504,11 +516,29 @@ impl SagaBook {
             next_saga_id: self.next_saga_id,
             definitions: self.definitions.values().cloned().collect(),
             sagas: self.sagas.values().cloned().collect(),
+            query_failures: self.query_failures.iter().map(|(id, n)| (*id, *n)).collect(),
         }
     }
 
     pub fn from_data(d: SagaBookData) -> SagaBook {
-        SagaBook::from_parts(d.next_saga_id, d.definitions, d.sagas)
+        SagaBook::from_parts(d.next_saga_id, d.definitions, d.sagas).with_query_failures(d.query_failures)
+    }
+
+    /// With the counts of failed status queries (as persisted); counts of
+    /// sagas the book does not hold, and zeros, are dropped.
+    pub fn with_query_failures(mut self, counts: impl IntoIterator<Item = (SagaId, u32)>) -> SagaBook {
+        for (id, n) in counts {
+            if n > 0 && self.sagas.contains_key(&id) {
+                self.query_failures.insert(id, n);
+            }
+        }
+        self
+    }
+
+    /// How many status queries of saga `id` failed in a row (see
+    /// `JournalEvent::QueryFailed`).
+    pub fn query_failures(&self, id: SagaId) -> u32 {
+        self.query_failures.get(&id).copied().unwrap_or(0)
     }
 
     pub fn next_saga_id(&self) -> SagaId {
@@ -625,6 +655,7 @@ impl SagaBook {
         let key = r.idempotency_key.clone();
         self.sagas.remove(&id);
         self.keys.remove(&key);
+        self.query_failures.remove(&id);
         effects.push(SagaEffect::Remove(id));
         Ok(SagaOk::Forgotten { removed: true })
     }
@@ -792,6 +823,11 @@ impl SagaBook {
             state: r.state,
         };
         self.sagas.insert(id, r);
+        if matches!(ev, JournalEvent::QueryFailed { .. }) {
+            *self.query_failures.entry(id).or_default() += 1;
+        } else {
+            self.query_failures.remove(&id);
+        }
         effects.push(SagaEffect::Put(id));
         Ok(out)
     }
@@ -917,6 +953,7 @@ impl SagaBook {
         r.seq += 1;
         let state = r.state;
         self.sagas.insert(id, r);
+        self.query_failures.remove(&id);
         effects.push(SagaEffect::Put(id));
         Ok(SagaOk::Operated { state })
     }
@@ -1177,6 +1214,18 @@ fn apply_event(r: &mut SagaRecord, def: &Definition, now_ms: u64, ev: &JournalEv
                 return Err(SagaError::Invalid("a saga parks with its reason".into()));
             }
             park(r, reason);
+        }
+        JournalEvent::QueryFailed { step, error } => {
+            if *step != r.current {
+                return Err(refused(r, *step, format!("the saga is at step {}", r.current)));
+            }
+            if error.len() > limits::REASON_BYTES_MAX {
+                return Err(SagaError::Invalid(format!(
+                    "error is {} bytes; the limit is {} bytes",
+                    error.len(),
+                    limits::REASON_BYTES_MAX
+                )));
+            }
         }
     }
     Ok(())

@@ -1896,6 +1896,61 @@ fn plan_is_idle_for_ended_and_parked_sagas() {
     assert_eq!(h.book.count_in(SagaState::Parked), 1);
 }
 
+// ------------------------------------------------ failed status queries
+
+/// `QueryFailed` counts a saga's failed status queries in a row, so the
+/// orchestrator's limit holds across leaders: it changes nothing in the
+/// record but its seq, any other write resets it, it is in the snapshot
+/// data, and it is refused at another step or with an error above the
+/// limit (changing nothing, the count included).
+#[test]
+fn query_failures_count_in_a_row_until_the_next_other_write() {
+    let d = def_of(&[C, P, R]);
+    let mut h = H::new(&[&d]);
+    let a = h.start(&d, "a");
+    h.ok(a, fi(0));
+    h.ok(a, fo(0, CallOutcome::Unknown));
+    let qf = |step: u32, e: &str| JournalEvent::QueryFailed {
+        step,
+        error: e.to_string(),
+    };
+    assert_eq!(h.book.query_failures(a), 0);
+    let before = h.rec(a);
+    h.ok(a, qf(0, "unavailable"));
+    h.ok(a, qf(0, "unavailable"));
+    assert_eq!(h.book.query_failures(a), 2);
+    let after = h.rec(a);
+    assert_eq!(after.seq, before.seq + 2);
+    assert_eq!(
+        SagaRecord {
+            seq: before.seq,
+            ..after
+        },
+        before,
+        "only the seq moved"
+    );
+
+    refused_with(h.write(a, qf(1, "x")), "at step 0");
+    let long = "e".repeat(limits::REASON_BYTES_MAX + 1);
+    assert!(matches!(h.write(a, qf(0, &long)), Err(SagaError::Invalid(_))));
+    assert_eq!(h.book.query_failures(a), 2);
+
+    let back = SagaBook::from_data(h.book.data());
+    assert_eq!(back.query_failures(a), 2);
+    assert_eq!(back, h.book);
+
+    // Another saga's count is its own; another write resets this one.
+    let b = h.start(&d, "b");
+    h.ok(b, fi(0));
+    h.ok(b, qf(0, "down"));
+    h.ok(a, fo(0, CallOutcome::Ok));
+    assert_eq!((h.book.query_failures(a), h.book.query_failures(b)), (0, 1));
+    // A park (the orchestrator's at the limit) resets it too.
+    h.ok(b, park("the status query failed 8 times in a row"));
+    assert_eq!(h.book.query_failures(b), 0);
+    assert_eq!(h.rec(b).state, SagaState::Parked);
+}
+
 // ------------------------------------------------------------ persistence
 
 #[test]
