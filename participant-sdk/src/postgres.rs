@@ -338,78 +338,145 @@ pub struct PgParticipant<H: PgHandler> {
     target: String,
 }
 
-impl<H: PgHandler> PgParticipant<H> {
-    /// Connects (retrying with backoff up to `opts.connect_attempts`),
-    /// checks `max_prepared_transactions` and the log table's rights, and
-    /// creates the table when missing.
-    pub async fn connect(opts: PgOptions, handler: H) -> Result<Self, StoreError> {
-        check_participant_id(&opts.participant_id).map_err(StoreError::Io)?;
-        let mut cfg: tokio_postgres::Config = opts
-            .conn_string
-            .parse()
-            .map_err(|e| StoreError::Io(format!("PostgreSQL connection string: {e}")))?;
-        if cfg.get_connect_timeout().is_none() {
-            cfg.connect_timeout(opts.connect_timeout);
+/// How a pool's first connection is retried at start.
+pub(crate) struct ConnectRetry {
+    /// Attempts before giving up (at least 1).
+    pub attempts: u32,
+    /// The wait after the first failed attempt, doubled after each, capped
+    /// by `backoff_max`.
+    pub backoff: Duration,
+    pub backoff_max: Duration,
+    /// One attempt's connect timeout (unless the connection string sets
+    /// one).
+    pub timeout: Duration,
+}
+
+/// Where a pool points, for messages.
+pub(crate) struct PgTarget {
+    pub host: String,
+    pub port: u16,
+    pub dbname: String,
+    pub user: String,
+}
+
+impl PgTarget {
+    /// `host:port/dbname`.
+    pub(crate) fn label(&self) -> String {
+        format!("{}:{}/{}", self.host, self.port, self.dbname)
+    }
+
+    /// A start-up failure against this server.
+    pub(crate) fn open_err(&self, message: String) -> StoreError {
+        StoreError::Open {
+            path: format!("postgresql://{}", self.label()),
+            message,
+            disk_full: false,
         }
-        let host = cfg
+    }
+}
+
+/// A pool of `concurrency` connections to `conn_string` and its first
+/// connection, retried with backoff (a server still starting, a network
+/// blip); after the last attempt, an error naming the server, the attempts
+/// and the last failure.
+pub(crate) async fn open_pool(
+    conn_string: &str,
+    concurrency: usize,
+    retry: &ConnectRetry,
+) -> Result<(Pool, deadpool_postgres::Object, PgTarget), StoreError> {
+    let mut cfg: tokio_postgres::Config = conn_string
+        .parse()
+        .map_err(|e| StoreError::Io(format!("PostgreSQL connection string: {e}")))?;
+    if cfg.get_connect_timeout().is_none() {
+        cfg.connect_timeout(retry.timeout);
+    }
+    let at = PgTarget {
+        host: cfg
             .get_hosts()
             .first()
             .map(|h| match h {
                 tokio_postgres::config::Host::Tcp(s) => s.clone(),
                 tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
             })
-            .unwrap_or_else(|| "localhost".into());
-        let port = cfg.get_ports().first().copied().unwrap_or(5432);
-        let dbname = cfg.get_dbname().unwrap_or("(default)").to_string();
-        let user = cfg.get_user().unwrap_or("(default)").to_string();
-        let target = format!("{host}:{port}/{dbname}");
-        let open_err = |message: String| StoreError::Open {
-            path: format!("postgresql://{target}"),
-            message,
-            disk_full: false,
-        };
-        let concurrency = opts.concurrency.max(1);
-        let mgr = Manager::from_config(
-            cfg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(mgr)
-            .max_size(concurrency)
-            .build()
-            .map_err(|e| open_err(format!("building the connection pool: {e}")))?;
-
-        // Reachability, with bounded retries.
-        let attempts = opts.connect_attempts.max(1);
-        let mut wait = opts.connect_backoff;
-        let began = Instant::now();
-        let client = {
-            let mut n = 1;
-            loop {
-                match pool.get().await {
-                    Ok(c) => break c,
-                    Err(e) if n < attempts => {
-                        tracing::warn!(
-                            "PostgreSQL at {host}:{port} (database {dbname}): connection attempt {n}/{attempts} failed: {e}; retrying in {wait:?}"
-                        );
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(opts.connect_backoff_max);
-                        n += 1;
-                    }
-                    Err(e) => {
-                        tracing::error!(
-                            "PostgreSQL at {host}:{port}: connection attempt {n}/{attempts} failed: {e}; giving up"
-                        );
-                        return Err(open_err(format!(
-                            "PostgreSQL at {host}:{port} (database {dbname}) unreachable: {attempts} connection attempts over {:?} failed, the last with: {e}",
-                            began.elapsed()
-                        )));
-                    }
-                }
+            .unwrap_or_else(|| "localhost".into()),
+        port: cfg.get_ports().first().copied().unwrap_or(5432),
+        dbname: cfg.get_dbname().unwrap_or("(default)").to_string(),
+        user: cfg.get_user().unwrap_or("(default)").to_string(),
+    };
+    let mgr = Manager::from_config(
+        cfg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(mgr)
+        .max_size(concurrency.max(1))
+        .build()
+        .map_err(|e| at.open_err(format!("building the connection pool: {e}")))?;
+    let attempts = retry.attempts.max(1);
+    let mut wait = retry.backoff;
+    let began = Instant::now();
+    let mut n = 1;
+    let client = loop {
+        match pool.get().await {
+            Ok(c) => break c,
+            Err(e) if n < attempts => {
+                tracing::warn!(
+                    "PostgreSQL at {}:{} (database {}): connection attempt {n}/{attempts} failed: {e}; retrying in {wait:?}",
+                    at.host,
+                    at.port,
+                    at.dbname
+                );
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(retry.backoff_max);
+                n += 1;
             }
-        };
+            Err(e) => {
+                tracing::error!(
+                    "PostgreSQL at {}:{}: connection attempt {n}/{attempts} failed: {e}; giving up",
+                    at.host,
+                    at.port
+                );
+                return Err(at.open_err(format!(
+                    "PostgreSQL at {}:{} (database {}) unreachable: {attempts} connection attempts over {:?} failed, the last with: {e}",
+                    at.host,
+                    at.port,
+                    at.dbname,
+                    began.elapsed()
+                )));
+            }
+        }
+    };
+    Ok((pool, client, at))
+}
+
+impl<H: PgHandler> PgParticipant<H> {
+    /// Connects (retrying with backoff up to `opts.connect_attempts`),
+    /// checks `max_prepared_transactions` and the log table's rights, and
+    /// creates the table when missing.
+    pub async fn connect(opts: PgOptions, handler: H) -> Result<Self, StoreError> {
+        check_participant_id(&opts.participant_id).map_err(StoreError::Io)?;
+        let concurrency = opts.concurrency.max(1);
+        let (pool, client, at) = open_pool(
+            &opts.conn_string,
+            concurrency,
+            &ConnectRetry {
+                attempts: opts.connect_attempts,
+                backoff: opts.connect_backoff,
+                backoff_max: opts.connect_backoff_max,
+                timeout: opts.connect_timeout,
+            },
+        )
+        .await?;
+        let PgTarget {
+            host,
+            port,
+            dbname,
+            user,
+        } = &at;
+        let open_err = |message: String| at.open_err(message);
+        let target = at.label();
 
         // PREPARE TRANSACTION needs max_prepared_transactions > 0, and at
         // least one slot per concurrent Prepare.

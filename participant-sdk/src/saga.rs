@@ -736,12 +736,7 @@ impl<H: StepHandler> StepStore<H> {
 
     async fn call(&self, kind: CallKind, call: &StepCall) -> Result<StepResult, StepError> {
         let answer = self.call_inner(kind, call).await;
-        let outcome = match &answer {
-            Ok(r) => r.label(),
-            Err(StepError::Invalid(_)) => "invalid",
-            Err(StepError::Store(_)) => "error",
-        };
-        metrics::counter!("dtx_step_calls_total", "call" => kind.as_str(), "outcome" => outcome).increment(1);
+        count_call(kind.as_str(), &answer);
         answer
     }
 
@@ -893,13 +888,7 @@ impl<H: StepHandler> StepStore<H> {
             Ok(rec)
         }
         .await;
-        let outcome = match &answer {
-            Ok(Some(_)) => "applied",
-            Ok(None) => "not_applied",
-            Err(StepError::Invalid(_)) => "invalid",
-            Err(StepError::Store(_)) => "error",
-        };
-        metrics::counter!("dtx_step_calls_total", "call" => "status", "outcome" => outcome).increment(1);
+        count_lookup("status", &answer);
         answer
     }
 
@@ -1143,17 +1132,57 @@ pub fn spawn_outbox_relay<O: Outbox + 'static>(
     })
 }
 
-/// `dtx.v1.SagaStepService` on a [`StepStore`].
-pub struct StepServer<H: StepHandler> {
-    store: Arc<StepStore<H>>,
+/// What [`StepServer`] serves: a step store (the sled [`StepStore`], or
+/// the PostgreSQL `saga_pg::PgStepStore` with the `postgres` feature).
+#[tonic::async_trait]
+pub trait StepBackend: Send + Sync + 'static {
+    /// A forward call, once per operation id.
+    async fn forward(&self, call: &StepCall) -> Result<StepResult, StepError>;
+    /// A compensation, once per operation id (NOOP when the forward action
+    /// did not happen here).
+    async fn compensate(&self, call: &StepCall) -> Result<StepResult, StepError>;
+    /// What an operation id did here (None: nothing yet).
+    async fn status(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError>;
+    /// As `status`, making "nothing" permanent (fenced).
+    async fn fence(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError>;
+    /// Whether `query` names a status query of this service.
+    fn knows_query(&self, query: &str) -> bool;
 }
 
-impl<H: StepHandler> StepServer<H> {
-    pub fn new(store: Arc<StepStore<H>>) -> Self {
+#[tonic::async_trait]
+impl<H: StepHandler> StepBackend for StepStore<H> {
+    async fn forward(&self, call: &StepCall) -> Result<StepResult, StepError> {
+        StepStore::forward(self, call).await
+    }
+
+    async fn compensate(&self, call: &StepCall) -> Result<StepResult, StepError> {
+        StepStore::compensate(self, call).await
+    }
+
+    async fn status(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        StepStore::status(self, operation_id).await
+    }
+
+    async fn fence(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        StepStore::fence(self, operation_id).await
+    }
+
+    fn knows_query(&self, query: &str) -> bool {
+        self.handler.knows_query(query)
+    }
+}
+
+/// `dtx.v1.SagaStepService` on a step store ([`StepBackend`]).
+pub struct StepServer<B: StepBackend> {
+    store: Arc<B>,
+}
+
+impl<B: StepBackend> StepServer<B> {
+    pub fn new(store: Arc<B>) -> Self {
         StepServer { store }
     }
 
-    pub fn store(&self) -> &Arc<StepStore<H>> {
+    pub fn store(&self) -> &Arc<B> {
         &self.store
     }
 }
@@ -1173,7 +1202,7 @@ pub fn step_error_status(e: StepError) -> Status {
 }
 
 #[tonic::async_trait]
-impl<H: StepHandler> SagaStepService for StepServer<H> {
+impl<B: StepBackend> SagaStepService for StepServer<B> {
     async fn forward(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
         let call = StepCall::from(req.into_inner());
         let r = self.store.forward(&call).await.map_err(step_error_status)?;
@@ -1199,12 +1228,12 @@ impl<H: StepHandler> SagaStepService for StepServer<H> {
     }
 }
 
-impl<H: StepHandler> StepServer<H> {
+impl<B: StepBackend> StepServer<B> {
     /// A Status or Fence request naming a status query this service has;
     /// INVALID_ARGUMENT otherwise.
     fn known_query(&self, req: Request<pb::StepStatusRequest>) -> Result<pb::StepStatusRequest, Status> {
         let r = req.into_inner();
-        if !self.store.handler().knows_query(&r.query) {
+        if !self.store.knows_query(&r.query) {
             return Err(Status::invalid_argument(format!(
                 "this service has no status query {:?}",
                 r.query
@@ -1216,11 +1245,33 @@ impl<H: StepHandler> StepServer<H> {
 
 /// What Status and Fence answer for an operation's record (none: not
 /// applied).
-pub(crate) fn status_reply(rec: Option<StepRecord>) -> pb::StepStatusReply {
+fn status_reply(rec: Option<StepRecord>) -> pb::StepStatusReply {
     pb::StepStatusReply {
         applied: rec.is_some(),
         reply: rec.map(|rec| rec.result.to_reply()),
     }
+}
+
+/// Counts a Forward or Compensate call (`dtx_step_calls_total`) by its
+/// answer.
+pub(crate) fn count_call(call: &'static str, answer: &Result<StepResult, StepError>) {
+    let outcome = match answer {
+        Ok(r) => r.label(),
+        Err(StepError::Invalid(_)) => "invalid",
+        Err(StepError::Store(_)) => "error",
+    };
+    metrics::counter!("dtx_step_calls_total", "call" => call, "outcome" => outcome).increment(1);
+}
+
+/// Counts a Status call (`dtx_step_calls_total`) by its answer.
+pub(crate) fn count_lookup(call: &'static str, answer: &Result<Option<StepRecord>, StepError>) {
+    let outcome = match answer {
+        Ok(Some(_)) => "applied",
+        Ok(None) => "not_applied",
+        Err(StepError::Invalid(_)) => "invalid",
+        Err(StepError::Store(_)) => "error",
+    };
+    metrics::counter!("dtx_step_calls_total", "call" => call, "outcome" => outcome).increment(1);
 }
 
 /// Refuses a malformed call: no operation id, or a compensation naming no

@@ -62,40 +62,32 @@
 
 use std::future::Future;
 use std::time::Duration;
-use std::time::Instant;
 
 use deadpool_postgres::GenericClient;
-use deadpool_postgres::Manager;
-use deadpool_postgres::ManagerConfig;
 use deadpool_postgres::Pool;
-use deadpool_postgres::RecyclingMethod;
 pub use deadpool_postgres::Transaction;
-use dtx_proto::v1 as pb;
-use dtx_proto::v1::saga_step_service_server::SagaStepService;
 use std::sync::Arc;
-use tokio_postgres::NoTls;
-use tonic::Request;
-use tonic::Response;
-use tonic::Status;
 use tracing::debug;
 
 use crate::participant::StoreError;
 use crate::participant::StoreFailure;
+use crate::postgres::open_pool;
 use crate::postgres::pg_err;
+use crate::postgres::ConnectRetry;
 use crate::postgres::HandlerError;
 use crate::saga::authorization_current;
 use crate::saga::check_repeat;
 use crate::saga::fence_record;
 use crate::saga::noop_for;
 use crate::saga::record_of;
-use crate::saga::status_reply;
-use crate::saga::step_error_status;
 use crate::saga::CallKind;
 use crate::saga::Outbox;
+use crate::saga::StepBackend;
 use crate::saga::StepCall;
 use crate::saga::StepError;
 use crate::saga::StepRecord;
 use crate::saga::StepResult;
+use crate::saga::StepServer;
 use crate::saga::StepStats;
 use crate::store::unix_ms;
 
@@ -206,61 +198,20 @@ impl<H: PgStepHandler> PgStepStore<H> {
                 "step service name {name:?} must be 1 to {SERVICE_NAME_BYTES_MAX} bytes without control characters"
             )));
         }
-        let mut cfg: tokio_postgres::Config = opts
-            .conn_string
-            .parse()
-            .map_err(|e| StoreError::Io(format!("PostgreSQL connection string: {e}")))?;
-        if cfg.get_connect_timeout().is_none() {
-            cfg.connect_timeout(opts.connect_timeout);
-        }
-        let host = match cfg.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(s)) => s.clone(),
-            Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
-            None => "localhost".into(),
-        };
-        let port = cfg.get_ports().first().copied().unwrap_or(5432);
-        let dbname = cfg.get_dbname().unwrap_or("(default)").to_string();
-        let user = cfg.get_user().unwrap_or("(default)").to_string();
-        let target = format!("postgresql://{host}:{port}/{dbname}");
-        let open_err = |message: String| StoreError::Open {
-            path: target.clone(),
-            message,
-            disk_full: false,
-        };
-        let mgr = Manager::from_config(
-            cfg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
+        let (pool, client, at) = open_pool(
+            &opts.conn_string,
+            opts.concurrency,
+            &ConnectRetry {
+                attempts: opts.connect_attempts,
+                backoff: opts.connect_backoff,
+                backoff_max: opts.connect_backoff_max,
+                timeout: opts.connect_timeout,
             },
-        );
-        let pool = Pool::builder(mgr)
-            .max_size(opts.concurrency.max(1))
-            .build()
-            .map_err(|e| open_err(format!("building the connection pool: {e}")))?;
-        let attempts = opts.connect_attempts.max(1);
-        let mut wait = opts.connect_backoff;
-        let began = Instant::now();
-        let mut n = 1;
-        let client = loop {
-            match pool.get().await {
-                Ok(c) => break c,
-                Err(e) if n < attempts => {
-                    tracing::warn!(
-                        "PostgreSQL at {host}:{port} (database {dbname}): connection attempt {n}/{attempts} failed: {e}; retrying in {wait:?}"
-                    );
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(opts.connect_backoff_max);
-                    n += 1;
-                }
-                Err(e) => {
-                    return Err(open_err(format!(
-                        "unreachable: {attempts} connection attempts over {:?} failed, the last with: {e}",
-                        began.elapsed()
-                    )))
-                }
-            }
-        };
+        )
+        .await?;
+        let user = &at.user;
+        let open_err = |message: String| at.open_err(message);
+        let target = format!("postgresql://{}", at.label());
         let ddl = format!(
             "CREATE TABLE IF NOT EXISTS {INBOX_TABLE} (
                  service text NOT NULL,
@@ -369,12 +320,7 @@ impl<H: PgStepHandler> PgStepStore<H> {
 
     async fn call(&self, kind: CallKind, call: &StepCall) -> Result<StepResult, StepError> {
         let answer = self.call_inner(kind, call).await;
-        let outcome = match &answer {
-            Ok(r) => r.label(),
-            Err(StepError::Invalid(_)) => "invalid",
-            Err(StepError::Store(_)) => "error",
-        };
-        metrics::counter!("dtx_step_calls_total", "call" => kind.as_str(), "outcome" => outcome).increment(1);
+        crate::saga::count_call(kind.as_str(), &answer);
         answer
     }
 
@@ -580,13 +526,7 @@ impl<H: PgStepHandler> PgStepStore<H> {
             Ok(self.read_record(&c, operation_id).await?)
         }
         .await;
-        let outcome = match &answer {
-            Ok(Some(_)) => "applied",
-            Ok(None) => "not_applied",
-            Err(StepError::Invalid(_)) => "invalid",
-            Err(StepError::Store(_)) => "error",
-        };
-        metrics::counter!("dtx_step_calls_total", "call" => "status", "outcome" => outcome).increment(1);
+        crate::saga::count_lookup("status", &answer);
         answer
     }
 
@@ -706,54 +646,27 @@ impl<H: PgStepHandler> Outbox for PgStepStore<H> {
 }
 
 /// `dtx.v1.SagaStepService` on a [`PgStepStore`].
-pub struct PgStepServer<H: PgStepHandler> {
-    store: Arc<PgStepStore<H>>,
-}
-
-impl<H: PgStepHandler> PgStepServer<H> {
-    pub fn new(store: Arc<PgStepStore<H>>) -> Self {
-        PgStepServer { store }
-    }
-
-    pub fn store(&self) -> &Arc<PgStepStore<H>> {
-        &self.store
-    }
-
-    fn known_query(&self, req: Request<pb::StepStatusRequest>) -> Result<pb::StepStatusRequest, Status> {
-        let r = req.into_inner();
-        if !self.store.handler().knows_query(&r.query) {
-            return Err(Status::invalid_argument(format!(
-                "this service has no status query {:?}",
-                r.query
-            )));
-        }
-        Ok(r)
-    }
-}
+pub type PgStepServer<H> = StepServer<PgStepStore<H>>;
 
 #[tonic::async_trait]
-impl<H: PgStepHandler> SagaStepService for PgStepServer<H> {
-    async fn forward(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
-        let call = StepCall::from(req.into_inner());
-        let r = self.store.forward(&call).await.map_err(step_error_status)?;
-        Ok(Response::new(r.to_reply()))
+impl<H: PgStepHandler> StepBackend for PgStepStore<H> {
+    async fn forward(&self, call: &StepCall) -> Result<StepResult, StepError> {
+        PgStepStore::forward(self, call).await
     }
 
-    async fn compensate(&self, req: Request<pb::StepCall>) -> Result<Response<pb::StepReply>, Status> {
-        let call = StepCall::from(req.into_inner());
-        let r = self.store.compensate(&call).await.map_err(step_error_status)?;
-        Ok(Response::new(r.to_reply()))
+    async fn compensate(&self, call: &StepCall) -> Result<StepResult, StepError> {
+        PgStepStore::compensate(self, call).await
     }
 
-    async fn status(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
-        let r = self.known_query(req)?;
-        let rec = self.store.status(&r.operation_id).await.map_err(step_error_status)?;
-        Ok(Response::new(status_reply(rec)))
+    async fn status(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        PgStepStore::status(self, operation_id).await
     }
 
-    async fn fence(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
-        let r = self.known_query(req)?;
-        let rec = self.store.fence(&r.operation_id).await.map_err(step_error_status)?;
-        Ok(Response::new(status_reply(rec)))
+    async fn fence(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        PgStepStore::fence(self, operation_id).await
+    }
+
+    fn knows_query(&self, query: &str) -> bool {
+        self.handler.knows_query(query)
     }
 }
