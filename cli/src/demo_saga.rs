@@ -8,7 +8,9 @@
 //! Clients start order sagas (mostly good orders, about 10% above the
 //! customer's balance, about 5% out of stock; the idempotency key is the
 //! order id, so a start whose answer was lost is simply asked again) while
-//! the leader is killed with SIGKILL. At the end every saga must have
+//! the leader is killed with SIGKILL every `--kill-every-secs`, and, half-way
+//! between, a step service (each in turn, restarted a second later). At the
+//! end every saga must have
 //! ended (or parked, with its reason), and the audit reads the three
 //! services' data: stock and money conserved, every completed order
 //! reserved, charged and confirmed exactly once, every compensated order
@@ -278,6 +280,59 @@ fn service(bin: &Path, dir: &Path, role: Role) -> anyhow::Result<ServiceProcess>
     let mut s = ServiceProcess::new(bin, dir, role.as_str(), &addr, args);
     s.start(&[])?;
     Ok(s)
+}
+
+/// Kills a step service with SIGKILL half-way between leader kills (each
+/// role in turn) and starts it again a second later, as a supervisor
+/// would: its inbox must answer the orchestrator's repeats and status
+/// queries after the restart.
+struct ServiceKills {
+    every: u64,
+    next: u64,
+    turn: usize,
+    restart_at: Option<(usize, Instant)>,
+    kills: u64,
+}
+
+impl ServiceKills {
+    fn new(every: u64) -> Self {
+        ServiceKills {
+            every,
+            next: if every > 0 { (every / 2).max(1) } else { u64::MAX },
+            turn: 0,
+            restart_at: None,
+            kills: 0,
+        }
+    }
+
+    fn tick(&mut self, services: &mut [ServiceProcess], t: u64) -> anyhow::Result<()> {
+        if let Some((i, at)) = self.restart_at {
+            if Instant::now() >= at {
+                services[i].start(&[])?;
+                println!("  t={t:>3}s  step service {} restarted", ROLES[i]);
+                self.restart_at = None;
+            }
+        }
+        if t >= self.next && self.restart_at.is_none() {
+            let i = self.turn % services.len();
+            self.turn += 1;
+            services[i].kill9();
+            self.kills += 1;
+            println!("  t={t:>3}s  kill -9 step service {}", ROLES[i]);
+            self.restart_at = Some((i, Instant::now() + Duration::from_secs(1)));
+            self.next = t + self.every;
+        }
+        Ok(())
+    }
+
+    /// Starts the service still down, if any.
+    fn finish(&mut self, services: &mut [ServiceProcess]) -> anyhow::Result<()> {
+        if let Some((i, _)) = self.restart_at.take() {
+            services[i].start(&[])?;
+            println!("  step service {} restarted", ROLES[i]);
+        }
+        Ok(())
+    }
 }
 
 /// One client: starts an order saga, follows it until it ends (or parks)
@@ -551,10 +606,12 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
 
     let started = Instant::now();
     let mut kills = LeaderKills::new(a.kill_every_secs);
+    let mut service_kills = ServiceKills::new(a.kill_every_secs);
     while started.elapsed() < Duration::from_secs(a.seconds) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let t = started.elapsed().as_secs();
         kills.tick(&mut cluster, t).await?;
+        service_kills.tick(&mut services, t)?;
         let leader = cluster.current_leader().await;
         println!("{}", counts.progress(t, leader));
     }
@@ -563,7 +620,9 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         let _ = w.await;
     }
     kills.finish(&mut cluster).await?;
+    service_kills.finish(&mut services)?;
     let kills = kills.kills;
+    let service_kills = service_kills.kills;
 
     // Every saga ends (or parks) by itself: the orchestrator of whichever
     // node leads drives them from the journal.
@@ -622,7 +681,10 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     let money_now: u64 = pay.balances.values().map(|b| b.balance + b.charged).sum();
     let forward_dups: u64 = audits.iter().map(|a| a.forward_duplicates_seen).sum();
     println!();
-    println!("summary after {} s, {kills} leader kill(s):", a.seconds);
+    println!(
+        "summary after {} s, {kills} leader kill(s), {service_kills} step service kill(s):",
+        a.seconds
+    );
     println!(
         "  sagas started             {} (clients were told {}; {} start(s) not answered)",
         sagas.len(),

@@ -1,7 +1,7 @@
 //! The saga demo as a test (issue 14, item 8): `coordinator demo --saga`,
 //! the order saga over three step services (a payment API that loses
 //! replies, a mail server that is busy) with the leader killed by SIGKILL
-//! every 3 s. In a file of its own so it does not run at the same time as
+//! every 3 s, and a step service in between (restarted a second later). In a file of its own so it does not run at the same time as
 //! the other demos. The audit must pass (stock and money conserved, every
 //! completed order reserved, charged and confirmed exactly once, every
 //! compensated order holding nothing and never charged, no duplicate
@@ -14,6 +14,10 @@ mod common;
 fn t112_saga_demo_passes_its_audit_under_leader_kills() {
     let stdout = common::run_demo_audited(&["--saga", "--seconds", "10", "--kill-every-secs", "3", "--clients", "4"]);
     assert!(stdout.contains("kill -9 leader"), "no leader was killed: {stdout}");
+    assert!(
+        stdout.contains("kill -9 step service"),
+        "no step service was killed: {stdout}"
+    );
     let completed = common::summary_count(&stdout, "completed");
     let compensated = common::summary_count(&stdout, "compensated");
     let reconciled = common::summary_count(&stdout, "lost replies reconciled");
