@@ -222,11 +222,11 @@ impl Orchestrator {
                 Move::Idle => return,
                 Move::Journal(ev) => {
                     self.before_journaling(&r, &def, &ev).await;
-                    Some(ev)
+                    ev
                 }
                 Move::CallForward { step } => {
                     t.fresh = None;
-                    Some(self.call_forward(&r, &def, step).await)
+                    self.call_forward(&r, &def, step).await
                 }
                 Move::QueryForward { step } => {
                     self.after_query_failures(&r).await;
@@ -241,7 +241,6 @@ impl Orchestrator {
                     self.query_compensation(&r, &def, step).await
                 }
             };
-            let Some(ev) = ev else { continue };
             let intent = matches!(
                 ev,
                 JournalEvent::ForwardIntent { .. }
@@ -331,7 +330,7 @@ impl Orchestrator {
     /// resume) by its status query: applied → its answer; not applied →
     /// a new attempt, or after the last one a fence and FAILED; a failed
     /// query: see [`Orchestrator::query_failed`].
-    async fn query_forward(&self, r: &SagaRecord, def: &Definition, step: u32) -> Option<JournalEvent> {
+    async fn query_forward(&self, r: &SagaRecord, def: &Definition, step: u32) -> JournalEvent {
         let sd = &def.steps[step as usize];
         let c = r.steps[step as usize].forward.clone().unwrap_or_default();
         let last = c.attempts >= sd.retry.max_attempts;
@@ -342,9 +341,9 @@ impl Orchestrator {
                 if s.applied {
                     self.settled_metrics(Side::Forward, &c);
                     let reply = forward_reply(reply_of(Answer::Reply(s.reply.unwrap_or_default()), true));
-                    Some(JournalEvent::ForwardOutcome { step, reply })
+                    JournalEvent::ForwardOutcome { step, reply }
                 } else if !last {
-                    Some(JournalEvent::ForwardIntent { step })
+                    JournalEvent::ForwardIntent { step }
                 } else {
                     self.settled_metrics(Side::Forward, &c);
                     let mut reply = Reply::of(
@@ -352,13 +351,13 @@ impl Orchestrator {
                         format!("not applied after {} attempts (status query; fenced)", c.attempts),
                     );
                     reply.reconciled = true;
-                    Some(JournalEvent::ForwardOutcome { step, reply })
+                    JournalEvent::ForwardOutcome { step, reply }
                 }
             }
-            Err(e) => Some(
+            Err(e) => {
                 self.query_failed(r, sd.retry.max_attempts, Side::Forward, &e, true)
-                    .await,
-            ),
+                    .await
+            }
         }
     }
 
@@ -367,13 +366,7 @@ impl Orchestrator {
     /// only if it did, else journals NOOP. A failed question: see
     /// [`Orchestrator::query_failed`] (the intent stays this task's,
     /// nothing was called).
-    async fn ask_then_compensate(
-        &self,
-        r: &SagaRecord,
-        def: &Definition,
-        step: u32,
-        t: &mut Task,
-    ) -> Option<JournalEvent> {
+    async fn ask_then_compensate(&self, r: &SagaRecord, def: &Definition, step: u32, t: &mut Task) -> JournalEvent {
         let sd = &def.steps[step as usize];
         let fwd = r.steps[step as usize].forward.clone().unwrap_or_default();
         let happened = match self.ask(&sd.service, &fwd.operation_id, &sd.status_query, true).await {
@@ -381,10 +374,9 @@ impl Orchestrator {
             Err(e) => {
                 // The intent stays this task's (nothing was called): see
                 // `drive`, which keeps it fresh across a QueryFailed.
-                return Some(
-                    self.query_failed(r, sd.retry.max_attempts, Side::Compensation, &e, false)
-                        .await,
-                );
+                return self
+                    .query_failed(r, sd.retry.max_attempts, Side::Compensation, &e, false)
+                    .await;
             }
         };
         t.fresh = None;
@@ -401,13 +393,13 @@ impl Orchestrator {
             )
         };
         self.outcome_metrics(Side::Compensation, &reply);
-        Some(JournalEvent::CompensationOutcome { step, reply })
+        JournalEvent::CompensationOutcome { step, reply }
     }
 
     /// Settles a compensation that is UNKNOWN (or an intent found on
     /// resume) by its status query: applied → its answer; not applied → a
     /// new attempt, or after the last one the saga parks.
-    async fn query_compensation(&self, r: &SagaRecord, def: &Definition, step: u32) -> Option<JournalEvent> {
+    async fn query_compensation(&self, r: &SagaRecord, def: &Definition, step: u32) -> JournalEvent {
         let sd = &def.steps[step as usize];
         let c = r.steps[step as usize].compensation.clone().unwrap_or_default();
         match self.status(&sd.service, &c.operation_id, &sd.status_query).await {
@@ -415,22 +407,22 @@ impl Orchestrator {
                 if s.applied {
                     self.settled_metrics(Side::Compensation, &c);
                     let reply = reply_of(Answer::Reply(s.reply.unwrap_or_default()), true);
-                    Some(JournalEvent::CompensationOutcome { step, reply })
+                    JournalEvent::CompensationOutcome { step, reply }
                 } else if c.attempts < sd.retry.max_attempts {
-                    Some(JournalEvent::CompensationIntent { step })
+                    JournalEvent::CompensationIntent { step }
                 } else {
-                    Some(JournalEvent::Park {
+                    JournalEvent::Park {
                         reason: format!(
                             "the compensation of step {step} ({:?}) was not applied after {} attempts",
                             sd.name, c.attempts
                         ),
-                    })
+                    }
                 }
             }
-            Err(e) => Some(
+            Err(e) => {
                 self.query_failed(r, sd.retry.max_attempts, Side::Compensation, &e, true)
-                    .await,
-            ),
+                    .await
+            }
         }
     }
 
