@@ -122,6 +122,18 @@ impl ProxyHandle {
 const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl<C: Clone + Send + 'static> Proxy<C> {
+    /// A proxy relaying to `upstream`, and its "gone for good" flag.
+    fn new(upstream: C, chaos: Arc<Chaos>, seed: u64) -> (Self, Arc<AtomicBool>) {
+        let gone = Arc::new(AtomicBool::new(false));
+        let proxy = Proxy {
+            upstream,
+            chaos,
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            gone: gone.clone(),
+        };
+        (proxy, gone)
+    }
+
     fn plan(&self) -> Plan {
         if !self.chaos.on.load(Ordering::SeqCst) {
             return Plan {
@@ -306,13 +318,7 @@ pub async fn spawn(
     tls: Option<ProxyTls>,
 ) -> anyhow::Result<ProxyHandle> {
     let (channel, server_tls) = connect(listen, upstream, tls)?;
-    let gone = Arc::new(AtomicBool::new(false));
-    let proxy = Proxy {
-        upstream: ParticipantServiceClient::new(channel),
-        chaos,
-        rng: Mutex::new(StdRng::seed_from_u64(seed)),
-        gone: gone.clone(),
-    };
+    let (proxy, gone) = Proxy::new(ParticipantServiceClient::new(channel), chaos, seed);
     let router = tonic::transport::Server::builder().add_service(ParticipantServiceServer::new(proxy));
     serve(listen, router, server_tls, gone).await
 }
@@ -328,13 +334,7 @@ pub async fn spawn_step(
     tls: Option<ProxyTls>,
 ) -> anyhow::Result<ProxyHandle> {
     let (channel, server_tls) = connect(listen, upstream, tls)?;
-    let gone = Arc::new(AtomicBool::new(false));
-    let proxy = Proxy {
-        upstream: SagaStepServiceClient::new(channel),
-        chaos,
-        rng: Mutex::new(StdRng::seed_from_u64(seed)),
-        gone: gone.clone(),
-    };
+    let (proxy, gone) = Proxy::new(SagaStepServiceClient::new(channel), chaos, seed);
     let router = tonic::transport::Server::builder().add_service(SagaStepServiceServer::new(proxy));
     serve(listen, router, server_tls, gone).await
 }

@@ -258,37 +258,16 @@ impl World {
 
     /// The leader as most running nodes report it.
     async fn leader(&self) -> Option<u64> {
-        let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
-        for addr in self.api_addrs() {
-            if let Ok(s) =
-                dtx_client::cluster_status_with(&addr, Duration::from_millis(500), self.op_tls.as_ref()).await
-            {
-                if s.leader_id != 0 {
-                    *votes.entry(s.leader_id).or_default() += 1;
-                }
-            }
-        }
-        votes.into_iter().max_by_key(|(_, n)| *n).map(|(id, _)| id)
+        majority_leader(&self.api_addrs(), self.op_tls.as_ref()).await
     }
 
     async fn wait_leader(&self, timeout: Duration) -> Option<u64> {
-        let until = Instant::now() + timeout;
-        while Instant::now() < until {
-            if let Some(l) = self.leader().await {
-                return Some(l);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        None
+        wait_majority_leader(&self.api_addrs(), self.op_tls.as_ref(), timeout).await
     }
 
     fn restart_node(&mut self, id: u64, extra: &[(String, String)]) -> anyhow::Result<()> {
-        let mut env = self.node_env();
-        env.extend_from_slice(extra);
-        self.cluster.env = env;
-        let r = self.cluster.start(id);
-        self.cluster.env = self.node_env();
-        Ok(r?)
+        let env = self.node_env();
+        restart_node_with(&mut self.cluster, id, env, extra)
     }
 
     /// Heals everything: network whole, every process running, unpaused,
@@ -1202,6 +1181,107 @@ pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// With `--tls`: a throwaway authority in the run's folder, and the
+/// harness's two identities: an application (`jepsen-clients`) for what
+/// the workload does, an operator (`jepsen`) for what the harness looks at.
+/// Without: none of them.
+pub(crate) struct RunTls {
+    pub pki: Option<DevPki>,
+    pub app_tls: Option<Arc<ClientTls>>,
+    pub op_tls: Option<Arc<ClientTls>>,
+}
+
+impl RunTls {
+    pub(crate) fn new(on: bool, dir: &Path, authority: &str) -> anyhow::Result<RunTls> {
+        if !on {
+            return Ok(RunTls {
+                pki: None,
+                app_tls: None,
+                op_tls: None,
+            });
+        }
+        let pki = DevPki::create(dir, authority).context("creating the run's certificate authority")?;
+        Ok(RunTls {
+            app_tls: Some(pki.client(&pki.issue(Role::Application, "jepsen-clients", &[])?)?),
+            op_tls: Some(pki.client(&pki.issue(Role::Operator, "jepsen", &[])?)?),
+            pki: Some(pki),
+        })
+    }
+}
+
+/// The run's three nodes (not started) in `dir`, each config tuned by
+/// `tune` and, with `pki`, given its node certificate (valid for its two
+/// addresses); the harness looks at them as `op_tls`.
+pub(crate) fn node_cluster(
+    o: &RunOptions,
+    dir: &Path,
+    cluster_id: &str,
+    plans: Vec<NodePlan>,
+    pki: Option<&DevPki>,
+    op_tls: Option<Arc<ClientTls>>,
+    tune: impl Fn(&mut coordinator::config::Config),
+) -> anyhow::Result<ProcessCluster> {
+    let node_tls_error: std::cell::RefCell<Option<anyhow::Error>> = std::cell::RefCell::new(None);
+    let mut cluster = ProcessCluster::new(&o.coordinator_bin, dir, cluster_id, plans, |c| {
+        tune(c);
+        if let Some(pki) = pki {
+            if let Err(e) = pki.apply_node(c) {
+                node_tls_error.borrow_mut().get_or_insert(e);
+            }
+        }
+    })?;
+    if let Some(e) = node_tls_error.into_inner() {
+        return Err(e.context("issuing the nodes' certificates"));
+    }
+    cluster.client_tls = op_tls;
+    Ok(cluster)
+}
+
+/// The leader as most of the nodes at `addrs` that answer report it.
+pub(crate) async fn majority_leader(addrs: &[String], tls: Option<&Arc<ClientTls>>) -> Option<u64> {
+    let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
+    for addr in addrs {
+        if let Ok(s) = dtx_client::cluster_status_with(addr, Duration::from_millis(500), tls).await {
+            if s.leader_id != 0 {
+                *votes.entry(s.leader_id).or_default() += 1;
+            }
+        }
+    }
+    votes.into_iter().max_by_key(|(_, n)| *n).map(|(id, _)| id)
+}
+
+/// [`majority_leader`], asked every 100 ms for up to `timeout`.
+pub(crate) async fn wait_majority_leader(
+    addrs: &[String],
+    tls: Option<&Arc<ClientTls>>,
+    timeout: Duration,
+) -> Option<u64> {
+    let until = Instant::now() + timeout;
+    while Instant::now() < until {
+        if let Some(l) = majority_leader(addrs, tls).await {
+            return Some(l);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Starts node `id` with `env` plus `extra` (a fault's, such as a skewed
+/// clock); the cluster's environment for later starts stays `env`.
+pub(crate) fn restart_node_with(
+    cluster: &mut ProcessCluster,
+    id: u64,
+    env: Vec<(String, String)>,
+    extra: &[(String, String)],
+) -> anyhow::Result<()> {
+    let mut with = env.clone();
+    with.extend_from_slice(extra);
+    cluster.env = with;
+    let r = cluster.start(id);
+    cluster.env = env;
+    Ok(r?)
+}
+
 /// Every address a run listens on: nodes on 127.0.0.11-13 (raft, api),
 /// banks on 127.0.0.21.. (another `--ip-prefix` than 127.0.0 moves them).
 pub(crate) fn addrs(o: &RunOptions) -> Vec<(String, u16)> {
@@ -1275,39 +1355,23 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     // (and its one-phase ones undecided) for good: a small batch makes any
     // starvation of the other transactions by them show (invariant 11).
     let gone_enabled = o.faults.contains(&Fault::ParticipantGone);
-    // With --tls: a throwaway authority in the run's folder (tls/), and the
-    // harness's two identities.
-    let pki = if o.tls {
-        Some(DevPki::create(&dir.join("tls"), "dtx jepsen run").context("creating the run's certificate authority")?)
-    } else {
-        None
-    };
-    let (app_tls, op_tls) = match &pki {
-        Some(pki) => (
-            Some(pki.client(&pki.issue(Role::Application, "jepsen-clients", &[])?)?),
-            Some(pki.client(&pki.issue(Role::Operator, "jepsen", &[])?)?),
-        ),
-        None => (None, None),
-    };
-    let node_tls_error: std::cell::RefCell<Option<anyhow::Error>> = std::cell::RefCell::new(None);
-    let mut cluster = ProcessCluster::new(&o.coordinator_bin, &dir.join("nodes"), "dtx-jepsen", plans, |c| {
-        c.txn.prepare_timeout_ms = 2_000;
-        c.txn.delivery_retry_max_ms = 500;
-        c.txn.retention_ms = 120_000;
-        if gone_enabled {
-            c.txn.reaper_batch_max = GONE_REAPER_BATCH_MAX;
-        }
-        // Each node's certificate, valid for its two addresses.
-        if let Some(pki) = &pki {
-            if let Err(e) = pki.apply_node(c) {
-                node_tls_error.borrow_mut().get_or_insert(e);
+    let RunTls { pki, app_tls, op_tls } = RunTls::new(o.tls, &dir.join("tls"), "dtx jepsen run")?;
+    let cluster = node_cluster(
+        &o,
+        &dir.join("nodes"),
+        "dtx-jepsen",
+        plans,
+        pki.as_ref(),
+        op_tls.clone(),
+        |c| {
+            c.txn.prepare_timeout_ms = 2_000;
+            c.txn.delivery_retry_max_ms = 500;
+            c.txn.retention_ms = 120_000;
+            if gone_enabled {
+                c.txn.reaper_batch_max = GONE_REAPER_BATCH_MAX;
             }
-        }
-    })?;
-    if let Some(e) = node_tls_error.into_inner() {
-        return Err(e.context("issuing the nodes' certificates"));
-    }
-    cluster.client_tls = op_tls.clone();
+        },
+    )?;
     let net = if o.faults.iter().any(|f| f.is_partition()) {
         // One table per base port: runs on other ports keep their rules.
         Some(Net::new(&format!("dtx_jepsen_{}", o.base_port))?)

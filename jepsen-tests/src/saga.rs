@@ -61,10 +61,15 @@ use crate::nemesis::Schedule;
 use crate::plot;
 use crate::procs::check_bindable;
 use crate::procs::Net;
+use crate::runner::majority_leader;
+use crate::runner::node_cluster;
 use crate::runner::record_fault;
+use crate::runner::restart_node_with;
+use crate::runner::wait_majority_leader;
 use crate::runner::Recorder;
 use crate::runner::RunOptions;
 use crate::runner::RunResult;
+use crate::runner::RunTls;
 use crate::runner::LIBFAKETIME;
 
 /// The step services, in the order of the saga.
@@ -178,37 +183,16 @@ impl World {
     }
 
     async fn leader(&self) -> Option<u64> {
-        let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
-        for addr in self.cluster.api_addrs() {
-            if let Ok(s) =
-                dtx_client::cluster_status_with(&addr, Duration::from_millis(500), self.op_tls.as_ref()).await
-            {
-                if s.leader_id != 0 {
-                    *votes.entry(s.leader_id).or_default() += 1;
-                }
-            }
-        }
-        votes.into_iter().max_by_key(|(_, n)| *n).map(|(id, _)| id)
+        majority_leader(&self.cluster.api_addrs(), self.op_tls.as_ref()).await
     }
 
     async fn wait_leader(&self, timeout: Duration) -> Option<u64> {
-        let until = Instant::now() + timeout;
-        while Instant::now() < until {
-            if let Some(l) = self.leader().await {
-                return Some(l);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        None
+        wait_majority_leader(&self.cluster.api_addrs(), self.op_tls.as_ref(), timeout).await
     }
 
     fn restart_node(&mut self, id: u64, extra: &[(String, String)]) -> anyhow::Result<()> {
-        let mut env = self.node_env();
-        env.extend_from_slice(extra);
-        self.cluster.env = env;
-        let r = self.cluster.start(id);
-        self.cluster.env = self.node_env();
-        Ok(r?)
+        let env = self.node_env();
+        restart_node_with(&mut self.cluster, id, env, extra)
     }
 
     /// The supervisor: starts every step service that is not running
@@ -1009,33 +993,16 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     let node_ips: Vec<String> = (1..=3).map(|id| format!("{}.{}", o.ip_prefix, 10 + id)).collect();
     // With --tls: a throwaway authority in the run's folder (tls/), the
     // nodes' certificates, and the harness's two identities.
-    let pki = if o.tls {
-        Some(
-            DevPki::create(&dir.join("tls"), "dtx jepsen saga run")
-                .context("creating the run's certificate authority")?,
-        )
-    } else {
-        None
-    };
-    let (app_tls, op_tls) = match &pki {
-        Some(pki) => (
-            Some(pki.client(&pki.issue(Role::Application, "jepsen-clients", &[])?)?),
-            Some(pki.client(&pki.issue(Role::Operator, "jepsen", &[])?)?),
-        ),
-        None => (None, None),
-    };
-    let node_tls_error: std::cell::RefCell<Option<anyhow::Error>> = std::cell::RefCell::new(None);
-    let mut cluster = ProcessCluster::new(&o.coordinator_bin, &dir.join("nodes"), "dtx-jepsen-saga", plans, |c| {
-        if let Some(pki) = &pki {
-            if let Err(e) = pki.apply_node(c) {
-                node_tls_error.borrow_mut().get_or_insert(e);
-            }
-        }
-    })?;
-    if let Some(e) = node_tls_error.into_inner() {
-        return Err(e.context("issuing the nodes' certificates"));
-    }
-    cluster.client_tls = op_tls.clone();
+    let RunTls { pki, app_tls, op_tls } = RunTls::new(o.tls, &dir.join("tls"), "dtx jepsen saga run")?;
+    let cluster = node_cluster(
+        &o,
+        &dir.join("nodes"),
+        "dtx-jepsen-saga",
+        plans,
+        pki.as_ref(),
+        op_tls.clone(),
+        |_| {},
+    )?;
     let net = if o.faults.iter().any(|f| f.is_partition()) {
         Some(Net::new(&format!("dtx_jepsen_{}", o.base_port))?)
     } else {
