@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 
-use anyhow::Context;
 use participant_sdk::log::LocalState;
 
 use dtx_client::Client;
@@ -74,10 +73,7 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         if a.tls { ", mutual TLS on every link" } else { "" }
     );
     println!("  working directory: {}", dir.display());
-    let mut leader = cluster
-        .wait_for_leader(Duration::from_secs(30))
-        .await
-        .context("no leader")?;
+    let mut leader = cluster.leader_within(Duration::from_secs(30)).await?;
     for b in &banks_procs {
         b.wait_started().await?;
     }

@@ -150,10 +150,7 @@ impl LeaderKills {
         if let Some((id, _)) = self.restart_at.take() {
             cluster.start(id)?;
         }
-        cluster
-            .wait_for_leader(Duration::from_secs(30))
-            .await
-            .context("no leader after the run")?;
+        cluster.leader_within(Duration::from_secs(30)).await?;
         Ok(())
     }
 }

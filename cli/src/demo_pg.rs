@@ -103,10 +103,7 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         a.seconds
     );
     println!("  working directory: {}", dir.display());
-    let mut leader = cluster
-        .wait_for_leader(Duration::from_secs(30))
-        .await
-        .context("no leader")?;
+    let mut leader = cluster.leader_within(Duration::from_secs(30)).await?;
     for s in &services {
         s.wait_started().await?;
     }

@@ -267,10 +267,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         }
     })?;
     cluster.start_all()?;
-    let leader = cluster
-        .wait_for_leader(Duration::from_secs(30))
-        .await
-        .context("no leader within 30 s")?;
+    let leader = cluster.leader_within(Duration::from_secs(30)).await?;
     let leader_api = cluster.node(leader).plan.api_listen.clone();
     println!("cluster up; leader node {leader} at {leader_api}");
 

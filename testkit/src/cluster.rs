@@ -341,11 +341,9 @@ pub struct ProcessCluster {
     pub client_token: Option<String>,
 }
 
-/// Picks a free TCP port on `ip` (bind to port 0, read it, release it).
-pub fn free_port(ip: &str) -> std::io::Result<u16> {
-    let l = std::net::TcpListener::bind((ip, 0))?;
-    Ok(l.local_addr()?.port())
-}
+/// A free TCP port on `ip` for a process about to be started, from outside
+/// the kernel's ephemeral range (see `dtx_ports` for why).
+pub use dtx_ports::free_port;
 
 impl ProcessCluster {
     /// Writes configs for `plans` under `dir`; node 1 bootstraps the cluster.
@@ -541,6 +539,40 @@ impl ProcessCluster {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         None
+    }
+
+    /// [`Self::wait_for_leader`], or an error that says why not: each node
+    /// that has exited, with its exit status and the last lines of its log
+    /// (a port another process took, a bad configuration), and where the
+    /// logs are.
+    pub async fn leader_within(&mut self, timeout: Duration) -> anyhow::Result<u64> {
+        if let Some(leader) = self.wait_for_leader(timeout).await {
+            return Ok(leader);
+        }
+        let mut why = String::new();
+        for n in &mut self.nodes {
+            let status = match n.child.as_mut().map(|c| c.try_wait()) {
+                Some(Ok(Some(status))) => status.to_string(),
+                Some(Ok(None)) => continue,
+                Some(Err(e)) => format!("state unknown ({e})"),
+                None => "not started".to_string(),
+            };
+            let log = fs::read_to_string(&n.log_path).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(5)..].join("\n    ");
+            why.push_str(&format!(
+                "\n  node {} is down ({status}); its log ends:\n    {tail}",
+                n.plan.id
+            ));
+        }
+        if why.is_empty() {
+            why = "\n  every node is running, but they agree on no leader".to_string();
+        }
+        anyhow::bail!(
+            "no leader within {} s:{why}\n  the node logs are in {}",
+            timeout.as_secs(),
+            self.dir.display()
+        )
     }
 
     /// The id of a node that currently believes it is the leader.

@@ -36,9 +36,9 @@ pub async fn run(env: Env<'_>) -> anyhow::Result<Vec<TransferPoint>> {
     cluster.client_tls = Some(pki.client(&pki.issue(Role::Operator, "bench", &[])?)?);
     cluster.start_all()?;
     let leader = cluster
-        .wait_for_leader(Duration::from_secs(30))
+        .leader_within(Duration::from_secs(30))
         .await
-        .context("TLS cluster: no leader within 30 s")?;
+        .context("the TLS cluster")?;
     let leader_api = cluster.node(leader).plan.api_listen.clone();
     let api = cluster.api_addrs();
     let mut banks = Vec::new();

@@ -24,7 +24,6 @@ use std::ffi::CString;
 use std::fs::OpenOptions;
 use std::io::Read;
 use std::io::Write;
-use std::net::TcpListener;
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -298,8 +297,7 @@ fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 }
 
 fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| failed(format!("finding a free port: {e}")))?;
-    Ok(l.local_addr().map_err(|e| failed(e.to_string()))?.port())
+    dtx_ports::free_port("127.0.0.1").map_err(|e| failed(format!("finding a free port: {e}")))
 }
 
 fn tail(path: &Path, lines: usize) -> String {
