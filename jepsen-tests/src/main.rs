@@ -33,10 +33,10 @@ enum Cmd {
         /// pause-leader, partition-isolate, partition-majority,
         /// partition-bridge, partition-leader-participants,
         /// partition-leader-followers, clock-skew, crash-point,
-        /// message-chaos, participant-gone, disk-full, kill-postgres; or the
-        /// groups all, kill, partition, none. kill-postgres only in the
-        /// postgres workload, disk-full only in the sled one (skipped, with
-        /// a note, otherwise).
+        /// message-chaos, participant-gone, disk-full, kill-postgres,
+        /// partition-postgres; or the groups all, kill, partition, none.
+        /// kill-postgres and partition-postgres only in the postgres
+        /// workload, disk-full not in it (skipped, with a note, otherwise).
         #[arg(long, default_value = "all")]
         nemesis: String,
         /// What the banks keep their accounts in: sled (their own store) or

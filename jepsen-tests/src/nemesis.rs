@@ -48,10 +48,15 @@ pub enum Fault {
     /// postmaster and every backend); restarted (crash recovery) at the end
     /// of the fault. Only in that workload.
     KillPostgres,
+    /// The PostgreSQL server of the PostgreSQL workload cut off from the
+    /// banks: every packet to and from its port dropped (open connections
+    /// stall mid-statement, new ones do not connect), healed at the end of
+    /// the fault. Only in that workload.
+    PartitionPostgres,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 15] = [
+    pub const ALL: [Fault; 16] = [
         Fault::KillLeader,
         Fault::KillNode,
         Fault::KillParticipant,
@@ -67,6 +72,7 @@ impl Fault {
         Fault::ParticipantGone,
         Fault::DiskFull,
         Fault::KillPostgres,
+        Fault::PartitionPostgres,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +92,7 @@ impl Fault {
             Fault::ParticipantGone => crate::checker::GONE_FAULT,
             Fault::DiskFull => "disk-full",
             Fault::KillPostgres => "kill-postgres",
+            Fault::PartitionPostgres => "partition-postgres",
         }
     }
 
@@ -220,7 +227,8 @@ mod tests {
     fn names_parse_and_unknown_ones_are_refused_with_the_list() {
         assert_eq!(parse_list("kill-leader,pause-leader").unwrap().len(), 2);
         assert_eq!(parse_list("all").unwrap().len(), Fault::ALL.len());
-        assert_eq!(parse_list("partition").unwrap().len(), 5);
+        assert_eq!(parse_list("partition").unwrap().len(), 6);
+        assert!(parse_list("partition").unwrap().contains(&Fault::PartitionPostgres));
         assert!(parse_list("none").unwrap().is_empty());
         let err = parse_list("kill-leader,explode").unwrap_err();
         assert!(err.contains("\"explode\"") && err.contains("clock-skew"), "{err}");

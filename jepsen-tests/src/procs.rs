@@ -74,6 +74,16 @@ impl Net {
         nft(&script)
     }
 
+    /// Drops every TCP packet to and from `port` on `ip`, both directions:
+    /// whoever talks to the server there (over loopback, whatever their
+    /// own address) is cut off from it.
+    pub fn cut_port(&self, ip: &str, port: u16) -> anyhow::Result<()> {
+        nft(&format!(
+            "add rule ip {t} out ip daddr {ip} tcp dport {port} drop\nadd rule ip {t} out ip saddr {ip} tcp sport {port} drop\n",
+            t = self.table
+        ))
+    }
+
     /// Removes every rule: the network is whole again.
     pub fn heal(&self) -> anyhow::Result<()> {
         nft(&format!("flush chain ip {} out\n", self.table))

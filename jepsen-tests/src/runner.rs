@@ -83,8 +83,8 @@ impl Workload {
     }
 
     /// The faults this workload can inject, and a note for each one left
-    /// out: `kill-postgres` needs the PostgreSQL server (only the
-    /// PostgreSQL workload has one); `disk-full` fills the banks' data
+    /// out: `kill-postgres` and `partition-postgres` need the PostgreSQL
+    /// server (only the PostgreSQL workload has one); `disk-full` fills the banks' data
     /// filesystem, which PostgreSQL banks do not use.
     pub fn faults(self, faults: &[Fault]) -> (Vec<Fault>, Vec<String>) {
         let skip = |f: Fault| match (self, f) {
@@ -94,6 +94,8 @@ impl Workload {
                  filled in the sled workload)",
             ),
             (Workload::Saga, Fault::KillPostgres) => Some("the saga workload has no PostgreSQL server"),
+            (Workload::Sled, Fault::PartitionPostgres) => Some("the sled workload has no PostgreSQL server"),
+            (Workload::Saga, Fault::PartitionPostgres) => Some("the saga workload has no PostgreSQL server"),
             _ => None,
         };
         let kept = faults.iter().copied().filter(|f| skip(*f).is_none()).collect();
@@ -501,6 +503,17 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             let pid = pg.pid().unwrap_or(0);
             pg.kill9();
             (format!("postgres (pid {pid})"), Undo::RestartPostgres)
+        }
+        Fault::PartitionPostgres => {
+            let port =
+                w.pg.as_ref()
+                    .ok_or_else(|| anyhow::anyhow!("partition-postgres needs the PostgreSQL workload"))?
+                    .port();
+            net(w)?.cut_port(dtx_pg_server::HOST, port)?;
+            (
+                format!("postgres ({}:{port}) x banks", dtx_pg_server::HOST),
+                Undo::HealNet,
+            )
         }
     })
 }
@@ -2278,21 +2291,24 @@ mod tests {
         assert!(sled.contains(&Fault::DiskFull));
         assert_eq!(
             sled.len(),
-            all.len() - 1,
-            "the sled schedule is the one before kill-postgres"
+            all.len() - 2,
+            "the sled schedule is the one before kill-postgres and partition-postgres"
         );
-        assert_eq!(notes.len(), 1);
+        assert_eq!(notes.len(), 2);
         assert!(notes[0].starts_with("kill-postgres skipped"), "{notes:?}");
+        assert!(notes[1].starts_with("partition-postgres skipped"), "{notes:?}");
         let (pg, notes) = Workload::Postgres.faults(&all);
         assert!(pg.contains(&Fault::KillPostgres));
+        assert!(pg.contains(&Fault::PartitionPostgres));
         assert!(!pg.contains(&Fault::DiskFull));
         assert!(notes[0].starts_with("disk-full skipped"), "{notes:?}");
         // The saga workload runs every nemesis but kill-postgres.
         let (saga, notes) = Workload::Saga.faults(&all);
         assert!(!saga.contains(&Fault::KillPostgres));
-        assert_eq!(notes.len(), 1);
+        assert!(!saga.contains(&Fault::PartitionPostgres));
+        assert_eq!(notes.len(), 2);
         assert!(notes[0].starts_with("kill-postgres skipped"), "{notes:?}");
-        assert_eq!(saga.len(), all.len() - 1);
+        assert_eq!(saga.len(), all.len() - 2);
         for f in [
             Fault::CrashPoint,
             Fault::KillParticipant,

@@ -398,7 +398,9 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             let d = w.disk.as_ref().expect("fill_disk checked");
             (format!("n{} + {}", d.node, ROLES[d.slot]), Undo::FreeDisk(filled))
         }
-        Fault::KillPostgres => anyhow::bail!("{} is not part of the saga workload", f.name()),
+        Fault::KillPostgres | Fault::PartitionPostgres => {
+            anyhow::bail!("{} is not part of the saga workload", f.name())
+        }
     })
 }
 

@@ -34,6 +34,9 @@ use std::process::Stdio;
 use std::time::Duration;
 use std::time::Instant;
 
+/// The only address the server listens on.
+pub const HOST: &str = "127.0.0.1";
+
 /// The OS user the server runs as when this process is root.
 pub const SERVICE_USER: &str = "dtx-pg";
 
@@ -297,7 +300,7 @@ fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 }
 
 fn free_port() -> Result<u16> {
-    dtx_ports::free_port("127.0.0.1").map_err(|e| failed(format!("finding a free port: {e}")))
+    dtx_ports::free_port(HOST).map_err(|e| failed(format!("finding a free port: {e}")))
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -385,7 +388,7 @@ impl PgServer {
             )));
         }
         let mut conf = format!(
-            "\n# dtx-pg-server\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
+            "\n# dtx-pg-server\nlisten_addresses = '{HOST}'\nport = {}\nunix_socket_directories = '{}'\n\
              max_prepared_transactions = {}\nmax_connections = {}\nfsync = on\nshared_buffers = 32MB\n",
             self.port,
             self.socket_dir().display(),
@@ -444,7 +447,7 @@ impl PgServer {
             }
             if Instant::now() >= deadline {
                 return Err(failed(format!(
-                    "postgres did not accept connections on 127.0.0.1:{} within {:?} (last: {last}); log tail:\n{}",
+                    "postgres did not accept connections on {HOST}:{} within {:?} (last: {last}); log tail:\n{}",
                     self.port,
                     self.opts.start_timeout,
                     tail(&self.log_path(), 30)
@@ -473,7 +476,7 @@ impl PgServer {
 
     /// A tokio-postgres connection string for database `db`.
     pub fn conn_string(&self, db: &str) -> String {
-        format!("host=127.0.0.1 port={} user={SUPERUSER} dbname={db}", self.port)
+        format!("host={HOST} port={} user={SUPERUSER} dbname={db}", self.port)
     }
 
     /// `CREATE DATABASE name` (the name is quoted as an identifier).
@@ -544,7 +547,7 @@ impl PgServer {
     /// A minimal frontend: startup as `postgres` (trust), one simple query,
     /// read until ReadyForQuery, report an ErrorResponse as an error.
     fn simple_query(&self, db: &str, sql: &str) -> Result<()> {
-        let addr = format!("127.0.0.1:{}", self.port);
+        let addr = format!("{HOST}:{}", self.port);
         let mut s = TcpStream::connect_timeout(&addr.parse().expect("addr"), Duration::from_secs(2))
             .map_err(|e| failed(format!("connect {addr}: {e}")))?;
         s.set_read_timeout(Some(Duration::from_secs(30))).ok();
