@@ -78,7 +78,7 @@ impl Batcher {
     pub async fn propose_together(&self, cmds: Vec<Command>) -> Result<Vec<CommandResult>, ProposeError> {
         let size = cmds
             .iter()
-            .map(|c| codec::encode(c).map(|b| b.len()).unwrap_or(usize::MAX))
+            .map(|c| codec::encoded_len(c).unwrap_or(usize::MAX))
             .fold(0usize, usize::saturating_add);
         if size > self.settings.bytes_max {
             return Err(ProposeError::TooLarge {

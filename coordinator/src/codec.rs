@@ -39,6 +39,11 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     Ok(out)
 }
 
+/// The length `encode` would return, without building the bytes.
+pub fn encoded_len<T: Serialize>(value: &T) -> Result<usize, CodecError> {
+    Ok(1 + bincode::serde::encode_into_std_write(value, &mut std::io::sink(), config())?)
+}
+
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
     if version != FORMAT_VERSION {
@@ -81,6 +86,17 @@ mod tests {
             decode::<(u64, String, Vec<u8>)>(&trailing),
             Err(CodecError::Trailing { .. })
         ));
+    }
+
+    #[test]
+    fn encoded_len_is_the_length_of_the_encoding() {
+        for v in [
+            (0u64, String::new(), vec![]),
+            (7, "x".to_string(), vec![1u8, 2, 3]),
+            (u64::MAX, "y".repeat(300), vec![9u8; 70_000]),
+        ] {
+            assert_eq!(encoded_len(&v).unwrap(), encode(&v).unwrap().len());
+        }
     }
 
     #[test]

@@ -125,7 +125,11 @@ pub fn trace_of(md: &HeaderMap) -> Option<(TraceParent, Option<String>)> {
 /// Puts `parent` (and `state`, if any) into a request's metadata, in place
 /// of any trace context it had (`req.metadata_mut().as_mut()`).
 pub fn attach_trace(md: &mut HeaderMap, parent: &TraceParent, state: Option<&str>) {
-    if let Ok(v) = HeaderValue::try_from(parent.format()) {
+    if let Ok(mut v) = HeaderValue::try_from(parent.format()) {
+        // Sent as an HPACK literal that is never indexed: the value is new
+        // for (almost) every call, so indexing it would only churn both
+        // ends' header tables (an insert and an eviction per call).
+        v.set_sensitive(true);
         md.insert(TRACEPARENT_HEADER, v);
     }
     md.remove(TRACESTATE_HEADER);
@@ -221,6 +225,8 @@ mod tests {
             trace_of(&md),
             Some((p, Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7".to_string())))
         );
+        // New with every call: never put in the HPACK tables.
+        assert!(md.get(TRACEPARENT_HEADER).unwrap().is_sensitive());
         // Attaching again replaces, state included.
         attach_trace(&mut md, &p, None);
         assert_eq!(trace_of(&md), Some((p, None)));

@@ -24,6 +24,7 @@ pub mod tally;
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::Deserialize;
@@ -409,8 +410,10 @@ pub struct TxTable {
     /// (invariant 10), also not after Forget or across leaders.
     next_txid: Txid,
     txs: BTreeMap<Txid, TxRecord>,
-    /// Derived index: idempotency key -> txid.
-    keys: BTreeMap<String, Txid>,
+    /// Derived index: idempotency key -> txid. Hashed, not ordered: it is
+    /// only looked up, and keys often share long prefixes, which an ordered
+    /// map compares byte by byte at every level.
+    keys: HashMap<String, Txid>,
     /// Derived index: (deadline, txid) of every undecided transaction, so the
     /// reaper finds expired ones without scanning the table.
     deadlines: BTreeSet<(u64, Txid)>,
@@ -454,7 +457,7 @@ impl TxTable {
         TxTable {
             next_txid: 1,
             txs: BTreeMap::new(),
-            keys: BTreeMap::new(),
+            keys: HashMap::new(),
             deadlines: BTreeSet::new(),
             done: BTreeSet::new(),
             preparing: BTreeSet::new(),
