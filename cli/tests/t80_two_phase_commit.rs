@@ -737,3 +737,75 @@ async fn t80_one_write_commit_takes_one_raft_entry_per_transaction() {
         }
     }
 }
+
+/// ADR 0012's window seen by an operator: between a one-write commit's
+/// Prepares and its write the cluster has no record of the txid, yet Status
+/// must not say "not found" (a participant already holds it prepared). The
+/// leader answers PREPARING with the participants the Prepares went to;
+/// once the write is applied, the record answers (DECIDED, COMMIT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_status_of_a_one_write_commit_before_its_write_is_preparing() {
+    let mut c = TestCluster::start_with("t80sp", 3, |cfg| {
+        cfg.txn.one_write_commit = true;
+    });
+    c.leader().await;
+    let cl = c.client();
+    let a = Svc::new("bank-a").await;
+    let b = Svc::new("bank-b").await;
+    let both = || {
+        let mut v = one(&a, b"x");
+        v.extend(one(&b, b"y"));
+        v
+    };
+    // The first transaction of the term reserves the txid range.
+    let warm = cl.begin_and_commit("sp-warm-up", 30_000, b"", &both()).await.unwrap();
+    assert_eq!(warm.outcome, TxOutcome::Committed);
+    a.prepare_delay_ms.store(3_000, std::sync::atomic::Ordering::SeqCst);
+    let committing = {
+        let (cl, both) = (c.client(), both());
+        tokio::spawn(async move { cl.begin_and_commit("sp-slow", 30_000, b"", &both).await })
+    };
+    // bank-b votes at once: the txid is in its log, in doubt.
+    let mut txid = None;
+    for _ in 0..100 {
+        txid = b
+            .store
+            .in_doubt()
+            .unwrap()
+            .iter()
+            .map(|(t, _)| *t)
+            .find(|t| Some(*t) != warm.txid);
+        if txid.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let txid = txid.expect("bank-b prepared the slow transaction");
+    // Through the leader and through a follower (forwarded).
+    for node in 1..=3 {
+        let s = c
+            .client_at(node)
+            .status(txid)
+            .await
+            .expect("not NOT_FOUND while in flight");
+        assert_eq!(s.txid, txid);
+        assert_eq!(s.state, dtx_proto::v1::TxState::Preparing as i32, "node {node}: {s:?}");
+        let ids: Vec<&str> = s.participants.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["bank-a", "bank-b"], "node {node}");
+        assert_eq!(s.participants[0].address, a.addr);
+        assert!(s.decision.is_none());
+        assert!(s.deadline_unix_ms > s.begun_unix_ms && s.begun_unix_ms > 0, "{s:?}");
+    }
+    let done = committing.await.unwrap().unwrap();
+    assert_eq!(done.outcome, TxOutcome::Committed);
+    assert_eq!(done.txid, Some(txid));
+    let s = cl.status(txid).await.unwrap();
+    assert_eq!(s.state, dtx_proto::v1::TxState::Decided as i32);
+    // A txid nobody handed out is still not found.
+    let leader = c.leader().await;
+    let next = c.status_of(leader).await.next_txid;
+    assert!(matches!(
+        cl.status(next + 1_000_000).await,
+        Err(dtx_client::ClientError::NotFound(_))
+    ));
+}

@@ -149,6 +149,29 @@ pub(crate) fn status_pb(table: &TxTable, r: &TxRecord) -> pb::StatusResponse {
     }
 }
 
+/// Status of a transaction on the one-write path whose record is not
+/// written yet: PREPARING, with the participants its Prepares went to.
+fn in_flight_status_pb(txid: u64, v: crate::driver::InFlightView) -> pb::StatusResponse {
+    pb::StatusResponse {
+        txid,
+        state: pb::TxState::Preparing as i32,
+        participants: v
+            .participants
+            .into_iter()
+            .map(|(id, address)| pb::ParticipantInfo {
+                id,
+                address,
+                ..Default::default()
+            })
+            .collect(),
+        begun_unix_ms: v.begun_ms,
+        deadline_unix_ms: v.deadline_ms,
+        decision: None,
+        one_phase: false,
+        owner: v.owner.unwrap_or_default(),
+    }
+}
+
 /// Adds this leader's phase-two attempts to each participant of `status`
 /// (leader-local, not replicated), so a transaction stuck on a participant
 /// shows why (invariant 11).
@@ -317,15 +340,25 @@ impl CoordinatorService {
 
     async fn status(&self, req: pb::StatusRequest) -> Result<pb::StatusResponse, ApiError> {
         let txid = req.txid;
-        let mut status = self
+        // A txid on the one-write path before its write has no record yet,
+        // but is not "not found": its Prepares are out (PREPARING). Asked
+        // before the read, as for GetDecisions (ADR 0012).
+        let in_flight = self.driver.fast_in_flight_view(txid, self.ctx().current_term());
+        let mut status = match self
             .ctx()
             .read_linearizable(|st| st.table.get(txid).map(|r| status_pb(&st.table, r)))
             .await?
-            .ok_or_else(|| {
-                ApiError::NotFound(format!(
-                    "transaction {txid} not found (never begun here, or forgotten after every participant acked)"
-                ))
-            })?;
+        {
+            Some(s) => s,
+            None => match in_flight {
+                Some(v) => in_flight_status_pb(txid, v),
+                None => {
+                    return Err(ApiError::NotFound(format!(
+                        "transaction {txid} not found (never begun here, or forgotten after every participant acked)"
+                    )))
+                }
+            },
+        };
         add_delivery_attempts(&self.driver, &mut status);
         Ok(status)
     }

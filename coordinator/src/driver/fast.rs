@@ -61,13 +61,32 @@ struct FastInner {
     /// follow it.
     range: Option<TxidRange>,
     spare: Option<TxidRange>,
-    /// Handed out here, in the term given, and not yet known to be applied
-    /// or refused: a decision read answers PENDING for them.
-    in_flight: HashMap<Txid, u64>,
+    /// Handed out here, and not yet known to be applied or refused: a
+    /// decision read answers PENDING for them, Status PREPARING.
+    in_flight: HashMap<Txid, InFlight>,
     /// BeginAndCommit calls on the fast path here, by idempotency key: a
     /// retry with the same key waits for the first instead of starting a
     /// second transaction.
     keys: HashMap<String, KeyInFlight>,
+}
+
+/// A txid in flight on the fast path: the term it was handed out in, and
+/// what Status shows of it until its record exists.
+struct InFlight {
+    term: u64,
+    view: InFlightView,
+}
+
+/// A transaction on the fast path before its one write: Prepares sent to
+/// these participants, no record in the cluster yet.
+#[derive(Clone, Debug)]
+pub struct InFlightView {
+    /// (participant id, address), in the order given.
+    pub participants: Vec<(String, String)>,
+    pub begun_ms: u64,
+    pub deadline_ms: u64,
+    /// The application it is for, when authentication is on.
+    pub owner: Option<String>,
 }
 
 /// Txids `[next, end)` of a range reserved in `term`.
@@ -133,7 +152,7 @@ impl Driver {
         txids
             .iter()
             .map(|&txid| {
-                if g.in_flight.get(&txid) == Some(&term) {
+                if g.in_flight.get(&txid).is_some_and(|f| f.term == term) {
                     return true;
                 }
                 for r in [g.range.as_mut(), g.spare.as_mut()].into_iter().flatten() {
@@ -164,8 +183,7 @@ impl Driver {
                 g.spare = None;
             }
             let st = self.ctx.sm.state();
-            g.in_flight
-                .retain(|t, t_term| *t_term == term && st.table.get(*t).is_none());
+            g.in_flight.retain(|t, f| f.term == term && st.table.get(*t).is_none());
             let count = self.ctx.config.txn.txid_reserve_count;
             // Only once the fast path is in use in this term (its first
             // transaction reserves): a cluster that never takes it spends
@@ -224,10 +242,21 @@ impl Driver {
         Ok(())
     }
 
+    /// What Status shows of `txid` while it is in flight here in `term`
+    /// (no record yet, Prepares sent); `None` otherwise. Like
+    /// [`Self::fast_in_flight`], asked before the read of the table.
+    pub fn fast_in_flight_view(&self, txid: Txid, term: u64) -> Option<InFlightView> {
+        let g = self.fast.lock();
+        g.in_flight
+            .get(&txid)
+            .filter(|f| f.term == term)
+            .map(|f| f.view.clone())
+    }
+
     /// Hands out the next txid of this term's range (moving on to the
     /// spare, or reserving, when it is used up) and marks it in flight in
-    /// `term`.
-    async fn hand_out_txid(&self, term: u64) -> Result<Txid, ApiError> {
+    /// `term`, shown as `view`.
+    async fn hand_out_txid(&self, term: u64, view: &InFlightView) -> Result<Txid, ApiError> {
         for _ in 0..3 {
             {
                 let mut g = self.fast.lock();
@@ -238,7 +267,13 @@ impl Driver {
                 if let Some(r) = g.range.as_mut().filter(|r| r.term == term && r.next < r.end) {
                     let t = r.next;
                     r.next += 1;
-                    g.in_flight.insert(t, term);
+                    g.in_flight.insert(
+                        t,
+                        InFlight {
+                            term,
+                            view: view.clone(),
+                        },
+                    );
                     return Ok(t);
                 }
             }
@@ -328,7 +363,18 @@ impl Driver {
         app: Option<String>,
     ) -> Result<FastOutcome, ApiError> {
         let term = self.ctx.current_term();
-        let txid = self.hand_out_txid(term).await?;
+        let begun_ms = now_ms();
+        let deadline_ms = begun_ms.saturating_add(timeout_ms);
+        let view = InFlightView {
+            participants: enlisted
+                .iter()
+                .map(|p| (p.participant_id.clone(), p.address.clone()))
+                .collect(),
+            begun_ms,
+            deadline_ms,
+            owner: app.clone(),
+        };
+        let txid = self.hand_out_txid(term, &view).await?;
         self.note_trace(txid);
         // Until its write has a known result, `txid` stays in flight (a
         // decision read answers PENDING); `keep` leaves it there when the
@@ -337,8 +383,6 @@ impl Driver {
         let mut keep = false;
         let result = async {
             dtx_failpoint::failpoint!("coordinator_after_begin");
-            let begun_ms = now_ms();
-            let deadline_ms = begun_ms.saturating_add(timeout_ms);
             let participants: Vec<Participant> = enlisted
                 .iter()
                 .map(|p| Participant {

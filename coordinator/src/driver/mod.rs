@@ -51,6 +51,7 @@
 //! trace, and logs (at debug) each item's txid with its trace id.
 
 mod fast;
+pub use fast::InFlightView;
 mod group;
 pub mod health;
 mod phase_two;
