@@ -1,7 +1,7 @@
 //! API behaviour on a healthy cluster: idempotent Begin (same key + same
 //! request = same txid; same key + other request refused), documented limits
 //! answered with INVALID_ARGUMENT naming the limit, write forwarding from
-//! followers, the deadline reaper (invariant 7), write-once Abort/Commit
+//! followers (whose answers name the leader), the deadline reaper (invariant 7), write-once Abort/Commit
 //! (invariant 1), operator COMMIT needing every participant (invariant 2),
 //! and Forget after the retention period (invariant 10).
 
@@ -31,6 +31,21 @@ async fn t40_begin_is_idempotent_by_key_and_fingerprint() {
         .await
         .unwrap();
     assert_eq!((again.txid, again.existing), (first.txid, true));
+    // A forwarded answer names the leader, so a client that lists every
+    // node goes straight there next time (dtx_client::Client does).
+    let mut raw = dtx_proto::v1::coordinator_client::CoordinatorClient::connect(format!("http://{}", c.api(follower)))
+        .await
+        .unwrap();
+    let answer = raw
+        .status(dtx_proto::v1::StatusRequest { txid: first.txid })
+        .await
+        .unwrap();
+    assert_eq!(answer.get_ref().txid, first.txid);
+    assert_eq!(
+        dtx_proto::metadata::leader_addr_in(answer.metadata()),
+        Some(c.api(leader)),
+        "the follower's forwarded answer names the leader"
+    );
     let mut tasks = Vec::new();
     for i in 0..16 {
         let cl = Arc::new(c.client_at(i % 3 + 1));

@@ -413,6 +413,31 @@ impl Client {
         }
     }
 
+    /// A follower that forwarded the call to the leader names it in its
+    /// answer: the next calls go to the leader directly, saving the hop,
+    /// when it is one of this client's endpoints (a client given only a
+    /// proxy or a load balancer keeps going through it).
+    fn learn_leader(&self, md: &tonic::metadata::MetadataMap) {
+        let Some(hint) = dtx_proto::metadata::leader_addr_in(md) else {
+            return;
+        };
+        let host_port = |a: &str| {
+            dtx_proto::endpoint::parse(a)
+                .ok()
+                .and_then(|p| p.endpoint.uri().authority().map(|x| x.as_str().to_ascii_lowercase()))
+        };
+        let Some(wanted) = host_port(&hint) else { return };
+        // The endpoint as this client was given it (its scheme kept).
+        if let Some(e) = self
+            .cfg
+            .endpoints
+            .iter()
+            .find(|e| host_port(e).as_ref() == Some(&wanted))
+        {
+            *self.leader.lock().expect("lock") = Some(e.clone());
+        }
+    }
+
     /// One cached (multiplexed HTTP/2) channel per node address.
     fn channel(&self, addr: &str) -> Result<Channel, ClientError> {
         self.channels.get(addr).map_err(ClientError::InvalidArgument)
@@ -423,7 +448,7 @@ impl Client {
     async fn call<T, F, Fut>(&self, kind: Kind, f: F) -> Result<T, ClientError>
     where
         F: Fn(Channel, Duration) -> Fut,
-        Fut: Future<Output = Result<T, Status>>,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let deadline = Instant::now() + self.cfg.call_deadline;
         let mut maybe_applied = false;
@@ -443,7 +468,10 @@ impl Client {
             let ch = self.channel(&addr)?;
             let res = tokio::time::timeout(budget, f(ch, budget)).await;
             let (status, timed_out) = match res {
-                Ok(Ok(v)) => return Ok(v),
+                Ok(Ok(answer)) => {
+                    self.learn_leader(answer.metadata());
+                    return Ok(answer.into_inner());
+                }
                 Ok(Err(s)) => (s, false),
                 Err(_) => (
                     Status::deadline_exceeded(format!("no reply from {addr} within {budget:?}")),
@@ -533,7 +561,7 @@ impl Client {
             ctx.clone(),
             self.call(Kind::Write, |ch, t| {
                 let rq = self.request(req.clone(), t);
-                async move { CoordinatorClient::new(ch).begin(rq).await.map(|r| r.into_inner()) }
+                async move { CoordinatorClient::new(ch).begin(rq).await }
             }),
         )
         .await?;
@@ -567,7 +595,7 @@ impl Client {
                 txid,
                 self.call(Kind::Write, |ch, t| {
                     let rq = self.request(req.clone(), t);
-                    async move { CoordinatorClient::new(ch).enlist(rq).await.map(|r| r.into_inner()) }
+                    async move { CoordinatorClient::new(ch).enlist(rq).await }
                 }),
             )
             .await?;
@@ -606,12 +634,7 @@ impl Client {
             ctx,
             self.call(Kind::Write, |ch, t| {
                 let rq = self.request(req.clone(), t);
-                async move {
-                    CoordinatorClient::new(ch)
-                        .begin_and_commit(rq)
-                        .await
-                        .map(|r| r.into_inner())
-                }
+                async move { CoordinatorClient::new(ch).begin_and_commit(rq).await }
             }),
         )
         .await;
@@ -669,7 +692,7 @@ impl Client {
                 txid,
                 self.call(Kind::Write, |ch, t| {
                     let rq = self.request(pb::CommitRequest { txid }, t);
-                    async move { CoordinatorClient::new(ch).commit(rq).await.map(|r| r.into_inner()) }
+                    async move { CoordinatorClient::new(ch).commit(rq).await }
                 }),
             )
             .await;
@@ -694,7 +717,7 @@ impl Client {
                 txid,
                 self.call(Kind::Write, |ch, t| {
                     let rq = self.request(req.clone(), t);
-                    async move { CoordinatorClient::new(ch).abort(rq).await.map(|r| r.into_inner()) }
+                    async move { CoordinatorClient::new(ch).abort(rq).await }
                 }),
             )
             .await;
@@ -731,7 +754,7 @@ impl Client {
         let r = self
             .call(Kind::Write, |ch, t| {
                 let rq = self.request(req.clone(), t);
-                async move { AdminClient::new(ch).resolve(rq).await.map(|r| r.into_inner()) }
+                async move { AdminClient::new(ch).resolve(rq).await }
             })
             .await?;
         Ok((tx_outcome(r.outcome)?, r.recorded))
@@ -748,7 +771,7 @@ impl Client {
     ) -> Result<pb::ListTransactionsResponse, ClientError> {
         self.call(Kind::Read, |ch, t| {
             let rq = self.request(req.clone(), t);
-            async move { AdminClient::new(ch).list_transactions(rq).await.map(|r| r.into_inner()) }
+            async move { AdminClient::new(ch).list_transactions(rq).await }
         })
         .await
     }
@@ -774,7 +797,7 @@ impl Client {
         };
         self.call(Kind::Write, |ch, t| {
             let rq = self.request(req.clone(), t);
-            async move { AdminClient::new(ch).drop_participant(rq).await.map(|r| r.into_inner()) }
+            async move { AdminClient::new(ch).drop_participant(rq).await }
         })
         .await
     }
@@ -794,12 +817,7 @@ impl Client {
         let r = self
             .call(Kind::Write, |ch, t| {
                 let rq = self.request(req.clone(), t);
-                async move {
-                    AdminClient::new(ch)
-                        .forget_transaction(rq)
-                        .await
-                        .map(|r| r.into_inner())
-                }
+                async move { AdminClient::new(ch).forget_transaction(rq).await }
             })
             .await?;
         Ok(r.forgotten)
@@ -811,7 +829,7 @@ impl Client {
             txid,
             self.call(Kind::Read, |ch, t| {
                 let rq = self.request(pb::StatusRequest { txid }, t);
-                async move { CoordinatorClient::new(ch).status(rq).await.map(|r| r.into_inner()) }
+                async move { CoordinatorClient::new(ch).status(rq).await }
             }),
         )
         .await
@@ -824,12 +842,7 @@ impl Client {
                 txid,
                 self.call(Kind::Read, |ch, t| {
                     let rq = self.request(pb::GetDecisionRequest { txid }, t);
-                    async move {
-                        CoordinatorClient::new(ch)
-                            .get_decision(rq)
-                            .await
-                            .map(|r| r.into_inner())
-                    }
+                    async move { CoordinatorClient::new(ch).get_decision(rq).await }
                 }),
             )
             .await?;
@@ -894,11 +907,8 @@ impl Client {
             .call(Kind::Read, |ch, t| {
                 let rq = self.request(req.clone(), t);
                 async move {
-                    let ds = CoordinatorClient::new(ch)
-                        .get_decisions(rq)
-                        .await?
-                        .into_inner()
-                        .decisions;
+                    let answer = CoordinatorClient::new(ch).get_decisions(rq).await?;
+                    let ds = &answer.get_ref().decisions;
                     if ds.len() != txids.len() || ds.iter().zip(txids).any(|(d, t)| d.txid != *t) {
                         // Retried (at another node), not taken.
                         return Err(Status::unknown(format!(
@@ -907,7 +917,7 @@ impl Client {
                             txids.len()
                         )));
                     }
-                    Ok(ds)
+                    Ok(answer.map(|a| a.decisions))
                 }
             })
             .await?;
@@ -925,7 +935,7 @@ impl Client {
     pub async fn cluster_status(&self) -> Result<pb::ClusterStatusResponse, ClientError> {
         self.call(Kind::Read, |ch, t| {
             let rq = self.request(pb::ClusterStatusRequest {}, t);
-            async move { AdminClient::new(ch).cluster_status(rq).await.map(|r| r.into_inner()) }
+            async move { AdminClient::new(ch).cluster_status(rq).await }
         })
         .await
     }

@@ -33,6 +33,11 @@ struct FakeNode {
     enlist_not_found: bool,
     /// Enlist calls seen.
     enlists: AtomicU32,
+    /// Status calls seen.
+    statuses: AtomicU32,
+    /// Answer Status as a follower that forwarded it to the leader at
+    /// this address (named in the answer's metadata).
+    forwarded_from: Mutex<Option<String>>,
 }
 
 fn outcome_of(txid: u64) -> i32 {
@@ -114,8 +119,18 @@ impl Coordinator for Served {
     async fn abort(&self, _: Request<pb::AbortRequest>) -> Res<pb::AbortResponse> {
         Err(Status::unimplemented("fake"))
     }
-    async fn status(&self, _: Request<pb::StatusRequest>) -> Res<pb::StatusResponse> {
-        Err(Status::unimplemented("fake"))
+    async fn status(&self, r: Request<pb::StatusRequest>) -> Res<pb::StatusResponse> {
+        self.statuses.fetch_add(1, Ordering::SeqCst);
+        let mut answer = Response::new(pb::StatusResponse {
+            txid: r.get_ref().txid,
+            ..Default::default()
+        });
+        if let Some(leader) = self.forwarded_from.lock().unwrap().clone() {
+            answer
+                .metadata_mut()
+                .insert(dtx_proto::metadata::LEADER_ADDR_HEADER, leader.parse().unwrap());
+        }
+        Ok(answer)
     }
     async fn get_decision(&self, _: Request<pb::GetDecisionRequest>) -> Res<pb::GetDecisionResponse> {
         Err(Status::unimplemented("fake"))
@@ -280,4 +295,44 @@ async fn enlist_self_returns_a_definite_refusal_at_once() {
         enlist::enlist_self(&[], 5, "inventory", "127.0.0.1:7300", b"w").await,
         Err(ClientError::InvalidArgument(_))
     ));
+}
+
+/// A follower's forwarded answer names the leader: the client's next calls
+/// go to the leader directly, when it is one of the client's endpoints
+/// (given in another form, the client's form is kept); a leader that is
+/// not one of them (the client goes through a proxy) is not adopted.
+#[tokio::test]
+async fn a_forwarded_answer_sends_the_next_calls_to_the_leader() {
+    let follower = Arc::new(FakeNode::default());
+    let leader = Arc::new(FakeNode::default());
+    let follower_addr = serve(follower.clone()).await;
+    let leader_addr = serve(leader.clone()).await;
+    *follower.forwarded_from.lock().unwrap() = Some(leader_addr.clone());
+    // The leader given with a scheme: the hint names it without one.
+    let c = Client::new(quick(vec![follower_addr.clone(), format!("http://{leader_addr}")])).unwrap();
+    for t in 1..=5 {
+        assert_eq!(c.status(t).await.unwrap().txid, t);
+    }
+    assert_eq!(
+        follower.statuses.load(Ordering::SeqCst),
+        1,
+        "only the first call went to the follower"
+    );
+    assert_eq!(leader.statuses.load(Ordering::SeqCst), 4);
+
+    // Given only the follower (a proxy in front of the cluster): the
+    // leader it names is not one of the endpoints, so calls stay there.
+    let proxy = Arc::new(FakeNode::default());
+    let proxy_addr = serve(proxy.clone()).await;
+    *proxy.forwarded_from.lock().unwrap() = Some(leader_addr.clone());
+    let c = Client::new(quick(vec![proxy_addr])).unwrap();
+    for t in 1..=3 {
+        c.status(t).await.unwrap();
+    }
+    assert_eq!(proxy.statuses.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        leader.statuses.load(Ordering::SeqCst),
+        4,
+        "the leader was not reached around the proxy"
+    );
 }

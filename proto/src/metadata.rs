@@ -23,7 +23,8 @@ pub fn txid_of<T>(req: &tonic::Request<T>) -> Option<u64> {
 
 /// On a refusal by a follower: the id of the leader it knows.
 pub const LEADER_ID_HEADER: &str = "x-dtx-leader-id";
-/// On a refusal by a follower: the API address of the leader it knows.
+/// On a refusal by a follower, and on an answer a follower forwarded from
+/// the leader: the leader's API address.
 pub const LEADER_ADDR_HEADER: &str = "x-dtx-leader-addr";
 /// Set by a node on a call it forwards to the leader (a forwarded call is
 /// never forwarded again).
@@ -43,9 +44,13 @@ pub fn not_applied(status: &Status) -> bool {
 
 /// The leader's API address a refusal names, if any.
 pub fn leader_hint(status: &Status) -> Option<String> {
-    status
-        .metadata()
-        .get(LEADER_ADDR_HEADER)
+    leader_addr_in(status.metadata())
+}
+
+/// The leader's API address `md` names (a refusal's, or a forwarded
+/// answer's), if any.
+pub fn leader_addr_in(md: &tonic::metadata::MetadataMap) -> Option<String> {
+    md.get(LEADER_ADDR_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
 }

@@ -160,9 +160,14 @@ where
             if let Some(t) = trace::current() {
                 t.attach(fwd.metadata_mut());
             }
-            remote(channel, fwd)
+            let mut answer = remote(channel, fwd)
                 .await
-                .map_err(|s| forwarded_error(s, leader, &addr, proposed))
+                .map_err(|s| forwarded_error(s, leader, &addr, proposed))?;
+            // The caller may go to the leader itself next time.
+            if let Ok(v) = addr.parse() {
+                answer.metadata_mut().insert(dtx_proto::metadata::LEADER_ADDR_HEADER, v);
+            }
+            Ok(answer)
         }
         Err(e) => Err(e.into()),
     }
