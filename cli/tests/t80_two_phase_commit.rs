@@ -341,6 +341,13 @@ fn one(svc: &Svc, payload: &[u8]) -> Vec<ParticipantSpec> {
     }]
 }
 
+/// A transfer's two participants: `a` with payload `x`, `b` with `y`.
+fn both(a: &Svc, b: &Svc) -> Vec<ParticipantSpec> {
+    let mut v = one(a, b"x");
+    v.extend(one(b, b"y"));
+    v
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t80_one_phase_commit_and_begin_and_commit() {
     let mut c = TestCluster::start_with("t80g", 3, |cfg| {
@@ -699,11 +706,7 @@ async fn t80_one_write_commit_takes_one_raft_entry_per_transaction() {
         let cl = c.client();
         let a = Svc::new("bank-a").await;
         let b = Svc::new("bank-b").await;
-        let both = || {
-            let mut v = one(&a, b"x");
-            v.extend(one(&b, b"y"));
-            v
-        };
+        let both = || both(&a, &b);
         tokio::time::sleep(Duration::from_millis(500)).await;
         let warm = cl.begin_and_commit("warm-up", 30_000, b"", &both()).await.unwrap();
         assert_eq!(warm.outcome, TxOutcome::Committed);
@@ -752,11 +755,7 @@ async fn t80_status_of_a_one_write_commit_before_its_write_is_preparing() {
     let cl = c.client();
     let a = Svc::new("bank-a").await;
     let b = Svc::new("bank-b").await;
-    let both = || {
-        let mut v = one(&a, b"x");
-        v.extend(one(&b, b"y"));
-        v
-    };
+    let both = || both(&a, &b);
     // The first transaction of the term reserves the txid range.
     let warm = cl.begin_and_commit("sp-warm-up", 30_000, b"", &both()).await.unwrap();
     assert_eq!(warm.outcome, TxOutcome::Committed);
