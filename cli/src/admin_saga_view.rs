@@ -16,38 +16,19 @@ const REASON_WIDTH: usize = 48;
 /// A `SagaState` by name: RUNNING, COMPENSATING, COMPLETED, COMPENSATED,
 /// PARKED (UNSPECIFIED for 0 or a value this build does not know).
 pub fn saga_state_name(v: i32) -> &'static str {
-    match pb::SagaState::try_from(v) {
-        Ok(pb::SagaState::Running) => "RUNNING",
-        Ok(pb::SagaState::Compensating) => "COMPENSATING",
-        Ok(pb::SagaState::Completed) => "COMPLETED",
-        Ok(pb::SagaState::Compensated) => "COMPENSATED",
-        Ok(pb::SagaState::Parked) => "PARKED",
-        Ok(pb::SagaState::Unspecified) | Err(_) => "UNSPECIFIED",
-    }
+    dtx_proto::names::saga_state(v).unwrap_or("UNSPECIFIED")
 }
 
-/// A `StepKind` by name: COMPENSABLE, PIVOT, RETRIABLE.
+/// A `StepKind` by name: COMPENSABLE, PIVOT, RETRIABLE (UNSPECIFIED
+/// otherwise).
 pub fn kind_name(v: i32) -> &'static str {
-    match pb::StepKind::try_from(v) {
-        Ok(pb::StepKind::Compensable) => "COMPENSABLE",
-        Ok(pb::StepKind::Pivot) => "PIVOT",
-        Ok(pb::StepKind::Retriable) => "RETRIABLE",
-        Ok(pb::StepKind::Unspecified) | Err(_) => "UNSPECIFIED",
-    }
+    dtx_proto::names::step_kind(v).unwrap_or("UNSPECIFIED")
 }
 
 /// A `StepOutcome` by name: UNKNOWN, OK, FAILED, NOOP, STALE, SKIPPED
 /// (UNSPECIFIED: no outcome recorded).
 pub fn outcome_name(v: i32) -> &'static str {
-    match pb::StepOutcome::try_from(v) {
-        Ok(pb::StepOutcome::Unknown) => "UNKNOWN",
-        Ok(pb::StepOutcome::Ok) => "OK",
-        Ok(pb::StepOutcome::Failed) => "FAILED",
-        Ok(pb::StepOutcome::Noop) => "NOOP",
-        Ok(pb::StepOutcome::Stale) => "STALE",
-        Ok(pb::StepOutcome::Skipped) => "SKIPPED",
-        Ok(pb::StepOutcome::Unspecified) | Err(_) => "UNSPECIFIED",
-    }
+    dtx_proto::names::step_outcome(v).unwrap_or("UNSPECIFIED")
 }
 
 /// A step kind as a definition file spells it: compensable, pivot,

@@ -32,6 +32,7 @@ pub mod channel;
 pub mod endpoint;
 pub mod limits;
 pub mod metadata;
+pub mod names;
 pub mod trace;
 
 pub use dtx_tls as tls;

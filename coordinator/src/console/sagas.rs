@@ -115,35 +115,15 @@ pub fn counts(book: &SagaBook) -> Vec<(&'static str, usize, String)> {
 }
 
 fn state_name(v: i32) -> &'static str {
-    match pb::SagaState::try_from(v) {
-        Ok(pb::SagaState::Running) => "RUNNING",
-        Ok(pb::SagaState::Compensating) => "COMPENSATING",
-        Ok(pb::SagaState::Completed) => "COMPLETED",
-        Ok(pb::SagaState::Compensated) => "COMPENSATED",
-        Ok(pb::SagaState::Parked) => "PARKED",
-        _ => "?",
-    }
+    dtx_proto::names::saga_state(v).unwrap_or("?")
 }
 
 fn outcome_name(v: i32) -> &'static str {
-    match pb::StepOutcome::try_from(v) {
-        Ok(pb::StepOutcome::Unknown) => "UNKNOWN",
-        Ok(pb::StepOutcome::Ok) => "OK",
-        Ok(pb::StepOutcome::Failed) => "FAILED",
-        Ok(pb::StepOutcome::Noop) => "NOOP",
-        Ok(pb::StepOutcome::Stale) => "STALE",
-        Ok(pb::StepOutcome::Skipped) => "SKIPPED",
-        _ => "-",
-    }
+    dtx_proto::names::step_outcome(v).unwrap_or("-")
 }
 
 fn kind_name(v: i32) -> &'static str {
-    match pb::StepKind::try_from(v) {
-        Ok(pb::StepKind::Compensable) => "COMPENSABLE",
-        Ok(pb::StepKind::Pivot) => "PIVOT",
-        Ok(pb::StepKind::Retriable) => "RETRIABLE",
-        _ => "?",
-    }
+    dtx_proto::names::step_kind(v).unwrap_or("?")
 }
 
 fn badge(v: &pb::SagaView) -> String {
