@@ -341,6 +341,23 @@ pub struct ProcessCluster {
     pub client_token: Option<String>,
 }
 
+/// What a node's log says about why it exited: the error it printed on the
+/// way out (`Error: ...` and its causes, without the backtrace that
+/// `RUST_BACKTRACE` adds), or else its last five lines.
+fn exit_words(log: &str) -> Vec<&str> {
+    let lines: Vec<&str> = log.lines().collect();
+    match lines.iter().rposition(|l| l.starts_with("Error: ")) {
+        Some(at) => lines[at..]
+            .iter()
+            .take_while(|l| !l.starts_with("Stack backtrace:"))
+            .filter(|l| !l.trim().is_empty())
+            .take(8)
+            .copied()
+            .collect(),
+        None => lines[lines.len().saturating_sub(5)..].to_vec(),
+    }
+}
+
 /// A free TCP port on `ip` for a process about to be started, from outside
 /// the kernel's ephemeral range (see `dtx_ports` for why).
 pub use dtx_ports::free_port;
@@ -558,11 +575,10 @@ impl ProcessCluster {
                 None => "not started".to_string(),
             };
             let log = fs::read_to_string(&n.log_path).unwrap_or_default();
-            let lines: Vec<&str> = log.lines().collect();
-            let tail = lines[lines.len().saturating_sub(5)..].join("\n    ");
             why.push_str(&format!(
-                "\n  node {} is down ({status}); its log ends:\n    {tail}",
-                n.plan.id
+                "\n  node {} is down ({status}); its log ends:\n    {}",
+                n.plan.id,
+                exit_words(&log).join("\n    ")
             ));
         }
         if why.is_empty() {
@@ -649,4 +665,31 @@ pub fn start_bank_with(
     b.service.add_args(flags);
     b.start(&[])?;
     Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nodes_exit_words_are_its_error_without_the_backtrace() {
+        let log = "2026-12-02T00:46:09Z  WARN coordinator::security: no TLS\n\
+                   Error: cannot listen on raft_addr 127.0.0.1:32200\n\
+                   \n\
+                   Caused by:\n    Address already in use (os error 98)\n\
+                   \n\
+                   Stack backtrace:\n   0: anyhow::error::<impl anyhow::Error>::msg\n   1: _start\n";
+        assert_eq!(
+            exit_words(log),
+            [
+                "Error: cannot listen on raft_addr 127.0.0.1:32200",
+                "Caused by:",
+                "    Address already in use (os error 98)"
+            ]
+        );
+        // No error printed (killed, say): the last lines.
+        let log: String = (1..=9).map(|i| format!("line {i}\n")).collect();
+        assert_eq!(exit_words(&log), ["line 5", "line 6", "line 7", "line 8", "line 9"]);
+        assert!(exit_words("").is_empty());
+    }
 }
