@@ -952,7 +952,7 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
             eprintln!("jepsen: could not restart n{node}: {e}");
         }
     }
-    let bank_restarted = !w.banks[bank].is_running();
+    let mut bank_restarted = !w.banks[bank].is_running();
     if bank_restarted {
         let env = w.bank_env();
         if let Err(e) = w.banks[bank].start(&env) {
@@ -998,10 +998,17 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
         }
         None
     };
+    // The same for the bank: one that was stopping on its full store when
+    // space was freed (it logs "bank service stopping" and exits) counted
+    // as running above.
+    let bank_pid = w.banks[bank].pid();
     let prober = Prober::new(w, bank);
     let bank_back = async {
         let Ok(prober) = prober else { return None };
         while Instant::now() < until {
+            if bank_pid.is_some_and(|p| !dtx_pg_server::process_running(p)) {
+                return None;
+            }
             if prober.once().await {
                 return Some(freed_at.elapsed().as_millis() as u64);
             }
@@ -1009,7 +1016,7 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
         }
         None
     };
-    let (mut node_back, bank_back) = tokio::join!(node_back, bank_back);
+    let (mut node_back, mut bank_back) = tokio::join!(node_back, bank_back);
     if node_back.is_none() && !w.cluster.node(node).is_running() {
         // It exited after the check above: restart it and give it the same
         // time to come back, counted from the restart.
@@ -1027,6 +1034,25 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    if bank_back.is_none() && !w.banks[bank].is_running() {
+        // The bank exited after the check above: restart it and give it
+        // the same time, counted from the restart.
+        bank_restarted = true;
+        let restarted_at = Instant::now();
+        let env = w.bank_env();
+        if let Err(e) = w.banks[bank].start(&env) {
+            eprintln!("jepsen: could not restart {}: {e}", w.banks[bank].id);
+        }
+        if let Ok(prober) = Prober::new(w, bank) {
+            while restarted_at.elapsed() < DISK_RECOVERY_WAIT {
+                if prober.once().await {
+                    bank_back = Some(freed_at.elapsed().as_millis() as u64);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
         }
     }
 
