@@ -151,16 +151,16 @@ pub(crate) fn status_pb(table: &TxTable, r: &TxRecord) -> pb::StatusResponse {
 
 /// Status of a transaction on the one-write path whose record is not
 /// written yet: PREPARING, with the participants its Prepares went to.
-fn in_flight_status_pb(txid: u64, v: crate::driver::InFlightView) -> pb::StatusResponse {
+fn in_flight_status_pb(txid: u64, v: &crate::driver::InFlightView) -> pb::StatusResponse {
     pb::StatusResponse {
         txid,
         state: pb::TxState::Preparing as i32,
         participants: v
             .participants
-            .into_iter()
+            .iter()
             .map(|(id, address)| pb::ParticipantInfo {
-                id,
-                address,
+                id: id.clone(),
+                address: address.clone(),
                 ..Default::default()
             })
             .collect(),
@@ -168,7 +168,7 @@ fn in_flight_status_pb(txid: u64, v: crate::driver::InFlightView) -> pb::StatusR
         deadline_unix_ms: v.deadline_ms,
         decision: None,
         one_phase: false,
-        owner: v.owner.unwrap_or_default(),
+        owner: v.owner.clone().unwrap_or_default(),
     }
 }
 
@@ -351,7 +351,7 @@ impl CoordinatorService {
         {
             Some(s) => s,
             None => match in_flight {
-                Some(v) => in_flight_status_pb(txid, v),
+                Some(v) => in_flight_status_pb(txid, &v),
                 None => {
                     return Err(ApiError::NotFound(format!(
                         "transaction {txid} not found (never begun here, or forgotten after every participant acked)"

@@ -74,7 +74,7 @@ struct FastInner {
 /// what Status shows of it until its record exists.
 struct InFlight {
     term: u64,
-    view: InFlightView,
+    view: Arc<InFlightView>,
 }
 
 /// A transaction on the fast path before its one write: Prepares sent to
@@ -245,7 +245,7 @@ impl Driver {
     /// What Status shows of `txid` while it is in flight here in `term`
     /// (no record yet, Prepares sent); `None` otherwise. Like
     /// [`Self::fast_in_flight`], asked before the read of the table.
-    pub fn fast_in_flight_view(&self, txid: Txid, term: u64) -> Option<InFlightView> {
+    pub fn fast_in_flight_view(&self, txid: Txid, term: u64) -> Option<Arc<InFlightView>> {
         let g = self.fast.lock();
         g.in_flight
             .get(&txid)
@@ -256,7 +256,7 @@ impl Driver {
     /// Hands out the next txid of this term's range (moving on to the
     /// spare, or reserving, when it is used up) and marks it in flight in
     /// `term`, shown as `view`.
-    async fn hand_out_txid(&self, term: u64, view: &InFlightView) -> Result<Txid, ApiError> {
+    async fn hand_out_txid(&self, term: u64, view: &Arc<InFlightView>) -> Result<Txid, ApiError> {
         for _ in 0..3 {
             {
                 let mut g = self.fast.lock();
@@ -365,7 +365,7 @@ impl Driver {
         let term = self.ctx.current_term();
         let begun_ms = now_ms();
         let deadline_ms = begun_ms.saturating_add(timeout_ms);
-        let view = InFlightView {
+        let view = Arc::new(InFlightView {
             participants: enlisted
                 .iter()
                 .map(|p| (p.participant_id.clone(), p.address.clone()))
@@ -373,7 +373,7 @@ impl Driver {
             begun_ms,
             deadline_ms,
             owner: app.clone(),
-        };
+        });
         let txid = self.hand_out_txid(term, &view).await?;
         self.note_trace(txid);
         // Until its write has a known result, `txid` stays in flight (a
