@@ -10,8 +10,10 @@
 //! Raft, no storage.
 //!
 //! - **Leader discovery.** It follows the `x-dtx-leader-addr` hint of a
-//!   refusal and otherwise tries the configured endpoints in turn (any node
-//!   forwards to the leader).
+//!   refusal or of a forwarded answer when the hinted address is one of the
+//!   configured endpoints (so a client given only a proxy or a load
+//!   balancer keeps going through it), and otherwise tries the configured
+//!   endpoints in turn (any node forwards to the leader).
 //! - **Retries.** Every call retries with exponential backoff and full
 //!   jitter ([`backoff`]) within one overall deadline
 //!   ([`ClientConfig::call_deadline`]). Every write it exposes is safe to
@@ -413,28 +415,38 @@ impl Client {
         }
     }
 
-    /// A follower that forwarded the call to the leader names it in its
-    /// answer: the next calls go to the leader directly, saving the hop,
-    /// when it is one of this client's endpoints (a client given only a
-    /// proxy or a load balancer keeps going through it).
-    fn learn_leader(&self, md: &tonic::metadata::MetadataMap) {
-        let Some(hint) = dtx_proto::metadata::leader_addr_in(md) else {
-            return;
-        };
+    /// The configured endpoint that `hint` (a leader address a node named)
+    /// is, compared by host and port; `None` when it is none of them (or
+    /// does not parse). The endpoint is returned as this client was given
+    /// it (its scheme kept). Both ways of learning the leader (a forwarded
+    /// answer, [`Client::learn_leader`], and a refusal, in `call`) go
+    /// through here, so a client given only a proxy or a load balancer is
+    /// never sent around it.
+    fn endpoint_named(&self, hint: &str) -> Option<String> {
         let host_port = |a: &str| {
             dtx_proto::endpoint::parse(a)
                 .ok()
                 .and_then(|p| p.endpoint.uri().authority().map(|x| x.as_str().to_ascii_lowercase()))
         };
-        let Some(wanted) = host_port(&hint) else { return };
-        // The endpoint as this client was given it (its scheme kept).
-        if let Some(e) = self
-            .cfg
+        let wanted = host_port(hint)?;
+        self.cfg
             .endpoints
             .iter()
             .find(|e| host_port(e).as_ref() == Some(&wanted))
-        {
-            *self.leader.lock().expect("lock") = Some(e.clone());
+            .cloned()
+    }
+
+    /// A follower that forwarded the call to the leader names it in its
+    /// answer: the next calls go to the leader directly, saving the hop,
+    /// when it is one of this client's endpoints ([`Client::endpoint_named`];
+    /// a client given only a proxy or a load balancer keeps going through
+    /// it).
+    fn learn_leader(&self, md: &tonic::metadata::MetadataMap) {
+        let Some(hint) = dtx_proto::metadata::leader_addr_in(md) else {
+            return;
+        };
+        if let Some(e) = self.endpoint_named(&hint) {
+            *self.leader.lock().expect("lock") = Some(e);
         }
     }
 
@@ -519,11 +531,14 @@ impl Client {
                 }
                 Code::Unavailable => {
                     // Redirected or refused; it may still have been applied
-                    // unless the server says it certainly was not.
+                    // unless the server says it certainly was not. Follow
+                    // the hint only to one of the endpoints (as a forwarded
+                    // answer's, `learn_leader`); otherwise, or without a
+                    // hint, forget the leader and go round the endpoints.
                     if !not_applied(&status) {
                         maybe_applied = true;
                     }
-                    *self.leader.lock().expect("lock") = leader_hint(&status);
+                    *self.leader.lock().expect("lock") = leader_hint(&status).and_then(|h| self.endpoint_named(&h));
                 }
                 _ => {
                     // DEADLINE_EXCEEDED, CANCELLED, UNKNOWN, ...: the write

@@ -38,6 +38,11 @@ struct FakeNode {
     /// Answer Status as a follower that forwarded it to the leader at
     /// this address (named in the answer's metadata).
     forwarded_from: Mutex<Option<String>>,
+    /// Refuse this many Status calls UNAVAILABLE (not applied) before
+    /// answering one, as a follower that cannot forward...
+    status_unavailable: AtomicU32,
+    /// ... naming the leader at this address in the refusal, if any.
+    refusal_hint: Mutex<Option<String>>,
 }
 
 fn outcome_of(txid: u64) -> i32 {
@@ -121,6 +126,18 @@ impl Coordinator for Served {
     }
     async fn status(&self, r: Request<pb::StatusRequest>) -> Res<pb::StatusResponse> {
         self.statuses.fetch_add(1, Ordering::SeqCst);
+        let left = self.status_unavailable.load(Ordering::SeqCst);
+        if left > 0 {
+            self.status_unavailable.store(left - 1, Ordering::SeqCst);
+            let mut s = Status::unavailable("not the leader, and cannot forward");
+            s.metadata_mut()
+                .insert(dtx_proto::metadata::NOT_APPLIED_HEADER, "1".parse().unwrap());
+            if let Some(leader) = self.refusal_hint.lock().unwrap().clone() {
+                s.metadata_mut()
+                    .insert(dtx_proto::metadata::LEADER_ADDR_HEADER, leader.parse().unwrap());
+            }
+            return Err(s);
+        }
         let mut answer = Response::new(pb::StatusResponse {
             txid: r.get_ref().txid,
             ..Default::default()
@@ -335,4 +352,60 @@ async fn a_forwarded_answer_sends_the_next_calls_to_the_leader() {
         4,
         "the leader was not reached around the proxy"
     );
+}
+
+/// A refusal that names the leader sends the next attempt there when it is
+/// one of the client's endpoints (given in another form, the client's form
+/// is kept), not to the next endpoint in turn.
+#[tokio::test]
+async fn a_refusal_naming_one_of_the_endpoints_is_followed() {
+    let follower = Arc::new(FakeNode::default());
+    let other = Arc::new(FakeNode::default());
+    let leader = Arc::new(FakeNode::default());
+    let follower_addr = serve(follower.clone()).await;
+    let other_addr = serve(other.clone()).await;
+    let leader_addr = serve(leader.clone()).await;
+    follower.status_unavailable.store(1, Ordering::SeqCst);
+    *follower.refusal_hint.lock().unwrap() = Some(leader_addr.clone());
+    // The leader given with a scheme: the hint names it without one.
+    let c = Client::new(quick(vec![follower_addr, other_addr, format!("http://{leader_addr}")])).unwrap();
+    for t in 1..=3 {
+        assert_eq!(c.status(t).await.unwrap().txid, t);
+    }
+    assert_eq!(follower.statuses.load(Ordering::SeqCst), 1, "refused once");
+    assert_eq!(
+        other.statuses.load(Ordering::SeqCst),
+        0,
+        "the next attempt went to the hinted leader, not the next endpoint"
+    );
+    assert_eq!(leader.statuses.load(Ordering::SeqCst), 3);
+    assert_eq!(*c.leader.lock().unwrap(), Some(format!("http://{leader_addr}")));
+}
+
+/// A refusal that names a leader which is not one of the client's
+/// endpoints (the client goes through a proxy) is not followed: the client
+/// forgets its leader and goes round its endpoints, never around the proxy.
+#[tokio::test]
+async fn a_refusal_naming_an_address_outside_the_endpoints_is_not_followed() {
+    let proxy = Arc::new(FakeNode::default());
+    let outside = Arc::new(FakeNode::default());
+    let proxy_addr = serve(proxy.clone()).await;
+    let outside_addr = serve(outside.clone()).await;
+    proxy.status_unavailable.store(2, Ordering::SeqCst);
+    *proxy.refusal_hint.lock().unwrap() = Some(outside_addr);
+    let c = Client::new(quick(vec![proxy_addr])).unwrap();
+    for t in 1..=3 {
+        assert_eq!(c.status(t).await.unwrap().txid, t);
+    }
+    assert_eq!(
+        proxy.statuses.load(Ordering::SeqCst),
+        5,
+        "two refusals, then three answers"
+    );
+    assert_eq!(
+        outside.statuses.load(Ordering::SeqCst),
+        0,
+        "the hinted address outside the endpoints was never called"
+    );
+    assert_eq!(*c.leader.lock().unwrap(), None);
 }
