@@ -179,6 +179,10 @@ impl SmallFs {
         copy_tree(&self.path, to)
     }
 
+    pub fn is_mounted(&self) -> bool {
+        self.mounted
+    }
+
     /// Unmounts (lazily if something still holds it).
     pub fn unmount(&mut self) {
         if !self.mounted {

@@ -36,7 +36,8 @@ enum Cmd {
         /// message-chaos, participant-gone, disk-full, kill-postgres,
         /// partition-postgres; or the groups all, kill, partition, none.
         /// kill-postgres and partition-postgres only in the postgres
-        /// workload, disk-full not in it (skipped, with a note, otherwise).
+        /// workload (skipped, with a note, otherwise); there disk-full
+        /// fills PostgreSQL's disk instead of a bank's.
         #[arg(long, default_value = "all")]
         nemesis: String,
         /// What the banks keep their accounts in: sled (their own store) or

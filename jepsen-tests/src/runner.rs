@@ -84,15 +84,12 @@ impl Workload {
 
     /// The faults this workload can inject, and a note for each one left
     /// out: `kill-postgres` and `partition-postgres` need the PostgreSQL
-    /// server (only the PostgreSQL workload has one); `disk-full` fills the banks' data
-    /// filesystem, which PostgreSQL banks do not use.
+    /// server (only the PostgreSQL workload has one). `disk-full` fills a
+    /// node's disk and the disk of what keeps a participant's data: a
+    /// bank's store, or in the PostgreSQL workload the server's.
     pub fn faults(self, faults: &[Fault]) -> (Vec<Fault>, Vec<String>) {
         let skip = |f: Fault| match (self, f) {
             (Workload::Sled, Fault::KillPostgres) => Some("the sled workload has no PostgreSQL server"),
-            (Workload::Postgres, Fault::DiskFull) => Some(
-                "the PostgreSQL banks keep nothing in a data directory of their own (the nodes' disks are \
-                 filled in the sled workload)",
-            ),
             (Workload::Saga, Fault::KillPostgres) => Some("the saga workload has no PostgreSQL server"),
             (Workload::Sled, Fault::PartitionPostgres) => Some("the sled workload has no PostgreSQL server"),
             (Workload::Saga, Fault::PartitionPostgres) => Some("the saga workload has no PostgreSQL server"),
@@ -232,15 +229,37 @@ struct World {
 /// The processes whose data directories are on small filesystems.
 struct DiskTargets {
     node: u64,
-    bank: usize,
+    holder: DataHolder,
     node_fs: SmallFs,
-    bank_fs: SmallFs,
+    holder_fs: SmallFs,
+}
+
+/// Beside a node, the process `disk-full` fills the disk of: the one that
+/// keeps a participant's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DataHolder {
+    /// A bank's own store (the sled workload).
+    Bank(usize),
+    /// The PostgreSQL server every bank keeps its accounts in (the
+    /// postgres workload).
+    Postgres,
 }
 
 /// How long a process whose disk was filled has to serve again after space
 /// is freed (and after it is restarted, if it had exited): a node restart,
 /// catching up with the leader, a bank restart and its recovery pass.
 const DISK_RECOVERY_WAIT: Duration = Duration::from_secs(10);
+
+/// PostgreSQL's settings when `disk-full` fills its disk. WAL segments are
+/// created sparse and never recycled, so a full disk stops the next WAL
+/// write at once (a zero-filled or recycled segment would take 16 MiB of
+/// writes first); and the WAL is kept small on its small filesystem.
+const PG_SMALL_DISK_SETTINGS: &[(&str, &str)] = &[
+    ("wal_init_zero", "off"),
+    ("wal_recycle", "off"),
+    ("min_wal_size", "'32MB'"),
+    ("max_wal_size", "'96MB'"),
+];
 
 impl World {
     fn api_addrs(&self) -> Vec<String> {
@@ -279,7 +298,7 @@ impl World {
             n.heal()?;
         }
         if let Some(pg) = self.pg.as_mut() {
-            if pg.pid().is_none() {
+            if !pg.is_running() {
                 pg.restart()
                     .map_err(|e| anyhow::anyhow!("restarting PostgreSQL: {e}"))?;
             }
@@ -301,6 +320,65 @@ impl World {
             b.start(&env)?;
         }
         Ok(())
+    }
+
+    /// The name of a data holder in the history: the bank's id, or
+    /// `postgres`.
+    fn holder_name(&self, h: DataHolder) -> String {
+        match h {
+            DataHolder::Bank(i) => self.banks[i].id.clone(),
+            DataHolder::Postgres => "postgres".into(),
+        }
+    }
+
+    fn holder_log(&self, h: DataHolder) -> PathBuf {
+        match h {
+            DataHolder::Bank(i) => self.banks[i].log_path.clone(),
+            DataHolder::Postgres => self.pg.as_ref().map(|p| p.log_path()).unwrap_or_default(),
+        }
+    }
+
+    fn holder_running(&mut self, h: DataHolder) -> bool {
+        match h {
+            DataHolder::Bank(i) => self.banks[i].is_running(),
+            DataHolder::Postgres => self.pg.as_mut().is_some_and(|p| p.is_running()),
+        }
+    }
+
+    fn holder_pid(&self, h: DataHolder) -> Option<u32> {
+        match h {
+            DataHolder::Bank(i) => self.banks[i].pid(),
+            DataHolder::Postgres => self.pg.as_ref().and_then(|p| p.pid()),
+        }
+    }
+
+    /// The bank whose probe transfers go through the holder's data: the
+    /// bank itself, or (PostgreSQL) the first bank not gone for good.
+    fn holder_probe_bank(&self, h: DataHolder) -> usize {
+        match h {
+            DataHolder::Bank(i) => i,
+            DataHolder::Postgres => (0..self.banks.len()).find(|i| self.gone != Some(*i)).unwrap_or(0),
+        }
+    }
+
+    /// Starts the holder again, as a supervisor would: the bank, or
+    /// PostgreSQL (crash recovery included) and then every bank that
+    /// exited meanwhile.
+    fn restart_holder(&mut self, h: DataHolder) -> anyhow::Result<()> {
+        match h {
+            DataHolder::Bank(i) => {
+                let env = self.bank_env();
+                self.banks[i].start(&env)?;
+                Ok(())
+            }
+            DataHolder::Postgres => {
+                if let Some(pg) = self.pg.as_mut() {
+                    pg.restart()
+                        .map_err(|e| anyhow::anyhow!("restarting PostgreSQL: {e}"))?;
+                }
+                self.restart_banks()
+            }
+        }
     }
 
     /// Starts every bank that is not running, except the one gone for good.
@@ -347,12 +425,13 @@ enum Undo {
 struct DiskFault {
     filled_at: Instant,
     node_filled: u64,
-    bank_filled: u64,
+    holder_filled: u64,
     node_log_from: u64,
-    bank_log_from: u64,
+    holder_log_from: u64,
     stop: tokio::sync::watch::Sender<bool>,
     node_watch: tokio::task::JoinHandle<NodeWatch>,
-    bank_watch: tokio::task::JoinHandle<(u64, u64)>,
+    /// Probe transfers through the holder's data: (committed, not).
+    holder_watch: tokio::task::JoinHandle<(u64, u64)>,
 }
 
 /// What the node watch saw while the disk was full.
@@ -369,7 +448,7 @@ struct DiskFreed {
     fault: DiskFault,
     freed_at: Instant,
     node_exited: bool,
-    bank_exited: bool,
+    holder_exited: bool,
 }
 
 async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Result<(String, Undo)> {
@@ -398,8 +477,10 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
                 anyhow::bail!("{} is already gone (one participant per run); skipped", w.banks[g].id);
             }
             // Not the bank on the small filesystem: disk-full needs it.
-            let disk_bank = w.disk.as_ref().map(|d| d.bank);
-            let candidates: Vec<usize> = (0..w.banks.len()).filter(|i| Some(*i) != disk_bank).collect();
+            let disk_bank = w.disk.as_ref().map(|d| d.holder);
+            let candidates: Vec<usize> = (0..w.banks.len())
+                .filter(|i| disk_bank != Some(DataHolder::Bank(*i)))
+                .collect();
             let i = candidates[s.rng().random_range(0..candidates.len())];
             w.banks[i].kill9();
             w.proxies[i].go_away();
@@ -414,9 +495,9 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
                 format!(
                     "n{}+{}: full (filler {} KiB + {} KiB)",
                     d.node,
-                    w.banks[d.bank].id,
+                    w.holder_name(d.holder),
                     fault.node_filled >> 10,
-                    fault.bank_filled >> 10
+                    fault.holder_filled >> 10
                 ),
                 Undo::FreeDisk(Box::new(fault)),
             )
@@ -799,28 +880,29 @@ impl Prober {
 
 /// Fills both small filesystems and starts watching the filled processes:
 /// a task that keeps the filesystems full and polls the node, and probe
-/// transfers through the bank every half second.
+/// transfers through the holder's data (the bank, or a bank on PostgreSQL)
+/// every half second.
 async fn fill_disk(w: &mut World) -> anyhow::Result<DiskFault> {
-    let (node, bank) = match &w.disk {
-        Some(d) => (d.node, d.bank),
+    let (node, holder) = match &w.disk {
+        Some(d) => (d.node, d.holder),
         None => anyhow::bail!("disk-full has no small filesystems (they are mounted at the start of a run)"),
     };
     let node_api = w.cluster.node(node).plan.api_listen.clone();
     let node_log_from = disk::file_len(&w.cluster.node(node).log_path);
-    let bank_log_from = disk::file_len(&w.banks[bank].log_path);
-    let prober = Prober::new(w, bank)?;
+    let holder_log_from = disk::file_len(&w.holder_log(holder));
+    let prober = Prober::new(w, w.holder_probe_bank(holder))?;
     let d = w.disk.as_mut().expect("checked above");
     let node_filled = d.node_fs.fill()?;
-    let bank_filled = match d.bank_fs.fill() {
+    let holder_filled = match d.holder_fs.fill() {
         Ok(b) => b,
         Err(e) => {
             let _ = d.node_fs.free();
-            let _ = d.bank_fs.free();
+            let _ = d.holder_fs.free();
             return Err(e);
         }
     };
     let filled_at = Instant::now();
-    let paths = [d.node_fs.path.clone(), d.bank_fs.path.clone()];
+    let paths = [d.node_fs.path.clone(), d.holder_fs.path.clone()];
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
 
     let mut rx = stop_rx.clone();
@@ -861,7 +943,7 @@ async fn fill_disk(w: &mut World) -> anyhow::Result<DiskFault> {
     });
 
     let mut rx = stop_rx;
-    let bank_watch = tokio::spawn(async move {
+    let holder_watch = tokio::spawn(async move {
         let (mut ok, mut refused) = (0u64, 0u64);
         while !*rx.borrow() {
             let committed = prober.once().await;
@@ -884,12 +966,12 @@ async fn fill_disk(w: &mut World) -> anyhow::Result<DiskFault> {
     Ok(DiskFault {
         filled_at,
         node_filled,
-        bank_filled,
+        holder_filled,
         node_log_from,
-        bank_log_from,
+        holder_log_from,
         stop,
         node_watch,
-        bank_watch,
+        holder_watch,
     })
 }
 
@@ -898,20 +980,20 @@ async fn fill_disk(w: &mut World) -> anyhow::Result<DiskFault> {
 fn free_disk(w: &mut World, fault: DiskFault) -> anyhow::Result<(String, DiskFreed)> {
     let _ = fault.stop.send(true);
     let d = w.disk.as_ref().expect("a disk fault has its filesystems");
-    let (node, bank) = (d.node, d.bank);
+    let (node, holder) = (d.node, d.holder);
     let node_exited = !w.cluster.node(node).is_running();
-    let bank_exited = !w.banks[bank].is_running();
+    let holder_exited = !w.holder_running(holder);
     let d = w.disk.as_mut().expect("checked above");
     d.node_fs.free()?;
-    d.bank_fs.free()?;
+    d.holder_fs.free()?;
     let freed_at = Instant::now();
     let state = |exited: bool| if exited { "had exited" } else { "still running" };
     let note = format!(
         "freed after {} ms; n{node} {}, {} {}",
         fault.filled_at.elapsed().as_millis(),
         state(node_exited),
-        w.banks[bank].id,
-        state(bank_exited)
+        w.holder_name(holder),
+        state(holder_exited)
     );
     Ok((
         note,
@@ -919,31 +1001,33 @@ fn free_disk(w: &mut World, fault: DiskFault) -> anyhow::Result<(String, DiskFre
             fault,
             freed_at,
             node_exited,
-            bank_exited,
+            holder_exited,
         },
     ))
 }
 
 /// After space is freed: restarts whichever filled process is not running
-/// (as a supervisor would), waits until each serves again (the node caught
-/// up with the others, the bank committed a probe transfer) and records
-/// what each did while its disk was full.
+/// (as a supervisor would; for PostgreSQL, also the banks that exited
+/// meanwhile), waits until each serves again (the node caught up with the
+/// others, a probe transfer through the holder's data committed) and
+/// records what each did while its disk was full.
 async fn disk_recovery(w: &mut World, freed: DiskFreed) {
     let DiskFreed {
         fault,
         freed_at,
         node_exited,
-        bank_exited,
+        holder_exited,
     } = freed;
     let full_ms = freed_at.duration_since(fault.filled_at).as_millis() as u64;
     let node_seen = fault.node_watch.await.unwrap_or_default();
-    let (bank_ok, bank_refused) = fault.bank_watch.await.unwrap_or_default();
+    let (holder_ok, holder_refused) = fault.holder_watch.await.unwrap_or_default();
     let Some(d) = w.disk.as_ref() else { return };
-    let (node, bank) = (d.node, d.bank);
+    let (node, holder) = (d.node, d.holder);
+    let holder_name = w.holder_name(holder);
     let node_log = w.cluster.node(node).log_path.clone();
-    let bank_log = w.banks[bank].log_path.clone();
+    let holder_log = w.holder_log(holder);
     let (node_msgs, node_first) = disk::disk_full_lines(&node_log, fault.node_log_from);
-    let (bank_msgs, bank_first) = disk::disk_full_lines(&bank_log, fault.bank_log_from);
+    let (holder_msgs, holder_first) = disk::disk_full_lines(&holder_log, fault.holder_log_from);
 
     // The supervisor: whatever is not running now is started again.
     let mut node_restarted = !w.cluster.node(node).is_running();
@@ -952,11 +1036,15 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
             eprintln!("jepsen: could not restart n{node}: {e}");
         }
     }
-    let mut bank_restarted = !w.banks[bank].is_running();
-    if bank_restarted {
-        let env = w.bank_env();
-        if let Err(e) = w.banks[bank].start(&env) {
-            eprintln!("jepsen: could not restart {}: {e}", w.banks[bank].id);
+    let mut holder_restarted = !w.holder_running(holder);
+    if holder_restarted {
+        if let Err(e) = w.restart_holder(holder) {
+            eprintln!("jepsen: could not restart {holder_name}: {e}");
+        }
+    } else if holder == DataHolder::Postgres {
+        // PostgreSQL stayed up; a bank may still have given up on it.
+        if let Err(e) = w.restart_banks() {
+            eprintln!("jepsen: could not restart a bank: {e}");
         }
     }
 
@@ -977,82 +1065,52 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
         }
     }
     let node_api = w.cluster.node(node).plan.api_listen.clone();
-    // A node that was on its way out when space was freed (its Raft had
-    // stopped; it exits within a second) counted as running above: watch
-    // its pid, and stop waiting for it once it is gone (it is restarted
-    // below, as a supervisor would).
+    let node_serves = || {
+        let (api, tls) = (node_api.clone(), op_tls.clone());
+        async move {
+            matches!(
+                dtx_client::cluster_status_with(&api, Duration::from_millis(300), tls.as_ref()).await,
+                Ok(s) if s.leader_id != 0 && s.role != "Shutdown" && s.last_applied_index >= target
+            )
+        }
+    };
+    // A process on its way out when space was freed counted as running
+    // above: a node whose Raft had stopped (it exits within a second), a
+    // bank stopping on its full store ("bank service stopping"), a
+    // PostgreSQL whose crash recovery was failing. Its pid is watched, and
+    // the wait for it ends once it is gone (it is restarted below, as a
+    // supervisor would).
     let node_pid = w.cluster.node(node).pid();
+    let holder_pid = w.holder_pid(holder);
     let until = freed_at + DISK_RECOVERY_WAIT;
-    let node_back = async {
-        while Instant::now() < until {
-            if node_pid.is_some_and(|p| !dtx_pg_server::process_running(p)) {
-                return None;
-            }
-            if let Ok(s) = dtx_client::cluster_status_with(&node_api, Duration::from_millis(300), op_tls.as_ref()).await
-            {
-                if s.leader_id != 0 && s.role != "Shutdown" && s.last_applied_index >= target {
-                    return Some(freed_at.elapsed().as_millis() as u64);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        None
+    let prober = Prober::new(w, w.holder_probe_bank(holder));
+    let holder_back = async {
+        let Ok(p) = &prober else { return None };
+        wait_serving(freed_at, until, holder_pid, Duration::from_millis(300), || p.once()).await
     };
-    // The same for the bank: one that was stopping on its full store when
-    // space was freed (it logs "bank service stopping" and exits) counted
-    // as running above.
-    let bank_pid = w.banks[bank].pid();
-    let prober = Prober::new(w, bank);
-    let bank_back = async {
-        let Ok(prober) = prober else { return None };
-        while Instant::now() < until {
-            if bank_pid.is_some_and(|p| !dtx_pg_server::process_running(p)) {
-                return None;
-            }
-            if prober.once().await {
-                return Some(freed_at.elapsed().as_millis() as u64);
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        None
-    };
-    let (mut node_back, mut bank_back) = tokio::join!(node_back, bank_back);
+    let (mut node_back, mut holder_back) = tokio::join!(
+        wait_serving(freed_at, until, node_pid, Duration::from_millis(200), node_serves),
+        holder_back
+    );
     if node_back.is_none() && !w.cluster.node(node).is_running() {
         // It exited after the check above: restart it and give it the same
         // time to come back, counted from the restart.
         node_restarted = true;
-        let restarted_at = Instant::now();
         if let Err(e) = w.restart_node(node, &[]) {
             eprintln!("jepsen: could not restart n{node}: {e}");
         }
-        while restarted_at.elapsed() < DISK_RECOVERY_WAIT {
-            if let Ok(s) = dtx_client::cluster_status_with(&node_api, Duration::from_millis(300), op_tls.as_ref()).await
-            {
-                if s.leader_id != 0 && s.role != "Shutdown" && s.last_applied_index >= target {
-                    node_back = Some(freed_at.elapsed().as_millis() as u64);
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let until = Instant::now() + DISK_RECOVERY_WAIT;
+        node_back = wait_serving(freed_at, until, None, Duration::from_millis(200), node_serves).await;
     }
-    if bank_back.is_none() && !w.banks[bank].is_running() {
-        // The bank exited after the check above: restart it and give it
-        // the same time, counted from the restart.
-        bank_restarted = true;
-        let restarted_at = Instant::now();
-        let env = w.bank_env();
-        if let Err(e) = w.banks[bank].start(&env) {
-            eprintln!("jepsen: could not restart {}: {e}", w.banks[bank].id);
+    if holder_back.is_none() && !w.holder_running(holder) {
+        // The same for the holder.
+        holder_restarted = true;
+        if let Err(e) = w.restart_holder(holder) {
+            eprintln!("jepsen: could not restart {holder_name}: {e}");
         }
-        if let Ok(prober) = Prober::new(w, bank) {
-            while restarted_at.elapsed() < DISK_RECOVERY_WAIT {
-                if prober.once().await {
-                    bank_back = Some(freed_at.elapsed().as_millis() as u64);
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
+        let until = Instant::now() + DISK_RECOVERY_WAIT;
+        if let Ok(p) = Prober::new(w, w.holder_probe_bank(holder)) {
+            holder_back = wait_serving(freed_at, until, None, Duration::from_millis(300), || p.once()).await;
         }
     }
 
@@ -1072,18 +1130,18 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
             last_log_line: disk::last_line(&node_log),
         },
         DiskFullSeen {
-            process: w.banks[bank].id.clone(),
-            filled_bytes: fault.bank_filled,
+            process: holder_name,
+            filled_bytes: fault.holder_filled,
             full_ms,
-            exited: bank_exited,
-            disk_messages: bank_msgs,
-            first_message: bank_first,
-            writes_while_full: bank_ok,
-            refused_while_full: bank_refused,
-            restarted: bank_restarted,
-            back_after_ms: bank_back,
+            exited: holder_exited,
+            disk_messages: holder_msgs,
+            first_message: holder_first,
+            writes_while_full: holder_ok,
+            refused_while_full: holder_refused,
+            restarted: holder_restarted,
+            back_after_ms: holder_back,
             recovery_wait_ms: DISK_RECOVERY_WAIT.as_millis() as u64,
-            last_log_line: disk::last_line(&bank_log),
+            last_log_line: disk::last_line(&holder_log),
         },
     ];
     for s in seen {
@@ -1103,6 +1161,31 @@ async fn disk_recovery(w: &mut World, freed: DiskFreed) {
         );
         w.rec.record("nemesis", OpType::Ok, None, Body::DiskFull(s), None);
     }
+}
+
+/// Asks `serves` every `every` until it says yes (then: ms since `since`),
+/// the process `pid` (when given) is gone, or `until` passes (then: None).
+async fn wait_serving<F, Fut>(
+    since: Instant,
+    until: Instant,
+    pid: Option<u32>,
+    every: Duration,
+    serves: F,
+) -> Option<u64>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    while Instant::now() < until {
+        if pid.is_some_and(|p| !dtx_pg_server::process_running(p)) {
+            return None;
+        }
+        if serves().await {
+            return Some(since.elapsed().as_millis() as u64);
+        }
+        tokio::time::sleep(every).await;
+    }
+    None
 }
 
 /// Reads decisions of recently seen txids from a random node, once a
@@ -1422,15 +1505,38 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     let api = cluster.api_addrs();
     // The PostgreSQL workload: one server for the run, one database per
     // bank (bank_a, ...).
+    let disk_full = o.faults.contains(&Fault::DiskFull);
+    if disk_full {
+        // Before anything is mounted for this run.
+        disk::unmount_stale(o.base_port);
+    }
+    let mut pg_fs = None;
     let pg = match o.workload {
         Workload::Sled | Workload::Saga => None,
         Workload::Postgres => {
-            let pg = PgServer::start(PgServerOptions {
+            let mut pg = PgServer::new(PgServerOptions {
                 max_prepared_transactions: 128,
                 max_connections: 200,
+                extra_settings: if disk_full { PG_SMALL_DISK_SETTINGS } else { &[] }
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
                 ..PgServerOptions::default()
             })
             .map_err(|e| anyhow::anyhow!("starting PostgreSQL: {e}"))?;
+            if disk_full {
+                // disk-full fills PostgreSQL's disk (the banks keep nothing
+                // of their own): its data directory is on a small
+                // filesystem from initdb on.
+                let fs = SmallFs::mount(&pg.data_dir(), o.base_port)?;
+                println!(
+                    "jepsen: disk-full: PostgreSQL's data ({}) on a small filesystem (tmpfs)",
+                    fs.path.display()
+                );
+                pg_fs = Some(fs);
+            }
+            pg.init_and_start()
+                .map_err(|e| anyhow::anyhow!("starting PostgreSQL: {e}"))?;
             for i in 0..o.banks {
                 let db = format!("bank_{}", (b'a' + i as u8) as char);
                 pg.create_database(&db)
@@ -1515,27 +1621,33 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         app_tls,
         op_tls,
     };
-    if o.faults.contains(&Fault::DiskFull) {
-        // One node and one bank, fixed for the run by the seed, get a small
-        // filesystem of their own before they first start.
-        disk::unmount_stale(o.base_port);
+    if disk_full {
+        // One node and one bank (or PostgreSQL, mounted above), fixed for
+        // the run by the seed, get a small filesystem of their own before
+        // they first start.
         let mut rng = StdRng::seed_from_u64(o.seed ^ 0xD15C);
         let node = rng.random_range(1..=3u64);
         let bank = rng.random_range(0..o.banks);
         let node_dir = w.cluster.node(node).config.data_dir.clone();
         let node_fs = SmallFs::mount(&node_dir, o.base_port)?;
-        let bank_fs = SmallFs::mount(&w.banks[bank].data_dir, o.base_port)?;
+        let (holder, holder_fs) = match pg_fs.take() {
+            Some(fs) => (DataHolder::Postgres, fs),
+            None => (
+                DataHolder::Bank(bank),
+                SmallFs::mount(&w.banks[bank].data_dir, o.base_port)?,
+            ),
+        };
         println!(
             "jepsen: disk-full: n{node} ({}) and {} ({}) on small filesystems (tmpfs)",
             node_dir.display(),
-            w.banks[bank].id,
-            w.banks[bank].data_dir.display()
+            w.holder_name(holder),
+            holder_fs.path.display()
         );
         w.disk = Some(DiskTargets {
             node,
-            bank,
+            holder,
             node_fs,
-            bank_fs,
+            holder_fs,
         });
     }
     w.cluster.env = w.node_env();
@@ -1771,9 +1883,19 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             eprintln!("jepsen: could not copy PostgreSQL's log: {e}");
         }
     }
-    // Keep what the small filesystems held in the results folder.
+    // Keep what the small filesystems held in the results folder (not
+    // PostgreSQL's data directory: its log is kept above).
     if let Some(d) = w.disk.as_mut() {
-        for fs in [&mut d.node_fs, &mut d.bank_fs] {
+        if d.holder == DataHolder::Postgres {
+            if let Some(pg) = w.pg.as_mut() {
+                pg.kill9();
+            }
+            d.holder_fs.unmount();
+        }
+        for fs in [&mut d.node_fs, &mut d.holder_fs] {
+            if !fs.is_mounted() {
+                continue;
+            }
             let saved = fs.path.with_extension("saved");
             let r = fs.save(&saved);
             fs.unmount();
@@ -2326,8 +2448,9 @@ mod tests {
         let (pg, notes) = Workload::Postgres.faults(&all);
         assert!(pg.contains(&Fault::KillPostgres));
         assert!(pg.contains(&Fault::PartitionPostgres));
-        assert!(!pg.contains(&Fault::DiskFull));
-        assert!(notes[0].starts_with("disk-full skipped"), "{notes:?}");
+        // Every nemesis: disk-full fills PostgreSQL's disk there.
+        assert_eq!(pg, all, "the postgres workload runs every nemesis");
+        assert!(notes.is_empty(), "{notes:?}");
         // The saga workload runs every nemesis but kill-postgres.
         let (saga, notes) = Workload::Saga.faults(&all);
         assert!(!saga.contains(&Fault::KillPostgres));

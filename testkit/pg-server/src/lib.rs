@@ -323,6 +323,16 @@ pub struct PgServer {
 impl PgServer {
     /// initdb, configure, start, and wait until it accepts connections.
     pub fn start(opts: PgServerOptions) -> Result<PgServer> {
+        let mut server = PgServer::new(opts)?;
+        server.init_and_start()?;
+        Ok(server)
+    }
+
+    /// A server not yet created: its temporary folder, port and OS user,
+    /// without initdb or a start. For a caller that puts something on
+    /// [`PgServer::data_dir`] first (a filesystem of its own, mounted there)
+    /// and then calls [`PgServer::init_and_start`].
+    pub fn new(opts: PgServerOptions) -> Result<PgServer> {
         let bin = find_binaries()?;
         // SAFETY: geteuid has no preconditions.
         let run_as = if unsafe { libc::geteuid() } == 0 {
@@ -338,20 +348,25 @@ impl PgServer {
         if let Some(w) = run_as {
             chown_tree(dir.path(), w)?;
         }
-        let mut server = PgServer {
+        Ok(PgServer {
             port: free_port()?,
             dir,
             bin,
             run_as,
             opts,
             child: None,
-        };
-        server.initdb()?;
-        server.spawn()?;
-        Ok(server)
+        })
     }
 
-    fn data_dir(&self) -> PathBuf {
+    /// initdb on [`PgServer::data_dir`] (missing, or empty), configure,
+    /// start, and wait until it accepts connections.
+    pub fn init_and_start(&mut self) -> Result<()> {
+        self.initdb()?;
+        self.spawn()
+    }
+
+    /// The data directory (PGDATA).
+    pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }
 
@@ -365,6 +380,11 @@ impl PgServer {
     }
 
     fn initdb(&self) -> Result<()> {
+        // A data directory made by the caller (a mount point, say) becomes
+        // the server's: initdb insists on owning it.
+        if let (Some(w), true) = (self.run_as, self.data_dir().is_dir()) {
+            chown_tree(&self.data_dir(), w)?;
+        }
         let mut cmd = Command::new(self.bin.join("initdb"));
         cmd.arg("-D")
             .arg(self.data_dir())
@@ -459,6 +479,15 @@ impl PgServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Whether the postmaster is running: started, not killed, and not
+    /// exited by itself (as it does when its crash recovery fails).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
     }
 
     /// The postmaster's pid, while it runs.
