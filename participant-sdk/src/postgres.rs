@@ -701,19 +701,23 @@ impl<H: PgHandler> PgParticipant<H> {
         // work commits. A tombstone written concurrently makes it a unique
         // violation (then NO); a wait on it is bounded.
         let set = format!("SET LOCAL lock_timeout = '{}ms'", self.lock_timeout.as_millis().max(1));
-        tx.batch_execute(&set).await.map_err(|e| pg_err("SET LOCAL", &e))?;
         let insert = tx
             .prepare_cached(&format!(
                 "INSERT INTO {LOG_TABLE} (participant, txid, state, term, decided_ms) VALUES ($1, $2, $3, $4, $5)"
             ))
             .await
             .map_err(|e| pg_err("writing the commit marker", &e))?;
-        let inserted = tx
-            .execute(
-                &insert,
-                &[&self.id, &(txid as i64), &st::COMMITTED, &(term as i64), &now_ms()],
-            )
-            .await;
+        // One round trip for both: tokio-postgres sends the two in the
+        // order they are first polled (the SET first) and PostgreSQL runs
+        // them in that order; the INSERT's result is read after the SET's.
+        let (txid_i, term_i, at_ms) = (txid as i64, term as i64, now_ms());
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&self.id, &txid_i, &st::COMMITTED, &term_i, &at_ms];
+        let (set_done, inserted) = tokio::join!(tx.batch_execute(&set), tx.execute(&insert, &params));
+        if let Err(e) = set_done {
+            let _ = tx.rollback().await;
+            return Err(pg_err("SET LOCAL", &e));
+        }
         match inserted {
             Ok(_) => Ok((verdict, Some(tx))),
             Err(e)
@@ -735,11 +739,14 @@ impl<H: PgHandler> PgParticipant<H> {
     }
 
     async fn on_prepare(&self, c: &mut Client, txid: u64, term: u64, payload: &[u8]) -> Result<Answer, StoreError> {
-        if let Some(p) = self.prepared(c, txid).await? {
+        // Both look-ups in one round trip (pipelined on the connection);
+        // a prepared transaction wins over the row, as if read in turn.
+        let (prepared, row) = tokio::try_join!(self.prepared(c, txid), self.row(c, txid))?;
+        if let Some(p) = prepared {
             stale(term, p.term)?;
             return Ok(Answer::new(Reply::Vote(Vote::Yes)));
         }
-        if let Some(row) = self.row(c, txid).await? {
+        if let Some(row) = row {
             return self.repeat_prepare(c, txid, term, row).await;
         }
         let (verdict, tx) = self.run_handler(c, txid, term, payload, false).await?;
@@ -786,6 +793,28 @@ impl<H: PgHandler> PgParticipant<H> {
     }
 
     async fn on_commit(&self, c: &Client, txid: u64, term: u64) -> Result<Answer, StoreError> {
+        // The usual Commit comes in the term of its Prepare: its gid is
+        // known without reading pg_prepared_xacts (one round trip, and no
+        // scan of every prepared transaction). A txid is prepared under one
+        // gid only, so this commits what the look-up below would find. If
+        // there is no such gid (another term, already committed, never
+        // prepared), PostgreSQL says so and nothing changed: the look-up
+        // decides, as before.
+        match c
+            .batch_execute(&format!("COMMIT PREPARED {}", literal(&self.gid(txid, term))))
+            .await
+        {
+            Ok(()) => {
+                dtx_failpoint::failpoint!("participant_after_decision_before_ack");
+                return Ok(Answer::new(Reply::Ack));
+            }
+            // No such gid; or one of another database (a prefix used in
+            // two databases, which the look-up below does not see either).
+            Err(e)
+                if e.code() == Some(&SqlState::UNDEFINED_OBJECT)
+                    || e.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED) => {}
+            Err(e) => return Err(pg_err("COMMIT PREPARED", &e)),
+        }
         if let Some(p) = self.prepared(c, txid).await? {
             stale(term, p.term)?;
             c.batch_execute(&format!("COMMIT PREPARED {}", literal(&p.gid)))
