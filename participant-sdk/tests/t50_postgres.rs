@@ -70,23 +70,15 @@ fn server(opts: PgServerOptions) -> Option<PgServer> {
         kill_with_parent_thread: true,
         ..opts
     };
-    match PgServer::start(opts) {
-        Ok(s) => {
-            s.create_database(DB).unwrap();
-            s.execute(
-                DB,
-                "CREATE TABLE accounts (id text PRIMARY KEY, balance bigint NOT NULL);
-                 INSERT INTO accounts VALUES ('alice', 100), ('bob', 0), ('carol', 50)",
-            )
-            .unwrap();
-            Some(s)
-        }
-        Err(e) if e.is_binaries_missing() && std::env::var("DTX_REQUIRE_POSTGRES").as_deref() != Ok("1") => {
-            eprintln!("\n!!!!!!!!!! SKIPPED (PostgreSQL missing): {e}\n!!!!!!!!!! set DTX_REQUIRE_POSTGRES=1 to fail instead\n");
-            None
-        }
-        Err(e) => panic!("starting PostgreSQL: {e}"),
-    }
+    let s = dtx_pg_server::start_or_skip("t50_postgres", opts)?;
+    s.create_database(DB).unwrap();
+    s.execute(
+        DB,
+        "CREATE TABLE accounts (id text PRIMARY KEY, balance bigint NOT NULL);
+         INSERT INTO accounts VALUES ('alice', 100), ('bob', 0), ('carol', 50)",
+    )
+    .unwrap();
+    Some(s)
 }
 
 fn opts(s: &PgServer) -> PgOptions {

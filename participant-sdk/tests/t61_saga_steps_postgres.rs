@@ -123,23 +123,15 @@ fn server() -> Option<PgServer> {
         kill_with_parent_thread: true,
         ..PgServerOptions::default()
     };
-    match PgServer::start(opts) {
-        Ok(s) => {
-            s.create_database(DB).unwrap();
-            s.execute(
-                DB,
-                "CREATE TABLE wallets (id text PRIMARY KEY, balance bigint NOT NULL, version bigint NOT NULL);
-                 INSERT INTO wallets VALUES ('alice', 100, 0), ('bob', 0, 0), ('carol', 50, 0)",
-            )
-            .unwrap();
-            Some(s)
-        }
-        Err(e) if e.is_binaries_missing() && std::env::var("DTX_REQUIRE_POSTGRES").as_deref() != Ok("1") => {
-            eprintln!("\n!!!!!!!!!! SKIPPED (PostgreSQL missing): {e}\n!!!!!!!!!! set DTX_REQUIRE_POSTGRES=1 to fail instead\n");
-            None
-        }
-        Err(e) => panic!("starting PostgreSQL: {e}"),
-    }
+    let s = dtx_pg_server::start_or_skip("t61_saga_steps_postgres", opts)?;
+    s.create_database(DB).unwrap();
+    s.execute(
+        DB,
+        "CREATE TABLE wallets (id text PRIMARY KEY, balance bigint NOT NULL, version bigint NOT NULL);
+         INSERT INTO wallets VALUES ('alice', 100, 0), ('bob', 0, 0), ('carol', 50, 0)",
+    )
+    .unwrap();
+    Some(s)
 }
 
 async fn store(s: &PgServer) -> Arc<PgStepStore<Wallets>> {

@@ -21,14 +21,7 @@ use super::TestCluster;
 /// A PostgreSQL server, or `None` (said loudly) when its binaries are
 /// missing and the environment does not require them.
 pub fn postgres_or_skip(test: &str) -> Option<PgServer> {
-    match PgServer::start(PgServerOptions::default()) {
-        Ok(pg) => Some(pg),
-        Err(e) if e.is_binaries_missing() && std::env::var("DTX_REQUIRE_POSTGRES").as_deref() != Ok("1") => {
-            eprintln!("\n*** {test} SKIPPED: {e}\n*** (install them with scripts/postgres-deps; DTX_REQUIRE_POSTGRES=1 makes this a failure)\n");
-            None
-        }
-        Err(e) => panic!("{test}: could not start PostgreSQL: {e}"),
-    }
+    dtx_pg_server::start_or_skip(test, PgServerOptions::default())
 }
 
 pub struct Shop {

@@ -23,17 +23,9 @@ fn server() -> Option<PgServer> {
         kill_with_parent_thread: true,
         ..PgServerOptions::default()
     };
-    match PgServer::start(opts) {
-        Ok(s) => {
-            s.create_database(DB).unwrap();
-            Some(s)
-        }
-        Err(e) if e.is_binaries_missing() && std::env::var("DTX_REQUIRE_POSTGRES").as_deref() != Ok("1") => {
-            eprintln!("\n!!!!!!!!!! SKIPPED (PostgreSQL missing): {e}\n!!!!!!!!!! set DTX_REQUIRE_POSTGRES=1 to fail instead\n");
-            None
-        }
-        Err(e) => panic!("starting PostgreSQL: {e}"),
-    }
+    let s = dtx_pg_server::start_or_skip("t10_pg_handler", opts)?;
+    s.create_database(DB).unwrap();
+    Some(s)
 }
 
 async fn balance(db: &tokio_postgres::Client, name: &str) -> i64 {

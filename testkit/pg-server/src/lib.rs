@@ -656,6 +656,26 @@ impl Drop for PgServer {
     }
 }
 
+/// Set to `1` (CI does), a test that needs PostgreSQL fails when the server
+/// binaries are missing, instead of skipping.
+pub const REQUIRE_ENV: &str = "DTX_REQUIRE_POSTGRES";
+
+/// For tests: starts a server with `opts`, or, when the server binaries are
+/// missing and [`REQUIRE_ENV`] is not `1`, says loudly that `test` is
+/// skipped and returns `None`. Any other failure panics.
+pub fn start_or_skip(test: &str, opts: PgServerOptions) -> Option<PgServer> {
+    match PgServer::start(opts) {
+        Ok(s) => Some(s),
+        Err(e) if e.is_binaries_missing() && std::env::var(REQUIRE_ENV).as_deref() != Ok("1") => {
+            eprintln!(
+                "\n*** {test} SKIPPED: {e}\n*** (install them with scripts/postgres-deps; {REQUIRE_ENV}=1 makes this a failure)\n"
+            );
+            None
+        }
+        Err(e) => panic!("{test}: could not start PostgreSQL: {e}"),
+    }
+}
+
 /// Whether the server binaries are present (for tests that skip without).
 pub fn binaries_present() -> bool {
     find_binaries().is_ok()

@@ -9,14 +9,7 @@ use dtx_pg_server::PgServer;
 use dtx_pg_server::PgServerOptions;
 
 fn start_or_skip() -> Option<PgServer> {
-    match PgServer::start(PgServerOptions::default()) {
-        Ok(s) => Some(s),
-        Err(e) if e.is_binaries_missing() && std::env::var("DTX_REQUIRE_POSTGRES").as_deref() != Ok("1") => {
-            eprintln!("!!!!! SKIPPED: {e}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    dtx_pg_server::start_or_skip("dtx-pg-server smoke", PgServerOptions::default())
 }
 
 /// An idle session: the startup message (protocol 3.0, trust), then read
