@@ -135,6 +135,28 @@ impl Shop {
     }
 }
 
+/// Waits up to 10 s for `s` to listen: true once it does, false as soon as
+/// its process is gone (the caller restarts it). A service that runs but
+/// does not listen within 10 s fails the test, naming its log.
+async fn listening_while_running(s: &mut ServiceProcess) -> bool {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        if !s.is_running() {
+            return false;
+        }
+        if tokio::net::TcpStream::connect(&s.addr).await.is_ok() {
+            return true;
+        }
+        assert!(
+            Instant::now() < until,
+            "{} runs but did not listen within 10 s; see its log {}",
+            s.id,
+            s.log_path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits until `txid` has a decision, every service runs (restarting the
 /// ones a crash point stopped), no prepared transaction is left and the
 /// order's rows agree with the decision; returns the decision (true =
@@ -153,11 +175,16 @@ pub async fn settle(c: &TestCluster, shop: &mut Shop, env: &[(String, String)], 
             let rows = shop.rows_of(order).await;
             let all_running = shop.services.values_mut().all(|s| s.is_running());
             if all_running && shop.prepared_left().await == 0 && rows == [committed; 3] {
-                for s in shop.services.values() {
-                    s.wait_started().await.unwrap();
+                // Every service listening (a restarted one may still be
+                // starting) and still running: a crash point that fires
+                // just after its effect became visible (after COMMIT
+                // PREPARED, before the ack) may take its service down
+                // after the check above; it is restarted next round.
+                let mut up = true;
+                for s in shop.services.values_mut() {
+                    up &= listening_while_running(s).await;
                 }
-                // Still running once listening: no crash after the check.
-                if shop.services.values_mut().all(|s| s.is_running()) {
+                if up && shop.services.values_mut().all(|s| s.is_running()) {
                     return committed;
                 }
             }
