@@ -176,15 +176,30 @@ impl ServiceProcess {
     }
 
     /// Waits up to 10 s for the started service to listen; an error names
-    /// it and its log.
+    /// it and its log. A process that exits first is an error at once (it
+    /// will not listen); `wait_for_exit` then reaps it (its exit may show
+    /// in /proc a moment before `is_running` sees it).
     pub async fn wait_started(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            wait_listening(&self.addr, Duration::from_secs(10)).await,
-            "{} did not start within 10 s; see its log {}",
-            self.id,
-            self.log_path.display()
-        );
-        Ok(())
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if tokio::net::TcpStream::connect(&self.addr).await.is_ok() {
+                return Ok(());
+            }
+            if self.pid().is_some_and(|p| !dtx_pg_server::process_running(p)) {
+                anyhow::bail!(
+                    "{} exited before it listened; see its log {}",
+                    self.id,
+                    self.log_path.display()
+                );
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < until,
+                "{} did not start within 10 s; see its log {}",
+                self.id,
+                self.log_path.display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Waits until the process ends by itself; `None` if none was running.

@@ -135,28 +135,6 @@ impl Shop {
     }
 }
 
-/// Waits up to 10 s for `s` to listen: true once it does, false as soon as
-/// its process is gone (the caller restarts it). A service that runs but
-/// does not listen within 10 s fails the test, naming its log.
-async fn listening_while_running(s: &mut ServiceProcess) -> bool {
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        if !s.is_running() {
-            return false;
-        }
-        if tokio::net::TcpStream::connect(&s.addr).await.is_ok() {
-            return true;
-        }
-        assert!(
-            Instant::now() < until,
-            "{} runs but did not listen within 10 s; see its log {}",
-            s.id,
-            s.log_path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Waits until `txid` has a decision, every service runs (restarting the
 /// ones a crash point stopped), no prepared transaction is left and the
 /// order's rows agree with the decision; returns the decision (true =
@@ -182,7 +160,12 @@ pub async fn settle(c: &TestCluster, shop: &mut Shop, env: &[(String, String)], 
                 // after the check above; it is restarted next round.
                 let mut up = true;
                 for s in shop.services.values_mut() {
-                    up &= listening_while_running(s).await;
+                    if let Err(e) = s.wait_started().await {
+                        // Gone (its exit is reaped here, a moment after
+                        // its threads are), or it runs and never listened.
+                        assert!(s.wait_for_exit(Duration::from_secs(5)).await.is_some(), "{e}");
+                        up = false;
+                    }
                 }
                 if up && shop.services.values_mut().all(|s| s.is_running()) {
                     return committed;
