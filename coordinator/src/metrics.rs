@@ -91,6 +91,7 @@ pub const METRICS: &[Described] = &[
     // Storage and Raft.
     m("dtx_log_flushes_total", C, Unit::Count, "fsyncs of the Raft log."),
     m("dtx_log_flush_group_appends", H, Unit::Count, "Raft log appends completed by one fsync."),
+    m("dtx_storage_flush_seconds", H, Unit::Seconds, "Time to make the node's writes durable: sled's flush and the fsync of its files after it."),
     m("dtx_snapshots_built_total", C, Unit::Count, "Snapshots this node built."),
     m("dtx_snapshots_installed_total", C, Unit::Count, "Snapshots received from the leader and installed."),
     m("dtx_backups_total", C, Unit::Count, "Backup requests, by result (built, refused)."),

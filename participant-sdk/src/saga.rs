@@ -74,11 +74,11 @@ use tracing::warn;
 
 use crate::participant::StoreError;
 use crate::participant::StoreFailure;
-use crate::store::open_sled;
 use crate::store::sled_disk_full;
 use crate::store::unix_ms;
 use crate::store::FailureLatch;
 use crate::store::KvPair;
+use crate::store::{flush_durably, open_dir_sync, open_sled};
 
 const DATA_PREFIX: u8 = b'd';
 const INBOX_PREFIX: u8 = b'n';
@@ -652,6 +652,8 @@ enum Applied {
 pub struct StepStore<H: StepHandler> {
     /// Kept open as long as the store when it opened a directory.
     _db: Option<sled::Db>,
+    /// What sled's flush leaves out: the fsync of the directory's files.
+    sync: Arc<dtx_durable::DirSync>,
     tree: sled::Tree,
     handler: H,
     /// Serializes Forward and Compensate, from the inbox look-up to the
@@ -675,18 +677,26 @@ impl<H: StepHandler> StepStore<H> {
         };
         let db = open_sled(path).map_err(open_err)?;
         let tree = db.open_tree(STEP_TREE).map_err(open_err)?;
-        Self::build(Some(db), tree, path.display().to_string(), handler)
+        let sync = open_dir_sync(path)?;
+        Self::build(Some(db), tree, sync, path.display().to_string(), handler)
     }
 
-    /// A store on `tree` (of a database the caller keeps open), beside
-    /// whatever else the database holds. Every fsync covers the whole
-    /// database.
-    pub fn open_tree(tree: sled::Tree, handler: H) -> Result<Arc<Self>, StoreError> {
+    /// A store on `tree` of the database the caller opened in directory
+    /// `dir` and keeps open, beside whatever else the database holds.
+    /// Every fsync covers the whole database.
+    pub fn open_tree(dir: &Path, tree: sled::Tree, handler: H) -> Result<Arc<Self>, StoreError> {
         let name = String::from_utf8_lossy(&tree.name()).into_owned();
-        Self::build(None, tree, format!("sled tree {name:?}"), handler)
+        let sync = open_dir_sync(dir)?;
+        Self::build(None, tree, sync, format!("sled tree {name:?}"), handler)
     }
 
-    fn build(db: Option<sled::Db>, tree: sled::Tree, path: String, handler: H) -> Result<Arc<Self>, StoreError> {
+    fn build(
+        db: Option<sled::Db>,
+        tree: sled::Tree,
+        sync: dtx_durable::DirSync,
+        path: String,
+        handler: H,
+    ) -> Result<Arc<Self>, StoreError> {
         let io = |e: sled::Error| StoreError::Io(e.to_string());
         // The next event number: past the stored counter and past every
         // pending event (whichever is larger).
@@ -701,6 +711,7 @@ impl<H: StepHandler> StepStore<H> {
         Ok(Arc::new(StepStore {
             _db: db,
             tree,
+            sync: Arc::new(sync),
             latch: FailureLatch::new(path),
             handler,
             serial: tokio::sync::Mutex::new(()),
@@ -1009,11 +1020,11 @@ impl<H: StepHandler> StepStore<H> {
     /// failed fsync stops the store.
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.check_running()?;
-        let tree = self.tree.clone();
-        let res = tokio::task::spawn_blocking(move || tree.flush())
+        let (tree, sync) = (self.tree.clone(), self.sync.clone());
+        let res = tokio::task::spawn_blocking(move || flush_durably(&tree, &sync))
             .await
             .map_err(|e| StoreError::Io(format!("the fsync task failed: {e}")))?;
-        res.map(|_| ()).map_err(|e| self.fail(&e))
+        res.map_err(|e| self.fail(&e))
     }
 
     /// Records the first failed write (the store stops, see

@@ -527,13 +527,29 @@ pub(crate) fn open_sled(path: &std::path::Path) -> Result<sled::Db, sled::Error>
     }
 }
 
-fn run_flusher(db: sled::Db, rx: mpsc::Receiver<oneshot::Sender<Result<(), sled::Error>>>) {
+/// sled's flush, then the fsync it leaves out on Linux (`dtx_durable`).
+pub(crate) fn flush_durably(db: &sled::Tree, sync: &dtx_durable::DirSync) -> Result<(), sled::Error> {
+    db.flush()?;
+    sync.sync().map(|_| ()).map_err(sled::Error::Io)
+}
+
+/// Opens what syncs the files of the sled directory `path` (open sled
+/// there first).
+pub(crate) fn open_dir_sync(path: &std::path::Path) -> Result<dtx_durable::DirSync, StoreError> {
+    dtx_durable::DirSync::open(path).map_err(|e| StoreError::Open {
+        path: path.display().to_string(),
+        message: format!("cannot open the data file to sync it: {e}"),
+        disk_full: false,
+    })
+}
+
+fn run_flusher(db: sled::Db, sync: dtx_durable::DirSync, rx: mpsc::Receiver<oneshot::Sender<Result<(), sled::Error>>>) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
         while let Ok(more) = rx.try_recv() {
             group.push(more);
         }
-        let res = db.flush().map(|_| ());
+        let res = flush_durably(&db, &sync);
         for w in group {
             let _ = w.send(res.clone());
         }
@@ -575,11 +591,12 @@ impl<R: Resource> ParticipantStore<R> {
             }
         })?;
         let tree = db.open_tree("participant").map_err(open_err)?;
+        let sync = open_dir_sync(path)?;
         let (flusher, rx) = mpsc::channel();
         let d = db.clone();
         let thread = std::thread::Builder::new()
             .name("dtx-participant-flusher".into())
-            .spawn(move || run_flusher(d, rx))
+            .spawn(move || run_flusher(d, sync, rx))
             .map_err(|e| StoreError::Io(e.to_string()))?;
         let store = Arc::new(ParticipantStore {
             db,

@@ -343,6 +343,8 @@ pub struct SledEngine {
     trees: Vec<(Space, sled::Tree)>,
     /// The data directory, to say how much room is left when a write fails.
     path: PathBuf,
+    /// What sled's flush leaves out: the fsync of its files.
+    sync: dtx_durable::DirSync,
 }
 
 /// sled reports a held directory lock as an I/O error whose kind does not
@@ -403,10 +405,16 @@ impl SledEngine {
         for s in Space::ALL {
             trees.push((s, db.open_tree(s.name()).map_err(open_err)?));
         }
+        // sled's flush does not fsync on Linux; `sync` does after it.
+        let sync = dtx_durable::DirSync::open(path).map_err(|e| EngineError::Open {
+            path: path.display().to_string(),
+            message: format!("cannot open the data file to sync it: {e}"),
+        })?;
         Ok(SledEngine {
             db,
             trees,
             path: path.to_path_buf(),
+            sync,
         })
     }
 
@@ -526,7 +534,11 @@ impl KvEngine for SledEngine {
     }
 
     fn flush(&self) -> Result<(), EngineError> {
-        self.db.flush().map(|_| ()).map_err(self.io("db"))
+        let started = std::time::Instant::now();
+        self.db.flush().map_err(self.io("db"))?;
+        self.sync.sync().map_err(|e| self.io("db")(sled::Error::Io(e)))?;
+        metrics::histogram!("dtx_storage_flush_seconds").record(started.elapsed().as_secs_f64());
+        Ok(())
     }
 }
 
