@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::io::Cursor;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::RwLock;
 
 use openraft::storage::RaftStateMachine;
@@ -79,6 +80,12 @@ const NEXT_SAGA_ID_KEY: &[u8] = b"m/next_saga_id";
 const QUERY_FAILURES_PREFIX: &[u8] = b"q";
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
+
+/// Applied entries whose state-machine writes may wait in memory before
+/// they go to the engine in one batch (see `PendingWrites`).
+const SM_PENDING_ENTRIES_MAX: u64 = 1024;
+/// How long the oldest waiting write may wait, checked at each apply.
+const SM_PENDING_AGE_MAX_MS: u64 = 100;
 
 fn record_key(txid: Txid) -> Vec<u8> {
     let mut k = RECORD_PREFIX.to_vec();
@@ -300,6 +307,67 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
 pub struct StateMachineStore {
     engine: Arc<dyn KvEngine>,
     state: Arc<RwLock<SmState>>,
+    pending: Arc<Mutex<PendingWrites>>,
+}
+
+/// State-machine writes applied in memory and not yet given to the engine.
+///
+/// The Raft log is the durable record: an entry is applied only after a
+/// quorum holds it, and this node's copy was synced before it counted. So
+/// the state machine need not write each apply: the writes of many applies
+/// are merged here (a later value of a key replaces an earlier one) and go
+/// to the engine as one atomic batch, with the last-applied id they bring
+/// the stored state to, when `SM_PENDING_ENTRIES_MAX` entries or
+/// `SM_PENDING_AGE_MAX_MS` have gathered, before a snapshot is built, and
+/// when the store is dropped. A node that stops before that reopens at the
+/// older stored state and last-applied id, and openraft applies the
+/// entries after it again from the log; the stored state is always the
+/// state after some prefix of the log, never a mix. Each sled batch costs
+/// log writes of its own, so one per apply was a large part of a node's
+/// work (docs/benchmarks.md). A log purge never passes the stored state: it
+/// follows a snapshot, and building one writes what is pending first.
+#[derive(Debug, Default)]
+struct PendingWrites {
+    ops: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    entries: u64,
+    since: Option<std::time::Instant>,
+}
+
+impl PendingWrites {
+    fn add(&mut self, batch: WriteBatch, entries: u64) {
+        for (k, v) in batch.ops {
+            self.ops.insert(k, v);
+        }
+        self.entries += entries;
+        self.since.get_or_insert_with(std::time::Instant::now);
+    }
+
+    fn due(&self) -> bool {
+        self.entries >= SM_PENDING_ENTRIES_MAX
+            || self
+                .since
+                .is_some_and(|t| t.elapsed() >= std::time::Duration::from_millis(SM_PENDING_AGE_MAX_MS))
+    }
+
+    fn take(&mut self) -> WriteBatch {
+        let batch = WriteBatch {
+            ops: std::mem::take(&mut self.ops).into_iter().collect(),
+        };
+        self.entries = 0;
+        self.since = None;
+        batch
+    }
+}
+
+impl Drop for StateMachineStore {
+    /// A store that stops on purpose leaves nothing to apply again. (Every
+    /// clone writes what is pending when dropped; after the first, nothing
+    /// is.)
+    fn drop(&mut self) {
+        if let Err(e) = self.write_pending() {
+            tracing::warn!("state-machine writes not stored at close (the log applies them again at start): {e}");
+        }
+    }
 }
 
 /// Why a state machine could not be loaded from its engine at start.
@@ -400,7 +468,26 @@ impl StateMachineStore {
         Ok(StateMachineStore {
             engine,
             state: Arc::new(RwLock::new(state)),
+            pending: Arc::new(Mutex::new(PendingWrites::default())),
         })
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, PendingWrites> {
+        self.pending.lock().expect("pending state-machine writes lock poisoned")
+    }
+
+    /// Gives the waiting state-machine writes to the engine (one atomic
+    /// batch; durable at the engine's next flush). Returns how many applied
+    /// entries they covered.
+    pub fn write_pending(&self) -> Result<u64, StorageError> {
+        let mut p = self.pending();
+        let entries = p.entries;
+        if p.ops.is_empty() {
+            return Ok(entries);
+        }
+        let batch = p.take();
+        self.engine.write_batch(Space::StateMachine, batch).map_err(write_err)?;
+        Ok(entries)
     }
 
     /// Shared read access to the in-memory state. Callers that need
@@ -409,8 +496,7 @@ impl StateMachineStore {
         self.state.read().expect("state machine lock poisoned")
     }
 
-    fn build_snapshot_bytes(&self) -> Result<(SnapshotMeta, Vec<u8>), StorageError> {
-        let st = self.state();
+    fn build_snapshot_bytes(st: &SmState) -> Result<(SnapshotMeta, Vec<u8>), StorageError> {
         let data = SnapshotData {
             next_txid: st.table.next_txid(),
             records: st.table.records().cloned().collect(),
@@ -444,7 +530,14 @@ impl StateMachineStore {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let (meta, bytes) = self.build_snapshot_bytes()?;
+        // The log may be purged up to this snapshot next: the stored state
+        // must not be behind it. Holding the state (applies wait) while the
+        // pending writes go out keeps the two at the same entry.
+        let (meta, bytes) = {
+            let st = self.state();
+            self.write_pending()?;
+            Self::build_snapshot_bytes(&st)?
+        };
         self.save_snapshot(&meta, &bytes)?;
         metrics::counter!("dtx_snapshots_built_total").increment(1);
         Ok(Snapshot {
@@ -573,7 +666,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 codec::encode(st.table.retired_node_ids()).map_err(write_err)?,
             );
         }
-        self.engine.write_batch(Space::StateMachine, b).map_err(write_err)?;
+        let entries = responses.len() as u64;
+        let mut pending = self.pending();
+        pending.add(b, entries);
+        // Readers need not wait for the engine; a snapshot does (it takes
+        // the pending lock, held until the batch is written).
+        drop(st);
+        if pending.due() {
+            let batch = pending.take();
+            self.engine.write_batch(Space::StateMachine, batch).map_err(write_err)?;
+        }
+        drop(pending);
         for e in &effects {
             if let Effect::Decided(_, outcome) = e {
                 metrics::counter!("dtx_decisions_total", "outcome" => outcome.to_string()).increment(1);
@@ -599,6 +702,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let data: SnapshotData = decode_snapshot(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e)))?;
         let mut st = self.state.write().expect("state machine lock poisoned");
+        // What waits to be written belongs to the state being replaced.
+        let _dropped = self.pending().take();
         // Replace the persisted state in one atomic batch.
         let mut b = WriteBatch::default();
         for (k, _) in self.engine.scan(Space::StateMachine, b"", None).map_err(write_err)? {
@@ -674,7 +779,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 /// current snapshot (openraft keeps track of that one).
 impl StateMachineStore {
     pub fn snapshot_for_backup(&self) -> Result<(SnapshotMeta, Vec<u8>), StorageError> {
-        self.build_snapshot_bytes()
+        Self::build_snapshot_bytes(&self.state())
     }
 }
 
@@ -811,6 +916,64 @@ mod tests {
         assert_eq!(st.last_applied.map(|l| l.index), Some(2));
     }
 
+    /// The state machine's writes wait in memory (`PendingWrites`). A node
+    /// killed before they are stored reopens at an older stored state, never
+    /// a mix; applying the log's entries after its last-applied id again
+    /// gives the state it had (invariant 10: the reserved txid range is not
+    /// handed out twice). A snapshot stores what is pending first, so the
+    /// stored state is never behind a snapshot the log may be purged to.
+    #[tokio::test]
+    async fn a_crash_before_the_pending_writes_loses_nothing_the_log_cannot_apply_again() {
+        let (_dir, engine, mut sm) = fresh();
+        let entries = vec![
+            entry_in_term(1, 1, vec![Command::ReserveTxids { count: 10 }]),
+            entry_in_term(1, 2, vec![one_write(1, 1, "k1")]),
+            entry_in_term(1, 3, vec![one_write(2, 1, "k2"), Command::RetireNodeId { node_id: 7 }]),
+        ];
+        sm.apply(entries.clone()).await.unwrap();
+        let want = {
+            let st = sm.state();
+            (st.table.next_txid(), st.table.len(), st.last_applied)
+        };
+        assert_eq!(want.1, 2);
+        // kill -9: no drop, nothing written.
+        std::mem::forget(sm);
+        let mut sm = StateMachineStore::open(engine.clone()).unwrap();
+        {
+            let st = sm.state();
+            assert_eq!(st.last_applied, None, "the writes were still pending");
+            assert_eq!(st.table.len(), 0);
+        }
+        // openraft applies the entries after the stored last-applied id.
+        sm.apply(entries).await.unwrap();
+        {
+            let st = sm.state();
+            assert_eq!((st.table.next_txid(), st.table.len(), st.last_applied), want);
+            assert!(st.table.retired_node_ids().contains(&7));
+        }
+        // A snapshot stores the pending writes before it is taken.
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert_eq!(snap.meta.last_log_id, want.2);
+        std::mem::forget(sm);
+        let sm = StateMachineStore::open(engine).unwrap();
+        let st = sm.state();
+        assert_eq!((st.table.next_txid(), st.table.len(), st.last_applied), want);
+    }
+
+    /// Writes wait for at most `SM_PENDING_ENTRIES_MAX` applied entries.
+    #[tokio::test]
+    async fn pending_writes_are_stored_after_enough_entries() {
+        let (_dir, engine, mut sm) = fresh();
+        for i in 1..=SM_PENDING_ENTRIES_MAX {
+            sm.apply(vec![entry(i, vec![Command::RetireNodeId { node_id: i }])])
+                .await
+                .unwrap();
+        }
+        std::mem::forget(sm);
+        let sm = StateMachineStore::open(engine).unwrap();
+        assert_eq!(sm.state().last_applied.map(|l| l.index), Some(SM_PENDING_ENTRIES_MAX));
+    }
+
     /// A node that catches up by snapshot learns the retired ids too, and
     /// keeps them across its own restart.
     #[tokio::test]
@@ -859,7 +1022,7 @@ mod tests {
             )])
             .await
             .unwrap();
-        let (meta, _) = leader.build_snapshot_bytes().unwrap();
+        let (meta, _) = StateMachineStore::build_snapshot_bytes(&leader.state()).unwrap();
         let old_bytes = {
             let st = leader.state();
             codec::encode(&SnapshotDataWithoutRetiredIds {
@@ -880,7 +1043,7 @@ mod tests {
         assert_eq!(follower.state().table.len(), 1);
         assert!(follower.state().table.retired_node_ids().is_empty());
         // And the current layout is never taken for the older one.
-        let (_, new_bytes) = leader.build_snapshot_bytes().unwrap();
+        let (_, new_bytes) = StateMachineStore::build_snapshot_bytes(&leader.state()).unwrap();
         assert!(codec::decode::<SnapshotDataWithoutRetiredIds>(&new_bytes).is_err());
 
         // An older data directory: no retired-ids key at all.
@@ -1078,6 +1241,7 @@ mod tests {
             })]
         );
         assert!(follower.state().table.dropped(1).is_none());
+        follower.write_pending().unwrap();
         assert!(e2.get(Space::StateMachine, &drops_key(1)).unwrap().is_none());
         assert!(e2.get(Space::StateMachine, &drops_key(2)).unwrap().is_some());
         drop(follower);
@@ -1098,7 +1262,7 @@ mod tests {
             .apply(vec![entry(3, vec![begin_as("shop", "k3")])])
             .await
             .unwrap();
-        let (meta, new_bytes) = leader.build_snapshot_bytes().unwrap();
+        let (meta, new_bytes) = StateMachineStore::build_snapshot_bytes(&leader.state()).unwrap();
         let old_bytes = {
             let st = leader.state();
             codec::encode(&SnapshotDataWithoutDrops {
@@ -1136,7 +1300,7 @@ mod tests {
     async fn snapshot_without_owners_still_installs() {
         let (_d1, _e1, mut leader) = fresh();
         leader.apply(vec![entry(1, vec![begin_as("shop", "k")])]).await.unwrap();
-        let (meta, new_bytes) = leader.build_snapshot_bytes().unwrap();
+        let (meta, new_bytes) = StateMachineStore::build_snapshot_bytes(&leader.state()).unwrap();
         let old_bytes = {
             let st = leader.state();
             codec::encode(&SnapshotDataWithoutOwners {
@@ -1344,7 +1508,7 @@ mod tests {
         );
 
         // The layout before sagas.
-        let (meta, new_bytes) = leader.build_snapshot_bytes().unwrap();
+        let (meta, new_bytes) = StateMachineStore::build_snapshot_bytes(&leader.state()).unwrap();
         let old_bytes = {
             let st = leader.state();
             codec::encode(&SnapshotDataWithoutSagas {
@@ -1476,7 +1640,7 @@ mod tests {
         assert_eq!(follower.state().sagas.query_failures(1), 3, "installed and reopened");
 
         // The layout before the counts: installs, every count 0.
-        let (meta, new_bytes) = sm.build_snapshot_bytes().unwrap();
+        let (meta, new_bytes) = StateMachineStore::build_snapshot_bytes(&sm.state()).unwrap();
         let old_bytes = {
             let st = sm.state();
             let data = st.sagas.data();
@@ -1525,6 +1689,7 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(sm.state().sagas.query_failures(1), 0);
+        sm.write_pending().unwrap();
         assert!(e1.get(Space::StateMachine, &query_failures_key(1)).unwrap().is_none());
     }
 }
