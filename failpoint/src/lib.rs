@@ -5,7 +5,8 @@
 //! `failpoints` cargo feature. `DTX_FAILPOINT=<name>` makes the process
 //! abort (no flush, no cleanup, like kill -9) when it reaches that point.
 //! With `DTX_FAILPOINT_ONCE=<file>` it fires only if the file does not exist
-//! yet, creating it first, so a restarted process runs on normally.
+//! yet, creating it first (with the pid of the process that fired), so a
+//! restarted process runs on normally.
 //!
 //! Armed at run time (the fault-injection harness): with
 //! `DTX_FAILPOINT_FILE=<file>`, a process reads the point named in that file
@@ -48,14 +49,13 @@ pub fn hit(name: &str) {
         return;
     }
     if let Ok(once) = std::env::var("DTX_FAILPOINT_ONCE") {
-        let created = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&once)
-            .is_ok();
-        if !created {
+        let Ok(mut file) = std::fs::OpenOptions::new().write(true).create_new(true).open(&once) else {
             return;
-        }
+        };
+        // Which process fired, for a harness that must know it is gone (a
+        // point after a visible effect aborts just after that effect).
+        use std::io::Write;
+        let _ = write!(file, "{}", std::process::id());
     }
     eprintln!("failpoint {name}: aborting the process");
     std::process::abort();

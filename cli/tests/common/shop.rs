@@ -138,7 +138,11 @@ impl Shop {
 /// Waits until `txid` has a decision, every service runs (restarting the
 /// ones a crash point stopped), no prepared transaction is left and the
 /// order's rows agree with the decision; returns the decision (true =
-/// COMMIT).
+/// COMMIT). When `env` arms a crash point that has fired, the process that
+/// fired it must also be gone: a point after a visible effect (after
+/// COMMIT PREPARED, before the ack) aborts just after the rows agree, and
+/// the next order would meet a dead service (seen in CI: its Prepare
+/// failed, counted as NO, and the order was ABORTED).
 pub async fn settle(c: &TestCluster, shop: &mut Shop, env: &[(String, String)], txid: u64, order: &str) -> bool {
     let client = c.client();
     let until = Instant::now() + Duration::from_secs(90);
@@ -167,7 +171,7 @@ pub async fn settle(c: &TestCluster, shop: &mut Shop, env: &[(String, String)], 
                         up = false;
                     }
                 }
-                if up && shop.services.values_mut().all(|s| s.is_running()) {
+                if up && shop.services.values_mut().all(|s| s.is_running()) && fired_process_replaced(shop, env) {
                     return committed;
                 }
             }
@@ -192,5 +196,23 @@ pub fn order(n: usize) -> Order {
         sku: format!("sku{n}"),
         qty: 1,
         price: 25,
+    }
+}
+
+/// False while the crash point `env` arms (`DTX_FAILPOINT_ONCE`) has fired
+/// and its process (the pid it wrote to the file) is still one of the
+/// shop's services; true when it has not fired or that process was
+/// replaced.
+fn fired_process_replaced(shop: &Shop, env: &[(String, String)]) -> bool {
+    let Some((_, once)) = env.iter().find(|(k, _)| k == "DTX_FAILPOINT_ONCE") else {
+        return true;
+    };
+    match std::fs::read_to_string(once) {
+        Err(_) => true,
+        // Created, its pid not written yet: the process is about to abort.
+        Ok(pid) => match pid.trim().parse::<u32>() {
+            Ok(pid) => shop.services.values().all(|s| s.pid() != Some(pid)),
+            Err(_) => false,
+        },
     }
 }
