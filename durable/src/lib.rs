@@ -11,10 +11,10 @@
 //! the process), but a power loss or a crash of the machine can lose writes
 //! sled reported flushed: a Raft vote or log entry, a participant's YES.
 //!
-//! [`DirSync::sync`], called after sled's `flush` returned, finishes the
-//! job: `fdatasync` of the data file, and `fsync` of every blob file not
-//! synced before and then of the `blobs` directory, so that its entries
-//! last too.
+//! [`DirSync::flush`] is sled's `flush` followed by [`DirSync::sync`], which
+//! finishes the job: `fdatasync` of the data file, and `fsync` of every blob
+//! file not synced before and then of the `blobs` directory, so that its
+//! entries last too. Every store flushes through it.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -51,6 +51,14 @@ impl DirSync {
             blobs: dir.join(BLOBS_DIR),
             synced_blobs: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// sled's flush of the database `tree` belongs to (every tree of it),
+    /// then [`DirSync::sync`]: what a store calls before it reports writes
+    /// durable.
+    pub fn flush(&self, tree: &sled::Tree) -> sled::Result<()> {
+        tree.flush()?;
+        self.sync().map(|_| ()).map_err(sled::Error::Io)
     }
 
     /// Makes what sled flushed durable: `fdatasync` of the data file, then
@@ -159,5 +167,18 @@ mod tests {
         db.flush().unwrap();
         assert!(s.sync().unwrap() >= 1, "a 1 MiB value is written to a blob file");
         assert_eq!(s.sync().unwrap(), 0);
+        // `flush` is sled's flush and then `sync`: the next blob is synced
+        // by it (a later `sync` finds nothing new), and it is there.
+        let blobs = || -> HashSet<OsString> {
+            std::fs::read_dir(dir.path().join(BLOBS_DIR))
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect()
+        };
+        let before = blobs();
+        db.insert(b"larger", vec![8u8; 1 << 20]).unwrap();
+        s.flush(&db).unwrap();
+        assert!(!blobs().is_subset(&before), "the second large value is a new blob file");
+        assert_eq!(s.sync().unwrap(), 0, "flush synced it already");
     }
 }

@@ -78,7 +78,7 @@ use crate::store::sled_disk_full;
 use crate::store::unix_ms;
 use crate::store::FailureLatch;
 use crate::store::KvPair;
-use crate::store::{flush_durably, open_dir_sync, open_sled};
+use crate::store::{open_dir_sync, open_sled};
 
 const DATA_PREFIX: u8 = b'd';
 const INBOX_PREFIX: u8 = b'n';
@@ -1021,7 +1021,7 @@ impl<H: StepHandler> StepStore<H> {
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.check_running()?;
         let (tree, sync) = (self.tree.clone(), self.sync.clone());
-        let res = tokio::task::spawn_blocking(move || flush_durably(&tree, &sync))
+        let res = tokio::task::spawn_blocking(move || sync.flush(&tree))
             .await
             .map_err(|e| StoreError::Io(format!("the fsync task failed: {e}")))?;
         res.map_err(|e| self.fail(&e))

@@ -527,12 +527,6 @@ pub(crate) fn open_sled(path: &std::path::Path) -> Result<sled::Db, sled::Error>
     }
 }
 
-/// sled's flush, then the fsync it leaves out on Linux (`dtx_durable`).
-pub(crate) fn flush_durably(db: &sled::Tree, sync: &dtx_durable::DirSync) -> Result<(), sled::Error> {
-    db.flush()?;
-    sync.sync().map(|_| ()).map_err(sled::Error::Io)
-}
-
 /// Opens what syncs the files of the sled directory `path` (open sled
 /// there first).
 pub(crate) fn open_dir_sync(path: &std::path::Path) -> Result<dtx_durable::DirSync, StoreError> {
@@ -549,7 +543,7 @@ fn run_flusher(db: sled::Db, sync: dtx_durable::DirSync, rx: mpsc::Receiver<ones
         while let Ok(more) = rx.try_recv() {
             group.push(more);
         }
-        let res = flush_durably(&db, &sync);
+        let res = sync.flush(&db);
         for w in group {
             let _ = w.send(res.clone());
         }

@@ -151,8 +151,7 @@ pub fn measure_fsync(dir: &std::path::Path, n: usize) -> anyhow::Result<(Stats, 
     for i in 0..n as u64 {
         let t = Instant::now();
         db.insert(i.to_be_bytes(), &buf[..])?;
-        db.flush()?;
-        sync.sync()?;
+        sync.flush(&db)?;
         lat.push(t.elapsed().as_micros() as u64);
     }
     let sled_stats = stats(lat, start.elapsed());

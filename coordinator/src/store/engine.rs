@@ -535,8 +535,7 @@ impl KvEngine for SledEngine {
 
     fn flush(&self) -> Result<(), EngineError> {
         let started = std::time::Instant::now();
-        self.db.flush().map_err(self.io("db"))?;
-        self.sync.sync().map_err(|e| self.io("db")(sled::Error::Io(e)))?;
+        self.sync.flush(&self.db).map_err(self.io("db"))?;
         metrics::histogram!("dtx_storage_flush_seconds").record(started.elapsed().as_secs_f64());
         Ok(())
     }
