@@ -477,17 +477,20 @@ impl StateMachineStore {
     }
 
     /// Gives the waiting state-machine writes to the engine (one atomic
-    /// batch; durable at the engine's next flush). Returns how many applied
-    /// entries they covered.
-    pub fn write_pending(&self) -> Result<u64, StorageError> {
-        let mut p = self.pending();
-        let entries = p.entries;
+    /// batch; durable at the engine's next flush).
+    pub fn write_pending(&self) -> Result<(), StorageError> {
+        self.store_pending(&mut self.pending())
+    }
+
+    /// Writes what `p` holds as one batch; the caller holds the pending
+    /// lock, so a snapshot waits for the write.
+    fn store_pending(&self, p: &mut PendingWrites) -> Result<(), StorageError> {
         if p.ops.is_empty() {
-            return Ok(entries);
+            return Ok(());
         }
-        let batch = p.take();
-        self.engine.write_batch(Space::StateMachine, batch).map_err(write_err)?;
-        Ok(entries)
+        self.engine
+            .write_batch(Space::StateMachine, p.take())
+            .map_err(write_err)
     }
 
     /// Shared read access to the in-memory state. Callers that need
@@ -673,8 +676,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // the pending lock, held until the batch is written).
         drop(st);
         if pending.due() {
-            let batch = pending.take();
-            self.engine.write_batch(Space::StateMachine, batch).map_err(write_err)?;
+            self.store_pending(&mut pending)?;
         }
         drop(pending);
         for e in &effects {
