@@ -623,7 +623,7 @@ async fn write_state(backup: &Backup, plan: &RestorePlan, dir: &Path) -> Result<
     sm.install_snapshot(&meta, Box::new(Cursor::new(snapshot)))
         .await
         .map_err(|e| werr(&e))?;
-    let mut log = LogStore::new(engine.clone());
+    let mut log = LogStore::open(engine.clone(), dir).map_err(|e| werr(&e))?;
     log.save_vote(&Vote::new(term, plan.node_id))
         .await
         .map_err(|e| werr(&e))?;
@@ -929,7 +929,7 @@ mod tests {
 
         let engine = store::open_data_dir(&target, "new", 2).unwrap();
         let mut sm = StateMachineStore::open(engine.clone()).unwrap();
-        let mut log = LogStore::new(engine.clone());
+        let mut log = LogStore::open(engine.clone(), &target).unwrap();
         {
             let st = sm.state();
             assert_eq!(st.table.len(), 5);

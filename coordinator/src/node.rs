@@ -65,6 +65,24 @@ fn raft_config(c: &Config) -> anyhow::Result<openraft::Config> {
     rc.validate().context("invalid raft settings")
 }
 
+/// Why a store in the data directory could not be opened: a full disk says
+/// so; anything else is damage, which the node never repairs.
+fn store_open_error(
+    data_dir: &std::path::Path,
+    what: &str,
+    no_space: bool,
+    e: &dyn std::fmt::Display,
+) -> anyhow::Error {
+    if no_space {
+        anyhow::anyhow!("cannot load {what} from data directory {}: {e}", data_dir.display())
+    } else {
+        anyhow::anyhow!(
+            "data directory {} is damaged: {what} cannot be read: {e}; the node does not start on it and never resets or repairs it: copy it aside and keep it for inspection",
+            data_dir.display()
+        )
+    }
+}
+
 /// Runs a node until `shutdown` resolves or Raft stops on a fatal error.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     config.validate()?;
@@ -76,17 +94,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
     let engine = store::open_data_dir(&config.data_dir, &config.cluster_id, config.node_id)?;
-    let log_store = LogStore::new(engine.clone());
-    let sm = StateMachineStore::open(engine.clone()).map_err(|e| {
-        if e.is_no_space() {
-            anyhow::anyhow!("cannot load the state machine from data directory {}: {e}", config.data_dir.display())
-        } else {
-            anyhow::anyhow!(
-                "data directory {} is damaged: the state machine cannot be read: {e}; the node does not start on it and never resets or repairs it: copy it aside and keep it for inspection",
-                config.data_dir.display()
-            )
-        }
-    })?;
+    let log_store = LogStore::open(engine.clone(), &config.data_dir)
+        .map_err(|e| store_open_error(&config.data_dir, "the Raft log", e.is_no_space(), &e))?;
+    let sm = StateMachineStore::open(engine.clone())
+        .map_err(|e| store_open_error(&config.data_dir, "the state machine", e.is_no_space(), &e))?;
     let local_ip = Some(raft_listen.ip()).filter(|ip| !ip.is_unspecified());
     let network = Network::new(NetworkSettings {
         cluster_id: config.cluster_id.clone(),

@@ -428,7 +428,7 @@ impl SledEngine {
     }
 }
 
-fn no_space(path: &Path, message: String) -> EngineError {
+pub(crate) fn no_space(path: &Path, message: String) -> EngineError {
     EngineError::NoSpace {
         path: path.display().to_string(),
         free_bytes: free_bytes(path).ok(),

@@ -5,6 +5,7 @@
 pub mod engine;
 pub mod log_store;
 pub mod sm_store;
+pub mod wal;
 
 use std::path::Path;
 use std::path::PathBuf;
@@ -215,6 +216,7 @@ pub fn open_data_dir(dir: &Path, cluster_id: &str, node_id: u64) -> Result<Arc<d
         }
         None => {
             let has_data = engine.last(Space::Log)?.is_some()
+                || wal::has_entry_files(dir)
                 || engine.last(Space::StateMachine)?.is_some()
                 || engine.get(Space::RaftMeta, log_store::VOTE_KEY)?.is_some();
             if has_data {
@@ -326,12 +328,12 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
         Some(b) => Some(codec::decode(&b).map_err(|e| identity_unreadable(&dir_s, e))?),
         None => None,
     };
-    let first_log = engine
-        .first(Space::Log)?
-        .map(|(k, _)| u64::from_be_bytes(k[..8].try_into().unwrap_or([0; 8])));
-    let last_log = engine
-        .last(Space::Log)?
-        .map(|(k, _)| u64::from_be_bytes(k[..8].try_into().unwrap_or([0; 8])));
+    // The log as a node opening the copy would see it (entries of an
+    // older version moved out of the engine, a torn tail cut).
+    let log = LogStore::open(engine.clone(), &copy).map_err(|e| damaged(e.to_string()))?;
+    let bounds = log.bounds();
+    drop(log);
+    let (first_log, last_log) = (bounds.map(|b| b.0), bounds.map(|b| b.1));
     let sm = StateMachineStore::open(engine.clone()).map_err(|e| damaged(e.to_string()))?;
     let st = sm.state();
     // The same fields and names as `coordinator admin txn show --json`

@@ -308,6 +308,23 @@ pub struct StateMachineStore {
     engine: Arc<dyn KvEngine>,
     state: Arc<RwLock<SmState>>,
     pending: Arc<Mutex<PendingWrites>>,
+    /// Asks the background flusher to flush the engine (see `open`).
+    flush_soon: std::sync::mpsc::SyncSender<()>,
+}
+
+/// Flushes the engine whenever asked, off the apply path, merging requests
+/// that come while it flushes. The Raft log lives in files of its own
+/// (`wal.rs`), so nothing else flushes the engine often: without this its
+/// unwritten data would grow until a purge or a vote, which would then
+/// wait for all of it (docs/adr/0022-raft-log-files.md). Nothing waits for
+/// these flushes; a failure is logged and the next flush that something
+/// does wait for reports it. Ends when every store handle is dropped.
+fn run_engine_flusher(engine: Arc<dyn KvEngine>, rx: std::sync::mpsc::Receiver<()>) {
+    while rx.recv().is_ok() {
+        if let Err(e) = engine.flush() {
+            tracing::warn!("background flush of the state machine's writes failed: {e}");
+        }
+    }
 }
 
 /// State-machine writes applied in memory and not yet given to the engine.
@@ -465,10 +482,22 @@ impl StateMachineStore {
             last_applied,
             membership,
         };
+        let (flush_soon, rx) = std::sync::mpsc::sync_channel(1);
+        let e = engine.clone();
+        std::thread::Builder::new()
+            .name("dtx-sm-flusher".into())
+            .spawn(move || run_engine_flusher(e, rx))
+            .map_err(|e| {
+                SmOpenError::Engine(crate::store::engine::EngineError::Io {
+                    space: "sm",
+                    message: format!("cannot start the state machine's flusher thread: {e}"),
+                })
+            })?;
         Ok(StateMachineStore {
             engine,
             state: Arc::new(RwLock::new(state)),
             pending: Arc::new(Mutex::new(PendingWrites::default())),
+            flush_soon,
         })
     }
 
@@ -490,7 +519,11 @@ impl StateMachineStore {
         }
         self.engine
             .write_batch(Space::StateMachine, p.take())
-            .map_err(write_err)
+            .map_err(write_err)?;
+        // A full channel means a flush is asked for already; it will cover
+        // this batch or start after it.
+        let _ = self.flush_soon.try_send(());
+        Ok(())
     }
 
     /// Shared read access to the in-memory state. Callers that need

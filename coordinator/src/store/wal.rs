@@ -1,0 +1,678 @@
+//! The Raft log in append-only segment files (docs/adr/0022-raft-log-file.md).
+//!
+//! Why not sled: a sled flush is two device round trips in series (sled's
+//! `sync_file_range` of its buffer, then our `fdatasync`) plus a hop to
+//! sled's I/O threads; openraft 0.9 waits for the leader's flush before it
+//! replicates, so that cost was paid twice per write at one client.
+//! Here an append is a `write` into the page cache and a flush is one
+//! `fdatasync` of the files written since the last one.
+//!
+//! Layout: directory `raft-log/` in the data directory, files
+//! `<first index, 20 digits>.wal`. A record is
+//! `[payload length: u32 LE][crc32 of index and payload: u32 LE][index: u64 LE][payload]`;
+//! the payload is the encoded entry. Indexes are contiguous across the
+//! files. Only the tail of the last file may be torn (a crash during a
+//! write, before its fsync, so nothing there was acknowledged): opening
+//! cuts it off. Anything else that does not read back is damage, and
+//! opening fails rather than forget acknowledged entries.
+//!
+//! Vote, committed and purged log ids stay in the engine's `RaftMeta`
+//! space (`log_store.rs`); this file only holds entries.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::Mutex;
+
+/// The log's directory inside a node's data directory.
+pub const WAL_DIR: &str = "raft-log";
+/// A new file is started when the current one reaches this size.
+pub const WAL_SEGMENT_BYTES_MAX: u64 = 64 << 20;
+/// Files grow by this much zeroed space ahead of the writes: an `fdatasync`
+/// of data written into space a file already has needs no metadata commit
+/// (about 30 % faster on our disks than one that grows the file).
+pub const WAL_ZEROED_AHEAD_BYTES: u64 = 1 << 20;
+const HEADER_BYTES: usize = 16;
+/// No entry is this large (the Raft message limit is far below); a larger
+/// length in a header is damage, not a reason to allocate.
+const RECORD_PAYLOAD_BYTES_MAX: u32 = 1 << 30;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WalError {
+    #[error("raft log {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("raft log {path} is damaged: {message}")]
+    Damaged { path: String, message: String },
+    #[error("raft log: {0}")]
+    Gap(String),
+    /// A write or sync failed before; the log refuses everything after it
+    /// (the node stops and reopens it, which cuts a torn tail).
+    #[error("raft log stopped after an earlier failure: {0}")]
+    Stopped(String),
+}
+
+impl WalError {
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            WalError::Io { source, .. } => super::engine::is_no_space_io(source),
+            WalError::Stopped(m) => {
+                m.contains(super::engine::DISK_FULL) || m.contains("No space left") || m.contains("Disk quota exceeded")
+            }
+            _ => false,
+        }
+    }
+}
+
+struct Segment {
+    first: u64,
+    path: PathBuf,
+    file: Arc<File>,
+    /// Where the records end (the next write goes here).
+    bytes: u64,
+    /// The file's size: records, then zeros.
+    allocated: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Loc {
+    offset: u64,
+    len: u32,
+}
+
+struct Inner {
+    segments: Vec<Segment>,
+    /// Where entry `first_index + i` is (in the segment holding it).
+    locs: VecDeque<Loc>,
+    first_index: u64,
+    /// Files written since the last sync, and whether the directory
+    /// changed (a new or removed file).
+    unsynced: Vec<Arc<File>>,
+    dir_dirty: bool,
+    failed: Option<String>,
+}
+
+pub struct Wal {
+    dir: PathBuf,
+    segment_bytes_max: u64,
+    inner: Mutex<Inner>,
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> WalError + '_ {
+    move |source| WalError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Whether `data_dir` holds log files (before opening anything there).
+pub fn has_entry_files(data_dir: &Path) -> bool {
+    std::fs::read_dir(data_dir.join(WAL_DIR))
+        .map(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".wal"))))
+        .unwrap_or(false)
+}
+
+fn segment_name(first: u64) -> String {
+    format!("{first:020}.wal")
+}
+
+fn record_crc(index: u64, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&index.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+fn encode_record(index: u64, payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&record_crc(index, payload).to_le_bytes());
+    out.extend_from_slice(&index.to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+fn sync_dir(dir: &Path) -> Result<(), WalError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+}
+
+/// What reading one file found: its records' places, and where the valid
+/// part ends (shorter than the file when its tail is torn).
+struct Scan {
+    locs: Vec<(u64, Loc)>,
+    valid_bytes: u64,
+    file_bytes: u64,
+    /// Why reading stopped before the end of the file, if it did.
+    stopped: Option<String>,
+}
+
+fn scan_segment(path: &Path, first: u64) -> Result<Scan, WalError> {
+    let mut data = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut data))
+        .map_err(io_err(path))?;
+    let mut locs = Vec::new();
+    let mut at = 0usize;
+    let mut expect = first;
+    let stopped = loop {
+        if at == data.len() || data[at..].iter().all(|b| *b == 0) {
+            // The end, or the zeroed space ahead of the writes.
+            break None;
+        }
+        if data.len() - at < HEADER_BYTES {
+            break Some(format!(
+                "{} bytes at offset {at}: shorter than a record header",
+                data.len() - at
+            ));
+        }
+        let h = &data[at..at + HEADER_BYTES];
+        let len = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
+        let crc = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
+        let index = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+        if len == 0 || len > RECORD_PAYLOAD_BYTES_MAX {
+            break Some(format!("record at offset {at} has length {len}"));
+        }
+        let end = at + HEADER_BYTES + len as usize;
+        if end > data.len() {
+            break Some(format!(
+                "record at offset {at} of {len} bytes runs past the end of the file"
+            ));
+        }
+        let payload = &data[at + HEADER_BYTES..end];
+        if record_crc(index, payload) != crc {
+            break Some(format!("record at offset {at} fails its checksum"));
+        }
+        if index != expect {
+            break Some(format!("record at offset {at} holds index {index}, expected {expect}"));
+        }
+        locs.push((
+            index,
+            Loc {
+                offset: (at + HEADER_BYTES) as u64,
+                len,
+            },
+        ));
+        expect += 1;
+        at = end;
+    };
+    Ok(Scan {
+        locs,
+        valid_bytes: at as u64,
+        file_bytes: data.len() as u64,
+        stopped,
+    })
+}
+
+impl Wal {
+    /// Opens (creating) the log under `data_dir`, cutting a torn tail off
+    /// the last file. Fails on anything else that does not read back.
+    pub fn open(data_dir: &Path) -> Result<Wal, WalError> {
+        Wal::open_sized(data_dir, WAL_SEGMENT_BYTES_MAX)
+    }
+
+    /// `open` with another file size limit (tests use small files).
+    pub fn open_sized(data_dir: &Path, segment_bytes_max: u64) -> Result<Wal, WalError> {
+        let dir = data_dir.join(WAL_DIR);
+        if !dir.exists() {
+            std::fs::create_dir(&dir).map_err(io_err(&dir))?;
+            sync_dir(data_dir)?;
+        }
+        let mut firsts = Vec::new();
+        for e in std::fs::read_dir(&dir).map_err(io_err(&dir))? {
+            let e = e.map_err(io_err(&dir))?;
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(stem) = name.strip_suffix(".wal") else {
+                return Err(WalError::Damaged {
+                    path: dir.display().to_string(),
+                    message: format!("unexpected file {name:?} (only NNN.wal files belong here)"),
+                });
+            };
+            let first: u64 = stem.parse().map_err(|_| WalError::Damaged {
+                path: dir.display().to_string(),
+                message: format!("unexpected file {name:?} (its name is not a log index)"),
+            })?;
+            firsts.push(first);
+        }
+        firsts.sort_unstable();
+        let mut inner = Inner {
+            segments: Vec::new(),
+            locs: VecDeque::new(),
+            first_index: firsts.first().copied().unwrap_or(0),
+            unsynced: Vec::new(),
+            dir_dirty: false,
+            failed: None,
+        };
+        let count = firsts.len();
+        for (i, first) in firsts.into_iter().enumerate() {
+            let path = dir.join(segment_name(first));
+            let last = i + 1 == count;
+            let next = inner.first_index + inner.locs.len() as u64;
+            if i > 0 && first != next {
+                return Err(WalError::Damaged {
+                    path: path.display().to_string(),
+                    message: format!("starts at index {first}, but the file before it ends before index {next}"),
+                });
+            }
+            let scan = scan_segment(&path, first)?;
+            if let Some(why) = &scan.stopped {
+                if !last {
+                    return Err(WalError::Damaged {
+                        path: path.display().to_string(),
+                        message: format!("{why} (not the last file, so this is not a torn write)"),
+                    });
+                }
+                tracing::warn!(
+                    file = %path.display(),
+                    kept_bytes = scan.valid_bytes,
+                    cut_bytes = scan.file_bytes - scan.valid_bytes,
+                    "raft log: cutting a torn tail left by a crash during a write ({why}); nothing there was acknowledged"
+                );
+            }
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            let mut allocated = scan.file_bytes;
+            if scan.stopped.is_some() {
+                file.set_len(scan.valid_bytes).map_err(io_err(&path))?;
+                file.sync_data().map_err(io_err(&path))?;
+                allocated = scan.valid_bytes;
+            }
+            inner.locs.extend(scan.locs.into_iter().map(|(_, l)| l));
+            inner.segments.push(Segment {
+                first,
+                path,
+                file: Arc::new(file),
+                bytes: scan.valid_bytes,
+                allocated,
+            });
+        }
+        Ok(Wal {
+            dir,
+            segment_bytes_max,
+            inner: Mutex::new(inner),
+        })
+    }
+
+    /// The log's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("raft log lock")
+    }
+
+    /// The first and last index held, `None` when empty.
+    pub fn range(&self) -> Option<(u64, u64)> {
+        let g = self.lock();
+        (!g.locs.is_empty()).then(|| (g.first_index, g.first_index + g.locs.len() as u64 - 1))
+    }
+
+    /// Appends entries `(index, encoded)`; the first must follow the last
+    /// held (or start an empty log anywhere). Written, not yet durable:
+    /// `sync` makes it so.
+    pub fn append(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), WalError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut g = self.lock();
+        if let Some(f) = &g.failed {
+            return Err(WalError::Stopped(f.clone()));
+        }
+        let res = self.append_locked(&mut g, entries);
+        if let Err(e) = &res {
+            g.failed = Some(e.to_string());
+        }
+        res
+    }
+
+    fn append_locked(&self, g: &mut Inner, entries: &[(u64, Vec<u8>)]) -> Result<(), WalError> {
+        let mut next = g.first_index + g.locs.len() as u64;
+        if g.locs.is_empty() {
+            // An empty log (new, or purged up to its end) starts anew.
+            for s in std::mem::take(&mut g.segments) {
+                std::fs::remove_file(&s.path).map_err(io_err(&s.path))?;
+                g.dir_dirty = true;
+            }
+            next = entries[0].0;
+            g.first_index = next;
+        }
+        let mut buf = Vec::new();
+        for (index, payload) in entries {
+            if *index != next {
+                return Err(WalError::Gap(format!(
+                    "append of index {index} where {next} comes next"
+                )));
+            }
+            let needs_new = match g.segments.last() {
+                None => true,
+                Some(s) => s.bytes + buf.len() as u64 >= self.segment_bytes_max,
+            };
+            if needs_new {
+                self.write_out(g, &mut buf)?;
+                let path = self.dir.join(segment_name(*index));
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&path)
+                    .map_err(io_err(&path))?;
+                g.segments.push(Segment {
+                    first: *index,
+                    path,
+                    file: Arc::new(file),
+                    bytes: 0,
+                    allocated: 0,
+                });
+                g.dir_dirty = true;
+            }
+            let seg = g.segments.last().expect("a segment");
+            let at = seg.bytes + buf.len() as u64;
+            encode_record(*index, payload, &mut buf);
+            g.locs.push_back(Loc {
+                offset: at + HEADER_BYTES as u64,
+                len: payload.len() as u32,
+            });
+            next += 1;
+        }
+        self.write_out(g, &mut buf)
+    }
+
+    /// Writes `buf` at the end of the last segment.
+    fn write_out(&self, g: &mut Inner, buf: &mut Vec<u8>) -> Result<(), WalError> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let seg = g.segments.last_mut().expect("a segment to write to");
+        let end = seg.bytes + buf.len() as u64;
+        if end > seg.allocated {
+            let to = end.div_ceil(WAL_ZEROED_AHEAD_BYTES) * WAL_ZEROED_AHEAD_BYTES;
+            let zeros = vec![0u8; (to - seg.allocated) as usize];
+            seg.file
+                .write_all_at(&zeros, seg.allocated)
+                .map_err(io_err(&seg.path))?;
+            seg.allocated = to;
+        }
+        seg.file.write_all_at(buf, seg.bytes).map_err(io_err(&seg.path))?;
+        seg.bytes += buf.len() as u64;
+        let f = seg.file.clone();
+        if !g.unsynced.iter().any(|u| Arc::ptr_eq(u, &f)) {
+            g.unsynced.push(f);
+        }
+        buf.clear();
+        Ok(())
+    }
+
+    /// Makes every write before the call durable: `fdatasync` of each file
+    /// written since the last sync, and of the directory when files came
+    /// or went. Returns how many files it synced.
+    pub fn sync(&self) -> Result<usize, WalError> {
+        let (files, dir_dirty) = {
+            let mut g = self.lock();
+            if let Some(f) = &g.failed {
+                return Err(WalError::Stopped(f.clone()));
+            }
+            (std::mem::take(&mut g.unsynced), std::mem::take(&mut g.dir_dirty))
+        };
+        let res = (|| -> Result<usize, WalError> {
+            for f in &files {
+                f.sync_data().map_err(io_err(&self.dir))?;
+            }
+            if dir_dirty {
+                sync_dir(&self.dir)?;
+            }
+            Ok(files.len())
+        })();
+        if let Err(e) = &res {
+            self.lock().failed = Some(e.to_string());
+        }
+        res
+    }
+
+    /// The encoded entries in `[start, end)` that the log holds (a range
+    /// partly outside it gives the part inside).
+    pub fn read(&self, start: u64, end: u64) -> Result<Vec<Vec<u8>>, WalError> {
+        let g = self.lock();
+        let last_plus_one = g.first_index + g.locs.len() as u64;
+        let start = start.max(g.first_index);
+        let end = end.min(last_plus_one);
+        let mut out = Vec::with_capacity(end.saturating_sub(start) as usize);
+        let mut seg_i = 0usize;
+        for index in start..end {
+            while seg_i + 1 < g.segments.len() && g.segments[seg_i + 1].first <= index {
+                seg_i += 1;
+            }
+            let seg = &g.segments[seg_i];
+            let loc = g.locs[(index - g.first_index) as usize];
+            let mut b = vec![0u8; loc.len as usize];
+            seg.file.read_exact_at(&mut b, loc.offset).map_err(io_err(&seg.path))?;
+            out.push(b);
+        }
+        Ok(out)
+    }
+
+    /// Removes every entry from `index` on (a conflicting suffix). Durable
+    /// when it returns: later appends reuse these indexes.
+    pub fn truncate_from(&self, index: u64) -> Result<(), WalError> {
+        let mut g = self.lock();
+        if let Some(f) = &g.failed {
+            return Err(WalError::Stopped(f.clone()));
+        }
+        let last_plus_one = g.first_index + g.locs.len() as u64;
+        if index >= last_plus_one {
+            return Ok(());
+        }
+        let keep = index.saturating_sub(g.first_index) as usize;
+        // Whole files from the cut on go first (then the directory is
+        // synced), then the file holding the cut is shortened and synced: a
+        // crash in between leaves a prefix of the old log, never new
+        // entries after a gap.
+        let mut removed = false;
+        while g.segments.last().is_some_and(|s| s.first >= index) {
+            let s = g.segments.pop().expect("checked");
+            std::fs::remove_file(&s.path).map_err(io_err(&s.path))?;
+            removed = true;
+        }
+        if removed {
+            sync_dir(&self.dir)?;
+        }
+        g.locs.truncate(keep);
+        // The last file left starts before the cut, so it holds entry
+        // `index - 1`, the last one kept.
+        if let (Some(loc), Some(seg)) = (g.locs.back().copied(), g.segments.last_mut()) {
+            let cut = loc.offset + loc.len as u64;
+            if cut < seg.bytes {
+                // Shortened, not zeroed: later writes zero the space again.
+                seg.file.set_len(cut).map_err(io_err(&seg.path))?;
+                seg.file.sync_data().map_err(io_err(&seg.path))?;
+                seg.bytes = cut;
+                seg.allocated = cut;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets every entry up to and including `upto`, deleting the files
+    /// that hold nothing after it. The caller has made the purge durable
+    /// first (its `purged` record): a crash before a file is gone only
+    /// leaves entries that opening the store skips.
+    pub fn purge_upto(&self, upto: u64) -> Result<(), WalError> {
+        let mut g = self.lock();
+        if let Some(f) = &g.failed {
+            return Err(WalError::Stopped(f.clone()));
+        }
+        let last_plus_one = g.first_index + g.locs.len() as u64;
+        let drop_n = (upto.saturating_add(1).min(last_plus_one)).saturating_sub(g.first_index) as usize;
+        let drop_n = drop_n.min(g.locs.len());
+        g.locs.drain(..drop_n);
+        g.first_index = g.first_index.max(upto.saturating_add(1));
+        // A file can go when the next one starts at or before the first
+        // entry kept. The last file stays (appends go there) unless the log
+        // is now empty, in which case the next append starts afresh.
+        let first_kept = g.first_index;
+        let mut gone = 0;
+        while g.segments.len() > 1 && g.segments[1].first <= first_kept {
+            gone += 1;
+            let s = g.segments.remove(0);
+            std::fs::remove_file(&s.path).map_err(io_err(&s.path))?;
+        }
+        if gone > 0 {
+            g.dir_dirty = true;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(i: u64) -> (u64, Vec<u8>) {
+        (i, format!("entry {i}").into_bytes())
+    }
+
+    fn read_all(w: &Wal) -> Vec<(u64, Vec<u8>)> {
+        match w.range() {
+            None => vec![],
+            Some((a, b)) => (a..=b).zip(w.read(a, b + 1).unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn appends_read_back_after_a_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let w = Wal::open(d.path()).unwrap();
+        assert_eq!(w.range(), None);
+        w.append(&[e(1), e(2), e(3)]).unwrap();
+        w.append(&[e(4)]).unwrap();
+        assert_eq!(w.sync().unwrap(), 1);
+        assert_eq!(w.sync().unwrap(), 0, "nothing written since");
+        assert_eq!(w.read(2, 4).unwrap(), vec![e(2).1, e(3).1]);
+        drop(w);
+        let w = Wal::open(d.path()).unwrap();
+        assert_eq!(w.range(), Some((1, 4)));
+        assert_eq!(read_all(&w), vec![e(1), e(2), e(3), e(4)]);
+        let err = w.append(&[e(6)]).unwrap_err();
+        assert!(
+            err.to_string().contains("append of index 6 where 5 comes next"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_anything_else_unreadable_is_damage() {
+        let d = tempfile::tempdir().unwrap();
+        let w = Wal::open(d.path()).unwrap();
+        w.append(&[e(1), e(2), e(3)]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let path = d.path().join(WAL_DIR).join(segment_name(1));
+        // The file is records, then zeroed space.
+        let records = 3 * (HEADER_BYTES as u64 + 7);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), WAL_ZEROED_AHEAD_BYTES);
+        // A crash in the middle of the third record's write.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(records - 3)
+            .unwrap();
+        let w = Wal::open(d.path()).unwrap();
+        assert_eq!(read_all(&w), vec![e(1), e(2)]);
+        w.append(&[e(3)]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let w = Wal::open(d.path()).unwrap();
+        assert_eq!(read_all(&w), vec![e(1), e(2), e(3)]);
+        // Garbage after the records (not zeros) is a torn write too.
+        drop(w);
+        let mut b = std::fs::read(&path).unwrap();
+        b[records as usize + 5] = 0x77;
+        std::fs::write(&path, &b).unwrap();
+        let w = Wal::open(d.path()).unwrap();
+        assert_eq!(read_all(&w), vec![e(1), e(2), e(3)]);
+        drop(w);
+        // A flipped byte inside a record that is not the last file's tail
+        // is reported, not cut: a second file follows it.
+        let w = Wal::open(d.path()).unwrap();
+        w.truncate_from(3).unwrap();
+        drop(w);
+        let mut b = std::fs::read(&path).unwrap();
+        b[HEADER_BYTES + 1] ^= 0xff;
+        std::fs::write(&path, &b).unwrap();
+        std::fs::write(d.path().join(WAL_DIR).join(segment_name(3)), b"").unwrap();
+        let err = Wal::open(d.path()).err().expect("damage is an error");
+        assert!(err.to_string().contains("fails its checksum"), "{err}");
+        assert!(err.to_string().contains("not a torn write"), "{err}");
+    }
+
+    #[test]
+    fn truncate_and_purge_survive_a_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let w = Wal::open(d.path()).unwrap();
+        w.append(&(1..=10).map(e).collect::<Vec<_>>()).unwrap();
+        w.truncate_from(7).unwrap();
+        assert_eq!(w.range(), Some((1, 6)));
+        w.append(&[(7, b"other 7".to_vec())]).unwrap();
+        w.purge_upto(3).unwrap();
+        assert_eq!(w.range(), Some((4, 7)));
+        w.sync().unwrap();
+        drop(w);
+        let w = Wal::open(d.path()).unwrap();
+        // Purging keeps the file holding entries after the purge point:
+        // opening reads 1..=7 and the store skips what its purged record
+        // covers (log_store.rs).
+        assert_eq!(w.range(), Some((1, 7)));
+        assert_eq!(w.read(7, 8).unwrap(), vec![b"other 7".to_vec()]);
+        // Purging everything, then appending far ahead, starts anew.
+        w.purge_upto(7).unwrap();
+        assert_eq!(w.range(), None);
+        w.append(&[e(100)]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let w = Wal::open(d.path()).unwrap();
+        assert_eq!(read_all(&w), vec![e(100)]);
+    }
+
+    #[test]
+    fn files_rotate_and_whole_files_go_on_purge_and_truncate() {
+        let d = tempfile::tempdir().unwrap();
+        const MAX: u64 = 3000;
+        let w = Wal::open_sized(d.path(), MAX).unwrap();
+        let big = vec![7u8; (MAX / 3) as usize];
+        for i in 1..=7 {
+            w.append(&[(i, big.clone())]).unwrap();
+        }
+        w.sync().unwrap();
+        let files = || {
+            let mut v: Vec<String> = std::fs::read_dir(d.path().join(WAL_DIR))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(files(), vec![segment_name(1), segment_name(4), segment_name(7)]);
+        w.purge_upto(4).unwrap();
+        assert_eq!(files(), vec![segment_name(4), segment_name(7)]);
+        drop(w);
+        let w = Wal::open_sized(d.path(), MAX).unwrap();
+        assert_eq!(w.range(), Some((4, 7)));
+        w.truncate_from(5).unwrap();
+        assert_eq!(files(), vec![segment_name(4)]);
+        assert_eq!(w.range(), Some((4, 4)));
+        drop(w);
+        let w = Wal::open_sized(d.path(), MAX).unwrap();
+        assert_eq!(w.range(), Some((4, 4)));
+        assert_eq!(w.read(4, 5).unwrap(), vec![big]);
+    }
+}
