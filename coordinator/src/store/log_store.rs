@@ -78,16 +78,6 @@ impl LogOpenError {
     }
 }
 
-/// A log-file failure as openraft's storage error. A full disk keeps the
-/// words operators and tests look for (`engine::DISK_FULL`).
-fn wal_err(e: &WalError, dir: &std::path::Path) -> AnyError {
-    if e.is_no_space() {
-        AnyError::error(super::engine::no_space(dir, e.to_string()))
-    } else {
-        AnyError::new(e)
-    }
-}
-
 /// The flusher thread: waits for callbacks, syncs once per group, completes
 /// them in arrival order. Ends when every `LogStore` handle is dropped.
 fn run_flusher(wal: Arc<Wal>, rx: std::sync::mpsc::Receiver<LogFlushed<TypeConfig>>) {
@@ -97,20 +87,14 @@ fn run_flusher(wal: Arc<Wal>, rx: std::sync::mpsc::Receiver<LogFlushed<TypeConfi
             group.push(more);
         }
         let started = std::time::Instant::now();
-        let res = wal.sync().map_err(|e| {
-            if e.is_no_space() {
-                super::engine::no_space(wal.dir(), e.to_string()).to_string()
-            } else {
-                e.to_string()
-            }
-        });
+        let res = wal.sync();
         metrics::histogram!("dtx_storage_flush_seconds").record(started.elapsed().as_secs_f64());
         metrics::counter!("dtx_log_flushes_total").increment(1);
         metrics::histogram!("dtx_log_flush_group_appends").record(group.len() as f64);
         for cb in group {
             let r = match &res {
                 Ok(_) => Ok(()),
-                Err(e) => Err(std::io::Error::other(e.clone())),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
             };
             cb.log_io_completed(r);
         }
@@ -143,10 +127,6 @@ impl LogStore {
     /// The first and last index the log holds (after its purge point).
     pub fn bounds(&self) -> Option<(u64, u64)> {
         self.wal.range()
-    }
-
-    fn wal_dir(&self) -> std::path::PathBuf {
-        self.wal.dir().to_path_buf()
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError> {
@@ -192,10 +172,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
         if start >= end {
             return Ok(Vec::new());
         }
-        let dir = self.wal_dir();
         self.wal
             .read(start, end)
-            .map_err(|e| StorageIOError::read_logs(wal_err(&e, &dir)))?
+            .map_err(|e| StorageIOError::read_logs(AnyError::new(&e)))?
             .into_iter()
             .map(|v| codec::decode::<Entry>(&v).map_err(|e| StorageIOError::read_logs(AnyError::new(&e)).into()))
             .collect()
@@ -259,7 +238,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         self.wal
             .append(&encoded)
-            .map_err(|e| StorageIOError::write_logs(wal_err(&e, &self.wal_dir())))?;
+            .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
         // Durable before openraft may count this append: the flusher calls
         // back only after an fsync that covers these writes.
         if let Err(e) = self.flusher.send(callback) {
@@ -271,7 +250,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.wal
             .truncate_from(log_id.index)
-            .map_err(|e| StorageIOError::write_logs(wal_err(&e, &self.wal_dir())).into())
+            .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)).into())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -290,7 +269,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
         self.wal
             .purge_upto(log_id.index)
-            .map_err(|e| StorageIOError::write_logs(wal_err(&e, &self.wal_dir())).into())
+            .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)).into())
     }
 }
 
@@ -315,16 +294,11 @@ const MIGRATE_ENTRIES_MAX: usize = 1024;
 /// copy goes only after the files are synced), then the engine's copy is
 /// deleted and the engine flushed. Returns how many entries moved.
 pub fn migrate_engine_log(engine: &dyn KvEngine, wal: &Wal) -> Result<usize, LogOpenError> {
-    let Some((first, _)) = engine.first(Space::Log)? else {
+    let pairs = engine.scan(Space::Log, b"", None)?;
+    if pairs.is_empty() {
         return Ok(0);
-    };
-    let first = u64::from_be_bytes(
-        first[..]
-            .try_into()
-            .map_err(|_| LogOpenError::Meta(format!("engine log key of {} bytes", first.len())))?,
-    );
+    }
     wal.truncate_from(0)?;
-    let pairs = engine.scan(Space::Log, &index_key(first), None)?;
     let mut moved = 0usize;
     for chunk in pairs.chunks(MIGRATE_ENTRIES_MAX) {
         let mut batch = Vec::with_capacity(chunk.len());

@@ -50,6 +50,10 @@ pub enum WalError {
         #[source]
         source: std::io::Error,
     },
+    /// A write or sync found no room; says "disk full" like every other
+    /// store of the node (`engine::no_space`).
+    #[error("raft log: {0}")]
+    NoSpace(super::engine::EngineError),
     #[error("raft log {path} is damaged: {message}")]
     Damaged { path: String, message: String },
     #[error("raft log: {0}")]
@@ -63,10 +67,8 @@ pub enum WalError {
 impl WalError {
     pub fn is_no_space(&self) -> bool {
         match self {
-            WalError::Io { source, .. } => super::engine::is_no_space_io(source),
-            WalError::Stopped(m) => {
-                m.contains(super::engine::DISK_FULL) || m.contains("No space left") || m.contains("Disk quota exceeded")
-            }
+            WalError::NoSpace(_) => true,
+            WalError::Stopped(m) => m.contains(super::engine::DISK_FULL),
             _ => false,
         }
     }
@@ -107,9 +109,25 @@ pub struct Wal {
 }
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> WalError + '_ {
-    move |source| WalError::Io {
-        path: path.display().to_string(),
-        source,
+    move |source| {
+        if super::engine::is_no_space_io(&source) {
+            WalError::NoSpace(super::engine::no_space(path, source.to_string()))
+        } else {
+            WalError::Io {
+                path: path.display().to_string(),
+                source,
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// The log refuses everything after a failed write or sync.
+    fn check_running(&self) -> Result<(), WalError> {
+        match &self.failed {
+            Some(f) => Err(WalError::Stopped(f.clone())),
+            None => Ok(()),
+        }
     }
 }
 
@@ -145,7 +163,7 @@ fn sync_dir(dir: &Path) -> Result<(), WalError> {
 /// What reading one file found: its records' places, and where the valid
 /// part ends (shorter than the file when its tail is torn).
 struct Scan {
-    locs: Vec<(u64, Loc)>,
+    locs: Vec<Loc>,
     valid_bytes: u64,
     file_bytes: u64,
     /// Why reading stopped before the end of the file, if it did.
@@ -191,13 +209,10 @@ fn scan_segment(path: &Path, first: u64) -> Result<Scan, WalError> {
         if index != expect {
             break Some(format!("record at offset {at} holds index {index}, expected {expect}"));
         }
-        locs.push((
-            index,
-            Loc {
-                offset: (at + HEADER_BYTES) as u64,
-                len,
-            },
-        ));
+        locs.push(Loc {
+            offset: (at + HEADER_BYTES) as u64,
+            len,
+        });
         expect += 1;
         at = end;
     };
@@ -285,7 +300,7 @@ impl Wal {
                 file.sync_data().map_err(io_err(&path))?;
                 allocated = scan.valid_bytes;
             }
-            inner.locs.extend(scan.locs.into_iter().map(|(_, l)| l));
+            inner.locs.extend(scan.locs);
             inner.segments.push(Segment {
                 first,
                 path,
@@ -299,11 +314,6 @@ impl Wal {
             segment_bytes_max,
             inner: Mutex::new(inner),
         })
-    }
-
-    /// The log's directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -324,9 +334,7 @@ impl Wal {
             return Ok(());
         }
         let mut g = self.lock();
-        if let Some(f) = &g.failed {
-            return Err(WalError::Stopped(f.clone()));
-        }
+        g.check_running()?;
         let res = self.append_locked(&mut g, entries);
         if let Err(e) = &res {
             g.failed = Some(e.to_string());
@@ -418,9 +426,7 @@ impl Wal {
     pub fn sync(&self) -> Result<usize, WalError> {
         let (files, dir_dirty) = {
             let mut g = self.lock();
-            if let Some(f) = &g.failed {
-                return Err(WalError::Stopped(f.clone()));
-            }
+            g.check_running()?;
             (std::mem::take(&mut g.unsynced), std::mem::take(&mut g.dir_dirty))
         };
         let res = (|| -> Result<usize, WalError> {
@@ -464,9 +470,7 @@ impl Wal {
     /// when it returns: later appends reuse these indexes.
     pub fn truncate_from(&self, index: u64) -> Result<(), WalError> {
         let mut g = self.lock();
-        if let Some(f) = &g.failed {
-            return Err(WalError::Stopped(f.clone()));
-        }
+        g.check_running()?;
         let last_plus_one = g.first_index + g.locs.len() as u64;
         if index >= last_plus_one {
             return Ok(());
@@ -507,9 +511,7 @@ impl Wal {
     /// leaves entries that opening the store skips.
     pub fn purge_upto(&self, upto: u64) -> Result<(), WalError> {
         let mut g = self.lock();
-        if let Some(f) = &g.failed {
-            return Err(WalError::Stopped(f.clone()));
-        }
+        g.check_running()?;
         let last_plus_one = g.first_index + g.locs.len() as u64;
         let drop_n = (upto.saturating_add(1).min(last_plus_one)).saturating_sub(g.first_index) as usize;
         let drop_n = drop_n.min(g.locs.len());
