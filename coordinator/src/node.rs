@@ -37,6 +37,7 @@ use crate::driver::Driver;
 use crate::raft::network::ChannelCache;
 use crate::raft::network::Network;
 use crate::raft::network::NetworkSettings;
+use crate::raft::read_floor::RestartReadFloor;
 use crate::raft::service::RaftService;
 use crate::raft::serving;
 use crate::raft::serving::HealthTarget;
@@ -94,8 +95,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
     let engine = store::open_data_dir(&config.data_dir, &config.cluster_id, config.node_id)?;
-    let log_store = LogStore::open(engine.clone(), &config.data_dir)
+    let mut log_store = LogStore::open(engine.clone(), &config.data_dir)
         .map_err(|e| store_open_error(&config.data_dir, "the Raft log", e.is_no_space(), &e))?;
+    // Read before openraft takes the log: a node that restarts as the
+    // leader of its old term answers reads only after applying all of it.
+    let read_floor = {
+        use openraft::storage::RaftLogStorage;
+        let vote = log_store.read_vote().await.context("cannot read the stored vote")?;
+        RestartReadFloor::at_open(config.node_id, vote.as_ref(), log_store.bounds().map(|(_, last)| last))
+    };
     let sm = StateMachineStore::open(engine.clone())
         .map_err(|e| store_open_error(&config.data_dir, "the state machine", e.is_no_space(), &e))?;
     let local_ip = Some(raft_listen.ip()).filter(|ip| !ip.is_unspecified());
@@ -140,6 +148,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         channels: ChannelCache::new(local_ip, Duration::from_millis(config.raft.connect_timeout_ms))
             .with_tls(security.client_tls.clone()),
         participant_token: security.participant_token.clone(),
+        read_floor,
     });
     let driver = Driver::new(ctx.clone());
     let orchestrator =
@@ -461,7 +470,7 @@ async fn leader_loops(driver: Arc<Driver>, mut stop: tokio::sync::watch::Receive
             last_term = term;
             driver.wake_all();
         }
-        if !ctx.is_leader() {
+        if !ctx.is_leader() || !ctx.caught_up_since_restart() {
             continue;
         }
         driver.background_round(term, now_ms()).await;

@@ -14,6 +14,11 @@
 //! removes the file (only one can) and aborts. Several processes may share
 //! the file: exactly one of them crashes per arming.
 //!
+//! Refusal points (`refused`): while the file named by
+//! `DTX_FAILPOINT_REFUSE` lists a point on a line of its own, the code at
+//! that point refuses or skips its work, so a test can hold a window open
+//! for as long as it needs and then close it by removing the line.
+//!
 //! Why hand-written and not the `fail` crate: the points must be armed from
 //! outside a running process (a file the harness writes while the cluster
 //! runs, shared by several processes of which exactly one may fire), must
@@ -59,6 +64,41 @@ pub fn hit(name: &str) {
     }
     eprintln!("failpoint {name}: aborting the process");
     std::process::abort();
+}
+
+/// True while the file that `DTX_FAILPOINT_REFUSE` names exists and lists
+/// `name` on a line of its own (only in builds with the `failpoints`
+/// feature; the file is read again at most every 50 ms). The caller then
+/// refuses or skips the work at that point, as a fault would make it, until
+/// the test removes the line or the file: a window held open for exactly as
+/// long as a test needs it.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn refused(_name: &str) -> bool {
+    false
+}
+
+#[cfg(feature = "failpoints")]
+pub fn refused(name: &str) -> bool {
+    use std::sync::Mutex;
+    use std::time::Duration;
+    use std::time::Instant;
+    static FILE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    static CACHE: Mutex<Option<(Instant, Vec<String>)>> = Mutex::new(None);
+    let Some(path) = FILE.get_or_init(|| std::env::var_os("DTX_FAILPOINT_REFUSE").map(Into::into)) else {
+        return false;
+    };
+    let mut c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let stale = c
+        .as_ref()
+        .is_none_or(|(at, _)| at.elapsed() > Duration::from_millis(50));
+    if stale {
+        let points = std::fs::read_to_string(path)
+            .map(|s| s.lines().map(|l| l.trim().to_string()).collect())
+            .unwrap_or_default();
+        *c = Some((Instant::now(), points));
+    }
+    c.as_ref().is_some_and(|(_, points)| points.iter().any(|p| p == name))
 }
 
 /// The run-time armed point of `DTX_FAILPOINT_FILE`, if any.

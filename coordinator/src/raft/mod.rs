@@ -4,6 +4,7 @@
 
 pub mod network;
 pub mod quorum_probe;
+pub mod read_floor;
 pub mod service;
 pub mod serving;
 

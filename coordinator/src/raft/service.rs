@@ -53,7 +53,13 @@ fn reply<T: Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
 #[tonic::async_trait]
 impl RaftTransport for RaftService {
     async fn append_entries(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let rpc = self.check_and_decode(req)?;
+        let rpc: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig> = self.check_and_decode(req)?;
+        // A follower that takes heartbeats but no entries, as behind a
+        // lossy link that drops the large messages (tests only,
+        // `failpoints`: t23).
+        if !rpc.entries.is_empty() && dtx_failpoint::refused("raft_accept_entries") {
+            return Err(Status::unavailable("entries refused at failpoint raft_accept_entries"));
+        }
         reply(&self.raft.append_entries(rpc).await)
     }
 

@@ -218,7 +218,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // Not flushed on purpose: losing it only delays re-applying entries
-        // until the leader tells us the committed index again.
+        // until a quorum confirms the log again. (A leader that restarts in
+        // its old term must not answer reads before that: openraft's read
+        // index comes from this value; see `raft::read_floor`.)
         self.write_meta(COMMITTED_KEY, &committed)
     }
 
