@@ -14,6 +14,10 @@ pub enum Fault {
     KillLeader,
     /// kill -9 a random coordinator node; restart it.
     KillNode,
+    /// kill -9 every coordinator node at once; restart them at the end of
+    /// the fault, the old leader first (openraft 0.9 then resumes its
+    /// leadership in the same term, without an election: ADR 0023).
+    KillAllNodes,
     /// kill -9 a random bank participant service; restart it.
     KillParticipant,
     /// SIGSTOP the leader past the election timeout, then SIGCONT: a stale
@@ -56,9 +60,10 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 16] = [
+    pub const ALL: [Fault; 17] = [
         Fault::KillLeader,
         Fault::KillNode,
+        Fault::KillAllNodes,
         Fault::KillParticipant,
         Fault::PauseLeader,
         Fault::PartitionIsolate,
@@ -79,6 +84,7 @@ impl Fault {
         match self {
             Fault::KillLeader => "kill-leader",
             Fault::KillNode => "kill-node",
+            Fault::KillAllNodes => "kill-all-nodes",
             Fault::KillParticipant => "kill-participant",
             Fault::PauseLeader => "pause-leader",
             Fault::PartitionIsolate => "partition-isolate",
@@ -143,7 +149,12 @@ pub fn parse_list(s: &str) -> Result<Vec<Fault>, String> {
             "all" => out.extend(Fault::ALL),
             "none" => {}
             "partition" => out.extend(Fault::ALL.into_iter().filter(|f| f.is_partition())),
-            "kill" => out.extend([Fault::KillLeader, Fault::KillNode, Fault::KillParticipant]),
+            "kill" => out.extend([
+                Fault::KillLeader,
+                Fault::KillNode,
+                Fault::KillAllNodes,
+                Fault::KillParticipant,
+            ]),
             _ => match Fault::ALL.into_iter().find(|f| f.name() == name) {
                 Some(f) => out.push(f),
                 None => {
@@ -237,6 +248,7 @@ mod tests {
         assert!(parse_list("all").unwrap().contains(&Fault::ParticipantGone));
         assert!(parse_list("all").unwrap().contains(&Fault::DiskFull));
         assert!(parse_list("all").unwrap().contains(&Fault::KillPostgres));
+        assert!(parse_list("kill").unwrap().contains(&Fault::KillAllNodes));
     }
 
     #[test]

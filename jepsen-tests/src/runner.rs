@@ -405,6 +405,8 @@ impl World {
 /// What a started fault must undo.
 enum Undo {
     RestartNode(u64),
+    /// Every node, this one (the old leader) first.
+    RestartAllNodes(u64),
     RestartBank(usize),
     Cont(u64),
     HealNet,
@@ -465,6 +467,12 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
         Fault::KillNode => {
             w.cluster.kill9(random_node);
             (format!("n{random_node}"), Undo::RestartNode(random_node))
+        }
+        Fault::KillAllNodes => {
+            for id in 1..=3 {
+                w.cluster.kill9(id);
+            }
+            (format!("n1+n2+n3 (n{leader} led)"), Undo::RestartAllNodes(leader))
         }
         Fault::KillParticipant => {
             let live: Vec<usize> = (0..w.banks.len()).filter(|i| w.gone != Some(*i)).collect();
@@ -616,6 +624,12 @@ fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<(String, Option<DiskF
         match undo {
             Undo::RestartNode(id) => {
                 w.restart_node(id, &[])?;
+                String::new()
+            }
+            Undo::RestartAllNodes(first) => {
+                for id in std::iter::once(first).chain((1..=3).filter(|i| *i != first)) {
+                    w.restart_node(id, &[])?;
+                }
                 String::new()
             }
             Undo::RestartBank(i) => {

@@ -276,6 +276,8 @@ impl World {
 /// What a started fault must undo.
 enum Undo {
     RestartNode(u64),
+    /// Every node, this one (the old leader) first.
+    RestartAllNodes(u64),
     RestartService(usize),
     Cont(u64),
     HealNet,
@@ -303,6 +305,12 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
         Fault::KillNode => {
             w.cluster.kill9(random_node);
             (format!("n{random_node}"), Undo::RestartNode(random_node))
+        }
+        Fault::KillAllNodes => {
+            for id in 1..=3 {
+                w.cluster.kill9(id);
+            }
+            (format!("n1+n2+n3 (n{leader} led)"), Undo::RestartAllNodes(leader))
         }
         Fault::KillParticipant => {
             let i = s.rng().random_range(0..w.services.len());
@@ -408,6 +416,12 @@ async fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
     let note = match undo {
         Undo::RestartNode(id) => {
             w.restart_node(id, &[])?;
+            String::new()
+        }
+        Undo::RestartAllNodes(first) => {
+            for id in std::iter::once(first).chain((1..=3).filter(|i| *i != first)) {
+                w.restart_node(id, &[])?;
+            }
             String::new()
         }
         Undo::RestartService(i) => {
