@@ -13,9 +13,10 @@
 //! PREPARING, and a begun one as not found, on a loaded machine.
 //!
 //! Here the window is held open with two `failpoints` points, listed in a
-//! file the test writes (`DTX_FAILPOINT_REFUSE`): `sm_background_flush`
-//! (the nodes' background flush does not run, so what they stored lags
-//! what they acknowledged) and `raft_accept_entries` (the one follower
+//! file the test writes (`DTX_FAILPOINT_REFUSE`): `sm_batch_write`
+//! (the state machine's pending writes are never due, so what the nodes
+//! stored, the first half of the writes, lags what they acknowledged, as a
+//! kill -9 can find it on a loaded machine) and `raft_accept_entries` (the one follower
 //! left takes the leader's heartbeats, so reads are confirmed, but not its
 //! entries, so nothing newer is committed) until the test removes the file.
 //!
@@ -39,7 +40,7 @@ async fn t23_a_leader_restarted_in_its_term_reads_every_acknowledged_write() {
     });
     c.procs.stop_all(Duration::from_secs(5));
     let refuse = c.dir.path().join("refuse");
-    std::fs::write(&refuse, "sm_background_flush\n").unwrap();
+    std::fs::write(&refuse, "").unwrap();
     c.procs.env = vec![("DTX_FAILPOINT_REFUSE".into(), refuse.display().to_string())];
     c.procs.start_all().unwrap();
     let leader = c.leader().await;
@@ -53,6 +54,19 @@ async fn t23_a_leader_restarted_in_its_term_reads_every_acknowledged_write() {
     let client = c.client();
     let mut txids = Vec::new();
     for i in 0..20u64 {
+        if i == 10 {
+            // The first half stored (the state machine's writes are due
+            // 100 ms after the oldest; the next apply hands them over),
+            // with the committed index: past this term's first entry, so
+            // openraft's read index is this stored index, not that entry.
+            // The second half held back (the nodes re-read the file within
+            // 50 ms).
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            client.begin("due", 600_000, b"").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            std::fs::write(&refuse, "sm_batch_write\n").unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let b = client.begin(&format!("k{i}"), 600_000, b"").await.unwrap();
         txids.push(b.txid);
         if i % 2 == 0 {
@@ -68,7 +82,7 @@ async fn t23_a_leader_restarted_in_its_term_reads_every_acknowledged_write() {
 
     // kill -9 the two that hold the writes; restart the leader and the
     // follower without them (the third stays down).
-    std::fs::write(&refuse, "sm_background_flush\nraft_accept_entries\n").unwrap();
+    std::fs::write(&refuse, "sm_batch_write\nraft_accept_entries\n").unwrap();
     c.procs.kill9(leader);
     c.procs.kill9(gone);
     c.procs.start(behind).unwrap();

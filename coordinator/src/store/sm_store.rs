@@ -86,6 +86,9 @@ const SNAPSHOT_DATA_KEY: &[u8] = b"data";
 const SM_PENDING_ENTRIES_MAX: u64 = 1024;
 /// How long the oldest waiting write may wait, checked at each apply.
 const SM_PENDING_AGE_MAX_MS: u64 = 100;
+/// Batches handed to the writer thread and not yet written, at most; an
+/// apply that would pass it waits (the writer has fallen behind).
+const SM_WRITER_QUEUE_BATCHES_MAX: usize = 4;
 
 fn record_key(txid: Txid) -> Vec<u8> {
     let mut k = RECORD_PREFIX.to_vec();
@@ -308,26 +311,59 @@ pub struct StateMachineStore {
     engine: Arc<dyn KvEngine>,
     state: Arc<RwLock<SmState>>,
     pending: Arc<Mutex<PendingWrites>>,
-    /// Asks the background flusher to flush the engine (see `open`).
-    flush_soon: std::sync::mpsc::SyncSender<()>,
+    /// The writer thread's queue (see `run_writer`).
+    writer: std::sync::mpsc::SyncSender<ToWriter>,
+    /// The first write the writer thread could not do, if any: every later
+    /// apply and barrier reports it (the state in memory is ahead of what
+    /// can be stored; the log still holds the entries).
+    write_failed: Arc<Mutex<Option<String>>>,
 }
 
-/// Flushes the engine whenever asked, off the apply path, merging requests
-/// that come while it flushes. The Raft log lives in files of its own
-/// (`wal.rs`), so nothing else flushes the engine often: without this its
-/// unwritten data would grow until a purge or a vote, which would then
-/// wait for all of it (docs/adr/0022-raft-log-files.md). Nothing waits for
+/// What the writer thread is handed.
+enum ToWriter {
+    /// Pending writes, in the order the applies made them.
+    Batch(WriteBatch),
+    /// Answered once every batch handed over before it is written.
+    Barrier(std::sync::mpsc::SyncSender<()>),
+}
+
+/// Writes the state machine's batches to the engine off the apply path,
+/// in the order they were handed over, merging those that queue up into
+/// one engine batch; then flushes the engine. An apply that found its
+/// writes due only hands them over, so it no longer holds up the applies
+/// behind it while sled works (ADR 0021's p99 cost). The flush: the Raft
+/// log lives in files of its own (`wal.rs`), so nothing else flushes the
+/// engine often; without it unwritten data would grow until a purge or a
+/// vote, which would then wait for all of it (ADR 0022). Nothing waits for
 /// these flushes; a failure is logged and the next flush that something
 /// does wait for reports it. Ends when every store handle is dropped.
-fn run_engine_flusher(engine: Arc<dyn KvEngine>, rx: std::sync::mpsc::Receiver<()>) {
-    while rx.recv().is_ok() {
-        // A flush that has not happened yet when the node is killed, as on
-        // a loaded machine (tests only, `failpoints`: t23).
-        if dtx_failpoint::refused("sm_background_flush") {
-            continue;
+fn run_writer(engine: Arc<dyn KvEngine>, rx: std::sync::mpsc::Receiver<ToWriter>, failed: Arc<Mutex<Option<String>>>) {
+    while let Ok(first) = rx.recv() {
+        let mut merged = WriteBatch::default();
+        let mut barriers = Vec::new();
+        for m in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match m {
+                ToWriter::Batch(b) => merged.ops.extend(b.ops),
+                ToWriter::Barrier(done) => barriers.push(done),
+            }
         }
-        if let Err(e) = engine.flush() {
-            tracing::warn!("background flush of the state machine's writes failed: {e}");
+        let wrote = !merged.ops.is_empty();
+        if wrote {
+            let mut f = failed.lock().expect("state-machine writer lock poisoned");
+            if f.is_none() {
+                if let Err(e) = engine.write_batch(Space::StateMachine, merged) {
+                    tracing::error!("the state machine's writes could not be stored: {e}");
+                    *f = Some(e.to_string());
+                }
+            }
+        }
+        for done in barriers {
+            let _ = done.send(());
+        }
+        if wrote {
+            if let Err(e) = engine.flush() {
+                tracing::warn!("background flush of the state machine's writes failed: {e}");
+            }
         }
     }
 }
@@ -487,22 +523,24 @@ impl StateMachineStore {
             last_applied,
             membership,
         };
-        let (flush_soon, rx) = std::sync::mpsc::sync_channel(1);
-        let e = engine.clone();
+        let (writer, rx) = std::sync::mpsc::sync_channel(SM_WRITER_QUEUE_BATCHES_MAX);
+        let write_failed = Arc::new(Mutex::new(None));
+        let (e, f) = (engine.clone(), write_failed.clone());
         std::thread::Builder::new()
-            .name("dtx-sm-flusher".into())
-            .spawn(move || run_engine_flusher(e, rx))
+            .name("dtx-sm-writer".into())
+            .spawn(move || run_writer(e, rx, f))
             .map_err(|e| {
                 SmOpenError::Engine(crate::store::engine::EngineError::Io {
                     space: "sm",
-                    message: format!("cannot start the state machine's flusher thread: {e}"),
+                    message: format!("cannot start the state machine's writer thread: {e}"),
                 })
             })?;
         Ok(StateMachineStore {
             engine,
             state: Arc::new(RwLock::new(state)),
             pending: Arc::new(Mutex::new(PendingWrites::default())),
-            flush_soon,
+            writer,
+            write_failed,
         })
     }
 
@@ -511,24 +549,43 @@ impl StateMachineStore {
     }
 
     /// Gives the waiting state-machine writes to the engine (one atomic
-    /// batch; durable at the engine's next flush).
+    /// batch; durable at the engine's next flush) and returns once they
+    /// and every batch handed over before are written.
     pub fn write_pending(&self) -> Result<(), StorageError> {
-        self.store_pending(&mut self.pending())
+        self.hand_over(&mut self.pending())?;
+        self.written()
     }
 
-    /// Writes what `p` holds as one batch; the caller holds the pending
-    /// lock, so a snapshot waits for the write.
-    fn store_pending(&self, p: &mut PendingWrites) -> Result<(), StorageError> {
+    /// Hands what `p` holds to the writer thread as one batch (waiting if
+    /// its queue is full); the caller holds the pending lock, so batches
+    /// queue in the order of the applies.
+    fn hand_over(&self, p: &mut PendingWrites) -> Result<(), StorageError> {
+        self.check_writes()?;
         if p.ops.is_empty() {
             return Ok(());
         }
-        self.engine
-            .write_batch(Space::StateMachine, p.take())
-            .map_err(write_err)?;
-        // A full channel means a flush is asked for already; it will cover
-        // this batch or start after it.
-        let _ = self.flush_soon.try_send(());
-        Ok(())
+        self.writer
+            .send(ToWriter::Batch(p.take()))
+            .map_err(|_| write_err(std::io::Error::other("the state machine's writer thread has stopped")))
+    }
+
+    /// Returns once every batch handed over so far is written.
+    fn written(&self) -> Result<(), StorageError> {
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        let stopped = || write_err(std::io::Error::other("the state machine's writer thread has stopped"));
+        self.writer.send(ToWriter::Barrier(done)).map_err(|_| stopped())?;
+        wait.recv().map_err(|_| stopped())?;
+        self.check_writes()
+    }
+
+    /// The writer thread's first failure, if any.
+    fn check_writes(&self) -> Result<(), StorageError> {
+        match &*self.write_failed.lock().expect("state-machine writer lock poisoned") {
+            Some(e) => Err(write_err(std::io::Error::other(format!(
+                "an earlier batch of state-machine writes could not be stored: {e}"
+            )))),
+            None => Ok(()),
+        }
     }
 
     /// Shared read access to the in-memory state. Callers that need
@@ -713,8 +770,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // Readers need not wait for the engine; a snapshot does (it takes
         // the pending lock, held until the batch is written).
         drop(st);
-        if pending.due() {
-            self.store_pending(&mut pending)?;
+        // Not due while a test holds the stored state behind the log, as a
+        // kill can find it (tests only, `failpoints`: t23).
+        if pending.due() && !dtx_failpoint::refused("sm_batch_write") {
+            self.hand_over(&mut pending)?;
         }
         drop(pending);
         for e in &effects {
@@ -742,8 +801,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let data: SnapshotData = decode_snapshot(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e)))?;
         let mut st = self.state.write().expect("state machine lock poisoned");
-        // What waits to be written belongs to the state being replaced.
+        // What waits to be written belongs to the state being replaced;
+        // what the writer has yet to write must land before the
+        // replacement, not after it.
         let _dropped = self.pending().take();
+        self.written()?;
         // Replace the persisted state in one atomic batch.
         let mut b = WriteBatch::default();
         for (k, _) in self.engine.scan(Space::StateMachine, b"", None).map_err(write_err)? {
@@ -870,6 +932,8 @@ mod tests {
 
     use super::*;
     use crate::raft::Batch;
+    use crate::store::engine::EngineError;
+    use crate::store::engine::KvPair;
 
     fn entry(index: u64, commands: Vec<Command>) -> Entry {
         RaftEntry {
@@ -1000,6 +1064,82 @@ mod tests {
         assert_eq!((st.table.next_txid(), st.table.len(), st.last_applied), want);
     }
 
+    /// An engine whose state-machine batches fail once `fail` is set (the
+    /// writer thread's failure path); everything else goes through.
+    struct FailingWrites {
+        inner: Arc<dyn KvEngine>,
+        fail: std::sync::atomic::AtomicBool,
+    }
+
+    impl KvEngine for FailingWrites {
+        fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
+            self.inner.get(space, key)
+        }
+        fn write_batch(&self, space: Space, batch: WriteBatch) -> Result<(), EngineError> {
+            if space == Space::StateMachine && self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(EngineError::Io {
+                    space: "sm",
+                    message: "injected write failure".into(),
+                });
+            }
+            self.inner.write_batch(space, batch)
+        }
+        fn scan(&self, space: Space, from: &[u8], to: Option<&[u8]>) -> Result<Vec<KvPair>, EngineError> {
+            self.inner.scan(space, from, to)
+        }
+        fn scan_prefix(&self, space: Space, prefix: &[u8]) -> Result<Vec<KvPair>, EngineError> {
+            self.inner.scan_prefix(space, prefix)
+        }
+        fn first(&self, space: Space) -> Result<Option<KvPair>, EngineError> {
+            self.inner.first(space)
+        }
+        fn last(&self, space: Space) -> Result<Option<KvPair>, EngineError> {
+            self.inner.last(space)
+        }
+        fn delete_range(&self, space: Space, from: &[u8], to: Option<&[u8]>) -> Result<(), EngineError> {
+            self.inner.delete_range(space, from, to)
+        }
+        fn flush(&self) -> Result<(), EngineError> {
+            self.inner.flush()
+        }
+    }
+
+    /// A batch the writer thread cannot store is not lost in silence: the
+    /// next apply that hands writes over, and every barrier, fail with the
+    /// engine's words (openraft then stops the node; the log still holds
+    /// the entries), and nothing after it is written over the gap.
+    #[tokio::test]
+    async fn a_write_the_writer_thread_could_not_do_fails_later_applies() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = crate::store::open_data_dir(dir.path(), "c", 1).unwrap();
+        let engine = Arc::new(FailingWrites {
+            inner: inner.clone(),
+            fail: false.into(),
+        });
+        let mut sm = StateMachineStore::open(engine.clone()).unwrap();
+        sm.apply(vec![entry(1, vec![Command::RetireNodeId { node_id: 1 }])])
+            .await
+            .unwrap();
+        sm.write_pending().unwrap();
+        engine.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        sm.apply(vec![entry(2, vec![Command::RetireNodeId { node_id: 2 }])])
+            .await
+            .unwrap();
+        let err = sm.write_pending().unwrap_err().to_string();
+        assert!(err.contains("injected write failure"), "{err}");
+        // Even with the engine well again, the gap stays reported.
+        engine.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        let mut later = Vec::new();
+        for i in 3..3 + SM_PENDING_ENTRIES_MAX {
+            later.push(entry(i, vec![Command::RetireNodeId { node_id: i }]));
+        }
+        let err = sm.apply(later).await.unwrap_err().to_string();
+        assert!(err.contains("injected write failure"), "{err}");
+        std::mem::forget(sm);
+        let stored = StateMachineStore::open(inner).unwrap();
+        assert_eq!(stored.state().last_applied.map(|l| l.index), Some(1));
+    }
+
     /// Writes wait for at most `SM_PENDING_ENTRIES_MAX` applied entries.
     #[tokio::test]
     async fn pending_writes_are_stored_after_enough_entries() {
@@ -1009,6 +1149,10 @@ mod tests {
                 .await
                 .unwrap();
         }
+        // Handed to the writer thread by the last apply, not written
+        // pending: the barrier adds nothing of its own.
+        assert!(sm.pending().ops.is_empty());
+        sm.written().unwrap();
         std::mem::forget(sm);
         let sm = StateMachineStore::open(engine).unwrap();
         assert_eq!(sm.state().last_applied.map(|l| l.index), Some(SM_PENDING_ENTRIES_MAX));
