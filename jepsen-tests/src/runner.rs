@@ -1763,6 +1763,15 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     for t in tasks {
         let _ = t.await;
     }
+    // With every node down nobody can say who is in doubt (each of the
+    // scan's status calls would wait out its deadline): the nodes come
+    // back first, the old leader first as the fault's end does.
+    if active.as_ref().is_some_and(|(f, _, _)| *f == Fault::KillAllNodes) {
+        if let Some((f, target, undo)) = active.take() {
+            end_fault(&mut w, f, target, undo).await;
+        }
+        let _ = w.wait_leader(Duration::from_secs(10)).await;
+    }
     // With a participant gone for good, the leader is then killed: a new
     // leader must deliver (and re-drive) everything the old one left, past
     // the gone participant's transactions that stay stuck (invariant 11).
