@@ -224,6 +224,9 @@ impl NodeCtx {
     }
 
     fn restart_floor_pending(&self) -> Option<u64> {
+        if self.read_floor.passed() {
+            return None;
+        }
         let m = self.raft.metrics();
         let m = m.borrow();
         self.read_floor.pending(m.current_term, m.last_applied.map(|l| l.index))

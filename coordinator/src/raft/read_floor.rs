@@ -52,11 +52,17 @@ impl RestartReadFloor {
         }
     }
 
+    /// True once nothing more is needed (the common case: one atomic load,
+    /// so callers may skip reading the metrics).
+    pub fn passed(&self) -> bool {
+        self.passed.load(Ordering::Acquire)
+    }
+
     /// The index that must be applied before this node, leading `term` with
     /// `applied` applied, answers from its state machine; None when
     /// nothing more is needed (and from then on).
     pub fn pending(&self, term: u64, applied: Option<u64>) -> Option<u64> {
-        if self.passed.load(Ordering::Acquire) {
+        if self.passed() {
             return None;
         }
         let (floor_term, index) = self.floor?;

@@ -348,13 +348,14 @@ fn run_writer(engine: Arc<dyn KvEngine>, rx: std::sync::mpsc::Receiver<ToWriter>
             }
         }
         let wrote = !merged.ops.is_empty();
-        if wrote {
-            let mut f = failed.lock().expect("state-machine writer lock poisoned");
-            if f.is_none() {
-                if let Err(e) = engine.write_batch(Space::StateMachine, merged) {
-                    tracing::error!("the state machine's writes could not be stored: {e}");
-                    *f = Some(e.to_string());
-                }
+        // Nothing is written after a failed batch (it would store later
+        // writes over the gap). The lock is not held while sled writes:
+        // applies check it.
+        let failed_before = failed.lock().expect("state-machine writer lock poisoned").is_some();
+        if wrote && !failed_before {
+            if let Err(e) = engine.write_batch(Space::StateMachine, merged) {
+                tracing::error!("the state machine's writes could not be stored: {e}");
+                *failed.lock().expect("state-machine writer lock poisoned") = Some(e.to_string());
             }
         }
         for done in barriers {
