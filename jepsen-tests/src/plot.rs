@@ -194,9 +194,9 @@ const BACKGROUND: RGBColor = RGBColor(0xff, 0xff, 0xff);
 const GRID: RGBColor = RGBColor(0xe8, 0xe8, 0xe8);
 
 /// Colours for fault bands; none is close to an outcome colour.
-/// As many as there are nemeses (fifteen), so every fault of a run with
-/// all of them has a colour of its own.
-const FAULT_PALETTE: [RGBColor; 16] = [
+/// At least as many as there are nemeses (seventeen), so every fault of a
+/// run with all of them has a colour of its own.
+const FAULT_PALETTE: [RGBColor; 17] = [
     RGBColor(0x2c, 0xa0, 0x2c), // green
     RGBColor(0x94, 0x67, 0xbd), // purple
     RGBColor(0x8c, 0x56, 0x4b), // brown
@@ -213,6 +213,7 @@ const FAULT_PALETTE: [RGBColor; 16] = [
     RGBColor(0x1e, 0x5a, 0x1e), // forest
     RGBColor(0x55, 0x6b, 0x2f), // dark olive
     RGBColor(0x80, 0x00, 0x20), // maroon
+    RGBColor(0x4b, 0x00, 0x82), // indigo
 ];
 
 /// `text` cut to at most `max_chars` characters, ending in ".." if cut.
