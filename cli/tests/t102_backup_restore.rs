@@ -57,14 +57,7 @@ async fn records(cl: &Client, next_txid: u64) -> BTreeMap<u64, Option<pb::Status
     let mut out = BTreeMap::new();
     for t in 1..next_txid {
         let r = match cl.status(t).await {
-            Ok(mut s) => {
-                for p in &mut s.participants {
-                    p.delivery_attempts = 0;
-                    p.last_delivery_error.clear();
-                    p.next_delivery_unix_ms = 0;
-                }
-                Some(s)
-            }
+            Ok(s) => Some(common::replicated(s)),
             Err(ClientError::NotFound(_)) => None,
             Err(e) => panic!("status of {t}: {e}"),
         };

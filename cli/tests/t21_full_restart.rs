@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::replicated;
 use common::TestCluster;
 use dtx_client::TxOutcome;
 
@@ -73,15 +74,4 @@ async fn t21_kill_all_and_restart_keeps_every_record() {
     c.procs.start(leader).unwrap();
     c.leader().await;
     assert_eq!(replicated(c.client().status(txids[3]).await.unwrap()), before[3]);
-}
-
-/// The replicated part of a Status answer: without the leader's own
-/// delivery attempts, which start over with every leader.
-fn replicated(mut s: dtx_proto::v1::StatusResponse) -> dtx_proto::v1::StatusResponse {
-    for p in &mut s.participants {
-        p.delivery_attempts = 0;
-        p.last_delivery_error.clear();
-        p.next_delivery_unix_ms = 0;
-    }
-    s
 }

@@ -27,6 +27,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::replicated;
 use common::TestCluster;
 use dtx_client::TxOutcome;
 
@@ -127,15 +128,4 @@ async fn t23_a_leader_restarted_in_its_term_reads_every_acknowledged_write() {
             "transaction {t} read back differently after the leader's restart: {after:?}"
         );
     }
-}
-
-/// The replicated part of a Status answer: without the leader's own
-/// delivery attempts, which start over with every leader.
-fn replicated(mut s: dtx_proto::v1::StatusResponse) -> dtx_proto::v1::StatusResponse {
-    for p in &mut s.participants {
-        p.delivery_attempts = 0;
-        p.last_delivery_error.clear();
-        p.next_delivery_unix_ms = 0;
-    }
-    s
 }

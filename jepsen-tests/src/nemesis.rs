@@ -107,6 +107,13 @@ impl Fault {
     }
 }
 
+/// The order `kill-all-nodes` restarts the nodes in: the old leader
+/// `first` (so it resumes its term, the case ADR 0023 is about), then the
+/// others.
+pub fn restart_order(first: u64) -> impl Iterator<Item = u64> {
+    std::iter::once(first).chain((1..=3).filter(move |i| *i != first))
+}
+
 /// The crash points of DESIGN's fault list, as named in the code: the
 /// participant ones fire in bank services, the coordinator ones in nodes.
 pub const PARTICIPANT_POINTS: [&str; 3] = [
@@ -249,6 +256,7 @@ mod tests {
         assert!(parse_list("all").unwrap().contains(&Fault::DiskFull));
         assert!(parse_list("all").unwrap().contains(&Fault::KillPostgres));
         assert!(parse_list("kill").unwrap().contains(&Fault::KillAllNodes));
+        assert_eq!(restart_order(2).collect::<Vec<_>>(), vec![2, 1, 3]);
     }
 
     #[test]

@@ -419,7 +419,7 @@ async fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
             String::new()
         }
         Undo::RestartAllNodes(first) => {
-            for id in std::iter::once(first).chain((1..=3).filter(|i| *i != first)) {
+            for id in crate::nemesis::restart_order(first) {
                 w.restart_node(id, &[])?;
             }
             String::new()

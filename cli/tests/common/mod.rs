@@ -110,6 +110,17 @@ pub fn local_plans(n: u64) -> Vec<NodePlan> {
         .collect()
 }
 
+/// The replicated part of a Status answer: without the leader's own
+/// delivery attempts, which start over with every leader.
+pub fn replicated(mut s: dtx_proto::v1::StatusResponse) -> dtx_proto::v1::StatusResponse {
+    for p in &mut s.participants {
+        p.delivery_attempts = 0;
+        p.last_delivery_error.clear();
+        p.next_delivery_unix_ms = 0;
+    }
+    s
+}
+
 /// A finished command's exit code, stdout and stderr, for assertion
 /// messages.
 pub fn output_text(o: &std::process::Output) -> String {

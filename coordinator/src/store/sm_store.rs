@@ -457,6 +457,10 @@ fn write_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_state_machine(AnyError::new(&e)).into()
 }
 
+fn writer_stopped() -> StorageError {
+    write_err(std::io::Error::other("the state machine's writer thread has stopped"))
+}
+
 fn snap_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_snapshot(None, AnyError::new(&e)).into()
 }
@@ -567,15 +571,16 @@ impl StateMachineStore {
         }
         self.writer
             .send(ToWriter::Batch(p.take()))
-            .map_err(|_| write_err(std::io::Error::other("the state machine's writer thread has stopped")))
+            .map_err(|_| writer_stopped())
     }
 
     /// Returns once every batch handed over so far is written.
     fn written(&self) -> Result<(), StorageError> {
         let (done, wait) = std::sync::mpsc::sync_channel(1);
-        let stopped = || write_err(std::io::Error::other("the state machine's writer thread has stopped"));
-        self.writer.send(ToWriter::Barrier(done)).map_err(|_| stopped())?;
-        wait.recv().map_err(|_| stopped())?;
+        self.writer
+            .send(ToWriter::Barrier(done))
+            .map_err(|_| writer_stopped())?;
+        wait.recv().map_err(|_| writer_stopped())?;
         self.check_writes()
     }
 
