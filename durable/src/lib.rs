@@ -1,4 +1,13 @@
-//! Durability that sled 0.34's `flush` does not give on Linux.
+//! Durable storage shared by the coordinator and the participant SDK:
+//!
+//! - [`DirSync`]: the durability that sled 0.34's `flush` does not give on
+//!   Linux (below);
+//! - [`wal`]: an append-only log of checksummed, numbered records in
+//!   segment files, made durable by one `fdatasync` per flush (the
+//!   coordinator's Raft log, the participant store's log);
+//! - [`is_no_space_io`]: which I/O errors mean a full disk.
+//!
+//! # `DirSync`
 //!
 //! sled writes each log buffer with `sync_file_range(WAIT_BEFORE | WRITE |
 //! WAIT_AFTER)`: the data pages reach the device, but the file's size (its
@@ -22,6 +31,8 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+pub mod wal;
 
 /// sled's data file in its directory.
 const DATA_FILE: &str = "db";
@@ -107,6 +118,40 @@ impl DirSync {
     }
 }
 
+/// Bytes an unprivileged writer can still use on the filesystem holding
+/// `path` (what `df` shows as available).
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    // SAFETY: statvfs(3) only writes into the zeroed struct we pass; `c` is
+    // a valid NUL-terminated path for the duration of the call.
+    let (rc, st) = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        let rc = libc::statvfs(c.as_ptr(), &mut st);
+        (rc, st)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The field types differ between platforms (u32 on some 32-bit ones).
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, block_size) = (st.f_bavail as u64, st.f_frsize as u64);
+    Ok(blocks.saturating_mul(block_size))
+}
+
+/// True for an I/O error that means "no space left": ENOSPC or EDQUOT
+/// (std gives them the kinds `StorageFull` and `QuotaExceeded`), also after
+/// sled has re-wrapped the error (its `Clone` keeps only the kind and the
+/// debug text).
+pub fn is_no_space_io(e: &io::Error) -> bool {
+    if matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded) {
+        return true;
+    }
+    let text = format!("{e:?}");
+    text.contains("No space left on device") || text.contains("Disk quota exceeded")
+}
+
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -120,6 +165,25 @@ fn with_path(e: io::Error, path: &Path) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Linux's ENOSPC (28) and EDQUOT (122) as the OS reports them, the
+    /// kinds std gives them, and their text in an error that kept only
+    /// that; nothing else.
+    #[test]
+    fn no_space_is_recognised_by_kind_and_by_text() {
+        #[cfg(target_os = "linux")]
+        {
+            assert!(is_no_space_io(&io::Error::from_raw_os_error(28)));
+            assert!(is_no_space_io(&io::Error::from_raw_os_error(122)));
+            assert!(!is_no_space_io(&io::Error::from_raw_os_error(5)));
+        }
+        assert!(is_no_space_io(&io::ErrorKind::StorageFull.into()));
+        assert!(is_no_space_io(&io::ErrorKind::QuotaExceeded.into()));
+        let rewrapped = io::Error::other("Os { code: 28, kind: StorageFull, message: \"No space left on device\" }");
+        assert!(is_no_space_io(&rewrapped));
+        assert!(!is_no_space_io(&io::Error::other("Disk quota")));
+        assert!(!is_no_space_io(&io::ErrorKind::PermissionDenied.into()));
+    }
 
     #[test]
     fn a_directory_without_a_data_file_is_an_error_naming_it() {

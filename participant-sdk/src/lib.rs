@@ -198,6 +198,7 @@
 //! }
 //! ```
 
+mod kv;
 pub mod log;
 pub mod metrics;
 pub mod participant;

@@ -106,7 +106,7 @@ pub struct StoreFailure {
     pub path: String,
     /// The file system is full (ENOSPC) or over its quota (EDQUOT).
     pub disk_full: bool,
-    /// The error as sled reported it.
+    /// The error as the engine reported it.
     pub detail: String,
 }
 
@@ -115,13 +115,13 @@ impl std::fmt::Display for StoreFailure {
         if self.disk_full {
             write!(
                 f,
-                "participant store at {}: the disk is full ({}); the store stopped and acknowledges nothing more; restart the service once space is freed (sled cannot write again without being reopened; everything acknowledged is on disk)",
+                "participant store at {}: the disk is full ({}); the store stopped and acknowledges nothing more; restart the service once space is freed (a store that failed a write does not write again until it is reopened; everything acknowledged is on disk)",
                 self.path, self.detail
             )
         } else {
             write!(
                 f,
-                "participant store at {}: a write failed ({}); the store stopped and acknowledges nothing more; restart the service (sled cannot write again without being reopened; everything acknowledged is on disk)",
+                "participant store at {}: a write failed ({}); the store stopped and acknowledges nothing more; restart the service (a store that failed a write does not write again until it is reopened; everything acknowledged is on disk)",
                 self.path, self.detail
             )
         }

@@ -1031,7 +1031,7 @@ impl<H: StepHandler> StepStore<H> {
     /// `FailureLatch`), logs it once, and returns the error to give the
     /// caller.
     fn fail(&self, e: &sled::Error) -> StoreError {
-        let (failure, first) = self.latch.record(e);
+        let (failure, first) = self.latch.record_sled(e);
         if first {
             tracing::error!(disk_full = failure.disk_full, "saga step store: {failure}");
         }

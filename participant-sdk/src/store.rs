@@ -1,13 +1,16 @@
 //! The participant's durable store: its log records and the resource's own
-//! data live in one sled tree, so a resource change and the log transition
-//! that goes with it are ONE atomic write; a reply (vote or ack) is sent only
-//! after an fsync that covers it. Concurrent requests share fsyncs through
-//! one flusher thread (group commit at the participant), and the decisions
-//! one `ApplyDecisions` message delivers are applied in one atomic write and
-//! one fsync (`apply_decisions`), and so are the prepares of one
-//! `PrepareMany` message (`prepare_many`).
+//! data live in one engine (`kv`, ADR 0024: every key in memory, each
+//! atomic batch one record in a log of files), so a resource change and the
+//! log transition that goes with it are ONE atomic write; a reply (vote or
+//! ack) is sent only after an fsync that covers it. Concurrent requests
+//! share fsyncs through one flusher thread (group commit at the
+//! participant), and the decisions one `ApplyDecisions` message delivers
+//! are applied in one atomic write and one fsync (`apply_decisions`), and so
+//! are the prepares of one `PrepareMany` message (`prepare_many`). A
+//! directory written by sled (before ADR 0024) is moved into the engine's
+//! files when the store opens it.
 //!
-//! Key layout in the tree: `l` + txid (big-endian) -> encoded `LogEntry`;
+//! Key layout: `l` + txid (big-endian) -> encoded `LogEntry`;
 //! `d` + key -> the resource's value; `g` + decided time (ms since the Unix
 //! epoch, big-endian) + txid -> empty: the records that may one day be
 //! garbage-collected (decided ones, and READ_ONLY votes, which never change
@@ -23,6 +26,11 @@ use std::sync::Arc;
 use std::sync::Mutex;
 
 use tokio::sync::oneshot;
+
+use crate::kv::KvBatch;
+use crate::kv::KvError;
+use crate::kv::KvFiles;
+use crate::kv::KvOpenError;
 
 use crate::log::step;
 use crate::log::Action;
@@ -61,7 +69,7 @@ const INSPECT_TIME_SCAN_KEYS_MAX: usize = 100_000;
 pub(crate) fn sled_disk_full(e: &sled::Error) -> bool {
     matches!(
         e,
-        sled::Error::Io(io) if matches!(io.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
+        sled::Error::Io(io) if dtx_durable::is_no_space_io(io)
     )
 }
 
@@ -75,10 +83,10 @@ fn sled_detail(e: &sled::Error) -> String {
     }
 }
 
-/// The first failed write or fsync of a sled-backed store (the
-/// participant store, the saga step store): once it is set the store stops,
-/// refusing every later request, since sled refuses every later write
-/// anyway and reads could show writes that never reached the disk.
+/// The first failed write or fsync of a store (the participant store, the
+/// saga step store): once it is set the store stops, refusing every later
+/// request, since its engine refuses every later write anyway (sled, and
+/// `kv` by design) and reads could show writes that never reached the disk.
 pub(crate) struct FailureLatch {
     /// The store's directory (or tree name), for messages.
     path: String,
@@ -95,11 +103,17 @@ impl FailureLatch {
 
     /// Records `e` unless a failure was recorded before; the failure that
     /// stopped the store, and whether it is `e` (to log and count once).
-    pub(crate) fn record(&self, e: &sled::Error) -> (StoreFailure, bool) {
+    pub(crate) fn record_sled(&self, e: &sled::Error) -> (StoreFailure, bool) {
+        self.record(sled_disk_full(e), sled_detail(e))
+    }
+
+    /// Records a failure (`disk_full` when for lack of space) unless one
+    /// was recorded before; as `record_sled`.
+    pub(crate) fn record(&self, disk_full: bool, detail: String) -> (StoreFailure, bool) {
         let failure = StoreFailure {
             path: self.path.clone(),
-            disk_full: sled_disk_full(e),
-            detail: sled_detail(e),
+            disk_full,
+            detail,
         };
         let first = self.failure.send_if_modified(|f| {
             if f.is_none() {
@@ -182,21 +196,40 @@ impl Staged {
         }
     }
 
-    /// The staged writes as a sled batch on the resource's key space.
-    fn into_batch(self) -> sled::Batch {
-        let mut batch = sled::Batch::default();
-        for (k, v) in self.ops {
-            match v {
-                Some(v) => batch.insert(data_key(&k), v),
-                None => batch.remove(data_key(&k)),
-            }
-        }
-        batch
+    /// The staged writes as a batch on the resource's key space.
+    fn into_batch(self) -> KvBatch {
+        self.ops.into_iter().map(|(k, v)| (data_key(&k), v)).collect()
     }
 }
 
 /// A key and its value.
 pub type KvPair = (Vec<u8>, Vec<u8>);
+
+/// For tests and tools: the store's engine under its key layout (log
+/// records, indexes, the resource's data with its prefix), read and
+/// written behind the store's back. Not part of the SDK's API.
+#[doc(hidden)]
+#[derive(Clone)]
+pub struct RawStore(Arc<KvFiles>);
+
+impl RawStore {
+    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.0.get(key)
+    }
+
+    /// Every key and value, in key order.
+    pub fn dump(&self) -> Vec<KvPair> {
+        self.0.dump()
+    }
+
+    /// Sets (`Some`) or removes (`None`) keys in one durable write.
+    pub fn write(&self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), String> {
+        self.0
+            .apply(batch)
+            .and_then(|_| self.0.sync())
+            .map_err(|e| e.to_string())
+    }
+}
 
 /// Read access to the resource's data as written so far: what is in the
 /// tree, and, while a group of decisions is applied in one write
@@ -204,7 +237,7 @@ pub type KvPair = (Vec<u8>, Vec<u8>);
 /// items over it, so each item sees the ones before it as if each had been
 /// written on its own.
 pub struct View<'a> {
-    tree: &'a sled::Tree,
+    tree: &'a KvFiles,
     overlay: Option<&'a Overlay>,
 }
 
@@ -214,23 +247,21 @@ impl View<'_> {
         if let Some(v) = self.overlay.and_then(|o| o.get(&key)) {
             return Ok(v.clone());
         }
-        self.tree
-            .get(key)
-            .map(|v| v.map(|v| v.to_vec()))
-            .map_err(|e| StoreError::Io(e.to_string()))
+        Ok(self.tree.get(&key))
     }
 
     /// Every (key, value) whose key starts with `prefix`, in key order.
     pub fn scan(&self, prefix: &[u8]) -> Result<Vec<KvPair>, StoreError> {
         let prefix = data_key(prefix);
-        let from_tree = self.tree.scan_prefix(&prefix).map(|r| {
-            r.map(|(k, v)| (k[1..].to_vec(), v.to_vec()))
-                .map_err(|e| StoreError::Io(e.to_string()))
-        });
+        let from_tree = self
+            .tree
+            .scan_prefix(&prefix)
+            .into_iter()
+            .map(|(mut k, v)| (k.split_off(1), v));
         let Some(overlay) = self.overlay else {
-            return from_tree.collect();
+            return Ok(from_tree.collect());
         };
-        let mut merged: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = from_tree.collect::<Result<_, _>>()?;
+        let mut merged: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = from_tree.collect();
         for (k, v) in overlay
             .range(prefix.clone()..)
             .take_while(|(k, _)| k.starts_with(&prefix))
@@ -245,7 +276,7 @@ impl View<'_> {
 }
 
 /// Writes not yet in the tree, by tree key (`None`: removed), later writes
-/// replacing earlier ones, as in one sled batch.
+/// replacing earlier ones, as in one batch.
 type Overlay = std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
 /// What a service implements for its resource. Calls are serialized by the
@@ -264,10 +295,9 @@ pub trait Resource: Send + Sync + 'static {
 }
 
 pub struct ParticipantStore<R: Resource> {
-    db: sled::Db,
     /// Set by the first failed write; then every request is refused.
     latch: FailureLatch,
-    tree: sled::Tree,
+    tree: Arc<KvFiles>,
     resource: R,
     /// Serializes read-step-write; never held across the fsync.
     serial: Mutex<()>,
@@ -280,8 +310,14 @@ pub struct ParticipantStore<R: Resource> {
     /// In-doubt index entries already reported as inconsistent.
     inconsistent: Mutex<std::collections::HashSet<Vec<u8>>>,
     /// `None` only while dropping.
-    flusher: Option<mpsc::Sender<oneshot::Sender<Result<(), sled::Error>>>>,
+    flusher: Option<mpsc::Sender<oneshot::Sender<Result<(), KvError>>>>,
     flusher_thread: Option<std::thread::JoinHandle<()>>,
+    /// Asks the checkpoint thread for a checkpoint (`None` only while
+    /// dropping).
+    checkpointer: Option<mpsc::SyncSender<()>>,
+    checkpoint_thread: Option<std::thread::JoinHandle<()>>,
+    /// The directory's lock, held as long as the store (dropped last).
+    _lock: std::fs::File,
 }
 
 impl<R: Resource> Drop for ParticipantStore<R> {
@@ -290,6 +326,10 @@ impl<R: Resource> Drop for ParticipantStore<R> {
         // released when the store is gone (a restart can reopen it).
         self.flusher.take();
         if let Some(t) = self.flusher_thread.take() {
+            let _ = t.join();
+        }
+        self.checkpointer.take();
+        if let Some(t) = self.checkpoint_thread.take() {
             let _ = t.join();
         }
     }
@@ -309,13 +349,8 @@ fn doubt_key(txid: u64) -> [u8; 9] {
 
 /// Adds `txid`'s record `e` to `batch`, with the index changes that go with
 /// moving from `before` to `e`.
-fn put_record(batch: &mut sled::Batch, txid: u64, before: Option<&LogEntry>, e: &LogEntry) {
-    for (k, v) in record_writes(txid, before, e) {
-        match v {
-            Some(v) => batch.insert(k, v),
-            None => batch.remove(k),
-        }
-    }
+fn put_record(batch: &mut KvBatch, txid: u64, before: Option<&LogEntry>, e: &LogEntry) {
+    batch.extend(record_writes(txid, before, e));
 }
 
 /// The tree writes that record `e` for `txid`, coming from `before`: the
@@ -537,65 +572,228 @@ pub(crate) fn open_dir_sync(path: &std::path::Path) -> Result<dtx_durable::DirSy
     })
 }
 
-fn run_flusher(db: sled::Db, sync: dtx_durable::DirSync, rx: mpsc::Receiver<oneshot::Sender<Result<(), sled::Error>>>) {
+/// Syncs the engine for each group of waiting writers; asks for a
+/// checkpoint when the log has grown enough (`KvFiles::checkpoint_due`).
+fn run_flusher(
+    kv: Arc<KvFiles>,
+    checkpointer: mpsc::SyncSender<()>,
+    rx: mpsc::Receiver<oneshot::Sender<Result<(), KvError>>>,
+) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
         while let Ok(more) = rx.try_recv() {
             group.push(more);
         }
-        let res = sync.flush(&db);
+        let res = kv.sync();
         for w in group {
             let _ = w.send(res.clone());
+        }
+        if res.is_ok() && kv.checkpoint_due() {
+            // Full: one is asked for already.
+            let _ = checkpointer.try_send(());
         }
     }
 }
 
-impl<R: Resource> ParticipantStore<R> {
-    /// Opens (or creates) the store at `path`. A full disk is reported as
-    /// such (`StoreError::is_disk_full`), and a start that fails on a full
-    /// disk leaves the directory so that a start after space is freed
-    /// succeeds (see `open_sled_cleaning`).
-    pub fn open(path: &std::path::Path, resource: R) -> Result<Arc<Self>, StoreError> {
-        let open_err = |e: sled::Error| {
-            let disk_full = sled_disk_full(&e);
-            StoreError::Open {
-                path: path.display().to_string(),
-                message: if disk_full {
-                    format!(
-                        "the disk is full ({}); start again once space is freed",
-                        sled_detail(&e)
-                    )
-                } else {
-                    e.to_string()
-                },
-                disk_full,
-            }
-        };
+/// Writes the checkpoints the flusher asks for, off the write path. A
+/// failure stops the engine, so the next sync reports it to the store.
+fn run_checkpointer(kv: Arc<KvFiles>, rx: mpsc::Receiver<()>) {
+    while rx.recv().is_ok() {
+        if let Err(e) = kv.checkpoint() {
+            tracing::error!(disk_full = e.disk_full, "participant store: checkpoint failed: {e}");
+        }
+    }
+}
+
+/// sled's files in a store directory of the format before ADR 0024.
+const SLED_FILES: [&str; 3] = ["db", "conf", "blobs"];
+/// Where those files go once their content is in the new engine.
+const SLED_MIGRATED_DIR: &str = "sled-migrated";
+
+/// Moves a store written by sled (the format before ADR 0024) into the
+/// engine's files: every key of its `participant` tree into a first
+/// checkpoint (durable before anything else changes), then sled's files
+/// into `sled-migrated/` (a crash in between leaves a checkpoint, so the
+/// next start only finishes the move). Nothing when `path` holds no sled
+/// data file.
+fn migrate_from_sled(path: &std::path::Path) -> Result<(), StoreError> {
+    let open_err = |message: String, disk_full: bool| StoreError::Open {
+        path: path.display().to_string(),
+        message,
+        disk_full,
+    };
+    if !path.join("db").exists() {
+        return Ok(());
+    }
+    if !KvFiles::exists_in(path) {
         let db = open_sled_cleaning(path).map_err(|e| {
             if is_lock_error(&e) {
-                StoreError::Open {
-                    path: path.display().to_string(),
-                    message: format!(
-                        "in use by another process or store (its lock was still held after {OPEN_LOCK_WAIT_MS} ms); stop that one first"
-                    ),
-                    disk_full: false,
-                }
+                open_err(
+                    format!("in use by another process or store (its lock was still held after {OPEN_LOCK_WAIT_MS} ms); stop that one first"),
+                    false,
+                )
+            } else if sled_disk_full(&e) {
+                open_err(
+                    format!("the disk is full ({}); start again once space is freed", sled_detail(&e)),
+                    true,
+                )
             } else {
-                open_err(e)
+                open_err(format!("cannot read the store written by sled: {e}"), false)
             }
         })?;
-        let tree = db.open_tree("participant").map_err(open_err)?;
-        let sync = open_dir_sync(path)?;
+        let tree = db
+            .open_tree("participant")
+            .map_err(|e| open_err(format!("cannot read the store written by sled: {e}"), false))?;
+        let mut map = std::collections::BTreeMap::new();
+        for r in tree.iter() {
+            let (k, v) = r.map_err(|e| open_err(format!("cannot read the store written by sled: {e}"), false))?;
+            map.insert(k.to_vec(), v.to_vec());
+        }
+        let keys = map.len();
+        drop(tree);
+        drop(db);
+        KvFiles::create_from(path, map).map_err(|e| open_err(kv_open_message(&e), e.disk_full))?;
+        tracing::warn!(
+            dir = %path.display(),
+            keys,
+            "participant store: moved the store written by sled into the engine's files (ADR 0024); sled's files go to {SLED_MIGRATED_DIR}/ and may be deleted once the service runs"
+        );
+    }
+    let moved = path.join(SLED_MIGRATED_DIR);
+    std::fs::create_dir_all(&moved).map_err(|e| open_err(format!("cannot create {}: {e}", moved.display()), false))?;
+    let names: Vec<std::ffi::OsString> = std::fs::read_dir(path)
+        .map_err(|e| open_err(format!("cannot list: {e}"), false))?
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| {
+            let n = n.to_string_lossy();
+            SLED_FILES.contains(&n.as_ref()) || n.starts_with("snap.")
+        })
+        .collect();
+    for n in names {
+        std::fs::rename(path.join(&n), moved.join(&n))
+            .map_err(|e| open_err(format!("cannot move sled's {n:?} to {SLED_MIGRATED_DIR}/: {e}"), false))?;
+    }
+    std::fs::File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| open_err(format!("cannot sync the directory: {e}"), false))
+}
+
+/// What a failed open of the engine says.
+fn kv_open_message(e: &KvError) -> String {
+    if e.disk_full {
+        format!("the disk is full ({}); start again once space is freed", e.detail)
+    } else {
+        e.detail.clone()
+    }
+}
+
+/// Takes the store directory's lock file (`lock`, an exclusive `flock`),
+/// waiting up to `OPEN_LOCK_WAIT_MS` for a store of this process that is
+/// still closing.
+fn lock_store_dir(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
+    use std::os::fd::AsRawFd;
+    let open_err = |message: String, disk_full: bool| StoreError::Open {
+        path: path.display().to_string(),
+        message,
+        disk_full,
+    };
+    std::fs::create_dir_all(path)
+        .map_err(|e| open_err(format!("cannot create: {e}"), dtx_durable::is_no_space_io(&e)))?;
+    let lock_path = path.join(STORE_LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|e| {
+            open_err(
+                format!("cannot open {}: {e}", lock_path.display()),
+                dtx_durable::is_no_space_io(&e),
+            )
+        })?;
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(OPEN_LOCK_WAIT_MS);
+    loop {
+        // SAFETY: flock(2) on a descriptor owned by `file`; the lock lasts
+        // as long as the returned file.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(file);
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EWOULDBLOCK)
+            || std::time::Instant::now() >= until
+        {
+            return Err(open_err(
+                format!("in use by another process or store (its lock was still held after {OPEN_LOCK_WAIT_MS} ms); stop that one first"),
+                false,
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Least free space on the store's filesystem for a start: a start with
+/// less would stop at its first write (or its checkpoint) anyway, so it is
+/// refused at once, saying so, and changes nothing (as a node's start,
+/// docs/operations.md "Disk full").
+pub const OPEN_FREE_BYTES_MIN: u64 = 4 << 20;
+
+/// `Open` with `disk_full` when the filesystem holding `path` has less
+/// than `OPEN_FREE_BYTES_MIN` free.
+fn refuse_without_room(path: &std::path::Path) -> Result<(), StoreError> {
+    match dtx_durable::free_bytes(path) {
+        Ok(free) if free < OPEN_FREE_BYTES_MIN => Err(StoreError::Open {
+            path: path.display().to_string(),
+            message: format!(
+                "the disk is full ({free} bytes free, a start needs {OPEN_FREE_BYTES_MIN}); nothing was changed, start again once space is freed"
+            ),
+            disk_full: true,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The store directory's lock file.
+const STORE_LOCK_FILE: &str = "lock";
+
+impl<R: Resource> ParticipantStore<R> {
+    /// Opens (or creates) the store at `path`. A full disk is reported as
+    /// such (`StoreError::is_disk_full`). A directory written by sled (the
+    /// format before ADR 0024) is moved into the engine's files first.
+    pub fn open(path: &std::path::Path, resource: R) -> Result<Arc<Self>, StoreError> {
+        let lock = lock_store_dir(path)?;
+        refuse_without_room(path)?;
+        migrate_from_sled(path)?;
+        let kv = KvFiles::open(path).map_err(|e| match e {
+            KvOpenError::Io(e) => StoreError::Open {
+                path: path.display().to_string(),
+                message: kv_open_message(&e),
+                disk_full: e.disk_full,
+            },
+            KvOpenError::Damaged(m) => StoreError::Open {
+                path: path.display().to_string(),
+                message: format!("damaged, refusing to start rather than forget acknowledged writes: {m}"),
+                disk_full: false,
+            },
+        })?;
+        let kv = Arc::new(kv);
         let (flusher, rx) = mpsc::channel();
-        let d = db.clone();
+        let (checkpointer, checkpoint_rx) = mpsc::sync_channel(1);
+        let spawn_err = |e: std::io::Error| StoreError::Io(e.to_string());
+        let k = kv.clone();
+        let checkpoint_thread = std::thread::Builder::new()
+            .name("dtx-participant-checkpoint".into())
+            .spawn(move || run_checkpointer(k, checkpoint_rx))
+            .map_err(spawn_err)?;
+        let k = kv.clone();
+        let c = checkpointer.clone();
         let thread = std::thread::Builder::new()
             .name("dtx-participant-flusher".into())
-            .spawn(move || run_flusher(d, sync, rx))
-            .map_err(|e| StoreError::Io(e.to_string()))?;
+            .spawn(move || run_flusher(k, c, rx))
+            .map_err(spawn_err)?;
         let store = Arc::new(ParticipantStore {
-            db,
             latch: FailureLatch::new(path.display().to_string()),
-            tree,
+            tree: kv,
             resource,
             serial: Mutex::new(()),
             prepared_at: Mutex::new(HashMap::new()),
@@ -603,6 +801,9 @@ impl<R: Resource> ParticipantStore<R> {
             inconsistent: Mutex::new(Default::default()),
             flusher: Some(flusher),
             flusher_thread: Some(thread),
+            checkpointer: Some(checkpointer),
+            checkpoint_thread: Some(checkpoint_thread),
+            _lock: lock,
         });
         let opened = store
             .ensure_doubt_index()
@@ -634,11 +835,7 @@ impl<R: Resource> ParticipantStore<R> {
     }
 
     pub fn entry(&self, txid: u64) -> Result<Option<LogEntry>, StoreError> {
-        match self
-            .tree
-            .get(log_key(txid))
-            .map_err(|e| StoreError::Io(e.to_string()))?
-        {
+        match self.tree.get(&log_key(txid)) {
             None => Ok(None),
             Some(b) => decode_entry(&b)
                 .map(Some)
@@ -649,8 +846,7 @@ impl<R: Resource> ParticipantStore<R> {
     /// Every log record (txid, entry), in txid order.
     pub fn entries(&self) -> Result<Vec<(u64, LogEntry)>, StoreError> {
         let mut out = Vec::new();
-        for r in self.tree.scan_prefix([LOG_PREFIX]) {
-            let (k, v) = r.map_err(|e| StoreError::Io(e.to_string()))?;
+        for (k, v) in self.tree.scan_prefix(&[LOG_PREFIX]) {
             let txid = u64::from_be_bytes(k[1..9].try_into().unwrap_or([0; 8]));
             let e = decode_entry(&v).map_err(|message| StoreError::Damaged { txid, message })?;
             out.push((txid, e));
@@ -674,8 +870,7 @@ impl<R: Resource> ParticipantStore<R> {
     /// recovered. An error means the index could not be read at all.
     pub fn in_doubt(&self) -> Result<Vec<(u64, LogEntry)>, StoreError> {
         let mut out = Vec::new();
-        for r in self.tree.scan_prefix([DOUBT_PREFIX]) {
-            let (k, _) = r.map_err(|e| StoreError::Io(e.to_string()))?;
+        for k in self.tree.keys_with_prefix(&[DOUBT_PREFIX], false, usize::MAX) {
             let Ok(id) = <[u8; 8]>::try_from(&k[1..]) else {
                 self.report_inconsistency(&k, None, format!("in-doubt index key of {} bytes", k.len()));
                 continue;
@@ -692,11 +887,7 @@ impl<R: Resource> ParticipantStore<R> {
             // Look again, with no decision running: a decision removes the
             // index entry in the same batch that writes its record.
             let _serial = self.serial.lock().expect("participant store lock");
-            if !self
-                .tree
-                .contains_key(doubt_key(txid))
-                .map_err(|e| StoreError::Io(e.to_string()))?
-            {
+            if !self.tree.contains_key(&doubt_key(txid)) {
                 continue;
             }
             match self.entry(txid) {
@@ -739,19 +930,17 @@ impl<R: Resource> ParticipantStore<R> {
     /// Builds the in-doubt index of a store written before it existed: one
     /// pass over the log, once.
     fn ensure_doubt_index(&self) -> Result<(), StoreError> {
-        let io = |e: sled::Error| StoreError::Io(e.to_string());
-        if self.tree.get(DOUBT_INDEX_READY_KEY).map_err(io)?.is_some() {
+        if self.tree.contains_key(DOUBT_INDEX_READY_KEY) {
             return Ok(());
         }
-        let mut batch = sled::Batch::default();
+        let mut batch = KvBatch::new();
         for (txid, e) in self.entries()? {
             if crate::log::in_doubt(&e) {
-                batch.insert(&doubt_key(txid)[..], &[][..]);
+                batch.push((doubt_key(txid).to_vec(), Some(Vec::new())));
             }
         }
-        batch.insert(DOUBT_INDEX_READY_KEY, &[][..]);
-        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
-        self.db.flush().map_err(|e| self.fail(&e))?;
+        batch.push((DOUBT_INDEX_READY_KEY.to_vec(), Some(Vec::new())));
+        self.write_synced(batch)?;
         Ok(())
     }
 
@@ -759,20 +948,18 @@ impl<R: Resource> ParticipantStore<R> {
     /// collected to the GC index (as if voted now): one pass over the log,
     /// once.
     fn ensure_read_only_gc_index(&self) -> Result<(), StoreError> {
-        let io = |e: sled::Error| StoreError::Io(e.to_string());
-        if self.tree.get(READ_ONLY_GC_READY_KEY).map_err(io)?.is_some() {
+        if self.tree.contains_key(READ_ONLY_GC_READY_KEY) {
             return Ok(());
         }
         let now = unix_ms();
-        let mut batch = sled::Batch::default();
+        let mut batch = KvBatch::new();
         for (txid, e) in self.entries()? {
             if e.state == (LocalState::Prepared { vote: Vote::ReadOnly }) {
-                batch.insert(&gc_key(now, txid)[..], &[][..]);
+                batch.push((gc_key(now, txid).to_vec(), Some(Vec::new())));
             }
         }
-        batch.insert(READ_ONLY_GC_READY_KEY, &[][..]);
-        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
-        self.db.flush().map_err(|e| self.fail(&e))?;
+        batch.push((READ_ONLY_GC_READY_KEY.to_vec(), Some(Vec::new())));
+        self.write_synced(batch)?;
         Ok(())
     }
 
@@ -796,8 +983,7 @@ impl<R: Resource> ParticipantStore<R> {
         let at = self.prepared_at.lock().expect("prepared_at lock");
         let mut count = 0;
         let mut oldest: Option<std::time::Instant> = None;
-        for k in self.tree.scan_prefix([DOUBT_PREFIX]).keys() {
-            let k = k.map_err(|e| StoreError::Io(e.to_string()))?;
+        for k in self.tree.keys_with_prefix(&[DOUBT_PREFIX], false, usize::MAX) {
             count += 1;
             let txid = <[u8; 8]>::try_from(&k[1..]).map(u64::from_be_bytes).ok();
             let since = txid.and_then(|t| at.get(&t).copied()).unwrap_or(self.opened);
@@ -820,7 +1006,6 @@ impl<R: Resource> ParticipantStore<R> {
     /// reads every record key once. Not synced: the trait's `inspect`
     /// waits for an fsync before answering, as `durable_entry` does.
     pub fn inspect(&self, q: &InspectQuery) -> Result<Inspection, StoreError> {
-        let io = |e: sled::Error| StoreError::Io(e.to_string());
         let now_ms = unix_ms();
         // When each YES vote this process recorded was given.
         let voted_ms: HashMap<u64, u64> = {
@@ -846,12 +1031,8 @@ impl<R: Resource> ParticipantStore<R> {
         if !wanted.is_empty() || q.recent > 0 {
             for k in self
                 .tree
-                .scan_prefix([GC_PREFIX])
-                .keys()
-                .rev()
-                .take(INSPECT_TIME_SCAN_KEYS_MAX)
+                .keys_with_prefix(&[GC_PREFIX], true, INSPECT_TIME_SCAN_KEYS_MAX)
             {
-                let k = k.map_err(io)?;
                 if k.len() != 17 {
                     continue;
                 }
@@ -913,11 +1094,7 @@ impl<R: Resource> ParticipantStore<R> {
             recent.sort_by_key(|r| std::cmp::Reverse((r.recorded_unix_ms.is_some(), r.recorded_unix_ms, r.txid)));
             recent.truncate(q.recent);
         }
-        let mut records_total = 0u64;
-        for k in self.tree.scan_prefix([LOG_PREFIX]).keys() {
-            k.map_err(io)?;
-            records_total += 1;
-        }
+        let records_total = self.tree.count_prefix(&[LOG_PREFIX]);
         Ok(Inspection {
             records,
             in_doubt,
@@ -956,8 +1133,7 @@ impl<R: Resource> ParticipantStore<R> {
             None => vec![GC_PREFIX],
         };
         let mut out = Vec::new();
-        for r in self.tree.range(start..).take(max) {
-            let (k, _) = r.map_err(|e| StoreError::Io(e.to_string()))?;
+        for (k, _) in self.tree.range_from(&start, max) {
             if k.first() != Some(&GC_PREFIX) {
                 break;
             }
@@ -985,20 +1161,20 @@ impl<R: Resource> ParticipantStore<R> {
     pub fn forget_records(&self, records: &[(u64, u64)]) -> Result<usize, StoreError> {
         self.check_running()?;
         let _serial = self.serial.lock().expect("participant store lock");
-        let mut batch = sled::Batch::default();
+        let mut batch = KvBatch::new();
         let mut n = 0;
         for &(decided_ms, txid) in records {
             if !self.entry(txid)?.as_ref().is_some_and(is_collectable) {
                 continue;
             }
-            batch.remove(&log_key(txid)[..]);
+            batch.push((log_key(txid).to_vec(), None));
             // Never in doubt (the record is collectable); removed anyway so no
             // index entry can outlive its record.
-            batch.remove(&doubt_key(txid)[..]);
-            batch.remove(&gc_key(decided_ms, txid)[..]);
+            batch.push((doubt_key(txid).to_vec(), None));
+            batch.push((gc_key(decided_ms, txid).to_vec(), None));
             n += 1;
         }
-        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+        self.tree.apply(batch).map_err(|e| self.fail(&e))?;
         Ok(n)
     }
 
@@ -1043,7 +1219,7 @@ impl<R: Resource> ParticipantStore<R> {
                             let mut batch = std::mem::take(&mut staged).into_batch();
                             let prepared = crate::log::prepared(msg.term(), Vote::Yes);
                             put_record(&mut batch, txid, prior.as_ref(), &prepared);
-                            self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+                            self.tree.apply(batch).map_err(|e| self.fail(&e))?;
                             prior = Some(prepared);
                             self.resource.commit(&view, txid, &mut staged);
                             let committed = LogEntry {
@@ -1097,7 +1273,7 @@ impl<R: Resource> ParticipantStore<R> {
                 if let Some(e) = record {
                     put_record(&mut batch, txid, prior.as_ref(), &e);
                 }
-                self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+                self.tree.apply(batch).map_err(|e| self.fail(&e))?;
                 let mut at = self.prepared_at.lock().expect("prepared_at lock");
                 match record {
                     Some(e) if crate::log::in_doubt(&e) => {
@@ -1270,14 +1446,8 @@ impl<R: Resource> ParticipantStore<R> {
                 doubt.insert(txid, in_doubt);
             }
         }
-        let mut batch = sled::Batch::default();
-        for (k, v) in overlay {
-            match v {
-                Some(v) => batch.insert(k, v),
-                None => batch.remove(k),
-            }
-        }
-        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+        let batch: KvBatch = overlay.into_iter().collect();
+        self.tree.apply(batch).map_err(|e| self.fail(&e))?;
         let mut at = self.prepared_at.lock().expect("prepared_at lock");
         for (txid, in_doubt) in doubt {
             if in_doubt {
@@ -1365,7 +1535,7 @@ impl<R: Resource> ParticipantStore<R> {
             let _serial = self.serial.lock().expect("participant store lock");
             let mut staged = Staged::default();
             f(&self.view(), &mut staged);
-            self.tree.apply_batch(staged.into_batch()).map_err(|e| self.fail(&e))?;
+            self.tree.apply(staged.into_batch()).map_err(|e| self.fail(&e))?;
         }
         self.flush().await
     }
@@ -1388,8 +1558,8 @@ impl<R: Resource> ParticipantStore<R> {
     /// Records the first failed write (the store stops, see
     /// `FailureLatch`), logs and counts it once, and returns the error to
     /// give the caller.
-    fn fail(&self, e: &sled::Error) -> StoreError {
-        let (failure, first) = self.latch.record(e);
+    fn fail(&self, e: &KvError) -> StoreError {
+        let (failure, first) = self.latch.record(e.disk_full, e.detail.clone());
         if first {
             metrics::counter!("dtx_participant_store_failures_total", "disk_full" => failure.disk_full.to_string())
                 .increment(1);
@@ -1417,9 +1587,18 @@ impl<R: Resource> ParticipantStore<R> {
         self.latch.stopped().await
     }
 
-    /// For tests and tools: the underlying database handle.
-    pub fn db(&self) -> &sled::Db {
-        &self.db
+    /// Writes `batch` and waits for its sync (outside the store's
+    /// serialisation: for opening).
+    fn write_synced(&self, batch: KvBatch) -> Result<(), StoreError> {
+        self.tree.apply(batch).map_err(|e| self.fail(&e))?;
+        self.tree.sync().map_err(|e| self.fail(&e))
+    }
+
+    /// For tests and tools: the store's keys and values as written,
+    /// behind the store's back (`RawStore`).
+    #[doc(hidden)]
+    pub fn raw(&self) -> RawStore {
+        RawStore(self.tree.clone())
     }
 }
 

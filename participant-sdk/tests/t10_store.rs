@@ -382,18 +382,15 @@ async fn inv5_in_doubt_index_follows_every_transition_and_is_built_for_old_store
         assert_eq!(doubt_txids(&s), vec![3, 4], "after a reopen");
         // Simulate a store from before the index: drop the index and its
         // marker behind the store's back.
-        let tree = s.db().open_tree("participant").unwrap();
-        let stale: Vec<_> = tree
-            .iter()
-            .keys()
-            .map(|k| k.unwrap())
+        let raw = s.raw();
+        let stale: Vec<_> = raw
+            .dump()
+            .into_iter()
+            .map(|(k, _)| k)
             .filter(|k| k[0] == b'i' || k.starts_with(b"mdoubt"))
             .collect();
         assert_eq!(stale.len(), 3, "two index entries and the marker: {stale:?}");
-        for k in stale {
-            tree.remove(k).unwrap();
-        }
-        s.db().flush().unwrap();
+        raw.write(stale.into_iter().map(|k| (k, None)).collect()).unwrap();
     }
     let s = open(dir.path(), &probe);
     assert_eq!(doubt_txids(&s), vec![3, 4], "index rebuilt on open");
@@ -513,22 +510,27 @@ async fn inv5_inconsistent_in_doubt_entry_is_reported_and_skipped_while_others_a
     }
     // Behind the store's back: an index entry without any record (1), one
     // whose record is decided (3), and one whose record cannot be read (4).
-    let tree = s.db().open_tree("participant").unwrap();
     let key = |p: u8, t: u64| {
         let mut k = vec![p];
         k.extend_from_slice(&t.to_be_bytes());
         k
     };
-    tree.insert(key(b'i', 1), &[][..]).unwrap();
-    tree.insert(key(b'i', 3), &[][..]).unwrap();
     let committed = participant_sdk::log::LogEntry {
         state: LocalState::Committed,
         term: 1,
     };
-    tree.insert(key(b'l', 3), &participant_sdk::store::encode_entry(&committed)[..])
+    s.raw()
+        .write(vec![
+            (key(b'i', 1), Some(vec![])),
+            (key(b'i', 3), Some(vec![])),
+            (
+                key(b'l', 3),
+                Some(participant_sdk::store::encode_entry(&committed).to_vec()),
+            ),
+            (key(b'i', 4), Some(vec![])),
+            (key(b'l', 4), Some(b"garbage".to_vec())),
+        ])
         .unwrap();
-    tree.insert(key(b'i', 4), &[][..]).unwrap();
-    tree.insert(key(b'l', 4), &b"garbage"[..]).unwrap();
 
     let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let rec = CountOne {
@@ -596,18 +598,15 @@ async fn inv10_read_only_votes_are_gc_candidates_and_old_stores_get_them_indexed
         assert_eq!(left, vec![2, 3, 4]);
 
         // A store from before: drop the GC index and its marker.
-        let tree = s.db().open_tree("participant").unwrap();
-        let stale: Vec<_> = tree
-            .iter()
-            .keys()
-            .map(|k| k.unwrap())
+        let raw = s.raw();
+        let stale: Vec<_> = raw
+            .dump()
+            .into_iter()
+            .map(|(k, _)| k)
             .filter(|k| k[0] == b'g' || k.starts_with(b"mgc-"))
             .collect();
         assert_eq!(stale.len(), 3, "two index entries and the marker: {stale:?}");
-        for k in stale {
-            tree.remove(k).unwrap();
-        }
-        s.db().flush().unwrap();
+        raw.write(stale.into_iter().map(|k| (k, None)).collect()).unwrap();
     }
     let s = ParticipantStore::open(dir.path(), ReadOnly).unwrap();
     let c = s.gc_candidates(u64::MAX, 100).unwrap();

@@ -1,18 +1,16 @@
 //! A participant whose disk fills up (issue 8, defect 9, participant side),
 //! on a small tmpfs of each test's own (mounting needs root, as CI runs).
 //!
-//! What sled 0.34.7 does on ENOSPC (`sled_0_34_7_stays_failed_after_enospc_until_reopened`
-//! pins it): the failed write sets a global error in the open `Db`, and
-//! every later write and flush fails with it, even after space is freed;
-//! reads still answer from memory, including writes that never reached
-//! the disk. Only a reopened `Db` writes again, and it holds exactly what
-//! was flushed. So the store cannot recover by itself in place: on the
-//! first failed write it stops (refuses every request, acknowledges
-//! nothing more) and says so, and the service must be restarted once space
-//! is freed (`coordinator bank-serve` exits). And sled, started while the
-//! disk is still full, leaves an empty `snap.*.generating` file that it
-//! takes as its newest snapshot on every later start ("corrupted"), so
-//! the store removes such unfinished snapshots itself.
+//! The store's engine (ADR 0024) stops at its first failed write or sync:
+//! it refuses every request from then on and acknowledges nothing more, and
+//! the service must be restarted once space is freed (`coordinator
+//! bank-serve` exits). A start with less than 4 MiB free is refused,
+//! saying the disk is full, and changes nothing. A directory the store wrote with sled (before ADR 0024) is moved
+//! into the engine's files when opened; sled, started on a full disk, left
+//! an empty `snap.*.generating` file that it takes as its newest snapshot
+//! on every later start ("corrupted"), so that move removes such
+//! unfinished snapshots first. sled still backs the saga step store
+//! (`sled_0_34_7_stays_failed_after_enospc_until_reopened`).
 //!
 //! DESIGN invariant 4 (nothing acknowledged is lost) and 5 (an in-doubt
 //! vote stays until a decision): the store never acknowledges what it did
@@ -31,9 +29,7 @@ use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::View;
 
-/// A store directory as a service leaves it after some work and a restart:
-/// sled has extended its file and written a snapshot, and the log has moved
-/// on since (so the next start writes a new snapshot).
+/// A store directory as a service leaves it after some work and a restart.
 async fn used_store(dir: &Path) {
     for round in 0..2u64 {
         let s = ParticipantStore::open(dir, Kv).unwrap();
@@ -133,7 +129,7 @@ fn reopen_when_unlocked(dir: &Path) -> sled::Db {
 /// Invariant 4: once a write fails for lack of space, the store
 /// acknowledges nothing more (not the vote whose write failed, not a new
 /// one, not a repeat of an earlier one), reports a full disk as a full
-/// disk, and stays stopped after space is freed (sled cannot write again
+/// disk, and stays stopped after space is freed (it does not write again
 /// in place); reopened, it holds every acknowledged record.
 #[tokio::test]
 async fn inv4_disk_full_stops_the_store_and_it_acknowledges_nothing_it_did_not_persist() {
@@ -213,16 +209,15 @@ async fn inv4_disk_full_stops_the_store_and_it_acknowledges_nothing_it_did_not_p
 }
 
 /// A start while the disk is still full (a supervisor restarting the
-/// service) fails saying the disk is full, and leaves the directory so that
-/// a start after space is freed succeeds with everything acknowledged
-/// before (sled would leave an empty `snap.*.generating` behind and take it
-/// as its newest snapshot: "corrupted", forever).
+/// service) fails saying the disk is full, changes nothing in the
+/// directory, and a start after space is freed succeeds with everything
+/// acknowledged before.
 #[tokio::test]
 async fn start_on_a_full_disk_says_so_and_leaves_the_directory_startable() {
     let fs = SmallFs::new(8 << 20);
     let dir = fs.path().join("participant");
     used_store(&dir).await;
-    let before = files(&dir);
+    let before = tree_digest(&dir);
     fs.fill();
     for attempt in 0..3 {
         match ParticipantStore::open(&dir, Kv) {
@@ -232,34 +227,74 @@ async fn start_on_a_full_disk_says_so_and_leaves_the_directory_startable() {
                 assert!(e.is_disk_full(), "attempt {attempt}: {e:?}");
             }
         }
-        assert!(
-            !files(&dir).iter().any(|f| f.ends_with(".generating")),
-            "attempt {attempt}: an unfinished snapshot was left: {:?} (before: {before:?})",
-            files(&dir)
-        );
+        assert_eq!(tree_digest(&dir), before, "attempt {attempt} changed the directory");
     }
     fs.free();
     let s = ParticipantStore::open(&dir, Kv).unwrap_or_else(|e| panic!("start after space was freed: {e}"));
     for t in 1..=20 {
         assert_eq!(s.entry(t).unwrap().map(|e| e.state), Some(LocalState::Committed));
     }
+    s.handle(200, Message::Prepare { term: 1 }, b"z").await.unwrap();
 }
 
-/// A directory that an earlier start on a full disk already left with an
-/// empty `snap.*.generating` (as sled 0.34.7 does) starts once space is
-/// back: the unfinished snapshot is removed (sled keeps the previous one
-/// until a new one is complete, and replays its log from there).
-#[tokio::test]
-async fn an_unfinished_sled_snapshot_left_by_an_earlier_start_is_removed() {
-    let fs = SmallFs::new(8 << 20);
-    let dir = fs.path().join("participant");
-    used_store(&dir).await;
-    {
-        let s = ParticipantStore::open(&dir, Kv).unwrap();
-        for t in 21..=25 {
-            s.handle(t, Message::Prepare { term: 1 }, b"w").await.unwrap();
+/// Every file under `dir` (relative path) with its content.
+fn tree_digest(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
         }
     }
+    out.sort();
+    out
+}
+
+/// A store directory as the store wrote it with sled before ADR 0024 (tree
+/// `participant`, the same key layout): records 1..=20 committed with their
+/// data, 21..=25 YES votes, written in two sessions so that sled's next
+/// start writes a snapshot. No in-doubt index (as stores older still).
+fn legacy_sled_store(dir: &Path) {
+    let key = |p: u8, t: u64| {
+        let mut k = vec![p];
+        k.extend_from_slice(&t.to_be_bytes());
+        k
+    };
+    for round in 0..2 {
+        let db = reopen_when_unlocked(dir);
+        let tree = db.open_tree("participant").unwrap();
+        let (txids, state) = if round == 0 {
+            (1..=20u64, LocalState::Committed)
+        } else {
+            (21..=25u64, LocalState::Prepared { vote: Vote::Yes })
+        };
+        for t in txids {
+            let e = participant_sdk::log::LogEntry { state, term: 1 };
+            tree.insert(key(b'l', t), &participant_sdk::store::encode_entry(&e)[..])
+                .unwrap();
+            tree.insert(format!("dapplied/{t}").into_bytes(), &b"w"[..]).unwrap();
+        }
+        db.flush().unwrap();
+    }
+}
+
+/// A sled store (before ADR 0024) is moved into the engine's files on
+/// open, with every record and the resource's data, and its in-doubt votes
+/// still in doubt; sled's files go to `sled-migrated/`. One that an earlier
+/// start on a full disk left with an empty `snap.*.generating` (as sled
+/// 0.34.7 does) is moved too: the unfinished snapshot is removed first
+/// (sled keeps the previous one until a new one is complete).
+#[tokio::test]
+async fn a_sled_store_is_moved_into_the_engine_even_with_an_unfinished_sled_snapshot() {
+    let fs = SmallFs::new(8 << 20);
+    let dir = fs.path().join("participant");
+    legacy_sled_store(&dir);
     // What sled left after a start that failed on a full disk.
     fs.fill();
     let _ = sled::Config::new().path(&dir).flush_every_ms(None).open();
@@ -270,17 +305,36 @@ async fn an_unfinished_sled_snapshot_left_by_an_earlier_start_is_removed() {
         sled::Config::new().path(&dir).flush_every_ms(None).open().is_err(),
         "sled itself no longer starts on this directory"
     );
-    // Files that are not sled's unfinished snapshots are never touched.
+    // Files that are not sled's are never touched.
     for other in ["notes.generating", "snapshot-notes.generating"] {
         std::fs::write(dir.join(other), b"someone else's").unwrap();
     }
-    let s = ParticipantStore::open(&dir, Kv).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        s.in_doubt().unwrap().iter().map(|(t, _)| *t).collect::<Vec<_>>(),
-        (21..=25).collect::<Vec<_>>()
-    );
-    for other in ["notes.generating", "snapshot-notes.generating"] {
-        assert_eq!(std::fs::read(dir.join(other)).unwrap(), b"someone else's", "{other}");
+    for round in 0..2 {
+        let s = ParticipantStore::open(&dir, Kv).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(
+            s.in_doubt().unwrap().iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            (21 + round..=25).collect::<Vec<_>>(),
+            "round {round}"
+        );
+        for t in 1..=20 {
+            assert_eq!(s.entry(t).unwrap().map(|e| e.state), Some(LocalState::Committed));
+            assert_eq!(
+                s.view().get(format!("applied/{t}").as_bytes()).unwrap(),
+                Some(b"w".to_vec())
+            );
+        }
+        assert!(
+            !dir.join("db").exists(),
+            "round {round}: sled's data file is still in place"
+        );
+        assert!(dir.join("sled-migrated").join("db").exists(), "{:?}", files(&dir));
+        for other in ["notes.generating", "snapshot-notes.generating"] {
+            assert_eq!(std::fs::read(dir.join(other)).unwrap(), b"someone else's", "{other}");
+        }
+        // Decided after the move, and still so after a reopen.
+        if round == 0 {
+            s.handle(21, Message::Commit { term: 1 }, b"").await.unwrap();
+        }
+        assert_eq!(s.entry(21).unwrap().map(|e| e.state), Some(LocalState::Committed));
     }
-    assert_eq!(s.entry(20).unwrap().map(|e| e.state), Some(LocalState::Committed));
 }

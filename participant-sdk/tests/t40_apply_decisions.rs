@@ -21,6 +21,7 @@ use participant_sdk::log::Vote;
 use participant_sdk::server::ParticipantServer;
 use participant_sdk::store::ParticipantStore;
 use participant_sdk::store::PhaseTwo;
+use participant_sdk::store::RawStore;
 use participant_sdk::store::Reply;
 use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
@@ -39,10 +40,10 @@ use rand::SeedableRng;
 struct Counter {
     commits: Arc<AtomicUsize>,
     aborts: Arc<AtomicUsize>,
-    /// The store's raw tree while set (it holds the database open): lets a
-    /// commit look at what is really written (not through the view).
-    raw: Arc<Mutex<Option<sled::Tree>>>,
-    /// What each commit found in the raw tree: (its txid, the raw log
+    /// The store's raw keys while set: lets a commit look at what is
+    /// really written (not through the view).
+    raw: Arc<Mutex<Option<RawStore>>>,
+    /// What each commit found in the raw keys: (its txid, the raw log
     /// record of `peek_txid`).
     peek: Arc<Mutex<Peeks>>,
     peek_txid: Arc<Mutex<Option<u64>>>,
@@ -81,7 +82,7 @@ impl Resource for Counter {
         if let (Some(raw), Some(other)) = (self.raw.lock().unwrap().as_ref(), *self.peek_txid.lock().unwrap()) {
             let mut key = vec![b'l'];
             key.extend_from_slice(&other.to_be_bytes());
-            let seen = raw.get(key).unwrap().map(|v| v.to_vec());
+            let seen = raw.get(&key);
             self.peek.lock().unwrap().push((txid, seen));
         }
         let v = view.get(&k("staged", txid)).unwrap().expect("prepared work is staged");
@@ -210,21 +211,14 @@ async fn a_group_is_one_write_and_each_item_sees_the_items_before_it() {
     let dir = tempfile::tempdir().unwrap();
     let r = Counter::default();
     let s = open(dir.path(), &r);
-    *r.raw.lock().unwrap() = Some(s.db().open_tree("participant").unwrap());
+    *r.raw.lock().unwrap() = Some(s.raw());
     for txid in 10..15 {
         s.handle(txid, Message::Prepare { term: 1 }, b"w").await.unwrap();
     }
     let prepared_raw = {
         let mut key = vec![b'l'];
         key.extend_from_slice(&10u64.to_be_bytes());
-        r.raw
-            .lock()
-            .unwrap()
-            .as_ref()
-            .unwrap()
-            .get(key)
-            .unwrap()
-            .map(|v| v.to_vec())
+        r.raw.lock().unwrap().as_ref().unwrap().get(&key)
     };
     assert!(prepared_raw.is_some());
     *r.peek_txid.lock().unwrap() = Some(10);
@@ -242,7 +236,7 @@ async fn a_group_is_one_write_and_each_item_sees_the_items_before_it() {
     }
     assert_eq!(total(&s.view()), 5, "each commit saw the ones before it");
     assert_eq!(state(&s, 10), Some(LocalState::Committed));
-    // Let go of the database (the raw tree holds it open), then reopen.
+    // Let go of the raw keys (they hold the engine open), then reopen.
     r.raw.lock().unwrap().take();
     drop(s);
     let s = open(dir.path(), &r);

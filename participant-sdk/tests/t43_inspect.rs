@@ -76,18 +76,9 @@ async fn inspect(
         .into_inner()
 }
 
-/// Every key and value of every tree of the store's database.
-fn dump(s: &Store) -> Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> {
-    let db = s.db();
-    let mut out = Vec::new();
-    for name in db.tree_names() {
-        let tree = db.open_tree(&name).unwrap();
-        for r in tree.iter() {
-            let (k, v) = r.unwrap();
-            out.push((name.to_vec(), k.to_vec(), v.to_vec()));
-        }
-    }
-    out
+/// Every key and value the store holds.
+fn dump(s: &Store) -> Vec<(Vec<u8>, Vec<u8>)> {
+    s.raw().dump()
 }
 
 fn record(r: &pb::ParticipantRecord) -> pb::LocalRecord {

@@ -98,40 +98,12 @@ pub fn human_bytes(b: u64) -> String {
 
 /// Bytes an unprivileged writer can still use on the filesystem holding
 /// `path` (what `df` shows as available).
-pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
-    // SAFETY: statvfs(3) only writes into the zeroed struct we pass; `c` is
-    // a valid NUL-terminated path for the duration of the call.
-    let (rc, st) = unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        let rc = libc::statvfs(c.as_ptr(), &mut st);
-        (rc, st)
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // The field types differ between platforms (u32 on some 32-bit ones).
-    #[allow(clippy::unnecessary_cast)]
-    let (blocks, block_size) = (st.f_bavail as u64, st.f_frsize as u64);
-    Ok(blocks.saturating_mul(block_size))
-}
+pub use dtx_durable::free_bytes;
 
 /// True for an I/O error that means "no space left": ENOSPC or EDQUOT,
 /// also after sled has re-wrapped the error (its `Clone` keeps only the
-/// kind and the debug text).
-pub fn is_no_space_io(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind;
-    if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
-        return true;
-    }
-    if matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded) {
-        return true;
-    }
-    let text = format!("{e:?}");
-    text.contains("No space left on device") || text.contains("Disk quota exceeded")
-}
+/// kind and the debug text). The one test the Raft log's files use too.
+pub use dtx_durable::is_no_space_io;
 
 fn sled_no_space(e: &sled::Error) -> bool {
     match e {

@@ -1,6 +1,7 @@
 //! The Raft log (openraft `RaftLogStorage`, storage-v2): entries in the
-//! log files of `wal.rs`, vote, committed and purged log ids in the
-//! engine's `RaftMeta` space.
+//! log files of `dtx_durable::wal` (directory `raft-log/` in the data
+//! directory), vote, committed and purged log ids in the engine's
+//! `RaftMeta` space.
 //!
 //! Durability rules (openraft's contract): an append is reported flushed only
 //! after the fsync of the log files returned; `save_vote` flushes the engine
@@ -20,6 +21,8 @@ use std::ops::Bound;
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
+use dtx_durable::wal::Wal;
+use dtx_durable::wal::WalError;
 use openraft::storage::LogFlushed;
 use openraft::storage::RaftLogStorage;
 use openraft::AnyError;
@@ -32,8 +35,6 @@ use super::engine::EngineError;
 use super::engine::KvEngine;
 use super::engine::Space;
 use super::engine::WriteBatch;
-use super::wal::Wal;
-use super::wal::WalError;
 use crate::codec;
 use crate::raft::Entry;
 use crate::raft::LogId;
@@ -41,12 +42,23 @@ use crate::raft::StorageError;
 use crate::raft::TypeConfig;
 use crate::raft::Vote;
 
+/// The log files' directory inside a node's data directory.
+pub const WAL_DIR: &str = "raft-log";
+/// A new log file is started when the current one reaches this size.
+pub const WAL_SEGMENT_BYTES_MAX: u64 = 64 << 20;
+
 pub(crate) const VOTE_KEY: &[u8] = b"vote";
 const COMMITTED_KEY: &[u8] = b"committed";
 const PURGED_KEY: &[u8] = b"purged";
 
 fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
+}
+
+/// Opens (creating) the log files of the node whose data directory is
+/// `data_dir`; "raft log" starts their error messages and log lines.
+pub fn open_wal(data_dir: &std::path::Path) -> Result<Wal, WalError> {
+    Wal::open(&data_dir.join(WAL_DIR), "raft log", WAL_SEGMENT_BYTES_MAX)
 }
 
 /// Log store handle; cheap to clone (it is also its own log reader).
@@ -80,6 +92,19 @@ impl LogOpenError {
 
 /// The flusher thread: waits for callbacks, syncs once per group, completes
 /// them in arrival order. Ends when every `LogStore` handle is dropped.
+/// A log error as the node reports it: a full disk in the words of every
+/// other store of the node (free space on the data directory's filesystem,
+/// what to do), anything else as the log says it.
+fn log_error(wal: &Wal, e: &WalError) -> AnyError {
+    match e {
+        WalError::NoSpace { name, detail, .. } => {
+            let data_dir = wal.dir().parent().unwrap_or(wal.dir());
+            AnyError::new(&super::engine::no_space(data_dir, format!("in the {name}: {detail}")))
+        }
+        other => AnyError::new(other),
+    }
+}
+
 fn run_flusher(wal: Arc<Wal>, rx: std::sync::mpsc::Receiver<LogFlushed<TypeConfig>>) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
@@ -94,7 +119,7 @@ fn run_flusher(wal: Arc<Wal>, rx: std::sync::mpsc::Receiver<LogFlushed<TypeConfi
         for cb in group {
             let r = match &res {
                 Ok(_) => Ok(()),
-                Err(e) => Err(std::io::Error::other(e.to_string())),
+                Err(e) => Err(std::io::Error::other(log_error(&wal, e).to_string())),
             };
             cb.log_io_completed(r);
         }
@@ -107,7 +132,7 @@ impl LogStore {
     /// held): moves entries an older version kept in the engine into the
     /// log files, and forgets the ones a purge covered.
     pub fn open(engine: Arc<dyn KvEngine>, data_dir: &std::path::Path) -> Result<Self, LogOpenError> {
-        let wal = Arc::new(Wal::open(data_dir)?);
+        let wal = Arc::new(open_wal(data_dir)?);
         migrate_engine_log(engine.as_ref(), &wal)?;
         let purged: Option<LogId> = read_meta_of(engine.as_ref(), PURGED_KEY)
             .map_err(|e| LogOpenError::Meta(e.to_string()))?
@@ -240,7 +265,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         self.wal
             .append(&encoded)
-            .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
+            .map_err(|e| StorageIOError::write_logs(log_error(&self.wal, &e)))?;
         // Durable before openraft may count this append: the flusher calls
         // back only after an fsync that covers these writes.
         if let Err(e) = self.flusher.send(callback) {
@@ -252,7 +277,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.wal
             .truncate_from(log_id.index)
-            .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)).into())
+            .map_err(|e| StorageIOError::write_logs(log_error(&self.wal, &e)).into())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -271,7 +296,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
         self.wal
             .purge_upto(log_id.index)
-            .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)).into())
+            .map_err(|e| StorageIOError::write_logs(log_error(&self.wal, &e)).into())
     }
 }
 
@@ -321,7 +346,7 @@ pub fn migrate_engine_log(engine: &dyn KvEngine, wal: &Wal) -> Result<usize, Log
     tracing::info!(
         entries = moved,
         "moved the Raft log from the engine into the log files ({})",
-        super::wal::WAL_DIR
+        WAL_DIR
     );
     Ok(moved)
 }
@@ -379,7 +404,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let engine = crate::store::open_data_dir(d.path(), "c", 1).unwrap();
         {
-            let wal = Wal::open(d.path()).unwrap();
+            let wal = open_wal(d.path()).unwrap();
             let half: Vec<(u64, Vec<u8>)> = (1..=2).map(|i| (i, codec::encode(&entry(i)).unwrap())).collect();
             wal.append(&half).unwrap();
             wal.sync().unwrap();

@@ -5,7 +5,6 @@
 pub mod engine;
 pub mod log_store;
 pub mod sm_store;
-pub mod wal;
 
 use std::path::Path;
 use std::path::PathBuf;
@@ -216,7 +215,7 @@ pub fn open_data_dir(dir: &Path, cluster_id: &str, node_id: u64) -> Result<Arc<d
         }
         None => {
             let has_data = engine.last(Space::Log)?.is_some()
-                || wal::has_entry_files(dir)
+                || dtx_durable::wal::has_entry_files(&dir.join(log_store::WAL_DIR))
                 || engine.last(Space::StateMachine)?.is_some()
                 || engine.get(Space::RaftMeta, log_store::VOTE_KEY)?.is_some();
             if has_data {

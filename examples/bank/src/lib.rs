@@ -238,10 +238,9 @@ pub struct BankServeArgs {
 ///
 /// If its store stops (a write failed: the disk is full, say), the service
 /// stops too and returns the store's message (the process exits non-zero
-/// with it), so a supervisor starts it again: sled cannot write again
-/// without being reopened, and a start reopens it on what is on disk, which
-/// holds everything acknowledged. Started while the disk is still full, it
-/// exits at once saying so (see `ParticipantStore::open`).
+/// with it), so a supervisor starts it again: the store does not write
+/// again without being reopened, and a start reopens it on what is on disk,
+/// which holds everything acknowledged.
 pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     if let Some(addr) = a.metrics_addr {
         metrics_exporter_prometheus::PrometheusBuilder::new()

@@ -1,4 +1,7 @@
-//! The Raft log in append-only segment files (docs/adr/0022-raft-log-file.md).
+//! An append-only log of numbered records in segment files
+//! (docs/adr/0022-raft-log-files.md): the coordinator's Raft log
+//! (`coordinator/src/store/log_store.rs`, named "raft log") and the
+//! participant store's log (named "participant log") are each one [`Wal`].
 //!
 //! Why not sled: a sled flush is two device round trips in series (sled's
 //! `sync_file_range` of its buffer, then our `fdatasync`) plus a hop to
@@ -7,17 +10,19 @@
 //! Here an append is a `write` into the page cache and a flush is one
 //! `fdatasync` of the files written since the last one.
 //!
-//! Layout: directory `raft-log/` in the data directory, files
+//! Layout: the log's own directory (the caller's choice, for example
+//! `raft-log/` in a coordinator's data directory), files
 //! `<first index, 20 digits>.wal`. A record is
 //! `[payload length: u32 LE][crc32 of index and payload: u32 LE][index: u64 LE][payload]`;
-//! the payload is the encoded entry. Indexes are contiguous across the
-//! files. Only the tail of the last file may be torn (a crash during a
-//! write, before its fsync, so nothing there was acknowledged): opening
-//! cuts it off. Anything else that does not read back is damage, and
-//! opening fails rather than forget acknowledged entries.
+//! the payload is the caller's encoded record. Indexes are contiguous
+//! across the files. Only the tail of the last file may be torn (a crash
+//! during a write, before its fsync, so nothing there was acknowledged):
+//! opening cuts it off. Anything else that does not read back is damage,
+//! and opening fails rather than forget acknowledged records.
 //!
-//! Vote, committed and purged log ids stay in the engine's `RaftMeta`
-//! space (`log_store.rs`); this file only holds entries.
+//! The log only holds records: what its user keeps beside them (the Raft
+//! vote, committed and purged log ids in the coordinator's engine) is the
+//! user's own.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -29,48 +34,62 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::Mutex;
 
-/// The log's directory inside a node's data directory.
-pub const WAL_DIR: &str = "raft-log";
-/// A new file is started when the current one reaches this size.
-pub const WAL_SEGMENT_BYTES_MAX: u64 = 64 << 20;
 /// Files grow by this much zeroed space ahead of the writes: an `fdatasync`
 /// of data written into space a file already has needs no metadata commit
 /// (about 30 % faster on our disks than one that grows the file).
 pub const WAL_ZEROED_AHEAD_BYTES: u64 = 1 << 20;
 const HEADER_BYTES: usize = 16;
-/// No entry is this large (the Raft message limit is far below); a larger
+/// No record is this large (the Raft message limit is far below); a larger
 /// length in a header is damage, not a reason to allocate.
 const RECORD_PAYLOAD_BYTES_MAX: u32 = 1 << 30;
 
+/// What went wrong; every message starts with the log's name (the `name`
+/// given to [`Wal::open`]).
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
-    #[error("raft log {path}: {source}")]
+    #[error("{name} {path}: {source}")]
     Io {
+        name: &'static str,
         path: String,
         #[source]
         source: std::io::Error,
     },
-    /// A write or sync found no room; says "disk full" like every other
-    /// store of the node (`engine::no_space`).
-    #[error("raft log: {0}")]
-    NoSpace(super::engine::EngineError),
-    #[error("raft log {path} is damaged: {message}")]
-    Damaged { path: String, message: String },
-    #[error("raft log: {0}")]
-    Gap(String),
+    /// A write or sync found no room (ENOSPC or EDQUOT,
+    /// [`crate::is_no_space_io`]); says "disk full", the words operators
+    /// and tests look for.
+    #[error("{name} {path}: disk full ({detail})")]
+    NoSpace {
+        name: &'static str,
+        path: String,
+        detail: String,
+    },
+    #[error("{name} {path} is damaged: {message}")]
+    Damaged {
+        name: &'static str,
+        path: String,
+        message: String,
+    },
+    #[error("{name}: {message}")]
+    Gap { name: &'static str, message: String },
     /// A write or sync failed before; the log refuses everything after it
-    /// (the node stops and reopens it, which cuts a torn tail).
-    #[error("raft log stopped after an earlier failure: {0}")]
-    Stopped(String),
+    /// (its user stops and reopens it, which cuts a torn tail). `no_space`:
+    /// that failure was [`WalError::NoSpace`].
+    #[error("{name} stopped after an earlier failure: {message}")]
+    Stopped {
+        name: &'static str,
+        message: String,
+        no_space: bool,
+    },
 }
 
 impl WalError {
+    /// A full disk: this failure, or the earlier one a stopped log refuses
+    /// everything after.
     pub fn is_no_space(&self) -> bool {
-        match self {
-            WalError::NoSpace(_) => true,
-            WalError::Stopped(m) => m.contains(super::engine::DISK_FULL),
-            _ => false,
-        }
+        matches!(
+            self,
+            WalError::NoSpace { .. } | WalError::Stopped { no_space: true, .. }
+        )
     }
 }
 
@@ -90,30 +109,45 @@ struct Loc {
     len: u32,
 }
 
+/// The first failed write or sync, which stops the log.
+struct Failure {
+    message: String,
+    /// It was a full disk ([`WalError::NoSpace`]).
+    no_space: bool,
+}
+
 struct Inner {
     segments: Vec<Segment>,
-    /// Where entry `first_index + i` is (in the segment holding it).
+    /// Where record `first_index + i` is (in the segment holding it).
     locs: VecDeque<Loc>,
     first_index: u64,
     /// Files written since the last sync, and whether the directory
     /// changed (a new or removed file).
     unsynced: Vec<Arc<File>>,
     dir_dirty: bool,
-    failed: Option<String>,
+    failed: Option<Failure>,
 }
 
+/// One log in its own directory. Every method takes `&self`; one lock
+/// orders them (a `sync` does its `fdatasync`s outside it).
 pub struct Wal {
     dir: PathBuf,
+    name: &'static str,
     segment_bytes_max: u64,
     inner: Mutex<Inner>,
 }
 
-fn io_err(path: &Path) -> impl Fn(std::io::Error) -> WalError + '_ {
+fn io_err<'a>(name: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> WalError + 'a {
     move |source| {
-        if super::engine::is_no_space_io(&source) {
-            WalError::NoSpace(super::engine::no_space(path, source.to_string()))
+        if crate::is_no_space_io(&source) {
+            WalError::NoSpace {
+                name,
+                path: path.display().to_string(),
+                detail: source.to_string(),
+            }
         } else {
             WalError::Io {
+                name,
                 path: path.display().to_string(),
                 source,
             }
@@ -123,17 +157,30 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> WalError + '_ {
 
 impl Inner {
     /// The log refuses everything after a failed write or sync.
-    fn check_running(&self) -> Result<(), WalError> {
+    fn check_running(&self, name: &'static str) -> Result<(), WalError> {
         match &self.failed {
-            Some(f) => Err(WalError::Stopped(f.clone())),
+            Some(f) => Err(WalError::Stopped {
+                name,
+                message: f.message.clone(),
+                no_space: f.no_space,
+            }),
             None => Ok(()),
         }
     }
+
+    /// Stops the log on the failure `e` of a write or sync.
+    fn fail(&mut self, e: &WalError) {
+        self.failed = Some(Failure {
+            message: e.to_string(),
+            no_space: e.is_no_space(),
+        });
+    }
 }
 
-/// Whether `data_dir` holds log files (before opening anything there).
-pub fn has_entry_files(data_dir: &Path) -> bool {
-    std::fs::read_dir(data_dir.join(WAL_DIR))
+/// Whether `dir`, a log's own directory, holds log files (before opening
+/// anything there). A directory that is not there holds none.
+pub fn has_entry_files(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
         .map(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".wal"))))
         .unwrap_or(false)
 }
@@ -156,8 +203,8 @@ fn encode_record(index: u64, payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(payload);
 }
 
-fn sync_dir(dir: &Path) -> Result<(), WalError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+fn sync_dir(name: &'static str, dir: &Path) -> Result<(), WalError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(name, dir))
 }
 
 /// What reading one file found: its records' places, and where the valid
@@ -170,11 +217,11 @@ struct Scan {
     stopped: Option<String>,
 }
 
-fn scan_segment(path: &Path, first: u64) -> Result<Scan, WalError> {
+fn scan_segment(name: &'static str, path: &Path, first: u64) -> Result<Scan, WalError> {
     let mut data = Vec::new();
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut data))
-        .map_err(io_err(path))?;
+        .map_err(io_err(name, path))?;
     let mut locs = Vec::new();
     let mut at = 0usize;
     let mut expect = first;
@@ -225,32 +272,37 @@ fn scan_segment(path: &Path, first: u64) -> Result<Scan, WalError> {
 }
 
 impl Wal {
-    /// Opens (creating) the log under `data_dir`, cutting a torn tail off
-    /// the last file. Fails on anything else that does not read back.
-    pub fn open(data_dir: &Path) -> Result<Wal, WalError> {
-        Wal::open_sized(data_dir, WAL_SEGMENT_BYTES_MAX)
-    }
-
-    /// `open` with another file size limit (tests use small files).
-    pub fn open_sized(data_dir: &Path, segment_bytes_max: u64) -> Result<Wal, WalError> {
-        let dir = data_dir.join(WAL_DIR);
+    /// Opens the log in its own directory `dir`, cutting a torn tail off
+    /// the last file; fails on anything else that does not read back. When
+    /// `dir` is not there it is created (and its parent directory synced,
+    /// so that it lasts). `name` starts every error message and log line
+    /// about it ("raft log", "participant log"). A new file is started when
+    /// the current one reaches `segment_bytes_max`.
+    pub fn open(dir: &Path, name: &'static str, segment_bytes_max: u64) -> Result<Wal, WalError> {
+        let dir = dir.to_path_buf();
         if !dir.exists() {
-            std::fs::create_dir(&dir).map_err(io_err(&dir))?;
-            sync_dir(data_dir)?;
+            std::fs::create_dir(&dir).map_err(io_err(name, &dir))?;
+            let parent = match dir.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            sync_dir(name, parent)?;
         }
         let mut firsts = Vec::new();
-        for e in std::fs::read_dir(&dir).map_err(io_err(&dir))? {
-            let e = e.map_err(io_err(&dir))?;
-            let name = e.file_name().to_string_lossy().to_string();
-            let Some(stem) = name.strip_suffix(".wal") else {
+        for e in std::fs::read_dir(&dir).map_err(io_err(name, &dir))? {
+            let e = e.map_err(io_err(name, &dir))?;
+            let file_name = e.file_name().to_string_lossy().to_string();
+            let Some(stem) = file_name.strip_suffix(".wal") else {
                 return Err(WalError::Damaged {
+                    name,
                     path: dir.display().to_string(),
-                    message: format!("unexpected file {name:?} (only NNN.wal files belong here)"),
+                    message: format!("unexpected file {file_name:?} (only NNN.wal files belong here)"),
                 });
             };
             let first: u64 = stem.parse().map_err(|_| WalError::Damaged {
+                name,
                 path: dir.display().to_string(),
-                message: format!("unexpected file {name:?} (its name is not a log index)"),
+                message: format!("unexpected file {file_name:?} (its name is not a log index)"),
             })?;
             firsts.push(first);
         }
@@ -270,14 +322,16 @@ impl Wal {
             let next = inner.first_index + inner.locs.len() as u64;
             if i > 0 && first != next {
                 return Err(WalError::Damaged {
+                    name,
                     path: path.display().to_string(),
                     message: format!("starts at index {first}, but the file before it ends before index {next}"),
                 });
             }
-            let scan = scan_segment(&path, first)?;
+            let scan = scan_segment(name, &path, first)?;
             if let Some(why) = &scan.stopped {
                 if !last {
                     return Err(WalError::Damaged {
+                        name,
                         path: path.display().to_string(),
                         message: format!("{why} (not the last file, so this is not a torn write)"),
                     });
@@ -286,18 +340,18 @@ impl Wal {
                     file = %path.display(),
                     kept_bytes = scan.valid_bytes,
                     cut_bytes = scan.file_bytes - scan.valid_bytes,
-                    "raft log: cutting a torn tail left by a crash during a write ({why}); nothing there was acknowledged"
+                    "{name}: cutting a torn tail left by a crash during a write ({why}); nothing there was acknowledged"
                 );
             }
             let file = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .open(&path)
-                .map_err(io_err(&path))?;
+                .map_err(io_err(name, &path))?;
             let mut allocated = scan.file_bytes;
             if scan.stopped.is_some() {
-                file.set_len(scan.valid_bytes).map_err(io_err(&path))?;
-                file.sync_data().map_err(io_err(&path))?;
+                file.set_len(scan.valid_bytes).map_err(io_err(name, &path))?;
+                file.sync_data().map_err(io_err(name, &path))?;
                 allocated = scan.valid_bytes;
             }
             inner.locs.extend(scan.locs);
@@ -311,13 +365,21 @@ impl Wal {
         }
         Ok(Wal {
             dir,
+            name,
             segment_bytes_max,
             inner: Mutex::new(inner),
         })
     }
 
+    /// The log's own directory (the `dir` it was opened on).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().expect("raft log lock")
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| panic!("{} lock: {e:?}", self.name))
     }
 
     /// The first and last index held, `None` when empty.
@@ -326,7 +388,7 @@ impl Wal {
         (!g.locs.is_empty()).then(|| (g.first_index, g.first_index + g.locs.len() as u64 - 1))
     }
 
-    /// Appends entries `(index, encoded)`; the first must follow the last
+    /// Appends records `(index, encoded)`; the first must follow the last
     /// held (or start an empty log anywhere). Written, not yet durable:
     /// `sync` makes it so.
     pub fn append(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), WalError> {
@@ -334,10 +396,10 @@ impl Wal {
             return Ok(());
         }
         let mut g = self.lock();
-        g.check_running()?;
+        g.check_running(self.name)?;
         let res = self.append_locked(&mut g, entries);
         if let Err(e) = &res {
-            g.failed = Some(e.to_string());
+            g.fail(e);
         }
         res
     }
@@ -347,7 +409,7 @@ impl Wal {
         if g.locs.is_empty() {
             // An empty log (new, or purged up to its end) starts anew.
             for s in std::mem::take(&mut g.segments) {
-                std::fs::remove_file(&s.path).map_err(io_err(&s.path))?;
+                std::fs::remove_file(&s.path).map_err(io_err(self.name, &s.path))?;
                 g.dir_dirty = true;
             }
             next = entries[0].0;
@@ -356,9 +418,10 @@ impl Wal {
         let mut buf = Vec::new();
         for (index, payload) in entries {
             if *index != next {
-                return Err(WalError::Gap(format!(
-                    "append of index {index} where {next} comes next"
-                )));
+                return Err(WalError::Gap {
+                    name: self.name,
+                    message: format!("append of index {index} where {next} comes next"),
+                });
             }
             let needs_new = match g.segments.last() {
                 None => true,
@@ -373,7 +436,7 @@ impl Wal {
                     .create(true)
                     .truncate(true)
                     .open(&path)
-                    .map_err(io_err(&path))?;
+                    .map_err(io_err(self.name, &path))?;
                 g.segments.push(Segment {
                     first: *index,
                     path,
@@ -407,10 +470,12 @@ impl Wal {
             let zeros = vec![0u8; (to - seg.allocated) as usize];
             seg.file
                 .write_all_at(&zeros, seg.allocated)
-                .map_err(io_err(&seg.path))?;
+                .map_err(io_err(self.name, &seg.path))?;
             seg.allocated = to;
         }
-        seg.file.write_all_at(buf, seg.bytes).map_err(io_err(&seg.path))?;
+        seg.file
+            .write_all_at(buf, seg.bytes)
+            .map_err(io_err(self.name, &seg.path))?;
         seg.bytes += buf.len() as u64;
         let f = seg.file.clone();
         if !g.unsynced.iter().any(|u| Arc::ptr_eq(u, &f)) {
@@ -426,25 +491,25 @@ impl Wal {
     pub fn sync(&self) -> Result<usize, WalError> {
         let (files, dir_dirty) = {
             let mut g = self.lock();
-            g.check_running()?;
+            g.check_running(self.name)?;
             (std::mem::take(&mut g.unsynced), std::mem::take(&mut g.dir_dirty))
         };
         let res = (|| -> Result<usize, WalError> {
             for f in &files {
-                f.sync_data().map_err(io_err(&self.dir))?;
+                f.sync_data().map_err(io_err(self.name, &self.dir))?;
             }
             if dir_dirty {
-                sync_dir(&self.dir)?;
+                sync_dir(self.name, &self.dir)?;
             }
             Ok(files.len())
         })();
         if let Err(e) = &res {
-            self.lock().failed = Some(e.to_string());
+            self.lock().fail(e);
         }
         res
     }
 
-    /// The encoded entries in `[start, end)` that the log holds (a range
+    /// The encoded records in `[start, end)` that the log holds (a range
     /// partly outside it gives the part inside).
     pub fn read(&self, start: u64, end: u64) -> Result<Vec<Vec<u8>>, WalError> {
         let g = self.lock();
@@ -460,17 +525,19 @@ impl Wal {
             let seg = &g.segments[seg_i];
             let loc = g.locs[(index - g.first_index) as usize];
             let mut b = vec![0u8; loc.len as usize];
-            seg.file.read_exact_at(&mut b, loc.offset).map_err(io_err(&seg.path))?;
+            seg.file
+                .read_exact_at(&mut b, loc.offset)
+                .map_err(io_err(self.name, &seg.path))?;
             out.push(b);
         }
         Ok(out)
     }
 
-    /// Removes every entry from `index` on (a conflicting suffix). Durable
+    /// Removes every record from `index` on (a conflicting suffix). Durable
     /// when it returns: later appends reuse these indexes.
     pub fn truncate_from(&self, index: u64) -> Result<(), WalError> {
         let mut g = self.lock();
-        g.check_running()?;
+        g.check_running(self.name)?;
         let last_plus_one = g.first_index + g.locs.len() as u64;
         if index >= last_plus_one {
             return Ok(());
@@ -479,25 +546,25 @@ impl Wal {
         // Whole files from the cut on go first (then the directory is
         // synced), then the file holding the cut is shortened and synced: a
         // crash in between leaves a prefix of the old log, never new
-        // entries after a gap.
+        // records after a gap.
         let mut removed = false;
         while g.segments.last().is_some_and(|s| s.first >= index) {
             let s = g.segments.pop().expect("checked");
-            std::fs::remove_file(&s.path).map_err(io_err(&s.path))?;
+            std::fs::remove_file(&s.path).map_err(io_err(self.name, &s.path))?;
             removed = true;
         }
         if removed {
-            sync_dir(&self.dir)?;
+            sync_dir(self.name, &self.dir)?;
         }
         g.locs.truncate(keep);
-        // The last file left starts before the cut, so it holds entry
-        // `index - 1`, the last one kept.
+        // The last file left starts before the cut, so it holds
+        // record `index - 1`, the last one kept.
         if let (Some(loc), Some(seg)) = (g.locs.back().copied(), g.segments.last_mut()) {
             let cut = loc.offset + loc.len as u64;
             if cut < seg.bytes {
                 // Shortened, not zeroed: later writes zero the space again.
-                seg.file.set_len(cut).map_err(io_err(&seg.path))?;
-                seg.file.sync_data().map_err(io_err(&seg.path))?;
+                seg.file.set_len(cut).map_err(io_err(self.name, &seg.path))?;
+                seg.file.sync_data().map_err(io_err(self.name, &seg.path))?;
                 seg.bytes = cut;
                 seg.allocated = cut;
             }
@@ -505,27 +572,28 @@ impl Wal {
         Ok(())
     }
 
-    /// Forgets every entry up to and including `upto`, deleting the files
+    /// Forgets every record up to and including `upto`, deleting the files
     /// that hold nothing after it. The caller has made the purge durable
-    /// first (its `purged` record): a crash before a file is gone only
-    /// leaves entries that opening the store skips.
+    /// first (the coordinator's `purged` record): a crash before a file is
+    /// gone only leaves records that its user skips when it opens the log
+    /// again (by purging up to the same point).
     pub fn purge_upto(&self, upto: u64) -> Result<(), WalError> {
         let mut g = self.lock();
-        g.check_running()?;
+        g.check_running(self.name)?;
         let last_plus_one = g.first_index + g.locs.len() as u64;
         let drop_n = (upto.saturating_add(1).min(last_plus_one)).saturating_sub(g.first_index) as usize;
         let drop_n = drop_n.min(g.locs.len());
         g.locs.drain(..drop_n);
         g.first_index = g.first_index.max(upto.saturating_add(1));
         // A file can go when the next one starts at or before the first
-        // entry kept. The last file stays (appends go there) unless the log
+        // record kept. The last file stays (appends go there) unless the log
         // is now empty, in which case the next append starts afresh.
         let first_kept = g.first_index;
         let mut gone = 0;
         while g.segments.len() > 1 && g.segments[1].first <= first_kept {
             gone += 1;
             let s = g.segments.remove(0);
-            std::fs::remove_file(&s.path).map_err(io_err(&s.path))?;
+            std::fs::remove_file(&s.path).map_err(io_err(self.name, &s.path))?;
         }
         if gone > 0 {
             g.dir_dirty = true;
@@ -537,6 +605,15 @@ impl Wal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The log's own directory in a test's directory (`open` creates it).
+    const DIR: &str = "log";
+    const NAME: &str = "test log";
+    const SEGMENT_BYTES_MAX: u64 = 64 << 20;
+
+    fn open(d: &Path) -> Result<Wal, WalError> {
+        Wal::open(&d.join(DIR), NAME, SEGMENT_BYTES_MAX)
+    }
 
     fn e(i: u64) -> (u64, Vec<u8>) {
         (i, format!("entry {i}").into_bytes())
@@ -552,7 +629,7 @@ mod tests {
     #[test]
     fn appends_read_back_after_a_reopen() {
         let d = tempfile::tempdir().unwrap();
-        let w = Wal::open(d.path()).unwrap();
+        let w = open(d.path()).unwrap();
         assert_eq!(w.range(), None);
         w.append(&[e(1), e(2), e(3)]).unwrap();
         w.append(&[e(4)]).unwrap();
@@ -560,7 +637,7 @@ mod tests {
         assert_eq!(w.sync().unwrap(), 0, "nothing written since");
         assert_eq!(w.read(2, 4).unwrap(), vec![e(2).1, e(3).1]);
         drop(w);
-        let w = Wal::open(d.path()).unwrap();
+        let w = open(d.path()).unwrap();
         assert_eq!(w.range(), Some((1, 4)));
         assert_eq!(read_all(&w), vec![e(1), e(2), e(3), e(4)]);
         let err = w.append(&[e(6)]).unwrap_err();
@@ -573,11 +650,11 @@ mod tests {
     #[test]
     fn a_torn_tail_is_cut_and_anything_else_unreadable_is_damage() {
         let d = tempfile::tempdir().unwrap();
-        let w = Wal::open(d.path()).unwrap();
+        let w = open(d.path()).unwrap();
         w.append(&[e(1), e(2), e(3)]).unwrap();
         w.sync().unwrap();
         drop(w);
-        let path = d.path().join(WAL_DIR).join(segment_name(1));
+        let path = d.path().join(DIR).join(segment_name(1));
         // The file is records, then zeroed space.
         let records = 3 * (HEADER_BYTES as u64 + 7);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), WAL_ZEROED_AHEAD_BYTES);
@@ -588,31 +665,31 @@ mod tests {
             .unwrap()
             .set_len(records - 3)
             .unwrap();
-        let w = Wal::open(d.path()).unwrap();
+        let w = open(d.path()).unwrap();
         assert_eq!(read_all(&w), vec![e(1), e(2)]);
         w.append(&[e(3)]).unwrap();
         w.sync().unwrap();
         drop(w);
-        let w = Wal::open(d.path()).unwrap();
+        let w = open(d.path()).unwrap();
         assert_eq!(read_all(&w), vec![e(1), e(2), e(3)]);
         // Garbage after the records (not zeros) is a torn write too.
         drop(w);
         let mut b = std::fs::read(&path).unwrap();
         b[records as usize + 5] = 0x77;
         std::fs::write(&path, &b).unwrap();
-        let w = Wal::open(d.path()).unwrap();
+        let w = open(d.path()).unwrap();
         assert_eq!(read_all(&w), vec![e(1), e(2), e(3)]);
         drop(w);
         // A flipped byte inside a record that is not the last file's tail
         // is reported, not cut: a second file follows it.
-        let w = Wal::open(d.path()).unwrap();
+        let w = open(d.path()).unwrap();
         w.truncate_from(3).unwrap();
         drop(w);
         let mut b = std::fs::read(&path).unwrap();
         b[HEADER_BYTES + 1] ^= 0xff;
         std::fs::write(&path, &b).unwrap();
-        std::fs::write(d.path().join(WAL_DIR).join(segment_name(3)), b"").unwrap();
-        let err = Wal::open(d.path()).err().expect("damage is an error");
+        std::fs::write(d.path().join(DIR).join(segment_name(3)), b"").unwrap();
+        let err = open(d.path()).err().expect("damage is an error");
         assert!(err.to_string().contains("fails its checksum"), "{err}");
         assert!(err.to_string().contains("not a torn write"), "{err}");
     }
@@ -620,7 +697,7 @@ mod tests {
     #[test]
     fn truncate_and_purge_survive_a_reopen() {
         let d = tempfile::tempdir().unwrap();
-        let w = Wal::open(d.path()).unwrap();
+        let w = open(d.path()).unwrap();
         w.append(&(1..=10).map(e).collect::<Vec<_>>()).unwrap();
         w.truncate_from(7).unwrap();
         assert_eq!(w.range(), Some((1, 6)));
@@ -629,10 +706,10 @@ mod tests {
         assert_eq!(w.range(), Some((4, 7)));
         w.sync().unwrap();
         drop(w);
-        let w = Wal::open(d.path()).unwrap();
-        // Purging keeps the file holding entries after the purge point:
-        // opening reads 1..=7 and the store skips what its purged record
-        // covers (log_store.rs).
+        let w = open(d.path()).unwrap();
+        // Purging keeps the file holding records after the purge point:
+        // opening reads 1..=7 and its user skips what it purged (the
+        // coordinator's log_store.rs purges up to its purged record).
         assert_eq!(w.range(), Some((1, 7)));
         assert_eq!(w.read(7, 8).unwrap(), vec![b"other 7".to_vec()]);
         // Purging everything, then appending far ahead, starts anew.
@@ -641,7 +718,7 @@ mod tests {
         w.append(&[e(100)]).unwrap();
         w.sync().unwrap();
         drop(w);
-        let w = Wal::open(d.path()).unwrap();
+        let w = open(d.path()).unwrap();
         assert_eq!(read_all(&w), vec![e(100)]);
     }
 
@@ -649,14 +726,14 @@ mod tests {
     fn files_rotate_and_whole_files_go_on_purge_and_truncate() {
         let d = tempfile::tempdir().unwrap();
         const MAX: u64 = 3000;
-        let w = Wal::open_sized(d.path(), MAX).unwrap();
+        let w = Wal::open(&d.path().join(DIR), NAME, MAX).unwrap();
         let big = vec![7u8; (MAX / 3) as usize];
         for i in 1..=7 {
             w.append(&[(i, big.clone())]).unwrap();
         }
         w.sync().unwrap();
         let files = || {
-            let mut v: Vec<String> = std::fs::read_dir(d.path().join(WAL_DIR))
+            let mut v: Vec<String> = std::fs::read_dir(d.path().join(DIR))
                 .unwrap()
                 .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
                 .collect();
@@ -667,14 +744,113 @@ mod tests {
         w.purge_upto(4).unwrap();
         assert_eq!(files(), vec![segment_name(4), segment_name(7)]);
         drop(w);
-        let w = Wal::open_sized(d.path(), MAX).unwrap();
+        let w = Wal::open(&d.path().join(DIR), NAME, MAX).unwrap();
         assert_eq!(w.range(), Some((4, 7)));
         w.truncate_from(5).unwrap();
         assert_eq!(files(), vec![segment_name(4)]);
         assert_eq!(w.range(), Some((4, 4)));
         drop(w);
-        let w = Wal::open_sized(d.path(), MAX).unwrap();
+        let w = Wal::open(&d.path().join(DIR), NAME, MAX).unwrap();
         assert_eq!(w.range(), Some((4, 4)));
         assert_eq!(w.read(4, 5).unwrap(), vec![big]);
+    }
+
+    /// Opening creates the log's own directory (its parent must exist);
+    /// `has_entry_files` looks in that directory, and finds nothing where
+    /// there is no directory or no file yet.
+    #[test]
+    fn open_creates_the_directory_and_has_entry_files_looks_in_it() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join(DIR);
+        assert!(!has_entry_files(&dir));
+        let w = open(d.path()).unwrap();
+        assert_eq!(w.dir(), dir.as_path());
+        assert!(dir.is_dir());
+        assert!(!has_entry_files(&dir));
+        assert!(!has_entry_files(d.path()), "the parent directory is not the log's");
+        w.append(&[e(1)]).unwrap();
+        w.sync().unwrap();
+        assert!(has_entry_files(&dir));
+        let err = Wal::open(&d.path().join("no").join(DIR), NAME, SEGMENT_BYTES_MAX)
+            .err()
+            .expect("a parent that is not there is an error");
+        assert!(matches!(err, WalError::Io { name: NAME, .. }), "{err:?}");
+        assert!(err.to_string().starts_with("test log "), "{err}");
+    }
+
+    /// Every message starts with the name given to `open`; a full disk is
+    /// `is_no_space` when it happens and in the `Stopped` error of every
+    /// call after it, any other failure in neither.
+    #[test]
+    fn errors_carry_the_logs_name_and_a_full_disk_stays_one() {
+        const PARTICIPANT: &str = "participant log";
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join(DIR);
+
+        let w = Wal::open(&dir, PARTICIPANT, SEGMENT_BYTES_MAX).unwrap();
+        w.append(&[e(1)]).unwrap();
+        let gap = w.append(&[e(3)]).unwrap_err();
+        assert!(matches!(gap, WalError::Gap { name: PARTICIPANT, .. }), "{gap:?}");
+        assert_eq!(gap.to_string(), "participant log: append of index 3 where 2 comes next");
+        assert!(!gap.is_no_space());
+        let stopped = w.sync().unwrap_err();
+        assert!(
+            matches!(stopped, WalError::Stopped { no_space: false, .. }),
+            "{stopped:?}"
+        );
+        assert!(!stopped.is_no_space());
+        assert_eq!(
+            stopped.to_string(),
+            "participant log stopped after an earlier failure: participant log: append of index 3 where 2 comes next"
+        );
+        drop(w);
+
+        // The same mapping of an I/O error as every write and sync uses.
+        let quota = io_err(PARTICIPANT, Path::new("/d/log"))(std::io::ErrorKind::QuotaExceeded.into());
+        assert!(quota.is_no_space(), "{quota:?}");
+        assert!(
+            quota.to_string().starts_with("participant log /d/log: disk full ("),
+            "{quota}"
+        );
+        let other = io_err(PARTICIPANT, Path::new("/d/log"))(std::io::ErrorKind::PermissionDenied.into());
+        assert!(matches!(other, WalError::Io { name: PARTICIPANT, .. }), "{other:?}");
+        assert!(!other.is_no_space());
+
+        // A real full disk: the last file's writes go to /dev/full, where
+        // every write fails with ENOSPC.
+        let w = Wal::open(&dir, PARTICIPANT, SEGMENT_BYTES_MAX).unwrap();
+        assert_eq!(w.range(), Some((1, 1)));
+        {
+            let mut g = w.lock();
+            let seg = g.segments.last_mut().expect("a file");
+            seg.file = Arc::new(OpenOptions::new().write(true).open("/dev/full").unwrap());
+        }
+        let full = w.append(&[e(2)]).unwrap_err();
+        assert!(matches!(full, WalError::NoSpace { name: PARTICIPANT, .. }), "{full:?}");
+        assert!(full.is_no_space());
+        let text = full.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "participant log {}: disk full (",
+                dir.join(segment_name(1)).display()
+            )),
+            "{text}"
+        );
+        for stopped in [
+            w.sync().unwrap_err(),
+            w.append(&[e(2)]).unwrap_err(),
+            w.truncate_from(1).unwrap_err(),
+            w.purge_upto(1).unwrap_err(),
+        ] {
+            assert!(
+                matches!(stopped, WalError::Stopped { no_space: true, .. }),
+                "{stopped:?}"
+            );
+            assert!(stopped.is_no_space());
+            assert_eq!(
+                stopped.to_string(),
+                format!("participant log stopped after an earlier failure: {text}")
+            );
+        }
     }
 }
