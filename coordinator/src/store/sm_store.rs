@@ -332,9 +332,9 @@ enum ToWriter {
 /// one engine batch; then flushes the engine. An apply that found its
 /// writes due only hands them over, so it no longer holds up the applies
 /// behind it while sled works (ADR 0021's p99 cost). The flush: the Raft
-/// log lives in files of its own (`wal.rs`), so nothing else flushes the
-/// engine often; without it unwritten data would grow until a purge or a
-/// vote, which would then wait for all of it (ADR 0022). Nothing waits for
+/// log lives in files of its own (`dtx_durable::wal`), so nothing else
+/// flushes the engine often; without it unwritten data would grow until a
+/// purge or a vote, which would then wait for all of it (ADR 0022). Nothing waits for
 /// these flushes; a failure is logged and the next flush that something
 /// does wait for reports it. Ends when every store handle is dropped.
 fn run_writer(engine: Arc<dyn KvEngine>, rx: std::sync::mpsc::Receiver<ToWriter>, failed: Arc<Mutex<Option<String>>>) {
@@ -1151,6 +1151,12 @@ mod tests {
     async fn pending_writes_are_stored_after_enough_entries() {
         let (_dir, engine, mut sm) = fresh();
         for i in 1..=SM_PENDING_ENTRIES_MAX {
+            // Never old enough to be due by age (a slow debug build on a
+            // busy machine takes more than SM_PENDING_AGE_MAX_MS for the
+            // loop): only the count may make them due here.
+            if sm.pending().since.is_some() {
+                sm.pending().since = Some(std::time::Instant::now());
+            }
             sm.apply(vec![entry(i, vec![Command::RetireNodeId { node_id: i }])])
                 .await
                 .unwrap();
