@@ -228,6 +228,21 @@ fn sync_dir(dir: &Path) -> Result<(), KvError> {
         .map_err(|e| io_error("cannot sync the directory", dir, e))
 }
 
+/// Makes `encoded` the checkpoint in `dir`, durably: written to
+/// `checkpoint.tmp` and synced, renamed, the directory synced. A crash
+/// leaves the previous checkpoint or this one, never a part.
+fn write_checkpoint_file(dir: &Path, encoded: &[u8]) -> Result<(), KvError> {
+    let tmp = dir.join(KV_CHECKPOINT_TMP_FILE);
+    let path = dir.join(KV_CHECKPOINT_FILE);
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io_error("cannot create", &tmp, e))?;
+    f.write_all(encoded)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| io_error("cannot write", &tmp, e))?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(|e| io_error("cannot rename to checkpoint", &tmp, e))?;
+    sync_dir(dir)
+}
+
 /// Why a store directory could not be opened.
 #[derive(Debug)]
 pub(crate) enum KvOpenError {
@@ -440,15 +455,7 @@ impl KvFiles {
             )
         };
         let res = (|| -> Result<(), KvError> {
-            let tmp = self.dir.join(KV_CHECKPOINT_TMP_FILE);
-            let path = self.dir.join(KV_CHECKPOINT_FILE);
-            let mut f = std::fs::File::create(&tmp).map_err(|e| io_error("cannot create", &tmp, e))?;
-            f.write_all(&encoded)
-                .and_then(|_| f.sync_all())
-                .map_err(|e| io_error("cannot write", &tmp, e))?;
-            drop(f);
-            std::fs::rename(&tmp, &path).map_err(|e| io_error("cannot rename to checkpoint", &tmp, e))?;
-            sync_dir(&self.dir)?;
+            write_checkpoint_file(&self.dir, &encoded)?;
             self.log.purge_upto(seq)?;
             self.log.sync()?;
             Ok(())
@@ -467,16 +474,7 @@ impl KvFiles {
     /// Writes a checkpoint of `map` as the whole content of a new engine in
     /// `dir` (a store moved from another format): durable when it returns.
     pub(crate) fn create_from(dir: &Path, map: Map) -> Result<(), KvError> {
-        let encoded = encode_checkpoint(0, &map);
-        let tmp = dir.join(KV_CHECKPOINT_TMP_FILE);
-        let path = dir.join(KV_CHECKPOINT_FILE);
-        let mut f = std::fs::File::create(&tmp).map_err(|e| io_error("cannot create", &tmp, e))?;
-        f.write_all(&encoded)
-            .and_then(|_| f.sync_all())
-            .map_err(|e| io_error("cannot write", &tmp, e))?;
-        drop(f);
-        std::fs::rename(&tmp, &path).map_err(|e| io_error("cannot rename to checkpoint", &tmp, e))?;
-        sync_dir(dir)
+        write_checkpoint_file(dir, &encode_checkpoint(0, &map))
     }
 }
 
