@@ -27,6 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::ops::Bound;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -107,6 +108,21 @@ pub(crate) struct KvFiles {
     failed: Mutex<Option<KvError>>,
     /// One checkpoint at a time.
     checkpointing: Mutex<()>,
+}
+
+/// The range of keys that start with `prefix`: from `prefix` itself up to
+/// (without) the first key after every such key, which is `prefix` with
+/// its trailing 0xff bytes dropped and its last other byte increased; none
+/// when `prefix` is empty or all 0xff (the range is then open above).
+fn prefix_bounds(prefix: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return (Bound::Included(prefix.to_vec()), Bound::Excluded(end));
+        }
+    }
+    (Bound::Included(prefix.to_vec()), Bound::Unbounded)
 }
 
 fn encode_batch(batch: &KvBatch) -> Vec<u8> {
@@ -345,25 +361,20 @@ impl KvFiles {
     pub(crate) fn scan_prefix(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
         let g = self.read();
         g.map
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
+            .range(prefix_bounds(prefix))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     }
 
     /// The keys that start with `prefix`: in key order, or the last `max`
-    /// of them, last first (`newest_first`).
+    /// of them, last first (`newest_first`). Either way only the keys
+    /// returned are visited, so a short inspection of a long prefix holds
+    /// the read lock (and the writers behind it) only for those.
     pub(crate) fn keys_with_prefix(&self, prefix: &[u8], newest_first: bool, max: usize) -> Vec<Vec<u8>> {
         let g = self.read();
-        let range = g
-            .map
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, _)| k);
+        let range = g.map.range(prefix_bounds(prefix)).map(|(k, _)| k);
         if newest_first {
-            let mut all: Vec<&Vec<u8>> = range.collect();
-            all.reverse();
-            all.into_iter().take(max).cloned().collect()
+            range.rev().take(max).cloned().collect()
         } else {
             range.take(max).cloned().collect()
         }
@@ -372,10 +383,7 @@ impl KvFiles {
     /// How many keys start with `prefix`.
     pub(crate) fn count_prefix(&self, prefix: &[u8]) -> u64 {
         let g = self.read();
-        g.map
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .count() as u64
+        g.map.range(prefix_bounds(prefix)).count() as u64
     }
 
     /// At most `max` (key, value) from `start` on, in key order.
@@ -521,6 +529,35 @@ mod tests {
         let kv = KvFiles::open(d.path()).unwrap();
         assert_eq!(kv.dump(), before, "checkpoint plus the log after it");
         assert_eq!(kv.read().seq, 3);
+    }
+
+    #[test]
+    fn prefix_scans_stop_at_the_prefix_and_read_the_newest_first() {
+        let d = tempfile::tempdir().unwrap();
+        let kv = KvFiles::open(d.path()).unwrap();
+        let keys: [&[u8]; 8] = [
+            b"a",
+            b"a\x00",
+            b"a\xff",
+            b"a\xff\xff",
+            b"b",
+            b"\xff",
+            b"\xff\x01",
+            b"\xff\xff",
+        ];
+        kv.apply(keys.iter().map(|k| (k.to_vec(), Some(b"v".to_vec()))).collect())
+            .unwrap();
+        let ks = |v: &[&[u8]]| v.iter().map(|k| k.to_vec()).collect::<Vec<_>>();
+        assert_eq!(kv.keys_with_prefix(b"a", false, 10), ks(&keys[..4]));
+        assert_eq!(kv.keys_with_prefix(b"a", true, 2), ks(&[b"a\xff\xff", b"a\xff"]));
+        assert_eq!(kv.keys_with_prefix(b"a\xff", true, 10), ks(&[b"a\xff\xff", b"a\xff"]));
+        assert_eq!(kv.count_prefix(b"a\xff"), 2);
+        assert_eq!(kv.keys_with_prefix(b"\xff", true, 1), ks(&[b"\xff\xff"]));
+        assert_eq!(kv.count_prefix(b"\xff"), 3);
+        assert_eq!(kv.count_prefix(b"\xff\xff"), 1);
+        assert_eq!(kv.scan_prefix(b"b").len(), 1);
+        assert_eq!(kv.count_prefix(b""), 8);
+        assert_eq!(kv.keys_with_prefix(b"c", true, 5), Vec::<Vec<u8>>::new());
     }
 
     #[test]
