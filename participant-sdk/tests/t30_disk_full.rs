@@ -115,13 +115,21 @@ fn sled_0_34_7_stays_failed_after_enospc_until_reopened() {
 /// drop (the store's own open waits for the same reason), so a lock error
 /// is retried for up to 3 s; any other error fails.
 fn reopen_when_unlocked(dir: &Path) -> sled::Db {
+    open_when_unlocked(dir).unwrap()
+}
+
+/// sled's open of `dir` once no earlier instance in this process holds its
+/// lock (lock errors retried for up to 3 s), with any other outcome as it
+/// is: a test that expects the open to fail (a full disk) must see it fail
+/// for that reason, not because the last instance was still closing.
+fn open_when_unlocked(dir: &Path) -> sled::Result<sled::Db> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     loop {
         match sled::Config::new().path(dir).flush_every_ms(None).open() {
             Err(e) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(10))
             }
-            other => return other.unwrap(),
+            other => return other,
         }
     }
 }
@@ -296,15 +304,25 @@ async fn a_sled_store_is_moved_into_the_engine_even_with_an_unfinished_sled_snap
     let dir = fs.path().join("participant");
     legacy_sled_store(&dir);
     // What sled left after a start that failed on a full disk.
+    // The last instance of `legacy_sled_store` may still hold the lock
+    // while it closes: an open that failed on the lock would write no
+    // snapshot at all (seen in CI under load), so wait for the lock.
     fs.fill();
-    let _ = sled::Config::new().path(&dir).flush_every_ms(None).open();
+    let full = open_when_unlocked(&dir);
     fs.free();
+    assert!(full.is_err(), "sled opened on a full disk");
+    drop(full);
     let left: Vec<String> = files(&dir).into_iter().filter(|f| f.ends_with(".generating")).collect();
     assert_eq!(left.len(), 1, "sled 0.34.7 leaves one: {:?}", files(&dir));
+    let again = open_when_unlocked(&dir);
     assert!(
-        sled::Config::new().path(&dir).flush_every_ms(None).open().is_err(),
-        "sled itself no longer starts on this directory"
+        again
+            .as_ref()
+            .is_err_and(|e| !e.to_string().contains("could not acquire lock")),
+        "sled itself no longer starts on this directory: {:?}",
+        again.as_ref().err()
     );
+    drop(again);
     // Files that are not sled's are never touched.
     for other in ["notes.generating", "snapshot-notes.generating"] {
         std::fs::write(dir.join(other), b"someone else's").unwrap();
