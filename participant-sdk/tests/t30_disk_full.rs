@@ -118,6 +118,11 @@ fn reopen_when_unlocked(dir: &Path) -> sled::Db {
     open_when_unlocked(dir).unwrap()
 }
 
+/// sled's refusal because another instance holds the directory's lock.
+fn is_lock_error(e: &sled::Error) -> bool {
+    e.to_string().contains("could not acquire lock")
+}
+
 /// sled's open of `dir` once no earlier instance in this process holds its
 /// lock (lock errors retried for up to 3 s), with any other outcome as it
 /// is: a test that expects the open to fail (a full disk) must see it fail
@@ -126,7 +131,7 @@ fn open_when_unlocked(dir: &Path) -> sled::Result<sled::Db> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     loop {
         match sled::Config::new().path(dir).flush_every_ms(None).open() {
-            Err(e) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
+            Err(e) if is_lock_error(&e) && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(10))
             }
             other => return other,
@@ -311,18 +316,14 @@ async fn a_sled_store_is_moved_into_the_engine_even_with_an_unfinished_sled_snap
     let full = open_when_unlocked(&dir);
     fs.free();
     assert!(full.is_err(), "sled opened on a full disk");
-    drop(full);
     let left: Vec<String> = files(&dir).into_iter().filter(|f| f.ends_with(".generating")).collect();
     assert_eq!(left.len(), 1, "sled 0.34.7 leaves one: {:?}", files(&dir));
     let again = open_when_unlocked(&dir);
     assert!(
-        again
-            .as_ref()
-            .is_err_and(|e| !e.to_string().contains("could not acquire lock")),
+        again.as_ref().is_err_and(|e| !is_lock_error(e)),
         "sled itself no longer starts on this directory: {:?}",
         again.as_ref().err()
     );
-    drop(again);
     // Files that are not sled's are never touched.
     for other in ["notes.generating", "snapshot-notes.generating"] {
         std::fs::write(dir.join(other), b"someone else's").unwrap();
