@@ -386,7 +386,7 @@ fn backup_failure(addr: &str, e: anyhow::Error) -> Failure {
 /// does.
 async fn first_answer<T, F, Fut>(ctx: &Ctx, f: F) -> Result<T, Failure>
 where
-    F: Fn(tonic::transport::Channel) -> Fut,
+    F: Fn(dtx_proto::channel::Channel) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
     let mut last = failure(EXIT_UNREACHABLE, "no address given");

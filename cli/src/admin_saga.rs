@@ -25,11 +25,11 @@ use std::time::Duration;
 use std::time::Instant;
 
 use clap::Subcommand;
+use dtx_proto::channel::Channel;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_service_client::SagaServiceClient;
 use serde::Deserialize;
 use serde_json::json;
-use tonic::transport::Channel;
 use tonic::Code;
 use tonic::Status;
 

@@ -30,6 +30,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Context;
+use dtx_proto::channel::Channel;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_service_client::SagaServiceClient;
 use dtx_saga_shop::Audit;
@@ -37,7 +38,6 @@ use dtx_saga_shop::OrderInput;
 use dtx_saga_shop::Role;
 use dtx_testkit::cluster::ProcessCluster;
 use dtx_testkit::cluster::ServiceProcess;
-use tonic::transport::Channel;
 use tonic::Code;
 use tonic::Status;
 

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use common::node_ip;
 use common::TestCluster;
+use dtx_proto::channel::Channel;
 use dtx_proto::v1::ClusterStatusResponse;
 use dtx_proto::v1::MemberReach;
 use dtx_testkit::cluster::free_port;
@@ -23,7 +24,6 @@ use dtx_testkit::cluster::ProcessCluster;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -42,13 +42,7 @@ fn with_metrics(c: &mut coordinator::config::Config) {
 }
 
 async fn channel(addr: &str) -> Result<Channel, String> {
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_secs(1))
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .map_err(|e| e.to_string())
+    dtx_proto::channel::channel(addr, None, Duration::from_secs(1))
 }
 
 /// `grpc.health.v1.Health/Check` of `service` at `addr`, with no identity.
@@ -56,13 +50,15 @@ async fn health(addr: &str, service: &str) -> Result<ServingStatus, String> {
     health_on(channel(addr).await?, service).await
 }
 
+/// The check, given up after 2 s.
 async fn health_on(ch: Channel, service: &str) -> Result<ServingStatus, String> {
     let mut h = HealthClient::new(ch);
-    let r = h
-        .check(HealthCheckRequest {
-            service: service.to_string(),
-        })
+    let check = h.check(HealthCheckRequest {
+        service: service.to_string(),
+    });
+    let r = tokio::time::timeout(Duration::from_secs(2), check)
         .await
+        .map_err(|_| "no answer within 2 s".to_string())?
         .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
     ServingStatus::try_from(r.get_ref().status).map_err(|e| e.to_string())
 }

@@ -10,9 +10,9 @@ mod common;
 use std::time::Duration;
 
 use common::TestCluster;
+use dtx_proto::channel::Channel;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
-use tonic::transport::Channel;
 
 fn assert_refused(r: Result<impl std::fmt::Debug, tonic::Status>, addr: &str, why: &str) {
     match r {

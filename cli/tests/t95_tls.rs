@@ -790,8 +790,8 @@ async fn t95_an_application_is_refused_on_another_applications_transaction() {
 /// names the caller to the leader).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t95_an_application_sees_and_starts_only_its_own_sagas() {
+    use dtx_proto::channel::Channel;
     use dtx_proto::v1::saga_service_client::SagaServiceClient;
-    use tonic::transport::Channel;
 
     let dir = common::test_dir();
     let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t95 authority").unwrap());

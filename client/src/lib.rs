@@ -112,11 +112,11 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use dtx_proto::channel::Channel;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::admin_client::AdminClient;
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tonic::Code;
 use tonic::Status;
 

@@ -11,10 +11,10 @@ use std::time::Duration;
 use std::time::SystemTime;
 use std::time::UNIX_EPOCH;
 
+use dtx_proto::channel::Channel;
 use openraft::error::CheckIsLeaderError;
 use openraft::error::Fatal;
 use openraft::error::RaftError;
-use tonic::transport::Channel;
 
 use crate::batcher::Batcher;
 use crate::batcher::ProposeError;

@@ -502,7 +502,7 @@ impl Orchestrator {
         service: &str,
     ) -> Result<
         SagaStepServiceClient<
-            tonic::service::interceptor::InterceptedService<tonic::transport::Channel, dtx_proto::tls::edge::Bearer>,
+            tonic::service::interceptor::InterceptedService<dtx_proto::channel::Channel, dtx_proto::tls::edge::Bearer>,
         >,
         String,
     > {

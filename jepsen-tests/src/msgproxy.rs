@@ -42,6 +42,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use dtx_proto::channel::Channel;
 use dtx_proto::tls::ClientTls;
 use dtx_proto::tls::ServerTls;
 use dtx_proto::v1 as pb;
@@ -54,7 +55,6 @@ use dtx_proto::v1::saga_step_service_server::SagaStepServiceServer;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
-use tonic::transport::Channel;
 use tonic::Request;
 use tonic::Response;
 use tonic::Status;
@@ -346,23 +346,13 @@ fn connect(
     upstream: &str,
     tls: Option<ProxyTls>,
 ) -> anyhow::Result<(Channel, Option<Arc<ServerTls>>)> {
-    Ok(match tls {
-        None => {
-            let endpoint = dtx_proto::endpoint(upstream).map_err(|e| anyhow::anyhow!(e))?;
-            let channel = endpoint
-                .connect_timeout(CONNECT_TIMEOUT)
-                .tcp_nodelay(true)
-                .local_address(Some(listen.ip()))
-                .connect_lazy();
-            (channel, None)
-        }
-        Some(t) => {
-            let channel =
-                dtx_proto::channel::channel_with(upstream, Some(listen.ip()), CONNECT_TIMEOUT, Some(&t.client))
-                    .map_err(|e| anyhow::anyhow!(e))?;
-            (channel, Some(t.server))
-        }
-    })
+    let (client, server) = match tls {
+        None => (None, None),
+        Some(t) => (Some(t.client), Some(t.server)),
+    };
+    let channel = dtx_proto::channel::channel_with(upstream, Some(listen.ip()), CONNECT_TIMEOUT, client.as_ref())
+        .map_err(|e| anyhow::anyhow!(e))?;
+    Ok((channel, server))
 }
 
 /// Serves `router` on `listen` until [`ProxyHandle::go_away`].

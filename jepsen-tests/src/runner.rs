@@ -1247,18 +1247,8 @@ async fn read_decisions(
     txids: &[u64],
     tls: Option<&Arc<ClientTls>>,
 ) -> anyhow::Result<Vec<(u64, DecisionSeen)>> {
-    let ch = match tls {
-        None => {
-            dtx_proto::endpoint(addr)
-                .map_err(anyhow::Error::msg)?
-                .connect_timeout(Duration::from_secs(1))
-                .connect()
-                .await?
-        }
-        // Connects on the first call (a failure to connect fails it).
-        Some(tls) => dtx_proto::channel::channel_with(addr, None, Duration::from_secs(1), Some(tls))
-            .map_err(anyhow::Error::msg)?,
-    };
+    // Connects on the first call (a failure to connect fails it).
+    let ch = dtx_proto::channel::channel_with(addr, None, Duration::from_secs(1), tls).map_err(anyhow::Error::msg)?;
     let mut out = Vec::new();
     for chunk in txids.chunks(1000) {
         let mut req = tonic::Request::new(pb::GetDecisionsRequest {

@@ -29,6 +29,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Context;
+use dtx_proto::channel::Channel;
 use dtx_proto::tls::ClientTls;
 use dtx_proto::tls::Role;
 use dtx_proto::v1 as pb;
@@ -42,7 +43,6 @@ use dtx_testkit::pki::DevPki;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
-use tonic::transport::Channel;
 
 use crate::checker::saga as saga_checker;
 use crate::disk;

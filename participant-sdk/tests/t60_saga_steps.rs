@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use dtx_proto::channel::Channel;
 use dtx_proto::tls::dev::DevCa;
 use dtx_proto::tls::dev::Host;
 use dtx_proto::tls::dev::DEV_LIFETIME;
@@ -31,7 +32,6 @@ use participant_sdk::saga::StepServer;
 use participant_sdk::saga::StepStaged;
 use participant_sdk::saga::StepStore;
 use participant_sdk::saga::StepView;
-use tonic::transport::Channel;
 
 /// A stock of 10 units with a version counter. Forward `take` (input: a
 /// quantity) takes units (FAILED "out of stock" when short), records what

@@ -1,6 +1,6 @@
 //! Client-side channels: lazily connecting, multiplexed HTTP/2 channels with
 //! the settings every caller of ours uses, plain or TLS, and a cache of one
-//! per address.
+//! per address. Each request leaves in one write ([`crate::unary`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -9,14 +9,19 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use dtx_tls::ClientTls;
-use tonic::transport::Channel;
+
+/// The channel every caller of ours uses: one HTTP/2 connection per
+/// address, each request written in one go ([`crate::unary`]).
+pub type Channel = crate::unary::UnaryChannel;
 
 use crate::endpoint::Scheme;
 
 /// A lazily connecting plain-text channel to `addr` (see
 /// [`crate::endpoint::parse`] for the accepted forms; `https://` is
 /// refused, there being no TLS settings), with `TCP_NODELAY`, HTTP/2
-/// keep-alive, the given connect timeout and, when `local_ip` is set, that
+/// keep-alive ([`crate::unary::KEEP_ALIVE_INTERVAL`]), the request's own
+/// deadline enforced on this side too, the given connect timeout and, when
+/// `local_ip` is set, that
 /// source address (so firewall rules and test proxies can tell processes
 /// apart by source address).
 pub fn channel(addr: &str, local_ip: Option<IpAddr>, connect_timeout: Duration) -> Result<Channel, String> {
@@ -34,17 +39,7 @@ pub fn channel_with(
     tls: Option<&Arc<ClientTls>>,
 ) -> Result<Channel, String> {
     let a = check_address(addr, tls.is_some())?;
-    let ep = a
-        .endpoint
-        .connect_timeout(connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .local_address(local_ip);
-    Ok(match tls {
-        None => ep.connect_lazy(),
-        Some(tls) => ep.connect_with_connector_lazy(dtx_tls::Connector::new(tls.clone(), local_ip, connect_timeout)),
-    })
+    Channel::new(a.endpoint.uri().clone(), local_ip, connect_timeout, tls.cloned())
 }
 
 /// Parses `addr` (see [`crate::endpoint::parse`]) and checks that it

@@ -42,3 +42,4 @@ pub use endpoint::ADDRESS_FORMS;
 pub use metadata::attach_txid;
 pub use metadata::txid_of;
 pub use metadata::TXID_METADATA_KEY;
+pub mod unary;

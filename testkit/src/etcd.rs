@@ -19,7 +19,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Context;
-use tonic::transport::Channel;
+use dtx_proto::channel::Channel;
 
 use crate::cluster::free_port;
 

@@ -194,16 +194,7 @@ impl tower_service::Service<http::Uri> for Connector {
                 .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{uri} has no host")))?
                 .to_string();
             let port = uri.port_u16().unwrap_or(443);
-            let name = me.tls.server_name_for(&host)?;
-            let work = async {
-                let tcp = connect_tcp(&host, port, me.local_ip).await?;
-                let connector = tokio_rustls::TlsConnector::from(me.tls.config());
-                connector
-                    .connect(name, tcp)
-                    .await
-                    .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake with {host}:{port} failed: {e}")))
-            };
-            match tokio::time::timeout(me.connect_timeout, work).await {
+            match tokio::time::timeout(me.connect_timeout, connect_tls(&me.tls, &host, port, me.local_ip)).await {
                 Ok(r) => r.map(TokioIo::new),
                 Err(_) => Err(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -214,7 +205,25 @@ impl tower_service::Service<http::Uri> for Connector {
     }
 }
 
-async fn connect_tcp(host: &str, port: u16, local_ip: Option<IpAddr>) -> io::Result<TcpStream> {
+/// A TCP connection to `host:port` (from `local_ip` when set) and the TLS
+/// handshake on it, checking the server's name as `tls` says.
+pub async fn connect_tls(
+    tls: &ClientTls,
+    host: &str,
+    port: u16,
+    local_ip: Option<IpAddr>,
+) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let name = tls.server_name_for(host)?;
+    let tcp = connect_tcp(host, port, local_ip).await?;
+    tokio_rustls::TlsConnector::from(tls.config())
+        .connect(name, tcp)
+        .await
+        .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake with {host}:{port} failed: {e}")))
+}
+
+/// A TCP connection to the first address of `host` that answers, from
+/// `local_ip` when set, with `TCP_NODELAY`.
+pub async fn connect_tcp(host: &str, port: u16, local_ip: Option<IpAddr>) -> io::Result<TcpStream> {
     let h = host.trim_start_matches('[').trim_end_matches(']');
     let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{h}:{port} resolves to no address"));
     for addr in tokio::net::lookup_host((h, port)).await? {

@@ -147,7 +147,7 @@ type SeenLog = Arc<Mutex<Vec<(Option<u64>, Option<u64>)>>>;
 /// hand work).
 struct Hop {
     seen: SeenLog,
-    next: Option<AdminClient<OutboundTxid<tonic::transport::Channel>>>,
+    next: Option<AdminClient<OutboundTxid<dtx_proto::channel::Channel>>>,
 }
 
 #[tonic::async_trait]
@@ -214,7 +214,7 @@ async fn serve(hop: Hop) -> String {
     addr
 }
 
-fn channel(addr: &str) -> tonic::transport::Channel {
+fn channel(addr: &str) -> dtx_proto::channel::Channel {
     dtx_proto::channel::channel(addr, None, Duration::from_secs(2)).unwrap()
 }
 

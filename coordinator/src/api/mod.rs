@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use dtx_client::trace;
 use dtx_client::trace::TraceContext;
+use dtx_proto::channel::Channel;
 use dtx_proto::v1 as pb;
-use tonic::transport::Channel;
 use tonic::Request;
 use tonic::Response;
 use tonic::Status;

@@ -7,6 +7,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use dtx_proto::channel::Channel;
 use dtx_proto::v1::raft_transport_client::RaftTransportClient;
 use dtx_proto::v1::RaftMessage;
 use openraft::error::InstallSnapshotError;
@@ -26,7 +27,6 @@ use openraft::raft::VoteRequest;
 use openraft::raft::VoteResponse;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use super::NodeId;
 use super::NodeInfo;

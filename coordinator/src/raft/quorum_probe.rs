@@ -38,10 +38,10 @@ use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use dtx_proto::channel::Channel;
 use dtx_proto::v1::raft_transport_client::RaftTransportClient;
 use dtx_proto::v1::ProbeRequest;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tracing::info;
 use tracing::warn;
 

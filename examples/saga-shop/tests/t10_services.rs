@@ -9,12 +9,12 @@
 use std::path::Path;
 use std::time::Duration;
 
+use dtx_proto::channel::Channel;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
 use dtx_saga_shop::OrderInput;
 use dtx_saga_shop::Role;
 use dtx_saga_shop::StepServeArgs;
-use tonic::transport::Channel;
 
 struct Svc {
     client: SagaStepServiceClient<Channel>,
