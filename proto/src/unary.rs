@@ -19,7 +19,8 @@
 //! [`KEEP_ALIVE_INTERVAL`] that is not answered within
 //! [`KEEP_ALIVE_TIMEOUT`] closes the connection (its calls fail at once,
 //! as with tonic's keep-alive). Errors keep tonic's codes: a failed connect
-//! is UNAVAILABLE; an HTTP/2 error is mapped by tonic as it maps hyper's.
+//! is UNAVAILABLE with tonic's `ConnectError` as its source (nothing was
+//! sent); an HTTP/2 error is mapped by tonic as it maps hyper's.
 //! A request body that is not complete at once (a client stream) is read
 //! to its end before anything is sent; none of our calls streams.
 
@@ -105,8 +106,10 @@ impl UnaryChannel {
 
 impl Inner {
     /// The connection's request handle, connecting first when there is
-    /// none or the last one failed.
-    async fn sender(&self) -> Result<h2::client::SendRequest<Bytes>, tonic::Status> {
+    /// none or the last one failed. A failure to connect is tonic's
+    /// `ConnectError` (UNAVAILABLE, and callers can tell from the status's
+    /// source that nothing was sent), as with tonic's channel.
+    async fn sender(&self) -> Result<h2::client::SendRequest<Bytes>, BoxError> {
         let mut conn = self.conn.lock().await;
         if let Some(c) = conn.as_ref() {
             if !c.ended.load(Ordering::Acquire) {
@@ -114,17 +117,21 @@ impl Inner {
             }
         }
         *conn = None;
-        let c = tokio::time::timeout(self.connect_timeout, self.connect())
+        let connected = tokio::time::timeout(self.connect_timeout, self.connect())
             .await
-            .map_err(|_| {
-                tonic::Status::unavailable(format!(
+            .unwrap_or_else(|_| {
+                Err(format!(
                     "connecting to {}:{} took longer than {} ms",
                     self.host,
                     self.port,
                     self.connect_timeout.as_millis()
-                ))
-            })?
-            .map_err(|e| tonic::Status::unavailable(format!("cannot connect to {}:{}: {e}", self.host, self.port)))?;
+                )
+                .into())
+            });
+        let c = connected.map_err(|e| {
+            let e: BoxError = format!("cannot connect to {}:{}: {e}", self.host, self.port).into();
+            Box::new(tonic::ConnectError(e)) as BoxError
+        })?;
         let send = c.send.clone();
         *conn = Some(c);
         Ok(send)
