@@ -202,6 +202,38 @@ fn connect_error_in_chain(e: &Status) -> bool {
 /// transport hung (far above every deadline used here).
 const HUNG_AFTER: Duration = Duration::from_secs(60);
 
+/// A relay to a fresh server, and a client through it that has made one
+/// call (so its connection is up).
+async fn relay_and_warm_client() -> (Relay, RaftTransportClient<Channel>) {
+    let relay = Relay::start(server().await).await;
+    let mut c = client(relay.addr);
+    assert_eq!(
+        echo(&mut c, pattern(64, 1), None).await.expect("warm-up"),
+        pattern(64, 1)
+    );
+    (relay, c)
+}
+
+/// A failed call whose request may have reached the server: not OK, and
+/// not reported as "never sent" (no `ConnectError`), so a caller treats
+/// its outcome as unknown.
+fn assert_sent_and_failed(e: &Status) {
+    assert_ne!(e.code(), Code::Ok);
+    assert!(
+        !connect_error_in_chain(e),
+        "a sent request reported as never sent: {e:?}"
+    );
+}
+
+/// A call made `when` is answered with its own message.
+async fn answered_again(c: &mut RaftTransportClient<Channel>, when: &str) {
+    let back = tokio::time::timeout(HUNG_AFTER, echo(c, pattern(64, 3), Some(Duration::from_secs(20))))
+        .await
+        .unwrap_or_else(|_| panic!("{when} hung"))
+        .unwrap_or_else(|e| panic!("{when}: {e:?}"));
+    assert_eq!(back, pattern(64, 3), "{when}");
+}
+
 #[tokio::test]
 async fn small_empty_large_and_concurrent_messages_arrive_whole_on_one_connection() {
     let relay = Relay::start(server().await).await;
@@ -243,12 +275,7 @@ async fn small_empty_large_and_concurrent_messages_arrive_whole_on_one_connectio
 
 #[tokio::test]
 async fn a_silent_server_ends_a_call_at_its_deadline_and_the_connection_serves_again_when_it_resumes() {
-    let relay = Relay::start(server().await).await;
-    let mut c = client(relay.addr);
-    assert_eq!(
-        echo(&mut c, pattern(64, 1), None).await.expect("warm-up"),
-        pattern(64, 1)
-    );
+    let (relay, mut c) = relay_and_warm_client().await;
 
     relay.freeze(true);
     let deadline = Duration::from_millis(300);
@@ -261,10 +288,7 @@ async fn a_silent_server_ends_a_call_at_its_deadline_and_the_connection_serves_a
     // CANCELLED, as tonic's own channel reports its deadline: the request
     // may have reached the server (the caller must treat it as unknown).
     assert_eq!(e.code(), Code::Cancelled, "{e:?}");
-    assert!(
-        !connect_error_in_chain(&e),
-        "a sent request reported as never sent: {e:?}"
-    );
+    assert_sent_and_failed(&e);
     assert!(
         took >= deadline,
         "ended after {took:?}, before its deadline {deadline:?}"
@@ -277,22 +301,13 @@ async fn a_silent_server_ends_a_call_at_its_deadline_and_the_connection_serves_a
     );
 
     relay.freeze(false);
-    let back = tokio::time::timeout(HUNG_AFTER, echo(&mut c, pattern(64, 3), Some(Duration::from_secs(20))))
-        .await
-        .expect("the call after the server resumed hung")
-        .expect("the call after the server resumed");
-    assert_eq!(back, pattern(64, 3));
+    answered_again(&mut c, "the call after the server resumed").await;
     assert_eq!(relay.connections(), 1, "a short pause should not cost a new connection");
 }
 
 #[tokio::test]
 async fn a_silent_server_is_dropped_by_the_keep_alive_and_the_next_call_connects_again() {
-    let relay = Relay::start(server().await).await;
-    let mut c = client(relay.addr);
-    assert_eq!(
-        echo(&mut c, pattern(64, 1), None).await.expect("warm-up"),
-        pattern(64, 1)
-    );
+    let (relay, mut c) = relay_and_warm_client().await;
 
     relay.freeze(true);
     let start = Instant::now();
@@ -302,11 +317,7 @@ async fn a_silent_server_is_dropped_by_the_keep_alive_and_the_next_call_connects
         .expect("a call without a deadline hung on a silent server: the keep-alive did not close the connection")
         .expect_err("a silent server answered");
     let took = start.elapsed();
-    assert!(
-        !connect_error_in_chain(&e),
-        "a sent request reported as never sent: {e:?}"
-    );
-    assert_ne!(e.code(), Code::Ok);
+    assert_sent_and_failed(&e);
     // The first ping after the freeze goes out within one interval, and
     // the connection closes when it has gone unanswered for the timeout.
     assert!(
@@ -319,22 +330,13 @@ async fn a_silent_server_is_dropped_by_the_keep_alive_and_the_next_call_connects
     );
 
     relay.freeze(false);
-    let back = tokio::time::timeout(HUNG_AFTER, echo(&mut c, pattern(64, 3), Some(Duration::from_secs(20))))
-        .await
-        .expect("the call after the keep-alive closed the connection hung")
-        .expect("the call after the keep-alive closed the connection");
-    assert_eq!(back, pattern(64, 3));
+    answered_again(&mut c, "the call after the keep-alive closed the connection").await;
     assert_eq!(relay.connections(), 2, "the next call should have connected again");
 }
 
 #[tokio::test]
 async fn a_cut_connection_fails_the_call_in_flight_at_once_and_the_next_call_connects_again() {
-    let relay = Relay::start(server().await).await;
-    let mut c = client(relay.addr);
-    assert_eq!(
-        echo(&mut c, pattern(64, 1), None).await.expect("warm-up"),
-        pattern(64, 1)
-    );
+    let (relay, mut c) = relay_and_warm_client().await;
 
     // Held by the relay, so it is in flight when the connection is cut.
     relay.freeze(true);
@@ -351,22 +353,14 @@ async fn a_cut_connection_fails_the_call_in_flight_at_once_and_the_next_call_con
         .expect("call task")
         .expect_err("a call on a cut connection succeeded");
     let took = start.elapsed();
-    assert!(
-        !connect_error_in_chain(&e),
-        "a sent request reported as never sent: {e:?}"
-    );
-    assert_ne!(e.code(), Code::Ok);
+    assert_sent_and_failed(&e);
     // Failed by the connection's end, not by the keep-alive.
     assert!(
         took < KEEP_ALIVE_TIMEOUT,
         "ended {took:?} after the cut: by the keep-alive, not by the cut"
     );
 
-    let back = tokio::time::timeout(HUNG_AFTER, echo(&mut c, pattern(64, 3), Some(Duration::from_secs(20))))
-        .await
-        .expect("the call after the cut hung")
-        .expect("the call after the cut");
-    assert_eq!(back, pattern(64, 3));
+    answered_again(&mut c, "the call after the cut").await;
     assert_eq!(relay.connections(), 2, "the next call should have connected again");
 }
 
