@@ -331,19 +331,6 @@ enum Verdict {
     Fail(Failure),
 }
 
-/// Whether `s` is a failure to connect (nothing was sent): tonic wraps
-/// every connector error, TCP or TLS, in `ConnectError`.
-fn connect_failed(s: &Status) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
-    while let Some(c) = cause {
-        if c.downcast_ref::<tonic::ConnectError>().is_some() {
-            return true;
-        }
-        cause = c.source();
-    }
-    false
-}
-
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -352,7 +339,7 @@ fn one_line(s: &str) -> String {
 /// says what to do about an unknown outcome.
 fn classify(kind: Kind, addr: &str, s: &Status, unknown: &str) -> Verdict {
     let text = one_line(&format!("{addr}: {:?}: {}", s.code(), dtx_client::describe(s)));
-    let not_applied = dtx_proto::metadata::not_applied(s) || connect_failed(s);
+    let not_applied = dtx_proto::metadata::not_applied(s) || dtx_proto::unary::nothing_sent(s);
     let unknown_outcome = || {
         Verdict::Fail(failure(
             EXIT_UNKNOWN,
@@ -360,7 +347,7 @@ fn classify(kind: Kind, addr: &str, s: &Status, unknown: &str) -> Verdict {
         ))
     };
     match s.code() {
-        _ if connect_failed(s) => Verdict::Elsewhere(text),
+        _ if dtx_proto::unary::nothing_sent(s) => Verdict::Elsewhere(text),
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             if kind == Kind::Read || not_applied {
                 Verdict::Elsewhere(text)

@@ -213,6 +213,21 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for UnaryChannel {
     }
 }
 
+/// Whether a failed call's `status` says nothing was sent: a failure to
+/// connect, which this transport (as tonic's channel) reports with tonic's
+/// `ConnectError`, TCP or TLS, in the status's source chain. Any other
+/// failure may have reached the server.
+pub fn nothing_sent(status: &tonic::Status) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(c) = cause {
+        if c.downcast_ref::<tonic::ConnectError>().is_some() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// A `grpc-timeout` header's duration (at most 8 digits and a unit: H, M,
 /// S, m, u, n); `None` when it is malformed (then, as in tonic, no
 /// deadline is applied here; the server refuses or ignores it).
