@@ -48,8 +48,8 @@ use dtx_client::TxOutcome;
 pub struct BenchArgs {
     /// Client counts to measure, comma-separated (our Begin and Decide, and
     /// etcd's put-if-absent).
-    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
-    pub clients: Vec<usize>,
+    #[arg(long, default_value = "1,16,64,256", value_parser = client_counts)]
+    pub clients: ::std::vec::Vec<usize>,
     /// Seconds per measured phase (Begin, Decide, etcd put-if-absent,
     /// transfers) and client count.
     #[arg(long, default_value_t = 5)]
@@ -72,8 +72,8 @@ pub struct BenchArgs {
     pub wait_us: Option<u64>,
     /// Also measure end-to-end two-participant transfers (bank example) at
     /// these client counts, comma-separated; empty to skip.
-    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
-    pub transfer_clients: Vec<usize>,
+    #[arg(long, default_value = "1,16,64", value_parser = client_counts_or_none)]
+    pub transfer_clients: ::std::vec::Vec<usize>,
     /// Skip etcd (where it cannot be had): no comparison, said loudly.
     #[arg(long)]
     pub no_etcd: bool,
@@ -830,9 +830,61 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
     Ok(())
 }
 
+/// `--clients`: one or more client counts, comma-separated. (The
+/// fully-qualified `Vec` in the fields keeps clap from taking the list as
+/// repeated values, so that an empty one can mean "none".)
+fn client_counts(s: &str) -> Result<Vec<usize>, String> {
+    let counts = client_counts_or_none(s)?;
+    if counts.is_empty() {
+        return Err("give at least one client count, for example 1,16,64,256".into());
+    }
+    Ok(counts)
+}
+
+/// `--transfer-clients`: client counts, comma-separated, or empty for none.
+fn client_counts_or_none(s: &str) -> Result<Vec<usize>, String> {
+    if s.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',')
+        .map(|c| match c.trim().parse::<usize>() {
+            Ok(0) => Err("a client count of 0 measures nothing; give counts of 1 or more".to_string()),
+            Ok(n) => Ok(n),
+            Err(_) => Err(format!("{c:?} is not a client count (a whole number, such as 64)")),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, String> {
+        use clap::Parser;
+        let argv = std::iter::once("bench").chain(args.iter().copied());
+        Cmd::try_parse_from(argv).map(|c| c.bench).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn client_counts_are_a_comma_separated_list_and_transfers_may_have_none() {
+        let d = parse(&[]).unwrap();
+        assert_eq!((d.clients, d.transfer_clients), (vec![1, 16, 64, 256], vec![1, 16, 64]));
+        let a = parse(&["--clients", "64, 256", "--transfer-clients", ""]).unwrap();
+        assert_eq!((a.clients, a.transfer_clients), (vec![64, 256], vec![]));
+        assert_eq!(parse(&["--transfer-clients", "1"]).unwrap().transfer_clients, vec![1]);
+        let none = parse(&["--clients", ""]).unwrap_err();
+        assert!(none.contains("at least one client count"), "{none}");
+        let bad = parse(&["--transfer-clients", "1,x"]).unwrap_err();
+        assert!(bad.contains("\"x\" is not a client count"), "{bad}");
+        let zero = parse(&["--clients", "0"]).unwrap_err();
+        assert!(zero.contains("0 measures nothing"), "{zero}");
+    }
 
     #[test]
     fn values_are_64_bytes_made_from_the_key() {
