@@ -534,28 +534,42 @@ impl Wal {
     }
 
     /// Removes every record from `index` on (a conflicting suffix). Durable
-    /// when it returns: later appends reuse these indexes.
+    /// when it returns: later appends reuse these indexes. A failure stops
+    /// the log, as a failed write does: what the files hold is then no
+    /// longer what the log knows of them.
     pub fn truncate_from(&self, index: u64) -> Result<(), WalError> {
         let mut g = self.lock();
         g.check_running(self.name)?;
+        let res = self.truncate_locked(&mut g, index);
+        if let Err(e) = &res {
+            g.fail(e);
+        }
+        res
+    }
+
+    fn truncate_locked(&self, g: &mut Inner, index: u64) -> Result<(), WalError> {
         let last_plus_one = g.first_index + g.locs.len() as u64;
         if index >= last_plus_one {
             return Ok(());
         }
-        let keep = index.saturating_sub(g.first_index) as usize;
         // Whole files from the cut on go first (then the directory is
         // synced), then the file holding the cut is shortened and synced: a
         // crash in between leaves a prefix of the old log, never new
-        // records after a gap.
+        // records after a gap. A file leaves the log's memory only once it
+        // is gone from the disk.
         let mut removed = false;
-        while g.segments.last().is_some_and(|s| s.first >= index) {
-            let s = g.segments.pop().expect("checked");
+        while let Some(s) = g.segments.last().filter(|s| s.first >= index) {
+            let first = s.first;
             std::fs::remove_file(&s.path).map_err(io_err(self.name, &s.path))?;
+            g.segments.pop();
+            let held = first.saturating_sub(g.first_index) as usize;
+            g.locs.truncate(held);
             removed = true;
         }
         if removed {
             sync_dir(self.name, &self.dir)?;
         }
+        let keep = index.saturating_sub(g.first_index) as usize;
         g.locs.truncate(keep);
         // The last file left starts before the cut, so it holds
         // record `index - 1`, the last one kept.
@@ -576,10 +590,19 @@ impl Wal {
     /// that hold nothing after it. The caller has made the purge durable
     /// first (the coordinator's `purged` record): a crash before a file is
     /// gone only leaves records that its user skips when it opens the log
-    /// again (by purging up to the same point).
+    /// again (by purging up to the same point). A file that cannot be
+    /// deleted stops the log, as a failed write does.
     pub fn purge_upto(&self, upto: u64) -> Result<(), WalError> {
         let mut g = self.lock();
         g.check_running(self.name)?;
+        let res = self.purge_locked(&mut g, upto);
+        if let Err(e) = &res {
+            g.fail(e);
+        }
+        res
+    }
+
+    fn purge_locked(&self, g: &mut Inner, upto: u64) -> Result<(), WalError> {
         let last_plus_one = g.first_index + g.locs.len() as u64;
         let drop_n = (upto.saturating_add(1).min(last_plus_one)).saturating_sub(g.first_index) as usize;
         let drop_n = drop_n.min(g.locs.len());
@@ -589,13 +612,9 @@ impl Wal {
         // record kept. The last file stays (appends go there) unless the log
         // is now empty, in which case the next append starts afresh.
         let first_kept = g.first_index;
-        let mut gone = 0;
         while g.segments.len() > 1 && g.segments[1].first <= first_kept {
-            gone += 1;
-            let s = g.segments.remove(0);
-            std::fs::remove_file(&s.path).map_err(io_err(self.name, &s.path))?;
-        }
-        if gone > 0 {
+            std::fs::remove_file(&g.segments[0].path).map_err(io_err(self.name, &g.segments[0].path))?;
+            g.segments.remove(0);
             g.dir_dirty = true;
         }
         Ok(())
@@ -753,6 +772,95 @@ mod tests {
         let w = Wal::open(&d.path().join(DIR), NAME, MAX).unwrap();
         assert_eq!(w.range(), Some((4, 4)));
         assert_eq!(w.read(4, 5).unwrap(), vec![big]);
+    }
+
+    /// Where unlinking `name` in the log's directory will fail: the file
+    /// moves aside (the log keeps its open handle) and a non-empty directory
+    /// takes its name. Returns a closure that puts the file back.
+    fn make_unlink_fail(dir: &Path, name: &str) -> impl FnOnce() {
+        let path = dir.join(name);
+        let aside = dir.with_extension(format!("{name}.aside"));
+        std::fs::rename(&path, &aside).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("keep"), b"x").unwrap();
+        move || {
+            std::fs::remove_dir_all(&path).unwrap();
+            std::fs::rename(&aside, &path).unwrap();
+        }
+    }
+
+    fn assert_stopped(w: &Wal, first_failure: &WalError) {
+        let text = format!("{NAME} stopped after an earlier failure: {first_failure}");
+        for stopped in [
+            w.append(&[e(99)]).unwrap_err(),
+            w.sync().unwrap_err(),
+            w.truncate_from(1).unwrap_err(),
+            w.purge_upto(1).unwrap_err(),
+        ] {
+            assert!(
+                matches!(stopped, WalError::Stopped { no_space: false, .. }),
+                "{stopped:?}"
+            );
+            assert_eq!(stopped.to_string(), text);
+        }
+    }
+
+    /// A truncate or purge that fails half-way stops the log like a failed
+    /// write: nothing is appended after it, and what the log still reads
+    /// is what its files hold. After a reopen the log is a prefix of the old
+    /// one (truncate) or starts after the purge point (purge).
+    #[test]
+    fn a_failed_truncate_or_purge_stops_the_log() {
+        const MAX: u64 = 3000;
+        let big = |i: u64| (i, vec![i as u8; (MAX / 3) as usize]);
+        let filled = |d: &Path| {
+            let w = Wal::open(&d.join(DIR), NAME, MAX).unwrap();
+            for i in 1..=7 {
+                w.append(&[big(i)]).unwrap();
+            }
+            w.sync().unwrap();
+            w
+        };
+
+        // Truncate: the last file goes, the middle one cannot.
+        let d = tempfile::tempdir().unwrap();
+        let w = filled(d.path());
+        let restore = make_unlink_fail(&d.path().join(DIR), &segment_name(4));
+        let err = w.truncate_from(2).unwrap_err();
+        assert!(matches!(err, WalError::Io { name: NAME, .. }), "{err:?}");
+        assert_eq!(w.range(), Some((1, 6)), "the records of the file still there");
+        assert_eq!(w.read(5, 7).unwrap(), vec![big(5).1, big(6).1]);
+        assert_stopped(&w, &err);
+        drop(w);
+        restore();
+        let w = Wal::open(&d.path().join(DIR), NAME, MAX).unwrap();
+        assert_eq!(w.range(), Some((1, 6)), "a prefix of the old log");
+        w.truncate_from(2).unwrap();
+        assert_eq!(w.range(), Some((1, 1)));
+
+        // Truncate: the later files go, shortening the one holding the cut
+        // fails.
+        let d = tempfile::tempdir().unwrap();
+        let w = filled(d.path());
+        w.lock().segments[0].file = Arc::new(OpenOptions::new().write(true).open("/dev/full").unwrap());
+        let err = w.truncate_from(2).unwrap_err();
+        assert!(matches!(err, WalError::Io { name: NAME, .. }), "{err:?}");
+        assert_stopped(&w, &err);
+
+        // Purge: the first file cannot go.
+        let d = tempfile::tempdir().unwrap();
+        let w = filled(d.path());
+        let restore = make_unlink_fail(&d.path().join(DIR), &segment_name(1));
+        let err = w.purge_upto(4).unwrap_err();
+        assert!(matches!(err, WalError::Io { name: NAME, .. }), "{err:?}");
+        assert_eq!(w.range(), Some((5, 7)));
+        assert_eq!(w.read(5, 6).unwrap(), vec![big(5).1]);
+        assert_stopped(&w, &err);
+        drop(w);
+        restore();
+        let w = Wal::open(&d.path().join(DIR), NAME, MAX).unwrap();
+        w.purge_upto(4).unwrap();
+        assert_eq!(w.range(), Some((5, 7)));
     }
 
     /// Opening creates the log's own directory (its parent must exist);
