@@ -7,7 +7,25 @@
 //! busy, commands queue up and leave together. A batch holds at most
 //! `entries_max` commands and `bytes_max` encoded bytes; after taking a slot
 //! the batcher waits at most `wait_us` for more commands (0 = never wait).
+//!
+//! Refill under load (`refill_wait_us`, off by default; `refill_callers_min`):
+//! when one of the last `REFILL_WINDOW_BATCHES` batches held N ≥
+//! `refill_callers_min` callers (a caller is one `propose_together`, so the
+//! node's own groups of acks or expiries count once), a batch waits at most
+//! `refill_wait_us` for each next caller, and `REFILL_WAITS_MAX` times that
+//! in all, until it holds N callers.
+//! Callers that wait for their answer before they send again (a pool of
+//! workers, a closed loop) all come back within a moment of the last
+//! entry's answers; without the wait the first of them would leave alone
+//! and the rest would wait a whole Raft round for the next entry, so
+//! batches alternate small and large and every entry costs its round on all
+//! three nodes. Like PostgreSQL's `commit_delay` with `commit_siblings`, a
+//! lightly loaded leader (batches of fewer than `refill_callers_min`
+//! callers) never waits. The waits lengthen a spread-out workload's Raft
+//! writes (two-participant transfers at 64 clients lost 7-10 % of their
+//! rate in the bench), hence off by default (docs/adr/0027).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +51,26 @@ pub struct BatchSettings {
     pub wait_us: u64,
     pub inflight_max: usize,
     pub queue_max: usize,
+    pub refill_wait_us: u64,
+    pub refill_callers_min: usize,
+}
+
+/// The batches whose largest sets how many callers a batch waits for
+/// under load (`refill_target`).
+const REFILL_WINDOW_BATCHES: usize = 8;
+
+/// A batch waits at most `refill_wait_us` for each next caller, and this
+/// many times `refill_wait_us` in all.
+const REFILL_WAITS_MAX: u64 = 4;
+
+/// How many callers a batch waits for (at most `refill_wait_us`), given
+/// the callers of the last batches: the most of them when it reaches
+/// `callers_min`, capped at `entries_max`; 0 (no wait) otherwise.
+fn refill_target(recent_callers: &VecDeque<usize>, callers_min: usize, entries_max: usize) -> usize {
+    match recent_callers.iter().copied().max() {
+        Some(n) if n >= callers_min => n.min(entries_max),
+        _ => 0,
+    }
 }
 
 /// Why a command was not applied. In every case the command may be retried:
@@ -103,6 +141,7 @@ async fn run(raft: Raft, s: BatchSettings, mut rx: mpsc::Receiver<Pending>) {
     let slots = Arc::new(Semaphore::new(s.inflight_max.max(1)));
     // A command that did not fit the previous batch opens the next one.
     let mut carry: Option<Pending> = None;
+    let mut recent_callers: VecDeque<usize> = VecDeque::with_capacity(REFILL_WINDOW_BATCHES + 1);
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
@@ -117,10 +156,26 @@ async fn run(raft: Raft, s: BatchSettings, mut rx: mpsc::Receiver<Pending>) {
         let mut bytes = first.size;
         let mut count = first.cmds.len();
         let mut batch = vec![first];
-        let wait_until = Instant::now() + Duration::from_micros(s.wait_us);
+        let slot_taken = Instant::now();
+        let wait_until = slot_taken + Duration::from_micros(s.wait_us);
+        let refill_until = slot_taken + Duration::from_micros(s.refill_wait_us.saturating_mul(REFILL_WAITS_MAX));
+        let refill_to = if s.refill_wait_us == 0 {
+            0
+        } else {
+            refill_target(&recent_callers, s.refill_callers_min, s.entries_max)
+        };
         while count < s.entries_max {
             let next = match rx.try_recv() {
                 Ok(p) => p,
+                Err(_) if batch.len() < refill_to => match tokio::time::timeout_at(
+                    refill_until.min(Instant::now() + Duration::from_micros(s.refill_wait_us)),
+                    rx.recv(),
+                )
+                .await
+                {
+                    Ok(Some(p)) => p,
+                    _ => break,
+                },
                 Err(_) if s.wait_us == 0 => break,
                 Err(_) => match tokio::time::timeout_at(wait_until, rx.recv()).await {
                     Ok(Some(p)) => p,
@@ -134,6 +189,10 @@ async fn run(raft: Raft, s: BatchSettings, mut rx: mpsc::Receiver<Pending>) {
             bytes += next.size;
             count += next.cmds.len();
             batch.push(next);
+        }
+        recent_callers.push_back(batch.len());
+        if recent_callers.len() > REFILL_WINDOW_BATCHES {
+            recent_callers.pop_front();
         }
         metrics::histogram!("dtx_batch_commands").record(count as f64);
         let raft = raft.clone();
@@ -179,5 +238,23 @@ async fn write(raft: Raft, batch: Vec<Pending>) {
                 let _ = r.send(Err(err.clone()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_waits_for_the_largest_recent_batch_only_under_load() {
+        let counts = |v: &[usize]| v.iter().copied().collect::<VecDeque<usize>>();
+        // Nothing yet, or only small batches: never wait.
+        assert_eq!(refill_target(&counts(&[]), 16, 512), 0);
+        assert_eq!(refill_target(&counts(&[1, 1, 3, 15]), 16, 512), 0);
+        // A fragment after a full batch waits for the full one again.
+        assert_eq!(refill_target(&counts(&[64, 5]), 16, 512), 64);
+        assert_eq!(refill_target(&counts(&[16]), 16, 512), 16);
+        // Never beyond what one entry may hold.
+        assert_eq!(refill_target(&counts(&[900, 2]), 16, 512), 512);
     }
 }

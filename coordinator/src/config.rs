@@ -134,6 +134,13 @@ pub struct BatchConfig {
     pub wait_us: u64,
     /// Raft entries proposed but not yet applied, at most.
     pub inflight_max: usize,
+    /// Under load, the longest a batch waits for as many callers as the
+    /// largest of the last few batches held, in µs (0 = never). Applies only
+    /// when that largest batch held at least `refill_callers_min` callers.
+    pub refill_wait_us: u64,
+    /// Callers in a recent batch from which a batch waits to be refilled
+    /// (`refill_wait_us`); below it a batch never waits.
+    pub refill_callers_min: usize,
     /// Commands waiting for a batch, at most; beyond it calls get UNAVAILABLE.
     pub queue_max: usize,
 }
@@ -321,6 +328,8 @@ impl Default for BatchConfig {
             bytes_max: 1024 * 1024,
             wait_us: 0,
             inflight_max: 1,
+            refill_wait_us: 0,
+            refill_callers_min: 16,
             queue_max: 16_384,
         }
     }
@@ -525,6 +534,18 @@ impl Config {
         if b.wait_us > 100_000 {
             return bad("batch.wait_us must be at most 100000 (100 ms)".into());
         }
+        if b.refill_wait_us > 100_000 {
+            return bad(format!(
+                "batch.refill_wait_us must be at most 100000 (100 ms), got {}",
+                b.refill_wait_us
+            ));
+        }
+        if b.refill_callers_min < 2 {
+            return bad(format!(
+                "batch.refill_callers_min must be at least 2 (a batch of one never waits), got {}",
+                b.refill_callers_min
+            ));
+        }
         let t = &self.txn;
         if t.default_timeout_ms == 0 || t.default_timeout_ms > t.max_timeout_ms {
             return bad("txn.default_timeout_ms must be > 0 and <= txn.max_timeout_ms".into());
@@ -619,6 +640,22 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(e.to_string().contains("txn.delivery_batch_wait_us"), "{e}");
+        let e = Config::from_toml("[batch]\nrefill_wait_us = 100001")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration: batch.refill_wait_us must be at most 100000 (100 ms), got 100001"
+        );
+        let e = Config::from_toml("[batch]\nrefill_callers_min = 1")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("batch.refill_callers_min must be at least 2"),
+            "{e}"
+        );
     }
 
     #[test]

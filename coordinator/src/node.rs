@@ -135,6 +135,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
             bytes_max: config.batch.bytes_max,
             wait_us: config.batch.wait_us,
             inflight_max: config.batch.inflight_max,
+            refill_wait_us: config.batch.refill_wait_us,
+            refill_callers_min: config.batch.refill_callers_min,
             queue_max: config.batch.queue_max,
         },
     );

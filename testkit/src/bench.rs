@@ -70,6 +70,10 @@ pub struct BenchArgs {
     /// Override batch.wait_us of the nodes.
     #[arg(long)]
     pub wait_us: Option<u64>,
+    /// Override batch.refill_wait_us of the nodes (0: batches never wait to
+    /// be refilled under load).
+    #[arg(long)]
+    pub refill_wait_us: Option<u64>,
     /// Also measure end-to-end two-participant transfers (bank example) at
     /// these client counts, comma-separated; empty to skip.
     #[arg(long, default_value = "1,16,64", value_parser = client_counts_or_none)]
@@ -259,13 +263,16 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
 
     let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
     let plans = ProcessCluster::plan_local("127.0.0.1", 3)?;
-    let (inflight, wait) = (a.inflight_max, a.wait_us);
+    let (inflight, wait, refill) = (a.inflight_max, a.wait_us, a.refill_wait_us);
     let mut cluster = ProcessCluster::new(&bin, &dir.join("cluster"), "dtx-bench", plans, |c| {
         if let Some(v) = inflight {
             c.batch.inflight_max = v;
         }
         if let Some(v) = wait {
             c.batch.wait_us = v;
+        }
+        if let Some(v) = refill {
+            c.batch.refill_wait_us = v;
         }
     })?;
     cluster.start_all()?;
