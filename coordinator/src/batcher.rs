@@ -63,8 +63,8 @@ const REFILL_WINDOW_BATCHES: usize = 8;
 /// many times `refill_wait_us` in all.
 const REFILL_WAITS_MAX: u64 = 4;
 
-/// How many callers a batch waits for (at most `refill_wait_us`), given
-/// the callers of the last batches: the most of them when it reaches
+/// How many callers a batch waits for (at most `refill_wait_us` for each
+/// next one), given the callers of the last batches: the most of them when it reaches
 /// `callers_min`, capped at `entries_max`; 0 (no wait) otherwise.
 fn refill_target(recent_callers: &VecDeque<usize>, callers_min: usize, entries_max: usize) -> usize {
     match recent_callers.iter().copied().max() {
