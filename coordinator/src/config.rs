@@ -134,9 +134,10 @@ pub struct BatchConfig {
     pub wait_us: u64,
     /// Raft entries proposed but not yet applied, at most.
     pub inflight_max: usize,
-    /// Under load, the longest a batch waits for as many callers as the
-    /// largest of the last few batches held, in µs (0 = never). Applies only
-    /// when that largest batch held at least `refill_callers_min` callers.
+    /// Under load, the longest a batch waits for each next caller, in µs
+    /// (4 times this in all), until it holds as many callers as the largest
+    /// of the last few batches (0 = never). Applies only when that largest
+    /// batch held at least `refill_callers_min` callers.
     pub refill_wait_us: u64,
     /// Callers in a recent batch from which a batch waits to be refilled
     /// (`refill_wait_us`); below it a batch never waits.

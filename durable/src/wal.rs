@@ -395,9 +395,15 @@ impl Wal {
         if entries.is_empty() {
             return Ok(());
         }
+        self.stopping_on_failure(|g| self.append_locked(g, entries))
+    }
+
+    /// Runs `f` under the lock if the log is running; a failure of `f`
+    /// stops the log (every later call answers `Stopped`).
+    fn stopping_on_failure<T>(&self, f: impl FnOnce(&mut Inner) -> Result<T, WalError>) -> Result<T, WalError> {
         let mut g = self.lock();
         g.check_running(self.name)?;
-        let res = self.append_locked(&mut g, entries);
+        let res = f(&mut g);
         if let Err(e) = &res {
             g.fail(e);
         }
@@ -538,13 +544,7 @@ impl Wal {
     /// the log, as a failed write does: what the files hold is then no
     /// longer what the log knows of them.
     pub fn truncate_from(&self, index: u64) -> Result<(), WalError> {
-        let mut g = self.lock();
-        g.check_running(self.name)?;
-        let res = self.truncate_locked(&mut g, index);
-        if let Err(e) = &res {
-            g.fail(e);
-        }
-        res
+        self.stopping_on_failure(|g| self.truncate_locked(g, index))
     }
 
     fn truncate_locked(&self, g: &mut Inner, index: u64) -> Result<(), WalError> {
@@ -593,13 +593,7 @@ impl Wal {
     /// again (by purging up to the same point). A file that cannot be
     /// deleted stops the log, as a failed write does.
     pub fn purge_upto(&self, upto: u64) -> Result<(), WalError> {
-        let mut g = self.lock();
-        g.check_running(self.name)?;
-        let res = self.purge_locked(&mut g, upto);
-        if let Err(e) = &res {
-            g.fail(e);
-        }
-        res
+        self.stopping_on_failure(|g| self.purge_locked(g, upto))
     }
 
     fn purge_locked(&self, g: &mut Inner, upto: u64) -> Result<(), WalError> {
