@@ -13,14 +13,12 @@ use std::time::UNIX_EPOCH;
 
 use dtx_proto::channel::Channel;
 use openraft::error::CheckIsLeaderError;
-use openraft::error::Fatal;
 use openraft::error::RaftError;
 
 use crate::batcher::Batcher;
 use crate::batcher::ProposeError;
 use crate::config::Config;
 use crate::raft::network::ChannelCache;
-use crate::raft::read_floor::RestartReadFloor;
 use crate::raft::NodeId;
 use crate::raft::NodeInfo;
 use crate::raft::Raft;
@@ -164,9 +162,6 @@ pub struct NodeCtx {
     /// The bearer token sent to participants (`auth.participant_token_file`),
     /// for participants that accept a token where mutual TLS is not used.
     pub(crate) participant_token: dtx_proto::tls::edge::Bearer,
-    /// What a leader restarted in its old term must apply before it
-    /// answers from its state machine (`raft::read_floor`).
-    pub read_floor: RestartReadFloor,
 }
 
 impl NodeCtx {
@@ -215,21 +210,15 @@ impl NodeCtx {
         m.current_leader == Some(self.id) && m.current_term == term
     }
 
-    /// False while this node leads the term it restarted in and has not
-    /// yet applied the log it held then: its table is older than the
-    /// cluster's, so work that starts from the table waits
-    /// (`raft::read_floor`).
-    pub fn caught_up_since_restart(&self) -> bool {
-        self.restart_floor_pending().is_none()
-    }
-
-    fn restart_floor_pending(&self) -> Option<u64> {
-        if self.read_floor.passed() {
-            return None;
-        }
+    /// True once this node has applied an entry of its current term (a
+    /// leader's first is the blank entry of its election): its table then
+    /// holds every write of the terms before, so work that starts from the
+    /// table (resumed deliveries, re-drives, sagas) waits for it. A leader
+    /// always starts a term of its own, even after a restart (ADR 0028).
+    pub fn caught_up_in_term(&self) -> bool {
         let m = self.raft.metrics();
         let m = m.borrow();
-        self.read_floor.pending(m.current_term, m.last_applied.map(|l| l.index))
+        m.last_applied.is_some_and(|l| l.leader_id.get_term() == m.current_term)
     }
 
     pub(crate) fn is_leader(&self) -> bool {
@@ -280,21 +269,11 @@ impl NodeCtx {
             return Err(self.not_leader());
         }
         let timeout = Duration::from_millis(self.config.api.read_timeout_ms);
-        let read_index = async {
-            self.raft.ensure_linearizable().await?;
-            // openraft's read index misses a restarted leader's log
-            // (`raft::read_floor`): wait for that too.
-            if let Some(index) = self.restart_floor_pending() {
-                self.raft
-                    .wait(None)
-                    .applied_index_at_least(Some(index), "the log a restarted leader held")
-                    .await
-                    .map_err(|_| RaftError::Fatal(Fatal::Stopped))?;
-            }
-            Ok(())
-        };
+        // openraft's read index is at least the blank entry of this
+        // leader's term, so every write acknowledged before is covered.
+        let read_index = self.raft.ensure_linearizable();
         match tokio::time::timeout(timeout, read_index).await {
-            Ok(Ok(())) => Ok(f(&self.sm.state())),
+            Ok(Ok(_)) => Ok(f(&self.sm.state())),
             Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(fw)))) => Err(ApiError::NotLeader {
                 leader_id: fw.leader_id,
                 leader_api_addr: fw.leader_node.map(|n| n.api_addr),

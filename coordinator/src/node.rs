@@ -37,7 +37,6 @@ use crate::driver::Driver;
 use crate::raft::network::ChannelCache;
 use crate::raft::network::Network;
 use crate::raft::network::NetworkSettings;
-use crate::raft::read_floor::RestartReadFloor;
 use crate::raft::service::RaftService;
 use crate::raft::serving;
 use crate::raft::serving::HealthTarget;
@@ -97,15 +96,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let engine = store::open_data_dir(&config.data_dir, &config.cluster_id, config.node_id)?;
     let mut log_store = LogStore::open(engine.clone(), &config.data_dir)
         .map_err(|e| store_open_error(&config.data_dir, "the Raft log", e.is_no_space(), &e))?;
-    // Read before openraft takes the log: a node that restarts as the
-    // leader of its old term answers reads only after applying all of it.
-    let read_floor = {
-        use openraft::storage::RaftLogStorage;
-        let vote = log_store.read_vote().await.context("cannot read the stored vote")?;
-        RestartReadFloor::at_open(config.node_id, vote.as_ref(), log_store.bounds().map(|(_, last)| last))
-    };
+    // Before openraft takes the log: a node that led a term before it
+    // stopped runs for a new one rather than resuming it (ADR 0028).
+    log_store
+        .open_for_node(config.node_id)
+        .await
+        .context("cannot store the vote back as uncommitted")?;
+    let log_durability = log_store.durability();
     let sm = StateMachineStore::open(engine.clone())
-        .map_err(|e| store_open_error(&config.data_dir, "the state machine", e.is_no_space(), &e))?;
+        .map_err(|e| store_open_error(&config.data_dir, "the state machine", e.is_no_space(), &e))?
+        .applying_only_durable(log_durability.clone());
     let local_ip = Some(raft_listen.ip()).filter(|ip| !ip.is_unspecified());
     let network = Network::new(NetworkSettings {
         cluster_id: config.cluster_id.clone(),
@@ -114,6 +114,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         max_message_bytes: config.raft.max_message_bytes,
         connect_timeout: Duration::from_millis(config.raft.connect_timeout_ms),
         tls: security.client_tls.clone(),
+        log_durability,
     });
     let raft = Raft::new(
         config.node_id,
@@ -150,7 +151,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         channels: ChannelCache::new(local_ip, Duration::from_millis(config.raft.connect_timeout_ms))
             .with_tls(security.client_tls.clone()),
         participant_token: security.participant_token.clone(),
-        read_floor,
     });
     let driver = Driver::new(ctx.clone());
     let orchestrator =
@@ -472,7 +472,7 @@ async fn leader_loops(driver: Arc<Driver>, mut stop: tokio::sync::watch::Receive
             last_term = term;
             driver.wake_all();
         }
-        if !ctx.is_leader() || !ctx.caught_up_since_restart() {
+        if !ctx.is_leader() || !ctx.caught_up_in_term() {
             continue;
         }
         driver.background_round(term, now_ms()).await;

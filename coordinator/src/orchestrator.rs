@@ -141,7 +141,7 @@ impl Orchestrator {
                 _ = self.wake.notified() => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
-            if !self.ctx.is_leader() || !self.ctx.caught_up_since_restart() {
+            if !self.ctx.is_leader() || !self.ctx.caught_up_in_term() {
                 continue;
             }
             let term = self.ctx.current_term();

@@ -2,9 +2,9 @@
 //! transport service. Raft words only here (append, replicate, apply, term);
 //! the transaction words live in `sm`.
 
+pub mod log_durability;
 pub mod network;
 pub mod quorum_probe;
-pub mod read_floor;
 pub mod service;
 pub mod serving;
 

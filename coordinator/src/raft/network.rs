@@ -49,6 +49,9 @@ pub struct NetworkSettings {
     pub connect_timeout: Duration,
     /// TLS (with this node's certificate) for calls to other nodes.
     pub tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    /// This node's Raft log: the commit index told to followers never
+    /// passes what it has on disk (`raft::log_durability`, rule 2).
+    pub log_durability: std::sync::Arc<super::log_durability::LogDurability>,
 }
 
 /// Builds one `Connection` per target node. Channels are cached per address:
@@ -150,9 +153,10 @@ impl Connection {
 impl RaftNetwork<TypeConfig> for Connection {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        rpc.leader_commit = self.settings.log_durability.clamp_commit(rpc.leader_commit);
         self.call("append", &rpc, &option).await
     }
 

@@ -12,6 +12,13 @@
 //! takes every callback queued so far, syncs ONCE, then completes them in
 //! order: concurrent appends share one fsync (group commit at the disk).
 //!
+//! One exception (ADR 0028, `raft::log_durability`): the leader's own
+//! entries of its term are reported flushed at once, so openraft sends them
+//! to the followers while the flusher syncs them; what openraft then counts
+//! committed is acted on only up to the synced end (applies wait for it,
+//! the committed index saved and sent is clamped to it), and a restarted
+//! leader does not resume its term (`open_for_node`).
+//!
 //! Data directories written before the log files existed keep their
 //! entries in the engine's `Log` space; opening moves them into the files
 //! (`migrate_engine_log`).
@@ -26,6 +33,7 @@ use dtx_durable::wal::WalError;
 use openraft::storage::LogFlushed;
 use openraft::storage::RaftLogStorage;
 use openraft::AnyError;
+use openraft::EntryPayload;
 use openraft::LogState;
 use openraft::RaftLogId;
 use openraft::RaftLogReader;
@@ -36,8 +44,10 @@ use super::engine::KvEngine;
 use super::engine::Space;
 use super::engine::WriteBatch;
 use crate::codec;
+use crate::raft::log_durability::LogDurability;
 use crate::raft::Entry;
 use crate::raft::LogId;
+use crate::raft::NodeId;
 use crate::raft::StorageError;
 use crate::raft::TypeConfig;
 use crate::raft::Vote;
@@ -66,7 +76,14 @@ pub fn open_wal(data_dir: &std::path::Path) -> Result<Wal, WalError> {
 pub struct LogStore {
     engine: Arc<dyn KvEngine>,
     wal: Arc<Wal>,
-    flusher: std::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
+    /// A callback to complete after the next sync, or None: only sync
+    /// (an append already reported, `raft::log_durability`).
+    flusher: std::sync::mpsc::Sender<Option<LogFlushed<TypeConfig>>>,
+    durability: Arc<LogDurability>,
+    /// Held around every sync: `Wal::sync` returns at once when another
+    /// sync has taken the files to sync, before that one is done, and a
+    /// truncation must know what it kept is on disk.
+    sync_lock: Arc<std::sync::Mutex<()>>,
 }
 
 /// Why the log could not be opened.
@@ -105,18 +122,35 @@ fn log_error(wal: &Wal, e: &WalError) -> AnyError {
     }
 }
 
-fn run_flusher(wal: Arc<Wal>, rx: std::sync::mpsc::Receiver<LogFlushed<TypeConfig>>) {
+fn run_flusher(
+    wal: Arc<Wal>,
+    sync_lock: Arc<std::sync::Mutex<()>>,
+    durability: Arc<LogDurability>,
+    rx: std::sync::mpsc::Receiver<Option<LogFlushed<TypeConfig>>>,
+) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
         while let Ok(more) = rx.try_recv() {
             group.push(more);
         }
+        // Tests hold the sync here (a slow or stalled disk) to see that
+        // nothing is applied or told committed past it.
+        while dtx_failpoint::refused("raft_log_flush") {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let held = sync_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (covered, epoch) = durability.before_sync();
         let started = std::time::Instant::now();
         let res = wal.sync();
+        drop(held);
+        match &res {
+            Ok(_) => durability.synced(covered, epoch),
+            Err(_) => durability.failed(),
+        }
         metrics::histogram!("dtx_storage_flush_seconds").record(started.elapsed().as_secs_f64());
         metrics::counter!("dtx_log_flushes_total").increment(1);
         metrics::histogram!("dtx_log_flush_group_appends").record(group.len() as f64);
-        for cb in group {
+        for cb in group.into_iter().flatten() {
             let r = match &res {
                 Ok(_) => Ok(()),
                 Err(e) => Err(std::io::Error::other(log_error(&wal, e).to_string())),
@@ -140,13 +174,57 @@ impl LogStore {
         if let Some(p) = purged {
             wal.purge_upto(p.index)?;
         }
+        // What the files hold counts as durable from here on: sync it (a
+        // process killed before its sync leaves writes the disk may still
+        // lose).
+        wal.sync()?;
+        let last = last_log_id(&wal, purged).map_err(|e| LogOpenError::Meta(e.to_string()))?;
+        let vote: Option<Vote> =
+            read_meta_of(engine.as_ref(), VOTE_KEY).map_err(|e| LogOpenError::Meta(e.to_string()))?;
+        let durability = Arc::new(LogDurability::new(last, vote));
         let (flusher, rx) = std::sync::mpsc::channel();
-        let w = wal.clone();
+        let sync_lock = Arc::new(std::sync::Mutex::new(()));
+        let (w, l, d) = (wal.clone(), sync_lock.clone(), durability.clone());
         std::thread::Builder::new()
             .name("dtx-log-flusher".into())
-            .spawn(move || run_flusher(w, rx))
+            .spawn(move || run_flusher(w, l, d, rx))
             .expect("spawn the log flusher thread");
-        Ok(LogStore { engine, wal, flusher })
+        Ok(LogStore {
+            engine,
+            wal,
+            flusher,
+            durability,
+            sync_lock,
+        })
+    }
+
+    /// Makes this the log of node `id` as it starts: a committed vote for
+    /// itself is stored back as uncommitted, so the node does not resume
+    /// leading its old term (it may have lost entries it had sent to its
+    /// followers before their sync; a new entry at such an index in the
+    /// same term would carry the log id of the lost one), and from now on
+    /// its own appends as the leader are reported before their sync.
+    /// Returns the vote as stored now.
+    pub async fn open_for_node(&mut self, id: NodeId) -> Result<Option<Vote>, StorageError> {
+        let mut vote: Option<Vote> = self.read_meta(VOTE_KEY)?;
+        if let Some(v) = vote.filter(|v| v.is_committed() && v.leader_id().voted_for() == Some(id)) {
+            let resigned = Vote::new(v.leader_id().get_term(), id);
+            self.save_vote(&resigned).await?;
+            tracing::info!(
+                term = v.leader_id().get_term(),
+                "this node led term {} before it stopped; it runs for a new term instead of resuming that one",
+                v.leader_id().get_term()
+            );
+            vote = Some(resigned);
+        }
+        self.durability.set_node_id(id);
+        Ok(vote)
+    }
+
+    /// What of the log is on disk (for the state machine and the
+    /// transport, `raft::log_durability`).
+    pub fn durability(&self) -> Arc<LogDurability> {
+        self.durability.clone()
     }
 
     /// The first and last index the log holds (after its purge point).
@@ -211,14 +289,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id: Option<LogId> = self.read_meta(PURGED_KEY)?.flatten();
-        let last = match self.wal.range() {
-            Some((_, last)) => self.try_get_log_entries(last..=last).await?.pop(),
-            None => None,
-        };
-        let last_log_id = match last {
-            Some(e) => Some(*e.get_log_id()),
-            None => last_purged_log_id,
-        };
+        let last_log_id = last_log_id(&self.wal, last_purged_log_id)?;
         Ok(LogState {
             last_purged_log_id,
             last_log_id,
@@ -234,6 +305,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.flush()
             .await
             .map_err(|e| StorageIOError::write_vote(AnyError::new(&e)))?;
+        self.durability.vote_saved(*vote);
         Ok(())
     }
 
@@ -245,8 +317,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Not flushed on purpose: losing it only delays re-applying entries
         // until a quorum confirms the log again. (A leader that restarts in
         // its old term must not answer reads before that: openraft's read
-        // index comes from this value; see `raft::read_floor`.)
-        self.write_meta(COMMITTED_KEY, &committed)
+        // index came from this value, ADR 0023, until ADR 0028.) Never past
+        // the synced end of the log: a restart re-applies up to it.
+        self.write_meta(COMMITTED_KEY, &self.durability.clamp_commit(committed))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
@@ -259,17 +332,38 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let mut encoded = Vec::new();
+        let mut last = None;
+        let mut membership = false;
         for entry in entries {
             let bytes = codec::encode(&entry).map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
             encoded.push((entry.get_log_id().index, bytes));
+            membership |= matches!(entry.payload, EntryPayload::Membership(_));
+            last = Some(*entry.get_log_id());
         }
+        let Some(last) = last else {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        };
         self.wal
             .append(&encoded)
             .map_err(|e| StorageIOError::write_logs(log_error(&self.wal, &e)))?;
+        if self.durability.appended(last, membership) {
+            // The leader's own entries: reported now, so openraft sends
+            // them to the followers while the flusher syncs them; nothing
+            // acts on their commit before that sync (`raft::log_durability`).
+            metrics::counter!("dtx_log_appends_reported_before_sync_total").increment(1);
+            callback.log_io_completed(Ok(()));
+            if self.flusher.send(None).is_err() {
+                self.durability.failed();
+            }
+            return Ok(());
+        }
         // Durable before openraft may count this append: the flusher calls
         // back only after an fsync that covers these writes.
-        if let Err(e) = self.flusher.send(callback) {
-            e.0.log_io_completed(Err(std::io::Error::other("the log flusher thread stopped")));
+        if let Err(e) = self.flusher.send(Some(callback)) {
+            if let Some(cb) = e.0 {
+                cb.log_io_completed(Err(std::io::Error::other("the log flusher thread stopped")));
+            }
         }
         Ok(())
     }
@@ -277,7 +371,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.wal
             .truncate_from(log_id.index)
-            .map_err(|e| StorageIOError::write_logs(log_error(&self.wal, &e)).into())
+            .map_err(|e| StorageIOError::write_logs(log_error(&self.wal, &e)))?;
+        // What is kept is made durable here, so the log's durable end is
+        // simply the entry before the cut (`raft::log_durability`).
+        let synced = {
+            let _held = self.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.wal.sync()
+        };
+        if let Err(e) = synced {
+            self.durability.failed();
+            return Err(StorageIOError::write_logs(log_error(&self.wal, &e)).into());
+        }
+        let purged: Option<LogId> = self.read_meta(PURGED_KEY)?.flatten();
+        self.durability.truncated(last_log_id(&self.wal, purged)?);
+        Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -297,6 +404,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.wal
             .purge_upto(log_id.index)
             .map_err(|e| StorageIOError::write_logs(log_error(&self.wal, &e)).into())
+    }
+}
+
+/// The id of the last entry the log holds, or the purge point when it holds
+/// none.
+fn last_log_id(wal: &Wal, purged: Option<LogId>) -> Result<Option<LogId>, StorageError> {
+    let Some((_, last)) = wal.range() else {
+        return Ok(purged);
+    };
+    let bytes = wal
+        .read(last, last + 1)
+        .map_err(|e| StorageIOError::read_logs(AnyError::new(&e)))?;
+    match bytes.first() {
+        Some(b) => codec::decode::<Entry>(b)
+            .map(|e| Some(*e.get_log_id()))
+            .map_err(|e| StorageIOError::read_logs(AnyError::new(&e)).into()),
+        None => Ok(purged),
     }
 }
 
@@ -434,5 +558,77 @@ mod tests {
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(3));
         assert_eq!(state.last_log_id.map(|l| l.index), Some(6));
+    }
+
+    /// ADR 0028, rule 3: a node that led a term before it stopped does not
+    /// resume it (it may have lost entries its followers kept); another
+    /// node's leadership or a candidate's vote is left as it is.
+    #[tokio::test]
+    async fn a_restarted_leader_stores_its_vote_back_as_uncommitted() {
+        let d = tempfile::tempdir().unwrap();
+        let engine = crate::store::open_data_dir(d.path(), "c", 1).unwrap();
+        let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
+        log.save_vote(&Vote::new_committed(7, 1)).await.unwrap();
+        assert_eq!(log.open_for_node(1).await.unwrap(), Some(Vote::new(7, 1)));
+        drop(log);
+        let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
+        assert_eq!(
+            log.read_vote().await.unwrap(),
+            Some(Vote::new(7, 1)),
+            "stored, not only returned"
+        );
+
+        log.save_vote(&Vote::new_committed(8, 2)).await.unwrap();
+        assert_eq!(log.open_for_node(1).await.unwrap(), Some(Vote::new_committed(8, 2)));
+        log.save_vote(&Vote::new(9, 1)).await.unwrap();
+        assert_eq!(log.open_for_node(1).await.unwrap(), Some(Vote::new(9, 1)));
+    }
+
+    /// ADR 0028, rule 2: the committed index saved (which a restart
+    /// re-applies up to) never passes the synced end of the log, though
+    /// openraft counted the leader's unsynced copy.
+    #[tokio::test]
+    async fn the_committed_index_saved_never_passes_the_synced_log() {
+        let d = tempfile::tempdir().unwrap();
+        let engine = crate::store::open_data_dir(d.path(), "c", 1).unwrap();
+        let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
+        log.save_vote(&Vote::new_committed(1, 1)).await.unwrap();
+        log.durability.set_node_id(1);
+        let encoded: Vec<(u64, Vec<u8>)> = (1..=2).map(|i| (i, codec::encode(&entry(i)).unwrap())).collect();
+        log.wal.append(&encoded).unwrap();
+        log.wal.sync().unwrap();
+        log.durability
+            .synced(Some(entry(2).log_id), log.durability.before_sync().1);
+        let more: Vec<(u64, Vec<u8>)> = (3..=5).map(|i| (i, codec::encode(&entry(i)).unwrap())).collect();
+        log.wal.append(&more).unwrap();
+        assert!(
+            log.durability.appended(entry(5).log_id, false),
+            "the leader's own entries go early"
+        );
+        log.save_committed(Some(entry(5).log_id)).await.unwrap();
+        assert_eq!(log.read_committed().await.unwrap(), Some(entry(2).log_id));
+        let (covered, epoch) = log.durability.before_sync();
+        log.wal.sync().unwrap();
+        log.durability.synced(covered, epoch);
+        log.save_committed(Some(entry(5).log_id)).await.unwrap();
+        assert_eq!(log.read_committed().await.unwrap(), Some(entry(5).log_id));
+    }
+
+    /// A truncation makes what it keeps durable and is the new durable end:
+    /// a follower applies nothing of the entries cut (which another leader
+    /// replaces).
+    #[tokio::test]
+    async fn a_truncation_is_the_new_durable_end() {
+        let d = tempfile::tempdir().unwrap();
+        let engine = crate::store::open_data_dir(d.path(), "c", 1).unwrap();
+        let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
+        let encoded: Vec<(u64, Vec<u8>)> = (1..=6).map(|i| (i, codec::encode(&entry(i)).unwrap())).collect();
+        log.wal.append(&encoded).unwrap();
+        log.durability.appended(entry(6).log_id, false);
+        log.truncate(entry(4).log_id).await.unwrap();
+        assert_eq!(
+            log.durability.durable(),
+            crate::raft::log_durability::Durable::UpTo(Some(entry(3).log_id))
+        );
     }
 }

@@ -30,6 +30,7 @@ use super::engine::KvEngine;
 use super::engine::Space;
 use super::engine::WriteBatch;
 use crate::codec;
+use crate::raft::log_durability::LogDurability;
 use crate::raft::BatchResult;
 use crate::raft::Entry;
 use crate::raft::LogId;
@@ -317,6 +318,9 @@ pub struct StateMachineStore {
     /// apply and barrier reports it (the state in memory is ahead of what
     /// can be stored; the log still holds the entries).
     write_failed: Arc<Mutex<Option<String>>>,
+    /// The node's Raft log, whose entries are applied only once on its
+    /// disk (`raft::log_durability`); None in tools that only read.
+    log_durability: Option<Arc<LogDurability>>,
 }
 
 /// What the writer thread is handed.
@@ -546,7 +550,16 @@ impl StateMachineStore {
             pending: Arc::new(Mutex::new(PendingWrites::default())),
             writer,
             write_failed,
+            log_durability: None,
         })
+    }
+
+    /// From now on an entry is applied only once `log` has it on disk
+    /// (ADR 0028: the leader's entries reach the followers before its own
+    /// sync; a client is answered only when both copies are synced).
+    pub fn applying_only_durable(mut self, log: Arc<LogDurability>) -> Self {
+        self.log_durability = Some(log);
+        self
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, PendingWrites> {
@@ -664,6 +677,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if let (Some(log), Some(last)) = (&self.log_durability, entries.last()) {
+            let started = std::time::Instant::now();
+            log.wait_durable(last.log_id.index)
+                .await
+                .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
+            metrics::histogram!("dtx_apply_wait_for_log_sync_seconds").record(started.elapsed().as_secs_f64());
+        }
         let mut st = self.state.write().expect("state machine lock poisoned");
         let mut responses = Vec::new();
         let mut effects = Vec::new();
