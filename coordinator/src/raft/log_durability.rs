@@ -181,6 +181,24 @@ impl LogDurability {
         });
     }
 
+    /// The log was purged up to `upto` after a snapshot covering it was
+    /// stored: those entries are durable in the state machine's stored
+    /// state, even in a log that never held them (a restore, a follower
+    /// that installed a snapshot).
+    pub fn purged(&self, upto: LogId) {
+        let mut g = self.lock();
+        if index_of(g.appended) < Some(upto.index) {
+            g.appended = Some(upto);
+        }
+        self.durable.send_if_modified(|d| match d {
+            Durable::UpTo(cur) if index_of(*cur) < Some(upto.index) => {
+                *d = Durable::UpTo(Some(upto));
+                true
+            }
+            _ => false,
+        });
+    }
+
     /// What is on disk now.
     pub fn durable(&self) -> Durable {
         *self.durable.borrow()
@@ -312,6 +330,19 @@ mod tests {
         let (covered, epoch) = d.before_sync();
         d.synced(covered, epoch);
         assert_eq!(d.durable(), Durable::UpTo(Some(log_id(3, 3, 8))));
+    }
+
+    #[test]
+    fn a_purge_point_counts_as_durable() {
+        let d = LogDurability::new(None, None);
+        d.purged(log_id(3, 2, 40));
+        assert_eq!(d.durable(), Durable::UpTo(Some(log_id(3, 2, 40))));
+        assert_eq!(d.clamp_commit(Some(log_id(3, 2, 40))), Some(log_id(3, 2, 40)));
+        // A purge behind the durable end changes nothing.
+        d.purged(log_id(3, 2, 10));
+        assert_eq!(d.durable(), Durable::UpTo(Some(log_id(3, 2, 40))));
+        // What a later sync covers starts after the purge point.
+        assert_eq!(d.before_sync().0, Some(log_id(3, 2, 40)));
     }
 
     #[test]

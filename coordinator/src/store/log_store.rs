@@ -403,7 +403,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
         self.wal
             .purge_upto(log_id.index)
-            .map_err(|e| StorageIOError::write_logs(log_error(&self.wal, &e)).into())
+            .map_err(|e| StorageIOError::write_logs(log_error(&self.wal, &e)))?;
+        self.durability.purged(log_id);
+        Ok(())
     }
 }
 
