@@ -115,6 +115,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         connect_timeout: Duration::from_millis(config.raft.connect_timeout_ms),
         tls: security.client_tls.clone(),
         log_durability,
+        log_sync_stall_max: Duration::from_millis(config.raft.election_timeout_min_ms),
     });
     let raft = Raft::new(
         config.node_id,

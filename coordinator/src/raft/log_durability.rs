@@ -26,8 +26,18 @@
 //! Membership entries are never reported early (openraft acts on their
 //! commit at once: the next step of a change, a removed leader's exit), nor
 //! is anything appended after one until that one is synced.
+//!
+//! A leader whose disk stalls must still lose its leadership, as it did
+//! when its core waited for every sync (its heartbeats then stopped): the
+//! transport sends no AppendEntries while the log has written entries and
+//! no sync has finished for longer than the shortest election timeout
+//! ([`LogDurability::sync_stalled_for`]), so the followers elect another
+//! leader if the stall goes on for an election timeout more (a shorter
+//! limit would make a slow fsync cost a replication backoff as well).
 
 use std::sync::Mutex;
+use std::time::Duration;
+use std::time::Instant;
 
 use tokio::sync::watch;
 
@@ -66,6 +76,9 @@ struct Inner {
     /// The index of the last membership entry written and not yet known
     /// synced.
     membership_unsynced: Option<u64>,
+    /// When a sync last moved the durable end, or an append found nothing
+    /// waiting for one (the start of the current wait).
+    progress_at: Instant,
 }
 
 /// Shared by the log store (appends, truncations, votes), its flusher
@@ -88,6 +101,7 @@ impl LogDurability {
                 appended: last,
                 epoch: 0,
                 membership_unsynced: None,
+                progress_at: Instant::now(),
             }),
             durable: watch::Sender::new(Durable::UpTo(last)),
         }
@@ -116,8 +130,11 @@ impl LogDurability {
     /// sync.
     pub fn appended(&self, last: LogId, membership: bool) -> bool {
         let mut g = self.lock();
-        g.appended = Some(last);
         let durable_index = self.durable_index();
+        if index_of(g.appended) <= durable_index {
+            g.progress_at = Instant::now();
+        }
+        g.appended = Some(last);
         if g.membership_unsynced.is_some_and(|m| Some(m) <= durable_index) {
             g.membership_unsynced = None;
         }
@@ -143,12 +160,13 @@ impl LogDurability {
     /// The sync that started at `(covered, epoch)` (from
     /// [`before_sync`](Self::before_sync)) returned.
     pub fn synced(&self, covered: Option<LogId>, epoch: u64) {
-        let g = self.lock();
+        let mut g = self.lock();
         if g.epoch != epoch {
             // A truncation came in between; it made what it kept durable
             // itself, and what was appended after it has its own sync.
             return;
         }
+        g.progress_at = Instant::now();
         self.durable.send_if_modified(|d| match d {
             Durable::UpTo(cur) if index_of(*cur) < index_of(covered) => {
                 *d = Durable::UpTo(covered);
@@ -168,6 +186,7 @@ impl LogDurability {
     pub fn truncated(&self, last_kept: Option<LogId>) {
         let mut g = self.lock();
         g.epoch += 1;
+        g.progress_at = Instant::now();
         g.appended = last_kept;
         if g.membership_unsynced > index_of(last_kept) {
             g.membership_unsynced = None;
@@ -187,6 +206,7 @@ impl LogDurability {
     /// that installed a snapshot).
     pub fn purged(&self, upto: LogId) {
         let mut g = self.lock();
+        g.progress_at = Instant::now();
         if index_of(g.appended) < Some(upto.index) {
             g.appended = Some(upto);
         }
@@ -222,6 +242,19 @@ impl LogDurability {
             // never moves its commit index back).
             Durable::Failed => None,
         }
+    }
+
+    /// How long written entries have waited for a sync that moves the
+    /// durable end (None: nothing waits). The transport stops this node's
+    /// AppendEntries, heartbeats included, while it exceeds the shortest
+    /// election timeout, so a leader whose disk stalls is replaced.
+    pub fn sync_stalled_for(&self, now: Instant) -> Option<Duration> {
+        let g = self.lock();
+        let waiting = match self.durable() {
+            Durable::UpTo(d) => index_of(g.appended) > index_of(d),
+            Durable::Failed => true,
+        };
+        waiting.then(|| now.saturating_duration_since(g.progress_at))
     }
 
     /// Waits until the entry at `index` is on disk.
@@ -343,6 +376,28 @@ mod tests {
         assert_eq!(d.durable(), Durable::UpTo(Some(log_id(3, 2, 40))));
         // What a later sync covers starts after the purge point.
         assert_eq!(d.before_sync().0, Some(log_id(3, 2, 40)));
+    }
+
+    #[test]
+    fn a_stall_is_the_time_since_the_durable_end_last_moved_with_writes_waiting() {
+        let d = leading(4, 1);
+        let t0 = Instant::now();
+        assert_eq!(d.sync_stalled_for(t0), None, "nothing written waits");
+        d.appended(log_id(4, 1, 4), false);
+        let later = Instant::now() + Duration::from_millis(500);
+        let stalled = d.sync_stalled_for(later).expect("entry 4 waits");
+        assert!(stalled >= Duration::from_millis(500), "{stalled:?}");
+        // A second append while the first waits does not restart the clock.
+        d.appended(log_id(4, 1, 5), false);
+        assert!(d.sync_stalled_for(later).unwrap() >= Duration::from_millis(500));
+        // A sync that moves the durable end does.
+        let (covered, epoch) = d.before_sync();
+        d.synced(covered, epoch);
+        assert_eq!(d.sync_stalled_for(later), None);
+        d.appended(log_id(4, 1, 6), false);
+        assert!(d.sync_stalled_for(later).unwrap() < Duration::from_millis(500));
+        d.failed();
+        assert!(d.sync_stalled_for(later).is_some(), "a stopped log waits for good");
     }
 
     #[test]

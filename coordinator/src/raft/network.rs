@@ -52,6 +52,10 @@ pub struct NetworkSettings {
     /// This node's Raft log: the commit index told to followers never
     /// passes what it has on disk (`raft::log_durability`, rule 2).
     pub log_durability: std::sync::Arc<super::log_durability::LogDurability>,
+    /// No AppendEntries (heartbeats included) leaves while the log's sync
+    /// has stalled for longer than this (`raft.election_timeout_min_ms`),
+    /// so a leader whose disk hangs is replaced.
+    pub log_sync_stall_max: Duration,
 }
 
 /// Builds one `Connection` per target node. Channels are cached per address:
@@ -156,7 +160,21 @@ impl RaftNetwork<TypeConfig> for Connection {
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        rpc.leader_commit = self.settings.log_durability.clamp_commit(rpc.leader_commit);
+        let durability = &self.settings.log_durability;
+        if let Some(stalled) = durability
+            .sync_stalled_for(std::time::Instant::now())
+            .filter(|s| *s > self.settings.log_sync_stall_max)
+        {
+            metrics::counter!("dtx_raft_appends_held_for_log_sync_total").increment(1);
+            let e = TransportError(format!(
+                "append to node {} not sent: this node's Raft log has waited {} ms for its fsync (more than raft.election_timeout_min_ms = {} ms); the followers elect another leader if it goes on",
+                self.target,
+                stalled.as_millis(),
+                self.settings.log_sync_stall_max.as_millis()
+            ));
+            return Err(RPCError::Unreachable(Unreachable::new(&e)));
+        }
+        rpc.leader_commit = durability.clamp_commit(rpc.leader_commit);
         self.call("append", &rpc, &option).await
     }
 
