@@ -499,6 +499,13 @@ mod tests {
         engine.flush().unwrap();
     }
 
+    /// Writes entries to the log files without openraft's callback (which
+    /// cannot be made outside openraft; the storage suite covers `append`).
+    fn write_entries(log: &LogStore, range: std::ops::RangeInclusive<u64>) {
+        let encoded: Vec<(u64, Vec<u8>)> = range.map(|i| (i, codec::encode(&entry(i)).unwrap())).collect();
+        log.wal.append(&encoded).unwrap();
+    }
+
     async fn indexes(log: &mut LogStore) -> Vec<u64> {
         log.try_get_log_entries(0..u64::MAX)
             .await
@@ -547,10 +554,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let engine = crate::store::open_data_dir(d.path(), "c", 1).unwrap();
         let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
-        // (openraft's append callback cannot be made outside openraft; the
-        // storage suite covers `append` itself.)
-        let encoded: Vec<(u64, Vec<u8>)> = (1..=6).map(|i| (i, codec::encode(&entry(i)).unwrap())).collect();
-        log.wal.append(&encoded).unwrap();
+        write_entries(&log, 1..=6);
         log.wal.sync().unwrap();
         log.purge(entry(3).log_id).await.unwrap();
         assert_eq!(indexes(&mut log).await, vec![4, 5, 6]);
@@ -596,13 +600,11 @@ mod tests {
         let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
         log.save_vote(&Vote::new_committed(1, 1)).await.unwrap();
         log.durability.set_node_id(1);
-        let encoded: Vec<(u64, Vec<u8>)> = (1..=2).map(|i| (i, codec::encode(&entry(i)).unwrap())).collect();
-        log.wal.append(&encoded).unwrap();
+        write_entries(&log, 1..=2);
         log.wal.sync().unwrap();
         log.durability
             .synced(Some(entry(2).log_id), log.durability.before_sync().1);
-        let more: Vec<(u64, Vec<u8>)> = (3..=5).map(|i| (i, codec::encode(&entry(i)).unwrap())).collect();
-        log.wal.append(&more).unwrap();
+        write_entries(&log, 3..=5);
         assert!(
             log.durability.appended(entry(5).log_id, false),
             "the leader's own entries go early"
@@ -624,8 +626,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let engine = crate::store::open_data_dir(d.path(), "c", 1).unwrap();
         let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
-        let encoded: Vec<(u64, Vec<u8>)> = (1..=6).map(|i| (i, codec::encode(&entry(i)).unwrap())).collect();
-        log.wal.append(&encoded).unwrap();
+        write_entries(&log, 1..=6);
         log.durability.appended(entry(6).log_id, false);
         log.truncate(entry(4).log_id).await.unwrap();
         assert_eq!(
