@@ -119,19 +119,25 @@ fn matched(leader: &ClusterStatusResponse, id: u64) -> u64 {
         .unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t24_the_leader_replicates_beside_its_flush_and_acknowledges_only_after_it() {
-    // Long election timeouts: the held flush must not start an election
-    // (heartbeats still go out, until the sync has waited longer than the
-    // shortest election timeout, 4 s, far more than this hold; nothing else
-    // should need the leader's fsync, but a vote written behind the held
-    // one would be stuck too).
+/// A three-node cluster (tuned by `tune`, each node with its own refusal
+/// file) whose leader's log fsync is held, and the Commit of one begun
+/// transaction sent to that leader: the first write behind the held fsync.
+struct Held {
+    c: TestCluster,
+    leader: u64,
+    followers: Vec<u64>,
+    txid: u64,
+    /// The leader's term when its fsync was held.
+    term: u64,
+    /// The index of the first entry behind the held fsync.
+    target: u64,
+    write: tokio::task::JoinHandle<Result<TxOutcome, dtx_client::ClientError>>,
+}
+
+async fn hold_the_leaders_flush(cluster_id: &str, tune: impl Fn(&mut coordinator::config::Config)) -> Held {
     let dir = common::test_dir();
-    let procs = ProcessCluster::new(common::bin(), dir.path(), "t24", common::local_plans(3), |cfg| {
-        cfg.raft.election_timeout_min_ms = 4_000;
-        cfg.raft.election_timeout_max_ms = 5_000;
-    })
-    .expect("cluster config");
+    let procs = ProcessCluster::new(common::bin(), dir.path(), cluster_id, common::local_plans(3), tune)
+        .expect("cluster config");
     let mut c = TestCluster {
         dir,
         procs,
@@ -149,7 +155,8 @@ async fn t24_the_leader_replicates_beside_its_flush_and_acknowledges_only_after_
         let b = client.begin(&format!("warm{i}"), 600_000, b"").await.unwrap();
         assert_eq!(client.commit(b.txid).await.unwrap(), TxOutcome::Committed);
     }
-    // The transaction whose decision is the write under test.
+    // The transaction whose Commit is the write under test; its deadline
+    // is far away, so no reaper decides it.
     let txid = client.begin("held", 600_000, b"").await.unwrap().txid;
     let before = c.status_of(leader).await;
     for id in 1..=3 {
@@ -185,6 +192,37 @@ async fn t24_the_leader_replicates_beside_its_flush_and_acknowledges_only_after_
 
     let committer = c.client_at(leader);
     let write = tokio::spawn(async move { committer.commit(txid).await });
+    Held {
+        c,
+        leader,
+        followers,
+        txid,
+        term: held.term,
+        target,
+        write,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t24_the_leader_replicates_beside_its_flush_and_acknowledges_only_after_it() {
+    // Long election timeouts: the held flush must not start an election
+    // (heartbeats still go out, until the sync has waited longer than the
+    // shortest election timeout, 4 s, far more than this hold; nothing else
+    // should need the leader's fsync, but a vote written behind the held
+    // one would be stuck too).
+    let Held {
+        mut c,
+        leader,
+        followers,
+        txid,
+        term,
+        target,
+        write,
+    } = hold_the_leaders_flush("t24", |cfg| {
+        cfg.raft.election_timeout_min_ms = 4_000;
+        cfg.raft.election_timeout_max_ms = 5_000;
+    })
+    .await;
 
     // (a) while (b): poll until both followers hold the entry (and the
     // leader knows it), then keep sampling for 1.5 s more.
@@ -200,12 +238,12 @@ async fn t24_the_leader_replicates_beside_its_flush_and_acknowledges_only_after_
         // says nothing about the held one.
         for (id, s) in views.iter().filter_map(|(id, s)| Some((id, s.as_ref()?))) {
             assert!(
-                s.term == before.term,
+                s.term == term,
                 "premise: no election while the leader's flush is held, but node {id} is in term {} (was {}): does \
                  the leader stop its heartbeats behind its held fsync, so it does not replicate beside it? (or the \
                  machine is too slow for 4-5 s election timeouts) ({s:?})",
                 s.term,
-                before.term
+                term
             );
         }
         for (id, s) in views.iter().filter_map(|(id, s)| Some((id, s.as_ref()?))) {
@@ -306,66 +344,22 @@ async fn t24_a_leader_whose_log_sync_stalls_is_replaced() {
     // The stall limit is the shortest election timeout (500 ms); a follower
     // calls an election openraft's leader lease (the longest election
     // timeout, 1000 ms) plus one of its election timeouts (500-1000 ms)
-    // after the last heartbeat it heard.
-    let dir = common::test_dir();
-    let procs = ProcessCluster::new(common::bin(), dir.path(), "t24b", common::local_plans(3), |cfg| {
+    // after the last heartbeat it heard. The leader's flush stays held
+    // until step 5.
+    let Held {
+        c,
+        leader: old_leader,
+        followers,
+        txid,
+        term: old_term,
+        target,
+        write,
+    } = hold_the_leaders_flush("t24b", |cfg| {
         cfg.raft.heartbeat_interval_ms = 100;
         cfg.raft.election_timeout_min_ms = 500;
         cfg.raft.election_timeout_max_ms = 1_000;
     })
-    .expect("cluster config");
-    let mut c = TestCluster {
-        dir,
-        procs,
-        proxies: Vec::new(),
-    };
-    for id in 1..=3 {
-        start_node(&mut c, id);
-    }
-    let old_leader = c.leader().await;
-    let followers: Vec<u64> = (1..=3).filter(|id| *id != old_leader).collect();
-
-    // Ordinary writes, applied everywhere.
-    let client = c.client();
-    for i in 0..5u64 {
-        let b = client.begin(&format!("warm{i}"), 600_000, b"").await.unwrap();
-        assert_eq!(client.commit(b.txid).await.unwrap(), TxOutcome::Committed);
-    }
-    // The transaction whose Commit goes to the stalled leader; its deadline
-    // is far away, so no reaper decides it.
-    let txid = client.begin("held", 600_000, b"").await.unwrap().txid;
-    let before = c.status_of(old_leader).await;
-    for id in 1..=3 {
-        assert!(
-            c.wait_applied(id, before.last_log_index, Duration::from_secs(20)).await,
-            "node {id} did not apply index {} within 20 s",
-            before.last_log_index
-        );
-    }
-
-    // Hold the leader's flush, for good (until step 5).
-    std::fs::write(refuse_file(&c, old_leader), "raft_log_flush\n").unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let held = c.status_of(old_leader).await;
-    assert_eq!(
-        (held.role.as_str(), held.term),
-        ("Leader", before.term),
-        "premise: node {old_leader} still leads term {} ({held:?})",
-        before.term
-    );
-    let old_term = held.term;
-    let target = held.last_log_index + 1;
-    for id in 1..=3 {
-        let s = status(&c, id).await.expect("status while nothing is held yet");
-        assert!(
-            s.last_applied_index < target && s.last_log_index < target,
-            "premise: nothing past index {} on node {id} before the write ({s:?})",
-            held.last_log_index
-        );
-    }
-
-    let committer = c.client_at(old_leader);
-    let write = tokio::spawn(async move { committer.commit(txid).await });
+    .await;
 
     // (c) and (d): poll the followers until they agree on a new leader.
     let until = tokio::time::Instant::now() + Duration::from_secs(20);
