@@ -135,6 +135,10 @@ pub struct Wal {
     name: &'static str,
     segment_bytes_max: u64,
     inner: Mutex<Inner>,
+    /// Held by a `sync` from start to end: one that finds the files taken
+    /// by another still running waits for it, rather than returning before
+    /// the writes it must cover are on disk.
+    syncing: Mutex<()>,
 }
 
 fn io_err<'a>(name: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> WalError + 'a {
@@ -368,6 +372,7 @@ impl Wal {
             name,
             segment_bytes_max,
             inner: Mutex::new(inner),
+            syncing: Mutex::new(()),
         })
     }
 
@@ -493,8 +498,11 @@ impl Wal {
 
     /// Makes every write before the call durable: `fdatasync` of each file
     /// written since the last sync, and of the directory when files came
-    /// or went. Returns how many files it synced.
+    /// or went. Returns how many files it synced. Concurrent calls run one
+    /// after the other (`syncing`): each returns only once every write
+    /// before it is durable, whichever call's `fdatasync` covered it.
     pub fn sync(&self) -> Result<usize, WalError> {
+        let _syncing = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
         let (files, dir_dirty) = {
             let mut g = self.lock();
             g.check_running(self.name)?;

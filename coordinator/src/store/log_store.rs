@@ -80,10 +80,6 @@ pub struct LogStore {
     /// (an append already reported, `raft::log_durability`).
     flusher: std::sync::mpsc::Sender<Option<LogFlushed<TypeConfig>>>,
     durability: Arc<LogDurability>,
-    /// Held around every sync: `Wal::sync` returns at once when another
-    /// sync has taken the files to sync, before that one is done, and a
-    /// truncation must know what it kept is on disk.
-    sync_lock: Arc<std::sync::Mutex<()>>,
 }
 
 /// Why the log could not be opened.
@@ -124,7 +120,6 @@ fn log_error(wal: &Wal, e: &WalError) -> AnyError {
 
 fn run_flusher(
     wal: Arc<Wal>,
-    sync_lock: Arc<std::sync::Mutex<()>>,
     durability: Arc<LogDurability>,
     rx: std::sync::mpsc::Receiver<Option<LogFlushed<TypeConfig>>>,
 ) {
@@ -138,11 +133,9 @@ fn run_flusher(
         while dtx_failpoint::refused("raft_log_flush") {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let held = sync_lock.lock().unwrap_or_else(|e| e.into_inner());
         let (covered, epoch) = durability.before_sync();
         let started = std::time::Instant::now();
         let res = wal.sync();
-        drop(held);
         match &res {
             Ok(_) => durability.synced(covered, epoch),
             Err(_) => durability.failed(),
@@ -183,18 +176,16 @@ impl LogStore {
             read_meta_of(engine.as_ref(), VOTE_KEY).map_err(|e| LogOpenError::Meta(e.to_string()))?;
         let durability = Arc::new(LogDurability::new(last, vote));
         let (flusher, rx) = std::sync::mpsc::channel();
-        let sync_lock = Arc::new(std::sync::Mutex::new(()));
-        let (w, l, d) = (wal.clone(), sync_lock.clone(), durability.clone());
+        let (w, d) = (wal.clone(), durability.clone());
         std::thread::Builder::new()
             .name("dtx-log-flusher".into())
-            .spawn(move || run_flusher(w, l, d, rx))
+            .spawn(move || run_flusher(w, d, rx))
             .expect("spawn the log flusher thread");
         Ok(LogStore {
             engine,
             wal,
             flusher,
             durability,
-            sync_lock,
         })
     }
 
@@ -374,11 +365,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::write_logs(log_error(&self.wal, &e)))?;
         // What is kept is made durable here, so the log's durable end is
         // simply the entry before the cut (`raft::log_durability`).
-        let synced = {
-            let _held = self.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.wal.sync()
-        };
-        if let Err(e) = synced {
+        if let Err(e) = self.wal.sync() {
             self.durability.failed();
             return Err(StorageIOError::write_logs(log_error(&self.wal, &e)).into());
         }
