@@ -204,6 +204,8 @@ struct Outcome {
     postgres: Option<crate::pgbench::PgReport>,
     /// With `--tls`: the transfers over TLS.
     tls: Option<Vec<TransferPoint>>,
+    /// What the machine was when the run started (`crate::machine`).
+    machine: crate::machine::Machine,
 }
 
 const SKIP_BANNER: &str = "\
@@ -254,6 +256,8 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let dir = dir.canonicalize()?;
+    let machine = crate::machine::Machine::read();
+    println!("machine: {}", machine.line());
     println!("measuring fsync on {} ({} syncs)...", dir.display(), a.fsyncs);
     let (raw, sled_sync) = measure_fsync(&dir, a.fsyncs)?;
     println!(
@@ -505,6 +509,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         checks,
         postgres,
         tls,
+        machine,
     };
     let text = results_text(&a, &outcome);
     println!();
@@ -664,17 +669,17 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         t.push_str("\n\n");
     }
     t.push_str(&format!(
-        "coordinator bench, {} (unix time {}), {} CPUs; --clients {:?} --transfer-clients {:?} --seconds {} --warmup {}\n",
+        "coordinator bench, {} (unix time {}); --clients {:?} --transfer-clients {:?} --seconds {} --warmup {}\nmachine: {}\n",
         o.etcd_version
             .as_deref()
             .map(|v| format!("against {v}"))
             .unwrap_or_else(|| "etcd skipped".into()),
         o.started_unix,
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         a.clients,
         a.transfer_clients,
         a.seconds,
-        a.warmup
+        a.warmup,
+        o.machine.line()
     ));
     t.push_str(&format!(
         "disk: fdatasync {:.0}/s, p50 {:.3} ms, p99 {:.3} ms; sled insert+flush {:.0}/s, p50 {:.3} ms\n",
@@ -792,7 +797,8 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
     let goals = crate::report::goals(&o.summary);
     let v = serde_json::json!({
         "started_unix": o.started_unix,
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpus": o.machine.cpus,
+        "machine": o.machine,
         "args": {
             "clients": a.clients, "transfer_clients": a.transfer_clients, "seconds": a.seconds,
             "warmup": a.warmup, "recheck": a.recheck, "dir": a.dir, "postgres": a.postgres, "tls": a.tls,

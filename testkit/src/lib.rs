@@ -10,6 +10,8 @@
 //!   the CPU time per committed transfer summed over every process, and
 //!   the same write-once workload against etcd in the same run.
 //! - [`cpu`]: CPU time of this process and of child processes.
+//! - [`machine`]: the machine's facts a bench records beside its numbers
+//!   (CPUs, kernel, how idle vCPUs wait).
 //! - [`etcd`]: a supervisor of a local etcd cluster and a minimal gRPC
 //!   client of its KV API, for the bench's side-by-side comparison.
 //! - [`verify`]: the bench's correctness checks (no acknowledged write
@@ -27,6 +29,7 @@ pub mod closed_loop;
 pub mod cluster;
 pub mod cpu;
 pub mod etcd;
+pub mod machine;
 pub mod pgbench;
 pub mod pki;
 pub mod plot;
