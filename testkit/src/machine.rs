@@ -75,23 +75,27 @@ impl Machine {
 mod tests {
     use super::*;
 
-    fn put(root: &Path, rel: &str, body: &str) {
-        let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, body).unwrap();
+    const KERNEL: &str = "proc/sys/kernel/osrelease";
+    const DRIVER: &str = "sys/devices/system/cpu/cpuidle/current_driver";
+    const HALT_POLL: &str = "sys/module/haltpoll/parameters/guest_halt_poll_ns";
+
+    /// The facts read from a stand-in root holding only `files`.
+    fn read_with(files: &[(&str, &str)], cpus: usize) -> Machine {
+        let root = tempfile::tempdir().unwrap();
+        for (rel, body) in files {
+            let p = root.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, body).unwrap();
+        }
+        Machine::read_from(root.path(), cpus)
     }
 
     #[test]
     fn a_kvm_guest_whose_idle_vcpus_halt_at_once() {
-        let root = tempfile::tempdir().unwrap();
-        put(root.path(), "proc/sys/kernel/osrelease", "6.18.44-fc\n");
-        put(
-            root.path(),
-            "sys/devices/system/cpu/cpuidle/current_driver",
-            "haltpoll\n",
+        let m = read_with(
+            &[(KERNEL, "6.18.44-fc\n"), (DRIVER, "haltpoll\n"), (HALT_POLL, "0\n")],
+            2,
         );
-        put(root.path(), "sys/module/haltpoll/parameters/guest_halt_poll_ns", "0\n");
-        let m = Machine::read_from(root.path(), 2);
         assert_eq!(
             m,
             Machine {
@@ -112,14 +116,7 @@ mod tests {
 
     #[test]
     fn a_guest_whose_idle_vcpus_poll_first() {
-        let root = tempfile::tempdir().unwrap();
-        put(root.path(), "sys/devices/system/cpu/cpuidle/current_driver", "haltpoll");
-        put(
-            root.path(),
-            "sys/module/haltpoll/parameters/guest_halt_poll_ns",
-            "200000",
-        );
-        let m = Machine::read_from(root.path(), 4);
+        let m = read_with(&[(DRIVER, "haltpoll"), (HALT_POLL, "200000")], 4);
         assert_eq!(m.guest_halt_poll_ns, Some(200_000));
         assert!(m
             .line()
@@ -128,10 +125,8 @@ mod tests {
 
     #[test]
     fn facts_that_cannot_be_read_are_unknown_not_guessed() {
-        let root = tempfile::tempdir().unwrap();
         // A value that is not a number is not read as one.
-        put(root.path(), "sys/module/haltpoll/parameters/guest_halt_poll_ns", "yes");
-        let m = Machine::read_from(root.path(), 8);
+        let m = read_with(&[(HALT_POLL, "yes")], 8);
         assert_eq!(
             m,
             Machine {
