@@ -4,8 +4,8 @@
 //! `guest_halt_poll_ns` is how long an idle vCPU polls before it halts;
 //! at 0 it halts at once, and every message to a process whose vCPU is idle
 //! waits for the hypervisor to wake that vCPU (docs/benchmarks.md measured
-//! a third of a one-client transfer so; docs/operations.md, "Commit latency
-//! on virtual machines").
+//! up to a quarter of a one-client transfer so; docs/operations.md, "Commit
+//! latency on virtual machines").
 
 use std::path::Path;
 
