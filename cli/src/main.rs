@@ -26,6 +26,12 @@ use clap::Parser;
 use clap::Subcommand;
 use coordinator::config::Config;
 
+/// Every process this binary runs (nodes, the example services, the
+/// bench) allocates through mimalloc: glibc's malloc and free were a sixth
+/// of a leader's CPU under load (docs/adr/0029-mimalloc.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "coordinator",
