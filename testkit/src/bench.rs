@@ -32,6 +32,8 @@ use crate::cpu::CpuMeter;
 use crate::etcd::EtcdCluster;
 use crate::etcd::EtcdKv;
 use crate::etcd::PutIfAbsent;
+use crate::leader_watch;
+use crate::leader_watch::LeaderWatch;
 pub use crate::report::stats;
 use crate::report::Phase;
 pub use crate::report::Stats;
@@ -283,6 +285,11 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     let leader = cluster.leader_within(Duration::from_secs(30)).await?;
     let leader_api = cluster.node(leader).plan.api_listen.clone();
     println!("cluster up; leader node {leader} at {leader_api}");
+    // The leader is found again before each measured phase and after it:
+    // clients start at the leader of the moment, and a phase whose leader
+    // changed is marked (and no goal is judged on it).
+    let watch = LeaderWatch::new(cluster.api_addrs(), None);
+    let mut last_leader = watch.find().await;
 
     // etcd: three members on loopback, data on the same disk as our nodes'.
     let mut etcd = None;
@@ -304,7 +311,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
 
     // Latency budget at one client: a bare API round trip (no Raft), and a
     // linearizable read (round trip + one heartbeat round to a quorum).
-    let one = clients_for(&leader_api, 1);
+    let one = clients_for(&watch.leader_first(last_leader.as_ref()), 1);
     let two_s = Duration::from_secs(2);
     let ok = |r: bool| if r { Step::Done } else { Step::Error("failed".into()) };
     let rpc = run_phase(&one, two_s, move |c, _, _| async move {
@@ -333,7 +340,9 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     let mut checks = Vec::new();
     for &n in &a.clients {
         // ---- ours ----
-        let clients = clients_for(&leader_api, n);
+        let before = watch.find().await;
+        say_if_new_leader("ours", &last_leader, &before);
+        let clients = clients_for(&watch.leader_first(before.as_ref()), n);
         for c in &clients {
             let _ = c.cluster_status().await;
         }
@@ -365,8 +374,9 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
                 }
             }
         })
-        .await
-        .phase(None);
+        .await;
+        let between = watch.find().await;
+        let begin = begin.phase(None, leader_watch::change(before.as_ref(), between.as_ref()));
         // Phase 2: Decide (ABORT, write-once) each of them once.
         let decided: Arc<Vec<Mutex<Vec<u64>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
         let (m, d) = (made.clone(), decided.clone());
@@ -390,13 +400,21 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
             }
         })
         .await;
-        let decide = decide.phase(Some(meter.sample().saturating_sub(cpu_before)));
+        let cpu = meter.sample().saturating_sub(cpu_before);
+        let after = watch.find().await;
+        let decide = decide.phase(Some(cpu), leader_watch::change(between.as_ref(), after.as_ref()));
+        last_leader = after;
         println!(
             "clients {n:>4}: begin {} | decide {} ({:.1}x fsync rate)",
             phase_line(&begin),
             phase_line(&decide),
             decide.stats.per_sec / raw.per_sec
         );
+        for (what, p) in [("begin", &begin), ("decide", &decide)] {
+            if let Some(c) = &p.leader_change {
+                println!("clients {n:>4}: {what}: NOT A FAIR MEASURE: {c}");
+            }
+        }
         // Checks, right away (a decided record is forgotten after
         // txn.retention_ms): every acknowledged Decide reads back, and a
         // conflicting Decide (Commit) returns the first decision.
@@ -405,25 +423,37 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         rows.push((n, begin, decide));
 
         // ---- etcd, same client count ----
-        if etcd.is_some() {
-            let kvs = etcd_clients_for(&etcd_leader, n)?;
+        if let Some(e) = &etcd {
+            let before = e.leader().await;
+            let kvs = etcd_clients_for(before.as_ref().map(|l| l.addr.as_str()).unwrap_or(&etcd_leader), n)?;
             let acked: Arc<Vec<Mutex<Vec<AckedPut>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
             run_phase(&kvs, warmup, put_if_absent_work(format!("n{n}-warm"), acked.clone())).await;
-            let meter = CpuMeter::new(etcd.as_ref().map(|e| e.pids()).unwrap_or_default());
+            let meter = CpuMeter::new(e.pids());
             let cpu_before = meter.sample();
             let put = run_phase(&kvs, measured, put_if_absent_work(format!("n{n}"), acked.clone())).await;
-            let put = put.phase(Some(meter.sample().saturating_sub(cpu_before)));
+            let cpu = meter.sample().saturating_sub(cpu_before);
+            let put = put.phase(
+                Some(cpu),
+                leader_watch::change(before.as_ref(), e.leader().await.as_ref()),
+            );
             println!("clients {n:>4}: etcd put-if-absent {}", phase_line(&put));
+            if let Some(c) = &put.leader_change {
+                println!("clients {n:>4}: etcd: NOT A FAIR MEASURE: {c}");
+            }
             etcd_acked.push(acked.iter().flat_map(|v| v.lock().expect("lock").clone()).collect());
             etcd_points.push((n, put));
         }
     }
     // etcd's checks at the end of its runs: every acknowledged put is read
     // back; a sample of them re-issued must be refused.
+    // Its data stays until the end of the run: removing it now would load
+    // the disk our nodes sync to while their transfers are measured.
+    let mut etcd_stopped = None;
     if let Some(mut e) = etcd.take() {
         checks.extend(check_etcd_puts(&etcd_leader, &etcd_acked, a.recheck).await);
-        e.stop_all(Duration::from_secs(10));
-        println!("etcd stopped; its data removed (logs stay under {})", e.dir.display());
+        e.stop_members(Duration::from_secs(10));
+        println!("etcd stopped (its data is removed at the end of the run)");
+        etcd_stopped = Some(e);
     }
 
     // End-to-end transfers: begin, enlist two bank services, commit (the
@@ -444,7 +474,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         // the two banks and this client.
         let (bank_list, meter) = crate::closed_loop::banks_and_meter(&banks, &node_pids);
         transfer_rows = measure_transfers(
-            &leader_api,
+            &watch,
             None,
             bank_list,
             &meter,
@@ -464,7 +494,6 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
             bin: &bin,
             dir: &dir,
             api: cluster.api_addrs(),
-            leader_api: &leader_api,
             node_pids: node_pids.clone(),
             counts: &a.transfer_clients,
             warmup,
@@ -476,6 +505,10 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         None
     };
     cluster.stop_all(Duration::from_secs(10));
+    if let Some(mut e) = etcd_stopped.take() {
+        e.stop_all(Duration::from_secs(10));
+        println!("etcd's data removed (its logs stay under {})", e.dir.display());
+    }
     // The same transfers over TLS, on a cluster of their own (the
     // plain-text one is stopped: nothing else runs meanwhile).
     let tls = if a.tls && !a.transfer_clients.is_empty() {
@@ -548,6 +581,15 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         .collect();
     anyhow::ensure!(empty.is_empty(), "nothing measured:\n{}", empty.join("\n"));
     Ok(())
+}
+
+/// Says so when the leader before a phase is not the one last seen.
+fn say_if_new_leader(system: &str, last: &Option<leader_watch::Leader>, now: &Option<leader_watch::Leader>) {
+    match (last, now) {
+        (Some(l), Some(n)) if l.id == n.id && l.term == n.term => {}
+        (_, Some(n)) => println!("{system}: leader is now {} at {} (term {})", n.id, n.addr, n.term),
+        (_, None) => println!("{system}: no leader found before the phase"),
+    }
 }
 
 /// The closed-loop etcd work: put-if-absent of a fresh key
@@ -760,6 +802,7 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     t.push_str(&crate::report::comparison_text(&o.summary));
     t.push_str("\ngoals of issue 10:\n");
     t.push_str(&crate::report::goals_text(&crate::report::goals(&o.summary)));
+    t.push_str(&leader_changes_text(o));
     if let Some(pg) = &o.postgres {
         t.push('\n');
         t.push_str(&crate::pgbench::results_text(pg));
@@ -783,6 +826,39 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         "UNKNOWN outcomes in measured phases: {unknown} (not counted in any rate or latency)\n"
     ));
     t
+}
+
+/// Every measured phase whose Raft leader or term changed, one line each,
+/// or a line saying none did.
+fn leader_changes_text(o: &Outcome) -> String {
+    let mut lines = Vec::new();
+    for (n, b, d) in &o.rows {
+        for (what, p) in [("our Begin", b), ("our Decide", d)] {
+            if let Some(c) = &p.leader_change {
+                lines.push(format!("- {what} at {n} clients: {c}"));
+            }
+        }
+    }
+    for (n, p) in &o.summary.etcd {
+        if let Some(c) = &p.leader_change {
+            lines.push(format!("- etcd at {n} clients: {c}"));
+        }
+    }
+    let transfers = o.summary.transfers.iter().map(|t| ("transfers", t));
+    let tls = o.tls.iter().flatten().map(|t| ("transfers over TLS", t));
+    for (what, t) in transfers.chain(tls) {
+        if let Some(c) = &t.leader_change {
+            lines.push(format!("- {what} at {} clients: {c}", t.clients));
+        }
+    }
+    if lines.is_empty() {
+        "leader changes during measured phases: none (each kept one leader and term)\n".into()
+    } else {
+        format!(
+            "leader changes during measured phases (not fair measures; the goals reading them are not judged):\n{}\n",
+            lines.join("\n")
+        )
+    }
 }
 
 /// results.txt, results.json and the two plots into `out`, and the JSON

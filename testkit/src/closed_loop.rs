@@ -15,6 +15,7 @@ use dtx_client::ClientError;
 use dtx_client::TxOutcome;
 
 use crate::cpu::CpuMeter;
+use crate::leader_watch::LeaderWatch;
 use crate::report::stats;
 use crate::report::Phase;
 use crate::report::Stats;
@@ -23,17 +24,19 @@ use crate::report::TransferPoint;
 /// How long one call may take before its outcome is UNKNOWN (both systems).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `n` clients, each with its own connection to the leader.
-pub fn clients_for(leader_api: &str, n: usize) -> Vec<Arc<Client>> {
-    clients_with(leader_api, n, None)
+/// `n` clients, each with its own connection to the first of `endpoints`
+/// (the leader, [`crate::leader_watch::LeaderWatch::leader_first`]) and
+/// the others to follow a new leader's hint to.
+pub fn clients_for(endpoints: &[String], n: usize) -> Vec<Arc<Client>> {
+    clients_with(endpoints, n, None)
 }
 
 /// As [`clients_for`], over TLS with `tls` (an application's identity)
 /// when set.
-pub fn clients_with(leader_api: &str, n: usize, tls: Option<&Arc<dtx_tls::ClientTls>>) -> Vec<Arc<Client>> {
+pub fn clients_with(endpoints: &[String], n: usize, tls: Option<&Arc<dtx_tls::ClientTls>>) -> Vec<Arc<Client>> {
     (0..n)
         .map(|_| {
-            let mut cfg = ClientConfig::new(vec![leader_api.to_string()]);
+            let mut cfg = ClientConfig::new(endpoints.to_vec());
             cfg.call_deadline = CALL_TIMEOUT;
             cfg.tls = tls.cloned();
             Arc::new(Client::new(cfg).expect("client"))
@@ -131,8 +134,9 @@ pub struct PhaseOut {
 }
 
 impl PhaseOut {
-    /// With the CPU time spent during the phase, if measured.
-    pub fn phase(self, cpu: Option<Duration>) -> Phase {
+    /// With the CPU time spent during the phase, if measured, and the
+    /// leader change during it, if any ([`crate::leader_watch::change`]).
+    pub fn phase(self, cpu: Option<Duration>, leader_change: Option<String>) -> Phase {
         let ops = self.stats.ops as u64;
         Phase {
             cpu_us_per_op: cpu.and_then(|c| (c.as_micros() as u64).checked_div(ops)),
@@ -140,6 +144,7 @@ impl PhaseOut {
             unknown: self.unknown,
             errors: self.errors,
             first_error: self.first_error,
+            leader_change,
         }
     }
 }
@@ -147,7 +152,8 @@ impl PhaseOut {
 /// Closed-loop two-participant transfers (`dtx_bank::transfer`) between
 /// `bank_list` (each `(participant id, address, account prefix)`, 10,000
 /// accounts each) at each of `counts` clients, each client with its own
-/// connection to the leader: an unmeasured warm-up of `warmup` (none if
+/// connection to the leader (found by `watch` before each count, and again
+/// after it: a phase whose leader changed is marked so): an unmeasured warm-up of `warmup` (none if
 /// zero), then `measured`; CPU per committed transfer from `meter`
 /// (sampled before the phase and 500 ms after it). `label` names the
 /// console lines, `key_prefix` the transactions' keys (unique per call in
@@ -156,7 +162,7 @@ impl PhaseOut {
 /// `--tls`) the sled banks over TLS, the clients with `client_tls`.
 #[allow(clippy::too_many_arguments)]
 pub async fn measure_transfers(
-    leader_api: &str,
+    watch: &LeaderWatch,
     client_tls: Option<&Arc<dtx_tls::ClientTls>>,
     bank_list: Arc<Vec<(String, String, String)>>,
     meter: &CpuMeter,
@@ -169,7 +175,8 @@ pub async fn measure_transfers(
 ) -> Vec<TransferPoint> {
     let mut transfer_rows = Vec::new();
     for &n in counts {
-        let clients = clients_with(leader_api, n, client_tls);
+        let leader = watch.find().await;
+        let clients = clients_with(&watch.leader_first(leader.as_ref()), n, client_tls);
         if !warmup.is_zero() {
             let bl = bank_list.clone();
             run_phase(&clients, warmup, move |c, w, i| {
@@ -212,6 +219,7 @@ pub async fn measure_transfers(
         // its work belongs to them, so let it run before reading.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let cpu = meter.sample().saturating_sub(cpu_before);
+        let leader_change = crate::leader_watch::change(leader.as_ref(), watch.find().await.as_ref());
         let ab = aborted.load(Ordering::Relaxed);
         let co = committed.load(Ordering::Relaxed);
         let cpu_us_per_commit = (cpu.as_micros() as u64).checked_div(co).unwrap_or(0);
@@ -225,12 +233,16 @@ pub async fn measure_transfers(
             cpu_us_per_commit as f64 / 1000.0,
             cpu.as_secs_f64()
         );
+        if let Some(c) = &leader_change {
+            println!("{label}, clients {n:>3}: NOT A FAIR MEASURE: {c}");
+        }
         transfer_rows.push(TransferPoint {
             clients: n,
             stats: st.stats,
             aborted: ab,
             unknown: st.unknown,
             cpu_us_per_committed_transfer: cpu_us_per_commit,
+            leader_change,
         });
     }
     transfer_rows

@@ -211,9 +211,44 @@ impl EtcdCluster {
         )
     }
 
+    /// The member that answers `Maintenance.Status` naming itself leader,
+    /// and its term, asked in turn until
+    /// [`crate::leader_watch::FIND_LEADER_WITHIN`]; `None` when none did.
+    pub async fn leader(&self) -> Option<crate::leader_watch::Leader> {
+        let until = Instant::now() + crate::leader_watch::FIND_LEADER_WITHIN;
+        loop {
+            for m in &self.members {
+                if let Ok((id, leader, term)) = status_and_term(&m.client_addr, Duration::from_millis(500)).await {
+                    if id != 0 && id == leader {
+                        return Some(crate::leader_watch::Leader {
+                            id,
+                            term,
+                            addr: m.client_addr.clone(),
+                        });
+                    }
+                }
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// SIGTERM to every member, SIGKILL after `grace`, then removes the
     /// data directories.
     pub fn stop_all(&mut self, grace: Duration) {
+        self.stop_members(grace);
+        self.remove_data();
+    }
+
+    /// SIGTERM to every member, SIGKILL after `grace`; the data stays
+    /// until [`EtcdCluster::stop_all`] or the drop. The bench stops etcd
+    /// before measuring our transfers but removes its data only after
+    /// them: deleting some hundred megabytes of write-ahead log on the
+    /// disk our nodes sync to stalled the leader's fsync past the
+    /// election timeout once.
+    pub fn stop_members(&mut self, grace: Duration) {
         for m in &self.members {
             if let Some(pid) = m.pid() {
                 // SAFETY: kill(2) on a child pid we own; no memory is touched.
@@ -238,7 +273,6 @@ impl EtcdCluster {
                 }
             }
         }
-        self.remove_data();
     }
 
     fn remove_data(&self) {
@@ -265,6 +299,11 @@ impl Drop for EtcdCluster {
 /// One attempt at `Maintenance.Status`: (this member's id, the leader's id
 /// it believes in).
 async fn status(addr: &str, timeout: Duration) -> anyhow::Result<(u64, u64)> {
+    status_and_term(addr, timeout).await.map(|(id, leader, _)| (id, leader))
+}
+
+/// As [`status`], with the member's Raft term.
+async fn status_and_term(addr: &str, timeout: Duration) -> anyhow::Result<(u64, u64, u64)> {
     let ch = dtx_proto::channel::channel(addr, None, timeout).map_err(anyhow::Error::msg)?;
     let mut rq = tonic::Request::new(pb::StatusRequest {});
     rq.set_timeout(timeout);
@@ -272,7 +311,7 @@ async fn status(addr: &str, timeout: Duration) -> anyhow::Result<(u64, u64)> {
         .await
         .context("no answer")??
         .into_inner();
-    Ok((r.header.map(|h| h.member_id).unwrap_or(0), r.leader))
+    Ok((r.header.map(|h| h.member_id).unwrap_or(0), r.leader, r.raft_term))
 }
 
 /// What a put-if-absent learned.

@@ -10,6 +10,8 @@
 //!   the CPU time per committed transfer summed over every process, and
 //!   the same write-once workload against etcd in the same run.
 //! - [`cpu`]: CPU time of this process and of child processes.
+//! - [`leader_watch`]: which node leads, in which term, around each
+//!   measured phase (a phase whose leader changed is not judged).
 //! - [`machine`]: the machine's facts a bench records beside its numbers
 //!   (CPUs, kernel, how idle vCPUs wait).
 //! - [`etcd`]: a supervisor of a local etcd cluster and a minimal gRPC
@@ -29,6 +31,7 @@ pub mod closed_loop;
 pub mod cluster;
 pub mod cpu;
 pub mod etcd;
+pub mod leader_watch;
 pub mod machine;
 pub mod pgbench;
 pub mod pki;

@@ -128,7 +128,6 @@ pub(crate) struct Env<'a> {
     pub bin: &'a Path,
     pub dir: &'a Path,
     pub api: Vec<String>,
-    pub leader_api: &'a str,
     pub node_pids: Vec<u32>,
     pub counts: &'a [usize],
     pub warmup: Duration,
@@ -234,12 +233,13 @@ pub(crate) async fn run(env: Env<'_>, checks: &mut Vec<Check>) -> anyhow::Result
     // statistics when idle, at most once a second).
     let stats_db = dtx_bank::connect_pg(&server.conn_string("postgres")).await?;
     let bank_list = Arc::new(bank_list);
+    let watch = crate::leader_watch::LeaderWatch::new(env.api.clone(), None);
     let mut ours = Vec::new();
     let mut ours_syncs = Vec::new();
     for &n in env.counts {
         if !env.warmup.is_zero() {
             crate::closed_loop::measure_transfers(
-                env.leader_api,
+                &watch,
                 None,
                 bank_list.clone(),
                 &meter,
@@ -255,7 +255,7 @@ pub(crate) async fn run(env: Env<'_>, checks: &mut Vec<Check>) -> anyhow::Result
         let before = wal_syncs(&stats_db).await;
         let busy_before = machine_busy();
         let mut tp = crate::closed_loop::measure_transfers(
-            env.leader_api,
+            &watch,
             None,
             bank_list.clone(),
             &meter,

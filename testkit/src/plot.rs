@@ -263,6 +263,7 @@ mod tests {
             errors: 0,
             first_error: None,
             cpu_us_per_op: None,
+            leader_change: None,
         }
     }
 

@@ -49,6 +49,10 @@ pub struct Phase {
     /// CPU time (user + system) summed over the system's processes and the
     /// bench client during the phase, per completed operation.
     pub cpu_us_per_op: Option<u64>,
+    /// The system's Raft leader or term changed during the phase
+    /// ([`crate::leader_watch::change`]): no goal is judged on it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_change: Option<String>,
 }
 
 /// One level of end-to-end transfers.
@@ -60,6 +64,9 @@ pub struct TransferPoint {
     pub aborted: u64,
     pub unknown: u64,
     pub cpu_us_per_committed_transfer: u64,
+    /// As [`Phase::leader_change`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_change: Option<String>,
 }
 
 /// What the comparison is computed from.
@@ -82,8 +89,32 @@ pub struct Goal {
     pub measured: String,
     /// The ratio the goal is about, where it is one.
     pub ratio: Option<f64>,
-    /// `None`: not measured in this run (a level was not run, etcd skipped).
+    /// `None`: not measured in this run (a level was not run, etcd skipped)
+    /// or not judged (`disturbed`).
     pub met: Option<bool>,
+    /// A phase the goal reads had its leader change: which, and how. Such
+    /// a phase paid for an election (and maybe a forwarding hop), so the
+    /// goal is not judged on it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disturbed: Option<String>,
+}
+
+/// `g`, unjudged if any of `phases` (what, its leader change) had a leader
+/// change.
+fn unless_disturbed(mut g: Goal, phases: &[(String, Option<&String>)]) -> Goal {
+    let why: Vec<String> = phases
+        .iter()
+        .filter_map(|(what, change)| change.map(|c| format!("{what}: {c}")))
+        .collect();
+    if !why.is_empty() {
+        g.met = None;
+        g.disturbed = Some(why.join("; "));
+    }
+    g
+}
+
+fn change_of(p: Option<&Phase>) -> Option<&String> {
+    p.and_then(|p| p.leader_change.as_ref())
 }
 
 /// `a ÷ b`, or `None` when `b` is not positive.
@@ -142,98 +173,152 @@ pub fn goals(s: &Summary) -> Vec<Goal> {
 
     let budget_us = 3 * s.fsync_p50_us + 1000;
     let t1 = transfer_at(s, 1);
-    out.push(Goal {
-        goal: "transfer p50 at 1 client <= 3 x fsync p50 + 1 ms".into(),
-        measured: match t1 {
-            Some(t) => format!(
-                "{} vs 3 x {:.3} ms + 1 ms = {:.3} ms",
-                ms(t.stats.p50_us),
-                s.fsync_p50_us as f64 / 1000.0,
-                budget_us as f64 / 1000.0
-            ),
-            None => "not measured (no transfers at 1 client)".into(),
+    let judged = unless_disturbed(
+        Goal {
+            goal: "transfer p50 at 1 client <= 3 x fsync p50 + 1 ms".into(),
+            measured: match t1 {
+                Some(t) => format!(
+                    "{} vs 3 x {:.3} ms + 1 ms = {:.3} ms",
+                    ms(t.stats.p50_us),
+                    s.fsync_p50_us as f64 / 1000.0,
+                    budget_us as f64 / 1000.0
+                ),
+                None => "not measured (no transfers at 1 client)".into(),
+            },
+            ratio: t1.and_then(|t| ratio(t.stats.p50_us as f64, budget_us as f64)),
+            met: t1.map(|t| t.stats.p50_us <= budget_us),
+            disturbed: None,
         },
-        ratio: t1.and_then(|t| ratio(t.stats.p50_us as f64, budget_us as f64)),
-        met: t1.map(|t| t.stats.p50_us <= budget_us),
-    });
+        &[(
+            "our transfers at 1 client".into(),
+            t1.and_then(|t| t.leader_change.as_ref()),
+        )],
+    );
+    out.push(judged);
 
     let r = transfers_over_etcd(s, 64);
-    out.push(Goal {
-        goal: "our transfers/s at 64 clients >= etcd's put-if-absent/s at 64 clients".into(),
-        measured: match (transfer_at(s, 64), at(&s.etcd, 64)) {
-            (Some(t), Some(e)) => format!(
-                "{:.0}/s vs {:.0}/s = {} x",
-                t.stats.per_sec,
-                e.stats.per_sec,
-                opt_ratio(r)
-            ),
-            _ => "not measured (needs transfers and etcd at 64 clients)".into(),
-        },
-        ratio: r,
-        met: r.map(|r| r >= 1.0),
-    });
-
-    for n in [64, 256] {
-        let r = decide_over_etcd(s, n);
-        out.push(Goal {
-            goal: format!("our Decide/s >= 3 x etcd's put-if-absent/s at {n} clients"),
-            measured: match (at(&s.decide, n), at(&s.etcd, n)) {
-                (Some(d), Some(e)) => format!(
+    let judged = unless_disturbed(
+        Goal {
+            goal: "our transfers/s at 64 clients >= etcd's put-if-absent/s at 64 clients".into(),
+            measured: match (transfer_at(s, 64), at(&s.etcd, 64)) {
+                (Some(t), Some(e)) => format!(
                     "{:.0}/s vs {:.0}/s = {} x",
-                    d.stats.per_sec,
+                    t.stats.per_sec,
                     e.stats.per_sec,
                     opt_ratio(r)
                 ),
-                _ => format!("not measured (needs both at {n} clients)"),
+                _ => "not measured (needs transfers and etcd at 64 clients)".into(),
             },
             ratio: r,
-            met: r.map(|r| r >= 3.0),
-        });
+            met: r.map(|r| r >= 1.0),
+            disturbed: None,
+        },
+        &[
+            (
+                "our transfers at 64 clients".into(),
+                transfer_at(s, 64).and_then(|t| t.leader_change.as_ref()),
+            ),
+            ("etcd at 64 clients".into(), change_of(at(&s.etcd, 64))),
+        ],
+    );
+    out.push(judged);
+
+    for n in [64, 256] {
+        let r = decide_over_etcd(s, n);
+        let judged = unless_disturbed(
+            Goal {
+                goal: format!("our Decide/s >= 3 x etcd's put-if-absent/s at {n} clients"),
+                measured: match (at(&s.decide, n), at(&s.etcd, n)) {
+                    (Some(d), Some(e)) => format!(
+                        "{:.0}/s vs {:.0}/s = {} x",
+                        d.stats.per_sec,
+                        e.stats.per_sec,
+                        opt_ratio(r)
+                    ),
+                    _ => format!("not measured (needs both at {n} clients)"),
+                },
+                ratio: r,
+                met: r.map(|r| r >= 3.0),
+                disturbed: None,
+            },
+            &[
+                (format!("our Decide at {n} clients"), change_of(at(&s.decide, n))),
+                (format!("etcd at {n} clients"), change_of(at(&s.etcd, n))),
+            ],
+        );
+        out.push(judged);
     }
 
     let pair1 = at(&s.decide, 1).zip(at(&s.etcd, 1));
-    out.push(Goal {
-        goal: "our Decide p50 at 1 client <= etcd's put-if-absent p50".into(),
-        measured: match pair1 {
-            Some((d, e)) => format!("{} vs {}", ms(d.stats.p50_us), ms(e.stats.p50_us)),
-            None => "not measured (needs both at 1 client)".into(),
+    let judged = unless_disturbed(
+        Goal {
+            goal: "our Decide p50 at 1 client <= etcd's put-if-absent p50".into(),
+            measured: match pair1 {
+                Some((d, e)) => format!("{} vs {}", ms(d.stats.p50_us), ms(e.stats.p50_us)),
+                None => "not measured (needs both at 1 client)".into(),
+            },
+            ratio: pair1.and_then(|(d, e)| ratio(d.stats.p50_us as f64, e.stats.p50_us as f64)),
+            met: pair1.map(|(d, e)| d.stats.p50_us <= e.stats.p50_us),
+            disturbed: None,
         },
-        ratio: pair1.and_then(|(d, e)| ratio(d.stats.p50_us as f64, e.stats.p50_us as f64)),
-        met: pair1.map(|(d, e)| d.stats.p50_us <= e.stats.p50_us),
-    });
+        &[
+            ("our Decide at 1 client".into(), change_of(at(&s.decide, 1))),
+            ("etcd at 1 client".into(), change_of(at(&s.etcd, 1))),
+        ],
+    );
+    out.push(judged);
 
     let pairs: Vec<(usize, u64, u64)> = client_counts(s)
         .into_iter()
         .filter_map(|n| Some((n, at(&s.decide, n)?.stats.p99_us, at(&s.etcd, n)?.stats.p99_us)))
         .collect();
-    out.push(Goal {
-        goal: "our Decide p99 <= etcd's put-if-absent p99 at every client count".into(),
-        measured: if pairs.is_empty() {
-            "not measured (no client count with both)".into()
-        } else {
-            pairs
-                .iter()
-                .map(|(n, d, e)| format!("{n}: {} vs {}{}", ms(*d), ms(*e), if d <= e { "" } else { " (over)" }))
-                .collect::<Vec<_>>()
-                .join("; ")
+    let every: Vec<(String, Option<&String>)> = client_counts(s)
+        .into_iter()
+        .flat_map(|n| {
+            [
+                (format!("our Decide at {n} clients"), change_of(at(&s.decide, n))),
+                (format!("etcd at {n} clients"), change_of(at(&s.etcd, n))),
+            ]
+        })
+        .collect();
+    let judged = unless_disturbed(
+        Goal {
+            goal: "our Decide p99 <= etcd's put-if-absent p99 at every client count".into(),
+            measured: if pairs.is_empty() {
+                "not measured (no client count with both)".into()
+            } else {
+                pairs
+                    .iter()
+                    .map(|(n, d, e)| format!("{n}: {} vs {}{}", ms(*d), ms(*e), if d <= e { "" } else { " (over)" }))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            },
+            ratio: None,
+            met: (!pairs.is_empty()).then(|| pairs.iter().all(|(_, d, e)| d <= e)),
+            disturbed: None,
         },
-        ratio: None,
-        met: (!pairs.is_empty()).then(|| pairs.iter().all(|(_, d, e)| d <= e)),
-    });
+        &every,
+    );
+    out.push(judged);
     out
 }
 
-/// One line per goal: `met`, `NOT met` or `not measured`, the goal, the
-/// figures.
+/// One line per goal: `met`, `NOT met`, `not measured` or `not judged`
+/// (a leader changed in a phase it reads), the goal, the figures.
 pub fn goals_text(goals: &[Goal]) -> String {
     let mut s = String::new();
     for g in goals {
-        let verdict = match g.met {
-            Some(true) => "met",
-            Some(false) => "NOT met",
-            None => "not measured",
-        };
-        s.push_str(&format!("- {verdict}: {}: {}\n", g.goal, g.measured));
+        match (&g.disturbed, g.met) {
+            (Some(why), _) => s.push_str(&format!("- not judged: {}: {} ({why})\n", g.goal, g.measured)),
+            (None, met) => {
+                let verdict = match met {
+                    Some(true) => "met",
+                    Some(false) => "NOT met",
+                    None => "not measured",
+                };
+                s.push_str(&format!("- {verdict}: {}: {}\n", g.goal, g.measured));
+            }
+        }
     }
     s
 }
@@ -320,6 +405,7 @@ mod tests {
             errors: 0,
             first_error: None,
             cpu_us_per_op: Some(200),
+            leader_change: None,
         }
     }
 
@@ -330,6 +416,7 @@ mod tests {
             aborted: 0,
             unknown: 0,
             cpu_us_per_committed_transfer: 1800,
+            leader_change: None,
         }
     }
 
@@ -398,6 +485,40 @@ mod tests {
             p99.measured
         );
         assert!(p99.measured.contains("64: 15.00 ms vs 40.00 ms;"), "{}", p99.measured);
+    }
+
+    #[test]
+    fn a_goal_that_reads_a_phase_whose_leader_changed_is_not_judged() {
+        let mut s = summary();
+        let change = "leader changed during the phase: term 2 -> 3, leader 1 -> 3".to_string();
+        s.transfers[0].leader_change = Some(change.clone());
+        s.etcd[2].1.leader_change = Some("no leader found after the phase (term 2, leader 7 before it)".into());
+        let g = goals(&s);
+        let t = goal(&g, "transfer p50");
+        assert_eq!(t.met, None, "{t:?}");
+        assert_eq!(
+            t.disturbed.as_deref(),
+            Some(format!("our transfers at 1 client: {change}").as_str())
+        );
+        // etcd's phase at 256 clients: the goals that read it are not
+        // judged, the others are.
+        assert_eq!(goal(&g, "our Decide/s >= 3 x etcd's put-if-absent/s at 256").met, None);
+        assert_eq!(goal(&g, "our Decide p99").met, None);
+        assert_eq!(
+            goal(&g, "our Decide/s >= 3 x etcd's put-if-absent/s at 64").met,
+            Some(true)
+        );
+        assert_eq!(goal(&g, "our Decide p50").met, Some(true));
+        assert_eq!(goal(&g, "our transfers/s").met, Some(false));
+        let text = goals_text(&g);
+        assert!(
+            text.contains(&format!(
+                "- not judged: transfer p50 at 1 client <= 3 x fsync p50 + 1 ms: 1.45 ms vs 3 x 0.150 ms + 1 ms = \
+                 1.450 ms (our transfers at 1 client: {change})"
+            )),
+            "{text}"
+        );
+        assert!(text.contains("- NOT met: our transfers/s"), "{text}");
     }
 
     #[test]
