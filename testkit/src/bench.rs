@@ -34,6 +34,7 @@ use crate::etcd::EtcdKv;
 use crate::etcd::PutIfAbsent;
 use crate::leader_watch;
 use crate::leader_watch::LeaderWatch;
+use crate::report::median_phase;
 pub use crate::report::stats;
 use crate::report::Phase;
 pub use crate::report::Stats;
@@ -56,6 +57,11 @@ pub struct BenchArgs {
     /// transfers) and client count.
     #[arg(long, default_value_t = 5)]
     pub seconds: u64,
+    /// Rounds of each level (each client count of Begin, Decide and
+    /// etcd's put-if-absent, the two systems alternating; each transfer
+    /// client count): every figure reported is the median of its rounds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
+    pub rounds: u64,
     /// Seconds of unmeasured warm-up of each system before its measured
     /// phases at each client count.
     #[arg(long, default_value_t = 1)]
@@ -339,108 +345,149 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     let mut etcd_acked: Vec<Vec<AckedPut>> = Vec::new();
     let mut checks = Vec::new();
     for &n in &a.clients {
-        // ---- ours ----
-        let before = watch.find().await;
-        say_if_new_leader("ours", &last_leader, &before);
-        let clients = clients_for(&watch.leader_first(before.as_ref()), n);
-        for c in &clients {
-            let _ = c.cluster_status().await;
-        }
-        // Warm-up: Begin + Decide pairs, not measured.
-        run_phase(&clients, warmup, move |c, w, i| async move {
-            match c.begin(&format!("bench-warm-{n}-{w}-{i}"), 3_600_000, b"").await {
-                Ok(b) => match c.abort(b.txid, "bench").await {
-                    Ok(TxOutcome::Aborted) => Step::Done,
-                    other => Step::Error(format!("{other:?}")),
-                },
-                Err(e) => Step::Error(e.to_string()),
+        let (mut begins, mut decides, mut puts) = (Vec::new(), Vec::new(), Vec::new());
+        let mut level_acked: Vec<AckedPut> = Vec::new();
+        // Rounds alternate the two systems, so that a noisy minute of the
+        // machine falls on both; each figure of the level is the median of
+        // its rounds (report::median_phase).
+        for r in 1..=a.rounds {
+            let round = if a.rounds > 1 {
+                format!(" round {r}/{}", a.rounds)
+            } else {
+                String::new()
+            };
+            // ---- ours ----
+            let before = watch.find().await;
+            say_if_new_leader("ours", &last_leader, &before);
+            let clients = clients_for(&watch.leader_first(before.as_ref()), n);
+            for c in &clients {
+                let _ = c.cluster_status().await;
             }
-        })
-        .await;
-        // Phase 1: Begin (each creates a transaction, kept for phase 2).
-        let made: Arc<Vec<Mutex<Vec<u64>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
-        let m = made.clone();
-        let begin = run_phase(&clients, measured, move |c, w, i| {
-            let m = m.clone();
-            async move {
-                let description = value_for(format!("bench-{n}-{w}-{i}").as_bytes());
-                match c.begin(&format!("bench-{n}-{w}-{i}"), 3_600_000, &description).await {
-                    Ok(b) => {
-                        m[w].lock().expect("lock").push(b.txid);
-                        Step::Done
-                    }
-                    Err(ClientError::Unknown(e)) => Step::Unknown(e),
+            // Warm-up: Begin + Decide pairs, not measured.
+            run_phase(&clients, warmup, move |c, w, i| async move {
+                match c.begin(&format!("bench-warm-{n}-{r}-{w}-{i}"), 3_600_000, b"").await {
+                    Ok(b) => match c.abort(b.txid, "bench").await {
+                        Ok(TxOutcome::Aborted) => Step::Done,
+                        other => Step::Error(format!("{other:?}")),
+                    },
                     Err(e) => Step::Error(e.to_string()),
                 }
-            }
-        })
-        .await;
-        let between = watch.find().await;
-        let begin = begin.phase(None, leader_watch::change(before.as_ref(), between.as_ref()));
-        // Phase 2: Decide (ABORT, write-once) each of them once.
-        let decided: Arc<Vec<Mutex<Vec<u64>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
-        let (m, d) = (made.clone(), decided.clone());
-        let meter = CpuMeter::new(node_pids.clone());
-        let cpu_before = meter.sample();
-        let decide = run_phase(&clients, measured, move |c, w, i| {
-            let (m, d) = (m.clone(), d.clone());
-            async move {
-                let Some(t) = m[w].lock().expect("lock").get(i).copied() else {
-                    return Step::Stop;
-                };
-                match c.abort(t, "bench").await {
-                    Ok(TxOutcome::Aborted) => {
-                        d[w].lock().expect("lock").push(t);
-                        Step::Done
+            })
+            .await;
+            // Phase 1: Begin (each creates a transaction, kept for phase 2).
+            let made: Arc<Vec<Mutex<Vec<u64>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
+            let m = made.clone();
+            let begin = run_phase(&clients, measured, move |c, w, i| {
+                let m = m.clone();
+                async move {
+                    let key = format!("bench-{n}-{r}-{w}-{i}");
+                    let description = value_for(key.as_bytes());
+                    match c.begin(&key, 3_600_000, &description).await {
+                        Ok(b) => {
+                            m[w].lock().expect("lock").push(b.txid);
+                            Step::Done
+                        }
+                        Err(ClientError::Unknown(e)) => Step::Unknown(e),
+                        Err(e) => Step::Error(e.to_string()),
                     }
-                    Ok(TxOutcome::Unknown) => Step::Unknown(format!("Decide of txid {t}")),
-                    Ok(TxOutcome::Committed) => Step::Error(format!("Abort of fresh txid {t} returned COMMITTED")),
-                    Err(e) => Step::Error(e.to_string()),
                 }
-            }
-        })
-        .await;
-        let cpu = meter.sample().saturating_sub(cpu_before);
-        let after = watch.find().await;
-        let decide = decide.phase(Some(cpu), leader_watch::change(between.as_ref(), after.as_ref()));
-        last_leader = after;
-        println!(
-            "clients {n:>4}: begin {} | decide {} ({:.1}x fsync rate)",
-            phase_line(&begin),
-            phase_line(&decide),
-            decide.stats.per_sec / raw.per_sec
-        );
-        for (what, p) in [("begin", &begin), ("decide", &decide)] {
-            if let Some(c) = &p.leader_change {
-                println!("clients {n:>4}: {what}: NOT A FAIR MEASURE: {c}");
-            }
-        }
-        // Checks, right away (a decided record is forgotten after
-        // txn.retention_ms): every acknowledged Decide reads back, and a
-        // conflicting Decide (Commit) returns the first decision.
-        let acked: Vec<u64> = decided.iter().flat_map(|v| v.lock().expect("lock").clone()).collect();
-        checks.extend(check_our_decides(&one[0], n, &acked, a.recheck).await);
-        rows.push((n, begin, decide));
-
-        // ---- etcd, same client count ----
-        if let Some(e) = &etcd {
-            let before = e.leader().await;
-            let kvs = etcd_clients_for(before.as_ref().map(|l| l.addr.as_str()).unwrap_or(&etcd_leader), n)?;
-            let acked: Arc<Vec<Mutex<Vec<AckedPut>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
-            run_phase(&kvs, warmup, put_if_absent_work(format!("n{n}-warm"), acked.clone())).await;
-            let meter = CpuMeter::new(e.pids());
+            })
+            .await;
+            let between = watch.find().await;
+            let begin = begin.phase(None, leader_watch::change(before.as_ref(), between.as_ref()));
+            // Phase 2: Decide (ABORT, write-once) each of them once.
+            let decided: Arc<Vec<Mutex<Vec<u64>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
+            let (m, d) = (made.clone(), decided.clone());
+            let meter = CpuMeter::new(node_pids.clone());
             let cpu_before = meter.sample();
-            let put = run_phase(&kvs, measured, put_if_absent_work(format!("n{n}"), acked.clone())).await;
+            let decide = run_phase(&clients, measured, move |c, w, i| {
+                let (m, d) = (m.clone(), d.clone());
+                async move {
+                    let Some(t) = m[w].lock().expect("lock").get(i).copied() else {
+                        return Step::Stop;
+                    };
+                    match c.abort(t, "bench").await {
+                        Ok(TxOutcome::Aborted) => {
+                            d[w].lock().expect("lock").push(t);
+                            Step::Done
+                        }
+                        Ok(TxOutcome::Unknown) => Step::Unknown(format!("Decide of txid {t}")),
+                        Ok(TxOutcome::Committed) => Step::Error(format!("Abort of fresh txid {t} returned COMMITTED")),
+                        Err(e) => Step::Error(e.to_string()),
+                    }
+                }
+            })
+            .await;
             let cpu = meter.sample().saturating_sub(cpu_before);
-            let put = put.phase(
-                Some(cpu),
-                leader_watch::change(before.as_ref(), e.leader().await.as_ref()),
+            let after = watch.find().await;
+            let decide = decide.phase(Some(cpu), leader_watch::change(between.as_ref(), after.as_ref()));
+            last_leader = after;
+            println!(
+                "clients {n:>4}{round}: begin {} | decide {} ({:.1}x fsync rate)",
+                phase_line(&begin),
+                phase_line(&decide),
+                decide.stats.per_sec / raw.per_sec
             );
-            println!("clients {n:>4}: etcd put-if-absent {}", phase_line(&put));
-            if let Some(c) = &put.leader_change {
-                println!("clients {n:>4}: etcd: NOT A FAIR MEASURE: {c}");
+            for (what, p) in [("begin", &begin), ("decide", &decide)] {
+                if let Some(c) = &p.leader_change {
+                    println!("clients {n:>4}{round}: {what}: NOT A FAIR MEASURE: {c}");
+                }
             }
-            etcd_acked.push(acked.iter().flat_map(|v| v.lock().expect("lock").clone()).collect());
+            // Checks, right away (a decided record is forgotten after
+            // txn.retention_ms): every acknowledged Decide reads back, and a
+            // conflicting Decide (Commit) returns the first decision.
+            let acked: Vec<u64> = decided.iter().flat_map(|v| v.lock().expect("lock").clone()).collect();
+            checks.extend(check_our_decides(&one[0], n, &acked, a.recheck).await);
+            begins.push(begin);
+            decides.push(decide);
+
+            // ---- etcd, same client count ----
+            if let Some(e) = &etcd {
+                let before = e.leader().await;
+                let kvs = etcd_clients_for(before.as_ref().map(|l| l.addr.as_str()).unwrap_or(&etcd_leader), n)?;
+                let acked: Arc<Vec<Mutex<Vec<AckedPut>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
+                run_phase(
+                    &kvs,
+                    warmup,
+                    put_if_absent_work(format!("n{n}-r{r}-warm"), acked.clone()),
+                )
+                .await;
+                let meter = CpuMeter::new(e.pids());
+                let cpu_before = meter.sample();
+                let put = run_phase(&kvs, measured, put_if_absent_work(format!("n{n}-r{r}"), acked.clone())).await;
+                let cpu = meter.sample().saturating_sub(cpu_before);
+                let put = put.phase(
+                    Some(cpu),
+                    leader_watch::change(before.as_ref(), e.leader().await.as_ref()),
+                );
+                println!("clients {n:>4}{round}: etcd put-if-absent {}", phase_line(&put));
+                if let Some(c) = &put.leader_change {
+                    println!("clients {n:>4}{round}: etcd: NOT A FAIR MEASURE: {c}");
+                }
+                level_acked.extend(acked.iter().flat_map(|v| v.lock().expect("lock").clone()));
+                puts.push(put);
+            }
+        }
+        let (begin, decide) = (median_phase(&begins), median_phase(&decides));
+        if a.rounds > 1 {
+            println!(
+                "clients {n:>4}: median of {} rounds: begin {} | decide {}",
+                a.rounds,
+                phase_line(&begin),
+                phase_line(&decide)
+            );
+        }
+        rows.push((n, begin, decide));
+        if !puts.is_empty() {
+            let put = median_phase(&puts);
+            if a.rounds > 1 {
+                println!(
+                    "clients {n:>4}: median of {} rounds: etcd put-if-absent {}",
+                    a.rounds,
+                    phase_line(&put)
+                );
+            }
+            etcd_acked.push(level_acked);
             etcd_points.push((n, put));
         }
     }
@@ -481,6 +528,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
             &a.transfer_clients,
             Duration::ZERO,
             measured,
+            a.rounds,
             raw.per_sec,
             "transfers",
             "xfer",
@@ -711,7 +759,7 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         t.push_str("\n\n");
     }
     t.push_str(&format!(
-        "coordinator bench, {} (unix time {}); --clients {:?} --transfer-clients {:?} --seconds {} --warmup {}\nmachine: {}\n",
+        "coordinator bench, {} (unix time {}); --clients {:?} --transfer-clients {:?} --seconds {} --warmup {} --rounds {} (each figure the median of the rounds)\nmachine: {}\n",
         o.etcd_version
             .as_deref()
             .map(|v| format!("against {v}"))
@@ -721,6 +769,7 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         a.transfer_clients,
         a.seconds,
         a.warmup,
+        a.rounds,
         o.machine.line()
     ));
     t.push_str(&format!(
@@ -877,7 +926,7 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
         "machine": o.machine,
         "args": {
             "clients": a.clients, "transfer_clients": a.transfer_clients, "seconds": a.seconds,
-            "warmup": a.warmup, "recheck": a.recheck, "dir": a.dir, "postgres": a.postgres, "tls": a.tls,
+            "warmup": a.warmup, "rounds": a.rounds, "recheck": a.recheck, "dir": a.dir, "postgres": a.postgres, "tls": a.tls,
         },
         "etcd": { "skipped": o.etcd_version.is_none(), "version": o.etcd_version },
         "fsync": o.raw, "sled_flush": o.sled_sync,
@@ -973,6 +1022,15 @@ mod tests {
         assert!(bad.contains("\"x\" is not a client count"), "{bad}");
         let zero = parse(&["--clients", "0"]).unwrap_err();
         assert!(zero.contains("0 measures nothing"), "{zero}");
+    }
+
+    #[test]
+    fn rounds_default_to_three_and_must_be_one_to_twenty() {
+        assert_eq!(parse(&[]).unwrap().rounds, 3);
+        assert_eq!(parse(&["--rounds", "1"]).unwrap().rounds, 1);
+        let zero = parse(&["--rounds", "0"]).unwrap_err();
+        assert!(zero.contains("--rounds") && zero.contains("not in 1..=20"), "{zero}");
+        assert!(parse(&["--rounds", "21"]).is_err());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use dtx_client::TxOutcome;
 
 use crate::cpu::CpuMeter;
 use crate::leader_watch::LeaderWatch;
+use crate::report::median_transfer;
 use crate::report::stats;
 use crate::report::Phase;
 use crate::report::Stats;
@@ -154,7 +155,8 @@ impl PhaseOut {
 /// accounts each) at each of `counts` clients, each client with its own
 /// connection to the leader (found by `watch` before each count, and again
 /// after it: a phase whose leader changed is marked so): an unmeasured warm-up of `warmup` (none if
-/// zero), then `measured`; CPU per committed transfer from `meter`
+/// zero), then `measured`, `rounds` times per count (the point is the
+/// median of the rounds, [`median_transfer`]); CPU per committed transfer from `meter`
 /// (sampled before the phase and 500 ms after it). `label` names the
 /// console lines, `key_prefix` the transactions' keys (unique per call in
 /// one run: a key already used finds its transaction again). Used for the
@@ -169,62 +171,70 @@ pub async fn measure_transfers(
     counts: &[usize],
     warmup: Duration,
     measured: Duration,
+    rounds: u64,
     fsync_per_sec: f64,
     label: &'static str,
     key_prefix: &'static str,
 ) -> Vec<TransferPoint> {
     let mut transfer_rows = Vec::new();
     for &n in counts {
-        let leader = watch.find().await;
-        let clients = clients_with(&watch.leader_first(leader.as_ref()), n, client_tls);
-        if !warmup.is_zero() {
-            let bl = bank_list.clone();
-            run_phase(&clients, warmup, move |c, w, i| {
-                let bl = bl.clone();
+        let mut points = Vec::new();
+        for r in 1..=rounds {
+            let round = if rounds > 1 {
+                format!(" round {r}/{rounds}")
+            } else {
+                String::new()
+            };
+            let leader = watch.find().await;
+            let clients = clients_with(&watch.leader_first(leader.as_ref()), n, client_tls);
+            if !warmup.is_zero() {
+                let bl = bank_list.clone();
+                run_phase(&clients, warmup, move |c, w, i| {
+                    let bl = bl.clone();
+                    async move {
+                        let key = format!("{key_prefix}-warm-{n}-{r}-{w}-{i}");
+                        match dtx_bank::transfer(&c, &key, &bl, 10_000).await {
+                            (_, Ok(_)) => Step::Done,
+                            (_, Err(e)) => Step::Error(e.to_string()),
+                        }
+                    }
+                })
+                .await;
+            }
+            let aborted = Arc::new(AtomicU64::new(0));
+            let committed = Arc::new(AtomicU64::new(0));
+            let (bl, ab, co) = (bank_list.clone(), aborted.clone(), committed.clone());
+            let cpu_before = meter.sample();
+            let st = run_phase(&clients, measured, move |c, w, i| {
+                let (bl, ab, co) = (bl.clone(), ab.clone(), co.clone());
                 async move {
-                    let key = format!("{key_prefix}-warm-{n}-{w}-{i}");
+                    let key = format!("{key_prefix}-{n}-{r}-{w}-{i}");
                     match dtx_bank::transfer(&c, &key, &bl, 10_000).await {
-                        (_, Ok(_)) => Step::Done,
+                        (_, Ok(TxOutcome::Committed)) => {
+                            co.fetch_add(1, Ordering::Relaxed);
+                            Step::Done
+                        }
+                        (_, Ok(TxOutcome::Aborted)) => {
+                            ab.fetch_add(1, Ordering::Relaxed);
+                            Step::Done
+                        }
+                        (t, Ok(TxOutcome::Unknown)) => Step::Unknown(format!("transfer {key} (txid {t:?})")),
+                        (_, Err(ClientError::Unknown(e))) => Step::Unknown(e),
                         (_, Err(e)) => Step::Error(e.to_string()),
                     }
                 }
             })
             .await;
-        }
-        let aborted = Arc::new(AtomicU64::new(0));
-        let committed = Arc::new(AtomicU64::new(0));
-        let (bl, ab, co) = (bank_list.clone(), aborted.clone(), committed.clone());
-        let cpu_before = meter.sample();
-        let st = run_phase(&clients, measured, move |c, w, i| {
-            let (bl, ab, co) = (bl.clone(), ab.clone(), co.clone());
-            async move {
-                let key = format!("{key_prefix}-{n}-{w}-{i}");
-                match dtx_bank::transfer(&c, &key, &bl, 10_000).await {
-                    (_, Ok(TxOutcome::Committed)) => {
-                        co.fetch_add(1, Ordering::Relaxed);
-                        Step::Done
-                    }
-                    (_, Ok(TxOutcome::Aborted)) => {
-                        ab.fetch_add(1, Ordering::Relaxed);
-                        Step::Done
-                    }
-                    (t, Ok(TxOutcome::Unknown)) => Step::Unknown(format!("transfer {key} (txid {t:?})")),
-                    (_, Err(ClientError::Unknown(e))) => Step::Unknown(e),
-                    (_, Err(e)) => Step::Error(e.to_string()),
-                }
-            }
-        })
-        .await;
-        // Phase two of the last transfers finishes in the background;
-        // its work belongs to them, so let it run before reading.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let cpu = meter.sample().saturating_sub(cpu_before);
-        let leader_change = crate::leader_watch::change(leader.as_ref(), watch.find().await.as_ref());
-        let ab = aborted.load(Ordering::Relaxed);
-        let co = committed.load(Ordering::Relaxed);
-        let cpu_us_per_commit = (cpu.as_micros() as u64).checked_div(co).unwrap_or(0);
-        println!(
-            "{label}, clients {n:>3}: {:>7.0}/s p50 {:>6} us p99 {:>6} us ({ab} aborted by lock conflicts; {} UNKNOWN; {:.2}x fsync rate); CPU {:.2} ms per committed transfer, all processes ({:.1} s for {co})",
+            // Phase two of the last transfers finishes in the background;
+            // its work belongs to them, so let it run before reading.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let cpu = meter.sample().saturating_sub(cpu_before);
+            let leader_change = crate::leader_watch::change(leader.as_ref(), watch.find().await.as_ref());
+            let ab = aborted.load(Ordering::Relaxed);
+            let co = committed.load(Ordering::Relaxed);
+            let cpu_us_per_commit = (cpu.as_micros() as u64).checked_div(co).unwrap_or(0);
+            println!(
+            "{label}, clients {n:>3}{round}: {:>7.0}/s p50 {:>6} us p99 {:>6} us ({ab} aborted by lock conflicts; {} UNKNOWN; {:.2}x fsync rate); CPU {:.2} ms per committed transfer, all processes ({:.1} s for {co})",
             st.stats.per_sec,
             st.stats.p50_us,
             st.stats.p99_us,
@@ -233,17 +243,29 @@ pub async fn measure_transfers(
             cpu_us_per_commit as f64 / 1000.0,
             cpu.as_secs_f64()
         );
-        if let Some(c) = &leader_change {
-            println!("{label}, clients {n:>3}: NOT A FAIR MEASURE: {c}");
+            if let Some(c) = &leader_change {
+                println!("{label}, clients {n:>3}{round}: NOT A FAIR MEASURE: {c}");
+            }
+            points.push(TransferPoint {
+                clients: n,
+                stats: st.stats,
+                aborted: ab,
+                unknown: st.unknown,
+                cpu_us_per_committed_transfer: cpu_us_per_commit,
+                leader_change,
+            });
         }
-        transfer_rows.push(TransferPoint {
-            clients: n,
-            stats: st.stats,
-            aborted: ab,
-            unknown: st.unknown,
-            cpu_us_per_committed_transfer: cpu_us_per_commit,
-            leader_change,
-        });
+        let point = median_transfer(&points);
+        if rounds > 1 {
+            println!(
+                "{label}, clients {n:>3}: median of {rounds} rounds: {:.0}/s p50 {} us p99 {} us; CPU {:.2} ms per committed transfer",
+                point.stats.per_sec,
+                point.stats.p50_us,
+                point.stats.p99_us,
+                point.cpu_us_per_committed_transfer as f64 / 1000.0
+            );
+        }
+        transfer_rows.push(point);
     }
     transfer_rows
 }

@@ -81,6 +81,81 @@ pub struct Summary {
     pub transfers: Vec<TransferPoint>,
 }
 
+/// The median of `v` (the mean of the two middle values when their number
+/// is even); 0 for none.
+fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn median_u64(v: Vec<u64>) -> u64 {
+    median_f64(v.into_iter().map(|x| x as f64).collect()).round() as u64
+}
+
+/// The rounds a level's figures are taken from: those whose leader held
+/// (all of them when none did, and then the level stays marked).
+fn undisturbed<T: Clone>(rounds: &[T], change: impl Fn(&T) -> Option<&String>) -> (Vec<T>, Option<String>) {
+    let kept: Vec<T> = rounds.iter().filter(|r| change(r).is_none()).cloned().collect();
+    let dropped: Vec<&String> = rounds.iter().filter_map(&change).collect();
+    if kept.is_empty() {
+        let why = dropped.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("; ");
+        (rounds.to_vec(), (!rounds.is_empty()).then_some(why))
+    } else {
+        (kept, None)
+    }
+}
+
+/// One phase from the rounds of a level (`--rounds`): each figure is the
+/// median of the rounds whose leader held ([`undisturbed`]); `ops`,
+/// `unknown` and `errors` are summed over those rounds. A single round is
+/// returned as it is.
+pub fn median_phase(rounds: &[Phase]) -> Phase {
+    if rounds.len() == 1 {
+        return rounds[0].clone();
+    }
+    let (used, leader_change) = undisturbed(rounds, |p| p.leader_change.as_ref());
+    let cpu: Vec<u64> = used.iter().filter_map(|p| p.cpu_us_per_op).collect();
+    Phase {
+        stats: Stats {
+            ops: used.iter().map(|p| p.stats.ops).sum(),
+            per_sec: median_f64(used.iter().map(|p| p.stats.per_sec).collect()),
+            p50_us: median_u64(used.iter().map(|p| p.stats.p50_us).collect()),
+            p99_us: median_u64(used.iter().map(|p| p.stats.p99_us).collect()),
+        },
+        unknown: used.iter().map(|p| p.unknown).sum(),
+        errors: used.iter().map(|p| p.errors).sum(),
+        first_error: used.iter().find_map(|p| p.first_error.clone()),
+        cpu_us_per_op: (!cpu.is_empty()).then(|| median_u64(cpu)),
+        leader_change,
+    }
+}
+
+/// As [`median_phase`], for the transfer rounds of one client count
+/// (`aborted` summed, like `ops`).
+pub fn median_transfer(rounds: &[TransferPoint]) -> TransferPoint {
+    if rounds.len() == 1 {
+        return rounds[0].clone();
+    }
+    let (used, leader_change) = undisturbed(rounds, |t| t.leader_change.as_ref());
+    TransferPoint {
+        clients: rounds[0].clients,
+        stats: Stats {
+            ops: used.iter().map(|t| t.stats.ops).sum(),
+            per_sec: median_f64(used.iter().map(|t| t.stats.per_sec).collect()),
+            p50_us: median_u64(used.iter().map(|t| t.stats.p50_us).collect()),
+            p99_us: median_u64(used.iter().map(|t| t.stats.p99_us).collect()),
+        },
+        aborted: used.iter().map(|t| t.aborted).sum(),
+        unknown: used.iter().map(|t| t.unknown).sum(),
+        cpu_us_per_committed_transfer: median_u64(used.iter().map(|t| t.cpu_us_per_committed_transfer).collect()),
+        leader_change,
+    }
+}
+
 /// A goal of the issue and how this run did.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Goal {
@@ -485,6 +560,64 @@ mod tests {
             p99.measured
         );
         assert!(p99.measured.contains("64: 15.00 ms vs 40.00 ms;"), "{}", p99.measured);
+    }
+
+    #[test]
+    fn a_level_of_several_rounds_takes_each_figure_from_the_rounds_median() {
+        let mut r = vec![
+            phase(900.0, 1000, 3000),
+            phase(1200.0, 800, 9000),
+            phase(1000.0, 950, 2000),
+        ];
+        r[1].cpu_us_per_op = Some(100);
+        r[2].unknown = 2;
+        let m = median_phase(&r);
+        assert_eq!(m.stats.per_sec, 1000.0);
+        assert_eq!((m.stats.p50_us, m.stats.p99_us), (950, 3000));
+        assert_eq!(m.cpu_us_per_op, Some(200));
+        assert_eq!(m.stats.ops, 4500 + 6000 + 5000);
+        assert_eq!(m.unknown, 2);
+        assert_eq!(m.leader_change, None);
+        // Two rounds: the mean of the two.
+        let two = median_phase(&r[..2]);
+        assert_eq!((two.stats.per_sec, two.stats.p50_us), (1050.0, 900));
+        // One round: itself.
+        assert_eq!(median_phase(&r[..1]), r[0]);
+    }
+
+    #[test]
+    fn a_round_whose_leader_changed_is_left_out_unless_every_round_was() {
+        let mut r = vec![
+            phase(900.0, 1000, 3000),
+            phase(100.0, 9000, 90_000),
+            phase(1000.0, 950, 2000),
+        ];
+        r[1].leader_change = Some("leader changed during the phase: term 2 -> 3, leader 1 -> 2".into());
+        let m = median_phase(&r);
+        assert_eq!((m.stats.per_sec, m.stats.p50_us), (950.0, 975));
+        assert_eq!(m.leader_change, None);
+        for p in r.iter_mut() {
+            p.leader_change = Some("no leader found before the phase".into());
+        }
+        let m = median_phase(&r);
+        assert_eq!(m.stats.per_sec, 900.0);
+        assert!(m
+            .leader_change
+            .unwrap()
+            .starts_with("no leader found before the phase; "));
+        let mut t = vec![
+            transfer(64, 3000.0, 12_000),
+            transfer(64, 4000.0, 10_000),
+            transfer(64, 500.0, 90_000),
+        ];
+        t[2].leader_change = Some("no leader found after the phase (term 2, leader 1 before it)".into());
+        t[0].aborted = 5;
+        let m = median_transfer(&t);
+        assert_eq!(
+            (m.clients, m.stats.per_sec, m.stats.p50_us, m.aborted),
+            (64, 3500.0, 11_000, 5)
+        );
+        assert_eq!(m.leader_change, None);
     }
 
     #[test]

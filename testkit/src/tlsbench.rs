@@ -68,6 +68,7 @@ pub async fn run(env: Env<'_>) -> anyhow::Result<Vec<TransferPoint>> {
         env.counts,
         Duration::ZERO,
         env.measured,
+        1,
         env.fsync_per_sec,
         "transfers over TLS",
         "xfer-tls",
