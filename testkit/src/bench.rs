@@ -34,6 +34,7 @@ use crate::etcd::EtcdKv;
 use crate::etcd::PutIfAbsent;
 use crate::leader_watch;
 use crate::leader_watch::LeaderWatch;
+use crate::node_metrics::LeaderWork;
 use crate::report::median_phase;
 pub use crate::report::stats;
 use crate::report::Phase;
@@ -277,6 +278,11 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     let plans = ProcessCluster::plan_local("127.0.0.1", 3)?;
     let (inflight, wait, refill) = (a.inflight_max, a.wait_us, a.refill_wait_us);
     let mut cluster = ProcessCluster::new(&bin, &dir.join("cluster"), "dtx-bench", plans, |c| {
+        // Each node's metrics port: the leader's counters say how many
+        // Raft entries a phase took and how long its handler held a call.
+        c.metrics_addr = crate::cluster::free_port("127.0.0.1")
+            .ok()
+            .map(|p| format!("127.0.0.1:{p}"));
         if let Some(v) = inflight {
             c.batch.inflight_max = v;
         }
@@ -294,7 +300,12 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     // The leader is found again before each measured phase and after it:
     // clients start at the leader of the moment, and a phase whose leader
     // changed is marked (and no goal is judged on it).
-    let watch = LeaderWatch::new(cluster.api_addrs(), None);
+    let watch = LeaderWatch::new(cluster.api_addrs(), None).with_metrics(
+        cluster
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n.plan.id, n.config.metrics_addr.clone()?))),
+    );
     let mut last_leader = watch.find().await;
 
     // etcd: three members on loopback, data on the same disk as our nodes'.
@@ -399,6 +410,8 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
             let decided: Arc<Vec<Mutex<Vec<u64>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
             let (m, d) = (made.clone(), decided.clone());
             let meter = CpuMeter::new(node_pids.clone());
+            let samples_before = watch.samples_of(between.as_ref()).await;
+            let started = Instant::now();
             let cpu_before = meter.sample();
             let decide = run_phase(&clients, measured, move |c, w, i| {
                 let (m, d) = (m.clone(), d.clone());
@@ -419,8 +432,13 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
             })
             .await;
             let cpu = meter.sample().saturating_sub(cpu_before);
+            let elapsed = started.elapsed();
+            let samples_after = watch.samples_of(between.as_ref()).await;
             let after = watch.find().await;
-            let decide = decide.phase(Some(cpu), leader_watch::change(between.as_ref(), after.as_ref()));
+            let mut decide = decide.phase(Some(cpu), leader_watch::change(between.as_ref(), after.as_ref()));
+            decide.leader_work = samples_before
+                .zip(samples_after)
+                .and_then(|(b, a)| LeaderWork::between(&b, &a, elapsed, "Abort"));
             last_leader = after;
             println!(
                 "clients {n:>4}{round}: begin {} | decide {} ({:.1}x fsync rate)",
@@ -428,6 +446,9 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
                 phase_line(&decide),
                 decide.stats.per_sec / raw.per_sec
             );
+            if let Some(w) = &decide.leader_work {
+                println!("clients {n:>4}{round}: decide: {}", w.line("Abort"));
+            }
             for (what, p) in [("begin", &begin), ("decide", &decide)] {
                 if let Some(c) = &p.leader_change {
                     println!("clients {n:>4}{round}: {what}: NOT A FAIR MEASURE: {c}");
@@ -852,6 +873,7 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     t.push_str("\ngoals of issue 10:\n");
     t.push_str(&crate::report::goals_text(&crate::report::goals(&o.summary)));
     t.push_str(&leader_changes_text(o));
+    t.push_str(&leader_work_text(o));
     if let Some(pg) = &o.postgres {
         t.push('\n');
         t.push_str(&crate::pgbench::results_text(pg));
@@ -875,6 +897,31 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         "UNKNOWN outcomes in measured phases: {unknown} (not counted in any rate or latency)\n"
     ));
     t
+}
+
+/// Our leader's Raft entries and handler time in each Decide and transfer
+/// level (medians of the rounds), where its metrics could be read.
+fn leader_work_text(o: &Outcome) -> String {
+    let decides = o.rows.iter().filter_map(|(n, _, d)| {
+        let w = d.leader_work.as_ref()?;
+        Some(format!("- Decide at {n} clients: {}", w.line("Abort")))
+    });
+    let transfers = o.summary.transfers.iter().filter_map(|t| {
+        let w = t.leader_work.as_ref()?;
+        Some(format!(
+            "- transfers at {} clients: {}",
+            t.clients,
+            w.line("BeginAndCommit")
+        ))
+    });
+    let lines: Vec<String> = decides.chain(transfers).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nthe leader during the phases (its own metrics; the client's latency minus the handler's time was spent outside it):\n{}\n",
+        lines.join("\n")
+    )
 }
 
 /// Every measured phase whose Raft leader or term changed, one line each,

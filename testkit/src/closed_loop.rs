@@ -16,6 +16,7 @@ use dtx_client::TxOutcome;
 
 use crate::cpu::CpuMeter;
 use crate::leader_watch::LeaderWatch;
+use crate::node_metrics::LeaderWork;
 use crate::report::median_transfer;
 use crate::report::stats;
 use crate::report::Phase;
@@ -146,6 +147,7 @@ impl PhaseOut {
             errors: self.errors,
             first_error: self.first_error,
             leader_change,
+            leader_work: None,
         }
     }
 }
@@ -204,6 +206,8 @@ pub async fn measure_transfers(
             let aborted = Arc::new(AtomicU64::new(0));
             let committed = Arc::new(AtomicU64::new(0));
             let (bl, ab, co) = (bank_list.clone(), aborted.clone(), committed.clone());
+            let samples_before = watch.samples_of(leader.as_ref()).await;
+            let started = std::time::Instant::now();
             let cpu_before = meter.sample();
             let st = run_phase(&clients, measured, move |c, w, i| {
                 let (bl, ab, co) = (bl.clone(), ab.clone(), co.clone());
@@ -225,11 +229,16 @@ pub async fn measure_transfers(
                 }
             })
             .await;
+            let elapsed = started.elapsed();
+            let samples_after = watch.samples_of(leader.as_ref()).await;
             // Phase two of the last transfers finishes in the background;
             // its work belongs to them, so let it run before reading.
             tokio::time::sleep(Duration::from_millis(500)).await;
             let cpu = meter.sample().saturating_sub(cpu_before);
             let leader_change = crate::leader_watch::change(leader.as_ref(), watch.find().await.as_ref());
+            let leader_work = samples_before
+                .zip(samples_after)
+                .and_then(|(b, a)| LeaderWork::between(&b, &a, elapsed, "BeginAndCommit"));
             let ab = aborted.load(Ordering::Relaxed);
             let co = committed.load(Ordering::Relaxed);
             let cpu_us_per_commit = (cpu.as_micros() as u64).checked_div(co).unwrap_or(0);
@@ -243,6 +252,9 @@ pub async fn measure_transfers(
             cpu_us_per_commit as f64 / 1000.0,
             cpu.as_secs_f64()
         );
+            if let Some(w) = &leader_work {
+                println!("{label}, clients {n:>3}{round}: {}", w.line("BeginAndCommit"));
+            }
             if let Some(c) = &leader_change {
                 println!("{label}, clients {n:>3}{round}: NOT A FAIR MEASURE: {c}");
             }
@@ -253,6 +265,7 @@ pub async fn measure_transfers(
                 unknown: st.unknown,
                 cpu_us_per_committed_transfer: cpu_us_per_commit,
                 leader_change,
+                leader_work,
             });
         }
         let point = median_transfer(&points);

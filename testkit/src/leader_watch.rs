@@ -13,6 +13,7 @@
 //! `Admin.ClusterStatus`, etcd through `Maintenance.Status`
 //! ([`crate::etcd::EtcdCluster::leader`]).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
@@ -37,11 +38,32 @@ pub const FIND_LEADER_WITHIN: Duration = Duration::from_secs(10);
 pub struct LeaderWatch {
     api: Vec<String>,
     tls: Option<Arc<dtx_tls::ClientTls>>,
+    /// Each node's metrics port, by node id, where it has one.
+    metrics: HashMap<u64, String>,
 }
 
 impl LeaderWatch {
     pub fn new(api: Vec<String>, tls: Option<Arc<dtx_tls::ClientTls>>) -> Self {
-        LeaderWatch { api, tls }
+        LeaderWatch {
+            api,
+            tls,
+            metrics: HashMap::new(),
+        }
+    }
+
+    /// With each node's metrics port (node id, address), so that
+    /// [`LeaderWatch::samples_of`] can read the leader's counters.
+    pub fn with_metrics(mut self, metrics: impl IntoIterator<Item = (u64, String)>) -> Self {
+        self.metrics = metrics.into_iter().collect();
+        self
+    }
+
+    /// The samples of `leader`'s metrics port; `None` without a leader, a
+    /// metrics port, or an answer.
+    pub async fn samples_of(&self, leader: Option<&Leader>) -> Option<HashMap<String, f64>> {
+        let addr = self.metrics.get(&leader?.id)?;
+        let text = crate::node_metrics::scrape(addr).await.ok()?;
+        Some(crate::node_metrics::samples(&text))
     }
 
     /// The node that answers `ClusterStatus` as leader, asked in turn,

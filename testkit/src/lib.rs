@@ -12,6 +12,8 @@
 //! - [`cpu`]: CPU time of this process and of child processes.
 //! - [`leader_watch`]: which node leads, in which term, around each
 //!   measured phase (a phase whose leader changed is not judged).
+//! - [`node_metrics`]: a node's Prometheus text, and the leader's Raft
+//!   entries and handler time over a measured phase.
 //! - [`machine`]: the machine's facts a bench records beside its numbers
 //!   (CPUs, kernel, how idle vCPUs wait).
 //! - [`etcd`]: a supervisor of a local etcd cluster and a minimal gRPC
@@ -33,6 +35,7 @@ pub mod cpu;
 pub mod etcd;
 pub mod leader_watch;
 pub mod machine;
+pub mod node_metrics;
 pub mod pgbench;
 pub mod pki;
 pub mod plot;

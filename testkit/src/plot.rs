@@ -264,6 +264,7 @@ mod tests {
             first_error: None,
             cpu_us_per_op: None,
             leader_change: None,
+            leader_work: None,
         }
     }
 

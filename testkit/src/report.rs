@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::node_metrics::LeaderWork;
+
 /// Throughput and latency of one measured phase.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Stats {
@@ -53,6 +55,10 @@ pub struct Phase {
     /// ([`crate::leader_watch::change`]): no goal is judged on it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leader_change: Option<String>,
+    /// Our leader's Raft entries and handler time over the phase, where
+    /// its metrics could be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_work: Option<LeaderWork>,
 }
 
 /// One level of end-to-end transfers.
@@ -67,6 +73,9 @@ pub struct TransferPoint {
     /// As [`Phase::leader_change`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leader_change: Option<String>,
+    /// As [`Phase::leader_work`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_work: Option<LeaderWork>,
 }
 
 /// What the comparison is computed from.
@@ -131,7 +140,24 @@ pub fn median_phase(rounds: &[Phase]) -> Phase {
         first_error: used.iter().find_map(|p| p.first_error.clone()),
         cpu_us_per_op: (!cpu.is_empty()).then(|| median_u64(cpu)),
         leader_change,
+        leader_work: median_work(used.iter().filter_map(|p| p.leader_work.as_ref())),
     }
+}
+
+/// The leader's work over several rounds: each figure the median of the
+/// rounds that have one, entries summed; `None` when none has.
+fn median_work<'a>(rounds: impl Iterator<Item = &'a LeaderWork>) -> Option<LeaderWork> {
+    let w: Vec<&LeaderWork> = rounds.collect();
+    if w.is_empty() {
+        return None;
+    }
+    let handler: Vec<u64> = w.iter().filter_map(|x| x.handler_mean_us).collect();
+    Some(LeaderWork {
+        raft_entries: w.iter().map(|x| x.raft_entries).sum(),
+        entries_per_sec: median_f64(w.iter().map(|x| x.entries_per_sec).collect()),
+        commands_per_entry: median_f64(w.iter().map(|x| x.commands_per_entry).collect()),
+        handler_mean_us: (!handler.is_empty()).then(|| median_u64(handler)),
+    })
 }
 
 /// As [`median_phase`], for the transfer rounds of one client count
@@ -153,6 +179,7 @@ pub fn median_transfer(rounds: &[TransferPoint]) -> TransferPoint {
         unknown: used.iter().map(|t| t.unknown).sum(),
         cpu_us_per_committed_transfer: median_u64(used.iter().map(|t| t.cpu_us_per_committed_transfer).collect()),
         leader_change,
+        leader_work: median_work(used.iter().filter_map(|t| t.leader_work.as_ref())),
     }
 }
 
@@ -481,6 +508,7 @@ mod tests {
             first_error: None,
             cpu_us_per_op: Some(200),
             leader_change: None,
+            leader_work: None,
         }
     }
 
@@ -492,6 +520,7 @@ mod tests {
             unknown: 0,
             cpu_us_per_committed_transfer: 1800,
             leader_change: None,
+            leader_work: None,
         }
     }
 

@@ -157,6 +157,7 @@ mod tests {
             unknown: 0,
             cpu_us_per_committed_transfer: cpu_us,
             leader_change: None,
+            leader_work: None,
         }
     }
 

@@ -10,31 +10,16 @@ use std::time::Duration;
 use dtx_client::TxOutcome;
 use dtx_testkit::cluster::BankProcess;
 use participant_sdk::log::LocalState;
-use tokio::io::AsyncReadExt;
-use tokio::io::AsyncWriteExt;
 
 use super::TestCluster;
 
+pub use dtx_testkit::node_metrics::sample;
+
 /// The Prometheus text of the node whose exporter listens on `addr`.
 pub async fn scrape(addr: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("metrics endpoint");
-    s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+    dtx_testkit::node_metrics::scrape(addr)
         .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
-}
-
-/// The value of the sample named exactly `name` (no labels), 0 if absent.
-pub fn sample(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (n, v) = l.split_once(' ')?;
-            (n == name).then(|| v.trim().parse().ok()).flatten()
-        })
-        .unwrap_or(0.0)
+        .unwrap_or_else(|e| panic!("metrics endpoint {addr}: {e}"))
 }
 
 /// Waits until the cluster has recorded every participant's ack of each of
