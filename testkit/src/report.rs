@@ -129,18 +129,25 @@ pub fn median_phase(rounds: &[Phase]) -> Phase {
     let (used, leader_change) = undisturbed(rounds, |p| p.leader_change.as_ref());
     let cpu: Vec<u64> = used.iter().filter_map(|p| p.cpu_us_per_op).collect();
     Phase {
-        stats: Stats {
-            ops: used.iter().map(|p| p.stats.ops).sum(),
-            per_sec: median_f64(used.iter().map(|p| p.stats.per_sec).collect()),
-            p50_us: median_u64(used.iter().map(|p| p.stats.p50_us).collect()),
-            p99_us: median_u64(used.iter().map(|p| p.stats.p99_us).collect()),
-        },
+        stats: median_stats(used.iter().map(|p| &p.stats)),
         unknown: used.iter().map(|p| p.unknown).sum(),
         errors: used.iter().map(|p| p.errors).sum(),
         first_error: used.iter().find_map(|p| p.first_error.clone()),
         cpu_us_per_op: (!cpu.is_empty()).then(|| median_u64(cpu)),
         leader_change,
         leader_work: median_work(used.iter().filter_map(|p| p.leader_work.as_ref())),
+    }
+}
+
+/// The median rate, p50 and p99 of several rounds, and their operations
+/// summed.
+fn median_stats<'a>(rounds: impl Iterator<Item = &'a Stats>) -> Stats {
+    let r: Vec<&Stats> = rounds.collect();
+    Stats {
+        ops: r.iter().map(|s| s.ops).sum(),
+        per_sec: median_f64(r.iter().map(|s| s.per_sec).collect()),
+        p50_us: median_u64(r.iter().map(|s| s.p50_us).collect()),
+        p99_us: median_u64(r.iter().map(|s| s.p99_us).collect()),
     }
 }
 
@@ -169,12 +176,7 @@ pub fn median_transfer(rounds: &[TransferPoint]) -> TransferPoint {
     let (used, leader_change) = undisturbed(rounds, |t| t.leader_change.as_ref());
     TransferPoint {
         clients: rounds[0].clients,
-        stats: Stats {
-            ops: used.iter().map(|t| t.stats.ops).sum(),
-            per_sec: median_f64(used.iter().map(|t| t.stats.per_sec).collect()),
-            p50_us: median_u64(used.iter().map(|t| t.stats.p50_us).collect()),
-            p99_us: median_u64(used.iter().map(|t| t.stats.p99_us).collect()),
-        },
+        stats: median_stats(used.iter().map(|t| &t.stats)),
         aborted: used.iter().map(|t| t.aborted).sum(),
         unknown: used.iter().map(|t| t.unknown).sum(),
         cpu_us_per_committed_transfer: median_u64(used.iter().map(|t| t.cpu_us_per_committed_transfer).collect()),
@@ -612,6 +614,19 @@ mod tests {
         assert_eq!((two.stats.per_sec, two.stats.p50_us), (1050.0, 900));
         // One round: itself.
         assert_eq!(median_phase(&r[..1]), r[0]);
+        // The leader's counters: medians of the rounds that have them.
+        let work = |eps: f64, cpe: f64, us: Option<u64>| LeaderWork {
+            raft_entries: 100,
+            entries_per_sec: eps,
+            commands_per_entry: cpe,
+            handler_mean_us: us,
+        };
+        r[0].leader_work = Some(work(400.0, 30.0, Some(3000)));
+        r[2].leader_work = Some(work(300.0, 20.0, None));
+        assert_eq!(
+            median_phase(&r).leader_work,
+            Some(work(350.0, 25.0, Some(3000))).map(|w| LeaderWork { raft_entries: 200, ..w })
+        );
     }
 
     #[test]
