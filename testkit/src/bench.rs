@@ -899,18 +899,27 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     t
 }
 
+/// `1 client`, `64 clients`.
+fn clients(n: usize) -> String {
+    if n == 1 {
+        "1 client".into()
+    } else {
+        format!("{n} clients")
+    }
+}
+
 /// Our leader's Raft entries and handler time in each Decide and transfer
 /// level (medians of the rounds), where its metrics could be read.
 fn leader_work_text(o: &Outcome) -> String {
     let decides = o.rows.iter().filter_map(|(n, _, d)| {
         let w = d.leader_work.as_ref()?;
-        Some(format!("- Decide at {n} clients: {}", w.line("Abort")))
+        Some(format!("- Decide at {}: {}", clients(*n), w.line("Abort")))
     });
     let transfers = o.summary.transfers.iter().filter_map(|t| {
         let w = t.leader_work.as_ref()?;
         Some(format!(
-            "- transfers at {} clients: {}",
-            t.clients,
+            "- transfers at {}: {}",
+            clients(t.clients),
             w.line("BeginAndCommit")
         ))
     });
@@ -931,20 +940,20 @@ fn leader_changes_text(o: &Outcome) -> String {
     for (n, b, d) in &o.rows {
         for (what, p) in [("our Begin", b), ("our Decide", d)] {
             if let Some(c) = &p.leader_change {
-                lines.push(format!("- {what} at {n} clients: {c}"));
+                lines.push(format!("- {what} at {}: {c}", clients(*n)));
             }
         }
     }
     for (n, p) in &o.summary.etcd {
         if let Some(c) = &p.leader_change {
-            lines.push(format!("- etcd at {n} clients: {c}"));
+            lines.push(format!("- etcd at {}: {c}", clients(*n)));
         }
     }
     let transfers = o.summary.transfers.iter().map(|t| ("transfers", t));
     let tls = o.tls.iter().flatten().map(|t| ("transfers over TLS", t));
     for (what, t) in transfers.chain(tls) {
         if let Some(c) = &t.leader_change {
-            lines.push(format!("- {what} at {} clients: {c}", t.clients));
+            lines.push(format!("- {what} at {}: {c}", clients(t.clients)));
         }
     }
     if lines.is_empty() {
