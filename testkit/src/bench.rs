@@ -34,7 +34,6 @@ use crate::etcd::EtcdKv;
 use crate::etcd::PutIfAbsent;
 use crate::leader_watch;
 use crate::leader_watch::LeaderWatch;
-use crate::node_metrics::LeaderWork;
 use crate::report::median_phase;
 pub use crate::report::stats;
 use crate::report::Phase;
@@ -362,11 +361,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         // machine falls on both; each figure of the level is the median of
         // its rounds (report::median_phase).
         for r in 1..=a.rounds {
-            let round = if a.rounds > 1 {
-                format!(" round {r}/{}", a.rounds)
-            } else {
-                String::new()
-            };
+            let round = crate::closed_loop::round_label(r, a.rounds);
             // ---- ours ----
             let before = watch.find().await;
             say_if_new_leader("ours", &last_leader, &before);
@@ -410,8 +405,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
             let decided: Arc<Vec<Mutex<Vec<u64>>>> = Arc::new((0..n).map(|_| Default::default()).collect());
             let (m, d) = (made.clone(), decided.clone());
             let meter = CpuMeter::new(node_pids.clone());
-            let samples_before = watch.samples_of(between.as_ref()).await;
-            let started = Instant::now();
+            let work = watch.work_from(between.as_ref()).await;
             let cpu_before = meter.sample();
             let decide = run_phase(&clients, measured, move |c, w, i| {
                 let (m, d) = (m.clone(), d.clone());
@@ -432,13 +426,10 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
             })
             .await;
             let cpu = meter.sample().saturating_sub(cpu_before);
-            let elapsed = started.elapsed();
-            let samples_after = watch.samples_of(between.as_ref()).await;
+            let leader_work = work.until_now(&watch, between.as_ref(), "Abort").await;
             let after = watch.find().await;
             let mut decide = decide.phase(Some(cpu), leader_watch::change(between.as_ref(), after.as_ref()));
-            decide.leader_work = samples_before
-                .zip(samples_after)
-                .and_then(|(b, a)| LeaderWork::between(&b, &a, elapsed, "Abort"));
+            decide.leader_work = leader_work;
             last_leader = after;
             println!(
                 "clients {n:>4}{round}: begin {} | decide {} ({:.1}x fsync rate)",

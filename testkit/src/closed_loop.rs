@@ -16,7 +16,6 @@ use dtx_client::TxOutcome;
 
 use crate::cpu::CpuMeter;
 use crate::leader_watch::LeaderWatch;
-use crate::node_metrics::LeaderWork;
 use crate::report::median_transfer;
 use crate::report::stats;
 use crate::report::Phase;
@@ -152,6 +151,15 @@ impl PhaseOut {
     }
 }
 
+/// ` round 2/3` in a console line, or nothing when a level has one round.
+pub fn round_label(r: u64, rounds: u64) -> String {
+    if rounds > 1 {
+        format!(" round {r}/{rounds}")
+    } else {
+        String::new()
+    }
+}
+
 /// Closed-loop two-participant transfers (`dtx_bank::transfer`) between
 /// `bank_list` (each `(participant id, address, account prefix)`, 10,000
 /// accounts each) at each of `counts` clients, each client with its own
@@ -182,11 +190,7 @@ pub async fn measure_transfers(
     for &n in counts {
         let mut points = Vec::new();
         for r in 1..=rounds {
-            let round = if rounds > 1 {
-                format!(" round {r}/{rounds}")
-            } else {
-                String::new()
-            };
+            let round = round_label(r, rounds);
             let leader = watch.find().await;
             let clients = clients_with(&watch.leader_first(leader.as_ref()), n, client_tls);
             if !warmup.is_zero() {
@@ -206,8 +210,7 @@ pub async fn measure_transfers(
             let aborted = Arc::new(AtomicU64::new(0));
             let committed = Arc::new(AtomicU64::new(0));
             let (bl, ab, co) = (bank_list.clone(), aborted.clone(), committed.clone());
-            let samples_before = watch.samples_of(leader.as_ref()).await;
-            let started = std::time::Instant::now();
+            let work = watch.work_from(leader.as_ref()).await;
             let cpu_before = meter.sample();
             let st = run_phase(&clients, measured, move |c, w, i| {
                 let (bl, ab, co) = (bl.clone(), ab.clone(), co.clone());
@@ -229,16 +232,12 @@ pub async fn measure_transfers(
                 }
             })
             .await;
-            let elapsed = started.elapsed();
-            let samples_after = watch.samples_of(leader.as_ref()).await;
+            let leader_work = work.until_now(watch, leader.as_ref(), "BeginAndCommit").await;
             // Phase two of the last transfers finishes in the background;
             // its work belongs to them, so let it run before reading.
             tokio::time::sleep(Duration::from_millis(500)).await;
             let cpu = meter.sample().saturating_sub(cpu_before);
             let leader_change = crate::leader_watch::change(leader.as_ref(), watch.find().await.as_ref());
-            let leader_work = samples_before
-                .zip(samples_after)
-                .and_then(|(b, a)| LeaderWork::between(&b, &a, elapsed, "BeginAndCommit"));
             let ab = aborted.load(Ordering::Relaxed);
             let co = committed.load(Ordering::Relaxed);
             let cpu_us_per_commit = (cpu.as_micros() as u64).checked_div(co).unwrap_or(0);

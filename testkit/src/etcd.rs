@@ -215,24 +215,12 @@ impl EtcdCluster {
     /// and its term, asked in turn until
     /// [`crate::leader_watch::FIND_LEADER_WITHIN`]; `None` when none did.
     pub async fn leader(&self) -> Option<crate::leader_watch::Leader> {
-        let until = Instant::now() + crate::leader_watch::FIND_LEADER_WITHIN;
-        loop {
-            for m in &self.members {
-                if let Ok((id, leader, term)) = status_and_term(&m.client_addr, Duration::from_millis(500)).await {
-                    if id != 0 && id == leader {
-                        return Some(crate::leader_watch::Leader {
-                            id,
-                            term,
-                            addr: m.client_addr.clone(),
-                        });
-                    }
-                }
-            }
-            if Instant::now() >= until {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let addrs: Vec<String> = self.members.iter().map(|m| m.client_addr.clone()).collect();
+        crate::leader_watch::first_leader(&addrs, |addr| async move {
+            let (id, leader, term) = status_and_term(&addr, crate::leader_watch::ASK_TIMEOUT).await.ok()?;
+            (id != 0 && id == leader).then_some(crate::leader_watch::Leader { id, term, addr })
+        })
+        .await
     }
 
     /// SIGTERM to every member, SIGKILL after `grace`, then removes the

@@ -18,6 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 
+use crate::node_metrics::LeaderWork;
+
 /// The leader as the node that leads reports itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leader {
@@ -66,27 +68,27 @@ impl LeaderWatch {
         Some(crate::node_metrics::samples(&text))
     }
 
-    /// The node that answers `ClusterStatus` as leader, asked in turn,
-    /// until [`FIND_LEADER_WITHIN`]; `None` when none did.
+    /// The node that answers `ClusterStatus` as leader ([`first_leader`]).
     pub async fn find(&self) -> Option<Leader> {
-        let until = Instant::now() + FIND_LEADER_WITHIN;
-        loop {
-            for addr in &self.api {
-                let answer = dtx_client::cluster_status_with(addr, Duration::from_millis(500), self.tls.as_ref()).await;
-                if let Ok(s) = answer {
-                    if s.role == "Leader" && s.leader_id == s.node_id {
-                        return Some(Leader {
-                            id: s.node_id,
-                            term: s.term,
-                            addr: addr.clone(),
-                        });
-                    }
-                }
-            }
-            if Instant::now() >= until {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        first_leader(&self.api, |addr| async move {
+            let s = dtx_client::cluster_status_with(&addr, ASK_TIMEOUT, self.tls.as_ref())
+                .await
+                .ok()?;
+            (s.role == "Leader" && s.leader_id == s.node_id).then_some(Leader {
+                id: s.node_id,
+                term: s.term,
+                addr,
+            })
+        })
+        .await
+    }
+
+    /// Starts reading what `leader` does over a phase: its counters now
+    /// ([`LeaderWatch::samples_of`]) and the clock.
+    pub async fn work_from(&self, leader: Option<&Leader>) -> WorkFrom {
+        WorkFrom {
+            samples: self.samples_of(leader).await,
+            started: Instant::now(),
         }
     }
 
@@ -94,6 +96,49 @@ impl LeaderWatch {
     /// and can still follow a new leader's hint to any other node.
     pub fn leader_first(&self, leader: Option<&Leader>) -> Vec<String> {
         leader_first(&self.api, leader.map(|l| l.addr.as_str()))
+    }
+}
+
+/// How long one node may take to say whether it leads.
+pub const ASK_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The first of `addrs` whose node, asked by `ask`, says it leads; every
+/// address asked in turn, again every 100 ms until
+/// [`FIND_LEADER_WITHIN`]; `None` when none did. Ours and etcd's
+/// ([`crate::etcd::EtcdCluster::leader`]) differ only in `ask`.
+pub async fn first_leader<F, Fut>(addrs: &[String], ask: F) -> Option<Leader>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Option<Leader>>,
+{
+    let until = Instant::now() + FIND_LEADER_WITHIN;
+    loop {
+        for addr in addrs {
+            if let Some(l) = ask(addr.clone()).await {
+                return Some(l);
+            }
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The leader's counters and the clock at the start of a phase
+/// ([`LeaderWatch::work_from`]).
+pub struct WorkFrom {
+    samples: Option<HashMap<String, f64>>,
+    started: Instant,
+}
+
+impl WorkFrom {
+    /// What `leader` did since, for calls of `method`
+    /// ([`LeaderWork::between`]); `None` without its counters at either end.
+    pub async fn until_now(self, watch: &LeaderWatch, leader: Option<&Leader>, method: &str) -> Option<LeaderWork> {
+        let elapsed = self.started.elapsed();
+        let after = watch.samples_of(leader).await?;
+        LeaderWork::between(&self.samples?, &after, elapsed, method)
     }
 }
 
