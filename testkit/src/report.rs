@@ -239,6 +239,19 @@ pub fn ms(us: u64) -> String {
     format!("{:.2} ms", us as f64 / 1000.0)
 }
 
+/// Two figures to compare, as `ms` renders them unless that would print
+/// different values as the same text (`0.79 ms vs 0.79 ms` for 791 and
+/// 787 µs): then both with microseconds (`0.791 ms vs 0.787 ms`).
+pub fn ms_pair(a_us: u64, b_us: u64) -> (String, String) {
+    let (a, b) = (ms(a_us), ms(b_us));
+    if a == b && a_us != b_us {
+        let fine = |us: u64| format!("{:.3} ms", us as f64 / 1000.0);
+        (fine(a_us), fine(b_us))
+    } else {
+        (a, b)
+    }
+}
+
 fn opt_ms(us: Option<u64>) -> String {
     us.map(ms).unwrap_or_else(|| "–".into())
 }
@@ -358,7 +371,10 @@ pub fn goals(s: &Summary) -> Vec<Goal> {
         Goal {
             goal: "our Decide p50 at 1 client <= etcd's put-if-absent p50".into(),
             measured: match pair1 {
-                Some((d, e)) => format!("{} vs {}", ms(d.stats.p50_us), ms(e.stats.p50_us)),
+                Some((d, e)) => {
+                    let (d, e) = ms_pair(d.stats.p50_us, e.stats.p50_us);
+                    format!("{d} vs {e}")
+                }
                 None => "not measured (needs both at 1 client)".into(),
             },
             ratio: pair1.and_then(|(d, e)| ratio(d.stats.p50_us as f64, e.stats.p50_us as f64)),
@@ -393,7 +409,10 @@ pub fn goals(s: &Summary) -> Vec<Goal> {
             } else {
                 pairs
                     .iter()
-                    .map(|(n, d, e)| format!("{n}: {} vs {}{}", ms(*d), ms(*e), if d <= e { "" } else { " (over)" }))
+                    .map(|(n, d, e)| {
+                        let (ds, es) = ms_pair(*d, *e);
+                        format!("{n}: {ds} vs {es}{}", if d <= e { "" } else { " (over)" })
+                    })
                     .collect::<Vec<_>>()
                     .join("; ")
             },
@@ -591,6 +610,24 @@ mod tests {
             p99.measured
         );
         assert!(p99.measured.contains("64: 15.00 ms vs 40.00 ms;"), "{}", p99.measured);
+    }
+
+    #[test]
+    fn figures_that_round_to_the_same_text_are_shown_in_microseconds() {
+        assert_eq!(ms_pair(791, 787), ("0.791 ms".into(), "0.787 ms".into()));
+        assert_eq!(ms_pair(790, 790), ("0.79 ms".into(), "0.79 ms".into()));
+        assert_eq!(ms_pair(820, 930), ("0.82 ms".into(), "0.93 ms".into()));
+        // In a goal's line: 791 µs against 787 µs is over, and says so.
+        let mut s = summary();
+        s.decide[0].1.stats.p50_us = 791;
+        s.etcd[0].1.stats.p50_us = 787;
+        let g = goals(&s);
+        let p50 = goal(&g, "our Decide p50");
+        assert_eq!(p50.met, Some(false));
+        assert_eq!(p50.measured, "0.791 ms vs 0.787 ms");
+        s.decide[0].1.stats.p99_us = 2404;
+        let p99 = goal(&goals(&s), "our Decide p99").measured.clone();
+        assert!(p99.starts_with("1: 2.404 ms vs 2.400 ms (over);"), "{p99}");
     }
 
     #[test]
