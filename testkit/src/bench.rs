@@ -82,6 +82,10 @@ pub struct BenchArgs {
     /// be refilled under load).
     #[arg(long)]
     pub refill_wait_us: Option<u64>,
+    /// Override txn.delivery_batch_wait_us of the nodes (how long phase
+    /// two waits for more decisions to one participant before it sends).
+    #[arg(long)]
+    pub delivery_wait_us: Option<u64>,
     /// Also measure end-to-end two-participant transfers (bank example) at
     /// these client counts, comma-separated; empty to skip.
     #[arg(long, default_value = "1,16,64", value_parser = client_counts_or_none)]
@@ -275,7 +279,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
 
     let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
     let plans = ProcessCluster::plan_local("127.0.0.1", 3)?;
-    let (inflight, wait, refill) = (a.inflight_max, a.wait_us, a.refill_wait_us);
+    let (inflight, wait, refill, delivery) = (a.inflight_max, a.wait_us, a.refill_wait_us, a.delivery_wait_us);
     let mut cluster = ProcessCluster::new(&bin, &dir.join("cluster"), "dtx-bench", plans, |c| {
         // Each node's metrics port: the leader's counters say how many
         // Raft entries a phase took and how long its handler held a call.
@@ -290,6 +294,9 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         }
         if let Some(v) = refill {
             c.batch.refill_wait_us = v;
+        }
+        if let Some(v) = delivery {
+            c.txn.delivery_batch_wait_us = v;
         }
     })?;
     cluster.start_all()?;
@@ -762,6 +769,23 @@ async fn check_etcd_puts(leader: &str, acked: &[Vec<AckedPut>], recheck: usize) 
     vec![readback, twice]
 }
 
+/// The node settings this run overrode, as the options that set them
+/// (` --delivery-wait-us 0`), or nothing: a run's figures are only
+/// comparable with runs of the same settings.
+fn overrides(a: &BenchArgs) -> String {
+    let mut s = String::new();
+    let mut add = |flag: &str, v: Option<u64>| {
+        if let Some(v) = v {
+            s.push_str(&format!(" --{flag} {v}"));
+        }
+    };
+    add("inflight-max", a.inflight_max.map(|v| v as u64));
+    add("wait-us", a.wait_us);
+    add("refill-wait-us", a.refill_wait_us);
+    add("delivery-wait-us", a.delivery_wait_us);
+    s
+}
+
 /// The text the run prints at the end and writes to results.txt.
 fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     let mut t = String::new();
@@ -771,7 +795,7 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         t.push_str("\n\n");
     }
     t.push_str(&format!(
-        "coordinator bench, {} (unix time {}); --clients {:?} --transfer-clients {:?} --seconds {} --warmup {} --rounds {} (each figure the median of the rounds)\nmachine: {}\n",
+        "coordinator bench, {} (unix time {}); --clients {:?} --transfer-clients {:?} --seconds {} --warmup {} --rounds {}{} (each figure the median of the rounds)\nmachine: {}\n",
         o.etcd_version
             .as_deref()
             .map(|v| format!("against {v}"))
@@ -782,6 +806,7 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         a.seconds,
         a.warmup,
         a.rounds,
+        overrides(a),
         o.machine.line()
     ));
     t.push_str(&format!(
@@ -974,6 +999,8 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
         "args": {
             "clients": a.clients, "transfer_clients": a.transfer_clients, "seconds": a.seconds,
             "warmup": a.warmup, "rounds": a.rounds, "recheck": a.recheck, "dir": a.dir, "postgres": a.postgres, "tls": a.tls,
+            "inflight_max": a.inflight_max, "wait_us": a.wait_us, "refill_wait_us": a.refill_wait_us,
+            "delivery_wait_us": a.delivery_wait_us,
         },
         "etcd": { "skipped": o.etcd_version.is_none(), "version": o.etcd_version },
         "fsync": o.raw, "sled_flush": o.sled_sync,
@@ -1078,6 +1105,14 @@ mod tests {
         let zero = parse(&["--rounds", "0"]).unwrap_err();
         assert!(zero.contains("--rounds") && zero.contains("not in 1..=20"), "{zero}");
         assert!(parse(&["--rounds", "21"]).is_err());
+    }
+
+    #[test]
+    fn node_settings_a_run_overrode_are_named_in_its_header() {
+        assert_eq!(overrides(&parse(&[]).unwrap()), "");
+        let a = parse(&["--delivery-wait-us", "0", "--inflight-max", "2"]).unwrap();
+        assert_eq!(a.delivery_wait_us, Some(0));
+        assert_eq!(overrides(&a), " --inflight-max 2 --delivery-wait-us 0");
     }
 
     #[test]
