@@ -538,7 +538,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         }
         // CPU time summed over every process of the run: the three nodes,
         // the two banks and this client.
-        let (bank_list, meter) = crate::closed_loop::banks_and_meter(&banks, &node_pids);
+        let (bank_list, meter) = crate::closed_loop::banks_and_meter(&banks, &cluster.nodes);
         transfer_rows = measure_transfers(
             &watch,
             None,
@@ -890,6 +890,7 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     t.push_str(&crate::report::goals_text(&crate::report::goals(&o.summary)));
     t.push_str(&leader_changes_text(o));
     t.push_str(&leader_work_text(o));
+    t.push_str(&cpu_split_text(&o.summary.transfers));
     if let Some(pg) = &o.postgres {
         t.push('\n');
         t.push_str(&crate::pgbench::results_text(pg));
@@ -945,6 +946,22 @@ fn leader_work_text(o: &Outcome) -> String {
     }
     format!(
         "\nthe leader during the phases (its own metrics; the client's latency minus the handler's time was spent outside it):\n{}\n",
+        lines.join("\n")
+    )
+}
+
+/// The CPU per committed transfer of each level split by process
+/// (medians of the rounds), where it could be.
+fn cpu_split_text(transfers: &[crate::report::TransferPoint]) -> String {
+    let lines: Vec<String> = transfers
+        .iter()
+        .filter_map(|t| Some(format!("- at {}: {}", clients(t.clients), t.cpu_split.as_ref()?.line())))
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nCPU per committed transfer by process (user + system time over the phase):\n{}\n",
         lines.join("\n")
     )
 }
@@ -1013,6 +1030,7 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
         "transfers": o.summary.transfers.iter().map(|tp| serde_json::json!({
             "clients": tp.clients, "stats": tp.stats, "aborted": tp.aborted, "unknown": tp.unknown,
             "cpu_us_per_committed_transfer": tp.cpu_us_per_committed_transfer,
+            "cpu_split": tp.cpu_split,
             "transfers_over_etcd": crate::report::transfers_over_etcd(&o.summary, tp.clients),
         })).collect::<Vec<_>>(),
         "goals": goals,

@@ -15,6 +15,7 @@ use dtx_client::ClientError;
 use dtx_client::TxOutcome;
 
 use crate::cpu::CpuMeter;
+use crate::cpu::Part;
 use crate::leader_watch::LeaderWatch;
 use crate::report::median_transfer;
 use crate::report::stats;
@@ -50,15 +51,19 @@ pub fn clients_with(endpoints: &[String], n: usize, tls: Option<&Arc<dtx_tls::Cl
 pub type BankList = Arc<Vec<(String, String, String)>>;
 
 /// Started banks as `measure_transfers` takes them, and a CPU meter over
-/// `node_pids`, the banks and this process (every process of a transfer).
-pub fn banks_and_meter(banks: &[crate::cluster::BankProcess], node_pids: &[u32]) -> (BankList, CpuMeter) {
+/// `nodes`, the banks and this process (every process of a transfer),
+/// each named by kind so that a phase's CPU also splits by process.
+pub fn banks_and_meter(
+    banks: &[crate::cluster::BankProcess],
+    nodes: &[crate::cluster::NodeProc],
+) -> (BankList, CpuMeter) {
     let list = banks.iter().map(|b| b.spec()).collect();
-    let pids = node_pids
+    let pids = nodes
         .iter()
-        .copied()
-        .chain(banks.iter().filter_map(|b| b.pid()))
+        .filter_map(|n| Some((Part::Node(n.plan.id), n.pid()?)))
+        .chain(banks.iter().filter_map(|b| Some((Part::Bank, b.pid()?))))
         .collect();
-    (Arc::new(list), CpuMeter::new(pids))
+    (Arc::new(list), CpuMeter::with_parts(pids))
 }
 
 /// How one call of a closed-loop phase ended.
@@ -211,7 +216,7 @@ pub async fn measure_transfers(
             let committed = Arc::new(AtomicU64::new(0));
             let (bl, ab, co) = (bank_list.clone(), aborted.clone(), committed.clone());
             let work = watch.work_from(leader.as_ref()).await;
-            let cpu_before = meter.sample();
+            let cpu_before = meter.sample_parts();
             let st = run_phase(&clients, measured, move |c, w, i| {
                 let (bl, ab, co) = (bl.clone(), ab.clone(), co.clone());
                 async move {
@@ -236,10 +241,14 @@ pub async fn measure_transfers(
             // Phase two of the last transfers finishes in the background;
             // its work belongs to them, so let it run before reading.
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let cpu = meter.sample().saturating_sub(cpu_before);
+            let cpu_after = meter.sample_parts();
+            let cpu = cpu_after.total().saturating_sub(cpu_before.total());
             let leader_change = crate::leader_watch::change(leader.as_ref(), watch.find().await.as_ref());
             let ab = aborted.load(Ordering::Relaxed);
             let co = committed.load(Ordering::Relaxed);
+            let cpu_split = leader
+                .as_ref()
+                .and_then(|l| cpu_after.split_since(&cpu_before, l.id, co));
             let cpu_us_per_commit = (cpu.as_micros() as u64).checked_div(co).unwrap_or(0);
             println!(
             "{label}, clients {n:>3}{round}: {:>7.0}/s p50 {:>6} us p99 {:>6} us ({ab} aborted by lock conflicts; {} UNKNOWN; {:.2}x fsync rate); CPU {:.2} ms per committed transfer, all processes ({:.1} s for {co})",
@@ -254,6 +263,12 @@ pub async fn measure_transfers(
             if let Some(w) = &leader_work {
                 println!("{label}, clients {n:>3}{round}: {}", w.line("BeginAndCommit"));
             }
+            if let Some(c) = &cpu_split {
+                println!(
+                    "{label}, clients {n:>3}{round}: CPU per committed transfer by process: {}",
+                    c.line()
+                );
+            }
             if let Some(c) = &leader_change {
                 println!("{label}, clients {n:>3}{round}: NOT A FAIR MEASURE: {c}");
             }
@@ -263,6 +278,7 @@ pub async fn measure_transfers(
                 aborted: ab,
                 unknown: st.unknown,
                 cpu_us_per_committed_transfer: cpu_us_per_commit,
+                cpu_split,
                 leader_change,
                 leader_work,
             });

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::cpu::CpuSplit;
 use crate::node_metrics::LeaderWork;
 
 /// Throughput and latency of one measured phase.
@@ -70,6 +71,10 @@ pub struct TransferPoint {
     pub aborted: u64,
     pub unknown: u64,
     pub cpu_us_per_committed_transfer: u64,
+    /// The same CPU by process, where every node and bank could be read and
+    /// the phase had a leader.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_split: Option<CpuSplit>,
     /// As [`Phase::leader_change`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leader_change: Option<String>,
@@ -167,6 +172,19 @@ fn median_work<'a>(rounds: impl Iterator<Item = &'a LeaderWork>) -> Option<Leade
     })
 }
 
+/// Each figure of the splits the rounds have, as its median; `None` if
+/// no round has one.
+fn median_split<'a>(splits: impl Iterator<Item = &'a CpuSplit>) -> Option<CpuSplit> {
+    let s: Vec<&CpuSplit> = splits.collect();
+    let m = |f: fn(&CpuSplit) -> u64| median_u64(s.iter().map(|x| f(x)).collect());
+    (!s.is_empty()).then(|| CpuSplit {
+        leader_us: m(|x| x.leader_us),
+        follower_us: m(|x| x.follower_us),
+        bank_us: m(|x| x.bank_us),
+        client_us: m(|x| x.client_us),
+    })
+}
+
 /// As [`median_phase`], for the transfer rounds of one client count
 /// (`aborted` summed, like `ops`).
 pub fn median_transfer(rounds: &[TransferPoint]) -> TransferPoint {
@@ -180,6 +198,7 @@ pub fn median_transfer(rounds: &[TransferPoint]) -> TransferPoint {
         aborted: used.iter().map(|t| t.aborted).sum(),
         unknown: used.iter().map(|t| t.unknown).sum(),
         cpu_us_per_committed_transfer: median_u64(used.iter().map(|t| t.cpu_us_per_committed_transfer).collect()),
+        cpu_split: median_split(used.iter().filter_map(|t| t.cpu_split.as_ref())),
         leader_change,
         leader_work: median_work(used.iter().filter_map(|t| t.leader_work.as_ref())),
     }
@@ -540,6 +559,7 @@ mod tests {
             aborted: 0,
             unknown: 0,
             cpu_us_per_committed_transfer: 1800,
+            cpu_split: None,
             leader_change: None,
             leader_work: None,
         }
@@ -628,6 +648,30 @@ mod tests {
         s.decide[0].1.stats.p99_us = 2404;
         let p99 = goal(&goals(&s), "our Decide p99").measured.clone();
         assert!(p99.starts_with("1: 2.404 ms vs 2.400 ms (over);"), "{p99}");
+    }
+
+    #[test]
+    fn transfer_rounds_split_their_cpu_by_process_as_the_median_of_each_figure() {
+        let split = |l, f, b, c| CpuSplit {
+            leader_us: l,
+            follower_us: f,
+            bank_us: b,
+            client_us: c,
+        };
+        let mut r = vec![
+            transfer(1, 600.0, 1500),
+            transfer(1, 650.0, 1400),
+            transfer(1, 620.0, 1450),
+        ];
+        r[0].cpu_split = Some(split(800, 350, 300, 80));
+        r[1].cpu_split = Some(split(760, 370, 290, 90));
+        assert_eq!(median_transfer(&r).cpu_split, Some(split(780, 360, 295, 85)));
+        r[2].cpu_split = Some(split(900, 300, 310, 70));
+        assert_eq!(median_transfer(&r).cpu_split, Some(split(800, 350, 300, 80)));
+        for t in &mut r {
+            t.cpu_split = None;
+        }
+        assert_eq!(median_transfer(&r).cpu_split, None);
     }
 
     #[test]

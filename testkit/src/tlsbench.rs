@@ -56,8 +56,7 @@ pub async fn run(env: Env<'_>) -> anyhow::Result<Vec<TransferPoint>> {
         b.wait_started().await?;
     }
     println!("TLS cluster up; leader node {leader} at {leader_api}; banks with mutual TLS");
-    let node_pids: Vec<u32> = cluster.nodes.iter().filter_map(|n| n.pid()).collect();
-    let (bank_list, meter) = crate::closed_loop::banks_and_meter(&banks, &node_pids);
+    let (bank_list, meter) = crate::closed_loop::banks_and_meter(&banks, &cluster.nodes);
     let app = pki.client(&pki.issue(Role::Application, "bench", &[])?)?;
     let watch = crate::leader_watch::LeaderWatch::new(api.clone(), cluster.client_tls.clone());
     let rows = crate::closed_loop::measure_transfers(
@@ -156,6 +155,7 @@ mod tests {
             aborted: 0,
             unknown: 0,
             cpu_us_per_committed_transfer: cpu_us,
+            cpu_split: None,
             leader_change: None,
             leader_work: None,
         }
