@@ -88,6 +88,7 @@ pub const METRICS: &[Described] = &[
     m("dtx_ack_batch_acks", H, Unit::Count, "Participant acks proposed together in one write (leader)."),
     m("dtx_delivery_batch_items", H, Unit::Count, "Decisions carried by one ApplyDecisions message to a participant (leader)."),
     m("dtx_prepare_batch_items", H, Unit::Count, "Prepares carried by one PrepareMany message to a participant (leader)."),
+    m("dtx_prepare_riding_decisions", H, Unit::Count, "Decisions riding in one PrepareMany message that carried any (leader, ADR 0030)."),
     // Storage and Raft.
     m("dtx_log_flushes_total", C, Unit::Count, "fsyncs of the Raft log."),
     m("dtx_log_flush_group_appends", H, Unit::Count, "Raft log appends completed by one fsync."),

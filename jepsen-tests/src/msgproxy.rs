@@ -226,9 +226,10 @@ impl ParticipantService for Proxy<ParticipantServiceClient<Channel>> {
             .await
     }
 
-    /// Many prepares in one message: delayed, duplicated and replayed late
-    /// as a whole, like Prepare (each copy carries all its items; a repeated
-    /// prepare answers the recorded vote).
+    /// Many prepares in one message, with any decisions riding in it (ADR
+    /// 0030): delayed, duplicated and replayed late as a whole, like Prepare
+    /// (each copy carries all its items; a repeated prepare answers the
+    /// recorded vote, a repeated decision is acked).
     async fn prepare_many(
         &self,
         req: Request<pb::PrepareManyRequest>,

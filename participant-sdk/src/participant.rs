@@ -266,6 +266,42 @@ pub trait Participant: Send + Sync + 'static {
         items: &[(u64, PhaseTwo)],
     ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send;
 
+    /// Decisions and prepares that came in one PrepareMany message (ADR
+    /// 0030): the decisions' results as [`Participant::apply_decisions`]
+    /// gives them, then the prepares' as [`Participant::prepare_many`].
+    /// The default makes the two calls at the same time (skipping an empty
+    /// one), so a participant whose writes are its resource's own (a
+    /// PostgreSQL `COMMIT PREPARED` and `PREPARE TRANSACTION`) never holds
+    /// the prepares behind the decisions; a participant that can write both
+    /// in one durable write should. The call fails as a whole when either
+    /// part does.
+    #[allow(clippy::type_complexity)]
+    fn apply_then_prepare(
+        &self,
+        decisions: &[(u64, PhaseTwo)],
+        prepares: &[(u64, u64, &[u8])],
+    ) -> impl Future<Output = Result<(Vec<Result<(), StoreError>>, Vec<Result<Verdict, StoreError>>), StoreError>> + Send
+    {
+        async move {
+            let acks = async {
+                if decisions.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    self.apply_decisions(decisions).await
+                }
+            };
+            let votes = async {
+                if prepares.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    self.prepare_many(prepares).await
+                }
+            };
+            let (acks, votes) = tokio::join!(acks, votes);
+            Ok((acks?, votes?))
+        }
+    }
+
     /// The record of `txid` as it is durably (for the coordinator's
     /// Inquire): `None` when there is none.
     fn durable_entry(&self, txid: u64) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send;
@@ -349,6 +385,16 @@ impl<P: Participant> Participant for std::sync::Arc<P> {
         items: &[(u64, PhaseTwo)],
     ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send {
         P::apply_decisions(self, items)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn apply_then_prepare(
+        &self,
+        decisions: &[(u64, PhaseTwo)],
+        prepares: &[(u64, u64, &[u8])],
+    ) -> impl Future<Output = Result<(Vec<Result<(), StoreError>>, Vec<Result<Verdict, StoreError>>), StoreError>> + Send
+    {
+        P::apply_then_prepare(self, decisions, prepares)
     }
 
     fn durable_entry(&self, txid: u64) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send {

@@ -56,6 +56,49 @@ impl<P: Participant> ParticipantServer<P> {
         Ok(())
     }
 
+    /// The decisions of one message (`ApplyDecisions`, or those riding in a
+    /// `PrepareMany`), checked: at most
+    /// `limits::DECISION_DELIVERY_ITEMS_MAX` (else the whole message is
+    /// refused), and an item without an outcome or for another participant
+    /// answered alone. Returns each item's answer where it has one already
+    /// (`None`: the store answers it) and the items for the store, in order.
+    #[allow(clippy::type_complexity)]
+    fn check_decisions(
+        &self,
+        items: &[pb::DecisionItem],
+        message: &str,
+    ) -> Result<(Vec<Option<Result<(), Status>>>, Vec<(u64, PhaseTwo)>), Status> {
+        let max = dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX;
+        if items.len() > max {
+            return Err(Status::invalid_argument(format!(
+                "{} decisions in one {message} message; at most {max}",
+                items.len()
+            )));
+        }
+        let mut answers = Vec::with_capacity(items.len());
+        let mut valid = Vec::with_capacity(items.len());
+        for it in items {
+            let decision = match pb::DecisionOutcome::try_from(it.outcome) {
+                Ok(pb::DecisionOutcome::Commit) => PhaseTwo::Commit { term: it.term },
+                Ok(pb::DecisionOutcome::Abort) => PhaseTwo::Abort { term: it.term },
+                _ => {
+                    answers.push(Some(Err(Status::invalid_argument(format!(
+                        "decision item for transaction {} has no outcome (value {})",
+                        it.txid, it.outcome
+                    )))));
+                    continue;
+                }
+            };
+            if let Err(s) = self.check_target(&it.participant_id) {
+                answers.push(Some(Err(s)));
+                continue;
+            }
+            answers.push(None);
+            valid.push((it.txid, decision));
+        }
+        Ok((answers, valid))
+    }
+
     async fn run(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Answer, Status> {
         self.store
             .handle(txid, msg, payload)
@@ -99,6 +142,26 @@ fn item_result(answer: Result<(), Status>) -> pb::DecisionItemResult {
             message: s.message().to_string(),
         },
     }
+}
+
+/// Each decision item's result, in order: its answer from the checks
+/// (`Some`), or the store's result for it (the `None`s, in the order of
+/// `valid`).
+fn decision_results(
+    answers: Vec<Option<Result<(), Status>>>,
+    valid: &[(u64, PhaseTwo)],
+    applied: Vec<Result<(), StoreError>>,
+) -> Vec<pb::DecisionItemResult> {
+    let mut applied = valid.iter().zip(applied);
+    answers
+        .into_iter()
+        .map(|a| {
+            item_result(a.unwrap_or_else(|| match applied.next() {
+                Some(((txid, _), r)) => r.map_err(|e| message_status(*txid, e)),
+                None => Err(Status::internal("the store answered fewer items than it was given")),
+            }))
+        })
+        .collect()
 }
 
 /// One PrepareMany item's result: what its own Prepare call would have
@@ -236,47 +299,9 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
         req: Request<pb::ApplyDecisionsRequest>,
     ) -> Result<Response<pb::ApplyDecisionsResponse>, Status> {
         let items = req.into_inner().items;
-        let max = dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX;
-        if items.len() > max {
-            return Err(Status::invalid_argument(format!(
-                "{} decisions in one ApplyDecisions message; at most {max}",
-                items.len()
-            )));
-        }
-        // Items this participant cannot take are answered alone; the rest
-        // go to the store in one write.
-        let mut answers: Vec<Option<Result<(), Status>>> = Vec::with_capacity(items.len());
-        let mut valid = Vec::with_capacity(items.len());
-        for it in &items {
-            let decision = match pb::DecisionOutcome::try_from(it.outcome) {
-                Ok(pb::DecisionOutcome::Commit) => PhaseTwo::Commit { term: it.term },
-                Ok(pb::DecisionOutcome::Abort) => PhaseTwo::Abort { term: it.term },
-                _ => {
-                    answers.push(Some(Err(Status::invalid_argument(format!(
-                        "decision item for transaction {} has no outcome (value {})",
-                        it.txid, it.outcome
-                    )))));
-                    continue;
-                }
-            };
-            if let Err(s) = self.check_target(&it.participant_id) {
-                answers.push(Some(Err(s)));
-                continue;
-            }
-            answers.push(None);
-            valid.push((it.txid, decision));
-        }
+        let (answers, valid) = self.check_decisions(&items, "ApplyDecisions")?;
         let applied = self.store.apply_decisions(&valid).await.map_err(store_status)?;
-        let mut applied = valid.iter().zip(applied);
-        let results = answers
-            .into_iter()
-            .map(|a| {
-                item_result(a.unwrap_or_else(|| match applied.next() {
-                    Some(((txid, _), r)) => r.map_err(|e| message_status(*txid, e)),
-                    None => Err(Status::internal("the store answered fewer items than it was given")),
-                }))
-            })
-            .collect();
+        let results = decision_results(answers, &valid, applied);
         Ok(Response::new(pb::ApplyDecisionsResponse { results }))
     }
 
@@ -284,7 +309,8 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
         &self,
         req: Request<pb::PrepareManyRequest>,
     ) -> Result<Response<pb::PrepareManyResponse>, Status> {
-        let items = req.into_inner().items;
+        let r = req.into_inner();
+        let (items, decisions) = (r.items, r.decisions);
         let max = dtx_proto::limits::PREPARE_GROUP_ITEMS_MAX;
         if items.len() > max {
             return Err(Status::invalid_argument(format!(
@@ -292,8 +318,12 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
                 items.len()
             )));
         }
+        // Decisions riding along (ADR 0030) are checked as ApplyDecisions
+        // checks them.
+        let (decision_answers, valid_decisions) = self.check_decisions(&decisions, "PrepareMany")?;
         // Items for another participant are answered alone, as their own
-        // Prepare would be; the rest go to the store in one write.
+        // Prepare would be; the rest go to the store in one write (with the
+        // decisions, before the prepares).
         let mut answers: Vec<Option<Result<Verdict, Status>>> = Vec::with_capacity(items.len());
         let mut valid = Vec::with_capacity(items.len());
         for it in &items {
@@ -304,7 +334,15 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
             answers.push(None);
             valid.push((it.txid, it.term, it.payload.as_slice()));
         }
-        let votes = self.store.prepare_many(&valid).await.map_err(store_status)?;
+        let (applied, votes) = if valid_decisions.is_empty() {
+            (Vec::new(), self.store.prepare_many(&valid).await.map_err(store_status)?)
+        } else {
+            self.store
+                .apply_then_prepare(&valid_decisions, &valid)
+                .await
+                .map_err(store_status)?
+        };
+        let decision_results = decision_results(decision_answers, &valid_decisions, applied);
         let mut votes = valid.iter().zip(votes);
         let results = answers
             .into_iter()
@@ -315,7 +353,10 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
                 }))
             })
             .collect();
-        Ok(Response::new(pb::PrepareManyResponse { results }))
+        Ok(Response::new(pb::PrepareManyResponse {
+            results,
+            decision_results,
+        }))
     }
 
     async fn inquire(&self, req: Request<pb::InquireRequest>) -> Result<Response<pb::InquireResponse>, Status> {

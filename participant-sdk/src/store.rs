@@ -1326,28 +1326,7 @@ impl<R: Resource> ParticipantStore<R> {
     /// or sync (then nothing is acked: the batch may or may not be on disk,
     /// and a redelivery finds whichever it is).
     pub async fn apply_decisions(&self, items: &[(u64, PhaseTwo)]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        self.check_running()?;
-        let msgs: Vec<(u64, Message, &[u8])> = items.iter().map(|&(txid, d)| (txid, d.into(), &b""[..])).collect();
-        let (results, _) = self.write_group(&msgs)?;
-        // As in `handle`: always sync before answering, so no ack gets
-        // ahead of its record on disk (a repeat may find a record whose
-        // fsync another request is still waiting for).
-        self.flush().await?;
-        if results.iter().any(Result::is_ok) {
-            dtx_failpoint::failpoint!("participant_after_decision_before_ack");
-        }
-        results
-            .into_iter()
-            .zip(items)
-            .map(|(r, (txid, d))| match r.map(|a| a.reply) {
-                Ok(Reply::Ack) => Ok(()),
-                Ok(other) => Err(StoreError::Io(format!(
-                    "{d:?} for transaction {txid} answered {other:?}, which is no answer to a decision"
-                ))),
-                Err(e) => Err(e),
-            })
-            .map(Ok)
-            .collect()
+        Ok(self.apply_then_prepare(items, &[]).await?.0)
     }
 
     /// Prepares many transactions (one item per transaction's Prepare: its
@@ -1376,19 +1355,44 @@ impl<R: Resource> ParticipantStore<R> {
         &self,
         items: &[(u64, u64, &[u8])],
     ) -> Result<Vec<Result<Verdict, StoreError>>, StoreError> {
+        Ok(self.apply_then_prepare(&[], items).await?.1)
+    }
+
+    /// `apply_decisions` of `decisions` and then `prepare_many_verdicts` of
+    /// `prepares`, in ONE durable write (a PrepareMany message that carries
+    /// decisions, ADR 0030): the decisions are staged first, then the
+    /// prepares, all in one atomic batch covered by one fsync before any
+    /// answer. Each result is what that call alone would have answered; the
+    /// call fails as a whole only when the store cannot write or sync (then
+    /// nothing is acked and no vote given).
+    pub async fn apply_then_prepare(
+        &self,
+        decisions: &[(u64, PhaseTwo)],
+        prepares: &[(u64, u64, &[u8])],
+    ) -> Result<(Vec<Result<(), StoreError>>, Vec<Result<Verdict, StoreError>>), StoreError> {
         self.check_running()?;
-        let msgs: Vec<(u64, Message, &[u8])> = items
+        let msgs: Vec<(u64, Message, &[u8])> = decisions
             .iter()
-            .map(|&(txid, term, payload)| (txid, Message::Prepare { term }, payload))
+            .map(|&(txid, d)| (txid, d.into(), &b""[..]))
+            .chain(
+                prepares
+                    .iter()
+                    .map(|&(txid, term, payload)| (txid, Message::Prepare { term }, payload)),
+            )
             .collect();
-        let (results, wrote_yes) = self.write_group(&msgs)?;
+        let (mut results, wrote_yes) = self.write_group(&msgs)?;
         if wrote_yes {
             dtx_failpoint::failpoint!("participant_before_durable_prepare");
         }
-        // As in `handle`: always sync before answering (a repeat may find a
-        // record whose fsync another request is still waiting for).
+        // As in `handle`: always sync before answering, so no ack or vote
+        // gets ahead of its record on disk (a repeat may find a record
+        // whose fsync another request is still waiting for).
         self.flush().await?;
-        if results.iter().any(|r| {
+        let prepared = results.split_off(decisions.len());
+        if results.iter().any(Result::is_ok) {
+            dtx_failpoint::failpoint!("participant_after_decision_before_ack");
+        }
+        if prepared.iter().any(|r| {
             matches!(
                 r,
                 Ok(Answer {
@@ -1399,9 +1403,20 @@ impl<R: Resource> ParticipantStore<R> {
         }) {
             dtx_failpoint::failpoint!("participant_after_prepare_before_reply");
         }
-        Ok(results
+        let acks = results
             .into_iter()
-            .zip(items)
+            .zip(decisions)
+            .map(|(r, (txid, d))| match r.map(|a| a.reply) {
+                Ok(Reply::Ack) => Ok(()),
+                Ok(other) => Err(StoreError::Io(format!(
+                    "{d:?} for transaction {txid} answered {other:?}, which is no answer to a decision"
+                ))),
+                Err(e) => Err(e),
+            })
+            .collect();
+        let votes = prepared
+            .into_iter()
+            .zip(prepares)
             .map(|(r, (txid, _, _))| match r {
                 Ok(Answer {
                     reply: Reply::Vote(vote),
@@ -1412,7 +1427,8 @@ impl<R: Resource> ParticipantStore<R> {
                 ))),
                 Err(e) => Err(e),
             })
-            .collect())
+            .collect();
+        Ok((acks, votes))
     }
 
     /// The write of `apply_decisions` and `prepare_many`: under the store
@@ -1616,6 +1632,14 @@ impl<R: Resource> Participant for ParticipantStore<R> {
 
     async fn apply_decisions(&self, items: &[(u64, PhaseTwo)]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
         ParticipantStore::apply_decisions(self, items).await
+    }
+
+    async fn apply_then_prepare(
+        &self,
+        decisions: &[(u64, PhaseTwo)],
+        prepares: &[(u64, u64, &[u8])],
+    ) -> Result<(Vec<Result<(), StoreError>>, Vec<Result<Verdict, StoreError>>), StoreError> {
+        ParticipantStore::apply_then_prepare(self, decisions, prepares).await
     }
 
     async fn durable_entry(&self, txid: u64) -> Result<Option<LogEntry>, StoreError> {

@@ -318,7 +318,10 @@ async fn the_rpc_answers_per_item_votes_codes_and_refusal_kinds() {
         out
     };
     let res = server
-        .prepare_many(tonic::Request::new(pb::PrepareManyRequest { items }))
+        .prepare_many(tonic::Request::new(pb::PrepareManyRequest {
+            items,
+            decisions: vec![],
+        }))
         .await
         .unwrap()
         .into_inner()
@@ -370,15 +373,124 @@ async fn the_rpc_answers_per_item_votes_codes_and_refusal_kinds() {
         .map(|t| item(100 + t, "", 1, b"ro"))
         .collect();
     let err = server
-        .prepare_many(tonic::Request::new(pb::PrepareManyRequest { items: too_many }))
+        .prepare_many(tonic::Request::new(pb::PrepareManyRequest {
+            items: too_many,
+            decisions: vec![],
+        }))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert_eq!(state(&s, 100), None, "nothing of a refused message is prepared");
     let empty = server
-        .prepare_many(tonic::Request::new(pb::PrepareManyRequest { items: vec![] }))
+        .prepare_many(tonic::Request::new(pb::PrepareManyRequest {
+            items: vec![],
+            decisions: vec![],
+        }))
         .await
         .unwrap()
         .into_inner();
     assert!(empty.results.is_empty());
+}
+
+fn decision(txid: u64, participant_id: &str, term: u64, outcome: pb::DecisionOutcome) -> pb::DecisionItem {
+    pb::DecisionItem {
+        txid,
+        term,
+        participant_id: participant_id.into(),
+        outcome: outcome as i32,
+    }
+}
+
+/// Decisions riding in a PrepareMany (ADR 0030), invariants 3 and 8 per
+/// decision: each is answered as ApplyDecisions answers it (applied, a
+/// repeat acked, a refusal with its kind, an item without an outcome or for
+/// another participant refused alone), the decisions go to the store before
+/// the prepares (a commit frees an account's lock that a prepare of the same
+/// message then takes), all of it is durable once the call returns
+/// (reopened), and too many decisions refuse the whole message.
+#[tokio::test]
+async fn inv3_inv8_decisions_riding_in_a_prepare_message_apply_first_and_answer_each_as_apply_decisions() {
+    use tonic::Code;
+    let dir = tempfile::tempdir().unwrap();
+    let r = Locks::default();
+    let s = open(dir.path(), &r);
+    // txid 1 holds account "a"; txid 2 holds "b"; txid 3 is committed.
+    for (txid, account) in [(1, &b"a"[..]), (2, b"b"), (3, b"c")] {
+        assert_eq!(
+            s.handle(txid, Message::Prepare { term: 1 }, account).await.unwrap(),
+            Reply::Vote(Vote::Yes)
+        );
+    }
+    assert_eq!(s.handle(3, Message::Commit { term: 1 }, b"").await.unwrap(), Reply::Ack);
+    let server = ParticipantServer::new(s.clone(), "bank-a");
+    let mut no_outcome = decision(9, "", 1, pb::DecisionOutcome::Commit);
+    no_outcome.outcome = 0;
+    let decisions = vec![
+        decision(1, "bank-a", 1, pb::DecisionOutcome::Commit),
+        decision(2, "", 1, pb::DecisionOutcome::Abort),
+        decision(3, "", 1, pb::DecisionOutcome::Commit),
+        decision(3, "", 1, pb::DecisionOutcome::Abort),
+        decision(4, "bank-b", 1, pb::DecisionOutcome::Commit),
+        no_outcome,
+    ];
+    // The prepares of the same message take the accounts the decisions free.
+    let items = vec![item(10, "", 2, b"a"), item(11, "", 2, b"b")];
+    let res = server
+        .prepare_many(tonic::Request::new(pb::PrepareManyRequest { items, decisions }))
+        .await
+        .unwrap()
+        .into_inner();
+    let votes: Vec<i32> = res.results.iter().map(|r| r.vote).collect();
+    assert_eq!(votes, vec![pb::Vote::Yes as i32, pb::Vote::Yes as i32]);
+    let got: Vec<(bool, Code, &str)> = res
+        .decision_results
+        .iter()
+        .map(|r| (r.applied, Code::from_i32(r.code), r.refusal.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (true, Code::Ok, ""),
+            (true, Code::Ok, ""),
+            (true, Code::Ok, ""),
+            (false, Code::FailedPrecondition, RefusalKind::AbortAfterCommit.as_str()),
+            (false, Code::InvalidArgument, ""),
+            (false, Code::InvalidArgument, ""),
+        ]
+    );
+    drop(server);
+    drop(s);
+    // Durable: reopened, the decisions and the new prepares are there.
+    let s = open(dir.path(), &r);
+    assert_eq!(state(&s, 1), Some(LocalState::Committed));
+    assert_eq!(state(&s, 2), Some(LocalState::Aborted { tombstone: false }));
+    assert_eq!(state(&s, 3), Some(LocalState::Committed));
+    let yes = Some(LocalState::Prepared { vote: Vote::Yes });
+    assert_eq!(state(&s, 10), yes);
+    assert_eq!(state(&s, 11), yes);
+    assert_eq!(
+        state(&s, 4),
+        None,
+        "the decision for another participant changed nothing"
+    );
+
+    let server = ParticipantServer::new(s.clone(), "bank-a");
+    let too_many = (0..=dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX as u64)
+        .map(|t| decision(200 + t, "", 1, pb::DecisionOutcome::Abort))
+        .collect();
+    let err = server
+        .prepare_many(tonic::Request::new(pb::PrepareManyRequest {
+            items: vec![item(20, "", 1, b"z")],
+            decisions: too_many,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("decisions in one PrepareMany message"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(state(&s, 20), None, "nothing of a refused message is prepared");
+    assert_eq!(state(&s, 200), None, "nor decided");
 }

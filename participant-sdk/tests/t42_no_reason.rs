@@ -96,6 +96,7 @@ async fn a_no_vote_carries_the_resources_reason_on_every_path() {
     let many = server
         .prepare_many(tonic::Request::new(pb::PrepareManyRequest {
             items: vec![prepare_req(4, b"swim"), prepare_req(5, b"ok"), prepare_req(6, b"run")],
+            decisions: vec![],
         }))
         .await
         .unwrap()

@@ -56,9 +56,14 @@ pub struct Gated {
     /// Milliseconds a handled Prepare waits before its vote is sent (the
     /// vote is durable meanwhile).
     prepare_reply_delay_ms: Arc<std::sync::atomic::AtomicU64>,
-    /// Commit and Abort calls, and ApplyDecisions items, received (held or
-    /// not).
+    /// Commit and Abort calls, and ApplyDecisions items and decisions
+    /// riding in PrepareMany, received (held or not).
     decisions_received: Arc<std::sync::atomic::AtomicU32>,
+    /// Decisions that rode in PrepareMany messages (held or not).
+    riding_decisions: Arc<std::sync::atomic::AtomicU32>,
+    /// While set, decisions riding in PrepareMany are dropped unread and
+    /// answered with no results (an SDK from before ADR 0030).
+    ignore_riding: Arc<std::sync::atomic::AtomicBool>,
     old_sdk: Arc<std::sync::atomic::AtomicBool>,
     /// ApplyDecisions calls received (held or not; not while `old_sdk`).
     apply_decisions_calls: Arc<std::sync::atomic::AtomicU32>,
@@ -111,9 +116,37 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.prepares_received
             .fetch_add(req.get_ref().items.len() as u32, std::sync::atomic::Ordering::SeqCst);
+        // Decisions riding along (ADR 0030) count as received, and while
+        // decisions are held each of them fails as an ApplyDecisions item
+        // would, while the prepares go on.
+        let riding = req.get_ref().decisions.len();
+        self.decisions_received
+            .fetch_add(riding as u32, std::sync::atomic::Ordering::SeqCst);
+        self.riding_decisions
+            .fetch_add(riding as u32, std::sync::atomic::Ordering::SeqCst);
+        let mut req = req;
+        if self.ignore_riding.load(std::sync::atomic::Ordering::SeqCst) {
+            req.get_mut().decisions.clear();
+        }
+        let held = !req.get_ref().decisions.is_empty() && self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst);
+        if held {
+            req.get_mut().decisions.clear();
+        }
         let delay = self.prepare_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
-        let votes = self.inner.prepare_many(req).await;
+        let mut votes = self.inner.prepare_many(req).await;
+        if held {
+            if let Ok(r) = votes.as_mut() {
+                r.get_mut().decision_results = (0..riding)
+                    .map(|_| dtx_proto::v1::DecisionItemResult {
+                        applied: false,
+                        code: tonic::Code::Unavailable as i32,
+                        refusal: String::new(),
+                        message: "held by the test".into(),
+                    })
+                    .collect();
+            }
+        }
         let delay = self.prepare_reply_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
         votes
@@ -199,9 +232,15 @@ pub struct Svc {
     pub lose_one_phase_answers: Arc<std::sync::atomic::AtomicBool>,
     pub prepare_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     pub prepare_reply_delay_ms: Arc<std::sync::atomic::AtomicU64>,
-    /// Commit and Abort calls, and ApplyDecisions items, that reached this
-    /// participant.
+    /// Commit and Abort calls, and ApplyDecisions items and decisions
+    /// riding in PrepareMany, that reached this participant.
     pub decisions_received: Arc<std::sync::atomic::AtomicU32>,
+    /// Decisions that reached this participant riding in PrepareMany
+    /// messages (ADR 0030).
+    pub riding_decisions: Arc<std::sync::atomic::AtomicU32>,
+    /// While set, decisions riding in PrepareMany are dropped unread and
+    /// answered with no results (an SDK from before ADR 0030).
+    pub ignore_riding: Arc<std::sync::atomic::AtomicBool>,
     /// While set, ApplyDecisions and PrepareMany answer UNIMPLEMENTED (an
     /// older SDK).
     pub old_sdk: Arc<std::sync::atomic::AtomicBool>,
@@ -235,6 +274,8 @@ impl Svc {
             prepare_delay_ms: Arc::default(),
             prepare_reply_delay_ms: Arc::default(),
             decisions_received: Arc::default(),
+            riding_decisions: Arc::default(),
+            ignore_riding: Arc::default(),
             old_sdk: Arc::default(),
             apply_decisions_calls: Arc::default(),
             prepares_received: Arc::default(),
@@ -258,6 +299,8 @@ impl Svc {
             prepare_delay_ms: self.prepare_delay_ms.clone(),
             prepare_reply_delay_ms: self.prepare_reply_delay_ms.clone(),
             decisions_received: self.decisions_received.clone(),
+            riding_decisions: self.riding_decisions.clone(),
+            ignore_riding: self.ignore_riding.clone(),
             old_sdk: self.old_sdk.clone(),
             apply_decisions_calls: self.apply_decisions_calls.clone(),
             prepares_received: self.prepares_received.clone(),

@@ -30,6 +30,9 @@ pub(super) struct Groups<I, A> {
     /// Addresses that answered UNIMPLEMENTED, and until when they get
     /// single calls.
     single_calls: Mutex<HashMap<String, Instant>>,
+    /// Addresses whose answer ignored items riding in another kind of
+    /// message (ADR 0030: an SDK from before), and until when none ride.
+    no_riders: Mutex<HashMap<String, Instant>>,
 }
 
 impl<I, A> Default for Groups<I, A> {
@@ -37,6 +40,7 @@ impl<I, A> Default for Groups<I, A> {
         Groups {
             queues: Mutex::default(),
             single_calls: Mutex::default(),
+            no_riders: Mutex::default(),
         }
     }
 }
@@ -77,6 +81,47 @@ impl<I, A> Groups<I, A> {
             .expect("lock")
             .insert(addr.to_string(), Instant::now() + SINGLE_CALLS_FOR)
             .is_none()
+    }
+
+    /// True while `addr` is known to ignore riding items.
+    pub fn no_riders(&self, addr: &str) -> bool {
+        let mut m = self.no_riders.lock().expect("lock");
+        match m.get(addr) {
+            Some(until) if Instant::now() < *until => true,
+            Some(_) => {
+                m.remove(addr);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Remembers that `addr` ignored riding items; true the first time.
+    pub fn remember_no_riders(&self, addr: &str) -> bool {
+        self.no_riders
+            .lock()
+            .expect("lock")
+            .insert(addr.to_string(), Instant::now() + SINGLE_CALLS_FOR)
+            .is_none()
+    }
+
+    /// Up to `max` queued items of `addr`, oldest first, to ride in a
+    /// message of another kind that is leaving now (ADR 0030); none while
+    /// the address is known to ignore them or to take single calls. Unlike
+    /// [`Groups::take`] it never removes the queue: the address's sender
+    /// task (waiting, or with a message in flight) still owns it, and ends
+    /// when it finds it empty.
+    pub fn take_along(&self, addr: &str, max: usize) -> Vec<Waiting<I, A>> {
+        if self.no_riders(addr) || self.single_calls(addr) {
+            return Vec::new();
+        }
+        let mut queues = self.queues.lock().expect("lock");
+        let Some(q) = queues.get_mut(addr) else {
+            return Vec::new();
+        };
+        q.retain(|w| !w.reply.is_closed());
+        let n = q.len().min(max);
+        q.drain(..n).collect()
     }
 
     /// Queues `item` for `addr`; true when no sender task runs for `addr`
@@ -229,5 +274,48 @@ mod tests {
         assert!(!g.remember_single_calls("a"), "said once");
         assert!(g.single_calls("a"));
         assert!(!g.single_calls("b"));
+    }
+
+    #[tokio::test]
+    async fn riders_are_taken_without_ending_the_queue_and_never_from_an_address_that_ignores_them() {
+        let g: Groups<u64, ()> = Groups::default();
+        assert!(g.take_along("a", 10).is_empty(), "no queue: nothing rides");
+        let mut rxs = Vec::new();
+        for t in 0..4 {
+            let (tx, rx) = oneshot::channel();
+            g.push("a", t, tx);
+            rxs.push(rx);
+        }
+        drop(rxs.remove(0)); // txid 0's caller went away
+        let riders: Vec<u64> = g.take_along("a", 2).into_iter().map(|w| w.item).collect();
+        assert_eq!(
+            riders,
+            vec![1, 2],
+            "oldest first, up to the limit, gone callers skipped"
+        );
+        let rest: Vec<u64> = g.take_along("a", 10).into_iter().map(|w| w.item).collect();
+        assert_eq!(rest, vec![3]);
+        // The queue is empty but still there: its sender still runs, so a
+        // new item starts none; the sender's own take then ends it.
+        let (tx, _rx) = oneshot::channel();
+        assert!(!g.push("a", 4, tx), "the sender still owns the queue");
+        assert!(g.remember_no_riders("a"));
+        assert!(!g.remember_no_riders("a"), "said once");
+        assert!(
+            g.take_along("a", 10).is_empty(),
+            "an address that ignores riders gets none"
+        );
+        let left: Vec<u64> = g.take("a", 10, usize::MAX, |_| 0).into_iter().map(|w| w.item).collect();
+        assert_eq!(left, vec![4], "its items wait for their own message");
+        assert!(g.take("a", 10, usize::MAX, |_| 0).is_empty());
+        let (tx, _rx) = oneshot::channel();
+        assert!(g.push("a", 5, tx), "the sender ended the queue: a new one starts");
+        g.remember_single_calls("b");
+        let (tx, _rx) = oneshot::channel();
+        g.push("b", 1, tx);
+        assert!(
+            g.take_along("b", 10).is_empty(),
+            "nor an address that takes single calls"
+        );
     }
 }

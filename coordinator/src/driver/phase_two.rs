@@ -176,7 +176,7 @@ impl Driver {
 /// One item's result as the attempt's: what the single call's answer would
 /// have meant (its code and refusal kind, sorted by
 /// `DeliveryError::from_status`, never by the text).
-fn item_result(r: pb::DecisionItemResult) -> Result<(), DeliveryError> {
+pub(super) fn item_result(r: pb::DecisionItemResult) -> Result<(), DeliveryError> {
     if r.applied {
         return Ok(());
     }

@@ -34,6 +34,7 @@ use tracing::info;
 use tracing::Instrument;
 
 use super::group::Answer;
+use super::DeliveryError;
 use super::Driver;
 use crate::sm::tally::Vote;
 use crate::sm::Txid;
@@ -104,11 +105,58 @@ impl Driver {
     }
 
     /// Sends `batch` to `addr` in one PrepareMany message: one answer per
-    /// item, in order.
+    /// item, in order. Decisions waiting for their own ApplyDecisions
+    /// message to `addr` ride along (ADR 0030) and are answered from the
+    /// same answer.
     async fn send_prepare_group(&self, addr: &str, batch: Vec<PrepareItem>) -> Vec<Answer<Vote>> {
+        let riders = self
+            .state
+            .groups
+            .take_along(addr, dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX);
+        let decisions: Vec<pb::DecisionItem> = riders.iter().map(|w| w.item.clone()).collect();
+        let (votes, ridden) = self.send_prepare_many(addr, batch, decisions).await;
+        if !riders.is_empty() {
+            metrics::histogram!("dtx_prepare_riding_decisions").record(riders.len() as f64);
+        }
+        let ridden = match ridden {
+            Ridden::Answered(results) => results,
+            Ridden::Ignored => {
+                // An SDK from before ADR 0030 dropped them unread: they go
+                // again, each alone this once; later ones go by
+                // ApplyDecisions only.
+                if self.state.groups.remember_no_riders(addr) {
+                    info!(
+                        address = %addr,
+                        "participant ignores decisions riding in PrepareMany (an older SDK): they go by ApplyDecisions"
+                    );
+                }
+                riders.iter().map(|_| Answer::SendAlone).collect()
+            }
+        };
+        for (w, a) in riders.into_iter().zip(ridden) {
+            let _ = w.reply.send(a);
+        }
+        votes
+    }
+
+    /// The PrepareMany call itself: the prepares' answers and what became
+    /// of the `decisions` riding in it.
+    async fn send_prepare_many(
+        &self,
+        addr: &str,
+        batch: Vec<PrepareItem>,
+        decisions: Vec<pb::DecisionItem>,
+    ) -> (Vec<Answer<Vote>>, Ridden) {
         let n = batch.len();
+        let d = decisions.len();
         metrics::histogram!("dtx_prepare_batch_items").record(n as f64);
-        let every = |why: String| (0..n).map(|_| Answer::Done(Vote::Failed(why.clone()))).collect();
+        let every = |why: String| {
+            let votes = (0..n).map(|_| Answer::Done(Vote::Failed(why.clone()))).collect();
+            let decided = (0..d)
+                .map(|_| Answer::Done(Err(DeliveryError::NoAnswer(why.clone()))))
+                .collect();
+            (votes, Ridden::Answered(decided))
+        };
         let ch = match self.ctx.api_channel(addr) {
             Ok(c) => c,
             Err(e) => return every(e.to_string()),
@@ -117,9 +165,15 @@ impl Driver {
         let timeout = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        let txids: Vec<Txid> = batch.iter().map(|it| it.req.txid).collect();
+        // The riding decisions' traces are linked as well.
+        let txids: Vec<Txid> = batch
+            .iter()
+            .map(|it| it.req.txid)
+            .chain(decisions.iter().map(|it| it.txid))
+            .collect();
         let mut req = tonic::Request::new(pb::PrepareManyRequest {
             items: batch.into_iter().map(|it| it.req).collect(),
+            decisions,
         });
         req.set_timeout(timeout);
         // Many transactions: the span names the first item's trace and
@@ -130,6 +184,7 @@ impl Driver {
             rpc = "PrepareMany",
             address = %addr,
             items = n,
+            decisions = d,
             trace_id = tracing::field::Empty,
         );
         self.mark_group_call(&span, &txids, &mut req);
@@ -138,7 +193,7 @@ impl Driver {
             .instrument(span)
             .await
         {
-            Err(_) => every(format!("no vote within {} ms", timeout.as_millis())),
+            Err(_) => every(format!("no answer within {} ms", timeout.as_millis())),
             Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
                 if self.state.prepare_groups.remember_single_calls(addr) {
                     info!(
@@ -146,21 +201,53 @@ impl Driver {
                         "participant does not serve PrepareMany (an older SDK): it gets one Prepare call per prepare"
                     );
                 }
-                (0..n).map(|_| Answer::SendAlone).collect()
+                let votes = (0..n).map(|_| Answer::SendAlone).collect();
+                (votes, Ridden::Answered((0..d).map(|_| Answer::SendAlone).collect()))
             }
-            Ok(Err(s)) => every(format!("{}: {}", s.code(), s.message())),
+            Ok(Err(s)) => {
+                // As a failed ApplyDecisions: each decision's attempt failed
+                // the way the status says.
+                let votes = (0..n)
+                    .map(|_| Answer::Done(Vote::Failed(format!("{}: {}", s.code(), s.message()))))
+                    .collect();
+                let decided = (0..d)
+                    .map(|_| Answer::Done(Err(DeliveryError::from_status(&s))))
+                    .collect();
+                (votes, Ridden::Answered(decided))
+            }
             Ok(Ok(r)) => {
-                let results = r.into_inner().results;
-                if results.len() != n {
+                let r = r.into_inner();
+                if r.results.len() != n || !(r.decision_results.len() == d || r.decision_results.is_empty()) {
                     return every(format!(
-                        "malformed PrepareMany answer: {} results for {n} items",
-                        results.len()
+                        "malformed PrepareMany answer: {} results for {n} items, {} decision results for {d} decisions",
+                        r.results.len(),
+                        r.decision_results.len()
                     ));
                 }
-                results.into_iter().map(|r| Answer::Done(item_vote(r))).collect()
+                let votes = r.results.into_iter().map(|r| Answer::Done(item_vote(r))).collect();
+                let ridden = if d > 0 && r.decision_results.is_empty() {
+                    Ridden::Ignored
+                } else {
+                    Ridden::Answered(
+                        r.decision_results
+                            .into_iter()
+                            .map(|r| Answer::Done(super::phase_two::item_result(r)))
+                            .collect(),
+                    )
+                };
+                (votes, ridden)
             }
         }
     }
+}
+
+/// What became of the decisions riding in one PrepareMany message.
+enum Ridden {
+    /// One answer per decision, in order.
+    Answered(Vec<Answer<Result<(), DeliveryError>>>),
+    /// The participant answered the prepares and no decision: it does not
+    /// know the field (an SDK from before ADR 0030).
+    Ignored,
 }
 
 /// What a Prepare call's answer means as a vote (anything but a vote counts
