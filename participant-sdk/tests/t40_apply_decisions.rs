@@ -296,14 +296,7 @@ async fn groups_answer_and_apply_exactly_like_single_messages() {
     }
 }
 
-fn item(txid: u64, participant_id: &str, outcome: pb::DecisionOutcome, term: u64) -> pb::DecisionItem {
-    pb::DecisionItem {
-        txid,
-        term,
-        participant_id: participant_id.into(),
-        outcome: outcome as i32,
-    }
-}
+use common::decision_item as item;
 
 /// The gRPC call: one result per item, in order, each with the code and
 /// refusal kind its own Commit or Abort call would have carried; an item

@@ -392,13 +392,9 @@ async fn the_rpc_answers_per_item_votes_codes_and_refusal_kinds() {
     assert!(empty.results.is_empty());
 }
 
+/// `common::decision_item` with the term before the outcome.
 fn decision(txid: u64, participant_id: &str, term: u64, outcome: pb::DecisionOutcome) -> pb::DecisionItem {
-    pb::DecisionItem {
-        txid,
-        term,
-        participant_id: participant_id.into(),
-        outcome: outcome as i32,
-    }
+    common::decision_item(txid, participant_id, outcome, term)
 }
 
 /// Decisions riding in a PrepareMany (ADR 0030), invariants 3 and 8 per

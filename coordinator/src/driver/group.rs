@@ -45,6 +45,28 @@ impl<I, A> Default for Groups<I, A> {
     }
 }
 
+/// True while `addr` is in `m` and its time there has not run out (an
+/// entry whose time ran out is removed).
+fn still_remembered(m: &Mutex<HashMap<String, Instant>>, addr: &str) -> bool {
+    let mut m = m.lock().expect("lock");
+    match m.get(addr) {
+        Some(until) if Instant::now() < *until => true,
+        Some(_) => {
+            m.remove(addr);
+            false
+        }
+        None => false,
+    }
+}
+
+/// Puts `addr` in `m` for `SINGLE_CALLS_FOR`; true when it was not there.
+fn remember(m: &Mutex<HashMap<String, Instant>>, addr: &str) -> bool {
+    m.lock()
+        .expect("lock")
+        .insert(addr.to_string(), Instant::now() + SINGLE_CALLS_FOR)
+        .is_none()
+}
+
 /// One queued item and where its answer goes.
 pub(super) struct Waiting<I, A> {
     pub item: I,
@@ -63,46 +85,22 @@ pub(super) enum Answer<A> {
 impl<I, A> Groups<I, A> {
     /// True while `addr` is known not to serve the grouped message.
     pub fn single_calls(&self, addr: &str) -> bool {
-        let mut m = self.single_calls.lock().expect("lock");
-        match m.get(addr) {
-            Some(until) if Instant::now() < *until => true,
-            Some(_) => {
-                m.remove(addr);
-                false
-            }
-            None => false,
-        }
+        still_remembered(&self.single_calls, addr)
     }
 
     /// Remembers that `addr` answered UNIMPLEMENTED; true the first time.
     pub fn remember_single_calls(&self, addr: &str) -> bool {
-        self.single_calls
-            .lock()
-            .expect("lock")
-            .insert(addr.to_string(), Instant::now() + SINGLE_CALLS_FOR)
-            .is_none()
+        remember(&self.single_calls, addr)
     }
 
     /// True while `addr` is known to ignore riding items.
     pub fn no_riders(&self, addr: &str) -> bool {
-        let mut m = self.no_riders.lock().expect("lock");
-        match m.get(addr) {
-            Some(until) if Instant::now() < *until => true,
-            Some(_) => {
-                m.remove(addr);
-                false
-            }
-            None => false,
-        }
+        still_remembered(&self.no_riders, addr)
     }
 
     /// Remembers that `addr` ignored riding items; true the first time.
     pub fn remember_no_riders(&self, addr: &str) -> bool {
-        self.no_riders
-            .lock()
-            .expect("lock")
-            .insert(addr.to_string(), Instant::now() + SINGLE_CALLS_FOR)
-            .is_none()
+        remember(&self.no_riders, addr)
     }
 
     /// Up to `max` queued items of `addr`, oldest first, to ride in a

@@ -1,5 +1,6 @@
 //! Shared by the grouped-message tests (t40, t41).
 
+use dtx_proto::v1 as pb;
 use participant_sdk::store::ParticipantStore;
 use participant_sdk::store::Resource;
 
@@ -18,4 +19,15 @@ pub fn assert_stores_agree<R: Resource>(a: &ParticipantStore<R>, b: &Participant
         b.in_doubt().unwrap(),
         "{what}: the in-doubt index"
     );
+}
+
+/// One decision for `txid` as the leader sends it in `ApplyDecisions` or
+/// riding in `PrepareMany`.
+pub fn decision_item(txid: u64, participant_id: &str, outcome: pb::DecisionOutcome, term: u64) -> pb::DecisionItem {
+    pb::DecisionItem {
+        txid,
+        term,
+        participant_id: participant_id.into(),
+        outcome: outcome as i32,
+    }
 }
