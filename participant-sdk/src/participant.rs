@@ -161,6 +161,11 @@ pub struct Verdict {
     pub reason: String,
 }
 
+/// What [`Participant::apply_then_prepare`] answers: one result per
+/// decision (as `apply_decisions`), then one per prepare (as
+/// `prepare_many`).
+pub type AcksAndVerdicts = (Vec<Result<(), StoreError>>, Vec<Result<Verdict, StoreError>>);
+
 impl Verdict {
     pub fn yes() -> Self {
         Verdict {
@@ -269,19 +274,17 @@ pub trait Participant: Send + Sync + 'static {
     /// Decisions and prepares that came in one PrepareMany message (ADR
     /// 0030): the decisions' results as [`Participant::apply_decisions`]
     /// gives them, then the prepares' as [`Participant::prepare_many`].
-    /// The default makes the two calls at the same time (skipping an empty
-    /// one), so a participant whose writes are its resource's own (a
+    /// The default makes the two calls at the same time (no
+    /// `apply_decisions` without decisions), so a participant whose writes are its resource's own (a
     /// PostgreSQL `COMMIT PREPARED` and `PREPARE TRANSACTION`) never holds
     /// the prepares behind the decisions; a participant that can write both
     /// in one durable write should. The call fails as a whole when either
     /// part does.
-    #[allow(clippy::type_complexity)]
     fn apply_then_prepare(
         &self,
         decisions: &[(u64, PhaseTwo)],
         prepares: &[(u64, u64, &[u8])],
-    ) -> impl Future<Output = Result<(Vec<Result<(), StoreError>>, Vec<Result<Verdict, StoreError>>), StoreError>> + Send
-    {
+    ) -> impl Future<Output = Result<AcksAndVerdicts, StoreError>> + Send {
         async move {
             let acks = async {
                 if decisions.is_empty() {
@@ -290,14 +293,7 @@ pub trait Participant: Send + Sync + 'static {
                     self.apply_decisions(decisions).await
                 }
             };
-            let votes = async {
-                if prepares.is_empty() {
-                    Ok(Vec::new())
-                } else {
-                    self.prepare_many(prepares).await
-                }
-            };
-            let (acks, votes) = tokio::join!(acks, votes);
+            let (acks, votes) = tokio::join!(acks, self.prepare_many(prepares));
             Ok((acks?, votes?))
         }
     }
@@ -387,13 +383,11 @@ impl<P: Participant> Participant for std::sync::Arc<P> {
         P::apply_decisions(self, items)
     }
 
-    #[allow(clippy::type_complexity)]
     fn apply_then_prepare(
         &self,
         decisions: &[(u64, PhaseTwo)],
         prepares: &[(u64, u64, &[u8])],
-    ) -> impl Future<Output = Result<(Vec<Result<(), StoreError>>, Vec<Result<Verdict, StoreError>>), StoreError>> + Send
-    {
+    ) -> impl Future<Output = Result<AcksAndVerdicts, StoreError>> + Send {
         P::apply_then_prepare(self, decisions, prepares)
     }
 

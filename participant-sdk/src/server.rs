@@ -334,14 +334,11 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
             answers.push(None);
             valid.push((it.txid, it.term, it.payload.as_slice()));
         }
-        let (applied, votes) = if valid_decisions.is_empty() {
-            (Vec::new(), self.store.prepare_many(&valid).await.map_err(store_status)?)
-        } else {
-            self.store
-                .apply_then_prepare(&valid_decisions, &valid)
-                .await
-                .map_err(store_status)?
-        };
+        let (applied, votes) = self
+            .store
+            .apply_then_prepare(&valid_decisions, &valid)
+            .await
+            .map_err(store_status)?;
         let decision_results = decision_results(decision_answers, &valid_decisions, applied);
         let mut votes = valid.iter().zip(votes);
         let results = answers

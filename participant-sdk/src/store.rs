@@ -38,6 +38,7 @@ use crate::log::LocalState;
 use crate::log::LogEntry;
 use crate::log::Message;
 use crate::log::Vote;
+use crate::participant::AcksAndVerdicts;
 use crate::participant::Answer;
 use crate::participant::InDoubtSummary;
 use crate::participant::InspectQuery;
@@ -1369,7 +1370,7 @@ impl<R: Resource> ParticipantStore<R> {
         &self,
         decisions: &[(u64, PhaseTwo)],
         prepares: &[(u64, u64, &[u8])],
-    ) -> Result<(Vec<Result<(), StoreError>>, Vec<Result<Verdict, StoreError>>), StoreError> {
+    ) -> Result<AcksAndVerdicts, StoreError> {
         self.check_running()?;
         let msgs: Vec<(u64, Message, &[u8])> = decisions
             .iter()
@@ -1638,7 +1639,7 @@ impl<R: Resource> Participant for ParticipantStore<R> {
         &self,
         decisions: &[(u64, PhaseTwo)],
         prepares: &[(u64, u64, &[u8])],
-    ) -> Result<(Vec<Result<(), StoreError>>, Vec<Result<Verdict, StoreError>>), StoreError> {
+    ) -> Result<AcksAndVerdicts, StoreError> {
         ParticipantStore::apply_then_prepare(self, decisions, prepares).await
     }
 
