@@ -121,6 +121,27 @@ pub struct RaftConfig {
     /// probe waits at most twice this long. 0 = no probe: openraft's own
     /// election timer alone (docs/adr/0008-disruptive-rejoins.md).
     pub quorum_probe_interval_ms: u64,
+    /// An AppendEntries that would carry a follower only a newer commit
+    /// index (or a heartbeat) is not sent while that follower accepted one
+    /// at the same place less than this long ago: it learns the commit
+    /// index from its next AppendEntries (docs/adr/0031). 0 = every one is
+    /// sent. The window used is never longer than
+    /// (election_timeout_min_ms - heartbeat_interval_ms) / 2
+    /// ([`RaftConfig::commit_index_defer_window`]), so a follower hears from
+    /// its leader well within an election timeout whatever the timings.
+    pub commit_index_defer_max_ms: u64,
+}
+
+impl RaftConfig {
+    /// The window of `commit_index_defer_max_ms` in use: that setting, cut
+    /// to half of what an election timeout leaves after a heartbeat
+    /// interval. A follower hears from its leader at least every heartbeat
+    /// interval plus this window, which thus stays below
+    /// `election_timeout_min_ms`.
+    pub fn commit_index_defer_window(&self) -> std::time::Duration {
+        let bound = self.election_timeout_min_ms.saturating_sub(self.heartbeat_interval_ms) / 2;
+        std::time::Duration::from_millis(self.commit_index_defer_max_ms.min(bound))
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -318,6 +339,7 @@ impl Default for RaftConfig {
             snapshot_chunk_bytes: 4 * 1024 * 1024,
             connect_timeout_ms: 500,
             quorum_probe_interval_ms: 100,
+            commit_index_defer_max_ms: 50,
         }
     }
 }
@@ -656,6 +678,25 @@ mod tests {
         assert!(
             e.to_string().contains("batch.refill_callers_min must be at least 2"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn the_commit_index_window_stays_within_an_election_timeout_after_a_heartbeat() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.raft.commit_index_defer_max_ms, 50);
+        assert_eq!(c.raft.commit_index_defer_window(), std::time::Duration::from_millis(50));
+        let c = Config::from_toml("[raft]\nheartbeat_interval_ms = 100\nelection_timeout_min_ms = 150\nelection_timeout_max_ms = 300\nquorum_probe_interval_ms = 50")
+            .unwrap();
+        c.validate().unwrap();
+        // 100 ms heartbeat + 25 ms window < 150 ms election timeout.
+        assert_eq!(c.raft.commit_index_defer_window(), std::time::Duration::from_millis(25));
+        let c = Config::from_toml("[raft]\ncommit_index_defer_max_ms = 0").unwrap();
+        assert_eq!(c.raft.commit_index_defer_window(), std::time::Duration::ZERO);
+        let c = Config::from_toml("[raft]\ncommit_index_defer_max_ms = 1000").unwrap();
+        assert_eq!(
+            c.raft.commit_index_defer_window(),
+            std::time::Duration::from_millis(100)
         );
     }
 

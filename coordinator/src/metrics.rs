@@ -94,6 +94,7 @@ pub const METRICS: &[Described] = &[
     m("dtx_log_flush_group_appends", H, Unit::Count, "Raft log appends completed by one fsync."),
     m("dtx_log_appends_reported_before_sync_total", C, Unit::Count, "The leader's own Raft log appends reported before their fsync, so they reach the followers while it runs (ADR 0028)."),
     m("dtx_apply_wait_for_log_sync_seconds", H, Unit::Seconds, "Time an apply waited for this node's own Raft log to have its entries on disk (ADR 0028)."),
+    m("dtx_raft_appends_deferred_total", C, Unit::Count, "AppendEntries without entries (a newer commit index, or a heartbeat) not sent to a follower that accepted one at the same place within raft.commit_index_defer_max_ms: the follower learns the commit index from its next AppendEntries (ADR 0031)."),
     m("dtx_raft_appends_held_for_log_sync_total", C, Unit::Count, "AppendEntries not sent because this node's Raft log has waited longer than raft.election_timeout_min_ms for an fsync (a hung disk; the followers elect another leader)."),
     m("dtx_storage_flush_seconds", H, Unit::Seconds, "Time to make the node's writes durable: sled's flush and the fsync of its files after it."),
     m("dtx_snapshots_built_total", C, Unit::Count, "Snapshots this node built."),

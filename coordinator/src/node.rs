@@ -116,6 +116,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         tls: security.client_tls.clone(),
         log_durability,
         log_sync_stall_max: Duration::from_millis(config.raft.election_timeout_min_ms),
+        commit_index_defer_max: config.raft.commit_index_defer_window(),
     });
     let raft = Raft::new(
         config.node_id,

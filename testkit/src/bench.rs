@@ -86,6 +86,10 @@ pub struct BenchArgs {
     /// two waits for more decisions to one participant before it sends).
     #[arg(long)]
     pub delivery_wait_us: Option<u64>,
+    /// Override raft.commit_index_defer_max_ms of the nodes (0: every
+    /// AppendEntries that carries only a newer commit index is sent).
+    #[arg(long)]
+    pub commit_index_defer_max_ms: Option<u64>,
     /// Also measure end-to-end two-participant transfers (bank example) at
     /// these client counts, comma-separated; empty to skip.
     #[arg(long, default_value = "1,16,64", value_parser = client_counts_or_none)]
@@ -280,6 +284,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
     let plans = ProcessCluster::plan_local("127.0.0.1", 3)?;
     let (inflight, wait, refill, delivery) = (a.inflight_max, a.wait_us, a.refill_wait_us, a.delivery_wait_us);
+    let commit_defer = a.commit_index_defer_max_ms;
     let mut cluster = ProcessCluster::new(&bin, &dir.join("cluster"), "dtx-bench", plans, |c| {
         // Each node's metrics port: the leader's counters say how many
         // Raft entries a phase took and how long its handler held a call.
@@ -297,6 +302,9 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         }
         if let Some(v) = delivery {
             c.txn.delivery_batch_wait_us = v;
+        }
+        if let Some(v) = commit_defer {
+            c.raft.commit_index_defer_max_ms = v;
         }
     })?;
     cluster.start_all()?;
@@ -783,6 +791,7 @@ fn overrides(a: &BenchArgs) -> String {
     add("wait-us", a.wait_us);
     add("refill-wait-us", a.refill_wait_us);
     add("delivery-wait-us", a.delivery_wait_us);
+    add("commit-index-defer-max-ms", a.commit_index_defer_max_ms);
     s
 }
 
@@ -1017,7 +1026,7 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
             "clients": a.clients, "transfer_clients": a.transfer_clients, "seconds": a.seconds,
             "warmup": a.warmup, "rounds": a.rounds, "recheck": a.recheck, "dir": a.dir, "postgres": a.postgres, "tls": a.tls,
             "inflight_max": a.inflight_max, "wait_us": a.wait_us, "refill_wait_us": a.refill_wait_us,
-            "delivery_wait_us": a.delivery_wait_us,
+            "delivery_wait_us": a.delivery_wait_us, "commit_index_defer_max_ms": a.commit_index_defer_max_ms,
         },
         "etcd": { "skipped": o.etcd_version.is_none(), "version": o.etcd_version },
         "fsync": o.raw, "sled_flush": o.sled_sync,
@@ -1131,6 +1140,8 @@ mod tests {
         let a = parse(&["--delivery-wait-us", "0", "--inflight-max", "2"]).unwrap();
         assert_eq!(a.delivery_wait_us, Some(0));
         assert_eq!(overrides(&a), " --inflight-max 2 --delivery-wait-us 0");
+        let a = parse(&["--commit-index-defer-max-ms", "0"]).unwrap();
+        assert_eq!(overrides(&a), " --commit-index-defer-max-ms 0");
     }
 
     #[test]

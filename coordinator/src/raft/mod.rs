@@ -2,6 +2,7 @@
 //! transport service. Raft words only here (append, replicate, apply, term);
 //! the transaction words live in `sm`.
 
+pub mod deferred_commit;
 pub mod log_durability;
 pub mod network;
 pub mod quorum_probe;

@@ -28,6 +28,7 @@ use openraft::raft::VoteResponse;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::deferred_commit::DeferredCommit;
 use super::NodeId;
 use super::NodeInfo;
 use super::TypeConfig;
@@ -56,6 +57,11 @@ pub struct NetworkSettings {
     /// has stalled for longer than this (`raft.election_timeout_min_ms`),
     /// so a leader whose disk hangs is replaced.
     pub log_sync_stall_max: Duration,
+    /// `raft.commit_index_defer_max_ms`: an AppendEntries without entries
+    /// to a follower that accepted one at the same place less than this
+    /// long ago is answered here, not sent (`raft::deferred_commit`, ADR
+    /// 0031). Zero: every one leaves.
+    pub commit_index_defer_max: Duration,
 }
 
 /// Builds one `Connection` per target node. Channels are cached per address:
@@ -89,6 +95,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             addr: node.raft_addr.clone(),
             client,
+            deferred: DeferredCommit::new(self.settings.commit_index_defer_max),
             settings: self.settings.clone(),
         }
     }
@@ -99,6 +106,7 @@ pub struct Connection {
     addr: String,
     client: Option<RaftTransportClient<Channel>>,
     settings: NetworkSettings,
+    deferred: DeferredCommit,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +183,24 @@ impl RaftNetwork<TypeConfig> for Connection {
             return Err(RPCError::Unreachable(Unreachable::new(&e)));
         }
         rpc.leader_commit = durability.clamp_commit(rpc.leader_commit);
-        self.call("append", &rpc, &option).await
+        let now = std::time::Instant::now();
+        if self
+            .deferred
+            .may_skip(&rpc.vote, rpc.prev_log_id.as_ref(), rpc.entries.is_empty(), now)
+        {
+            // The commit index rides in this follower's next AppendEntries.
+            metrics::counter!("dtx_raft_appends_deferred_total").increment(1);
+            return Ok(AppendEntriesResponse::Success);
+        }
+        let end = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
+        let vote = rpc.vote;
+        // A call cut off by openraft's timeout never reports: until this
+        // one is answered, nothing is skipped.
+        self.deferred.forget();
+        let answer = self.call("append", &rpc, &option).await;
+        self.deferred
+            .answered(vote, end, now, matches!(answer, Ok(AppendEntriesResponse::Success)));
+        answer
     }
 
     async fn install_snapshot(
