@@ -10,7 +10,10 @@
 //! 2. A leader is known (openraft's `current_leader`: a committed vote).
 //! 3. If this node is that leader: a majority of the voters acknowledged
 //!    it within `limit` (openraft's `RaftMetrics::millis_since_quorum_ack`,
-//!    the age of the newest AppendEntries round a quorum answered).
+//!    the age of the newest AppendEntries round a quorum answered; a
+//!    request the transport answered itself counts, so up to
+//!    `raft.commit_index_defer_max_ms` younger than the last real answer:
+//!    `raft::deferred_commit`).
 //!    openraft 0.9 has no check-quorum: a leader cut off from its majority
 //!    stays `Leader` in its old term while the others elect a new one; this
 //!    is what tells it apart.
