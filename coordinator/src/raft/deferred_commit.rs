@@ -28,8 +28,9 @@
 //!   leaves, at most a window plus a heartbeat later; it can commit nothing
 //!   meanwhile, since entries always leave.
 //! - A follower hears from the leader at least every window plus a
-//!   heartbeat interval, which `Config::validate` keeps below the election
-//!   timeout, so it never campaigns for want of these requests.
+//!   heartbeat interval, which `RaftConfig::commit_index_defer_window`
+//!   keeps below the election timeout, so it never campaigns for want of
+//!   these requests.
 //! - A follower applies an entry when the next request arrives (at most a
 //!   window plus a heartbeat after its commit when no more come).
 //! - openraft's read-index rounds (`ensure_linearizable`) ask for a new
@@ -84,18 +85,18 @@ impl DeferredCommit {
             && now.saturating_duration_since(a.sent_at) < self.window
     }
 
-    /// A request is leaving: until it is answered, nothing is skipped (a
-    /// call cut off by a timeout never reports its answer).
-    pub fn forget(&mut self) {
+    /// A request is leaving: the last acceptance is forgotten until this
+    /// one is accepted. So after any other answer (a conflict, a partial or
+    /// higher-vote answer, an error, a call cut off by a timeout, which
+    /// never reports) the next request leaves too.
+    pub fn sending(&mut self) {
         self.accepted = None;
     }
 
-    /// A request of `vote` ending at `end`, sent at `sent_at`, was answered:
-    /// `accepted` when the follower took all of it (`Success`). Anything
-    /// else (a conflict, a partial or higher-vote answer, an error) forgets
-    /// the last acceptance, so the next request leaves.
-    pub fn answered(&mut self, vote: Vote<NodeId>, end: Option<LogId<NodeId>>, sent_at: Instant, accepted: bool) {
-        self.accepted = accepted.then_some(Accepted { vote, end, sent_at });
+    /// The follower took all of a request of `vote` ending at `end`, sent
+    /// at `sent_at` (it answered `Success`).
+    pub fn accepted(&mut self, vote: Vote<NodeId>, end: Option<LogId<NodeId>>, sent_at: Instant) {
+        self.accepted = Some(Accepted { vote, end, sent_at });
     }
 }
 
@@ -125,7 +126,7 @@ mod tests {
     fn an_empty_request_right_after_an_accepted_one_at_the_same_place_is_skipped() {
         let t0 = Instant::now();
         let mut d = DeferredCommit::new(WINDOW);
-        d.answered(vote(2), Some(log_id(2, 7)), t0, true);
+        d.accepted(vote(2), Some(log_id(2, 7)), t0);
         assert!(d.may_skip(&vote(2), Some(&log_id(2, 7)), true, t0 + Duration::from_millis(1)));
         assert!(d.may_skip(&vote(2), Some(&log_id(2, 7)), true, t0 + Duration::from_millis(49)));
     }
@@ -134,7 +135,7 @@ mod tests {
     fn entries_always_leave() {
         let t0 = Instant::now();
         let mut d = DeferredCommit::new(WINDOW);
-        d.answered(vote(2), Some(log_id(2, 7)), t0, true);
+        d.accepted(vote(2), Some(log_id(2, 7)), t0);
         assert!(!d.may_skip(&vote(2), Some(&log_id(2, 7)), false, t0));
     }
 
@@ -142,7 +143,7 @@ mod tests {
     fn after_the_window_the_request_leaves_so_the_follower_hears_from_its_leader() {
         let t0 = Instant::now();
         let mut d = DeferredCommit::new(WINDOW);
-        d.answered(vote(2), Some(log_id(2, 7)), t0, true);
+        d.accepted(vote(2), Some(log_id(2, 7)), t0);
         assert!(!d.may_skip(&vote(2), Some(&log_id(2, 7)), true, t0 + WINDOW));
         assert!(!d.may_skip(&vote(2), Some(&log_id(2, 7)), true, t0 + Duration::from_secs(5)));
     }
@@ -151,7 +152,7 @@ mod tests {
     fn another_vote_or_another_place_in_the_log_leaves() {
         let t0 = Instant::now();
         let mut d = DeferredCommit::new(WINDOW);
-        d.answered(vote(2), Some(log_id(2, 7)), t0, true);
+        d.accepted(vote(2), Some(log_id(2, 7)), t0);
         let soon = t0 + Duration::from_millis(1);
         assert!(!d.may_skip(&vote(3), Some(&log_id(2, 7)), true, soon), "a new term");
         assert!(
@@ -163,28 +164,22 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_that_is_not_success_forgets_the_match() {
+    fn a_request_that_leaves_forgets_the_match_until_it_is_accepted() {
         let t0 = Instant::now();
         let mut d = DeferredCommit::new(WINDOW);
-        d.answered(vote(2), Some(log_id(2, 7)), t0, true);
-        d.answered(vote(2), Some(log_id(2, 7)), t0, false);
+        d.accepted(vote(2), Some(log_id(2, 7)), t0);
+        // Out, or answered with anything but Success: nothing is skipped.
+        d.sending();
         assert!(!d.may_skip(&vote(2), Some(&log_id(2, 7)), true, t0));
-    }
-
-    #[test]
-    fn while_a_request_is_out_nothing_is_skipped() {
-        let t0 = Instant::now();
-        let mut d = DeferredCommit::new(WINDOW);
-        d.answered(vote(2), Some(log_id(2, 7)), t0, true);
-        d.forget();
-        assert!(!d.may_skip(&vote(2), Some(&log_id(2, 7)), true, t0));
+        d.accepted(vote(2), Some(log_id(2, 7)), t0);
+        assert!(d.may_skip(&vote(2), Some(&log_id(2, 7)), true, t0));
     }
 
     #[test]
     fn a_zero_window_sends_everything() {
         let t0 = Instant::now();
         let mut d = DeferredCommit::new(Duration::ZERO);
-        d.answered(vote(2), Some(log_id(2, 7)), t0, true);
+        d.accepted(vote(2), Some(log_id(2, 7)), t0);
         assert!(!d.may_skip(&vote(2), Some(&log_id(2, 7)), true, t0));
     }
 }

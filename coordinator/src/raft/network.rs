@@ -194,12 +194,11 @@ impl RaftNetwork<TypeConfig> for Connection {
         }
         let end = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
         let vote = rpc.vote;
-        // A call cut off by openraft's timeout never reports: until this
-        // one is answered, nothing is skipped.
-        self.deferred.forget();
+        self.deferred.sending();
         let answer = self.call("append", &rpc, &option).await;
-        self.deferred
-            .answered(vote, end, now, matches!(answer, Ok(AppendEntriesResponse::Success)));
+        if matches!(answer, Ok(AppendEntriesResponse::Success)) {
+            self.deferred.accepted(vote, end, now);
+        }
         answer
     }
 
