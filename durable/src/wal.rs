@@ -17,8 +17,10 @@
 //! the payload is the caller's encoded record. Indexes are contiguous
 //! across the files. Only the tail of the last file may be torn (a crash
 //! during a write, before its fsync, so nothing there was acknowledged):
-//! opening cuts it off. Anything else that does not read back is damage,
-//! and opening fails rather than forget acknowledged records.
+//! opening cuts it off. Nothing is written into a new file before the file
+//! before it and the directory are synced, so a crash leaves no other
+//! shape. Anything else that does not read back is damage, and opening
+//! fails rather than forget acknowledged records.
 //!
 //! The log only holds records: what its user keeps beside them (the Raft
 //! vote, committed and purged log ids in the coordinator's engine) is the
@@ -418,10 +420,16 @@ impl Wal {
     fn append_locked(&self, g: &mut Inner, entries: &[(u64, Vec<u8>)]) -> Result<(), WalError> {
         let mut next = g.first_index + g.locs.len() as u64;
         if g.locs.is_empty() {
-            // An empty log (new, or purged up to its end) starts anew.
-            for s in std::mem::take(&mut g.segments) {
+            // An empty log (new, or purged up to its end) starts anew. The
+            // old files are gone from the disk before the new one appears:
+            // never a new file beside old ones a crash brought back.
+            let old = std::mem::take(&mut g.segments);
+            for s in &old {
                 std::fs::remove_file(&s.path).map_err(io_err(self.name, &s.path))?;
                 g.dir_dirty = true;
+            }
+            if !old.is_empty() {
+                sync_dir(self.name, &self.dir)?;
             }
             next = entries[0].0;
             g.first_index = next;
@@ -440,22 +448,7 @@ impl Wal {
             };
             if needs_new {
                 self.write_out(g, &mut buf)?;
-                let path = self.dir.join(segment_name(*index));
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&path)
-                    .map_err(io_err(self.name, &path))?;
-                g.segments.push(Segment {
-                    first: *index,
-                    path,
-                    file: Arc::new(file),
-                    bytes: 0,
-                    allocated: 0,
-                });
-                g.dir_dirty = true;
+                self.start_segment(g, *index)?;
             }
             let seg = g.segments.last().expect("a segment");
             let at = seg.bytes + buf.len() as u64;
@@ -467,6 +460,41 @@ impl Wal {
             next += 1;
         }
         self.write_out(g, &mut buf)
+    }
+
+    /// Starts the file that record `first` opens. Before anything is
+    /// written into it, the file before it is synced (`fdatasync`, once per
+    /// file, not per append) and so is the directory with the new file's
+    /// name: every file but the last is then durable whole, so a crash can
+    /// only tear the last file's tail, never leave records in a later file
+    /// after a lost tail of an earlier one (which opening must refuse as
+    /// damage, since it cannot tell the two apart).
+    fn start_segment(&self, g: &mut Inner, first: u64) -> Result<(), WalError> {
+        if let Some(prev) = g.segments.last() {
+            prev.file.sync_data().map_err(io_err(self.name, &prev.path))?;
+            let synced = prev.file.clone();
+            g.unsynced.retain(|u| !Arc::ptr_eq(u, &synced));
+        }
+        let path = self.dir.join(segment_name(first));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io_err(self.name, &path))?;
+        // The directory sync also covers every earlier change of the
+        // directory (files removed by a purge).
+        sync_dir(self.name, &self.dir)?;
+        g.dir_dirty = false;
+        g.segments.push(Segment {
+            first,
+            path,
+            file: Arc::new(file),
+            bytes: 0,
+            allocated: 0,
+        });
+        Ok(())
     }
 
     /// Writes `buf` at the end of the last segment.
@@ -774,6 +802,83 @@ mod tests {
         let w = Wal::open(&d.path().join(DIR), NAME, MAX).unwrap();
         assert_eq!(w.range(), Some((4, 4)));
         assert_eq!(w.read(4, 5).unwrap(), vec![big]);
+    }
+
+    /// A power cut after an append crossed into a new file, before any sync
+    /// covered it (issue 38): the later file's blocks reached the disk, and
+    /// of every earlier file only what the log had made durable. The log
+    /// opens with every record a sync covered, and nothing is refused.
+    /// Which files still hold writes no `fdatasync` covered is what the log
+    /// itself has left to sync (`unsynced`);
+    /// `a_rotation_syncs_the_last_file_before_it_writes_into_the_next`
+    /// checks that a file leaves that list at a rotation only through an
+    /// `fdatasync` that succeeded.
+    #[test]
+    fn a_power_cut_after_a_rotation_opens_with_every_synced_record() {
+        const MAX: u64 = 200;
+        // 16 + 40 bytes a record: four to a file.
+        let r = |i: u64| (i, vec![i as u8; 40]);
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join(DIR);
+        let w = Wal::open(&dir, NAME, MAX).unwrap();
+        w.append(&[r(1)]).unwrap();
+        w.append(&[r(2)]).unwrap();
+        w.sync().unwrap();
+        // What a sync made durable, and acknowledged.
+        let first_path = dir.join(segment_name(1));
+        let synced = std::fs::read(&first_path).unwrap();
+        for i in 3..=6 {
+            w.append(&[r(i)]).unwrap();
+        }
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            2,
+            "records 5 and 6 went into a second file"
+        );
+        let first_unsynced = {
+            let g = w.lock();
+            let first = &g.segments[0].file;
+            g.unsynced.iter().any(|u| Arc::ptr_eq(u, first))
+        };
+        drop(w);
+        // The cut: the second file is whole; the first one is back to what
+        // was synced if its later writes were not synced yet.
+        if first_unsynced {
+            std::fs::write(&first_path, &synced).unwrap();
+        }
+        let w = Wal::open(&dir, NAME, MAX).unwrap_or_else(|e| panic!("refused after a power cut: {e}"));
+        assert_eq!(read_all(&w), (1..=6).map(r).collect::<Vec<_>>());
+        w.append(&[r(7)]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        // The same cut, with the second file's blocks lost instead: the
+        // first file holds what it held when the second one was started.
+        std::fs::write(dir.join(segment_name(5)), b"").unwrap();
+        let w = Wal::open(&dir, NAME, MAX).unwrap();
+        assert_eq!(read_all(&w), (1..=4).map(r).collect::<Vec<_>>());
+    }
+
+    /// Nothing is written into a new file before the file before it is
+    /// durable: when that file's `fdatasync` fails (a handle on
+    /// `/dev/null`, where writes succeed and `fdatasync` does not), the
+    /// append that would start the next file fails and stops the log, and
+    /// the next file is not even created. So a crash never leaves records
+    /// in a later file after a lost tail of an earlier one.
+    #[test]
+    fn a_rotation_syncs_the_last_file_before_it_writes_into_the_next() {
+        const MAX: u64 = 200;
+        let r = |i: u64| (i, vec![i as u8; 40]);
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join(DIR);
+        let w = Wal::open(&dir, NAME, MAX).unwrap();
+        w.append(&[r(1)]).unwrap();
+        w.append(&[r(2)]).unwrap();
+        w.lock().segments[0].file = Arc::new(OpenOptions::new().write(true).open("/dev/null").unwrap());
+        w.append(&[r(3), r(4)]).unwrap();
+        let err = w.append(&[r(5)]).unwrap_err();
+        assert!(matches!(err, WalError::Io { name: NAME, .. }), "{err:?}");
+        assert!(!dir.join(segment_name(5)).exists(), "{err}");
+        assert_stopped(&w, &err);
     }
 
     /// Where unlinking `name` in the log's directory will fail: the file

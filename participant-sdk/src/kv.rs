@@ -278,6 +278,12 @@ impl KvFiles {
     /// Opens (creating) the engine in `dir`: the checkpoint, then the log
     /// after it.
     pub(crate) fn open(dir: &Path) -> Result<KvFiles, KvOpenError> {
+        Self::open_with_log_segment_bytes(dir, KV_LOG_SEGMENT_BYTES_MAX)
+    }
+
+    /// `open`, starting a new log file when the current one reaches
+    /// `log_segment_bytes_max` (tests rotate the log with a tiny size).
+    fn open_with_log_segment_bytes(dir: &Path, log_segment_bytes_max: u64) -> Result<KvFiles, KvOpenError> {
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(|e| KvOpenError::Io(io_error("cannot create", dir, e)))?;
             if let Some(parent) = dir.parent() {
@@ -301,7 +307,7 @@ impl KvFiles {
             Err(e) => return Err(KvOpenError::Io(io_error("cannot read", &path, e))),
         };
         let log_dir = dir.join(KV_LOG_DIR);
-        let log = Wal::open(&log_dir, "participant log", KV_LOG_SEGMENT_BYTES_MAX).map_err(|e| match e {
+        let log = Wal::open(&log_dir, "participant log", log_segment_bytes_max).map_err(|e| match e {
             WalError::Damaged { .. } | WalError::Gap { .. } => KvOpenError::Damaged(e.to_string()),
             other => KvOpenError::Io(other.into()),
         })?;
@@ -618,6 +624,65 @@ mod tests {
             Err(KvOpenError::Damaged(m)) => assert!(m.contains("starts at batch 5"), "{m}"),
             other => panic!("opened a log with a gap: {:?}", other.map(|_| ())),
         }
+    }
+
+    /// A power cut while the log starts a new file (issue 38): the log
+    /// syncs the file before it first writes into the next, so what the cut
+    /// can leave is the earlier file whole and the new one whole, torn or
+    /// empty. The store opens in each case with every synced batch (a
+    /// store that refused would hold its in-doubt locks until someone
+    /// edited its files), and with the later batches that survived.
+    #[test]
+    fn a_power_cut_while_the_log_starts_a_new_file_loses_no_synced_batch() {
+        // Four batches to a file.
+        const SEGMENT_BYTES_MAX: u64 = 256;
+        let d = tempfile::tempdir().unwrap();
+        let log_dir = d.path().join(KV_LOG_DIR);
+        let open = || KvFiles::open_with_log_segment_bytes(d.path(), SEGMENT_BYTES_MAX).unwrap();
+        let value = "v".repeat(40);
+        let batch = |i: u64| vec![put(&format!("k{i:02}"), &value)];
+        let files = || {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(&log_dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            v.sort();
+            v
+        };
+        let kv = open();
+        kv.apply(batch(1)).unwrap();
+        kv.apply(batch(2)).unwrap();
+        kv.sync().unwrap();
+        // Unsynced batches until one is in a second file, and one more.
+        let mut n = 2;
+        while files().len() < 2 {
+            n += 1;
+            assert!(n < 20, "the log never started a second file");
+            kv.apply(batch(n)).unwrap();
+        }
+        kv.apply(batch(n + 1)).unwrap();
+        let all = kv.dump();
+        assert_eq!(all.len(), n as usize + 1);
+        drop(kv);
+        let second = files().pop().unwrap();
+
+        let kv = open();
+        assert_eq!(kv.dump(), all, "the second file whole");
+        drop(kv);
+        let record = 16 + encode_batch(&batch(n)).len();
+        let b = std::fs::read(&second).unwrap();
+        std::fs::write(&second, &b[..record + 5]).unwrap();
+        let kv = open();
+        assert_eq!(
+            kv.dump(),
+            all[..all.len() - 1],
+            "the second file torn in its second batch"
+        );
+        drop(kv);
+        std::fs::write(&second, b"").unwrap();
+        let kv = open();
+        assert_eq!(kv.dump(), all[..all.len() - 2], "the second file empty");
+        assert_eq!(kv.get(b"k02"), Some(value.into_bytes()), "a synced batch");
     }
 
     #[test]
