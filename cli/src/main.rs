@@ -253,6 +253,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Serve(a) => {
             let config = load_config(a).context("configuration")?;
+            // This process is the node: a fatal error of its Raft ends it
+            // within a bound, with the error, even if a flush hangs.
+            coordinator::fatal_exit::enable();
             coordinator::node::run(config, shutdown_signal()).await
         }
         Cmd::Dev(a) => dev::run(a, shutdown_signal()).await,

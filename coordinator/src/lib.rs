@@ -6,6 +6,8 @@
 //!
 //! Module map (data flows top to bottom; imports run one way):
 //! - `node`     wires a node together: storage, Raft, servers, leader loops.
+//! - `fatal_exit` a node process stopped on a fatal error exits within a
+//!   bound, with its error (`coordinator serve`).
 //! - `api`      gRPC services (Coordinator, Admin, SagaService): they translate requests
 //!   into state-machine commands or calls on the `Driver`; error -> status
 //!   mapping in one place (`api::error`).
@@ -37,6 +39,7 @@ pub mod config;
 pub mod console;
 pub mod ctx;
 pub mod driver;
+pub mod fatal_exit;
 pub mod metrics;
 pub mod node;
 pub mod orchestrator;

@@ -507,6 +507,12 @@ impl KvEngine for SledEngine {
 
     fn flush(&self) -> Result<(), EngineError> {
         let started = std::time::Instant::now();
+        // Tests hold the sync here (an fsync that never returns, as on a
+        // disk whose backing store ran out) to see that a node stopping on
+        // a fatal error still exits (`failpoints` only: t53).
+        while dtx_failpoint::refused("engine_flush") {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         self.sync.flush(&self.db).map_err(self.io("db"))?;
         metrics::histogram!("dtx_storage_flush_seconds").record(started.elapsed().as_secs_f64());
         Ok(())

@@ -135,7 +135,17 @@ fn run_flusher(
         }
         let (covered, epoch) = durability.before_sync();
         let started = std::time::Instant::now();
-        let res = wal.sync();
+        // Tests make the sync fail as ENOSPC at fsync does (`failpoints`
+        // only: t53); the log's own files stay as they are.
+        let res = if dtx_failpoint::refused("raft_log_sync_no_space") {
+            Err(WalError::NoSpace {
+                name: "raft log",
+                path: wal.dir().display().to_string(),
+                detail: "failpoint raft_log_sync_no_space: no space left on device at fsync".to_string(),
+            })
+        } else {
+            wal.sync()
+        };
         match &res {
             Ok(_) => durability.synced(covered, epoch),
             Err(_) => durability.failed(),
