@@ -38,6 +38,13 @@ pub struct ParticipantArgs {
     /// Look up this transaction (repeat, or comma-separated; at most 1000).
     #[arg(long = "txid", value_delimiter = ',')]
     txids: Vec<u64>,
+    /// The cluster incarnation the `--txid`s were handed out in, in hex
+    /// (as `admin status` and the listings here show it;
+    /// docs/adr/0033-cluster-incarnations.md): a participant keys its
+    /// records by (incarnation, txid). 0, the default: a txid of a
+    /// cluster from before incarnations.
+    #[arg(long, value_name = "HEX", value_parser = parse_incarnation, default_value = "0")]
+    incarnation: u64,
     /// List the transactions it holds in doubt (voted YES, decision
     /// unknown: locks held), oldest first. The default when nothing else
     /// is asked.
@@ -62,6 +69,7 @@ pub async fn run(
         txids: args.txids,
         in_doubt: args.in_doubt || nothing_asked,
         recent: args.recent.unwrap_or(0),
+        incarnation: args.incarnation,
     };
     let ch = dtx_proto::channel::channel_with(&addr, None, timeout.min(Duration::from_secs(2)), tls.as_ref())
         .map_err(|e| (EXIT_USAGE, format!("--address {addr}: {e}")))?;
@@ -82,6 +90,21 @@ pub async fn run(
         println!("{}", to_text(&addr, &r));
     }
     Ok(())
+}
+
+/// An incarnation as given on the command line: hex digits, `0x` allowed.
+fn parse_incarnation(s: &str) -> Result<u64, String> {
+    let digits = s.strip_prefix("0x").unwrap_or(s);
+    u64::from_str_radix(digits, 16).map_err(|e| format!("{s:?} is not an incarnation in hex: {e}"))
+}
+
+/// An incarnation as shown: 16 hex digits, or `-` for 0 (none).
+fn incarnation_text(i: u64) -> String {
+    if i == 0 {
+        "-".into()
+    } else {
+        format!("{i:016x}")
+    }
 }
 
 /// The exit code and line for a participant's refusal or failure.
@@ -137,6 +160,7 @@ fn record_json(r: &pb::ParticipantRecord, now_ms: u64) -> Value {
     let at = (r.recorded_unix_ms > 0).then_some(r.recorded_unix_ms);
     json!({
         "txid": r.txid,
+        "incarnation": format!("{:016x}", r.incarnation),
         "state": record_name(r.record),
         "vote": vote_name(r.vote),
         "term": r.term,
@@ -162,10 +186,20 @@ fn to_json(addr: &str, r: &pb::InspectParticipantResponse) -> Value {
 }
 
 fn table(v: &[pb::ParticipantRecord], now_ms: u64) -> String {
-    let mut t = Table::new(&["TXID", "STATE", "VOTE", "TERM", "RECORDED", "AGE", "IN DOUBT"]);
+    let mut t = Table::new(&[
+        "TXID",
+        "INCARNATION",
+        "STATE",
+        "VOTE",
+        "TERM",
+        "RECORDED",
+        "AGE",
+        "IN DOUBT",
+    ]);
     for r in v {
         t.row(vec![
             r.txid.to_string(),
+            incarnation_text(r.incarnation),
             record_name(r.record).to_string(),
             vote_name(r.vote).unwrap_or("-").to_string(),
             r.term.to_string(),

@@ -203,7 +203,7 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         }
         in_doubt_left += store.in_doubt()?.len();
         totals.push(dtx_bank::audit(&store)?);
-        per_bank.push(store.entries()?.into_iter().map(|(t, e)| (t, e.state)).collect());
+        per_bank.push(store.entries()?.into_iter().map(|(t, e)| (t.txid, e.state)).collect());
     }
     cluster.stop_all(Duration::from_secs(10));
 

@@ -112,6 +112,10 @@ async fn t105_inv5_a_transaction_in_doubt_at_a_real_bank_is_shown_by_admin_parti
     assert_eq!(v["in_doubt_count"], 1, "{v:#}");
     assert!(v["records_total"].as_u64().unwrap() >= 1, "{v:#}");
     let term = e["term"].as_u64().unwrap();
+    // The incarnation the cluster handed the txid out in: a participant
+    // keys its records by (incarnation, txid).
+    let incarnation = e["incarnation"].as_str().unwrap().to_string();
+    assert_eq!(incarnation.len(), 16, "{v:#}");
 
     // The same as a table, and by txid (with one the bank never saw).
     let table = ok(&inspect(&bank_addr, &["--in-doubt"]));
@@ -122,7 +126,15 @@ async fn t105_inv5_a_transaction_in_doubt_at_a_real_bank_is_shown_by_admin_parti
     let never = txid + 1_000_000;
     let v = json(&inspect(
         &bank_addr,
-        &["--txid", &txid.to_string(), "--txid", &never.to_string(), "--json"],
+        &[
+            "--txid",
+            &txid.to_string(),
+            "--txid",
+            &never.to_string(),
+            "--incarnation",
+            &incarnation,
+            "--json",
+        ],
     ));
     assert_eq!(entry(&v, "records", txid).unwrap()["state"], "PREPARED_YES", "{v:#}");
     let unseen = entry(&v, "records", never).unwrap();
@@ -153,7 +165,15 @@ async fn t105_inv5_a_transaction_in_doubt_at_a_real_bank_is_shown_by_admin_parti
     let v = loop {
         let v = json(&inspect(
             &bank_addr,
-            &["--txid", &txid.to_string(), "--recent", "5", "--json"],
+            &[
+                "--txid",
+                &txid.to_string(),
+                "--incarnation",
+                &incarnation,
+                "--recent",
+                "5",
+                "--json",
+            ],
         ));
         if v["in_doubt_count"] == 0 {
             break v;
@@ -176,7 +196,10 @@ async fn t105_inv5_a_transaction_in_doubt_at_a_real_bank_is_shown_by_admin_parti
     assert!(r["term"].as_u64().unwrap() >= term, "{v:#}");
     assert!(entry(&v, "recent", txid).is_some(), "the newest record: {v:#}");
     // Asking about a txid left no record for it (no tombstone).
-    let v = json(&inspect(&bank_addr, &["--txid", &never.to_string(), "--json"]));
+    let v = json(&inspect(
+        &bank_addr,
+        &["--txid", &never.to_string(), "--incarnation", &incarnation, "--json"],
+    ));
     assert_eq!(entry(&v, "records", never).unwrap()["state"], "NONE", "{v:#}");
     bank.stop(Duration::from_secs(5));
 }

@@ -102,6 +102,7 @@ fn prepare(txid: u64, payload: &str) -> pb::PrepareRequest {
         term: 1,
         participant_id: "bank-a".into(),
         payload: payload.as_bytes().to_vec(),
+        incarnation: 0,
     }
 }
 
@@ -110,6 +111,7 @@ fn decision(txid: u64) -> pb::ParticipantDecisionRequest {
         txid,
         term: 1,
         participant_id: "bank-a".into(),
+        incarnation: 0,
     }
 }
 
@@ -118,6 +120,7 @@ async fn record(c: &mut ParticipantServiceClient<Channel>, txid: u64) -> pb::Loc
         .inquire(pb::InquireRequest {
             txid,
             participant_id: "bank-a".into(),
+            incarnation: 0,
         })
         .await
         .unwrap()

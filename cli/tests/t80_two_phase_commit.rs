@@ -225,7 +225,9 @@ async fn t80_client_retry_with_same_key_is_one_transaction_and_old_terms_are_fen
 
     // A late Prepare and an Abort from an older term reach the participant:
     // both are refused (invariant 9) and the commit stands (invariant 8).
-    let term = a.store.entry(t).unwrap().unwrap().term;
+    // The record under the incarnation the cluster handed `t` out in.
+    let (g, e) = a.store.entries_for_txid(t).unwrap()[0];
+    let (term, incarnation) = (e.term, g.incarnation);
     let ch = coordinator::raft::network::channel(&a.addr, None, Duration::from_secs(1)).unwrap();
     let mut p = dtx_proto::v1::participant_service_client::ParticipantServiceClient::new(ch);
     if term > 0 {
@@ -234,6 +236,7 @@ async fn t80_client_retry_with_same_key_is_one_transaction_and_old_terms_are_fen
                 txid: t,
                 term: term - 1,
                 participant_id: a.id.clone(),
+                incarnation,
             })
             .await;
         let late = late.unwrap_err();
@@ -250,6 +253,7 @@ async fn t80_client_retry_with_same_key_is_one_transaction_and_old_terms_are_fen
             txid: t,
             term,
             participant_id: a.id.clone(),
+            incarnation,
         })
         .await;
     let dup = dup.unwrap_err();
@@ -271,6 +275,7 @@ async fn t80_client_retry_with_same_key_is_one_transaction_and_old_terms_are_fen
             txid: 999_999,
             term,
             participant_id: a.id.clone(),
+            incarnation,
         })
         .await;
     let never = never.unwrap_err();
@@ -772,7 +777,7 @@ async fn t80_status_of_a_one_write_commit_before_its_write_is_preparing() {
             .in_doubt()
             .unwrap()
             .iter()
-            .map(|(t, _)| *t)
+            .map(|(t, _)| t.txid)
             .find(|t| Some(*t) != warm.txid);
         if txid.is_some() {
             break;

@@ -206,6 +206,7 @@ async fn t81_get_decisions_with_participant_id_validates_it_and_reports_awaiting
         let mut req = tonic::Request::new(pb::GetDecisionsRequest {
             txids: vec![t],
             participant_id,
+            incarnation: 0,
         });
         req.set_timeout(Duration::from_secs(5));
         pb::coordinator_client::CoordinatorClient::new(ch)

@@ -167,7 +167,9 @@ impl BankProc {
             .unwrap();
         let (total, _, locked) = dtx_bank::audit(&store).unwrap();
         let doubt = store.in_doubt().unwrap().len();
-        (store.entry(txid).unwrap().map(|e| e.state), total, locked, doubt)
+        // In whichever incarnation the cluster handed `txid` out.
+        let state = store.entries_for_txid(txid).unwrap().first().map(|(_, e)| e.state);
+        (state, total, locked, doubt)
     }
 
     fn spec(&self, payload: &str) -> ParticipantSpec {
@@ -512,6 +514,7 @@ async fn t85_one_write_leader_dies_before_its_write_participants_presume_abort()
             bank.id
         );
         for (txid, e) in entries {
+            let txid = txid.txid;
             match told.iter().find(|(t, _)| *t == txid) {
                 Some((_, TxOutcome::Committed)) => assert_eq!(e.state, LocalState::Committed, "{}: {txid}", bank.id),
                 _ => {

@@ -113,6 +113,8 @@ async fn t88_postgres_participant_crash_mid_recovery_resolves_the_rest_after_res
     for i in 0..2 {
         let o = order(20 + i);
         let t = client.begin(&o.id, 60_000, b"").await.unwrap().txid;
+        // As the coordinator's Prepare: with the cluster's incarnation.
+        let incarnation = client.status(t).await.unwrap().incarnation;
         client
             .enlist(t, Role::Payment.id(), &payment_addr, &o.payload())
             .await
@@ -123,6 +125,7 @@ async fn t88_postgres_participant_crash_mid_recovery_resolves_the_rest_after_res
                 term: 1,
                 participant_id: Role::Payment.id().into(),
                 payload: o.payload(),
+                incarnation,
             })
             .await
             .unwrap()

@@ -33,6 +33,9 @@ use dtx_shop::Order;
 async fn prepared_everywhere(c: &TestCluster, shop: &Shop, o: &Order) -> u64 {
     let client = c.client();
     let txid = client.begin(&o.id, 120_000, b"").await.unwrap().txid;
+    // The cluster's incarnation, which its own Prepare will carry: the
+    // same transaction only with it.
+    let incarnation = client.status(txid).await.unwrap().incarnation;
     for (role, addr) in shop.endpoints() {
         client.enlist(txid, role.id(), &addr, &o.payload()).await.unwrap();
         let mut p = ParticipantServiceClient::connect(format!("http://{addr}"))
@@ -44,6 +47,7 @@ async fn prepared_everywhere(c: &TestCluster, shop: &Shop, o: &Order) -> u64 {
                 term: 1,
                 participant_id: role.id().into(),
                 payload: o.payload(),
+                incarnation,
             })
             .await
             .unwrap()

@@ -94,7 +94,10 @@ async fn every_port(api: &str, raft: &str, participant: &str, tls: &Arc<ClientTl
         Err(s) => format!("{:?}: {}", s.code(), dtx_client::describe(&s)),
     };
     let a = pb::coordinator_client::CoordinatorClient::new(ch(api))
-        .get_decision(pb::GetDecisionRequest { txid: 1 })
+        .get_decision(pb::GetDecisionRequest {
+            txid: 1,
+            incarnation: 0,
+        })
         .await
         .map(|_| ());
     let r = pb::raft_transport_client::RaftTransportClient::new(ch(raft))
@@ -269,6 +272,7 @@ async fn t95_mutual_tls_admits_the_cluster_and_refuses_strangers_on_every_port()
                 txid: 424242,
                 participant_id: "bank-a".into(),
                 term: 1,
+                incarnation: 0,
             })
             .await
             .unwrap_err();
@@ -279,6 +283,7 @@ async fn t95_mutual_tls_admits_the_cluster_and_refuses_strangers_on_every_port()
                 term: 1,
                 participant_id: "bank-a".into(),
                 payload: b"a0:-1".to_vec(),
+                incarnation: 0,
             })
             .await
             .unwrap_err();
@@ -538,6 +543,7 @@ async fn t95_tokens_authenticate_where_mutual_tls_is_off() {
                 txid: 424242,
                 term: 1,
                 participant_id: "bank-a".into(),
+                incarnation: 0,
             },
             token,
         );
@@ -669,7 +675,10 @@ async fn t95_the_edge_refuses_undecodable_oversized_and_too_frequent_calls_as_no
     // allows over the time they took, and the others are
     // RESOURCE_EXHAUSTED, each marked not applied. (Bounds from the time
     // measured, not assumed: on a slow machine more are admitted.)
-    let read = prost::Message::encode_to_vec(&pb::GetDecisionRequest { txid: 1 });
+    let read = prost::Message::encode_to_vec(&pb::GetDecisionRequest {
+        txid: 1,
+        incarnation: 0,
+    });
     let mut limited = 0;
     let started = std::time::Instant::now();
     for _ in 0..20 {

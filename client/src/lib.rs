@@ -251,6 +251,11 @@ pub enum DecisionRead {
     Aborted,
     /// No record (never begun, or forgotten after all acks): presumed abort.
     UnknownPresumedAbort,
+    /// Asked with an incarnation that did not hand out this txid here
+    /// (another cluster's transaction, or one handed out after the backup
+    /// this cluster was restored from): nothing is known and nothing may be
+    /// presumed. Keep the record and its locks; an operator resolves it.
+    OtherIncarnation,
 }
 
 /// One transaction's answer to a batched decision read
@@ -275,6 +280,7 @@ impl DecisionRead {
             Ok(pb::Outcome::Commit) => Ok(DecisionRead::Committed),
             Ok(pb::Outcome::Abort) => Ok(DecisionRead::Aborted),
             Ok(pb::Outcome::UnknownPresumedAbort) => Ok(DecisionRead::UnknownPresumedAbort),
+            Ok(pb::Outcome::OtherIncarnation) => Ok(DecisionRead::OtherIncarnation),
             _ => Err(ClientError::Internal(format!("server sent outcome value {v}"))),
         }
     }
@@ -856,7 +862,7 @@ impl Client {
             .in_trace(
                 txid,
                 self.call(Kind::Read, |ch, t| {
-                    let rq = self.request(pb::GetDecisionRequest { txid }, t);
+                    let rq = self.request(pb::GetDecisionRequest { txid, incarnation: 0 }, t);
                     async move { CoordinatorClient::new(ch).get_decision(rq).await }
                 }),
             )
@@ -871,7 +877,7 @@ impl Client {
     /// any number in batches). An outcome value this client does not know
     /// is [`ClientError::Internal`].
     pub async fn decisions(&self, txids: &[u64]) -> Result<Vec<(u64, DecisionRead)>, ClientError> {
-        self.decisions_batch(txids, "")
+        self.decisions_batch(0, txids, "")
             .await?
             .into_iter()
             .map(|a| match a.decision {
@@ -903,9 +909,23 @@ impl Client {
     /// means no answer came for some batch before the call deadline (no
     /// quorum, say) and nothing is returned.
     pub async fn decisions_for(&self, txids: &[u64], participant_id: &str) -> Result<Vec<DecisionAnswer>, ClientError> {
+        self.decisions_in(0, txids, participant_id).await
+    }
+
+    /// [`decisions_for`](Client::decisions_for) for txids a participant
+    /// received with `incarnation` (`PrepareRequest.incarnation`): a txid
+    /// that incarnation did not hand out at this cluster is answered
+    /// [`DecisionRead::OtherIncarnation`], never presumed aborted.
+    /// Incarnation 0 asks as an SDK from before incarnations did.
+    pub async fn decisions_in(
+        &self,
+        incarnation: u64,
+        txids: &[u64],
+        participant_id: &str,
+    ) -> Result<Vec<DecisionAnswer>, ClientError> {
         let mut out = Vec::with_capacity(txids.len());
         for chunk in txids.chunks(DECISION_BATCH_TXIDS_MAX) {
-            out.extend(self.decisions_batch(chunk, participant_id).await?);
+            out.extend(self.decisions_batch(incarnation, chunk, participant_id).await?);
         }
         Ok(out)
     }
@@ -913,10 +933,16 @@ impl Client {
     /// One `GetDecisions` read of `txids` (as many as given: the cluster
     /// refuses more than its limit), with this client's retries; an answer
     /// that does not match the request is retried at another node.
-    async fn decisions_batch(&self, txids: &[u64], participant_id: &str) -> Result<Vec<DecisionAnswer>, ClientError> {
+    async fn decisions_batch(
+        &self,
+        incarnation: u64,
+        txids: &[u64],
+        participant_id: &str,
+    ) -> Result<Vec<DecisionAnswer>, ClientError> {
         let req = pb::GetDecisionsRequest {
             txids: txids.to_vec(),
             participant_id: participant_id.to_string(),
+            incarnation,
         };
         let decisions = self
             .call(Kind::Read, |ch, t| {
@@ -987,7 +1013,7 @@ pub fn request_with_token<T>(msg: T, token: Option<&str>) -> tonic::Request<T> {
 /// to a particular node, e.g. to prove a cut-off node does not answer).
 pub async fn decision_at(addr: &str, txid: u64, timeout: Duration) -> Result<DecisionRead, Status> {
     let ch = channel(addr, None, timeout).map_err(Status::invalid_argument)?;
-    let mut rq = tonic::Request::new(pb::GetDecisionRequest { txid });
+    let mut rq = tonic::Request::new(pb::GetDecisionRequest { txid, incarnation: 0 });
     rq.set_timeout(timeout);
     let r = tokio::time::timeout(timeout, CoordinatorClient::new(ch).get_decision(rq))
         .await

@@ -611,11 +611,10 @@ async fn write_state(backup: &Backup, plan: &RestorePlan, dir: &Path) -> Result<
     };
     let term = h.term.max(last_applied.leader_id.term);
     let want_next_txid = h.next_txid + plan.skip_txids;
-    let snapshot = if plan.skip_txids == 0 {
-        backup.snapshot.clone()
-    } else {
-        store::sm_store::snapshot_with_next_txid_at_least(&backup.snapshot, want_next_txid).map_err(|e| werr(&e))?
-    };
+    // Always re-encoded: the backed-up incarnation ends here (ADR 0033),
+    // so txids from the backup's next one on are the new cluster's, never
+    // taken for those the old cluster handed out after the backup.
+    let snapshot = store::sm_store::snapshot_for_restore(&backup.snapshot, want_next_txid).map_err(|e| werr(&e))?;
     let engine = store::open_data_dir(dir, &plan.cluster_id, plan.node_id).map_err(|e| werr(&e))?;
     let mut sm = StateMachineStore::open(engine.clone()).map_err(|e| werr(&e))?;
     // The state machine's own snapshot installation: the same decoding and

@@ -147,10 +147,73 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Everything a request handler needs; shared by the services.
 /// How a node calls participants (see [`NodeCtx::participant_over`]).
-pub type ParticipantClient = ParticipantServiceClient<InterceptedService<Channel, dtx_proto::tls::edge::Bearer>>;
+pub type ParticipantClient = ParticipantServiceClient<InterceptedService<Channel, ParticipantGate>>;
 
+/// What every call from this node to a participant or a saga step service
+/// passes before it leaves (invariant 13, quorum before action): this node
+/// is the leader and has heard from a quorum within the serving rule's
+/// limit (`raft.election_timeout_max_ms`, `raft::serving`). openraft 0.9
+/// has no check-quorum, so a leader cut off from its followers stays
+/// leader in its old term for as long as it is cut off; without this it
+/// would go on preparing, re-sending one-phase commits and delivering
+/// while another leader decides the same transactions. A call refused
+/// here is never sent: it fails UNAVAILABLE at once (a Prepare counts as
+/// no vote, a delivery is retried later), and is counted in
+/// `dtx_participant_calls_withheld_total`. Then the node's token, if any,
+/// is attached.
+#[derive(Clone)]
+pub struct ParticipantGate {
+    bearer: dtx_proto::tls::edge::Bearer,
+    raft: Raft,
+    me: NodeId,
+    silence_ms: u64,
+}
+
+impl ParticipantGate {
+    pub fn new(bearer: dtx_proto::tls::edge::Bearer, raft: Raft, me: NodeId, config: &Config) -> Self {
+        ParticipantGate {
+            bearer,
+            raft,
+            me,
+            silence_ms: crate::raft::serving::Limits::of(config).silence_ms,
+        }
+    }
+}
+
+impl tonic::service::Interceptor for ParticipantGate {
+    fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Err(why) = quorum_heard(&self.raft, self.me, self.silence_ms) {
+            metrics::counter!("dtx_participant_calls_withheld_total").increment(1);
+            return Err(tonic::Status::unavailable(format!(
+                "not sent to the participant: {why} (invariant 13: a node sends nothing to a participant unless it \
+                 leads and heard from a quorum within the serving limit)"
+            )));
+        }
+        self.bearer.call(req)
+    }
+}
+
+/// Ok when `me` leads and a quorum acknowledged it within `silence_ms`
+/// (openraft's `millis_since_quorum_ack`, as the serving rule reads it);
+/// otherwise why not.
+pub(crate) fn quorum_heard(raft: &Raft, me: NodeId, silence_ms: u64) -> Result<(), String> {
+    let rx = raft.metrics();
+    let m = rx.borrow();
+    if m.current_leader != Some(me) {
+        return Err("this node is not the leader".to_string());
+    }
+    match m.millis_since_quorum_ack {
+        Some(ms) if ms <= silence_ms => Ok(()),
+        Some(ms) => Err(format!(
+            "this leader has heard from no quorum for {ms} ms, over the limit of {silence_ms} ms (cut off? another \
+             leader may be elected)"
+        )),
+        None => Err("this leader has not heard from a quorum yet".to_string()),
+    }
+}
+
+/// Everything a request handler needs; shared by the services.
 pub struct NodeCtx {
     pub id: NodeId,
     pub config: Config,
@@ -159,9 +222,11 @@ pub struct NodeCtx {
     pub batcher: Batcher,
     pub engine: Arc<dyn KvEngine>,
     pub(crate) channels: ChannelCache,
-    /// The bearer token sent to participants (`auth.participant_token_file`),
-    /// for participants that accept a token where mutual TLS is not used.
-    pub(crate) participant_token: dtx_proto::tls::edge::Bearer,
+    /// Every call to a participant or step service passes it: the quorum
+    /// check of invariant 13, then the bearer token
+    /// (`auth.participant_token_file`) for participants that accept a token
+    /// where mutual TLS is not used.
+    pub(crate) participant_gate: ParticipantGate,
 }
 
 impl NodeCtx {
@@ -250,6 +315,9 @@ impl NodeCtx {
                 "this leader has heard from no quorum for {ms} ms (cut off?); try another node"
             )));
         }
+        if cmds.iter().any(crate::sm::hands_out_ids) {
+            self.open_incarnation().await?;
+        }
         let timeout = Duration::from_millis(self.config.api.write_timeout_ms);
         match tokio::time::timeout(timeout, self.batcher.propose_together(cmds)).await {
             Ok(Ok(results)) => Ok(results.into_iter().map(|r| r.map_err(ApiError::from)).collect()),
@@ -257,6 +325,57 @@ impl NodeCtx {
             Err(_) => Err(ApiError::Unknown(format!(
                 "not applied within api.write_timeout_ms = {} ms; it may still be applied",
                 self.config.api.write_timeout_ms
+            ))),
+        }
+    }
+
+    /// The incarnation that handed out `txid` (ADR 0033), sent with it to
+    /// participants. 0 for a txid from before incarnations (and for one
+    /// this cluster cannot place, which it never drives).
+    pub fn incarnation_of(&self, txid: Txid) -> u64 {
+        self.sm.state().incarnations.of_txid(txid).unwrap_or(0)
+    }
+
+    /// The incarnation ids are handed out in (ADR 0033). When none is open
+    /// (a new cluster, one from before incarnations, or one just restored
+    /// from a backup), opens one with a random id first: the state machine
+    /// keeps the first that is applied, so leaders that race agree.
+    pub async fn open_incarnation(&self) -> Result<u64, ApiError> {
+        if let Some(i) = self.sm.state().incarnations.current() {
+            return Ok(i);
+        }
+        let incarnation = loop {
+            let r: u64 = rand::random();
+            if r != 0 {
+                break r;
+            }
+        };
+        let cmd = Command::OpenIncarnation { incarnation };
+        let timeout = Duration::from_millis(self.config.api.write_timeout_ms);
+        let applied = match tokio::time::timeout(timeout, self.batcher.propose_together(vec![cmd])).await {
+            Ok(Ok(mut results)) => results.pop(),
+            Ok(Err(e)) => return Err(ApiError::from(e)),
+            Err(_) => {
+                return Err(ApiError::Unavailable(format!(
+                    "this cluster is choosing its incarnation and that write was not applied within \
+                     api.write_timeout_ms = {} ms; nothing else was proposed: retry",
+                    self.config.api.write_timeout_ms
+                )))
+            }
+        };
+        match applied {
+            Some(Ok(CommandOk::IncarnationOpened { incarnation, newly })) => {
+                if newly {
+                    tracing::info!(
+                        incarnation = format!("{incarnation:016x}"),
+                        "opened a new cluster incarnation"
+                    );
+                }
+                Ok(incarnation)
+            }
+            Some(Err(e)) => Err(ApiError::Internal(format!("opening an incarnation was refused: {e}"))),
+            other => Err(ApiError::Internal(format!(
+                "unexpected state-machine result {other:?} for OpenIncarnation"
             ))),
         }
     }
@@ -334,7 +453,17 @@ impl NodeCtx {
     /// A client of a participant service over `ch`, with the node's token
     /// (if configured) on every call.
     pub fn participant_over(&self, ch: Channel) -> ParticipantClient {
-        ParticipantServiceClient::with_interceptor(ch, self.participant_token.clone())
+        ParticipantServiceClient::with_interceptor(ch, self.participant_gate.clone())
+    }
+
+    /// Ok when this node may act towards participants now (invariant 13):
+    /// it leads and heard from a quorum within the serving limit.
+    pub fn quorum_heard(&self) -> Result<(), String> {
+        quorum_heard(
+            &self.raft,
+            self.id,
+            crate::raft::serving::Limits::of(&self.config).silence_ms,
+        )
     }
 
     /// A cached channel to another node's API or to a participant service,

@@ -127,6 +127,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     )
     .await
     .context("cannot start raft")?;
+    // From here a fatal error of Raft ends `coordinator serve`'s process
+    // within a bound, however the way out goes (`fatal_exit`).
+    crate::fatal_exit::watch(config.node_id, raft.metrics(), FATAL_EXIT_MAX);
     let contacts = PeerContacts::default();
     let _quorum_probe =
         crate::raft::quorum_probe::spawn(raft.clone(), &config, security.client_tls.clone(), contacts.clone());
@@ -152,7 +155,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         engine: engine.clone(),
         channels: ChannelCache::new(local_ip, Duration::from_millis(config.raft.connect_timeout_ms))
             .with_tls(security.client_tls.clone()),
-        participant_token: security.participant_token.clone(),
+        participant_gate: crate::ctx::ParticipantGate::new(
+            security.participant_token.clone(),
+            raft.clone(),
+            config.node_id,
+            &config,
+        ),
     });
     let driver = Driver::new(ctx.clone());
     let orchestrator =
@@ -299,8 +307,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     };
     // The alert line goes out first: nothing below (for example a final
     // flush that fails on the same full disk) may keep it from the log.
+    // It also arms the bounded exit of `coordinator serve` (`fatal_exit`):
+    // a drop or join below that waits for a hung flush cannot keep the
+    // process from ending with this error.
     if let Err(e) = &outcome {
-        error!(node_id = config.node_id, "{e:#}");
+        crate::fatal_exit::fatal(config.node_id, &format!("{e:#}"), FATAL_EXIT_MAX);
     }
     info!(node_id = config.node_id, "node stopping");
     let _ = stop_tx.send(true);
@@ -382,6 +393,11 @@ impl Drop for AbortOnDrop {
 const SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(5);
 /// The same after Raft stopped on a fatal error: nothing can be served.
 const FATAL_SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(1);
+/// After Raft stopped on a fatal error, the longest `coordinator serve`'s
+/// process takes to exit (`fatal_exit`): room for the three bounded steps
+/// (Raft, the servers, the final flush) and the command's runtime shutdown
+/// (2 s), after which it ends whatever is still waiting.
+const FATAL_EXIT_MAX: Duration = Duration::from_secs(6);
 
 /// The layers in front of both gRPC ports' services: the edge (who may
 /// call what), then the serving monitor's handle for the handlers.
@@ -462,6 +478,7 @@ async fn leader_loops(driver: Arc<Driver>, mut stop: tokio::sync::watch::Receive
     let ctx = &driver.ctx;
     let interval = Duration::from_millis(ctx.config.txn.reaper_interval_ms);
     let mut last_term = 0;
+    let mut withholding = false;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
@@ -476,6 +493,29 @@ async fn leader_loops(driver: Arc<Driver>, mut stop: tokio::sync::watch::Receive
         }
         if !ctx.is_leader() || !ctx.caught_up_in_term() {
             continue;
+        }
+        // Invariant 13: a leader cut off from its quorum drives nothing
+        // (openraft 0.9 keeps it leader in its old term for as long as it
+        // is cut off); it goes on once a quorum answers it again, or ends
+        // its work when another leader's term reaches it.
+        if let Err(why) = ctx.quorum_heard() {
+            if !withholding {
+                warn!(term, "background work withheld: {why}");
+                withholding = true;
+            }
+            continue;
+        }
+        if withholding {
+            info!(term, "a quorum answers this leader again: background work resumes");
+            withholding = false;
+        }
+        if ctx.sm.state().incarnations.current().is_none() {
+            // A new cluster, one from before incarnations or one just
+            // restored: choose the incarnation before anything is handed
+            // out (ADR 0033). Calls that hand out ids do it too.
+            if let Err(e) = ctx.open_incarnation().await {
+                warn!(term, "could not open a cluster incarnation yet: {e}");
+            }
         }
         driver.background_round(term, now_ms()).await;
     }

@@ -336,7 +336,15 @@ impl Orchestrator {
         let last = c.attempts >= sd.retry.max_attempts;
         // The last attempt is asked with a fence, so "not applied" stays
         // true (a late call of it will never run).
-        match self.ask(&sd.service, &c.operation_id, &sd.status_query, last).await {
+        match self
+            .ask(
+                &sd.service,
+                &self.wire_op_id(r.id, &c.operation_id),
+                &sd.status_query,
+                last,
+            )
+            .await
+        {
             Ok(s) => {
                 if s.applied {
                     self.settled_metrics(Side::Forward, &c);
@@ -369,7 +377,15 @@ impl Orchestrator {
     async fn ask_then_compensate(&self, r: &SagaRecord, def: &Definition, step: u32, t: &mut Task) -> JournalEvent {
         let sd = &def.steps[step as usize];
         let fwd = r.steps[step as usize].forward.clone().unwrap_or_default();
-        let happened = match self.ask(&sd.service, &fwd.operation_id, &sd.status_query, true).await {
+        let happened = match self
+            .ask(
+                &sd.service,
+                &self.wire_op_id(r.id, &fwd.operation_id),
+                &sd.status_query,
+                true,
+            )
+            .await
+        {
             Ok(s) => s.applied && s.reply.as_ref().map(|x| x.outcome) == Some(pb::StepOutcome::Ok as i32),
             Err(e) => {
                 // The intent stays this task's (nothing was called): see
@@ -402,7 +418,10 @@ impl Orchestrator {
     async fn query_compensation(&self, r: &SagaRecord, def: &Definition, step: u32) -> JournalEvent {
         let sd = &def.steps[step as usize];
         let c = r.steps[step as usize].compensation.clone().unwrap_or_default();
-        match self.status(&sd.service, &c.operation_id, &sd.status_query).await {
+        match self
+            .status(&sd.service, &self.wire_op_id(r.id, &c.operation_id), &sd.status_query)
+            .await
+        {
             Ok(s) => {
                 if s.applied {
                     self.settled_metrics(Side::Compensation, &c);
@@ -502,19 +521,32 @@ impl Orchestrator {
         service: &str,
     ) -> Result<
         SagaStepServiceClient<
-            tonic::service::interceptor::InterceptedService<dtx_proto::channel::Channel, dtx_proto::tls::edge::Bearer>,
+            tonic::service::interceptor::InterceptedService<dtx_proto::channel::Channel, crate::ctx::ParticipantGate>,
         >,
         String,
     > {
         let ch = self.ctx.api_channel(service).map_err(|e| e.to_string())?;
         Ok(SagaStepServiceClient::with_interceptor(
             ch,
-            self.ctx.participant_token.clone(),
+            self.ctx.participant_gate.clone(),
         ))
     }
 
     fn timeout(&self) -> Duration {
         Duration::from_millis(self.ctx.config.saga.call_timeout_ms)
+    }
+
+    /// The operation id a step service receives for the journal's `op` of
+    /// saga `saga` (ADR 0033): `op` itself for a saga started before this
+    /// cluster chose an incarnation (so its step services still find its
+    /// calls), otherwise `op@<incarnation>`, so a step service shared with
+    /// another cluster, or with the cluster before a restore, never takes
+    /// this saga's call for one of theirs that reused the saga id.
+    fn wire_op_id(&self, saga: SagaId, op: &str) -> String {
+        match self.ctx.sm.state().incarnations.of_saga(saga).unwrap_or(0) {
+            0 => op.to_string(),
+            inc => format!("{op}@{inc:016x}"),
+        }
     }
 
     async fn call(&self, r: &SagaRecord, def: &Definition, step: u32, side: Side) -> Answer {
@@ -537,12 +569,16 @@ impl Orchestrator {
         let req = pb::StepCall {
             saga_id: r.id,
             step,
-            operation_id: call.operation_id.clone(),
+            operation_id: self.wire_op_id(r.id, &call.operation_id),
             action,
             input: r.input.clone(),
             fingerprint: j.fingerprint.clone(),
             precondition,
-            forward_operation_id: fwd_op,
+            forward_operation_id: if fwd_op.is_empty() {
+                fwd_op
+            } else {
+                self.wire_op_id(r.id, &fwd_op)
+            },
             authorization: Some(pb::SagaAuthorization {
                 principal: r.authorization.principal.clone(),
                 tenant: r.authorization.tenant.clone(),

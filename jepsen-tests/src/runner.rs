@@ -1254,6 +1254,7 @@ async fn read_decisions(
         let mut req = tonic::Request::new(pb::GetDecisionsRequest {
             txids: chunk.to_vec(),
             participant_id: String::new(),
+            incarnation: 0,
         });
         req.set_timeout(Duration::from_secs(5));
         let r = pb::coordinator_client::CoordinatorClient::new(ch.clone())
@@ -2062,7 +2063,7 @@ async fn in_doubt_list(b: &BankProc) -> anyhow::Result<Vec<InDoubtEntry>> {
             .ok()
             .flatten()
             .and_then(|p| dtx_bank::parse_work(&p));
-        out.push(InDoubtEntry { txid, work });
+        out.push(InDoubtEntry { txid: txid.txid, work });
     }
     Ok(out)
 }

@@ -31,9 +31,13 @@
 //!   participant already recorded: Prepare is idempotent, an Abort before
 //!   the Prepare leaves a tombstone (a late Prepare then votes NO), Commit
 //!   and Abort are applied exactly once, a message from an older leader
-//!   term is refused (fencing), and protocol violations (Commit without
-//!   Prepare, Commit after Abort, Abort after Commit) are refused, never
-//!   applied.
+//!   term is refused (fencing; for a transaction without a record, a
+//!   Prepare or CommitOnePhase below the durable term floor of its
+//!   incarnation), and protocol violations (Commit without Prepare, Commit
+//!   after Abort, Abort after Commit) are refused, never applied. A
+//!   transaction is a [`GlobalTxid`]: the txid with the cluster incarnation
+//!   that handed it out, so another cluster's (or a restored cluster's)
+//!   same txid number is another transaction.
 //! - **The store** ([`store`]) writes the resource's change and its log
 //!   record in one atomic sled batch, and replies only after an fsync that
 //!   covers it (shared by concurrent requests); the decisions of one
@@ -56,8 +60,9 @@
 //! - **Recovery** ([`server`]) asks the cluster for the decisions of the
 //!   in-doubt transactions (`GetDecisions`: linearizable, batched, any
 //!   node, through a `dtx_client::Client` and its retry policy) on start
-//!   and periodically, and applies the known ones; undecided ones keep
-//!   their locks (a participant never decides on its own).
+//!   and periodically (once per incarnation), and applies the known ones;
+//!   undecided ones, and those the cluster says another incarnation handed
+//!   out, keep their locks (a participant never decides on its own).
 //! - **Log garbage collection** ([`server::collect_decided`], run by the
 //!   recovery loop past [`server::RecoveryOptions::log_retention`]) removes
 //!   a decided record or a READ_ONLY vote only once the cluster will send
@@ -95,6 +100,7 @@
 //!
 //! use dtx_proto::v1::participant_service_server::ParticipantServiceServer;
 //! use participant_sdk::log::Vote;
+//! use participant_sdk::GlobalTxid;
 //! use participant_sdk::server::{spawn_recovery_with, ParticipantServer, RecoveryOptions};
 //! use participant_sdk::store::{ParticipantStore, Resource, Staged, View};
 //!
@@ -104,7 +110,7 @@
 //!     format!("lock/{key}").into_bytes()
 //! }
 //!
-//! fn pending_key(txid: u64) -> Vec<u8> {
+//! fn pending_key(txid: GlobalTxid) -> Vec<u8> {
 //!     format!("pending/{txid}").into_bytes()
 //! }
 //!
@@ -114,12 +120,12 @@
 //! }
 //!
 //! /// The work `txid` prepared here, if any.
-//! fn pending(view: &View<'_>, txid: u64) -> Option<(String, String)> {
+//! fn pending(view: &View<'_>, txid: GlobalTxid) -> Option<(String, String)> {
 //!     parse(&view.get(&pending_key(txid)).ok()??)
 //! }
 //!
 //! impl Resource for Register {
-//!     fn prepare(&self, view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+//!     fn prepare(&self, view: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
 //!         let Some((key, _)) = parse(payload) else {
 //!             return Vote::No;
 //!         };
@@ -127,12 +133,12 @@
 //!             return Vote::No; // locked by another prepared transaction
 //!         }
 //!         // Durable with the YES vote, in the same write.
-//!         staged.put(&lock_key(&key), &txid.to_be_bytes());
+//!         staged.put(&lock_key(&key), &txid.key_bytes());
 //!         staged.put(&pending_key(txid), payload);
 //!         Vote::Yes
 //!     }
 //!
-//!     fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+//!     fn commit(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
 //!         if let Some((key, value)) = pending(view, txid) {
 //!             staged.put(format!("value/{key}").as_bytes(), value.as_bytes());
 //!             staged.delete(&lock_key(&key));
@@ -140,7 +146,7 @@
 //!         staged.delete(&pending_key(txid));
 //!     }
 //!
-//!     fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+//!     fn abort(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
 //!         if let Some((key, _)) = pending(view, txid) {
 //!             staged.delete(&lock_key(&key));
 //!         }
@@ -200,6 +206,7 @@
 
 mod kv;
 pub mod log;
+pub use log::GlobalTxid;
 pub mod metrics;
 pub mod participant;
 #[cfg(feature = "postgres")]

@@ -30,14 +30,15 @@ use Kind::Gauge as G;
 pub const METRICS: &[Described] = &[
     m("dtx_participant_in_doubt", G, Unit::Count, "Transactions this participant holds in doubt: voted YES, decision not known yet (locks held), by participant."),
     m("dtx_participant_oldest_in_doubt_age_seconds", G, Unit::Seconds, "How long the oldest in-doubt transaction has held its YES vote, by participant; 0 when none."),
-    m("dtx_participant_recovery_lookups_total", C, Unit::Count, "In-doubt transactions recovery asked the cluster about, by outcome: commit, abort, unknown_presumed_abort (no record: rolled back), pending (undecided: still held), error (the cluster could not be asked)."),
+    m("dtx_participant_recovery_lookups_total", C, Unit::Count, "In-doubt transactions recovery asked the cluster about, by outcome: commit, abort, unknown_presumed_abort (no record: rolled back), pending (undecided: still held), other_incarnation (the cluster did not hand out this txid in the incarnation it came with: another cluster's, or from after the backup it was restored from; nothing presumed, still held for an operator), error (the cluster could not be asked)."),
     m("dtx_participant_recovery_errors_total", C, Unit::Count, "Recovery passes that could not list the in-doubt transactions (retried on the next pass)."),
     m("dtx_participant_log_inconsistencies_total", C, Unit::Count, "In-doubt index entries whose record is not in doubt (a damaged log); should stay 0."),
     m("dtx_participant_store_failures_total", C, Unit::Count, "Times the participant store stopped on a failed write or fsync, by disk_full; the service exits and is restarted."),
     m("dtx_participant_pg_prepared_open", G, Unit::Count, "PostgreSQL participant: its prepared transactions open in pg_prepared_xacts, by participant."),
     m("dtx_participant_pg_prepared_oldest_age_seconds", G, Unit::Seconds, "PostgreSQL participant: age of the oldest of them, by participant; 0 when none."),
-    m("dtx_step_calls_total", C, Unit::Count, "Saga step service calls, by call (forward, compensate, status) and outcome (ok, failed, noop, stale; applied, not_applied for status; invalid, error)."),
+    m("dtx_step_calls_total", C, Unit::Count, "Saga step service calls, by call (forward, compensate, status) and outcome (ok, failed, noop, stale; applied, not_applied for status; invalid, conflict, error)."),
     m("dtx_step_duplicates_total", C, Unit::Count, "Saga step calls whose operation id was answered before, by call (forward, compensate): answered from the inbox, the handler not run again."),
+    m("dtx_step_fingerprint_conflicts_total", C, Unit::Count, "Saga step calls refused because their operation id was recorded here with another fingerprint (other work under the same id), by call (forward, compensate); nothing was done."),
 ];
 
 /// Registers the HELP text and unit of every metric in [`METRICS`] and of

@@ -23,6 +23,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::log::GlobalTxid;
 use crate::log::LogEntry;
 use crate::log::Message;
 use crate::log::Refusal;
@@ -72,7 +73,7 @@ pub enum StoreError {
     #[error("participant resource unavailable: {0}")]
     Unavailable(String),
     #[error("participant log record for transaction {txid} is damaged: {message}")]
-    Damaged { txid: u64, message: String },
+    Damaged { txid: GlobalTxid, message: String },
     #[error(transparent)]
     Refused(#[from] Refusal),
     /// A write failed earlier, so the store takes no more requests (see
@@ -204,7 +205,7 @@ pub struct InDoubtSummary {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InspectQuery {
     /// Transactions to look up, answered in this order.
-    pub txids: Vec<u64>,
+    pub txids: Vec<GlobalTxid>,
     /// List the transactions held in doubt (at most `list_max`).
     pub in_doubt: bool,
     /// List this many of the most recent records (0: none).
@@ -216,7 +217,7 @@ pub struct InspectQuery {
 /// One record as `Participant::inspect` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InspectedRecord {
-    pub txid: u64,
+    pub txid: GlobalTxid,
     /// The durable record; `None` when there is none.
     pub entry: Option<LogEntry>,
     /// When the record got its current state (ms since the Unix epoch),
@@ -246,29 +247,29 @@ pub struct Inspection {
 /// I/O; none may answer before what its answer reports is durable.
 pub trait Participant: Send + Sync + 'static {
     /// One coordinator message (Prepare, Commit, Abort, CommitOnePhase) for
-    /// `txid`, with the Prepare's or CommitOnePhase's payload (empty for
+    /// `txid` (of its incarnation: see [`GlobalTxid`]), with the Prepare's or CommitOnePhase's payload (empty for
     /// the others), handled as [`crate::log::step`] says. A refusal is
     /// `Err(StoreError::Refused(_))`.
     fn handle(
         &self,
-        txid: u64,
+        txid: GlobalTxid,
         msg: Message,
         payload: &[u8],
     ) -> impl Future<Output = Result<Answer, StoreError>> + Send;
 
-    /// Many Prepares (txid, term, payload) at once: one result per item, in
+    /// Many Prepares (transaction, term, payload) at once: one result per item, in
     /// order, each what the item's own Prepare would have answered. The
     /// call fails as a whole only when nothing could be prepared.
     fn prepare_many(
         &self,
-        items: &[(u64, u64, &[u8])],
+        items: &[(GlobalTxid, u64, &[u8])],
     ) -> impl Future<Output = Result<Vec<Result<Verdict, StoreError>>, StoreError>> + Send;
 
     /// Many decisions at once: one result per item, in order, each what the
     /// item's own Commit or Abort would have answered.
     fn apply_decisions(
         &self,
-        items: &[(u64, PhaseTwo)],
+        items: &[(GlobalTxid, PhaseTwo)],
     ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send;
 
     /// Decisions and prepares that came in one PrepareMany message (ADR
@@ -282,8 +283,8 @@ pub trait Participant: Send + Sync + 'static {
     /// part does.
     fn apply_then_prepare(
         &self,
-        decisions: &[(u64, PhaseTwo)],
-        prepares: &[(u64, u64, &[u8])],
+        decisions: &[(GlobalTxid, PhaseTwo)],
+        prepares: &[(GlobalTxid, u64, &[u8])],
     ) -> impl Future<Output = Result<AcksAndVerdicts, StoreError>> + Send {
         async move {
             let acks = async {
@@ -300,7 +301,7 @@ pub trait Participant: Send + Sync + 'static {
 
     /// The record of `txid` as it is durably (for the coordinator's
     /// Inquire): `None` when there is none.
-    fn durable_entry(&self, txid: u64) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send;
+    fn durable_entry(&self, txid: GlobalTxid) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send;
 
     /// The transactions holding a YES vote without a known decision, whose
     /// vote is at least `age_min` old (votes from before this process
@@ -308,7 +309,7 @@ pub trait Participant: Send + Sync + 'static {
     fn in_doubt_older_than(
         &self,
         age_min: Duration,
-    ) -> impl Future<Output = Result<Vec<(u64, LogEntry)>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<(GlobalTxid, LogEntry)>, StoreError>> + Send;
 
     /// How many transactions hold a YES vote without a known decision now,
     /// and how long the oldest has held it (for the gauges
@@ -332,15 +333,15 @@ pub trait Participant: Send + Sync + 'static {
     /// candidates for [`Participant::forget_records`].
     fn gc_candidates_after(
         &self,
-        after: Option<(u64, u64)>,
+        after: Option<(u64, GlobalTxid)>,
         decided_before_ms: u64,
         max: usize,
-    ) -> impl Future<Output = Result<Vec<(u64, u64)>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<(u64, GlobalTxid)>, StoreError>> + Send;
 
     /// Removes the given records (from `gc_candidates_after`) that are still
     /// collectable; returns how many. Only once the cluster will send
     /// nothing more for them (`server::collect_decided` checks).
-    fn forget_records(&self, records: &[(u64, u64)]) -> impl Future<Output = Result<usize, StoreError>> + Send;
+    fn forget_records(&self, records: &[(u64, GlobalTxid)]) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
     /// Why the participant stopped taking requests for good (a store that
     /// can no longer write), if it has: recovery then stops too, and the
@@ -362,7 +363,7 @@ pub trait Participant: Send + Sync + 'static {
 impl<P: Participant> Participant for std::sync::Arc<P> {
     fn handle(
         &self,
-        txid: u64,
+        txid: GlobalTxid,
         msg: Message,
         payload: &[u8],
     ) -> impl Future<Output = Result<Answer, StoreError>> + Send {
@@ -371,34 +372,34 @@ impl<P: Participant> Participant for std::sync::Arc<P> {
 
     fn prepare_many(
         &self,
-        items: &[(u64, u64, &[u8])],
+        items: &[(GlobalTxid, u64, &[u8])],
     ) -> impl Future<Output = Result<Vec<Result<Verdict, StoreError>>, StoreError>> + Send {
         P::prepare_many(self, items)
     }
 
     fn apply_decisions(
         &self,
-        items: &[(u64, PhaseTwo)],
+        items: &[(GlobalTxid, PhaseTwo)],
     ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send {
         P::apply_decisions(self, items)
     }
 
     fn apply_then_prepare(
         &self,
-        decisions: &[(u64, PhaseTwo)],
-        prepares: &[(u64, u64, &[u8])],
+        decisions: &[(GlobalTxid, PhaseTwo)],
+        prepares: &[(GlobalTxid, u64, &[u8])],
     ) -> impl Future<Output = Result<AcksAndVerdicts, StoreError>> + Send {
         P::apply_then_prepare(self, decisions, prepares)
     }
 
-    fn durable_entry(&self, txid: u64) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send {
+    fn durable_entry(&self, txid: GlobalTxid) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send {
         P::durable_entry(self, txid)
     }
 
     fn in_doubt_older_than(
         &self,
         age_min: Duration,
-    ) -> impl Future<Output = Result<Vec<(u64, LogEntry)>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Vec<(GlobalTxid, LogEntry)>, StoreError>> + Send {
         P::in_doubt_older_than(self, age_min)
     }
 
@@ -408,14 +409,14 @@ impl<P: Participant> Participant for std::sync::Arc<P> {
 
     fn gc_candidates_after(
         &self,
-        after: Option<(u64, u64)>,
+        after: Option<(u64, GlobalTxid)>,
         decided_before_ms: u64,
         max: usize,
-    ) -> impl Future<Output = Result<Vec<(u64, u64)>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Vec<(u64, GlobalTxid)>, StoreError>> + Send {
         P::gc_candidates_after(self, after, decided_before_ms, max)
     }
 
-    fn forget_records(&self, records: &[(u64, u64)]) -> impl Future<Output = Result<usize, StoreError>> + Send {
+    fn forget_records(&self, records: &[(u64, GlobalTxid)]) -> impl Future<Output = Result<usize, StoreError>> + Send {
         P::forget_records(self, records)
     }
 

@@ -19,17 +19,32 @@
 //! # What is stored
 //!
 //! - The global transaction id (gid) of a prepared transaction is
-//!   `dtx:v1:<participant_id>:<txid>:<term>`, `term` being the term of the
-//!   Prepare that prepared it. Participant ids are checked at construction:
-//!   non-empty, no `:`, no control characters, at most
+//!   `dtx:v1:<participant_id>:<txid>:<term>` for a txid of incarnation 0
+//!   (as before incarnations, so transactions prepared then are still
+//!   found) and `dtx:v2:<participant_id>:<incarnation>:<txid>:<term>`
+//!   otherwise (the incarnation in 16 lowercase hex digits), `term` being
+//!   the term of the Prepare that prepared it. Participant ids are checked
+//!   at construction: non-empty, no `:`, no control characters, at most
 //!   [`MAX_PARTICIPANT_ID_LEN`] bytes (so the gid stays under PostgreSQL's
-//!   200-byte limit). Only gids with this participant's prefix in the
+//!   200-byte limit). Only gids with this participant's prefixes in the
 //!   current database are ever listed, committed or rolled back.
-//! - One table per database, created when missing:
+//! - Tables, created when missing:
 //!   `dtx_participant_log(participant text, txid bigint, state text,
 //!   term bigint, decided_ms bigint, primary key (participant, txid))`,
-//!   with an index on `(participant, decided_ms, txid)`. `txid` holds the
-//!   u64 txid's bits as a bigint. `state` is one of
+//!   with an index on `(participant, decided_ms, txid)`, for transactions
+//!   of incarnation 0 (unchanged since before incarnations: its rows, and
+//!   the markers inside transactions prepared then, keep their meaning);
+//!   `dtx_participant_log_inc`, the same with `incarnation bigint` in the
+//!   primary key `(participant, incarnation, txid)` and the index, for
+//!   every other incarnation (a table of its own rather than a column
+//!   added to the first: adding one needs a lock that every transaction
+//!   still prepared from before holds against it until its decision,
+//!   which only this participant can apply, so an upgrade with
+//!   transactions in doubt would never start); and
+//!   `dtx_participant_term_floor(participant text, incarnation bigint,
+//!   term bigint, primary key (participant, incarnation))`, the term floor
+//!   (below). `txid` and `incarnation` hold the u64s' bits as bigints.
+//!   `state` is one of
 //!   - `committed`: inserted by Prepare INSIDE the prepared transaction
 //!     (so it becomes visible exactly when `COMMIT PREPARED` commits the
 //!     work: a Commit redelivered after PostgreSQL forgot the gid finds it
@@ -50,6 +65,17 @@
 //! message from a lower term is refused ([`Refusal::StaleTerm`]). A Prepare
 //! repeated at a higher term while prepared answers YES but cannot raise
 //! the gid's term (a prepared transaction cannot be changed).
+//!
+//! The term floor of an incarnation is the highest term of any message of
+//! it this participant took; a Prepare or CommitOnePhase of a txid with
+//! neither gid nor row from a lower term is refused (a deposed leader's,
+//! which may re-send a one-phase commit whose row was garbage-collected).
+//! It is raised, in its own short transaction, before anything the message
+//! records is written (so it is never below a recorded term; a crash in
+//! between leaves it at a term a leader really sent), and never lowered:
+//! garbage collection leaves it. A database written before the floor
+//! existed gets incarnation 0's floor from its rows and prepared gids at
+//! the first start.
 //!
 //! Messages for the same txid are serialised inside the process (one async
 //! lock per txid); messages for different txids run concurrently, each on
@@ -76,6 +102,7 @@ pub use deadpool_postgres::Transaction;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
+use crate::log::GlobalTxid;
 use crate::log::LocalState;
 use crate::log::LogEntry;
 use crate::log::Message;
@@ -92,11 +119,18 @@ use crate::store::PhaseTwo;
 use crate::store::Reply;
 use crate::store::StoreError;
 
-/// The log table's name.
+/// The log table's name (transactions of incarnation 0).
 pub const LOG_TABLE: &str = "dtx_participant_log";
 
-/// The longest participant id: `dtx:v1:` + id + `:` + 20 digits + `:` +
-/// 20 digits stays under PostgreSQL's 200-byte gid limit.
+/// The log table of transactions of every other incarnation.
+pub const LOG_INC_TABLE: &str = "dtx_participant_log_inc";
+
+/// The term floors, one row per (participant, incarnation).
+pub const FLOOR_TABLE: &str = "dtx_participant_term_floor";
+
+/// The longest participant id: the longest gid, `dtx:v2:`, the id, `:`,
+/// 16 hex digits, `:`, 20 digits, `:` and 20 digits (194 bytes), stays
+/// under PostgreSQL's 200-byte gid limit.
 pub const MAX_PARTICIPANT_ID_LEN: usize = 128;
 
 /// What a handler's failure carries.
@@ -114,10 +148,13 @@ pub trait PgHandler: Send + Sync + 'static {
     /// (`SET LOCAL lock_timeout`, `NOWAIT`) and votes NO. Statements run
     /// on every Prepare are best prepared with `tx.prepare_cached(sql)`:
     /// a statement given as text costs an extra round trip each time.
+    ///
+    /// `txid` names the transaction with its incarnation: a handler that
+    /// keys rows by transaction (an apply log) keys them by both.
     fn prepare(
         &self,
         tx: &Transaction<'_>,
-        txid: u64,
+        txid: GlobalTxid,
         payload: &[u8],
     ) -> impl Future<Output = Result<Verdict, HandlerError>> + Send;
 }
@@ -219,7 +256,7 @@ struct Row {
 }
 
 impl Row {
-    fn local_state(&self, txid: u64) -> Result<LocalState, StoreError> {
+    fn local_state(&self, txid: GlobalTxid) -> Result<LocalState, StoreError> {
         Ok(match self.state.as_str() {
             st::COMMITTED => LocalState::Committed,
             st::ABORTED => LocalState::Aborted { tombstone: false },
@@ -281,21 +318,21 @@ fn stale(got: u64, seen: u64) -> Result<(), StoreError> {
     }
 }
 
-/// One async lock per txid with a message in flight.
+/// One async lock per transaction with a message in flight.
 #[derive(Default)]
 struct TxLocks {
-    map: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
+    map: Mutex<HashMap<GlobalTxid, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 struct TxGuard<'a> {
     locks: &'a TxLocks,
-    txid: u64,
+    txid: GlobalTxid,
     lock: Arc<tokio::sync::Mutex<()>>,
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl TxLocks {
-    async fn lock(&self, txid: u64) -> TxGuard<'_> {
+    async fn lock(&self, txid: GlobalTxid) -> TxGuard<'_> {
         let lock = {
             let mut map = self.map.lock().expect("txid lock map");
             map.entry(txid).or_default().clone()
@@ -327,9 +364,14 @@ pub struct PgParticipant<H: PgHandler> {
     pool: Pool,
     handler: H,
     id: String,
-    /// `dtx:v1:<id>:`
+    /// `dtx:v1:<id>:` (incarnation 0)
     prefix: String,
+    /// `dtx:v2:<id>:` (every other incarnation)
+    prefix_v2: String,
     locks: TxLocks,
+    /// The term floor of each incarnation as last read or written (one
+    /// process serves a participant id).
+    floors: Mutex<HashMap<u64, u64>>,
     /// The server's clock at start, in ms: votes prepared before it count as
     /// old for recovery.
     started_ms: i64,
@@ -494,8 +536,9 @@ impl<H: PgHandler> PgParticipant<H> {
             )));
         }
 
-        // The log table: create when missing, then check the rights on it.
-        let ddl = format!(
+        // The tables: each created when missing, then the rights on them
+        // checked.
+        let ddl_log = format!(
             "CREATE TABLE IF NOT EXISTS {LOG_TABLE} (
                  participant text NOT NULL,
                  txid bigint NOT NULL,
@@ -505,65 +548,130 @@ impl<H: PgHandler> PgParticipant<H> {
                  PRIMARY KEY (participant, txid));
              CREATE INDEX IF NOT EXISTS {LOG_TABLE}_decided ON {LOG_TABLE} (participant, decided_ms, txid);"
         );
-        let rights_hint = format!(
-            "the role {user} needs CREATE on the schema to create {LOG_TABLE} (or an owner creates it and grants \
-             SELECT, INSERT, UPDATE, DELETE on it to {user})"
+        let ddl_inc = format!(
+            "CREATE TABLE IF NOT EXISTS {LOG_INC_TABLE} (
+                 participant text NOT NULL,
+                 incarnation bigint NOT NULL,
+                 txid bigint NOT NULL,
+                 state text NOT NULL,
+                 term bigint NOT NULL,
+                 decided_ms bigint NOT NULL,
+                 PRIMARY KEY (participant, incarnation, txid));
+             CREATE INDEX IF NOT EXISTS {LOG_INC_TABLE}_decided
+                 ON {LOG_INC_TABLE} (participant, decided_ms, incarnation, txid);"
         );
-        // Created only when missing: CREATE ... IF NOT EXISTS checks the
-        // right to create in the schema even when the table exists, and a
-        // role may have been granted just the rows of an existing table.
-        let mut tries = 0;
-        loop {
-            let exists: bool = client
-                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&LOG_TABLE])
-                .await
-                .map_err(|e| open_err(format!("looking for the log table {LOG_TABLE}: {e}")))?
-                .get(0);
-            if exists {
-                break;
-            }
-            match client.batch_execute(&ddl).await {
-                Ok(()) => break,
-                Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-                    return Err(open_err(format!(
-                        "cannot create the log table {LOG_TABLE} in {dbname}: {}; {rights_hint}",
-                        e.as_db_error()
-                            .map(|d| d.message().to_string())
-                            .unwrap_or(e.to_string())
-                    )));
+        let ddl_floor = format!(
+            "CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} (
+                 participant text NOT NULL,
+                 incarnation bigint NOT NULL,
+                 term bigint NOT NULL,
+                 PRIMARY KEY (participant, incarnation));"
+        );
+        let mut started_ms = 0;
+        for (table, ddl) in [
+            (LOG_TABLE, &ddl_log),
+            (LOG_INC_TABLE, &ddl_inc),
+            (FLOOR_TABLE, &ddl_floor),
+        ] {
+            let rights_hint = format!(
+                "the role {user} needs CREATE on the schema to create {table} (or an owner creates it and grants \
+                 SELECT, INSERT, UPDATE, DELETE on it to {user})"
+            );
+            // Created only when missing: CREATE ... IF NOT EXISTS checks the
+            // right to create in the schema even when the table exists, and a
+            // role may have been granted just the rows of an existing table.
+            let mut tries = 0;
+            loop {
+                let exists: bool = client
+                    .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+                    .await
+                    .map_err(|e| open_err(format!("looking for the log table {table}: {e}")))?
+                    .get(0);
+                if exists {
+                    break;
                 }
-                // Two processes creating it at once: the loser sees a
-                // unique violation in the catalog; look again.
-                Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) && tries < 3 => tries += 1,
-                Err(e) => return Err(open_err(format!("creating the log table {LOG_TABLE}: {e}"))),
+                match client.batch_execute(ddl).await {
+                    Ok(()) => break,
+                    Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                        return Err(open_err(format!(
+                            "cannot create the log table {table} in {dbname}: {}; {rights_hint}",
+                            e.as_db_error()
+                                .map(|d| d.message().to_string())
+                                .unwrap_or(e.to_string())
+                        )));
+                    }
+                    // Two processes creating it at once: the loser sees a
+                    // unique violation in the catalog; look again.
+                    Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) && tries < 3 => tries += 1,
+                    Err(e) => return Err(open_err(format!("creating the log table {table}: {e}"))),
+                }
             }
+            let row = client
+                .query_one(
+                    "SELECT has_table_privilege($1, 'SELECT, INSERT, UPDATE, DELETE'),
+                            (extract(epoch from now()) * 1000)::bigint",
+                    &[&table],
+                )
+                .await
+                .map_err(|e| open_err(format!("checking the rights on {table}: {e}")))?;
+            let allowed: bool = row.get(0);
+            if !allowed {
+                return Err(open_err(format!(
+                    "the role {user} lacks SELECT, INSERT, UPDATE or DELETE on {table}; {rights_hint}"
+                )));
+            }
+            started_ms = row.get(1);
         }
-        let row = client
-            .query_one(
-                "SELECT has_table_privilege($1, 'SELECT, INSERT, UPDATE, DELETE'),
-                        (extract(epoch from now()) * 1000)::bigint",
-                &[&LOG_TABLE],
-            )
-            .await
-            .map_err(|e| open_err(format!("checking the rights on {LOG_TABLE}: {e}")))?;
-        let allowed: bool = row.get(0);
-        if !allowed {
-            return Err(open_err(format!(
-                "the role {user} lacks SELECT, INSERT, UPDATE or DELETE on {LOG_TABLE}; {rights_hint}"
-            )));
-        }
-        let started_ms: i64 = row.get(1);
-        drop(client);
-        Ok(PgParticipant {
+        let participant = PgParticipant {
             pool,
             handler,
             prefix: format!("dtx:v1:{}:", opts.participant_id),
+            prefix_v2: format!("dtx:v2:{}:", opts.participant_id),
             id: opts.participant_id,
             locks: TxLocks::default(),
+            floors: Mutex::new(HashMap::new()),
             started_ms,
             lock_timeout: opts.lock_timeout,
             target,
-        })
+        };
+        participant
+            .init_legacy_floor(&client)
+            .await
+            .map_err(|e| open_err(format!("setting the term floor of incarnation 0: {e}")))?;
+        drop(client);
+        Ok(participant)
+    }
+
+    /// Incarnation 0's term floor of a database written before floors
+    /// existed: the highest term of its rows and prepared gids, once (when
+    /// it has no floor row yet).
+    async fn init_legacy_floor(&self, c: &Client) -> Result<(), StoreError> {
+        let exists = c
+            .query_opt(
+                &format!("SELECT term FROM {FLOOR_TABLE} WHERE participant = $1 AND incarnation = 0"),
+                &[&self.id],
+            )
+            .await
+            .map_err(|e| pg_err("reading the term floor", &e))?
+            .is_some();
+        if exists {
+            return Ok(());
+        }
+        let from_rows: i64 = c
+            .query_one(
+                &format!("SELECT coalesce(max(term), 0) FROM {LOG_TABLE} WHERE participant = $1"),
+                &[&self.id],
+            )
+            .await
+            .map_err(|e| pg_err("reading the log", &e))?
+            .get(0);
+        let mut floor = from_rows.max(0) as u64;
+        for (txid, term) in self.prepared_gids(c).await? {
+            if txid.incarnation == 0 {
+                floor = floor.max(term);
+            }
+        }
+        self.raise_floor(c, 0, floor).await
     }
 
     pub fn participant_id(&self) -> &str {
@@ -580,16 +688,117 @@ impl<H: PgHandler> PgParticipant<H> {
         &self.pool
     }
 
-    /// The gid a Prepare of `txid` at `term` uses.
-    pub fn gid(&self, txid: u64, term: u64) -> String {
-        format!("{}{txid}:{term}", self.prefix)
+    /// The gid a Prepare of `txid` at `term` uses: `dtx:v1:<id>:<txid>:
+    /// <term>` for incarnation 0 (as before incarnations), `dtx:v2:<id>:
+    /// <incarnation, 16 hex digits>:<txid>:<term>` otherwise. A `u64` is
+    /// a txid of incarnation 0.
+    pub fn gid(&self, txid: impl Into<GlobalTxid>, term: u64) -> String {
+        format!("{}{term}", self.gid_prefix(txid.into()))
     }
 
-    /// (txid, term) of a gid with this participant's prefix.
-    fn parse_gid(&self, gid: &str) -> Option<(u64, u64)> {
-        let rest = gid.strip_prefix(&self.prefix)?;
-        let (txid, term) = rest.split_once(':')?;
-        Some((txid.parse().ok()?, term.parse().ok()?))
+    /// The start of every gid of `txid` (any term).
+    fn gid_prefix(&self, txid: GlobalTxid) -> String {
+        if txid.incarnation == 0 {
+            format!("{}{}:", self.prefix, txid.txid)
+        } else {
+            format!("{}{:016x}:{}:", self.prefix_v2, txid.incarnation, txid.txid)
+        }
+    }
+
+    /// (transaction, term) of a gid with one of this participant's
+    /// prefixes.
+    fn parse_gid(&self, gid: &str) -> Option<(GlobalTxid, u64)> {
+        if let Some(rest) = gid.strip_prefix(&self.prefix) {
+            let (txid, term) = rest.split_once(':')?;
+            return Some((GlobalTxid::new(0, txid.parse().ok()?), term.parse().ok()?));
+        }
+        let rest = gid.strip_prefix(&self.prefix_v2)?;
+        let mut parts = rest.split(':');
+        let (inc, txid, term) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || inc.len() != 16 {
+            return None;
+        }
+        let incarnation = u64::from_str_radix(inc, 16).ok().filter(|&i| i != 0)?;
+        Some((GlobalTxid::new(incarnation, txid.parse().ok()?), term.parse().ok()?))
+    }
+
+    /// Every prepared transaction of this participant in the current
+    /// database, as (transaction, term).
+    async fn prepared_gids(&self, c: &Client) -> Result<Vec<(GlobalTxid, u64)>, StoreError> {
+        let rows = c
+            .query(
+                "SELECT gid FROM pg_prepared_xacts
+                 WHERE database = current_database() AND (starts_with(gid, $1) OR starts_with(gid, $2))",
+                &[&self.prefix, &self.prefix_v2],
+            )
+            .await
+            .map_err(|e| pg_err("reading pg_prepared_xacts", &e))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| self.parse_gid(&r.get::<_, String>(0)))
+            .collect())
+    }
+
+    /// The term floor of `incarnation` (0: none yet), read once per
+    /// incarnation and then kept in memory (raised with every write).
+    async fn floor(&self, c: &Client, incarnation: u64) -> Result<u64, StoreError> {
+        if let Some(&f) = self.floors.lock().expect("floors").get(&incarnation) {
+            return Ok(f);
+        }
+        let st = c
+            .prepare_cached(&format!(
+                "SELECT term FROM {FLOOR_TABLE} WHERE participant = $1 AND incarnation = $2"
+            ))
+            .await
+            .map_err(|e| pg_err("reading the term floor", &e))?;
+        let term = c
+            .query_opt(&st, &[&self.id, &(incarnation as i64)])
+            .await
+            .map_err(|e| pg_err("reading the term floor", &e))?
+            .map(|r| r.get::<_, i64>(0) as u64)
+            .unwrap_or(0);
+        let mut floors = self.floors.lock().expect("floors");
+        let f = floors.entry(incarnation).or_insert(term);
+        *f = (*f).max(term);
+        Ok(*f)
+    }
+
+    /// Raises the term floor of `incarnation` to `term` (durably, in its
+    /// own transaction) unless it is there already.
+    async fn raise_floor(&self, c: &Client, incarnation: u64, term: u64) -> Result<(), StoreError> {
+        if self
+            .floors
+            .lock()
+            .expect("floors")
+            .get(&incarnation)
+            .is_some_and(|&f| f >= term)
+        {
+            return Ok(());
+        }
+        let st = c
+            .prepare_cached(&format!(
+                "INSERT INTO {FLOOR_TABLE} AS f (participant, incarnation, term) VALUES ($1, $2, $3)
+                 ON CONFLICT (participant, incarnation) DO UPDATE SET term = GREATEST(f.term, EXCLUDED.term)
+                 RETURNING term"
+            ))
+            .await
+            .map_err(|e| pg_err("raising the term floor", &e))?;
+        let now: i64 = c
+            .query_one(&st, &[&self.id, &(incarnation as i64), &(term as i64)])
+            .await
+            .map_err(|e| pg_err("raising the term floor", &e))?
+            .get(0);
+        let mut floors = self.floors.lock().expect("floors");
+        let f = floors.entry(incarnation).or_insert(0);
+        *f = (*f).max(now as u64);
+        Ok(())
+    }
+
+    /// The current term floor of `incarnation`, as known in this process
+    /// (for tests and tools).
+    pub async fn term_floor(&self, incarnation: u64) -> Result<u64, StoreError> {
+        let obj = self.conn().await?;
+        self.floor(&obj, incarnation).await
     }
 
     async fn conn(&self) -> Result<deadpool_postgres::Object, StoreError> {
@@ -599,8 +808,8 @@ impl<H: PgHandler> PgParticipant<H> {
             .map_err(|e| StoreError::Unavailable(format!("PostgreSQL at {}: no connection: {e}", self.target)))
     }
 
-    async fn prepared(&self, c: &Client, txid: u64) -> Result<Option<Prepared>, StoreError> {
-        let prefix = format!("{}{txid}:", self.prefix);
+    async fn prepared(&self, c: &Client, txid: GlobalTxid) -> Result<Option<Prepared>, StoreError> {
+        let prefix = self.gid_prefix(txid);
         let st = c
             .prepare_cached(
                 "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, $1)",
@@ -626,15 +835,14 @@ impl<H: PgHandler> PgParticipant<H> {
         Ok(best)
     }
 
-    async fn row(&self, c: &Client, txid: u64) -> Result<Option<Row>, StoreError> {
+    async fn row(&self, c: &Client, txid: GlobalTxid) -> Result<Option<Row>, StoreError> {
+        let (table, key) = log_key(txid);
         let st = c
-            .prepare_cached(&format!(
-                "SELECT state, term FROM {LOG_TABLE} WHERE participant = $1 AND txid = $2"
-            ))
+            .prepare_cached(&format!("SELECT state, term FROM {table} WHERE {key}"))
             .await
             .map_err(|e| pg_err("reading the log", &e))?;
         let r = c
-            .query_opt(&st, &[&self.id, &(txid as i64)])
+            .query_opt(&st, &[&self.id, &(txid.txid as i64), &(txid.incarnation as i64)])
             .await
             .map_err(|e| pg_err("reading the log", &e))?;
         Ok(r.map(|r| Row {
@@ -644,13 +852,17 @@ impl<H: PgHandler> PgParticipant<H> {
     }
 
     /// Inserts a decided row unless one exists; returns the row now there.
-    async fn record(&self, c: &Client, txid: u64, state: &str, term: u64) -> Result<Row, StoreError> {
+    async fn record(&self, c: &Client, txid: GlobalTxid, state: &str, term: u64) -> Result<Row, StoreError> {
         c.execute(
-            &format!(
-                "INSERT INTO {LOG_TABLE} (participant, txid, state, term, decided_ms) VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (participant, txid) DO NOTHING"
-            ),
-            &[&self.id, &(txid as i64), &state, &(term as i64), &now_ms()],
+            &format!("{} ON CONFLICT DO NOTHING", log_insert(txid)),
+            &[
+                &self.id,
+                &(txid.txid as i64),
+                &(txid.incarnation as i64),
+                &state,
+                &(term as i64),
+                &now_ms(),
+            ],
         )
         .await
         .map_err(|e| pg_err("writing the log", &e))?;
@@ -661,10 +873,16 @@ impl<H: PgHandler> PgParticipant<H> {
     }
 
     /// Raises the row's term to `term` (after an accepted message).
-    async fn raise_term(&self, c: &Client, txid: u64, term: u64) -> Result<(), StoreError> {
+    async fn raise_term(&self, c: &Client, txid: GlobalTxid, term: u64) -> Result<(), StoreError> {
+        let (table, key) = log_key(txid);
         c.execute(
-            &format!("UPDATE {LOG_TABLE} SET term = $3 WHERE participant = $1 AND txid = $2 AND term < $3"),
-            &[&self.id, &(txid as i64), &(term as i64)],
+            &format!("UPDATE {table} SET term = $4 WHERE {key} AND term < $4"),
+            &[
+                &self.id,
+                &(txid.txid as i64),
+                &(txid.incarnation as i64),
+                &(term as i64),
+            ],
         )
         .await
         .map_err(|e| pg_err("writing the log", &e))?;
@@ -677,7 +895,7 @@ impl<H: PgHandler> PgParticipant<H> {
     async fn run_handler<'c>(
         &self,
         c: &'c mut Client,
-        txid: u64,
+        txid: GlobalTxid,
         term: u64,
         payload: &[u8],
         keep_read_only: bool,
@@ -702,17 +920,15 @@ impl<H: PgHandler> PgParticipant<H> {
         // violation (then NO); a wait on it is bounded.
         let set = format!("SET LOCAL lock_timeout = '{}ms'", self.lock_timeout.as_millis().max(1));
         let insert = tx
-            .prepare_cached(&format!(
-                "INSERT INTO {LOG_TABLE} (participant, txid, state, term, decided_ms) VALUES ($1, $2, $3, $4, $5)"
-            ))
+            .prepare_cached(&log_insert(txid))
             .await
             .map_err(|e| pg_err("writing the commit marker", &e))?;
         // One round trip for both: tokio-postgres sends the two in the
         // order they are first polled (the SET first) and PostgreSQL runs
         // them in that order; the INSERT's result is read after the SET's.
-        let (txid_i, term_i, at_ms) = (txid as i64, term as i64, now_ms());
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-            [&self.id, &txid_i, &st::COMMITTED, &term_i, &at_ms];
+        let (txid_i, inc_i, term_i, at_ms) = (txid.txid as i64, txid.incarnation as i64, term as i64, now_ms());
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&self.id, &txid_i, &inc_i, &st::COMMITTED, &term_i, &at_ms];
         let (set_done, inserted) = tokio::join!(tx.batch_execute(&set), tx.execute(&insert, &params));
         if let Err(e) = set_done {
             let _ = tx.rollback().await;
@@ -738,7 +954,14 @@ impl<H: PgHandler> PgParticipant<H> {
         }
     }
 
-    async fn on_prepare(&self, c: &mut Client, txid: u64, term: u64, payload: &[u8]) -> Result<Answer, StoreError> {
+    async fn on_prepare(
+        &self,
+        c: &mut Client,
+        txid: GlobalTxid,
+        term: u64,
+        floor: u64,
+        payload: &[u8],
+    ) -> Result<Answer, StoreError> {
         // Both look-ups in one round trip (pipelined on the connection);
         // a prepared transaction wins over the row, as if read in turn.
         let (prepared, row) = tokio::try_join!(self.prepared(c, txid), self.row(c, txid))?;
@@ -749,6 +972,8 @@ impl<H: PgHandler> PgParticipant<H> {
         if let Some(row) = row {
             return self.repeat_prepare(c, txid, term, row).await;
         }
+        // Nothing here: below the term floor it is a deposed leader's.
+        stale(term, floor)?;
         let (verdict, tx) = self.run_handler(c, txid, term, payload, false).await?;
         if let (Vote::Yes, Some(tx)) = (verdict.vote, tx) {
             let gid = self.gid(txid, term);
@@ -779,7 +1004,7 @@ impl<H: PgHandler> PgParticipant<H> {
     }
 
     /// A Prepare that finds a decided row.
-    async fn repeat_prepare(&self, c: &Client, txid: u64, term: u64, row: Row) -> Result<Answer, StoreError> {
+    async fn repeat_prepare(&self, c: &Client, txid: GlobalTxid, term: u64, row: Row) -> Result<Answer, StoreError> {
         stale(term, row.term)?;
         self.raise_term(c, txid, term).await?;
         Ok(match row.local_state(txid)? {
@@ -792,7 +1017,7 @@ impl<H: PgHandler> PgParticipant<H> {
         })
     }
 
-    async fn on_commit(&self, c: &Client, txid: u64, term: u64) -> Result<Answer, StoreError> {
+    async fn on_commit(&self, c: &Client, txid: GlobalTxid, term: u64) -> Result<Answer, StoreError> {
         // The usual Commit comes in the term of its Prepare: its gid is
         // known without reading pg_prepared_xacts (one round trip, and no
         // scan of every prepared transaction). A txid is prepared under one
@@ -842,7 +1067,7 @@ impl<H: PgHandler> PgParticipant<H> {
         }
     }
 
-    async fn on_abort(&self, c: &mut Client, txid: u64, term: u64) -> Result<Answer, StoreError> {
+    async fn on_abort(&self, c: &mut Client, txid: GlobalTxid, term: u64) -> Result<Answer, StoreError> {
         // A Prepare of this txid in another session may hold the row's
         // lock (its marker) until it prepares; then the wait would last
         // until the decision. Wait briefly, then look for its gid again.
@@ -873,11 +1098,15 @@ impl<H: PgHandler> PgParticipant<H> {
             tx.batch_execute(&set).await.map_err(|e| pg_err("SET LOCAL", &e))?;
             let res = tx
                 .execute(
-                    &format!(
-                        "INSERT INTO {LOG_TABLE} (participant, txid, state, term, decided_ms) VALUES ($1, $2, $3, $4, $5)
-                         ON CONFLICT (participant, txid) DO NOTHING"
-                    ),
-                    &[&self.id, &(txid as i64), &st::TOMBSTONE, &(term as i64), &now_ms()],
+                    &format!("{} ON CONFLICT DO NOTHING", log_insert(txid)),
+                    &[
+                        &self.id,
+                        &(txid.txid as i64),
+                        &(txid.incarnation as i64),
+                        &st::TOMBSTONE,
+                        &(term as i64),
+                        &now_ms(),
+                    ],
                 )
                 .await;
             match res {
@@ -902,7 +1131,14 @@ impl<H: PgHandler> PgParticipant<H> {
         )))
     }
 
-    async fn on_one_phase(&self, c: &mut Client, txid: u64, term: u64, payload: &[u8]) -> Result<Answer, StoreError> {
+    async fn on_one_phase(
+        &self,
+        c: &mut Client,
+        txid: GlobalTxid,
+        term: u64,
+        floor: u64,
+        payload: &[u8],
+    ) -> Result<Answer, StoreError> {
         if let Some(p) = self.prepared(c, txid).await? {
             // Prepared YES, no decision known here: the one-phase commit is
             // the decision.
@@ -921,6 +1157,10 @@ impl<H: PgHandler> PgParticipant<H> {
                 LocalState::Aborted { .. } => Answer::no(format!("transaction {txid} was already aborted here")),
             });
         }
+        // Nothing here: below the term floor it is a deposed leader's
+        // (whose one-phase commit may have been applied and its row
+        // collected since).
+        stale(term, floor)?;
         let (verdict, tx) = self.run_handler(c, txid, term, payload, true).await?;
         if let Some(tx) = tx {
             tx.commit().await.map_err(|e| pg_err("COMMIT", &e))?;
@@ -935,20 +1175,59 @@ impl<H: PgHandler> PgParticipant<H> {
     }
 }
 
+/// The table of `txid`'s log row and the condition that selects it, on
+/// the parameters $1 participant, $2 txid, $3 incarnation (always bound;
+/// incarnation 0's table has no such column, and its condition checks
+/// the parameter is 0).
+fn log_key(txid: GlobalTxid) -> (&'static str, &'static str) {
+    if txid.incarnation == 0 {
+        (LOG_TABLE, "participant = $1 AND txid = $2 AND $3::bigint = 0")
+    } else {
+        (LOG_INC_TABLE, "participant = $1 AND txid = $2 AND incarnation = $3")
+    }
+}
+
+/// An INSERT of `txid`'s log row on $1 participant, $2 txid, $3
+/// incarnation, $4 state, $5 term, $6 decided_ms (in its incarnation's
+/// table); `ON CONFLICT ...` may follow.
+fn log_insert(txid: GlobalTxid) -> String {
+    if txid.incarnation == 0 {
+        format!(
+            "INSERT INTO {LOG_TABLE} (participant, txid, state, term, decided_ms)
+             SELECT $1::text, $2::bigint, $4::text, $5::bigint, $6::bigint WHERE $3::bigint = 0"
+        )
+    } else {
+        format!(
+            "INSERT INTO {LOG_INC_TABLE} (participant, txid, incarnation, state, term, decided_ms)
+             VALUES ($1, $2, $3, $4, $5, $6)"
+        )
+    }
+}
+
 impl<H: PgHandler> Participant for PgParticipant<H> {
-    async fn handle(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Answer, StoreError> {
+    async fn handle(&self, txid: GlobalTxid, msg: Message, payload: &[u8]) -> Result<Answer, StoreError> {
         let _serial = self.locks.lock(txid).await;
         let mut obj = self.conn().await?;
         let c: &mut Client = &mut obj;
+        // The floor is raised before anything this message records is
+        // written (never below a recorded term), and only by a term above
+        // it (which no floor check refuses).
+        let floor = self.floor(c, txid.incarnation).await?;
+        if msg.term() > floor {
+            self.raise_floor(c, txid.incarnation, msg.term()).await?;
+        }
         match msg {
-            Message::Prepare { term } => self.on_prepare(c, txid, term, payload).await,
+            Message::Prepare { term } => self.on_prepare(c, txid, term, floor, payload).await,
             Message::Commit { term } => self.on_commit(c, txid, term).await,
             Message::Abort { term } => self.on_abort(c, txid, term).await,
-            Message::CommitOnePhase { term } => self.on_one_phase(c, txid, term, payload).await,
+            Message::CommitOnePhase { term } => self.on_one_phase(c, txid, term, floor, payload).await,
         }
     }
 
-    async fn prepare_many(&self, items: &[(u64, u64, &[u8])]) -> Result<Vec<Result<Verdict, StoreError>>, StoreError> {
+    async fn prepare_many(
+        &self,
+        items: &[(GlobalTxid, u64, &[u8])],
+    ) -> Result<Vec<Result<Verdict, StoreError>>, StoreError> {
         let results = futures::future::join_all(items.iter().map(|&(txid, term, payload)| async move {
             let a = self.handle(txid, Message::Prepare { term }, payload).await?;
             match a.reply {
@@ -969,7 +1248,10 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
         Ok(results)
     }
 
-    async fn apply_decisions(&self, items: &[(u64, PhaseTwo)]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    async fn apply_decisions(
+        &self,
+        items: &[(GlobalTxid, PhaseTwo)],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
         let results = futures::future::join_all(
             items
                 .iter()
@@ -979,7 +1261,7 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
         Ok(results)
     }
 
-    async fn durable_entry(&self, txid: u64) -> Result<Option<LogEntry>, StoreError> {
+    async fn durable_entry(&self, txid: GlobalTxid) -> Result<Option<LogEntry>, StoreError> {
         let obj = self.conn().await?;
         if let Some(p) = self.prepared(&obj, txid).await? {
             return Ok(Some(LogEntry {
@@ -1005,8 +1287,8 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
             .query_one(
                 "SELECT count(*), coalesce(max((extract(epoch from now() - prepared) * 1000)::bigint), -1)
                  FROM pg_prepared_xacts
-                 WHERE database = current_database() AND starts_with(gid, $1)",
-                &[&self.prefix],
+                 WHERE database = current_database() AND (starts_with(gid, $1) OR starts_with(gid, $2))",
+                &[&self.prefix, &self.prefix_v2],
             )
             .await
             .map_err(|e| pg_err("counting pg_prepared_xacts", &e))?;
@@ -1018,16 +1300,16 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
         })
     }
 
-    async fn in_doubt_older_than(&self, age_min: Duration) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+    async fn in_doubt_older_than(&self, age_min: Duration) -> Result<Vec<(GlobalTxid, LogEntry)>, StoreError> {
         let obj = self.conn().await?;
         let rows = obj
             .query(
                 "SELECT gid, (extract(epoch from prepared) * 1000)::bigint,
                         (extract(epoch from now() - prepared) * 1000)::bigint
                  FROM pg_prepared_xacts
-                 WHERE database = current_database() AND starts_with(gid, $1)
+                 WHERE database = current_database() AND (starts_with(gid, $1) OR starts_with(gid, $2))
                  ORDER BY prepared",
-                &[&self.prefix],
+                &[&self.prefix, &self.prefix_v2],
             )
             .await
             .map_err(|e| pg_err("reading pg_prepared_xacts", &e))?;
@@ -1062,28 +1344,35 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
 
     async fn gc_candidates_after(
         &self,
-        after: Option<(u64, u64)>,
+        after: Option<(u64, GlobalTxid)>,
         decided_before_ms: u64,
         max: usize,
-    ) -> Result<Vec<(u64, u64)>, StoreError> {
+    ) -> Result<Vec<(u64, GlobalTxid)>, StoreError> {
         let obj = self.conn().await?;
-        let (a_ms, a_txid, has_after) = match after {
-            Some((ms, txid)) => (ms as i64, txid as i64, true),
-            None => (0, 0, false),
+        let (a_ms, a_inc, a_txid, has_after) = match after {
+            Some((ms, t)) => (ms as i64, t.incarnation as i64, t.txid as i64, true),
+            None => (0, 0, 0, false),
         };
+        // Both tables, in one order: (decided_ms, incarnation, txid), the
+        // cursor compared in the same order.
         let rows = obj
             .query(
                 &format!(
-                    "SELECT decided_ms, txid FROM {LOG_TABLE}
-                     WHERE participant = $1 AND decided_ms <= $2
-                       AND (NOT $3 OR (decided_ms, txid) > ($4, $5))
-                     ORDER BY decided_ms, txid LIMIT $6"
+                    "SELECT decided_ms, incarnation, txid FROM (
+                         SELECT decided_ms, 0::bigint AS incarnation, txid FROM {LOG_TABLE}
+                          WHERE participant = $1 AND decided_ms <= $2
+                         UNION ALL
+                         SELECT decided_ms, incarnation, txid FROM {LOG_INC_TABLE}
+                          WHERE participant = $1 AND decided_ms <= $2) AS l
+                     WHERE NOT $3 OR (decided_ms, incarnation, txid) > ($4, $5, $6)
+                     ORDER BY decided_ms, incarnation, txid LIMIT $7"
                 ),
                 &[
                     &self.id,
                     &(decided_before_ms.min(i64::MAX as u64) as i64),
                     &has_after,
                     &a_ms,
+                    &a_inc,
                     &a_txid,
                     &(max.min(i64::MAX as usize) as i64),
                 ],
@@ -1092,7 +1381,12 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
             .map_err(|e| pg_err("reading the log", &e))?;
         Ok(rows
             .into_iter()
-            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
+            .map(|r| {
+                (
+                    r.get::<_, i64>(0) as u64,
+                    GlobalTxid::new(r.get::<_, i64>(1) as u64, r.get::<_, i64>(2) as u64),
+                )
+            })
             .collect())
     }
 
@@ -1109,13 +1403,13 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
                 "SELECT gid, (extract(epoch from prepared) * 1000)::bigint,
                         (extract(epoch from now() - prepared) * 1000)::bigint
                  FROM pg_prepared_xacts
-                 WHERE database = current_database() AND starts_with(gid, $1)",
-                &[&self.prefix],
+                 WHERE database = current_database() AND (starts_with(gid, $1) OR starts_with(gid, $2))",
+                &[&self.prefix, &self.prefix_v2],
             )
             .await
             .map_err(|e| pg_err("reading pg_prepared_xacts", &e))?;
         // txid -> (term, prepared ms, age ms): the highest term's gid.
-        let mut prepared: HashMap<u64, (u64, i64, i64)> = HashMap::new();
+        let mut prepared: HashMap<GlobalTxid, (u64, i64, i64)> = HashMap::new();
         for r in prepared_rows {
             let gid: String = r.get(0);
             let Some((txid, term)) = self.parse_gid(&gid) else {
@@ -1126,7 +1420,7 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
                 prepared.insert(txid, (term, at, age));
             }
         }
-        let as_prepared = |txid: u64, (term, at, _): (u64, i64, i64)| InspectedRecord {
+        let as_prepared = |txid: GlobalTxid, (term, at, _): (u64, i64, i64)| InspectedRecord {
             txid,
             entry: Some(LogEntry {
                 state: LocalState::Prepared { vote: Vote::Yes },
@@ -1134,36 +1428,51 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
             }),
             recorded_unix_ms: u64::try_from(at).ok(),
         };
-        let as_row = |txid: u64, state: String, term: i64, decided_ms: i64| -> Result<InspectedRecord, StoreError> {
-            let row = Row {
-                state,
-                term: term as u64,
+        let as_row =
+            |txid: GlobalTxid, state: String, term: i64, decided_ms: i64| -> Result<InspectedRecord, StoreError> {
+                let row = Row {
+                    state,
+                    term: term as u64,
+                };
+                Ok(InspectedRecord {
+                    txid,
+                    entry: Some(LogEntry {
+                        state: row.local_state(txid)?,
+                        term: row.term,
+                    }),
+                    recorded_unix_ms: u64::try_from(decided_ms).ok(),
+                })
             };
-            Ok(InspectedRecord {
-                txid,
-                entry: Some(LogEntry {
-                    state: row.local_state(txid)?,
-                    term: row.term,
-                }),
-                recorded_unix_ms: u64::try_from(decided_ms).ok(),
-            })
-        };
-        let select = format!("SELECT txid, state, term, decided_ms FROM {LOG_TABLE} WHERE participant = $1");
-        let mut rows: HashMap<u64, InspectedRecord> = HashMap::new();
-        let unprepared: Vec<i64> = q
+        // Both tables as one: (incarnation, txid, state, term, decided_ms).
+        let select = format!(
+            "SELECT incarnation, txid, state, term, decided_ms FROM (
+                 SELECT 0::bigint AS incarnation, txid, state, term, decided_ms FROM {LOG_TABLE}
+                  WHERE participant = $1
+                 UNION ALL
+                 SELECT incarnation, txid, state, term, decided_ms FROM {LOG_INC_TABLE}
+                  WHERE participant = $1) AS l"
+        );
+        let txid_of = |r: &tokio_postgres::Row| GlobalTxid::new(r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64);
+        let mut rows: HashMap<GlobalTxid, InspectedRecord> = HashMap::new();
+        let (unprepared_inc, unprepared_txid): (Vec<i64>, Vec<i64>) = q
             .txids
             .iter()
             .filter(|t| !prepared.contains_key(t))
-            .map(|&t| t as i64)
-            .collect();
-        if !unprepared.is_empty() {
+            .map(|t| (t.incarnation as i64, t.txid as i64))
+            .unzip();
+        if !unprepared_txid.is_empty() {
             for r in obj
-                .query(&format!("{select} AND txid = ANY($2)"), &[&self.id, &unprepared])
+                .query(
+                    &format!(
+                        "{select} WHERE (incarnation, txid) IN (SELECT * FROM unnest($2::bigint[], $3::bigint[]))"
+                    ),
+                    &[&self.id, &unprepared_inc, &unprepared_txid],
+                )
                 .await
                 .map_err(|e| pg_err("reading the log", &e))?
             {
-                let txid = r.get::<_, i64>(0) as u64;
-                rows.insert(txid, as_row(txid, r.get(1), r.get(2), r.get(3))?);
+                let txid = txid_of(&r);
+                rows.insert(txid, as_row(txid, r.get(2), r.get(3), r.get(4))?);
             }
         }
         let records = q
@@ -1185,15 +1494,15 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
             let limit = q.recent.min(i64::MAX as usize) as i64;
             for r in obj
                 .query(
-                    &format!("{select} ORDER BY decided_ms DESC, txid DESC LIMIT $2"),
+                    &format!("{select} ORDER BY decided_ms DESC, incarnation DESC, txid DESC LIMIT $2"),
                     &[&self.id, &limit],
                 )
                 .await
                 .map_err(|e| pg_err("reading the log", &e))?
             {
-                let txid = r.get::<_, i64>(0) as u64;
+                let txid = txid_of(&r);
                 if !prepared.contains_key(&txid) {
-                    recent.push(as_row(txid, r.get(1), r.get(2), r.get(3))?);
+                    recent.push(as_row(txid, r.get(2), r.get(3), r.get(4))?);
                 }
             }
             recent.extend(doubt.iter().copied());
@@ -1202,7 +1511,10 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
         }
         let rows_total: i64 = obj
             .query_one(
-                &format!("SELECT count(*) FROM {LOG_TABLE} WHERE participant = $1"),
+                &format!(
+                    "SELECT (SELECT count(*) FROM {LOG_TABLE} WHERE participant = $1)
+                          + (SELECT count(*) FROM {LOG_INC_TABLE} WHERE participant = $1)"
+                ),
                 &[&self.id],
             )
             .await
@@ -1232,14 +1544,16 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
         })
     }
 
-    async fn forget_records(&self, records: &[(u64, u64)]) -> Result<usize, StoreError> {
+    /// The term floors are kept.
+    async fn forget_records(&self, records: &[(u64, GlobalTxid)]) -> Result<usize, StoreError> {
         let obj = self.conn().await?;
         let mut n = 0;
         for &(ms, txid) in records {
+            let (table, key) = log_key(txid);
             n += obj
                 .execute(
-                    &format!("DELETE FROM {LOG_TABLE} WHERE participant = $1 AND txid = $2 AND decided_ms = $3"),
-                    &[&self.id, &(txid as i64), &(ms as i64)],
+                    &format!("DELETE FROM {table} WHERE {key} AND decided_ms = $4"),
+                    &[&self.id, &(txid.txid as i64), &(txid.incarnation as i64), &(ms as i64)],
                 )
                 .await
                 .map_err(|e| pg_err("forgetting log records", &e))? as usize;

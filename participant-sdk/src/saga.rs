@@ -622,6 +622,13 @@ pub enum StepError {
     /// for the other kind of call); nothing was done.
     #[error("{0}")]
     Invalid(String),
+    /// The operation id is recorded here for another request: a repeat
+    /// whose fingerprint differs from the recorded one (the same id reused
+    /// for other work: another saga's, another cluster's, or a cluster's
+    /// from before a restore). Refused, nothing done, never answered with
+    /// the other request's reply (FAILED_PRECONDITION).
+    #[error("{0}")]
+    Conflict(String),
 }
 
 /// What the store's inbox and outbox hold ([`StepStore::stats`]).
@@ -1206,6 +1213,7 @@ pub fn step_error_status(e: StepError) -> Status {
     match e {
         StepError::Invalid(m) if m.contains(" call here, not a ") => Status::failed_precondition(m),
         StepError::Invalid(m) => Status::invalid_argument(m),
+        StepError::Conflict(m) => Status::failed_precondition(m),
         StepError::Store(StoreError::Stopped(f)) => Status::unavailable(f.to_string()),
         StepError::Store(StoreError::Io(m) | StoreError::Unavailable(m)) => Status::unavailable(m),
         StepError::Store(other) => Status::internal(other.to_string()),
@@ -1269,6 +1277,7 @@ pub(crate) fn count_call(call: &'static str, answer: &Result<StepResult, StepErr
     let outcome = match answer {
         Ok(r) => r.label(),
         Err(StepError::Invalid(_)) => "invalid",
+        Err(StepError::Conflict(_)) => "conflict",
         Err(StepError::Store(_)) => "error",
     };
     metrics::counter!("dtx_step_calls_total", "call" => call, "outcome" => outcome).increment(1);
@@ -1280,6 +1289,7 @@ pub(crate) fn count_lookup(call: &'static str, answer: &Result<Option<StepRecord
         Ok(Some(_)) => "applied",
         Ok(None) => "not_applied",
         Err(StepError::Invalid(_)) => "invalid",
+        Err(StepError::Conflict(_)) => "conflict",
         Err(StepError::Store(_)) => "error",
     };
     metrics::counter!("dtx_step_calls_total", "call" => call, "outcome" => outcome).increment(1);
@@ -1300,8 +1310,10 @@ pub(crate) fn check_call(kind: CallKind, call: &StepCall) -> Result<(), StepErro
 }
 
 /// A call whose operation id has record `rec` here: refused when it was
-/// the other kind of call; a changed fingerprint is logged (the recorded
-/// reply is answered). Counts the duplicate.
+/// the other kind of call, and when both carry a fingerprint and they
+/// differ (`StepError::Conflict`: the id names other work; answering the
+/// recorded reply would report another request's outcome as this one's).
+/// Counts the duplicate.
 pub(crate) fn check_repeat(kind: CallKind, call: &StepCall, rec: &StepRecord) -> Result<(), StepError> {
     if rec.kind != kind {
         return Err(StepError::Invalid(format!(
@@ -1314,10 +1326,16 @@ pub(crate) fn check_repeat(kind: CallKind, call: &StepCall, rec: &StepRecord) ->
     if !call.fingerprint.is_empty() && !rec.fingerprint.is_empty() && call.fingerprint != rec.fingerprint {
         warn!(
             operation_id = %call.operation_id,
-            "a repeated operation id carries another fingerprint ({} recorded, {} now); answering the recorded reply",
+            "refused: a repeated operation id carries another fingerprint ({} recorded, {} now)",
             rec.fingerprint,
             call.fingerprint
         );
+        metrics::counter!("dtx_step_fingerprint_conflicts_total", "call" => kind.as_str()).increment(1);
+        return Err(StepError::Conflict(format!(
+            "operation id {:?} is recorded here for another request (fingerprint {} recorded, {} in this call); \
+             refused, nothing done",
+            call.operation_id, rec.fingerprint, call.fingerprint
+        )));
     }
     metrics::counter!("dtx_step_duplicates_total", "call" => kind.as_str()).increment(1);
     Ok(())

@@ -19,6 +19,7 @@ use tracing::error;
 use tracing::info;
 use tracing::warn;
 
+use crate::log::GlobalTxid;
 use crate::log::LocalState;
 use crate::log::LogEntry;
 use crate::log::Message;
@@ -67,7 +68,7 @@ impl<P: Participant> ParticipantServer<P> {
         &self,
         items: &[pb::DecisionItem],
         message: &str,
-    ) -> Result<(Vec<Option<Result<(), Status>>>, Vec<(u64, PhaseTwo)>), Status> {
+    ) -> Result<(Vec<Option<Result<(), Status>>>, Vec<(GlobalTxid, PhaseTwo)>), Status> {
         let max = dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX;
         if items.len() > max {
             return Err(Status::invalid_argument(format!(
@@ -94,12 +95,12 @@ impl<P: Participant> ParticipantServer<P> {
                 continue;
             }
             answers.push(None);
-            valid.push((it.txid, decision));
+            valid.push((GlobalTxid::new(it.incarnation, it.txid), decision));
         }
         Ok((answers, valid))
     }
 
-    async fn run(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Answer, Status> {
+    async fn run(&self, txid: GlobalTxid, msg: Message, payload: &[u8]) -> Result<Answer, Status> {
         self.store
             .handle(txid, msg, payload)
             .await
@@ -109,12 +110,16 @@ impl<P: Participant> ParticipantServer<P> {
 
 /// The gRPC status of one message's failure: a refusal (logged: at info
 /// for fencing, at warn for a protocol violation) or a store error.
-fn message_status(txid: u64, e: StoreError) -> Status {
+fn message_status(txid: GlobalTxid, e: StoreError) -> Status {
     match e {
         StoreError::Refused(r) => {
             match r {
-                Refusal::StaleTerm { .. } => info!(txid, "refused: {r}"),
-                _ => warn!(txid, "protocol violation refused: {r}"),
+                Refusal::StaleTerm { .. } => info!(txid = txid.txid, incarnation = txid.incarnation, "refused: {r}"),
+                _ => warn!(
+                    txid = txid.txid,
+                    incarnation = txid.incarnation,
+                    "protocol violation refused: {r}"
+                ),
             }
             refusal_status(&r)
         }
@@ -149,7 +154,7 @@ fn item_result(answer: Result<(), Status>) -> pb::DecisionItemResult {
 /// `valid`).
 fn decision_results(
     answers: Vec<Option<Result<(), Status>>>,
-    valid: &[(u64, PhaseTwo)],
+    valid: &[(GlobalTxid, PhaseTwo)],
     applied: Vec<Result<(), StoreError>>,
 ) -> Vec<pb::DecisionItemResult> {
     let mut applied = valid.iter().zip(applied);
@@ -242,7 +247,8 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
     async fn prepare(&self, req: Request<pb::PrepareRequest>) -> Result<Response<pb::PrepareResponse>, Status> {
         let r = req.into_inner();
         self.check_target(&r.participant_id)?;
-        let answer = self.run(r.txid, Message::Prepare { term: r.term }, &r.payload).await?;
+        let txid = GlobalTxid::new(r.incarnation, r.txid);
+        let answer = self.run(txid, Message::Prepare { term: r.term }, &r.payload).await?;
         match answer.reply {
             Reply::Vote(vote) => Ok(Response::new(prepare_response(Verdict {
                 vote,
@@ -258,8 +264,9 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
     ) -> Result<Response<pb::OnePhaseResponse>, Status> {
         let r = req.into_inner();
         self.check_target(&r.participant_id)?;
+        let txid = GlobalTxid::new(r.incarnation, r.txid);
         let answer = self
-            .run(r.txid, Message::CommitOnePhase { term: r.term }, &r.payload)
+            .run(txid, Message::CommitOnePhase { term: r.term }, &r.payload)
             .await?;
         match answer.reply {
             Reply::Ack => Ok(Response::new(pb::OnePhaseResponse {
@@ -280,7 +287,8 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
     ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
         let r = req.into_inner();
         self.check_target(&r.participant_id)?;
-        self.run(r.txid, Message::Commit { term: r.term }, b"").await?;
+        let txid = GlobalTxid::new(r.incarnation, r.txid);
+        self.run(txid, Message::Commit { term: r.term }, b"").await?;
         Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
     }
 
@@ -290,7 +298,8 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
     ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
         let r = req.into_inner();
         self.check_target(&r.participant_id)?;
-        self.run(r.txid, Message::Abort { term: r.term }, b"").await?;
+        let txid = GlobalTxid::new(r.incarnation, r.txid);
+        self.run(txid, Message::Abort { term: r.term }, b"").await?;
         Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
     }
 
@@ -332,7 +341,7 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
                 continue;
             }
             answers.push(None);
-            valid.push((it.txid, it.term, it.payload.as_slice()));
+            valid.push((GlobalTxid::new(it.incarnation, it.txid), it.term, it.payload.as_slice()));
         }
         let (applied, votes) = self
             .store
@@ -361,7 +370,8 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
         self.check_target(&r.participant_id)?;
         // Only what is durable: a record whose write is still being synced
         // (or failed) is not answered.
-        let entry = self.store.durable_entry(r.txid).await.map_err(store_status)?;
+        let txid = GlobalTxid::new(r.incarnation, r.txid);
+        let entry = self.store.durable_entry(txid).await.map_err(store_status)?;
         Ok(Response::new(pb::InquireResponse {
             record: local_record(entry) as i32,
             term: entry.map(|e| e.term).unwrap_or(0),
@@ -387,7 +397,7 @@ impl<P: Participant> ParticipantService for ParticipantServer<P> {
             )));
         }
         let query = InspectQuery {
-            txids: r.txids,
+            txids: r.txids.iter().map(|&t| GlobalTxid::new(r.incarnation, t)).collect(),
             in_doubt: r.in_doubt,
             recent: r.recent as usize,
             list_max: max,
@@ -441,7 +451,8 @@ fn recorded_vote(entry: Option<LogEntry>) -> pb::Vote {
 /// One record of an Inspect answer.
 fn record_pb(r: InspectedRecord) -> pb::ParticipantRecord {
     pb::ParticipantRecord {
-        txid: r.txid,
+        txid: r.txid.txid,
+        incarnation: r.txid.incarnation,
         record: local_record(r.entry) as i32,
         vote: recorded_vote(r.entry) as i32,
         term: r.entry.map(|e| e.term).unwrap_or(0),
@@ -488,17 +499,56 @@ pub async fn recover_with<P: Participant>(
     resolve_in_doubt(store, &in_doubt, &client).await
 }
 
-/// Asks the cluster about `in_doubt` and applies the known decisions.
+/// The transactions of `items` by incarnation (ascending), each group in
+/// the order given: the cluster is asked once per incarnation.
+fn by_incarnation<T: Copy>(items: &[T], txid: impl Fn(&T) -> GlobalTxid) -> Vec<(u64, Vec<T>)> {
+    let mut groups: std::collections::BTreeMap<u64, Vec<T>> = std::collections::BTreeMap::new();
+    for it in items {
+        groups.entry(txid(it).incarnation).or_default().push(*it);
+    }
+    groups.into_iter().collect()
+}
+
+/// Asks the cluster about `in_doubt` and applies the known decisions:
+/// once per incarnation (`Client::decisions_in`), since a txid means a
+/// transaction only together with the incarnation that handed it out. A
+/// transaction the cluster says another incarnation handed out
+/// (`DecisionRead::OtherIncarnation`: another cluster's, or the cluster's
+/// from after the backup it was restored from) keeps its record and its
+/// locks: nothing is presumed about it; it is logged and counted
+/// (`dtx_participant_recovery_lookups_total{outcome="other_incarnation"}`)
+/// for an operator. An incarnation the cluster could not be asked about
+/// is an error once the others are done.
 async fn resolve_in_doubt<P: Participant>(
     store: &P,
-    in_doubt: &[(u64, LogEntry)],
+    in_doubt: &[(GlobalTxid, LogEntry)],
     client: &Client,
 ) -> Result<usize, String> {
-    if in_doubt.is_empty() {
-        return Ok(0);
+    let mut resolved = 0;
+    let mut failed = None;
+    for (incarnation, group) in by_incarnation(in_doubt, |(t, _)| *t) {
+        match resolve_group(store, incarnation, &group, client, in_doubt.len(), &mut resolved).await {
+            Ok(()) => {}
+            Err(e) => failed = Some(e),
+        }
     }
-    let txids: Vec<u64> = in_doubt.iter().map(|(t, _)| *t).collect();
-    let answers = match ask(client, &txids, "").await {
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(resolved),
+    }
+}
+
+/// `resolve_in_doubt` for the transactions of one incarnation.
+async fn resolve_group<P: Participant>(
+    store: &P,
+    incarnation: u64,
+    in_doubt: &[(GlobalTxid, LogEntry)],
+    client: &Client,
+    total: usize,
+    resolved: &mut usize,
+) -> Result<(), String> {
+    let txids: Vec<u64> = in_doubt.iter().map(|(t, _)| t.txid).collect();
+    let answers = match ask(client, incarnation, &txids, "").await {
         Ok(a) => a,
         Err(e) => {
             metrics::counter!("dtx_participant_recovery_lookups_total", "outcome" => "error")
@@ -506,7 +556,7 @@ async fn resolve_in_doubt<P: Participant>(
             return Err(e);
         }
     };
-    let mut resolved = 0;
+    let mut other: Vec<u64> = Vec::new();
     for (answer, (txid, entry)) in answers.into_iter().zip(in_doubt) {
         let (msg, outcome) = match answer.decision {
             Some(DecisionRead::Committed) => (Message::Commit { term: entry.term }, "commit"),
@@ -517,10 +567,19 @@ async fn resolve_in_doubt<P: Participant>(
             // is worth an operator's look.
             Some(DecisionRead::UnknownPresumedAbort) => {
                 warn!(
-                    txid,
+                    txid = txid.txid,
+                    incarnation = txid.incarnation,
                     "in-doubt transaction unknown to the cluster: presumed abort, rolling it back"
                 );
                 (Message::Abort { term: entry.term }, "unknown_presumed_abort")
+            }
+            // Not a transaction of the cluster asked: nothing may be
+            // presumed (it may be committed where it was handed out).
+            Some(DecisionRead::OtherIncarnation) => {
+                metrics::counter!("dtx_participant_recovery_lookups_total", "outcome" => "other_incarnation")
+                    .increment(1);
+                other.push(txid.txid);
+                continue;
             }
             // Still undecided, or an outcome this SDK does not know: keep
             // waiting.
@@ -532,25 +591,49 @@ async fn resolve_in_doubt<P: Participant>(
         metrics::counter!("dtx_participant_recovery_lookups_total", "outcome" => outcome).increment(1);
         match store.handle(*txid, msg, b"").await {
             Ok(_) => {
-                info!(txid, "in-doubt transaction resolved by recovery: {msg:?}");
-                resolved += 1;
-                if resolved < in_doubt.len() {
+                info!(
+                    txid = txid.txid,
+                    incarnation = txid.incarnation,
+                    "in-doubt transaction resolved by recovery: {msg:?}"
+                );
+                *resolved += 1;
+                if *resolved < total {
                     dtx_failpoint::failpoint!("participant_mid_recovery");
                 }
             }
-            Err(e) => warn!(txid, "recovery could not apply {msg:?}: {e}"),
+            Err(e) => warn!(
+                txid = txid.txid,
+                incarnation = txid.incarnation,
+                "recovery could not apply {msg:?}: {e}"
+            ),
         }
     }
-    Ok(resolved)
+    if !other.is_empty() {
+        const SHOWN: usize = 8;
+        warn!(
+            incarnation = format!("{incarnation:016x}"),
+            count = other.len(),
+            txids = ?&other[..other.len().min(SHOWN)],
+            "in-doubt transactions the cluster did not hand out in this incarnation (another cluster's, or \
+             from after the backup this cluster was restored from): nothing is presumed, their records and \
+             locks are kept; resolve them with the cluster that handed them out"
+        );
+    }
+    Ok(())
 }
 
-/// The cluster's answer for each of `txids`, in order
-/// ([`Client::decisions_for`]: linearizable, batched, any node, with the
+/// The cluster's answer for each of `txids` of `incarnation`, in order
+/// ([`Client::decisions_in`]: linearizable, batched, any node, with the
 /// client's retries); an error (no answer before the client's deadline)
 /// as text.
-async fn ask(client: &Client, txids: &[u64], participant_id: &str) -> Result<Vec<DecisionAnswer>, String> {
+async fn ask(
+    client: &Client,
+    incarnation: u64,
+    txids: &[u64],
+    participant_id: &str,
+) -> Result<Vec<DecisionAnswer>, String> {
     client
-        .decisions_for(txids, participant_id)
+        .decisions_in(incarnation, txids, participant_id)
         .await
         .map_err(|e| e.to_string())
 }
@@ -601,11 +684,11 @@ pub async fn collect_decided<P: Participant>(
 /// are kept at the front of the index; without the cursor, `max` of them
 /// would hide every later record from every pass (invariant 11).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GcCursor(Option<(u64, u64)>);
+pub struct GcCursor(Option<(u64, GlobalTxid)>);
 
 impl GcCursor {
     /// Moves on after a pass that looked at `candidates` out of at most `max`.
-    pub fn advance(&mut self, candidates: &[(u64, u64)], max: usize) {
+    pub fn advance(&mut self, candidates: &[(u64, GlobalTxid)], max: usize) {
         self.0 = if candidates.len() < max {
             None
         } else {
@@ -614,7 +697,7 @@ impl GcCursor {
     }
 
     /// The candidate the next pass starts after (`None`: from the start).
-    pub fn after(&self) -> Option<(u64, u64)> {
+    pub fn after(&self) -> Option<(u64, GlobalTxid)> {
         self.0
     }
 }
@@ -664,15 +747,13 @@ async fn collect_with<P: Participant>(
         cursor.advance(&candidates, max);
         return Ok(0);
     }
-    let txids: Vec<u64> = candidates.iter().map(|(_, t)| *t).collect();
     let client = client()?;
-    let answers = ask(&client, &txids, participant_id).await?;
-    let safe: Vec<(u64, u64)> = candidates
-        .iter()
-        .zip(answers)
-        .filter(|(_, a)| gc_safe(a))
-        .map(|(c, _)| *c)
-        .collect();
+    let mut safe: Vec<(u64, GlobalTxid)> = Vec::new();
+    for (incarnation, group) in by_incarnation(&candidates, |(_, t)| *t) {
+        let txids: Vec<u64> = group.iter().map(|(_, t)| t.txid).collect();
+        let answers = ask(&client, incarnation, &txids, participant_id).await?;
+        safe.extend(group.iter().zip(answers).filter(|(_, a)| gc_safe(a)).map(|(c, _)| *c));
+    }
     let kept = candidates.len() - safe.len();
     if kept > 0 {
         warn!(
@@ -686,12 +767,16 @@ async fn collect_with<P: Participant>(
 }
 
 /// True when the cluster will send nothing more for the transaction to the
-/// participant that asked (see `collect_decided`).
+/// participant that asked (see `collect_decided`). A transaction the
+/// cluster says its incarnation did not hand out
+/// (`DecisionRead::OtherIncarnation`) is never safe: the cluster that did
+/// may still send to it, and without the record a re-sent message would be
+/// taken as the first.
 pub fn gc_safe(a: &DecisionAnswer) -> bool {
     match a.decision {
         Some(DecisionRead::Committed | DecisionRead::Aborted) => !a.awaiting_ack,
         Some(DecisionRead::UnknownPresumedAbort) => true,
-        Some(DecisionRead::Pending) | None => false,
+        Some(DecisionRead::Pending | DecisionRead::OtherIncarnation) | None => false,
     }
 }
 

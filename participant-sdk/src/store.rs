@@ -10,15 +10,24 @@
 //! directory written by sled (before ADR 0024) is moved into the engine's
 //! files when the store opens it.
 //!
-//! Key layout: `l` + txid (big-endian) -> encoded `LogEntry`;
+//! Key layout, a transaction being named by its [`GlobalTxid`] bytes
+//! (`GlobalTxid::key_bytes`: the txid, big-endian, for incarnation 0, as
+//! before incarnations, so stores written then need no migration; the
+//! incarnation and then the txid, both big-endian, otherwise):
+//! `l` + transaction -> encoded `LogEntry`;
 //! `d` + key -> the resource's value; `g` + decided time (ms since the Unix
-//! epoch, big-endian) + txid -> empty: the records that may one day be
+//! epoch, big-endian) + transaction -> empty: the records that may one day be
 //! garbage-collected (decided ones, and READ_ONLY votes, which never change
 //! again), in the order they became so (`gc_candidates`, `forget_records`);
-//! `i` + txid -> empty: the in-doubt records (YES vote, no decision), so
+//! `i` + transaction -> empty: the in-doubt records (YES vote, no decision), so
 //! recovery finds them without reading the whole log. Both indexes are
-//! written in the same atomic batch as the record they index. `m` + name ->
-//! store metadata.
+//! written in the same atomic batch as the record they index.
+//! `t` + incarnation (big-endian) -> the term floor of that incarnation
+//! (8 bytes, big-endian): the highest leader term of any record written
+//! for it, raised in the same atomic batch as the record, never lowered
+//! (garbage collection leaves it), so a Prepare or CommitOnePhase of a
+//! transaction without a record from an older term is refused
+//! (`log::step`, invariant 9). `m` + name -> store metadata.
 
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -34,6 +43,7 @@ use crate::kv::KvOpenError;
 
 use crate::log::step;
 use crate::log::Action;
+pub use crate::log::GlobalTxid;
 use crate::log::LocalState;
 use crate::log::LogEntry;
 use crate::log::Message;
@@ -55,12 +65,16 @@ const LOG_PREFIX: u8 = b'l';
 const DATA_PREFIX: u8 = b'd';
 const GC_PREFIX: u8 = b'g';
 const DOUBT_PREFIX: u8 = b'i';
+const FLOOR_PREFIX: u8 = b't';
 /// Present once the in-doubt index covers every record (stores written
 /// before the index existed get it built on open).
 const DOUBT_INDEX_READY_KEY: &[u8] = b"mdoubt-index-v1";
 /// Present once every READ_ONLY record is in the GC index (stores written
 /// before READ_ONLY records were collected get them added on open).
 const READ_ONLY_GC_READY_KEY: &[u8] = b"mgc-read-only-v1";
+/// Present once every incarnation's term floor covers its records (stores
+/// written before the floor existed get it from their records on open).
+const TERM_FLOOR_READY_KEY: &[u8] = b"mterm-floor-v1";
 const ENTRY_FORMAT: u8 = 1;
 /// Most GC index entries one `inspect` looks through (newest first) for
 /// the times of decided records; an older record's time is not reported.
@@ -288,11 +302,18 @@ pub trait Resource: Send + Sync + 'static {
     /// durable with the PREPARED record (hold what must stay locked until
     /// the decision). NO: the staged writes are discarded. READ_ONLY: nothing
     /// to commit or abort later.
-    fn prepare(&self, view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote;
+    ///
+    /// `txid` names the transaction with its incarnation: two transactions
+    /// with the same txid number and different incarnations are different
+    /// transactions, so a resource that keys its own data by transaction
+    /// (pending work, an apply log) keys it by the whole [`GlobalTxid`]
+    /// (its `Display`, or `GlobalTxid::key_bytes`, which for incarnation 0
+    /// give what the txid alone gave before incarnations).
+    fn prepare(&self, view: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote;
     /// Makes the prepared work of `txid` visible and releases its locks.
-    fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged);
+    fn commit(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged);
     /// Rolls back the prepared work of `txid` and releases its locks.
-    fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged);
+    fn abort(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged);
 }
 
 pub struct ParticipantStore<R: Resource> {
@@ -304,7 +325,7 @@ pub struct ParticipantStore<R: Resource> {
     serial: Mutex<()>,
     /// When this process recorded each YES vote still in doubt. Records from
     /// before the process started are absent and count as old.
-    prepared_at: Mutex<HashMap<u64, std::time::Instant>>,
+    prepared_at: Mutex<HashMap<GlobalTxid, std::time::Instant>>,
     /// When this process opened the store: the least age of a vote from
     /// before (for the in-doubt age gauge).
     opened: std::time::Instant,
@@ -336,45 +357,90 @@ impl<R: Resource> Drop for ParticipantStore<R> {
     }
 }
 
-fn log_key(txid: u64) -> [u8; 9] {
-    let mut k = [LOG_PREFIX; 9];
-    k[1..].copy_from_slice(&txid.to_be_bytes());
+/// `prefix` + the transaction's key bytes (8 for incarnation 0, 16 else).
+fn tx_key(prefix: u8, txid: GlobalTxid) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17);
+    k.push(prefix);
+    k.extend_from_slice(&txid.key_bytes());
     k
 }
 
-fn doubt_key(txid: u64) -> [u8; 9] {
-    let mut k = [DOUBT_PREFIX; 9];
-    k[1..].copy_from_slice(&txid.to_be_bytes());
+fn log_key(txid: GlobalTxid) -> Vec<u8> {
+    tx_key(LOG_PREFIX, txid)
+}
+
+fn doubt_key(txid: GlobalTxid) -> Vec<u8> {
+    tx_key(DOUBT_PREFIX, txid)
+}
+
+fn floor_key(incarnation: u64) -> [u8; 9] {
+    let mut k = [FLOOR_PREFIX; 9];
+    k[1..].copy_from_slice(&incarnation.to_be_bytes());
     k
+}
+
+/// The transaction a log or in-doubt index key names (`None`: a key of
+/// another length).
+fn key_txid(k: &[u8]) -> Option<GlobalTxid> {
+    GlobalTxid::from_key_bytes(k.get(1..)?)
+}
+
+/// A term floor's stored value.
+fn decode_floor(b: &[u8]) -> u64 {
+    <[u8; 8]>::try_from(b).map(u64::from_be_bytes).unwrap_or(0)
 }
 
 /// Adds `txid`'s record `e` to `batch`, with the index changes that go with
-/// moving from `before` to `e`.
-fn put_record(batch: &mut KvBatch, txid: u64, before: Option<&LogEntry>, e: &LogEntry) {
-    batch.extend(record_writes(txid, before, e));
+/// moving from `before` to `e`, and the floor's raise when `e.term` is
+/// above `floor`.
+fn put_record(batch: &mut KvBatch, txid: GlobalTxid, before: Option<&LogEntry>, e: &LogEntry, floor: u64) {
+    batch.extend(record_writes(txid, before, e, floor));
 }
 
 /// The tree writes that record `e` for `txid`, coming from `before`: the
-/// record itself and the index changes that go with it.
-fn record_writes(txid: u64, before: Option<&LogEntry>, e: &LogEntry) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-    let mut out = vec![(log_key(txid).to_vec(), Some(encode_entry(e).to_vec()))];
+/// record itself, the index changes that go with it, and the term floor
+/// of its incarnation raised to `e.term` when that is above `floor` (the
+/// floor as written so far), in the same batch.
+fn record_writes(
+    txid: GlobalTxid,
+    before: Option<&LogEntry>,
+    e: &LogEntry,
+    floor: u64,
+) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    let mut out = vec![(log_key(txid), Some(encode_entry(e).to_vec()))];
     let was_in_doubt = before.is_some_and(crate::log::in_doubt);
     match (was_in_doubt, crate::log::in_doubt(e)) {
-        (false, true) => out.push((doubt_key(txid).to_vec(), Some(Vec::new()))),
-        (true, false) => out.push((doubt_key(txid).to_vec(), None)),
+        (false, true) => out.push((doubt_key(txid), Some(Vec::new()))),
+        (true, false) => out.push((doubt_key(txid), None)),
         _ => {}
     }
     if is_collectable(e) && !before.is_some_and(is_collectable) {
-        out.push((gc_key(unix_ms(), txid).to_vec(), Some(Vec::new())));
+        out.push((gc_key(unix_ms(), txid), Some(Vec::new())));
+    }
+    if e.term > floor {
+        out.push((
+            floor_key(txid.incarnation).to_vec(),
+            Some(e.term.to_be_bytes().to_vec()),
+        ));
     }
     out
 }
 
-fn gc_key(decided_ms: u64, txid: u64) -> [u8; 17] {
-    let mut k = [GC_PREFIX; 17];
-    k[1..9].copy_from_slice(&decided_ms.to_be_bytes());
-    k[9..].copy_from_slice(&txid.to_be_bytes());
+fn gc_key(decided_ms: u64, txid: GlobalTxid) -> Vec<u8> {
+    let mut k = Vec::with_capacity(25);
+    k.push(GC_PREFIX);
+    k.extend_from_slice(&decided_ms.to_be_bytes());
+    k.extend_from_slice(&txid.key_bytes());
     k
+}
+
+/// (decided ms, transaction) of a GC index key (`None`: another length).
+fn parse_gc_key(k: &[u8]) -> Option<(u64, GlobalTxid)> {
+    if k.len() < 9 {
+        return None;
+    }
+    let ms = u64::from_be_bytes(k[1..9].try_into().ok()?);
+    Some((ms, GlobalTxid::from_key_bytes(&k[9..])?))
 }
 
 /// Decided (committed, aborted, tombstone), or a READ_ONLY vote: records
@@ -808,7 +874,8 @@ impl<R: Resource> ParticipantStore<R> {
         });
         let opened = store
             .ensure_doubt_index()
-            .and_then(|_| store.ensure_read_only_gc_index());
+            .and_then(|_| store.ensure_read_only_gc_index())
+            .and_then(|_| store.ensure_term_floors());
         match (opened, store.failure()) {
             (Ok(()), _) => Ok(store),
             (Err(_), Some(f)) => Err(StoreError::Open {
@@ -835,7 +902,9 @@ impl<R: Resource> ParticipantStore<R> {
         }
     }
 
-    pub fn entry(&self, txid: u64) -> Result<Option<LogEntry>, StoreError> {
+    /// The record of `txid` (a `u64` is a txid of incarnation 0).
+    pub fn entry(&self, txid: impl Into<GlobalTxid>) -> Result<Option<LogEntry>, StoreError> {
+        let txid = txid.into();
         match self.tree.get(&log_key(txid)) {
             None => Ok(None),
             Some(b) => decode_entry(&b)
@@ -844,14 +913,54 @@ impl<R: Resource> ParticipantStore<R> {
         }
     }
 
-    /// Every log record (txid, entry), in txid order.
-    pub fn entries(&self) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+    /// The records of txid number `txid` in every incarnation that has
+    /// one (incarnation 0 first): for an operator or a test that knows the
+    /// number only. One pass over the record keys.
+    pub fn entries_for_txid(&self, txid: u64) -> Result<Vec<(GlobalTxid, LogEntry)>, StoreError> {
         let mut out = Vec::new();
         for (k, v) in self.tree.scan_prefix(&[LOG_PREFIX]) {
-            let txid = u64::from_be_bytes(k[1..9].try_into().unwrap_or([0; 8]));
+            let Some(g) = key_txid(&k).filter(|g| g.txid == txid) else {
+                continue;
+            };
+            let e = decode_entry(&v).map_err(|message| StoreError::Damaged { txid: g, message })?;
+            out.push((g, e));
+        }
+        out.sort_by_key(|(t, _)| *t);
+        Ok(out)
+    }
+
+    /// The durable term floor of `incarnation`: the highest leader term of
+    /// any record written for a transaction of it (0: none). Garbage
+    /// collection of records never lowers it.
+    pub fn term_floor(&self, incarnation: u64) -> u64 {
+        self.tree
+            .get(&floor_key(incarnation))
+            .map(|b| decode_floor(&b))
+            .unwrap_or(0)
+    }
+
+    /// The term floor of `incarnation` as written so far, `overlay` (a
+    /// group's writes not yet in the tree) over the tree.
+    fn term_floor_under(&self, incarnation: u64, overlay: &Overlay) -> u64 {
+        match overlay.get(&floor_key(incarnation)[..]) {
+            Some(Some(b)) => decode_floor(b),
+            Some(None) => 0,
+            None => self.term_floor(incarnation),
+        }
+    }
+
+    /// Every log record (transaction, entry), ordered by transaction
+    /// (incarnation, then txid).
+    pub fn entries(&self) -> Result<Vec<(GlobalTxid, LogEntry)>, StoreError> {
+        let mut out = Vec::new();
+        for (k, v) in self.tree.scan_prefix(&[LOG_PREFIX]) {
+            let Some(txid) = key_txid(&k) else {
+                return Err(StoreError::Io(format!("log record key of {} bytes", k.len())));
+            };
             let e = decode_entry(&v).map_err(|message| StoreError::Damaged { txid, message })?;
             out.push((txid, e));
         }
+        out.sort_by_key(|(t, _)| *t);
         Ok(out)
     }
 
@@ -869,14 +978,13 @@ impl<R: Resource> ParticipantStore<R> {
     /// `dtx_participant_log_inconsistencies_total` (once per entry in this
     /// process) and skipped, so the other in-doubt transactions are still
     /// recovered. An error means the index could not be read at all.
-    pub fn in_doubt(&self) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+    pub fn in_doubt(&self) -> Result<Vec<(GlobalTxid, LogEntry)>, StoreError> {
         let mut out = Vec::new();
         for k in self.tree.keys_with_prefix(&[DOUBT_PREFIX], false, usize::MAX) {
-            let Ok(id) = <[u8; 8]>::try_from(&k[1..]) else {
+            let Some(txid) = key_txid(&k) else {
                 self.report_inconsistency(&k, None, format!("in-doubt index key of {} bytes", k.len()));
                 continue;
             };
-            let txid = u64::from_be_bytes(id);
             match self.entry(txid) {
                 Ok(Some(e)) if crate::log::in_doubt(&e) => {
                     out.push((txid, e));
@@ -909,7 +1017,7 @@ impl<R: Resource> ParticipantStore<R> {
 
     /// Logs and counts one inconsistent in-doubt index entry, once per
     /// entry for the life of this store.
-    fn report_inconsistency(&self, index_key: &[u8], txid: Option<u64>, what: String) {
+    fn report_inconsistency(&self, index_key: &[u8], txid: Option<GlobalTxid>, what: String) {
         let first = self
             .inconsistent
             .lock()
@@ -918,13 +1026,16 @@ impl<R: Resource> ParticipantStore<R> {
         if first {
             metrics::counter!("dtx_participant_log_inconsistencies_total").increment(1);
             tracing::error!(
-                txid,
+                txid = txid.map(|t| t.to_string()),
                 "participant log inconsistent: {what}; skipped by recovery (the other in-doubt \
                  transactions are still recovered); check this transaction with the cluster and \
                  repair the record by hand"
             );
         } else {
-            tracing::debug!(txid, "participant log inconsistent (reported before): {what}");
+            tracing::debug!(
+                txid = txid.map(|t| t.to_string()),
+                "participant log inconsistent (reported before): {what}"
+            );
         }
     }
 
@@ -937,7 +1048,7 @@ impl<R: Resource> ParticipantStore<R> {
         let mut batch = KvBatch::new();
         for (txid, e) in self.entries()? {
             if crate::log::in_doubt(&e) {
-                batch.push((doubt_key(txid).to_vec(), Some(Vec::new())));
+                batch.push((doubt_key(txid), Some(Vec::new())));
             }
         }
         batch.push((DOUBT_INDEX_READY_KEY.to_vec(), Some(Vec::new())));
@@ -956,7 +1067,7 @@ impl<R: Resource> ParticipantStore<R> {
         let mut batch = KvBatch::new();
         for (txid, e) in self.entries()? {
             if e.state == (LocalState::Prepared { vote: Vote::ReadOnly }) {
-                batch.push((gc_key(now, txid).to_vec(), Some(Vec::new())));
+                batch.push((gc_key(now, txid), Some(Vec::new())));
             }
         }
         batch.push((READ_ONLY_GC_READY_KEY.to_vec(), Some(Vec::new())));
@@ -964,10 +1075,34 @@ impl<R: Resource> ParticipantStore<R> {
         Ok(())
     }
 
+    /// Sets the term floor of each incarnation of a store written before
+    /// floors existed to the highest term of its records: one pass over
+    /// the log, once (records collected before then are not known; their
+    /// terms were at most the highest one left, in practice).
+    fn ensure_term_floors(&self) -> Result<(), StoreError> {
+        if self.tree.contains_key(TERM_FLOOR_READY_KEY) {
+            return Ok(());
+        }
+        let mut highest: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+        for (txid, e) in self.entries()? {
+            let h = highest.entry(txid.incarnation).or_insert(0);
+            *h = (*h).max(e.term);
+        }
+        let mut batch = KvBatch::new();
+        for (incarnation, term) in highest {
+            if term > self.term_floor(incarnation) {
+                batch.push((floor_key(incarnation).to_vec(), Some(term.to_be_bytes().to_vec())));
+            }
+        }
+        batch.push((TERM_FLOOR_READY_KEY.to_vec(), Some(Vec::new())));
+        self.write_synced(batch)?;
+        Ok(())
+    }
+
     /// In-doubt transactions whose YES vote is at least `age_min` old (every
     /// one recorded before this process started counts as old): recovery
     /// asks about these, not about votes the coordinator is still collecting.
-    pub fn in_doubt_older_than(&self, age_min: std::time::Duration) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+    pub fn in_doubt_older_than(&self, age_min: std::time::Duration) -> Result<Vec<(GlobalTxid, LogEntry)>, StoreError> {
         let all = self.in_doubt()?;
         let at = self.prepared_at.lock().expect("prepared_at lock");
         Ok(all
@@ -986,8 +1121,7 @@ impl<R: Resource> ParticipantStore<R> {
         let mut oldest: Option<std::time::Instant> = None;
         for k in self.tree.keys_with_prefix(&[DOUBT_PREFIX], false, usize::MAX) {
             count += 1;
-            let txid = <[u8; 8]>::try_from(&k[1..]).map(u64::from_be_bytes).ok();
-            let since = txid.and_then(|t| at.get(&t).copied()).unwrap_or(self.opened);
+            let since = key_txid(&k).and_then(|t| at.get(&t).copied()).unwrap_or(self.opened);
             oldest = Some(oldest.map_or(since, |o| o.min(since)));
         }
         Ok(InDoubtSummary {
@@ -1009,7 +1143,7 @@ impl<R: Resource> ParticipantStore<R> {
     pub fn inspect(&self, q: &InspectQuery) -> Result<Inspection, StoreError> {
         let now_ms = unix_ms();
         // When each YES vote this process recorded was given.
-        let voted_ms: HashMap<u64, u64> = {
+        let voted_ms: HashMap<GlobalTxid, u64> = {
             let at = self.prepared_at.lock().expect("prepared_at lock");
             at.iter()
                 .map(|(t, i)| (*t, now_ms.saturating_sub(i.elapsed().as_millis() as u64)))
@@ -1019,26 +1153,24 @@ impl<R: Resource> ParticipantStore<R> {
             .txids
             .iter()
             .map(|&t| Ok((t, self.entry(t)?)))
-            .collect::<Result<Vec<(u64, Option<LogEntry>)>, StoreError>>()?;
+            .collect::<Result<Vec<(GlobalTxid, Option<LogEntry>)>, StoreError>>()?;
         // Decided times: of the asked records that have one, and of the
         // newest `q.recent` entries of the GC index (newest first).
-        let mut wanted: std::collections::HashSet<u64> = asked
+        let mut wanted: std::collections::HashSet<GlobalTxid> = asked
             .iter()
             .filter(|(_, e)| e.as_ref().is_some_and(is_collectable))
             .map(|(t, _)| *t)
             .collect();
-        let mut decided_ms: HashMap<u64, u64> = HashMap::new();
-        let mut newest: Vec<u64> = Vec::new();
+        let mut decided_ms: HashMap<GlobalTxid, u64> = HashMap::new();
+        let mut newest: Vec<GlobalTxid> = Vec::new();
         if !wanted.is_empty() || q.recent > 0 {
             for k in self
                 .tree
                 .keys_with_prefix(&[GC_PREFIX], true, INSPECT_TIME_SCAN_KEYS_MAX)
             {
-                if k.len() != 17 {
+                let Some((ms, txid)) = parse_gc_key(&k) else {
                     continue;
-                }
-                let ms = u64::from_be_bytes(k[1..9].try_into().unwrap_or([0; 8]));
-                let txid = u64::from_be_bytes(k[9..17].try_into().unwrap_or([0; 8]));
+                };
                 if newest.len() < q.recent {
                     newest.push(txid);
                     decided_ms.entry(txid).or_insert(ms);
@@ -1051,12 +1183,12 @@ impl<R: Resource> ParticipantStore<R> {
                 }
             }
         }
-        let time_of = |txid: u64, e: &Option<LogEntry>| match e {
+        let time_of = |txid: GlobalTxid, e: &Option<LogEntry>| match e {
             Some(e) if crate::log::in_doubt(e) => voted_ms.get(&txid).copied(),
             Some(e) if is_collectable(e) => decided_ms.get(&txid).copied(),
             _ => None,
         };
-        let shown = |txid: u64, entry: Option<LogEntry>| InspectedRecord {
+        let shown = |txid: GlobalTxid, entry: Option<LogEntry>| InspectedRecord {
             txid,
             entry,
             recorded_unix_ms: time_of(txid, &entry),
@@ -1109,7 +1241,7 @@ impl<R: Resource> ParticipantStore<R> {
     /// READ_ONLY votes) that became so at or before `decided_before_ms` (ms
     /// since the Unix epoch), oldest first, at most `max`: candidates for
     /// `forget_records`, as `(decided_ms, txid)`.
-    pub fn gc_candidates(&self, decided_before_ms: u64, max: usize) -> Result<Vec<(u64, u64)>, StoreError> {
+    pub fn gc_candidates(&self, decided_before_ms: u64, max: usize) -> Result<Vec<(u64, GlobalTxid)>, StoreError> {
         self.gc_candidates_after(None, decided_before_ms, max)
     }
 
@@ -1120,14 +1252,14 @@ impl<R: Resource> ParticipantStore<R> {
     /// from the start could see nothing else (invariant 11).
     pub fn gc_candidates_after(
         &self,
-        after: Option<(u64, u64)>,
+        after: Option<(u64, GlobalTxid)>,
         decided_before_ms: u64,
         max: usize,
-    ) -> Result<Vec<(u64, u64)>, StoreError> {
+    ) -> Result<Vec<(u64, GlobalTxid)>, StoreError> {
         let start: Vec<u8> = match after {
             // The smallest key above the cursor's.
             Some((ms, txid)) => {
-                let mut k = gc_key(ms, txid).to_vec();
+                let mut k = gc_key(ms, txid);
                 k.push(0);
                 k
             }
@@ -1138,14 +1270,13 @@ impl<R: Resource> ParticipantStore<R> {
             if k.first() != Some(&GC_PREFIX) {
                 break;
             }
-            if k.len() != 17 {
+            let Some((decided_ms, txid)) = parse_gc_key(&k) else {
                 continue;
-            }
-            let decided_ms = u64::from_be_bytes(k[1..9].try_into().unwrap_or([0xff; 8]));
+            };
             if decided_ms > decided_before_ms {
                 break;
             }
-            out.push((decided_ms, u64::from_be_bytes(k[9..17].try_into().unwrap_or([0; 8]))));
+            out.push((decided_ms, txid));
         }
         Ok(out)
     }
@@ -1159,7 +1290,8 @@ impl<R: Resource> ParticipantStore<R> {
     /// work again. `server::collect_decided` checks that with the cluster
     /// first. A record that is no longer collectable (in doubt) is left
     /// alone. Not synced: a crash only means collecting them again.
-    pub fn forget_records(&self, records: &[(u64, u64)]) -> Result<usize, StoreError> {
+    /// The term floor of the records' incarnations is kept.
+    pub fn forget_records(&self, records: &[(u64, GlobalTxid)]) -> Result<usize, StoreError> {
         self.check_running()?;
         let _serial = self.serial.lock().expect("participant store lock");
         let mut batch = KvBatch::new();
@@ -1168,11 +1300,11 @@ impl<R: Resource> ParticipantStore<R> {
             if !self.entry(txid)?.as_ref().is_some_and(is_collectable) {
                 continue;
             }
-            batch.push((log_key(txid).to_vec(), None));
+            batch.push((log_key(txid), None));
             // Never in doubt (the record is collectable); removed anyway so no
             // index entry can outlive its record.
-            batch.push((doubt_key(txid).to_vec(), None));
-            batch.push((gc_key(decided_ms, txid).to_vec(), None));
+            batch.push((doubt_key(txid), None));
+            batch.push((gc_key(decided_ms, txid), None));
             n += 1;
         }
         self.tree.apply(batch).map_err(|e| self.fail(&e))?;
@@ -1183,18 +1315,26 @@ impl<R: Resource> ParticipantStore<R> {
     /// resource, writes the log record and the resource's writes in one
     /// atomic batch, waits for an fsync covering it (and every earlier write),
     /// then returns the reply.
-    pub async fn handle(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Reply, StoreError> {
+    /// A `u64` txid is one of incarnation 0.
+    pub async fn handle(&self, txid: impl Into<GlobalTxid>, msg: Message, payload: &[u8]) -> Result<Reply, StoreError> {
         self.handle_answer(txid, msg, payload).await.map(|a| a.reply)
     }
 
     /// `handle`, with the reason of a NO vote (`Staged::refuse`).
-    pub async fn handle_answer(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Answer, StoreError> {
+    pub async fn handle_answer(
+        &self,
+        txid: impl Into<GlobalTxid>,
+        msg: Message,
+        payload: &[u8],
+    ) -> Result<Answer, StoreError> {
+        let txid = txid.into();
         self.check_running()?;
         let mut reason = String::new();
         let (reply, wrote) = {
             let _serial = self.serial.lock().expect("participant store lock");
             let before = self.entry(txid)?;
-            let (after, action) = step(before.as_ref(), msg);
+            let floor = self.term_floor(txid.incarnation);
+            let (after, action) = step(before.as_ref(), msg, floor);
             // The record as last written (the one-phase path writes twice).
             let mut prior = before;
             let mut staged = Staged::default();
@@ -1219,7 +1359,7 @@ impl<R: Resource> ParticipantStore<R> {
                             // ordinary in-doubt entry, never orphaned locks.
                             let mut batch = std::mem::take(&mut staged).into_batch();
                             let prepared = crate::log::prepared(msg.term(), Vote::Yes);
-                            put_record(&mut batch, txid, prior.as_ref(), &prepared);
+                            put_record(&mut batch, txid, prior.as_ref(), &prepared, floor);
                             self.tree.apply(batch).map_err(|e| self.fail(&e))?;
                             prior = Some(prepared);
                             self.resource.commit(&view, txid, &mut staged);
@@ -1272,7 +1412,7 @@ impl<R: Resource> ParticipantStore<R> {
             if changed {
                 let mut batch = staged.into_batch();
                 if let Some(e) = record {
-                    put_record(&mut batch, txid, prior.as_ref(), &e);
+                    put_record(&mut batch, txid, prior.as_ref(), &e, floor);
                 }
                 self.tree.apply(batch).map_err(|e| self.fail(&e))?;
                 let mut at = self.prepared_at.lock().expect("prepared_at lock");
@@ -1326,8 +1466,12 @@ impl<R: Resource> ParticipantStore<R> {
     /// others. The call fails as a whole only when the store cannot write
     /// or sync (then nothing is acked: the batch may or may not be on disk,
     /// and a redelivery finds whichever it is).
-    pub async fn apply_decisions(&self, items: &[(u64, PhaseTwo)]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        Ok(self.apply_then_prepare(items, &[]).await?.0)
+    pub async fn apply_decisions<T: Into<GlobalTxid> + Copy>(
+        &self,
+        items: &[(T, PhaseTwo)],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        let items: Vec<(GlobalTxid, PhaseTwo)> = items.iter().map(|&(t, d)| (t.into(), d)).collect();
+        Ok(self.apply_then_prepare(&items, &[]).await?.0)
     }
 
     /// Prepares many transactions (one item per transaction's Prepare: its
@@ -1346,17 +1490,21 @@ impl<R: Resource> ParticipantStore<R> {
     /// record); such an item changes nothing and never affects the others.
     /// The call fails as a whole only when the store cannot write or sync
     /// (then no vote is given).
-    pub async fn prepare_many(&self, items: &[(u64, u64, &[u8])]) -> Result<Vec<Result<Vote, StoreError>>, StoreError> {
+    pub async fn prepare_many<T: Into<GlobalTxid> + Copy>(
+        &self,
+        items: &[(T, u64, &[u8])],
+    ) -> Result<Vec<Result<Vote, StoreError>>, StoreError> {
         let verdicts = self.prepare_many_verdicts(items).await?;
         Ok(verdicts.into_iter().map(|r| r.map(|v| v.vote)).collect())
     }
 
     /// `prepare_many`, with the reason of each NO vote.
-    pub async fn prepare_many_verdicts(
+    pub async fn prepare_many_verdicts<T: Into<GlobalTxid> + Copy>(
         &self,
-        items: &[(u64, u64, &[u8])],
+        items: &[(T, u64, &[u8])],
     ) -> Result<Vec<Result<Verdict, StoreError>>, StoreError> {
-        Ok(self.apply_then_prepare(&[], items).await?.1)
+        let items: Vec<(GlobalTxid, u64, &[u8])> = items.iter().map(|&(t, term, p)| (t.into(), term, p)).collect();
+        Ok(self.apply_then_prepare(&[], &items).await?.1)
     }
 
     /// `apply_decisions` of `decisions` and then `prepare_many_verdicts` of
@@ -1368,11 +1516,11 @@ impl<R: Resource> ParticipantStore<R> {
     /// nothing is acked and no vote given).
     pub async fn apply_then_prepare(
         &self,
-        decisions: &[(u64, PhaseTwo)],
-        prepares: &[(u64, u64, &[u8])],
+        decisions: &[(GlobalTxid, PhaseTwo)],
+        prepares: &[(GlobalTxid, u64, &[u8])],
     ) -> Result<AcksAndVerdicts, StoreError> {
         self.check_running()?;
-        let msgs: Vec<(u64, Message, &[u8])> = decisions
+        let msgs: Vec<(GlobalTxid, Message, &[u8])> = decisions
             .iter()
             .map(|&(txid, d)| (txid, d.into(), &b""[..]))
             .chain(
@@ -1438,7 +1586,7 @@ impl<R: Resource> ParticipantStore<R> {
     /// Returns each item's reply, and whether a YES vote was written now.
     fn write_group(
         &self,
-        items: &[(u64, Message, &[u8])],
+        items: &[(GlobalTxid, Message, &[u8])],
     ) -> Result<(Vec<Result<Answer, StoreError>>, bool), StoreError> {
         let _serial = self.serial.lock().expect("participant store lock");
         let mut overlay = Overlay::new();
@@ -1456,9 +1604,9 @@ impl<R: Resource> ParticipantStore<R> {
         }
         // What the group leaves in doubt, and what it takes out of doubt,
         // by the last record it writes for each transaction.
-        let mut doubt: HashMap<u64, bool> = HashMap::new();
+        let mut doubt: HashMap<GlobalTxid, bool> = HashMap::new();
         for &(txid, _, _) in items {
-            if let Some(Some(b)) = overlay.get(&log_key(txid)[..]) {
+            if let Some(Some(b)) = overlay.get(&log_key(txid)) {
                 let in_doubt = decode_entry(b).is_ok_and(|e| crate::log::in_doubt(&e));
                 doubt.insert(txid, in_doubt);
             }
@@ -1484,17 +1632,18 @@ impl<R: Resource> ParticipantStore<R> {
     /// nothing.
     fn stage_item(
         &self,
-        txid: u64,
+        txid: GlobalTxid,
         msg: Message,
         payload: &[u8],
         overlay: &mut Overlay,
     ) -> Result<(Answer, bool), StoreError> {
-        let before = match overlay.get(&log_key(txid)[..]) {
+        let before = match overlay.get(&log_key(txid)) {
             Some(Some(b)) => Some(decode_entry(b).map_err(|message| StoreError::Damaged { txid, message })?),
             Some(None) => None,
             None => self.entry(txid)?,
         };
-        let (after, action) = step(before.as_ref(), msg);
+        let floor = self.term_floor_under(txid.incarnation, overlay);
+        let (after, action) = step(before.as_ref(), msg, floor);
         let mut staged = Staged::default();
         let mut reason = String::new();
         let (reply, record) = {
@@ -1535,7 +1684,7 @@ impl<R: Resource> ParticipantStore<R> {
         if changed {
             staged.into_overlay(overlay);
             if let Some(e) = record {
-                overlay.extend(record_writes(txid, before.as_ref(), &e));
+                overlay.extend(record_writes(txid, before.as_ref(), &e, floor));
             }
         }
         if reply == Reply::Vote(Vote::No) && reason.is_empty() {
@@ -1623,33 +1772,42 @@ impl<R: Resource> ParticipantStore<R> {
 /// votes; `durable_entry` answers only what is on disk (the record read may
 /// have been written by a request whose fsync is still running, or failed).
 impl<R: Resource> Participant for ParticipantStore<R> {
-    async fn handle(&self, txid: u64, msg: Message, payload: &[u8]) -> Result<Answer, StoreError> {
+    async fn handle(&self, txid: GlobalTxid, msg: Message, payload: &[u8]) -> Result<Answer, StoreError> {
         self.handle_answer(txid, msg, payload).await
     }
 
-    async fn prepare_many(&self, items: &[(u64, u64, &[u8])]) -> Result<Vec<Result<Verdict, StoreError>>, StoreError> {
+    async fn prepare_many(
+        &self,
+        items: &[(GlobalTxid, u64, &[u8])],
+    ) -> Result<Vec<Result<Verdict, StoreError>>, StoreError> {
         self.prepare_many_verdicts(items).await
     }
 
-    async fn apply_decisions(&self, items: &[(u64, PhaseTwo)]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    async fn apply_decisions(
+        &self,
+        items: &[(GlobalTxid, PhaseTwo)],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
         ParticipantStore::apply_decisions(self, items).await
     }
 
     async fn apply_then_prepare(
         &self,
-        decisions: &[(u64, PhaseTwo)],
-        prepares: &[(u64, u64, &[u8])],
+        decisions: &[(GlobalTxid, PhaseTwo)],
+        prepares: &[(GlobalTxid, u64, &[u8])],
     ) -> Result<AcksAndVerdicts, StoreError> {
         ParticipantStore::apply_then_prepare(self, decisions, prepares).await
     }
 
-    async fn durable_entry(&self, txid: u64) -> Result<Option<LogEntry>, StoreError> {
+    async fn durable_entry(&self, txid: GlobalTxid) -> Result<Option<LogEntry>, StoreError> {
         let entry = self.entry(txid)?;
         self.flush().await?;
         Ok(entry)
     }
 
-    async fn in_doubt_older_than(&self, age_min: std::time::Duration) -> Result<Vec<(u64, LogEntry)>, StoreError> {
+    async fn in_doubt_older_than(
+        &self,
+        age_min: std::time::Duration,
+    ) -> Result<Vec<(GlobalTxid, LogEntry)>, StoreError> {
         ParticipantStore::in_doubt_older_than(self, age_min)
     }
 
@@ -1659,14 +1817,14 @@ impl<R: Resource> Participant for ParticipantStore<R> {
 
     async fn gc_candidates_after(
         &self,
-        after: Option<(u64, u64)>,
+        after: Option<(u64, GlobalTxid)>,
         decided_before_ms: u64,
         max: usize,
-    ) -> Result<Vec<(u64, u64)>, StoreError> {
+    ) -> Result<Vec<(u64, GlobalTxid)>, StoreError> {
         ParticipantStore::gc_candidates_after(self, after, decided_before_ms, max)
     }
 
-    async fn forget_records(&self, records: &[(u64, u64)]) -> Result<usize, StoreError> {
+    async fn forget_records(&self, records: &[(u64, GlobalTxid)]) -> Result<usize, StoreError> {
         ParticipantStore::forget_records(self, records)
     }
 

@@ -16,6 +16,7 @@ use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::StoreError;
 use participant_sdk::store::View;
+use participant_sdk::GlobalTxid;
 
 /// Stages `payload` under `staged/<txid>` on prepare; commit moves it to
 /// `applied/<txid>`; abort drops it. Payload "no" votes NO. Counts calls.
@@ -26,12 +27,12 @@ struct Probe {
     aborts: Arc<AtomicUsize>,
 }
 
-fn k(prefix: &str, txid: u64) -> Vec<u8> {
+fn k(prefix: &str, txid: impl std::fmt::Display) -> Vec<u8> {
     format!("{prefix}/{txid}").into_bytes()
 }
 
 impl Resource for Probe {
-    fn prepare(&self, _view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+    fn prepare(&self, _view: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
         self.prepares.fetch_add(1, Ordering::SeqCst);
         staged.put(&k("staged", txid), payload);
         if payload == b"no" {
@@ -41,14 +42,14 @@ impl Resource for Probe {
         }
     }
 
-    fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn commit(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         self.commits.fetch_add(1, Ordering::SeqCst);
         let v = view.get(&k("staged", txid)).unwrap().expect("prepared work is staged");
         staged.delete(&k("staged", txid));
         staged.put(&k("applied", txid), &v);
     }
 
-    fn abort(&self, _view: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn abort(&self, _view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         self.aborts.fetch_add(1, Ordering::SeqCst);
         staged.delete(&k("staged", txid));
     }
@@ -76,7 +77,7 @@ async fn yes_vote_is_durable_with_its_staged_work_and_survives_reopen() {
     );
     assert_eq!(s.view().get(b"staged/7").unwrap().as_deref(), Some(&b"debit 5"[..]));
     assert_eq!(
-        s.in_doubt().unwrap().iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+        s.in_doubt().unwrap().iter().map(|(t, _)| t.txid).collect::<Vec<_>>(),
         vec![7]
     );
 }
@@ -255,7 +256,12 @@ async fn recovery_threshold_skips_young_votes_but_not_votes_from_before_a_restar
         assert_eq!(s.in_doubt_older_than(std::time::Duration::ZERO).unwrap().len(), 1);
     }
     let s = open(dir.path(), &probe);
-    let old: Vec<u64> = s.in_doubt_older_than(hour).unwrap().iter().map(|(t, _)| *t).collect();
+    let old: Vec<u64> = s
+        .in_doubt_older_than(hour)
+        .unwrap()
+        .iter()
+        .map(|(t, _)| t.txid)
+        .collect();
     assert_eq!(old, vec![3], "a vote from before the restart is asked about at once");
 }
 
@@ -274,9 +280,9 @@ async fn decided_records_are_garbage_collected_after_retention_but_in_doubt_ones
     );
     assert_eq!(s.entries().unwrap().len(), 3);
     let candidates = s.gc_candidates(u64::MAX, 100).unwrap();
-    assert_eq!(candidates.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(candidates.iter().map(|(_, t)| t.txid).collect::<Vec<_>>(), vec![1, 2]);
     assert_eq!(s.forget_records(&candidates).unwrap(), 2);
-    let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| *t).collect();
+    let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| t.txid).collect();
     assert_eq!(left, vec![3], "the in-doubt record stays (invariant 5)");
     assert_eq!(
         s.view().get(b"applied/1").unwrap().as_deref(),
@@ -285,7 +291,7 @@ async fn decided_records_are_garbage_collected_after_retention_but_in_doubt_ones
     );
     assert!(s.gc_candidates(u64::MAX, 100).unwrap().is_empty());
     // An in-doubt record handed to forget_records anyway is not removed.
-    assert_eq!(s.forget_records(&[(0, 3)]).unwrap(), 0);
+    assert_eq!(s.forget_records(&[(0, 3.into())]).unwrap(), 0);
     assert_eq!(s.entries().unwrap().len(), 1);
 }
 
@@ -315,7 +321,7 @@ async fn reopen_after_drop_succeeds_and_a_held_directory_is_refused_clearly() {
 }
 
 fn doubt_txids(s: &ParticipantStore<Probe>) -> Vec<u64> {
-    s.in_doubt().unwrap().iter().map(|(t, _)| *t).collect()
+    s.in_doubt().unwrap().iter().map(|(t, _)| t.txid).collect()
 }
 
 /// The in-doubt gauges' source (`dtx_participant_in_doubt`, the oldest's
@@ -425,7 +431,7 @@ async fn inv5_in_doubt_scan_is_consistent_under_concurrent_commits() {
                     Ok(list) => {
                         // Whatever it lists is really in doubt right now or
                         // was a moment ago; it never lists a txid twice.
-                        let mut ids: Vec<u64> = list.iter().map(|(t, _)| *t).collect();
+                        let mut ids: Vec<u64> = list.iter().map(|(t, _)| t.txid).collect();
                         ids.dedup();
                         assert_eq!(ids.len(), list.len());
                         assert!(list
@@ -542,7 +548,7 @@ async fn inv5_inconsistent_in_doubt_entry_is_reported_and_skipped_while_others_a
         let listed: Vec<u64> = listed
             .unwrap_or_else(|e| panic!("pass {pass}: the scan failed as a whole: {e}"))
             .iter()
-            .map(|(t, _)| *t)
+            .map(|(t, _)| t.txid)
             .collect();
         assert_eq!(listed, vec![2, 5], "pass {pass}");
     }
@@ -562,15 +568,15 @@ async fn inv5_inconsistent_in_doubt_entry_is_reported_and_skipped_while_others_a
 async fn inv10_read_only_votes_are_gc_candidates_and_old_stores_get_them_indexed() {
     struct ReadOnly;
     impl Resource for ReadOnly {
-        fn prepare(&self, _: &View<'_>, _: u64, payload: &[u8], _: &mut Staged) -> Vote {
+        fn prepare(&self, _: &View<'_>, _: GlobalTxid, payload: &[u8], _: &mut Staged) -> Vote {
             if payload == b"ro" {
                 Vote::ReadOnly
             } else {
                 Vote::Yes
             }
         }
-        fn commit(&self, _: &View<'_>, _: u64, _: &mut Staged) {}
-        fn abort(&self, _: &View<'_>, _: u64, _: &mut Staged) {}
+        fn commit(&self, _: &View<'_>, _: GlobalTxid, _: &mut Staged) {}
+        fn abort(&self, _: &View<'_>, _: GlobalTxid, _: &mut Staged) {}
     }
     let dir = tempfile::tempdir().unwrap();
     {
@@ -589,12 +595,12 @@ async fn inv10_read_only_votes_are_gc_candidates_and_old_stores_get_them_indexed
             .gc_candidates(u64::MAX, 100)
             .unwrap()
             .iter()
-            .map(|(_, t)| *t)
+            .map(|(_, t)| t.txid)
             .collect();
         assert_eq!(c, vec![1, 2, 3], "every READ_ONLY vote, never the in-doubt one");
         let first = s.gc_candidates(u64::MAX, 1).unwrap();
         assert_eq!(s.forget_records(&first).unwrap(), 1);
-        let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| *t).collect();
+        let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| t.txid).collect();
         assert_eq!(left, vec![2, 3, 4]);
 
         // A store from before: drop the GC index and its marker.
@@ -611,12 +617,12 @@ async fn inv10_read_only_votes_are_gc_candidates_and_old_stores_get_them_indexed
     let s = ParticipantStore::open(dir.path(), ReadOnly).unwrap();
     let c = s.gc_candidates(u64::MAX, 100).unwrap();
     assert_eq!(
-        c.iter().map(|(_, t)| *t).collect::<Vec<_>>(),
+        c.iter().map(|(_, t)| t.txid).collect::<Vec<_>>(),
         vec![2, 3],
         "indexed on open"
     );
     assert_eq!(s.forget_records(&c).unwrap(), 2);
-    let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| *t).collect();
+    let left: Vec<u64> = s.entries().unwrap().iter().map(|(t, _)| t.txid).collect();
     assert_eq!(left, vec![4], "the in-doubt vote stays (invariant 5)");
 }
 
@@ -632,7 +638,7 @@ async fn inv11_gc_scan_moves_past_kept_records_and_starts_over_at_the_end() {
     for txid in 1..=5u64 {
         s.handle(txid, Message::Abort { term: 1 }, b"").await.unwrap();
     }
-    let ids = |c: &[(u64, u64)]| c.iter().map(|(_, t)| *t).collect::<Vec<_>>();
+    let ids = |c: &[(u64, GlobalTxid)]| c.iter().map(|(_, t)| t.txid).collect::<Vec<_>>();
     let mut cursor = participant_sdk::server::GcCursor::default();
     // Say 1 and 2 are kept (the cluster still awaits their acks): a scan
     // from the start with max 2 would return them for ever.

@@ -18,19 +18,20 @@ use participant_sdk::store::ParticipantStore;
 use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::View;
+use participant_sdk::GlobalTxid;
 
 struct Stage;
 
 impl Resource for Stage {
-    fn prepare(&self, _v: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+    fn prepare(&self, _v: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
         staged.put(format!("staged/{txid}").as_bytes(), payload);
         Vote::Yes
     }
-    fn commit(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn commit(&self, _v: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         staged.delete(format!("staged/{txid}").as_bytes());
         staged.put(format!("applied/{txid}").as_bytes(), b"1");
     }
-    fn abort(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn abort(&self, _v: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         staged.delete(format!("staged/{txid}").as_bytes());
     }
 }

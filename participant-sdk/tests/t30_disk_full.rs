@@ -28,6 +28,7 @@ use participant_sdk::store::Reply;
 use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::View;
+use participant_sdk::GlobalTxid;
 
 /// A store directory as a service leaves it after some work and a restart.
 async fn used_store(dir: &Path) {
@@ -53,17 +54,17 @@ fn files(dir: &Path) -> Vec<String> {
 struct Kv;
 
 impl Resource for Kv {
-    fn prepare(&self, _: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+    fn prepare(&self, _: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
         staged.put(format!("staged/{txid}").as_bytes(), payload);
         Vote::Yes
     }
-    fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn commit(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         let k = format!("staged/{txid}");
         let v = view.get(k.as_bytes()).unwrap().unwrap_or_default();
         staged.delete(k.as_bytes());
         staged.put(format!("applied/{txid}").as_bytes(), &v);
     }
-    fn abort(&self, _: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn abort(&self, _: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         staged.delete(format!("staged/{txid}").as_bytes());
     }
 }

@@ -27,6 +27,7 @@ use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::StoreError;
 use participant_sdk::store::View;
+use participant_sdk::GlobalTxid;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
@@ -52,7 +53,7 @@ struct Counter {
 /// (a commit's txid, the raw log record it found for `peek_txid`).
 type Peeks = Vec<(u64, Option<Vec<u8>>)>;
 
-fn k(prefix: &str, txid: u64) -> Vec<u8> {
+fn k(prefix: &str, txid: impl std::fmt::Display) -> Vec<u8> {
     format!("{prefix}/{txid}").into_bytes()
 }
 
@@ -63,13 +64,13 @@ fn total(view: &View<'_>) -> u64 {
         .unwrap_or(0)
 }
 
-fn log_apply(view: &View<'_>, txid: u64, what: &str, staged: &mut Staged) {
+fn log_apply(view: &View<'_>, txid: GlobalTxid, what: &str, staged: &mut Staged) {
     let n = view.scan(&k("applog", txid)).unwrap().len();
     staged.put(format!("applog/{txid}/{n}").as_bytes(), what.as_bytes());
 }
 
 impl Resource for Counter {
-    fn prepare(&self, _view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+    fn prepare(&self, _view: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
         if payload == b"no" {
             return Vote::No;
         }
@@ -77,13 +78,13 @@ impl Resource for Counter {
         Vote::Yes
     }
 
-    fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn commit(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         self.commits.fetch_add(1, Ordering::SeqCst);
         if let (Some(raw), Some(other)) = (self.raw.lock().unwrap().as_ref(), *self.peek_txid.lock().unwrap()) {
             let mut key = vec![b'l'];
             key.extend_from_slice(&other.to_be_bytes());
             let seen = raw.get(&key);
-            self.peek.lock().unwrap().push((txid, seen));
+            self.peek.lock().unwrap().push((txid.txid, seen));
         }
         let v = view.get(&k("staged", txid)).unwrap().expect("prepared work is staged");
         staged.delete(&k("staged", txid));
@@ -92,7 +93,7 @@ impl Resource for Counter {
         log_apply(view, txid, "COMMIT", staged);
     }
 
-    fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn abort(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         self.aborts.fetch_add(1, Ordering::SeqCst);
         staged.delete(&k("staged", txid));
         log_apply(view, txid, "ABORT", staged);
@@ -125,7 +126,9 @@ async fn inv8_inv9_a_mixed_group_gives_each_item_its_own_answer_and_is_durable()
     let r = Counter::default();
     {
         let s = open(dir.path(), &r);
-        for (txid, term) in [(1, 1), (2, 1), (4, 5), (6, 1)] {
+        // Terms never go down across new txids: a Prepare of an unknown
+        // txid from below the term floor is refused (invariant 9).
+        for (txid, term) in [(1, 1), (2, 1), (6, 1), (4, 5)] {
             assert_eq!(
                 s.handle(txid, Message::Prepare { term }, b"w").await.unwrap(),
                 Reply::Vote(Vote::Yes)
@@ -190,7 +193,7 @@ async fn inv8_inv9_a_mixed_group_gives_each_item_its_own_answer_and_is_durable()
     assert_eq!(s.view().get(b"staged/6").unwrap(), None);
     assert_eq!(total(&s.view()), 2);
     // Invariant 5: txid 4 is still in doubt, and nothing else is.
-    let doubt: Vec<u64> = s.in_doubt().unwrap().iter().map(|(t, _)| *t).collect();
+    let doubt: Vec<u64> = s.in_doubt().unwrap().iter().map(|(t, _)| t.txid).collect();
     assert_eq!(doubt, vec![4]);
     // The tombstone holds: a late Prepare votes NO without the resource.
     assert_eq!(
@@ -307,8 +310,10 @@ async fn the_rpc_answers_per_item_codes_and_refusal_kinds() {
     let dir = tempfile::tempdir().unwrap();
     let r = Counter::default();
     let s = open(dir.path(), &r);
-    s.handle(1, Message::Prepare { term: 2 }, b"w").await.unwrap();
+    // In term order: a Prepare of an unknown txid from below the term
+    // floor would be refused (invariant 9).
     s.handle(2, Message::Prepare { term: 1 }, b"w").await.unwrap();
+    s.handle(1, Message::Prepare { term: 2 }, b"w").await.unwrap();
     let server = ParticipantServer::new(s.clone(), "bank-a");
     use pb::DecisionOutcome::Abort;
     use pb::DecisionOutcome::Commit;

@@ -25,6 +25,7 @@ use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::StoreError;
 use participant_sdk::store::View;
+use participant_sdk::GlobalTxid;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
@@ -47,12 +48,12 @@ fn key(prefix: &str, name: &[u8]) -> Vec<u8> {
     k
 }
 
-fn holder_key(txid: u64) -> Vec<u8> {
+fn holder_key(txid: impl std::fmt::Display) -> Vec<u8> {
     format!("holds/{txid}").into_bytes()
 }
 
 impl Resource for Locks {
-    fn prepare(&self, view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+    fn prepare(&self, view: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
         self.prepares.fetch_add(1, Ordering::SeqCst);
         match payload {
             b"no" => return Vote::No,
@@ -62,12 +63,12 @@ impl Resource for Locks {
         if view.get(&key("lock", payload)).unwrap().is_some() {
             return Vote::No;
         }
-        staged.put(&key("lock", payload), &txid.to_be_bytes());
+        staged.put(&key("lock", payload), &txid.key_bytes());
         staged.put(&holder_key(txid), payload);
         Vote::Yes
     }
 
-    fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn commit(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         let account = view
             .get(&holder_key(txid))
             .unwrap()
@@ -82,7 +83,7 @@ impl Resource for Locks {
         staged.delete(&holder_key(txid));
     }
 
-    fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn abort(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         if let Some(account) = view.get(&holder_key(txid)).unwrap() {
             staged.delete(&key("lock", &account));
             staged.delete(&holder_key(txid));
@@ -109,9 +110,11 @@ fn as_vote(r: Result<Reply, StoreError>) -> Result<Vote, StoreError> {
 
 /// The setup both stores of the mixed test get, through single calls:
 /// txid 1 prepared YES at term 1, txid 2 aborted before any prepare (a
-/// tombstone), txid 3 prepared at term 5, txid 7 committed.
+/// tombstone), txid 3 prepared at term 5, txid 7 committed. In term order:
+/// a Prepare of an unknown txid from below the term floor is refused
+/// (invariant 9).
 async fn setup(s: &ParticipantStore<Locks>) {
-    for (txid, term, account) in [(1, 1, &b"a"[..]), (3, 5, b"c"), (7, 1, b"d")] {
+    for (txid, term, account) in [(1, 1, &b"a"[..]), (7, 1, b"d"), (3, 5, b"c")] {
         assert_eq!(
             s.handle(txid, Message::Prepare { term }, account).await.unwrap(),
             Reply::Vote(Vote::Yes)
@@ -135,15 +138,15 @@ async fn inv8_inv9_a_mixed_message_gives_each_item_its_single_call_answer_and_is
     let (dir, single_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (r, rs) = (Locks::default(), Locks::default());
     let items: Vec<(u64, u64, &[u8])> = vec![
-        (4, 1, b"x"),  // fresh: YES, locks x
-        (1, 2, b"a"),  // repeat of a YES (newer term): YES, resource not asked
-        (2, 1, b"b"),  // after the abort tombstone: NO, resource not asked
+        (4, 5, b"x"),  // fresh: YES, locks x
+        (2, 5, b"b"),  // after the abort tombstone: NO, resource not asked
         (3, 4, b"c"),  // stale: the participant saw term 5
-        (5, 1, b"x"),  // x is locked by 4, one item before: NO
-        (6, 1, b"no"), // the resource refuses: NO
-        (8, 1, b"ro"), // READ_ONLY
-        (4, 1, b"x"),  // txid 4 again in the same message: its recorded YES
-        (7, 1, b"d"),  // already committed: YES
+        (5, 5, b"x"),  // x is locked by 4, one item before: NO
+        (6, 5, b"no"), // the resource refuses: NO
+        (8, 5, b"ro"), // READ_ONLY
+        (4, 5, b"x"),  // txid 4 again in the same message: its recorded YES
+        (7, 5, b"d"),  // already committed: YES
+        (1, 6, b"a"),  // repeat of a YES (newer term): YES, resource not asked; last, as it raises the term floor
     ];
     let single = open(single_dir.path(), &rs);
     setup(&single).await;
@@ -166,7 +169,6 @@ async fn inv8_inv9_a_mixed_message_gives_each_item_its_single_call_answer_and_is
             votes,
             vec![
                 Some(Vote::Yes),
-                Some(Vote::Yes),
                 Some(Vote::No),
                 None,
                 Some(Vote::No),
@@ -174,10 +176,11 @@ async fn inv8_inv9_a_mixed_message_gives_each_item_its_single_call_answer_and_is
                 Some(Vote::ReadOnly),
                 Some(Vote::Yes),
                 Some(Vote::Yes),
+                Some(Vote::Yes),
             ]
         );
         assert!(matches!(
-            &got[3],
+            &got[2],
             Err(StoreError::Refused(Refusal::StaleTerm { got: 4, seen: 5 }))
         ));
         assert_eq!(
@@ -196,7 +199,7 @@ async fn inv8_inv9_a_mixed_message_gives_each_item_its_single_call_answer_and_is
     assert_eq!(s.view().get(b"lock/x").unwrap(), Some(4u64.to_be_bytes().to_vec()));
     assert_eq!(
         s.entry(1).unwrap().unwrap().term,
-        2,
+        6,
         "an accepted repeat raises the term"
     );
     assert_eq!(state(&s, 2), Some(LocalState::Aborted { tombstone: true }));
@@ -204,10 +207,10 @@ async fn inv8_inv9_a_mixed_message_gives_each_item_its_single_call_answer_and_is
     assert_eq!(state(&s, 5), Some(LocalState::Aborted { tombstone: false }));
     assert_eq!(state(&s, 6), Some(LocalState::Aborted { tombstone: false }));
     assert_eq!(state(&s, 8), Some(LocalState::Prepared { vote: Vote::ReadOnly }));
-    let doubt: Vec<u64> = s.in_doubt().unwrap().iter().map(|(t, _)| *t).collect();
+    let doubt: Vec<u64> = s.in_doubt().unwrap().iter().map(|(t, _)| t.txid).collect();
     assert_eq!(doubt, vec![1, 3, 4], "the YES votes in doubt, 4 among them");
     // The prepared work holds: COMMIT of 4 applies it, then x is free.
-    assert_eq!(s.handle(4, Message::Commit { term: 1 }, b"").await.unwrap(), Reply::Ack);
+    assert_eq!(s.handle(4, Message::Commit { term: 5 }, b"").await.unwrap(), Reply::Ack);
     assert_eq!(s.view().get(b"balance/x").unwrap(), Some(1u64.to_be_bytes().to_vec()));
     assert_eq!(s.view().get(b"lock/x").unwrap(), None);
 }
@@ -266,7 +269,7 @@ async fn groups_vote_and_prepare_exactly_like_single_prepares() {
             s.in_doubt_older_than(std::time::Duration::ZERO)
                 .unwrap()
                 .iter()
-                .map(|(t, _)| *t)
+                .map(|(t, _)| t.txid)
                 .collect()
         };
         assert_eq!(old(&a), old(&b), "seed {seed}");
@@ -279,6 +282,7 @@ fn item(txid: u64, participant_id: &str, term: u64, payload: &[u8]) -> pb::Prepa
         term,
         participant_id: participant_id.into(),
         payload: payload.to_vec(),
+        incarnation: 0,
     }
 }
 
@@ -293,12 +297,13 @@ async fn the_rpc_answers_per_item_votes_codes_and_refusal_kinds() {
     let s = open(dir.path(), &r);
     s.handle(3, Message::Prepare { term: 5 }, b"c").await.unwrap();
     let server = ParticipantServer::new(s.clone(), "bank-a");
+    // Fresh items at the term floor (5): below it they would be refused.
     let items = vec![
-        item(1, "bank-a", 1, b"x"),
-        item(2, "bank-b", 1, b"y"),
+        item(1, "bank-a", 5, b"x"),
+        item(2, "bank-b", 5, b"y"),
         item(3, "", 4, b"c"),
-        item(4, "", 1, b"x"),
-        item(5, "bank-a", 1, b"ro"),
+        item(4, "", 5, b"x"),
+        item(5, "bank-a", 5, b"ro"),
     ];
     let single: Vec<Result<pb::PrepareResponse, tonic::Status>> = {
         // What single Prepare calls answer, at a store in the same state.
@@ -370,7 +375,7 @@ async fn the_rpc_answers_per_item_votes_codes_and_refusal_kinds() {
     assert_eq!(state(&s, 2), None, "the item for another participant changed nothing");
 
     let too_many = (0..=dtx_proto::limits::PREPARE_GROUP_ITEMS_MAX as u64)
-        .map(|t| item(100 + t, "", 1, b"ro"))
+        .map(|t| item(100 + t, "", 5, b"ro"))
         .collect();
     let err = server
         .prepare_many(tonic::Request::new(pb::PrepareManyRequest {

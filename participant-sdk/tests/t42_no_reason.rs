@@ -13,6 +13,7 @@ use participant_sdk::store::ParticipantStore;
 use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::View;
+use participant_sdk::GlobalTxid;
 
 /// Payload "ok" votes YES (and writes `done/<txid>` at commit); "plain-no"
 /// votes NO without a reason; anything else is refused with a reason that
@@ -20,7 +21,7 @@ use participant_sdk::store::View;
 struct Picky;
 
 impl Resource for Picky {
-    fn prepare(&self, _view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+    fn prepare(&self, _view: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
         match payload {
             b"ok" => Vote::Yes,
             b"plain-no" => Vote::No,
@@ -31,11 +32,11 @@ impl Resource for Picky {
         }
     }
 
-    fn commit(&self, _view: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn commit(&self, _view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         staged.put(format!("done/{txid}").as_bytes(), b"1");
     }
 
-    fn abort(&self, _view: &View<'_>, _txid: u64, _staged: &mut Staged) {}
+    fn abort(&self, _view: &View<'_>, _txid: GlobalTxid, _staged: &mut Staged) {}
 }
 
 fn prepare_req(txid: u64, payload: &[u8]) -> pb::PrepareRequest {
@@ -44,6 +45,7 @@ fn prepare_req(txid: u64, payload: &[u8]) -> pb::PrepareRequest {
         term: 1,
         participant_id: "p".into(),
         payload: payload.to_vec(),
+        incarnation: 0,
     }
 }
 
@@ -122,8 +124,13 @@ async fn a_no_vote_carries_the_resources_reason_on_every_path() {
     assert_eq!(store.view().get(b"leak/7").unwrap(), None);
 
     // The same through the Participant trait the server drives.
-    let answer = Participant::handle(&store, 8, participant_sdk::log::Message::Prepare { term: 1 }, b"sing")
-        .await
-        .unwrap();
+    let answer = Participant::handle(
+        &store,
+        8.into(),
+        participant_sdk::log::Message::Prepare { term: 1 },
+        b"sing",
+    )
+    .await
+    .unwrap();
     assert_eq!(answer.reason, "cannot do \"sing\"");
 }

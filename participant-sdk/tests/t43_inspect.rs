@@ -29,12 +29,13 @@ use participant_sdk::store::ParticipantStore;
 use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::View;
+use participant_sdk::GlobalTxid;
 
 /// Payload "no" votes NO, "ro" READ_ONLY, anything else YES (staging it).
 struct Stage;
 
 impl Resource for Stage {
-    fn prepare(&self, _v: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+    fn prepare(&self, _v: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
         match payload {
             b"no" => staged.refuse("asked to"),
             b"ro" => Vote::ReadOnly,
@@ -44,11 +45,11 @@ impl Resource for Stage {
             }
         }
     }
-    fn commit(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn commit(&self, _v: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         staged.delete(format!("staged/{txid}").as_bytes());
         staged.put(format!("applied/{txid}").as_bytes(), b"1");
     }
-    fn abort(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn abort(&self, _v: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         staged.delete(format!("staged/{txid}").as_bytes());
     }
 }
@@ -70,6 +71,7 @@ async fn inspect(
             txids: txids.to_vec(),
             in_doubt,
             recent,
+            incarnation: 0,
         }))
         .await
         .unwrap()
@@ -95,14 +97,16 @@ async fn inv9_every_state_shows_with_its_term_and_the_in_doubt_ones_are_flagged(
     let s = ParticipantStore::open(dir.path(), Stage).unwrap();
     let server = ParticipantServer::new(s.clone(), "p");
     let before_ms = participant_sdk::store::unix_ms();
-    prepare(&s, 1, 3, b"x").await; // in doubt, term 3
+    // In term order: a Prepare of a txid without a record from below the
+    // highest term recorded is refused (the term floor, invariant 9).
     prepare(&s, 2, 1, b"x").await;
-    s.handle(2, Message::Commit { term: 2 }, b"").await.unwrap(); // committed, term 2
     prepare(&s, 3, 1, b"no").await; // voted NO: aborted
-    s.handle(4, Message::Abort { term: 5 }, b"").await.unwrap(); // tombstone, term 5
-    prepare(&s, 5, 4, b"ro").await; // read-only
     prepare(&s, 6, 1, b"x").await;
     s.handle(6, Message::Abort { term: 1 }, b"").await.unwrap(); // YES, then ABORT
+    s.handle(2, Message::Commit { term: 2 }, b"").await.unwrap(); // committed, term 2
+    prepare(&s, 1, 3, b"x").await; // in doubt, term 3
+    prepare(&s, 5, 4, b"ro").await; // read-only
+    s.handle(4, Message::Abort { term: 5 }, b"").await.unwrap(); // tombstone, term 5
     let after_ms = participant_sdk::store::unix_ms();
 
     let r = inspect(&server, &[1, 2, 3, 4, 5, 6, 99, 2], true, 0).await;
@@ -187,7 +191,7 @@ async fn inv8_inspect_changes_nothing_and_an_unknown_txid_gets_no_tombstone() {
     // A late Prepare of the txid asked about votes as if nobody had asked
     // (a tombstone would make it NO).
     assert_eq!(
-        s.handle(77, Message::Prepare { term: 1 }, b"x").await.unwrap(),
+        s.handle(77, Message::Prepare { term: 2 }, b"x").await.unwrap(),
         participant_sdk::store::Reply::Vote(Vote::Yes)
     );
 }
@@ -230,6 +234,7 @@ async fn limits_are_refused_with_invalid_argument_naming_the_limit() {
             txids,
             in_doubt: true,
             recent,
+            incarnation: 0,
         }))
     };
     let too_many: Vec<u64> = (1..=INSPECT_RECORDS_MAX as u64 + 1).collect();
@@ -304,6 +309,7 @@ async fn inv12_with_tls_nodes_and_operators_may_inspect_and_nobody_else() {
         txids: vec![1],
         in_doubt: true,
         recent: 0,
+        incarnation: 0,
     };
     for (role, name) in [(Role::Node, "1"), (Role::Operator, "alice")] {
         let r = client(role, name).inspect(req()).await.unwrap().into_inner();
@@ -316,6 +322,7 @@ async fn inv12_with_tls_nodes_and_operators_may_inspect_and_nobody_else() {
             txid: 1,
             term: 1,
             participant_id: "p".into(),
+            incarnation: 0,
         })
         .await
         .unwrap_err();
@@ -360,6 +367,7 @@ async fn in_plain_text_without_tokens_inspect_is_open_like_the_rest_of_the_port(
             txids: vec![5],
             in_doubt: true,
             recent: 5,
+            incarnation: 0,
         })
         .await
         .unwrap()

@@ -27,6 +27,7 @@ use participant_sdk::postgres::Transaction;
 use participant_sdk::store::PhaseTwo;
 use participant_sdk::store::Reply;
 use participant_sdk::store::StoreError;
+use participant_sdk::GlobalTxid;
 
 const DB: &str = "bank";
 const ID: &str = "acct";
@@ -36,7 +37,7 @@ const ID: &str = "acct";
 struct Accounts;
 
 impl PgHandler for Accounts {
-    async fn prepare(&self, tx: &Transaction<'_>, _txid: u64, payload: &[u8]) -> Result<Verdict, HandlerError> {
+    async fn prepare(&self, tx: &Transaction<'_>, _txid: GlobalTxid, payload: &[u8]) -> Result<Verdict, HandlerError> {
         let text = std::str::from_utf8(payload)?;
         let (name, amount) = text.split_once(':').ok_or("bad payload")?;
         if name == "read" {
@@ -130,12 +131,14 @@ fn refusal(r: Result<Answer, StoreError>) -> Refusal {
 async fn inv8_commit_applies_once_and_redelivered_commit_acks_after_gid_is_gone() {
     let Some((_s, p)) = setup().await else { return };
     assert_eq!(
-        p.handle(1, Message::Prepare { term: 1 }, b"alice:+10").await.unwrap(),
+        p.handle(1.into(), Message::Prepare { term: 1 }, b"alice:+10")
+            .await
+            .unwrap(),
         yes()
     );
     assert_eq!(gids(&p).await, vec![p.gid(1, 1)]);
     assert_eq!(
-        p.durable_entry(1).await.unwrap(),
+        p.durable_entry(1.into()).await.unwrap(),
         Some(LogEntry {
             state: LocalState::Prepared { vote: Vote::Yes },
             term: 1
@@ -143,33 +146,46 @@ async fn inv8_commit_applies_once_and_redelivered_commit_acks_after_gid_is_gone(
     );
     // Idempotent Prepare: the same vote, nothing prepared twice.
     assert_eq!(
-        p.handle(1, Message::Prepare { term: 1 }, b"alice:+10").await.unwrap(),
+        p.handle(1.into(), Message::Prepare { term: 1 }, b"alice:+10")
+            .await
+            .unwrap(),
         yes()
     );
     assert_eq!(balance(&p, "alice").await, 100, "not visible before the decision");
-    assert_eq!(p.handle(1, Message::Commit { term: 1 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.handle(1.into(), Message::Commit { term: 1 }, b"").await.unwrap(),
+        ack()
+    );
     assert_eq!(balance(&p, "alice").await, 110);
     assert!(gids(&p).await.is_empty(), "PostgreSQL forgot the gid");
     // Redelivered in the same term: the gid it names is gone, so the
     // marker row answers; nothing applied twice.
-    assert_eq!(p.handle(1, Message::Commit { term: 1 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.handle(1.into(), Message::Commit { term: 1 }, b"").await.unwrap(),
+        ack()
+    );
     assert_eq!(balance(&p, "alice").await, 110);
     // Redelivered in a later term: the marker row answers, nothing applied twice.
-    assert_eq!(p.handle(1, Message::Commit { term: 2 }, b"").await.unwrap(), ack());
     assert_eq!(
-        p.handle(1, Message::Prepare { term: 2 }, b"alice:+10").await.unwrap(),
+        p.handle(1.into(), Message::Commit { term: 2 }, b"").await.unwrap(),
+        ack()
+    );
+    assert_eq!(
+        p.handle(1.into(), Message::Prepare { term: 2 }, b"alice:+10")
+            .await
+            .unwrap(),
         yes()
     );
     assert_eq!(balance(&p, "alice").await, 110);
     assert_eq!(
-        p.durable_entry(1).await.unwrap(),
+        p.durable_entry(1.into()).await.unwrap(),
         Some(LogEntry {
             state: LocalState::Committed,
             term: 2
         })
     );
     assert_eq!(
-        refusal(p.handle(1, Message::Abort { term: 2 }, b"").await),
+        refusal(p.handle(1.into(), Message::Abort { term: 2 }, b"").await),
         Refusal::AbortAfterCommit
     );
 }
@@ -177,21 +193,30 @@ async fn inv8_commit_applies_once_and_redelivered_commit_acks_after_gid_is_gone(
 #[tokio::test]
 async fn inv8_abort_before_prepare_leaves_tombstone_and_late_prepare_votes_no() {
     let Some((_s, p)) = setup().await else { return };
-    assert_eq!(p.handle(2, Message::Abort { term: 1 }, b"").await.unwrap(), ack());
     assert_eq!(
-        p.durable_entry(2).await.unwrap(),
+        p.handle(2.into(), Message::Abort { term: 1 }, b"").await.unwrap(),
+        ack()
+    );
+    assert_eq!(
+        p.durable_entry(2.into()).await.unwrap(),
         Some(LogEntry {
             state: LocalState::Aborted { tombstone: true },
             term: 1
         })
     );
-    let a = p.handle(2, Message::Prepare { term: 1 }, b"alice:+10").await.unwrap();
+    let a = p
+        .handle(2.into(), Message::Prepare { term: 1 }, b"alice:+10")
+        .await
+        .unwrap();
     assert_eq!(a.reply, Reply::Vote(Vote::No), "{a:?}");
     assert!(gids(&p).await.is_empty());
     assert_eq!(balance(&p, "alice").await, 100);
-    assert_eq!(p.handle(2, Message::Abort { term: 1 }, b"").await.unwrap(), ack());
     assert_eq!(
-        refusal(p.handle(2, Message::Commit { term: 1 }, b"").await),
+        p.handle(2.into(), Message::Abort { term: 1 }, b"").await.unwrap(),
+        ack()
+    );
+    assert_eq!(
+        refusal(p.handle(2.into(), Message::Commit { term: 1 }, b"").await),
         Refusal::CommitAfterAbort
     );
 }
@@ -200,26 +225,34 @@ async fn inv8_abort_before_prepare_leaves_tombstone_and_late_prepare_votes_no() 
 async fn inv8_abort_after_prepare_rolls_back_once() {
     let Some((_s, p)) = setup().await else { return };
     assert_eq!(
-        p.handle(3, Message::Prepare { term: 1 }, b"alice:-30").await.unwrap(),
+        p.handle(3.into(), Message::Prepare { term: 1 }, b"alice:-30")
+            .await
+            .unwrap(),
         yes()
     );
-    assert_eq!(p.handle(3, Message::Abort { term: 1 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.handle(3.into(), Message::Abort { term: 1 }, b"").await.unwrap(),
+        ack()
+    );
     assert!(gids(&p).await.is_empty());
     assert_eq!(balance(&p, "alice").await, 100);
-    assert_eq!(p.handle(3, Message::Abort { term: 1 }, b"").await.unwrap(), ack());
     assert_eq!(
-        p.handle(3, Message::Prepare { term: 1 }, b"alice:-30")
+        p.handle(3.into(), Message::Abort { term: 1 }, b"").await.unwrap(),
+        ack()
+    );
+    assert_eq!(
+        p.handle(3.into(), Message::Prepare { term: 1 }, b"alice:-30")
             .await
             .unwrap()
             .reply,
         Reply::Vote(Vote::No)
     );
     assert_eq!(
-        refusal(p.handle(3, Message::Commit { term: 1 }, b"").await),
+        refusal(p.handle(3.into(), Message::Commit { term: 1 }, b"").await),
         Refusal::CommitAfterAbort
     );
     assert_eq!(
-        p.durable_entry(3).await.unwrap(),
+        p.durable_entry(3.into()).await.unwrap(),
         Some(LogEntry {
             state: LocalState::Aborted { tombstone: false },
             term: 1
@@ -231,24 +264,29 @@ async fn inv8_abort_after_prepare_rolls_back_once() {
 async fn inv9_stale_term_commit_refused() {
     let Some((_s, p)) = setup().await else { return };
     assert_eq!(
-        p.handle(4, Message::Prepare { term: 5 }, b"alice:+1").await.unwrap(),
+        p.handle(4.into(), Message::Prepare { term: 5 }, b"alice:+1")
+            .await
+            .unwrap(),
         yes()
     );
     assert_eq!(
-        refusal(p.handle(4, Message::Commit { term: 4 }, b"").await),
+        refusal(p.handle(4.into(), Message::Commit { term: 4 }, b"").await),
         Refusal::StaleTerm { got: 4, seen: 5 }
     );
     assert_eq!(
-        refusal(p.handle(4, Message::Abort { term: 4 }, b"").await),
+        refusal(p.handle(4.into(), Message::Abort { term: 4 }, b"").await),
         Refusal::StaleTerm { got: 4, seen: 5 }
     );
     assert_eq!(gids(&p).await, vec![p.gid(4, 5)], "still prepared");
     assert_eq!(balance(&p, "alice").await, 100);
-    assert_eq!(p.handle(4, Message::Commit { term: 6 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.handle(4.into(), Message::Commit { term: 6 }, b"").await.unwrap(),
+        ack()
+    );
     assert_eq!(balance(&p, "alice").await, 101);
     // Once decided, the row's term (raised by the Commit) fences.
     assert_eq!(
-        refusal(p.handle(4, Message::Commit { term: 5 }, b"").await),
+        refusal(p.handle(4.into(), Message::Commit { term: 5 }, b"").await),
         Refusal::StaleTerm { got: 5, seen: 6 }
     );
 }
@@ -256,16 +294,22 @@ async fn inv9_stale_term_commit_refused() {
 #[tokio::test]
 async fn no_vote_carries_the_handlers_reason() {
     let Some((_s, p)) = setup().await else { return };
-    let a = p.handle(5, Message::Prepare { term: 1 }, b"bob:-10").await.unwrap();
+    let a = p
+        .handle(5.into(), Message::Prepare { term: 1 }, b"bob:-10")
+        .await
+        .unwrap();
     assert_eq!(a.reply, Reply::Vote(Vote::No));
     assert!(a.reason.contains("insufficient funds in bob"), "{a:?}");
     assert!(gids(&p).await.is_empty());
     assert_eq!(balance(&p, "bob").await, 0, "rolled back");
     // A redelivered Prepare votes NO again.
-    let again = p.handle(5, Message::Prepare { term: 1 }, b"bob:-10").await.unwrap();
+    let again = p
+        .handle(5.into(), Message::Prepare { term: 1 }, b"bob:-10")
+        .await
+        .unwrap();
     assert_eq!(again.reply, Reply::Vote(Vote::No));
     assert_eq!(
-        refusal(p.handle(5, Message::Commit { term: 1 }, b"").await),
+        refusal(p.handle(5.into(), Message::Commit { term: 1 }, b"").await),
         Refusal::CommitAfterAbort
     );
 }
@@ -274,10 +318,10 @@ async fn no_vote_carries_the_handlers_reason() {
 async fn inv8_commit_without_prepare_refused() {
     let Some((_s, p)) = setup().await else { return };
     assert_eq!(
-        refusal(p.handle(6, Message::Commit { term: 1 }, b"").await),
+        refusal(p.handle(6.into(), Message::Commit { term: 1 }, b"").await),
         Refusal::CommitWithoutPrepare
     );
-    assert_eq!(p.durable_entry(6).await.unwrap(), None);
+    assert_eq!(p.durable_entry(6.into()).await.unwrap(), None);
 }
 
 #[tokio::test]
@@ -285,29 +329,33 @@ async fn read_only_and_one_phase() {
     let Some((_s, p)) = setup().await else { return };
     let ro = Answer::new(Reply::Vote(Vote::ReadOnly));
     assert_eq!(
-        p.handle(7, Message::Prepare { term: 1 }, b"read:alice").await.unwrap(),
+        p.handle(7.into(), Message::Prepare { term: 1 }, b"read:alice")
+            .await
+            .unwrap(),
         ro
     );
     assert_eq!(
-        p.handle(7, Message::Prepare { term: 1 }, b"read:alice").await.unwrap(),
+        p.handle(7.into(), Message::Prepare { term: 1 }, b"read:alice")
+            .await
+            .unwrap(),
         ro
     );
     assert!(gids(&p).await.is_empty());
     assert_eq!(
-        p.handle(8, Message::CommitOnePhase { term: 1 }, b"alice:+5")
+        p.handle(8.into(), Message::CommitOnePhase { term: 1 }, b"alice:+5")
             .await
             .unwrap(),
         ack()
     );
     assert_eq!(
-        p.handle(8, Message::CommitOnePhase { term: 1 }, b"alice:+5")
+        p.handle(8.into(), Message::CommitOnePhase { term: 1 }, b"alice:+5")
             .await
             .unwrap(),
         ack()
     );
     assert_eq!(balance(&p, "alice").await, 105);
     let no = p
-        .handle(9, Message::CommitOnePhase { term: 1 }, b"bob:-1")
+        .handle(9.into(), Message::CommitOnePhase { term: 1 }, b"bob:-1")
         .await
         .unwrap();
     assert_eq!(no.reply, Reply::Vote(Vote::No));
@@ -318,7 +366,9 @@ async fn read_only_and_one_phase() {
 async fn inv5_prepared_transaction_survives_postgres_crash_and_commit_resolves_it() {
     let Some((mut s, p)) = setup().await else { return };
     assert_eq!(
-        p.handle(10, Message::Prepare { term: 3 }, b"alice:+7").await.unwrap(),
+        p.handle(10.into(), Message::Prepare { term: 3 }, b"alice:+7")
+            .await
+            .unwrap(),
         yes()
     );
     s.kill9();
@@ -338,11 +388,14 @@ async fn inv5_prepared_transaction_survives_postgres_crash_and_commit_resolves_i
         state: LocalState::Prepared { vote: Vote::Yes },
         term: 3,
     };
-    assert_eq!(listed.unwrap(), vec![(10, prepared)]);
+    assert_eq!(listed.unwrap(), vec![(10.into(), prepared)]);
     assert_eq!(gids(&p).await, vec![p.gid(10, 3)]);
-    assert_eq!(p.durable_entry(10).await.unwrap(), Some(prepared));
+    assert_eq!(p.durable_entry(10.into()).await.unwrap(), Some(prepared));
     assert_eq!(balance(&p, "alice").await, 100, "never decided on its own");
-    assert_eq!(p.handle(10, Message::Commit { term: 3 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.handle(10.into(), Message::Commit { term: 3 }, b"").await.unwrap(),
+        ack()
+    );
     assert_eq!(balance(&p, "alice").await, 107);
     assert!(p.in_doubt_older_than(Duration::ZERO).await.unwrap().is_empty());
 }
@@ -368,32 +421,35 @@ async fn prepared_gid_of_another_prefix_is_never_listed_or_touched() {
     ];
     assert_eq!(gids(&p).await, foreign);
     assert!(p.in_doubt_older_than(Duration::ZERO).await.unwrap().is_empty());
-    assert_eq!(p.durable_entry(11).await.unwrap(), None);
+    assert_eq!(p.durable_entry(11.into()).await.unwrap(), None);
     assert_eq!(
-        refusal(p.handle(11, Message::Commit { term: 1 }, b"").await),
+        refusal(p.handle(11.into(), Message::Commit { term: 1 }, b"").await),
         Refusal::CommitWithoutPrepare
     );
-    assert_eq!(p.handle(11, Message::Abort { term: 1 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.handle(11.into(), Message::Abort { term: 1 }, b"").await.unwrap(),
+        ack()
+    );
     assert_eq!(gids(&p).await, foreign, "untouched");
 }
 
 #[tokio::test]
 async fn batches_prepare_many_and_apply_decisions_answer_in_order() {
     let Some((_s, p)) = setup().await else { return };
-    let items: Vec<(u64, u64, &[u8])> = vec![
-        (20, 1, b"alice:-10"),
-        (21, 1, b"bob:-10"),
-        (22, 1, b"read:alice"),
-        (23, 1, b"carol:-20"),
+    let items: Vec<(GlobalTxid, u64, &[u8])> = vec![
+        (20.into(), 1, b"alice:-10"),
+        (21.into(), 1, b"bob:-10"),
+        (22.into(), 1, b"read:alice"),
+        (23.into(), 1, b"carol:-20"),
     ];
     let v = p.prepare_many(&items).await.unwrap();
     let votes: Vec<Vote> = v.iter().map(|r| r.as_ref().unwrap().vote).collect();
     assert_eq!(votes, vec![Vote::Yes, Vote::No, Vote::ReadOnly, Vote::Yes]);
     let d = p
         .apply_decisions(&[
-            (20, PhaseTwo::Commit { term: 1 }),
-            (23, PhaseTwo::Abort { term: 1 }),
-            (24, PhaseTwo::Commit { term: 1 }),
+            (20.into(), PhaseTwo::Commit { term: 1 }),
+            (23.into(), PhaseTwo::Abort { term: 1 }),
+            (24.into(), PhaseTwo::Commit { term: 1 }),
         ])
         .await
         .unwrap();
@@ -406,13 +462,13 @@ async fn batches_prepare_many_and_apply_decisions_answer_in_order() {
     assert_eq!(balance(&p, "carol").await, 50);
     // Log garbage collection over the decided rows.
     let all = p.gc_candidates_after(None, u64::MAX, 100).await.unwrap();
-    let txids: std::collections::BTreeSet<u64> = all.iter().map(|x| x.1).collect();
+    let txids: std::collections::BTreeSet<u64> = all.iter().map(|x| x.1.txid).collect();
     assert_eq!(txids, [20, 21, 22, 23].into_iter().collect());
     let first = p.gc_candidates_after(None, u64::MAX, 1).await.unwrap();
     let rest = p.gc_candidates_after(Some(first[0]), u64::MAX, 100).await.unwrap();
     assert_eq!(rest.len(), 3);
     assert_eq!(p.forget_records(&all).await.unwrap(), 4);
-    assert_eq!(p.durable_entry(20).await.unwrap(), None);
+    assert_eq!(p.durable_entry(20.into()).await.unwrap(), None);
 }
 
 #[tokio::test]
@@ -479,7 +535,7 @@ struct Gated {
 }
 
 impl PgHandler for Gated {
-    async fn prepare(&self, tx: &Transaction<'_>, txid: u64, payload: &[u8]) -> Result<Verdict, HandlerError> {
+    async fn prepare(&self, tx: &Transaction<'_>, txid: GlobalTxid, payload: &[u8]) -> Result<Verdict, HandlerError> {
         self.entered.notify_one();
         self.gate.notified().await;
         Accounts.prepare(tx, txid, payload).await
@@ -500,10 +556,10 @@ async fn inv8_abort_during_prepare_in_another_session_wins_and_prepare_votes_no(
     )
     .await
     .unwrap();
-    let prepare = a.handle(30, Message::Prepare { term: 1 }, b"alice:+1");
+    let prepare = a.handle(30.into(), Message::Prepare { term: 1 }, b"alice:+1");
     let abort = async {
         entered.notified().await;
-        let r = b.handle(30, Message::Abort { term: 1 }, b"").await;
+        let r = b.handle(30.into(), Message::Abort { term: 1 }, b"").await;
         gate.notify_one();
         r
     };
@@ -514,7 +570,7 @@ async fn inv8_abort_during_prepare_in_another_session_wins_and_prepare_votes_no(
     assert!(gids(&b).await.is_empty());
     assert_eq!(balance(&b, "alice").await, 100);
     assert_eq!(
-        b.durable_entry(30).await.unwrap(),
+        b.durable_entry(30.into()).await.unwrap(),
         Some(LogEntry {
             state: LocalState::Aborted { tombstone: true },
             term: 1
@@ -543,13 +599,13 @@ async fn inv8_abort_waiting_on_an_unprepared_marker_rolls_back_once_it_is_prepar
             .unwrap();
     };
     let began = Instant::now();
-    let (ab, ()) = tokio::join!(p.handle(31, Message::Abort { term: 1 }, b""), prepare_later);
+    let (ab, ()) = tokio::join!(p.handle(31.into(), Message::Abort { term: 1 }, b""), prepare_later);
     assert_eq!(ab.unwrap(), ack());
     assert!(began.elapsed() < Duration::from_secs(10));
     assert!(gids(&p).await.is_empty(), "rolled back");
     assert_eq!(balance(&p, "alice").await, 100);
     assert_eq!(
-        p.durable_entry(31).await.unwrap(),
+        p.durable_entry(31.into()).await.unwrap(),
         Some(LogEntry {
             state: LocalState::Aborted { tombstone: false },
             term: 1
@@ -579,7 +635,8 @@ async fn startup_refuses_a_role_without_rights_on_the_log_table() {
     assert!(e.to_string().contains("lacks SELECT, INSERT, UPDATE or DELETE"), "{e}");
     s.execute(
         DB,
-        "GRANT SELECT, INSERT, UPDATE, DELETE ON dtx_participant_log TO weak",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON dtx_participant_log, dtx_participant_log_inc,
+             dtx_participant_term_floor TO weak",
     )
     .unwrap();
     PgParticipant::connect(weak(&s), Accounts).await.unwrap();
@@ -632,7 +689,10 @@ async fn prepared_transactions_open_and_the_oldest_age_are_reported() {
     let rec = Gauges::default();
     let _guard = metrics::set_default_local_recorder(&rec);
     for (t, work) in [(21, &b"alice:+1"[..]), (22, &b"bob:+1"[..])] {
-        assert_eq!(p.handle(t, Message::Prepare { term: 1 }, work).await.unwrap(), yes());
+        assert_eq!(
+            p.handle(t.into(), Message::Prepare { term: 1 }, work).await.unwrap(),
+            yes()
+        );
     }
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(p.in_doubt_older_than(Duration::ZERO).await.unwrap().len(), 2);
@@ -646,7 +706,7 @@ async fn prepared_transactions_open_and_the_oldest_age_are_reported() {
     let age = summary.oldest_age.expect("an age").as_secs_f64();
     assert!((1.0..60.0).contains(&age), "oldest age {age} s");
     for t in [21, 22] {
-        p.handle(t, Message::Abort { term: 1 }, b"").await.unwrap();
+        p.handle(t.into(), Message::Abort { term: 1 }, b"").await.unwrap();
     }
     assert!(p.in_doubt_older_than(Duration::ZERO).await.unwrap().is_empty());
     assert_eq!(
@@ -667,21 +727,38 @@ async fn inspect_shows_prepared_transactions_and_log_rows_and_changes_nothing() 
     use dtx_proto::v1 as pb;
     use dtx_proto::v1::participant_service_server::ParticipantService;
     let Some((_s, p)) = setup().await else { return };
+    // In term order: a Prepare of a txid with no gid and no row from below
+    // the term floor is refused (invariant 9).
     assert_eq!(
-        p.handle(1, Message::Prepare { term: 3 }, b"alice:+1").await.unwrap(),
+        p.handle(2.into(), Message::Prepare { term: 1 }, b"bob:+1")
+            .await
+            .unwrap(),
         yes()
     );
-    assert_eq!(
-        p.handle(2, Message::Prepare { term: 1 }, b"bob:+1").await.unwrap(),
-        yes()
-    );
-    assert_eq!(p.handle(2, Message::Commit { term: 2 }, b"").await.unwrap(), ack());
-    let no = p.handle(3, Message::Prepare { term: 1 }, b"carol:-1000").await.unwrap();
+    let no = p
+        .handle(3.into(), Message::Prepare { term: 1 }, b"carol:-1000")
+        .await
+        .unwrap();
     assert_eq!(no.reply, Reply::Vote(Vote::No));
-    assert_eq!(p.handle(4, Message::Abort { term: 5 }, b"").await.unwrap(), ack());
     assert_eq!(
-        p.handle(5, Message::Prepare { term: 4 }, b"read:alice").await.unwrap(),
+        p.handle(2.into(), Message::Commit { term: 2 }, b"").await.unwrap(),
+        ack()
+    );
+    assert_eq!(
+        p.handle(1.into(), Message::Prepare { term: 3 }, b"alice:+1")
+            .await
+            .unwrap(),
+        yes()
+    );
+    assert_eq!(
+        p.handle(5.into(), Message::Prepare { term: 4 }, b"read:alice")
+            .await
+            .unwrap(),
         Answer::new(Reply::Vote(Vote::ReadOnly))
+    );
+    assert_eq!(
+        p.handle(4.into(), Message::Abort { term: 5 }, b"").await.unwrap(),
+        ack()
     );
     let log = |p: std::sync::Arc<PgParticipant<Accounts>>| async move {
         let c = p.pool().get().await.unwrap();
@@ -712,6 +789,7 @@ async fn inspect_shows_prepared_transactions_and_log_rows_and_changes_nothing() 
             txids: vec![1, 2, 3, 4, 5, 99],
             in_doubt: true,
             recent: 10,
+            incarnation: 0,
         }))
         .await
         .unwrap()
@@ -746,21 +824,212 @@ async fn inspect_shows_prepared_transactions_and_log_rows_and_changes_nothing() 
     assert_eq!(log(p.clone()).await, log_before, "Inspect wrote to the log");
     assert_eq!(gids(&p).await, gids_before);
     assert_eq!(
-        p.durable_entry(99).await.unwrap(),
+        p.durable_entry(99.into()).await.unwrap(),
         None,
         "no tombstone for a txid never seen"
     );
     // Decided: no longer in doubt.
-    assert_eq!(p.handle(1, Message::Commit { term: 3 }, b"").await.unwrap(), ack());
+    assert_eq!(
+        p.handle(1.into(), Message::Commit { term: 3 }, b"").await.unwrap(),
+        ack()
+    );
     let r = server
         .inspect(tonic::Request::new(pb::InspectParticipantRequest {
             txids: vec![1],
             in_doubt: true,
             recent: 0,
+            incarnation: 0,
         }))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(r.records[0].record, pb::LocalRecord::Committed as i32);
     assert!(r.in_doubt.is_empty() && r.in_doubt_count == 0 && r.oldest_in_doubt_age_ms == 0);
+}
+
+const INC_A: u64 = 0x0a0a_0a0a_0a0a_0a0a;
+const INC_B: u64 = 0x0b0b_0b0b_0b0b_0b0b;
+
+/// Issue 38, defect 1: the same txid in two incarnations (and in
+/// incarnation 0) is three transactions: three gids (`dtx:v1:` for
+/// incarnation 0, as before incarnations; `dtx:v2:` with the incarnation
+/// otherwise), prepared, listed by recovery and decided independently, with
+/// rows of their own; log GC sees both tables.
+#[tokio::test]
+async fn inv8_the_same_txid_in_two_incarnations_prepares_and_commits_independently() {
+    let Some((_s, p)) = setup().await else { return };
+    let (a, b) = (GlobalTxid::new(INC_A, 40), GlobalTxid::new(INC_B, 40));
+    assert_eq!(
+        p.handle(40.into(), Message::Prepare { term: 1 }, b"alice:+1")
+            .await
+            .unwrap(),
+        yes()
+    );
+    assert_eq!(
+        p.handle(a, Message::Prepare { term: 2 }, b"bob:+5").await.unwrap(),
+        yes()
+    );
+    assert_eq!(
+        p.handle(b, Message::Prepare { term: 7 }, b"carol:+9").await.unwrap(),
+        yes()
+    );
+    let mut want = vec![p.gid(40, 1), p.gid(a, 2), p.gid(b, 7)];
+    want.sort();
+    assert_eq!(gids(&p).await, want);
+    assert_eq!(p.gid(a, 2), format!("dtx:v2:{ID}:0a0a0a0a0a0a0a0a:40:2"));
+    assert_eq!(p.gid(40, 1), format!("dtx:v1:{ID}:40:1"));
+    // Recovery lists all three, each with its incarnation and term.
+    let mut listed = p.in_doubt_older_than(std::time::Duration::ZERO).await.unwrap();
+    listed.sort_by_key(|(t, _)| *t);
+    assert_eq!(
+        listed.iter().map(|(t, e)| (*t, e.term)).collect::<Vec<_>>(),
+        vec![(40.into(), 1), (a, 2), (b, 7)]
+    );
+    // Commit A's only: bob gets 5; alice and carol wait.
+    assert_eq!(p.handle(a, Message::Commit { term: 2 }, b"").await.unwrap(), ack());
+    assert_eq!(balance(&p, "bob").await, 5);
+    assert_eq!(balance(&p, "carol").await, 50);
+    assert_eq!(p.durable_entry(a).await.unwrap().unwrap().state, LocalState::Committed);
+    assert_eq!(
+        p.durable_entry(b).await.unwrap().unwrap().state,
+        LocalState::Prepared { vote: Vote::Yes }
+    );
+    // Redelivered after the gid is gone: A's own row answers; B's is
+    // untouched; incarnation 0's 40 is still in doubt.
+    assert_eq!(p.handle(a, Message::Commit { term: 2 }, b"").await.unwrap(), ack());
+    assert_eq!(balance(&p, "bob").await, 5);
+    assert_eq!(p.handle(b, Message::Abort { term: 7 }, b"").await.unwrap(), ack());
+    assert_eq!(balance(&p, "carol").await, 50);
+    assert_eq!(gids(&p).await, vec![p.gid(40, 1)]);
+    // A Commit of B's (aborted) is refused; of A's acked.
+    assert_eq!(
+        refusal(p.handle(b, Message::Commit { term: 7 }, b"").await),
+        Refusal::CommitAfterAbort
+    );
+    assert_eq!(
+        p.handle(40.into(), Message::Commit { term: 1 }, b"").await.unwrap(),
+        ack()
+    );
+    assert_eq!(balance(&p, "alice").await, 101);
+    // GC candidates come from both tables, with their incarnations; forgetting
+    // them leaves nothing.
+    let c = p.gc_candidates_after(None, u64::MAX, 10).await.unwrap();
+    let mut ids: Vec<GlobalTxid> = c.iter().map(|(_, t)| *t).collect();
+    ids.sort();
+    assert_eq!(ids, vec![40.into(), a, b]);
+    let first = p.gc_candidates_after(None, u64::MAX, 1).await.unwrap();
+    let rest = p
+        .gc_candidates_after(first.last().copied(), u64::MAX, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        first.len() + rest.len(),
+        3,
+        "the cursor walks both tables: {first:?} {rest:?}"
+    );
+    assert_eq!(p.forget_records(&c).await.unwrap(), 3);
+    for t in [40.into(), a, b] {
+        assert_eq!(p.durable_entry(t).await.unwrap(), None);
+    }
+}
+
+/// Issue 38, defect 2: a one-phase commit applied at term 4 and its row
+/// garbage-collected; the deposed leader of term 3 re-sends it: refused
+/// as stale, nothing applied twice; the floor is durable (a new
+/// participant on the same database still refuses) and per incarnation.
+#[tokio::test]
+async fn inv9_a_one_phase_commit_resent_from_an_older_term_after_gc_is_refused() {
+    let Some((s, p)) = setup().await else { return };
+    let x = GlobalTxid::new(INC_A, 7);
+    assert_eq!(
+        p.handle(x, Message::CommitOnePhase { term: 4 }, b"alice:+10")
+            .await
+            .unwrap(),
+        ack()
+    );
+    assert_eq!(balance(&p, "alice").await, 110);
+    assert_eq!(p.term_floor(INC_A).await.unwrap(), 4);
+    let c = p.gc_candidates_after(None, u64::MAX, 10).await.unwrap();
+    assert_eq!(c.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![x]);
+    assert_eq!(p.forget_records(&c).await.unwrap(), 1);
+    assert_eq!(p.durable_entry(x).await.unwrap(), None);
+    assert_eq!(
+        refusal(p.handle(x, Message::CommitOnePhase { term: 3 }, b"alice:+10").await),
+        Refusal::StaleTerm { got: 3, seen: 4 }
+    );
+    assert_eq!(
+        refusal(
+            p.handle(GlobalTxid::new(INC_A, 8), Message::Prepare { term: 3 }, b"bob:+1")
+                .await
+        ),
+        Refusal::StaleTerm { got: 3, seen: 4 }
+    );
+    assert_eq!(balance(&p, "alice").await, 110, "applied once");
+    assert!(gids(&p).await.is_empty());
+    drop(p);
+    // Durable: another participant process on the same database.
+    let p = PgParticipant::connect(opts(&s), Accounts).await.unwrap();
+    assert_eq!(p.term_floor(INC_A).await.unwrap(), 4);
+    assert_eq!(
+        refusal(p.handle(x, Message::CommitOnePhase { term: 3 }, b"alice:+10").await),
+        Refusal::StaleTerm { got: 3, seen: 4 }
+    );
+    assert_eq!(balance(&p, "alice").await, 110);
+    // Another incarnation's floor is its own.
+    assert_eq!(
+        p.handle(
+            GlobalTxid::new(INC_B, 7),
+            Message::CommitOnePhase { term: 3 },
+            b"bob:+1"
+        )
+        .await
+        .unwrap(),
+        ack()
+    );
+    assert_eq!(balance(&p, "bob").await, 1);
+    // An Abort below the floor still leaves its tombstone.
+    assert_eq!(
+        p.handle(GlobalTxid::new(INC_A, 9), Message::Abort { term: 1 }, b"")
+            .await
+            .unwrap(),
+        ack()
+    );
+    assert_eq!(
+        p.durable_entry(GlobalTxid::new(INC_A, 9)).await.unwrap().unwrap().state,
+        LocalState::Aborted { tombstone: true }
+    );
+}
+
+/// A database written before term floors: incarnation 0's floor is taken
+/// from its rows and prepared gids at the first start.
+#[tokio::test]
+async fn inv9_the_first_start_takes_incarnation_0s_floor_from_the_existing_log() {
+    let Some(s) = server(PgServerOptions::default()) else {
+        return;
+    };
+    {
+        let p = PgParticipant::connect(opts(&s), Accounts).await.unwrap();
+        assert_eq!(
+            p.handle(50.into(), Message::Prepare { term: 6 }, b"alice:+1")
+                .await
+                .unwrap(),
+            yes()
+        );
+        assert_eq!(
+            p.handle(51.into(), Message::Abort { term: 4 }, b"").await.unwrap(),
+            ack()
+        );
+    }
+    // As if written before floors existed.
+    s.execute(DB, "DELETE FROM dtx_participant_term_floor").unwrap();
+    let p = PgParticipant::connect(opts(&s), Accounts).await.unwrap();
+    assert_eq!(p.term_floor(0).await.unwrap(), 6, "the prepared gid's term");
+    assert_eq!(
+        refusal(p.handle(52.into(), Message::Prepare { term: 5 }, b"bob:+1").await),
+        Refusal::StaleTerm { got: 5, seen: 6 }
+    );
+    assert_eq!(
+        p.handle(50.into(), Message::Commit { term: 6 }, b"").await.unwrap(),
+        ack()
+    );
 }

@@ -267,6 +267,40 @@ async fn a_forward_action_runs_once_per_operation_id() {
     s.stop().await;
 }
 
+/// Issue 38: a repeated operation id with another fingerprint is other
+/// work under the same id (another saga's, another cluster's, a cluster's
+/// from before a restore): refused with FAILED_PRECONDITION naming the id,
+/// the handler not run, nothing recorded; the recorded request's repeats
+/// still answer its reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_operation_id_with_another_fingerprint_is_refused_not_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Service::start(dir.path()).await;
+    let first = s.forward(take("1.0.f", 3)).await;
+    assert_eq!(outcome(&first), pb::StepOutcome::Ok, "{first:?}");
+    let other = StepCall {
+        fingerprint: "another".into(),
+        ..take("1.0.f", 3)
+    };
+    let e = s.client.forward(pb::StepCall::from(other.clone())).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("\"1.0.f\""), "names the operation id: {e:?}");
+    assert!(e.message().contains("fingerprint"), "{e:?}");
+    // The store's own call says the same.
+    assert!(matches!(
+        s.store.forward(&other).await,
+        Err(participant_sdk::saga::StepError::Conflict(m)) if m.contains("1.0.f")
+    ));
+    assert_eq!(s.forwards(), 1, "the handler ran once");
+    assert_eq!(s.stock(), 7);
+    assert_eq!(
+        s.forward(take("1.0.f", 3)).await,
+        first,
+        "the recorded request's repeat"
+    );
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_answer_is_recorded_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();

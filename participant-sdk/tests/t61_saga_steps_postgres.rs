@@ -18,6 +18,7 @@ use dtx_pg_server::PgServerOptions;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
 use participant_sdk::postgres::HandlerError;
+use participant_sdk::saga::step_error_status;
 use participant_sdk::saga::Authorization;
 use participant_sdk::saga::OutboxSink;
 use participant_sdk::saga::StepCall;
@@ -235,6 +236,23 @@ async fn t61_each_operation_runs_once_and_only_ok_changes_anything() {
     assert!(matches!(e, Err(StepError::Store(_))), "{e:?}");
     assert_eq!(st.status("4.0.f").await.unwrap(), None);
     assert_eq!(wallet(&st, "carol").await, (50, 0));
+    // The same operation id with another fingerprint (other work under
+    // the same id) is refused, not answered with the recorded reply, and
+    // nothing runs (issue 38).
+    let reused = StepCall {
+        fingerprint: "another".into(),
+        ..forward("1.0.f", "charge", "alice:30")
+    };
+    let e = st.forward(&reused).await;
+    assert!(
+        matches!(&e, Err(StepError::Conflict(m)) if m.contains("\"1.0.f\"") && m.contains("fingerprint")),
+        "{e:?}"
+    );
+    assert_eq!(wallet(&st, "alice").await, (60, 2), "nothing charged");
+    assert_eq!(
+        step_error_status(e.unwrap_err()).code(),
+        tonic::Code::FailedPrecondition
+    );
     // Another kind of call under a forward's operation id is refused.
     let e = st.compensate(&refund("1.0.f", "x", "alice:30", "")).await;
     assert!(

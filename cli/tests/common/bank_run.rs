@@ -172,7 +172,7 @@ impl BankRun {
             }
             for t in &self.committed {
                 assert_eq!(
-                    store.entry(*t).unwrap().map(|e| e.state),
+                    store.entries_for_txid(*t).unwrap().first().map(|(_, e)| e.state),
                     Some(LocalState::Committed),
                     "{}: transfer {t} was reported committed",
                     b.id

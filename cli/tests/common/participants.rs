@@ -14,27 +14,30 @@ use participant_sdk::store::ParticipantStore;
 use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::View;
+use participant_sdk::GlobalTxid;
 
 /// Stages the payload on prepare, applies it on commit; payload "no" votes
-/// NO, payload "ro" votes READ_ONLY (nothing to commit).
+/// NO, payload "ro" votes READ_ONLY (nothing to commit). Keys carry the
+/// txid number alone (`staged/<txid>`, `applied/<txid>`): a test runs one
+/// cluster, so one incarnation.
 pub struct Stage;
 
 impl Resource for Stage {
-    fn prepare(&self, _v: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+    fn prepare(&self, _v: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
         match payload {
             b"no" => return Vote::No,
             b"ro" => return Vote::ReadOnly,
             _ => {}
         }
-        staged.put(format!("staged/{txid}").as_bytes(), payload);
+        staged.put(format!("staged/{}", txid.txid).as_bytes(), payload);
         Vote::Yes
     }
-    fn commit(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
-        staged.delete(format!("staged/{txid}").as_bytes());
-        staged.put(format!("applied/{txid}").as_bytes(), b"1");
+    fn commit(&self, _v: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
+        staged.delete(format!("staged/{}", txid.txid).as_bytes());
+        staged.put(format!("applied/{}", txid.txid).as_bytes(), b"1");
     }
-    fn abort(&self, _v: &View<'_>, txid: u64, staged: &mut Staged) {
-        staged.delete(format!("staged/{txid}").as_bytes());
+    fn abort(&self, _v: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
+        staged.delete(format!("staged/{}", txid.txid).as_bytes());
     }
 }
 
@@ -71,6 +74,8 @@ pub struct Gated {
     prepares_received: Arc<std::sync::atomic::AtomicU32>,
     /// PrepareMany calls received (not while `old_sdk`).
     prepare_many_calls: Arc<std::sync::atomic::AtomicU32>,
+    /// CommitOnePhase calls received.
+    one_phase_received: Arc<std::sync::atomic::AtomicU32>,
     /// (method, `traceparent`) of each call that carried one.
     traceparents: Arc<std::sync::Mutex<Vec<(String, String)>>>,
 }
@@ -156,6 +161,8 @@ impl dtx_proto::v1::participant_service_server::ParticipantService for Gated {
         req: tonic::Request<dtx_proto::v1::PrepareRequest>,
     ) -> R<dtx_proto::v1::OnePhaseResponse> {
         self.saw("CommitOnePhase", &req);
+        self.one_phase_received
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.hold_decisions.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(tonic::Status::unavailable("held by the test"));
         }
@@ -252,6 +259,8 @@ pub struct Svc {
     /// PrepareMany calls that reached this participant (not while
     /// `old_sdk`).
     pub prepare_many_calls: Arc<std::sync::atomic::AtomicU32>,
+    /// CommitOnePhase calls that reached this participant.
+    pub one_phase_received: Arc<std::sync::atomic::AtomicU32>,
     /// (method, `traceparent`) of each call that carried one.
     pub traceparents: Arc<std::sync::Mutex<Vec<(String, String)>>>,
     /// Dropping it stops the server.
@@ -280,6 +289,7 @@ impl Svc {
             apply_decisions_calls: Arc::default(),
             prepares_received: Arc::default(),
             prepare_many_calls: Arc::default(),
+            one_phase_received: Arc::default(),
             traceparents: Arc::default(),
             _stop: None,
             _dir: dir,
@@ -305,6 +315,7 @@ impl Svc {
             apply_decisions_calls: self.apply_decisions_calls.clone(),
             prepares_received: self.prepares_received.clone(),
             prepare_many_calls: self.prepare_many_calls.clone(),
+            one_phase_received: self.one_phase_received.clone(),
             traceparents: self.traceparents.clone(),
         });
         tokio::spawn(
@@ -326,8 +337,10 @@ impl Svc {
         }
     }
 
+    /// The state of txid `txid`'s record, in whichever incarnation the
+    /// cluster handed it out (a test runs one cluster).
     pub fn state(&self, txid: u64) -> Option<LocalState> {
-        self.store.entry(txid).unwrap().map(|e| e.state)
+        self.store.entries_for_txid(txid).unwrap().first().map(|(_, e)| e.state)
     }
 
     pub async fn wait_state(&self, txid: u64, want: LocalState, timeout: Duration) -> bool {

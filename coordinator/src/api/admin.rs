@@ -133,6 +133,7 @@ impl AdminService {
             next_txid: self.ctx().sm.state().table.next_txid(),
             serving: serving_now,
             not_serving_reason,
+            incarnation: self.ctx().sm.state().incarnations.current().unwrap_or(0),
         }
     }
 

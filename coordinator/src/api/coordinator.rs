@@ -21,6 +21,7 @@ use crate::ctx::on_behalf;
 use crate::ctx::NodeCtx;
 use crate::driver::Driver;
 use crate::limits;
+use crate::sm::incarnation::Belonging;
 use crate::sm::Command;
 use crate::sm::CommandOk;
 use crate::sm::Decision;
@@ -146,6 +147,15 @@ pub(crate) fn status_pb(table: &TxTable, r: &TxRecord) -> pb::StatusResponse {
         decision: r.decision().map(decision_pb),
         one_phase: r.one_phase,
         owner: table.owner(r.txid).unwrap_or_default().to_string(),
+        incarnation: 0,
+    }
+}
+
+/// `status_pb` with the incarnation that handed the txid out (ADR 0033).
+pub(crate) fn status_pb_in(st: &crate::store::sm_store::SmState, r: &TxRecord) -> pb::StatusResponse {
+    pb::StatusResponse {
+        incarnation: st.incarnations.of_txid(r.txid).unwrap_or(0),
+        ..status_pb(&st.table, r)
     }
 }
 
@@ -169,6 +179,7 @@ fn in_flight_status_pb(txid: u64, v: &crate::driver::InFlightView) -> pb::Status
         decision: None,
         one_phase: false,
         owner: v.owner.clone().unwrap_or_default(),
+        incarnation: 0,
     }
 }
 
@@ -346,7 +357,7 @@ impl CoordinatorService {
         let in_flight = self.driver.fast_in_flight_view(txid, self.ctx().current_term());
         let mut status = match self
             .ctx()
-            .read_linearizable(|st| st.table.get(txid).map(|r| status_pb(&st.table, r)))
+            .read_linearizable(|st| st.table.get(txid).map(|r| status_pb_in(st, r)))
             .await?
         {
             Some(s) => s,
@@ -366,8 +377,14 @@ impl CoordinatorService {
     /// The decisions of `txids`; with a `participant_id` (not empty), also
     /// whether the cluster still awaits that participant's ack of each, so
     /// the participant keeps its log record until then (issue 8, defect 2).
+    ///
+    /// `incarnation` is the one the asker received with every txid (0:
+    /// asked without one, by an SDK from before incarnations): a txid that
+    /// incarnation did not hand out here is OTHER_INCARNATION, never
+    /// presumed aborted (invariant 10, ADR 0033).
     async fn get_decisions(
         &self,
+        incarnation: u64,
         txids: Vec<u64>,
         participant_id: &str,
     ) -> Result<Vec<pb::GetDecisionResponse>, ApiError> {
@@ -392,14 +409,23 @@ impl CoordinatorService {
                 txids
                     .iter()
                     .zip(in_flight)
-                    .map(|(&txid, in_flight)| pb::GetDecisionResponse {
-                        txid,
-                        outcome: if in_flight {
-                            pb::Outcome::Pending as i32
-                        } else {
-                            view_pb(&st.table.decision_view(txid)) as i32
-                        },
-                        awaiting_ack: !participant_id.is_empty() && st.table.awaiting_ack(txid, participant_id),
+                    .map(|(&txid, in_flight)| {
+                        if st.incarnations.belonging(incarnation, txid) == Belonging::Other {
+                            return pb::GetDecisionResponse {
+                                txid,
+                                outcome: pb::Outcome::OtherIncarnation as i32,
+                                awaiting_ack: false,
+                            };
+                        }
+                        pb::GetDecisionResponse {
+                            txid,
+                            outcome: if in_flight {
+                                pb::Outcome::Pending as i32
+                            } else {
+                                view_pb(&st.table.decision_view(txid)) as i32
+                            },
+                            awaiting_ack: !participant_id.is_empty() && st.table.awaiting_ack(txid, participant_id),
+                        }
                     })
                     .collect()
             })
@@ -485,7 +511,7 @@ impl Coordinator for CoordinatorService {
             self.ctx(),
             req,
             |r| async move {
-                let mut v = self.get_decisions(vec![r.txid], "").await?;
+                let mut v = self.get_decisions(r.incarnation, vec![r.txid], "").await?;
                 v.pop().ok_or_else(|| ApiError::Internal("empty decision read".into()))
             },
             |ch, r| async move { CoordinatorClient::new(ch).get_decision(r).await },
@@ -502,7 +528,7 @@ impl Coordinator for CoordinatorService {
             req,
             |r| async move {
                 Ok(pb::GetDecisionsResponse {
-                    decisions: self.get_decisions(r.txids, &r.participant_id).await?,
+                    decisions: self.get_decisions(r.incarnation, r.txids, &r.participant_id).await?,
                 })
             },
             |ch, r| async move { CoordinatorClient::new(ch).get_decisions(r).await },

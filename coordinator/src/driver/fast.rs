@@ -304,6 +304,14 @@ impl Driver {
             // forwarded like every other; found by t106).
             return Err(self.ctx.not_leader());
         }
+        if let Err(why) = self.ctx.quorum_heard() {
+            // Invariant 13: a leader cut off from its quorum hands out no
+            // txid and locks no participant (its Prepares would hold locks
+            // that make the client's retry at the real leader vote NO).
+            // Certainly not begun: the caller tries another node.
+            metrics::counter!("dtx_writes_refused_no_quorum_total").increment(1);
+            return Err(ApiError::NoLeader(format!("not begun here: {why}; try another node")));
+        }
         // Either this call registers the key (and drives), or it finds the
         // same key in flight here (and waits for it).
         let registered = {

@@ -319,12 +319,19 @@ impl Drop for TaskMark {
 }
 
 /// The Prepare (or CommitOnePhase) message for `p`, with its deadline.
-fn prepare_request(txid: Txid, term: u64, p: &Participant, timeout: Duration) -> tonic::Request<pb::PrepareRequest> {
+fn prepare_request(
+    txid: Txid,
+    incarnation: u64,
+    term: u64,
+    p: &Participant,
+    timeout: Duration,
+) -> tonic::Request<pb::PrepareRequest> {
     let mut req = tonic::Request::new(pb::PrepareRequest {
         txid,
         term,
         participant_id: p.id.clone(),
         payload: p.payload.clone(),
+        incarnation,
     });
     req.set_timeout(timeout);
     req
@@ -429,7 +436,7 @@ impl Driver {
     /// prepares to its address (`prepare_group`), or a Prepare call of its
     /// own for a participant that does not serve PrepareMany.
     async fn prepare_one(self: &Arc<Self>, txid: Txid, term: u64, p: &Participant, timeout: Duration) -> Vote {
-        let mut req = prepare_request(txid, term, p, timeout);
+        let mut req = prepare_request(txid, self.ctx.incarnation_of(txid), term, p, timeout);
         self.mark_call(txid, &mut req);
         if let Some(v) = self.prepare_grouped(&p.address, req.get_ref().clone(), timeout).await {
             return v;
@@ -678,7 +685,7 @@ impl Driver {
         let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
         dtx_failpoint::failpoint!("coordinator_before_prepare");
         let ch = self.ctx.api_channel(&p.address)?;
-        let mut req = prepare_request(txid, term, p, timeout);
+        let mut req = prepare_request(txid, self.ctx.incarnation_of(txid), term, p, timeout);
         self.mark_call(txid, &mut req);
         let answer = tokio::time::timeout(timeout, self.ctx.participant_over(ch).commit_one_phase(req)).await;
         let (outcome, note) = match answer {
@@ -910,6 +917,7 @@ impl Driver {
                 let mut req = tonic::Request::new(pb::InquireRequest {
                     txid,
                     participant_id: p.id.clone(),
+                    incarnation: self.ctx.incarnation_of(txid),
                 });
                 req.set_timeout(timeout);
                 self.mark_call(txid, &mut req);
@@ -1391,6 +1399,7 @@ impl Driver {
             txid,
             term,
             participant_id: p.id.clone(),
+            incarnation: self.ctx.incarnation_of(txid),
         };
         let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
         let mut req = tonic::Request::new(body);

@@ -78,6 +78,7 @@ impl Driver {
                 Outcome::Commit => pb::DecisionOutcome::Commit,
                 Outcome::Abort => pb::DecisionOutcome::Abort,
             } as i32,
+            incarnation: self.ctx.incarnation_of(txid),
         };
         let (tx, rx) = oneshot::channel();
         if self.state.groups.push(&p.address, item, tx) {

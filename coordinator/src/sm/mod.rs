@@ -18,6 +18,7 @@
 //! participant gone for good from phase two, forget a transaction before
 //! its retention, and the filtered listing of records.
 
+pub mod incarnation;
 pub mod operator;
 pub mod saga;
 pub mod tally;
@@ -258,6 +259,12 @@ pub enum Command {
     /// beside the transaction table, never to a transaction. Appended last:
     /// older log entries keep their encoding.
     Saga(saga::SagaCommand),
+    /// The proposing leader opens a new cluster incarnation (ADR 0033):
+    /// every txid and saga id handed out from the next ones on belongs to
+    /// it. Applied by the store to `incarnation::Incarnations`, beside the
+    /// table. A no-op while one is open; refused for 0 or an incarnation of
+    /// the history. Appended last: older log entries keep their encoding.
+    OpenIncarnation { incarnation: u64 },
 }
 
 /// One participant named at BeginAndCommit.
@@ -340,6 +347,12 @@ pub enum CommandOk {
     OperatorRefused(OperatorRefusal),
     /// What a `Command::Saga` did.
     Saga(saga::SagaOk),
+    /// `OpenIncarnation`: the incarnation open now; `newly` is false when
+    /// one was open already (it stays, and this is it).
+    IncarnationOpened {
+        incarnation: u64,
+        newly: bool,
+    },
 }
 
 /// Refusals. They are part of the replicated result, so they are data.
@@ -771,6 +784,10 @@ impl TxTable {
             // The store applies saga commands to its `SagaBook`.
             Command::Saga(_) => Err(CommandError::Invalid(
                 "a saga command is applied to the saga journal, not to the transaction table".to_string(),
+            )),
+            // The store applies it to the incarnations, beside the table.
+            Command::OpenIncarnation { .. } => Err(CommandError::Invalid(
+                "an incarnation is opened in the state machine's history, not in the transaction table".to_string(),
             )),
             Command::As { caller, command } => {
                 let result = self.apply_inner(entry_term, command, effects)?;
@@ -1311,7 +1328,19 @@ fn command_txid(cmd: &Command) -> Option<Txid> {
         | Command::Forget { txid }
         | Command::DropParticipant { txid, .. }
         | Command::ForgetByOperator { txid, .. } => Some(*txid),
-        Command::Saga(_) => None,
+        Command::Saga(_) | Command::OpenIncarnation { .. } => None,
+    }
+}
+
+/// True when applying `cmd` may hand out a txid or a saga id: the leader
+/// opens an incarnation before it proposes one (ADR 0033), so every id
+/// handed out belongs to a known incarnation.
+pub fn hands_out_ids(cmd: &Command) -> bool {
+    match cmd {
+        Command::Begin { .. } | Command::BeginAndCommit { .. } | Command::ReserveTxids { .. } => true,
+        Command::Saga(saga::SagaCommand::Start { .. }) => true,
+        Command::As { command, .. } => hands_out_ids(command),
+        _ => false,
     }
 }
 

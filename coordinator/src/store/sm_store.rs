@@ -39,6 +39,7 @@ use crate::raft::SnapshotMeta;
 use crate::raft::StorageError;
 use crate::raft::StoredMembership;
 use crate::raft::TypeConfig;
+use crate::sm::incarnation::Incarnations;
 use crate::sm::saga::Definition;
 use crate::sm::saga::SagaBook;
 use crate::sm::saga::SagaBookData;
@@ -79,6 +80,9 @@ const NEXT_SAGA_ID_KEY: &[u8] = b"m/next_saga_id";
 /// (`JournalEvent::QueryFailed`), beside its record while not 0; absent in
 /// data directories written before it existed: absent = 0.
 const QUERY_FAILURES_PREFIX: &[u8] = b"q";
+/// The history of cluster incarnations (ADR 0033); absent in data
+/// directories written before it existed: absent = none opened yet.
+const INCARNATIONS_KEY: &[u8] = b"m/incarnations";
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
 
@@ -146,6 +150,8 @@ pub struct SmState {
     pub sagas: SagaBook,
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
+    /// Which incarnation handed out which ids (ADR 0033).
+    pub incarnations: Incarnations,
 }
 
 /// The encoded form of a snapshot.
@@ -163,6 +169,21 @@ struct SnapshotData {
     /// Added after `owners`, in the same way.
     drops: BTreeMap<Txid, Drops>,
     /// Added after `drops`, in the same way (issue 14).
+    sagas: SagaBookData,
+    /// Added after `sagas`, in the same way (ADR 0033).
+    incarnations: Incarnations,
+}
+
+/// The layout of snapshots built before incarnations were recorded.
+#[derive(Serialize, Deserialize)]
+struct SnapshotDataWithoutIncarnations {
+    next_txid: Txid,
+    records: Vec<TxRecord>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    retired_node_ids: BTreeSet<u64>,
+    owners: BTreeMap<Txid, String>,
+    drops: BTreeMap<Txid, Drops>,
     sagas: SagaBookData,
 }
 
@@ -239,6 +260,19 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
         Ok(d) => return Ok(d),
         Err(e) => e,
     };
+    if let Ok(old) = codec::decode::<SnapshotDataWithoutIncarnations>(bytes) {
+        return Ok(SnapshotData {
+            next_txid: old.next_txid,
+            records: old.records,
+            last_applied: old.last_applied,
+            membership: old.membership,
+            retired_node_ids: old.retired_node_ids,
+            owners: old.owners,
+            drops: old.drops,
+            sagas: old.sagas,
+            incarnations: Incarnations::default(),
+        });
+    }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutQueryFailures>(bytes) {
         return Ok(SnapshotData {
             next_txid: old.next_txid,
@@ -254,6 +288,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
                 sagas: old.sagas.sagas,
                 query_failures: Vec::new(),
             },
+            incarnations: Incarnations::default(),
         });
     }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutSagas>(bytes) {
@@ -266,6 +301,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             owners: old.owners,
             drops: old.drops,
             sagas: SagaBookData::default(),
+            incarnations: Incarnations::default(),
         });
     }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutDrops>(bytes) {
@@ -278,6 +314,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             owners: old.owners,
             drops: BTreeMap::new(),
             sagas: SagaBookData::default(),
+            incarnations: Incarnations::default(),
         });
     }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutOwners>(bytes) {
@@ -290,6 +327,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             owners: BTreeMap::new(),
             drops: BTreeMap::new(),
             sagas: SagaBookData::default(),
+            incarnations: Incarnations::default(),
         });
     }
     match codec::decode::<SnapshotDataWithoutRetiredIds>(bytes) {
@@ -302,6 +340,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             owners: BTreeMap::new(),
             drops: BTreeMap::new(),
             sagas: SagaBookData::default(),
+            incarnations: Incarnations::default(),
         }),
         Err(_) => Err(current),
     }
@@ -523,6 +562,10 @@ impl StateMachineStore {
                 query_failures.push((id, codec::decode::<u32>(&v)?));
             }
         }
+        let incarnations: Incarnations = match get(INCARNATIONS_KEY)? {
+            Some(b) => codec::decode(&b)?,
+            None => Incarnations::default(),
+        };
         let state = SmState {
             table: TxTable::from_parts(next_txid, records)
                 .with_retired_node_ids(retired)
@@ -531,6 +574,7 @@ impl StateMachineStore {
             sagas: SagaBook::from_parts(next_saga_id, definitions, sagas).with_query_failures(query_failures),
             last_applied,
             membership,
+            incarnations,
         };
         let (writer, rx) = std::sync::mpsc::sync_channel(SM_WRITER_QUEUE_BATCHES_MAX);
         let write_failed = Arc::new(Mutex::new(None));
@@ -623,6 +667,7 @@ impl StateMachineStore {
             owners: st.table.owners().clone(),
             drops: st.table.drops().clone(),
             sagas: st.sagas.data(),
+            incarnations: st.incarnations.clone(),
         };
         let bytes = codec::encode(&data).map_err(snap_err)?;
         let snapshot_id = match st.last_applied {
@@ -690,6 +735,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut effects = Vec::new();
         let mut saga_effects = Vec::new();
         let mut membership_changed = false;
+        let mut incarnations_changed = false;
         for entry in entries {
             st.last_applied = Some(entry.log_id);
             let mut out = BatchResult::default();
@@ -706,6 +752,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                                 .apply(c, &mut saga_effects)
                                 .map(CommandOk::Saga)
                                 .map_err(CommandError::Saga),
+                            Command::OpenIncarnation { incarnation } => {
+                                let st = &mut *st;
+                                let opened =
+                                    st.incarnations
+                                        .open(*incarnation, st.table.next_txid(), st.sagas.next_saga_id());
+                                incarnations_changed |= opened == Ok(true);
+                                opened
+                                    .map(|newly| CommandOk::IncarnationOpened {
+                                        incarnation: st.incarnations.current().unwrap_or(0),
+                                        newly,
+                                    })
+                                    .map_err(CommandError::Invalid)
+                            }
                             _ => st.table.apply_in_term(term, cmd, &mut effects),
                         };
                         log_operator_change(cmd, &result);
@@ -779,6 +838,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             APPLIED_KEY.to_vec(),
             codec::encode(&st.last_applied).map_err(write_err)?,
         );
+        if incarnations_changed {
+            b.put(
+                INCARNATIONS_KEY.to_vec(),
+                codec::encode(&st.incarnations).map_err(write_err)?,
+            );
+        }
         if membership_changed {
             b.put(
                 MEMBERSHIP_KEY.to_vec(),
@@ -876,6 +941,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             RETIRED_NODE_IDS_KEY.to_vec(),
             codec::encode(&data.retired_node_ids).map_err(write_err)?,
         );
+        b.put(
+            INCARNATIONS_KEY.to_vec(),
+            codec::encode(&data.incarnations).map_err(write_err)?,
+        );
         self.engine.write_batch(Space::StateMachine, b).map_err(write_err)?;
         self.save_snapshot(meta, &bytes)?;
         st.table = TxTable::from_parts(data.next_txid, data.records)
@@ -883,6 +952,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .with_owners(data.owners)
             .with_drops(data.drops);
         st.sagas = SagaBook::from_data(data.sagas);
+        st.incarnations = data.incarnations;
         st.last_applied = meta.last_log_id;
         st.membership = meta.last_membership.clone();
         drop(st);
@@ -922,10 +992,19 @@ pub fn decode_snapshot_table(bytes: &[u8]) -> Result<TxTable, codec::CodecError>
         .with_drops(data.drops))
 }
 
-/// For restores (issue 13): a snapshot's bytes with its next txid raised to
-/// at least `next_txid`, re-encoded in the current layout.
-pub fn snapshot_with_next_txid_at_least(bytes: &[u8], next_txid: Txid) -> Result<Vec<u8>, codec::CodecError> {
+/// The incarnations a snapshot's bytes hold (older layouts: none).
+pub fn decode_snapshot_incarnations(bytes: &[u8]) -> Result<Incarnations, codec::CodecError> {
+    Ok(decode_snapshot(bytes)?.incarnations)
+}
+
+/// For restores (issues 13 and 38): a snapshot's bytes with its next txid
+/// raised to at least `next_txid` and its open incarnation ended where the
+/// backup's ids end (ADR 0033: the restored cluster's first leader opens a
+/// new one, so no id it hands out is taken for one the old cluster handed
+/// out after the backup), re-encoded in the current layout.
+pub fn snapshot_for_restore(bytes: &[u8], next_txid: Txid) -> Result<Vec<u8>, codec::CodecError> {
     let mut data = decode_snapshot(bytes)?;
+    data.incarnations.close(data.next_txid, data.sagas.next_saga_id);
     data.next_txid = data.next_txid.max(next_txid);
     codec::encode(&data)
 }
@@ -1219,6 +1298,148 @@ mod tests {
         drop(follower);
         let reopened = StateMachineStore::open(e2).unwrap();
         assert!(reopened.state().table.is_retired_node_id(3));
+    }
+
+    fn begin(key: &str) -> Command {
+        Command::Begin {
+            idempotency_key: key.into(),
+            fingerprint: [1; 32],
+            now_ms: 1,
+            timeout_ms: 1_000,
+        }
+    }
+
+    /// Invariant 10 across restores (ADR 0033): the incarnation a leader
+    /// opens is persisted, carried by snapshots and backups, and names the
+    /// txids handed out from then on; a snapshot made for a restore ends it
+    /// where the backup's txids end, so the old cluster's later txids are
+    /// another incarnation's; the restored cluster's next incarnation
+    /// starts there; the layout from before incarnations still installs
+    /// (everything incarnation 0, none open).
+    #[tokio::test]
+    async fn inv10_incarnations_survive_restarts_snapshots_and_end_at_a_restore() {
+        let (_d1, e1, mut sm) = fresh();
+        sm.apply(vec![entry(1, vec![begin("before")])]).await.unwrap();
+        let out = sm
+            .apply(vec![entry(
+                2,
+                vec![
+                    Command::OpenIncarnation { incarnation: 0xa1 },
+                    Command::OpenIncarnation { incarnation: 0xb2 },
+                    Command::OpenIncarnation { incarnation: 0 },
+                ],
+            )])
+            .await
+            .unwrap();
+        assert_eq!(
+            out[0].results[0],
+            Ok(CommandOk::IncarnationOpened {
+                incarnation: 0xa1,
+                newly: true
+            })
+        );
+        assert_eq!(
+            out[0].results[1],
+            Ok(CommandOk::IncarnationOpened {
+                incarnation: 0xa1,
+                newly: false
+            }),
+            "a second leader's attempt finds the first"
+        );
+        assert_eq!(
+            out[0].results[2],
+            Ok(CommandOk::IncarnationOpened {
+                incarnation: 0xa1,
+                newly: false
+            })
+        );
+        sm.apply(vec![entry(3, vec![begin("after")])]).await.unwrap();
+        sm.write_pending().unwrap();
+        drop(sm);
+        let mut sm = StateMachineStore::open(e1).unwrap();
+        {
+            let st = sm.state();
+            assert_eq!(st.incarnations.current(), Some(0xa1));
+            assert_eq!(st.incarnations.of_txid(1), Some(0), "begun before any incarnation");
+            assert_eq!(st.incarnations.of_txid(2), Some(0xa1));
+        }
+        let snap = sm.build_snapshot().await.unwrap();
+        let bytes = snap.snapshot.into_inner();
+        let (_d2, _e2, mut follower) = fresh();
+        follower
+            .install_snapshot(&snap.meta, Box::new(Cursor::new(bytes.clone())))
+            .await
+            .unwrap();
+        assert_eq!(follower.state().incarnations, sm.state().incarnations);
+
+        // A restore ends 0xa1 at the backup's next txid (3) and raises the
+        // next txid as asked.
+        let restored = snapshot_for_restore(&bytes, 10).unwrap();
+        let (_d3, e3, mut r) = fresh();
+        r.install_snapshot(&snap.meta, Box::new(Cursor::new(restored)))
+            .await
+            .unwrap();
+        {
+            let st = r.state();
+            assert_eq!(st.incarnations.current(), None, "the restored cluster opens its own");
+            assert_eq!(st.incarnations.of_txid(2), Some(0xa1), "in the backup");
+            assert_eq!(st.incarnations.of_txid(3), None, "the old cluster's after the backup");
+            assert_eq!(st.table.next_txid(), 10);
+        }
+        let out = r
+            .apply(vec![entry(
+                9,
+                vec![
+                    Command::OpenIncarnation { incarnation: 0xa1 },
+                    Command::OpenIncarnation { incarnation: 0xc3 },
+                ],
+            )])
+            .await
+            .unwrap();
+        assert!(
+            out[0].results[0].is_err(),
+            "an incarnation of the history is never opened again"
+        );
+        r.apply(vec![entry(10, vec![begin("restored")])]).await.unwrap();
+        r.write_pending().unwrap();
+        drop(r);
+        let r = StateMachineStore::open(e3).unwrap();
+        {
+            let st = r.state();
+            assert_eq!(st.incarnations.current(), Some(0xc3));
+            assert_eq!(st.incarnations.of_txid(10), Some(0xc3));
+            assert_eq!(st.incarnations.of_txid(2), Some(0xa1));
+            assert_eq!(
+                st.incarnations.belonging(0xa1, 10),
+                crate::sm::incarnation::Belonging::Other,
+                "txid 10 of the old cluster is not the restored cluster's txid 10"
+            );
+        }
+
+        // A snapshot of the layout before incarnations.
+        let old_bytes = {
+            let st = sm.state();
+            codec::encode(&SnapshotDataWithoutIncarnations {
+                next_txid: st.table.next_txid(),
+                records: st.table.records().cloned().collect(),
+                last_applied: st.last_applied,
+                membership: st.membership.clone(),
+                retired_node_ids: st.table.retired_node_ids().clone(),
+                owners: st.table.owners().clone(),
+                drops: st.table.drops().clone(),
+                sagas: st.sagas.data(),
+            })
+            .unwrap()
+        };
+        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
+        let (_d4, _e4, mut older) = fresh();
+        older
+            .install_snapshot(&snap.meta, Box::new(Cursor::new(old_bytes)))
+            .await
+            .unwrap();
+        assert_eq!(older.state().incarnations.current(), None);
+        assert_eq!(older.state().incarnations.of_txid(2), Some(0));
+        assert_eq!(older.state().table.len(), 2);
     }
 
     /// A snapshot built before retired ids were recorded (the older layout)

@@ -24,6 +24,7 @@ use participant_sdk::store::ParticipantStore;
 use participant_sdk::store::Resource;
 use participant_sdk::store::Staged;
 use participant_sdk::store::View;
+use participant_sdk::GlobalTxid;
 use rand::Rng;
 
 pub mod pg;
@@ -38,15 +39,22 @@ fn lock_key(name: &str) -> Vec<u8> {
     format!("lock/{name}").into_bytes()
 }
 
-/// The apply log: `applog/<txid, 20 digits>/<n>` -> "COMMIT" or "ABORT",
-/// one key per time a decision was applied to the transaction's work
-/// (written in the same atomic batch as the work), so a second apply of the
-/// same transaction would show as a second key (checked by jepsen-tests).
-fn applog_prefix(txid: u64) -> Vec<u8> {
-    format!("applog/{txid:020}/").into_bytes()
+/// The apply log: `applog/<txid, 20 digits>/<n>` (incarnation 0) or
+/// `applog/<txid, 20 digits>@<incarnation, 16 hex digits>/<n>` -> "COMMIT"
+/// or "ABORT", one key per time a decision was applied to the
+/// transaction's work (written in the same atomic batch as the work), so a
+/// second apply of the same transaction would show as a second key
+/// (checked by jepsen-tests), and the same txid of two incarnations is two
+/// transactions.
+fn applog_prefix(txid: GlobalTxid) -> Vec<u8> {
+    if txid.incarnation == 0 {
+        format!("applog/{:020}/", txid.txid).into_bytes()
+    } else {
+        format!("applog/{:020}@{:016x}/", txid.txid, txid.incarnation).into_bytes()
+    }
 }
 
-fn log_apply(view: &View<'_>, txid: u64, outcome: &str, staged: &mut Staged) {
+fn log_apply(view: &View<'_>, txid: GlobalTxid, outcome: &str, staged: &mut Staged) {
     let n = view.scan(&applog_prefix(txid)).map(|v| v.len()).unwrap_or(0);
     let mut key = applog_prefix(txid);
     key.extend_from_slice(n.to_string().as_bytes());
@@ -54,15 +62,28 @@ fn log_apply(view: &View<'_>, txid: u64, outcome: &str, staged: &mut Staged) {
 }
 
 /// Every applied decision in the apply log: (txid, "COMMIT" | "ABORT"), in
-/// txid order, one item per apply.
+/// txid order, one item per apply. The txid without its incarnation: a
+/// service serves one cluster at a time ([`apply_log_in`] tells them
+/// apart).
 pub fn apply_log(store: &ParticipantStore<Bank>) -> anyhow::Result<Vec<(u64, String)>> {
+    Ok(apply_log_in(store)?
+        .into_iter()
+        .map(|(t, outcome)| (t.txid, outcome))
+        .collect())
+}
+
+/// [`apply_log`] with each transaction's incarnation.
+pub fn apply_log_in(store: &ParticipantStore<Bank>) -> anyhow::Result<Vec<(GlobalTxid, String)>> {
     let mut out = Vec::new();
     for (k, v) in store.view().scan(b"applog/")? {
         let k = String::from_utf8_lossy(&k).to_string();
         let txid = k
             .split('/')
             .nth(1)
-            .and_then(|t| t.parse().ok())
+            .and_then(|t| match t.split_once('@') {
+                None => Some(GlobalTxid::new(0, t.parse().ok()?)),
+                Some((t, inc)) => Some(GlobalTxid::new(u64::from_str_radix(inc, 16).ok()?, t.parse().ok()?)),
+            })
             .ok_or_else(|| anyhow::anyhow!("bad apply log key {k:?}"))?;
         out.push((txid, String::from_utf8_lossy(&v).to_string()));
     }
@@ -80,7 +101,7 @@ pub fn balances(store: &ParticipantStore<Bank>) -> anyhow::Result<Vec<(String, i
     Ok(out)
 }
 
-fn pending_key(txid: u64) -> Vec<u8> {
+fn pending_key(txid: GlobalTxid) -> Vec<u8> {
     format!("pending/{txid}").into_bytes()
 }
 
@@ -96,7 +117,7 @@ pub fn parse_work(payload: &[u8]) -> Option<Vec<(String, i64)>> {
 }
 
 /// The work `txid` prepared here (empty if none).
-fn pending_work(view: &View<'_>, txid: u64) -> Vec<(String, i64)> {
+fn pending_work(view: &View<'_>, txid: GlobalTxid) -> Vec<(String, i64)> {
     view.get(&pending_key(txid))
         .ok()
         .flatten()
@@ -112,7 +133,7 @@ fn balance(view: &View<'_>, name: &str) -> Option<i64> {
 }
 
 impl Resource for Bank {
-    fn prepare(&self, view: &View<'_>, txid: u64, payload: &[u8], staged: &mut Staged) -> Vote {
+    fn prepare(&self, view: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
         let Some(work) = parse_work(payload) else {
             return staged.refuse(format!(
                 "payload is not a list of account:change items separated by ';' ({} bytes)",
@@ -124,7 +145,7 @@ impl Resource for Bank {
                 return staged.refuse(format!("no account {acct:?} here"));
             };
             if let Ok(Some(holder)) = view.get(&lock_key(acct)) {
-                if holder != txid.to_be_bytes() {
+                if holder != txid.key_bytes() {
                     let by = <[u8; 8]>::try_from(holder.as_slice()).map(u64::from_be_bytes);
                     return staged.refuse(match by {
                         Ok(other) => format!("account {acct:?} is locked by prepared transaction {other}"),
@@ -137,13 +158,13 @@ impl Resource for Bank {
                     "account {acct:?} has {bal}, too little for a change of {delta}"
                 ));
             }
-            staged.put(&lock_key(acct), &txid.to_be_bytes());
+            staged.put(&lock_key(acct), &txid.key_bytes());
         }
         staged.put(&pending_key(txid), payload);
         Vote::Yes
     }
 
-    fn commit(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn commit(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         for (acct, delta) in pending_work(view, txid) {
             let bal = balance(view, &acct).unwrap_or(0);
             staged.put(&acct_key(&acct), &(bal + delta).to_be_bytes());
@@ -153,9 +174,9 @@ impl Resource for Bank {
         log_apply(view, txid, "COMMIT", staged);
     }
 
-    fn abort(&self, view: &View<'_>, txid: u64, staged: &mut Staged) {
+    fn abort(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
         for (acct, _) in pending_work(view, txid) {
-            if view.get(&lock_key(&acct)).ok().flatten().as_deref() == Some(&txid.to_be_bytes()[..]) {
+            if view.get(&lock_key(&acct)).ok().flatten().as_deref() == Some(&txid.key_bytes()[..]) {
                 staged.delete(&lock_key(&acct));
             }
         }

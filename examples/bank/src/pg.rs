@@ -29,6 +29,7 @@ use participant_sdk::participant::Verdict;
 use participant_sdk::postgres::HandlerError;
 use participant_sdk::postgres::PgHandler;
 use participant_sdk::postgres::Transaction;
+use participant_sdk::GlobalTxid;
 use tokio_postgres::error::SqlState;
 
 use crate::parse_work;
@@ -47,7 +48,7 @@ pub const APPLIED_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS applied (
     outcome text NOT NULL)";
 
 impl PgHandler for PgBank {
-    async fn prepare(&self, tx: &Transaction<'_>, txid: u64, payload: &[u8]) -> Result<Verdict, HandlerError> {
+    async fn prepare(&self, tx: &Transaction<'_>, txid: GlobalTxid, payload: &[u8]) -> Result<Verdict, HandlerError> {
         let Some(work) = parse_work(payload) else {
             return Ok(Verdict::no(format!(
                 "payload is not a list of account:change items separated by ';' ({} bytes)",
@@ -84,7 +85,10 @@ impl PgHandler for PgBank {
         let applied = tx
             .prepare_cached("INSERT INTO applied (txid, outcome) VALUES ($1, 'COMMIT')")
             .await?;
-        tx.execute(&applied, &[&(txid as i64)]).await?;
+        // The txid alone: the table predates incarnations, and a service
+        // serves one cluster at a time (the gid and the participant log
+        // keep the incarnation).
+        tx.execute(&applied, &[&(txid.txid as i64)]).await?;
         Ok(Verdict::yes())
     }
 }
@@ -161,12 +165,15 @@ pub async fn apply_log(db: &tokio_postgres::Client) -> Result<Vec<(u64, String)>
 }
 
 /// The transactions of this database PostgreSQL holds prepared with a dtx
-/// gid (`dtx:v1:<participant>:<txid>:<term>`): (participant, txid, term),
-/// in txid order. Each is prepared and undecided at this participant.
+/// gid (`dtx:v1:<participant>:<txid>:<term>`, or `dtx:v2:<participant>:
+/// <incarnation>:<txid>:<term>` for a txid of a cluster incarnation):
+/// (participant, txid, term), in txid order. Each is prepared and undecided
+/// at this participant.
 pub async fn prepared(db: &tokio_postgres::Client) -> Result<Vec<(String, u64, u64)>, tokio_postgres::Error> {
     let rows = db
         .query(
-            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, 'dtx:v1:')",
+            "SELECT gid FROM pg_prepared_xacts
+             WHERE database = current_database() AND (starts_with(gid, 'dtx:v1:') OR starts_with(gid, 'dtx:v2:'))",
             &[],
         )
         .await?;
@@ -174,10 +181,16 @@ pub async fn prepared(db: &tokio_postgres::Client) -> Result<Vec<(String, u64, u
         .iter()
         .filter_map(|r| {
             let gid: String = r.get(0);
-            let rest = gid.strip_prefix("dtx:v1:")?;
-            let mut parts = rest.rsplitn(3, ':');
+            let (rest, fields) = match gid.strip_prefix("dtx:v1:") {
+                Some(rest) => (rest, 3),
+                None => (gid.strip_prefix("dtx:v2:")?, 4),
+            };
+            let mut parts = rest.rsplitn(fields, ':');
             let term = parts.next()?.parse().ok()?;
             let txid = parts.next()?.parse().ok()?;
+            if fields == 4 {
+                parts.next()?; // the incarnation
+            }
             let participant = parts.next()?.to_string();
             Some((participant, txid, term))
         })

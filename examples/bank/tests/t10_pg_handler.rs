@@ -54,7 +54,7 @@ async fn an_account_named_twice_is_checked_after_its_first_change() {
     // a1: 100 - 60 = 40, then 40 - 60 < 0: NO, though each change alone
     // fits the balance read before the first.
     let a = p
-        .handle(1, Message::Prepare { term: 1 }, b"a1:-60;a1:-60")
+        .handle(1.into(), Message::Prepare { term: 1 }, b"a1:-60;a1:-60")
         .await
         .unwrap();
     assert_eq!(a.reply, Reply::Vote(Vote::No), "{a:?}");
@@ -65,23 +65,23 @@ async fn an_account_named_twice_is_checked_after_its_first_change() {
     // a0: 100 + 50 = 150, then 150 - 120 = 30: YES; both changes and one
     // apply-log row land with the commit.
     let a = p
-        .handle(2, Message::Prepare { term: 1 }, b"a0:+50;a0:-120")
+        .handle(2.into(), Message::Prepare { term: 1 }, b"a0:+50;a0:-120")
         .await
         .unwrap();
     assert_eq!(a.reply, Reply::Vote(Vote::Yes), "{a:?}");
     assert_eq!(balance(&db, "a0").await, 100, "not visible before the decision");
-    let a = p.handle(2, Message::Commit { term: 1 }, b"").await.unwrap();
+    let a = p.handle(2.into(), Message::Commit { term: 1 }, b"").await.unwrap();
     assert_eq!(a.reply, Reply::Ack);
     assert_eq!(balance(&db, "a0").await, 30);
     assert_eq!(applied(&db, 2).await, 1);
 
     // Two accounts: both changed, one apply-log row.
     let a = p
-        .handle(3, Message::Prepare { term: 1 }, b"a0:-30;a1:+30")
+        .handle(3.into(), Message::Prepare { term: 1 }, b"a0:-30;a1:+30")
         .await
         .unwrap();
     assert_eq!(a.reply, Reply::Vote(Vote::Yes), "{a:?}");
-    p.handle(3, Message::Commit { term: 1 }, b"").await.unwrap();
+    p.handle(3.into(), Message::Commit { term: 1 }, b"").await.unwrap();
     assert_eq!((balance(&db, "a0").await, balance(&db, "a1").await), (0, 130));
     assert_eq!(applied(&db, 3).await, 1);
 }

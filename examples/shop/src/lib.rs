@@ -367,8 +367,15 @@ pub async fn prepare(
 pub struct ShopHandler(pub Role);
 
 impl PgHandler for ShopHandler {
-    async fn prepare(&self, tx: &Transaction<'_>, txid: u64, payload: &[u8]) -> Result<Verdict, HandlerError> {
-        Ok(prepare(self.0, tx, txid, payload).await?)
+    async fn prepare(
+        &self,
+        tx: &Transaction<'_>,
+        txid: participant_sdk::GlobalTxid,
+        payload: &[u8],
+    ) -> Result<Verdict, HandlerError> {
+        // The rows note the txid alone (for people reading them); the order
+        // id keys them, and the gid and the log keep the incarnation.
+        Ok(prepare(self.0, tx, txid.txid, payload).await?)
     }
 }
 

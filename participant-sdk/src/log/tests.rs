@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use super::*;
 
 fn run(entry: Option<LogEntry>, msg: Message) -> (Option<LogEntry>, Action) {
-    step(entry.as_ref(), msg)
+    step(entry.as_ref(), msg, 0)
 }
 
 fn prepared_yes(term: u64) -> Option<LogEntry> {
@@ -162,7 +162,7 @@ fn inv3_inv5_inv8_random_message_orders_apply_the_decision_at_most_once() {
                 _ => Message::Abort { term },
             };
             let before = entry;
-            let (after, action) = step(entry.as_ref(), msg);
+            let (after, action) = step(entry.as_ref(), msg, 0);
             match action {
                 Action::PrepareResource => {
                     prepares += 1;
@@ -234,4 +234,74 @@ fn inv9_one_phase_commit_from_an_older_term_is_refused() {
     let (e, a) = run(prepared_yes(5), Message::CommitOnePhase { term: 4 });
     assert_eq!(e, prepared_yes(5));
     assert_eq!(a, Action::Refuse(Refusal::StaleTerm { got: 4, seen: 5 }));
+}
+
+#[test]
+fn inv9_prepare_or_one_phase_of_an_unknown_txid_below_the_term_floor_is_refused() {
+    for msg in [Message::Prepare { term: 4 }, Message::CommitOnePhase { term: 4 }] {
+        assert_eq!(
+            step(None, msg, 5),
+            (None, Action::Refuse(Refusal::StaleTerm { got: 4, seen: 5 })),
+            "{msg:?}: nothing recorded, the resource not asked"
+        );
+    }
+    // At or above the floor: as without one.
+    assert_eq!(step(None, Message::Prepare { term: 5 }, 5).1, Action::PrepareResource);
+    assert_eq!(
+        step(None, Message::CommitOnePhase { term: 6 }, 5).1,
+        Action::OnePhaseResource
+    );
+    // An Abort of an unknown txid still leaves its tombstone, whatever its
+    // term; a Commit of one is still a commit without prepare.
+    let (tomb, a) = step(None, Message::Abort { term: 1 }, 5);
+    assert_eq!(a, Action::RecordTombstone);
+    assert_eq!(tomb.unwrap().state, LocalState::Aborted { tombstone: true });
+    assert_eq!(
+        step(None, Message::Commit { term: 1 }, 5).1,
+        Action::Refuse(Refusal::CommitWithoutPrepare)
+    );
+    // A known txid is judged by its own record's term, not the floor: a
+    // repeat from its own (older) term still answers.
+    let e = prepared(3, Vote::Yes);
+    assert_eq!(
+        step(Some(&e), Message::Prepare { term: 3 }, 9).1,
+        Action::Vote(Vote::Yes)
+    );
+    assert_eq!(step(Some(&e), Message::Commit { term: 3 }, 9).1, Action::CommitResource);
+}
+
+/// The double apply of issue 38 defect 2 at the participant: a one-phase
+/// commit applied at term T+1, its record forgotten by GC, and the deposed
+/// leader of term T re-sending it.
+#[test]
+fn inv9_one_phase_commit_resent_by_a_deposed_leader_after_gc_is_not_applied_again() {
+    let (e, a) = step(None, Message::CommitOnePhase { term: 8 }, 0);
+    assert_eq!(a, Action::OnePhaseResource);
+    assert_eq!(e, None);
+    // Recorded committed at term 8, so the floor is 8; GC forgets the record.
+    let floor = 8;
+    assert_eq!(
+        step(None, Message::CommitOnePhase { term: 7 }, floor).1,
+        Action::Refuse(Refusal::StaleTerm { got: 7, seen: 8 })
+    );
+}
+
+#[test]
+fn global_txids_order_and_show_by_incarnation() {
+    let old = GlobalTxid::from(7);
+    assert_eq!(old, GlobalTxid::new(0, 7));
+    assert_eq!(old.to_string(), "7");
+    let g = GlobalTxid::new(0xab, 7);
+    assert_eq!(g.to_string(), "7@00000000000000ab");
+    assert!(old < g && GlobalTxid::new(0xab, 6) < g && g < GlobalTxid::new(0xac, 1));
+    for t in [old, g, GlobalTxid::new(u64::MAX, u64::MAX)] {
+        assert_eq!(GlobalTxid::from_key_bytes(&t.key_bytes()), Some(t));
+    }
+    assert_eq!(old.key_bytes(), 7u64.to_be_bytes().to_vec());
+    assert_eq!(
+        GlobalTxid::from_key_bytes(&[0; 16]),
+        None,
+        "incarnation 0 has the short form only"
+    );
+    assert_ne!(old.key_bytes(), g.key_bytes());
 }

@@ -29,5 +29,6 @@ pub fn decision_item(txid: u64, participant_id: &str, outcome: pb::DecisionOutco
         term,
         participant_id: participant_id.into(),
         outcome: outcome as i32,
+        incarnation: 0,
     }
 }
