@@ -69,6 +69,7 @@ pub const METRICS: &[Described] = &[
     m("dtx_one_write_commits_total", C, Unit::Count, "BeginAndCommits recorded with their decision in one write, by outcome (leader)."),
     m("dtx_txid_ranges_reserved_total", C, Unit::Count, "ReserveTxids writes: txid ranges reserved for one-write commits (leader)."),
     m("dtx_writes_refused_no_quorum_total", C, Unit::Count, "Writes refused at once by a leader that heard from no quorum for too long."),
+    m("dtx_participant_calls_withheld_total", C, Unit::Count, "Calls to participants and saga step services not sent because this node did not lead or heard from no quorum within the serving limit (invariant 13)."),
     // The replicated table (every node; meaningful on the leader).
     m("dtx_transactions", G, Unit::Count, "Transaction records held in the state machine."),
     // Sagas (issue 14; the leader's orchestrator).
