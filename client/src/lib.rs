@@ -78,6 +78,11 @@
 //!         match client.decision(txid).await {
 //!             Ok(DecisionRead::Committed) => return Ok(true),
 //!             Ok(DecisionRead::Aborted | DecisionRead::UnknownPresumedAbort) => return Ok(false),
+//!             // Another cluster's txid (or the old cluster's, after a
+//!             // restore): nothing is known here; ask an operator.
+//!             Ok(DecisionRead::OtherIncarnation) => {
+//!                 return Err(ClientError::FailedPrecondition(format!("{txid}: another incarnation")))
+//!             }
 //!             // Still being decided, or no quorum right now: wait.
 //!             Ok(DecisionRead::Pending) | Err(ClientError::Unavailable(_)) => {
 //!                 tokio::time::sleep(Duration::from_millis(500)).await

@@ -364,15 +364,7 @@ impl NodeCtx {
             }
         };
         match applied {
-            Some(Ok(CommandOk::IncarnationOpened { incarnation, newly })) => {
-                if newly {
-                    tracing::info!(
-                        incarnation = format!("{incarnation:016x}"),
-                        "opened a new cluster incarnation"
-                    );
-                }
-                Ok(incarnation)
-            }
+            Some(Ok(CommandOk::IncarnationOpened { incarnation, .. })) => Ok(incarnation),
             Some(Err(e)) => Err(ApiError::Internal(format!("opening an incarnation was refused: {e}"))),
             other => Err(ApiError::Internal(format!(
                 "unexpected state-machine result {other:?} for OpenIncarnation"

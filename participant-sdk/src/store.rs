@@ -329,6 +329,11 @@ pub struct ParticipantStore<R: Resource> {
     /// When this process opened the store: the least age of a vote from
     /// before (for the in-doubt age gauge).
     opened: std::time::Instant,
+    /// The wall clock at `opened`, in ms since the Unix epoch: a vote's
+    /// time is `opened_unix_ms` plus its offset from `opened`, the same
+    /// number at every read (deriving it from `now` at each read rounded
+    /// differently from one read to the next).
+    opened_unix_ms: u64,
     /// In-doubt index entries already reported as inconsistent.
     inconsistent: Mutex<std::collections::HashSet<Vec<u8>>>,
     /// `None` only while dropping.
@@ -865,6 +870,7 @@ impl<R: Resource> ParticipantStore<R> {
             serial: Mutex::new(()),
             prepared_at: Mutex::new(HashMap::new()),
             opened: std::time::Instant::now(),
+            opened_unix_ms: unix_ms(),
             inconsistent: Mutex::new(Default::default()),
             flusher: Some(flusher),
             flusher_thread: Some(thread),
@@ -1141,12 +1147,14 @@ impl<R: Resource> ParticipantStore<R> {
     /// reads every record key once. Not synced: the trait's `inspect`
     /// waits for an fsync before answering, as `durable_entry` does.
     pub fn inspect(&self, q: &InspectQuery) -> Result<Inspection, StoreError> {
-        let now_ms = unix_ms();
         // When each YES vote this process recorded was given.
         let voted_ms: HashMap<GlobalTxid, u64> = {
             let at = self.prepared_at.lock().expect("prepared_at lock");
             at.iter()
-                .map(|(t, i)| (*t, now_ms.saturating_sub(i.elapsed().as_millis() as u64)))
+                .map(|(t, i)| {
+                    let since_open = i.saturating_duration_since(self.opened).as_millis() as u64;
+                    (*t, self.opened_unix_ms.saturating_add(since_open))
+                })
                 .collect()
         };
         let asked = q

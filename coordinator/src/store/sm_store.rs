@@ -757,7 +757,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                                 let opened =
                                     st.incarnations
                                         .open(*incarnation, st.table.next_txid(), st.sagas.next_saga_id());
-                                incarnations_changed |= opened == Ok(true);
+                                if opened == Ok(true) {
+                                    // Every node says so as it applies it
+                                    // (outside any request's span).
+                                    tracing::info!(
+                                        incarnation = format!("{incarnation:016x}"),
+                                        first_txid = st.table.next_txid(),
+                                        "a new cluster incarnation is open (ADR 0033)"
+                                    );
+                                    incarnations_changed = true;
+                                }
                                 opened
                                     .map(|newly| CommandOk::IncarnationOpened {
                                         incarnation: st.incarnations.current().unwrap_or(0),
