@@ -43,6 +43,8 @@ pub const EDGE_METRICS: &[Described] = &[
     described("dtx_rate_limited_total", C, Unit::Count, "Calls refused by the per-identity rate limit, by server."),
     described("dtx_auth_refusals_total", C, Unit::Count, "Calls refused before any handler ran, by server and code (unauthenticated, permission_denied)."),
     described("dtx_tls_handshake_failures_total", C, Unit::Count, "TLS handshakes that failed or took more than 10 s."),
+    described("dtx_connections_refused_total", C, Unit::Count, "Connections closed before the server saw them, by reason (connections_max, connections_per_peer_max, anonymous_connections_max, no_http2_preface, not_http2)."),
+    described("dtx_accept_errors_total", C, Unit::Count, "Failed accepts, by kind (too_many_open_files, other); each makes the accept loop wait (5 ms doubling to 1 s)."),
     described("dtx_tls_client_certificates_refused_total", C, Unit::Count, "Client certificates that prove no identity."),
     described("dtx_tls_reloads_total", C, Unit::Count, "Certificate files re-read after a change, by side (server, client)."),
     described("dtx_tls_reload_failures_total", C, Unit::Count, "Changed certificate files that could not be used, by side."),

@@ -26,6 +26,7 @@
 //! certificate store: every peer is checked against the configured
 //! authority only.
 
+pub mod admission;
 #[cfg(feature = "cli")]
 pub mod args;
 pub mod client;
@@ -36,6 +37,7 @@ pub mod files;
 pub mod identity;
 pub mod server;
 
+pub use admission::AdmissionLimits;
 pub use client::ClientTls;
 pub use client::Connector;
 pub use edge::Access;
@@ -47,6 +49,7 @@ pub use identity::Role;
 pub use identity::TokenEntry;
 pub use identity::Tokens;
 pub use server::incoming;
+pub use server::incoming_with;
 pub use server::ClientAuth;
 pub use server::PeerInfo;
 pub use server::ServerTls;

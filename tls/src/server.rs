@@ -28,6 +28,13 @@ use tonic::transport::server::Connected;
 use tonic::transport::server::TcpConnectInfo;
 use tracing::warn;
 
+use crate::admission::accept_error_kind;
+use crate::admission::AcceptBackoff;
+use crate::admission::Admission;
+use crate::admission::AdmissionLimits;
+use crate::admission::Refusal;
+use crate::admission::Ticket;
+use crate::admission::HTTP2_PREFACE;
 use crate::files::load_certified_key;
 use crate::files::load_roots;
 use crate::files::KeyPairFiles;
@@ -251,57 +258,83 @@ pub struct PeerInfo {
     pub certificate_required: bool,
 }
 
-/// One accepted connection.
-pub enum Conn {
+/// One accepted connection: its stream, who is calling, the bytes read
+/// ahead to check it speaks HTTP/2 (given to the server first), and its
+/// place in the server's connection counts (given back when the server
+/// drops it).
+pub struct Conn {
+    io: ConnIo,
+    peer: PeerInfo,
+    replay: Vec<u8>,
+    replay_at: usize,
+    _ticket: Option<Ticket>,
+}
+
+enum ConnIo {
     Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, Box<PeerInfo>),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl Conn {
+    /// Who is calling.
+    pub fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
 }
 
 impl Connected for Conn {
     type ConnectInfo = PeerInfo;
 
     fn connect_info(&self) -> PeerInfo {
-        match self {
-            Conn::Plain(s) => PeerInfo {
-                tcp: s.connect_info(),
-                tls: false,
-                identity: None,
-                certificate_problem: None,
-                certificate_required: false,
-            },
-            Conn::Tls(_, p) => (**p).clone(),
+        self.peer.clone()
+    }
+}
+
+impl AsyncRead for ConnIo {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ConnIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
 
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        let me = self.get_mut();
+        if me.replay_at < me.replay.len() {
+            let n = (me.replay.len() - me.replay_at).min(buf.remaining());
+            buf.put_slice(&me.replay[me.replay_at..me.replay_at + n]);
+            me.replay_at += n;
+            if me.replay_at == me.replay.len() {
+                me.replay = Vec::new();
+                me.replay_at = 0;
+            }
+            return Poll::Ready(Ok(()));
         }
+        Pin::new(&mut me.io).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        match &mut self.get_mut().io {
+            ConnIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_flush(cx),
+        match &mut self.get_mut().io {
+            ConnIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        match &mut self.get_mut().io {
+            ConnIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 
@@ -310,99 +343,213 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        match &mut self.get_mut().io {
+            ConnIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Conn::Plain(s) => s.is_write_vectored(),
-            Conn::Tls(s, _) => s.is_write_vectored(),
+        match &self.io {
+            ConnIo::Plain(s) => s.is_write_vectored(),
+            ConnIo::Tls(s) => s.is_write_vectored(),
         }
     }
 }
 
 /// Longest a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes done but not yet taken by the server.
+/// Connections checked but not yet taken by the server.
 const ACCEPTED_QUEUE_MAX: usize = 256;
 
-/// The accepted connections of a server on `listener`: `TCP_NODELAY` and
-/// keep-alive on every socket (tonic sets them only on listeners it binds
-/// itself) and, with `tls`, a TLS handshake first. Handshakes run
-/// concurrently (a slow or silent caller holds up no one), each bounded
-/// by [`HANDSHAKE_TIMEOUT`]; a failed one is logged and counted
-/// (`dtx_tls_handshake_failures_total`) and never reaches the server.
+/// [`incoming_with`] with the default [`AdmissionLimits`].
 pub fn incoming(
     listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
+) -> Pin<Box<dyn Stream<Item = Result<Conn, io::Error>> + Send>> {
+    incoming_with(listener, tls, AdmissionLimits::default())
+}
+
+/// The accepted connections of a server on `listener`: `TCP_NODELAY` and
+/// keep-alive on every socket (tonic sets them only on listeners it binds
+/// itself) and, with `tls`, a TLS handshake first. Each connection is
+/// admitted within `limits` (crate::admission: in all, per address,
+/// anonymous) and must send the HTTP/2 preface within
+/// `limits.preface_timeout`; only then does the server get it. Handshakes
+/// and prefaces are awaited concurrently (a slow or silent caller holds up
+/// no one), each bounded ([`HANDSHAKE_TIMEOUT`]); a failed handshake is
+/// logged and counted (`dtx_tls_handshake_failures_total`), a refused
+/// connection counted (`dtx_connections_refused_total{reason}`, logged at
+/// debug: a caller must not be able to fill the log), and a failing
+/// accept (out of file descriptors) backs off instead of spinning
+/// (`dtx_accept_errors_total{kind}`, one log line per 10 s).
+pub fn incoming_with(
+    listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
+    limits: AdmissionLimits,
 ) -> Pin<Box<dyn Stream<Item = Result<Conn, io::Error>> + Send>> {
     use futures::StreamExt;
     let tcp = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(30)));
-    let Some(tls) = tls else {
-        return Box::pin(tcp.map(|r| r.map(Conn::Plain)));
-    };
+    let admission = Admission::new(limits);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Conn>(ACCEPTED_QUEUE_MAX);
     tokio::spawn(async move {
         let mut tcp = tcp;
+        let mut backoff = AcceptBackoff::default();
         loop {
             let next = tokio::select! {
                 n = tcp.next() => n,
                 _ = tx.closed() => return,
             };
             let stream = match next {
-                Some(Ok(s)) => s,
+                Some(Ok(s)) => {
+                    backoff.accepted();
+                    s
+                }
                 Some(Err(e)) => {
-                    warn!("accepting a connection failed: {e}");
+                    metrics::counter!("dtx_accept_errors_total", "kind" => accept_error_kind(&e)).increment(1);
+                    let (wait, line) = backoff.failed(&e, std::time::Instant::now());
+                    if let Some(line) = line {
+                        warn!("{line}");
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = tx.closed() => return,
+                    }
                     continue;
                 }
                 None => return,
             };
-            let tx = tx.clone();
-            let built = tls.built();
-            let certificate_required = tls.client_auth() == ClientAuth::Required;
-            tokio::spawn(async move {
-                let tcp_info = stream.connect_info();
-                let acceptor = tokio_rustls::TlsAcceptor::from(built.config.clone());
-                let s = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                        // Closed before saying anything: a port probe (a
-                        // health check's TCP connect), not worth a warning.
-                        metrics::counter!("dtx_tls_handshake_failures_total").increment(1);
-                        tracing::debug!(remote = ?tcp_info.remote_addr, "connection closed before a TLS handshake: {e}");
-                        return;
-                    }
-                    Ok(Err(e)) => {
-                        handshake_failed(&tcp_info, &e.to_string());
-                        return;
-                    }
-                    Err(_) => {
-                        handshake_failed(&tcp_info, &format!("no handshake within {HANDSHAKE_TIMEOUT:?}"));
-                        return;
-                    }
-                };
-                let (identity, certificate_problem) = judge(built.verifier.as_ref(), s.get_ref().1.peer_certificates());
-                if let Some(why) = &certificate_problem {
-                    metrics::counter!("dtx_tls_client_certificates_refused_total").increment(1);
-                    warn!(remote = ?tcp_info.remote_addr, "client certificate refused: {why}");
+            let tcp_info = stream.connect_info();
+            let ticket = match tcp_info.remote_addr.map(|a| admission.admit(a.ip())) {
+                Some(Ok(t)) => Some(t),
+                Some(Err(why)) => {
+                    refused(&tcp_info, why);
+                    continue;
                 }
-                let peer = PeerInfo {
-                    tcp: tcp_info,
-                    tls: true,
-                    identity,
-                    certificate_problem,
-                    certificate_required,
+                None => None,
+            };
+            let tx = tx.clone();
+            let tls = tls.clone();
+            let admission = admission.clone();
+            tokio::spawn(async move {
+                let Some(mut conn) = establish(stream, tcp_info, tls, ticket, &admission).await else {
+                    return;
                 };
-                let _ = tx.send(Conn::Tls(Box::new(s), Box::new(peer))).await;
+                if read_preface(&mut conn, admission.limits().preface_timeout).await {
+                    let _ = tx.send(conn).await;
+                }
             });
         }
     });
     Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|c| c.map(Ok))))
+}
+
+/// The connection after its TLS handshake (or as it is, on a plain port),
+/// with its peer; `None` when the handshake failed or an anonymous caller
+/// found no room.
+async fn establish(
+    stream: TcpStream,
+    tcp_info: TcpConnectInfo,
+    tls: Option<Arc<ServerTls>>,
+    mut ticket: Option<Ticket>,
+    admission: &Admission,
+) -> Option<Conn> {
+    let Some(tls) = tls else {
+        return Some(Conn {
+            io: ConnIo::Plain(stream),
+            peer: PeerInfo {
+                tcp: tcp_info,
+                tls: false,
+                identity: None,
+                certificate_problem: None,
+                certificate_required: false,
+            },
+            replay: Vec::new(),
+            replay_at: 0,
+            _ticket: ticket,
+        });
+    };
+    let built = tls.built();
+    let certificate_required = tls.client_auth() == ClientAuth::Required;
+    let acceptor = tokio_rustls::TlsAcceptor::from(built.config.clone());
+    let s = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            // Closed before saying anything: a port probe (a health
+            // check's TCP connect), not worth a warning.
+            metrics::counter!("dtx_tls_handshake_failures_total").increment(1);
+            tracing::debug!(remote = ?tcp_info.remote_addr, "connection closed before a TLS handshake: {e}");
+            return None;
+        }
+        Ok(Err(e)) => {
+            handshake_failed(&tcp_info, &e.to_string());
+            return None;
+        }
+        Err(_) => {
+            handshake_failed(&tcp_info, &format!("no handshake within {HANDSHAKE_TIMEOUT:?}"));
+            return None;
+        }
+    };
+    let (identity, certificate_problem) = judge(built.verifier.as_ref(), s.get_ref().1.peer_certificates());
+    if let Some(why) = &certificate_problem {
+        metrics::counter!("dtx_tls_client_certificates_refused_total").increment(1);
+        warn!(remote = ?tcp_info.remote_addr, "client certificate refused: {why}");
+    }
+    if identity.is_none() {
+        if let Some(t) = ticket.as_mut() {
+            if let Err(why) = admission.count_anonymous(t) {
+                refused(&tcp_info, why);
+                return None;
+            }
+        }
+    }
+    Some(Conn {
+        io: ConnIo::Tls(Box::new(s)),
+        peer: PeerInfo {
+            tcp: tcp_info,
+            tls: true,
+            identity,
+            certificate_problem,
+            certificate_required,
+        },
+        replay: Vec::new(),
+        replay_at: 0,
+        _ticket: ticket,
+    })
+}
+
+/// Reads the HTTP/2 preface within `timeout` and keeps it for the server;
+/// false (the connection is to be dropped, counted) when it does not come
+/// in time or is not HTTP/2's.
+async fn read_preface(conn: &mut Conn, timeout: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut preface = [0u8; HTTP2_PREFACE.len()];
+    match tokio::time::timeout(timeout, conn.io.read_exact(&mut preface)).await {
+        Ok(Ok(_)) if &preface == HTTP2_PREFACE => {
+            conn.replay = preface.to_vec();
+            conn.replay_at = 0;
+            true
+        }
+        Ok(Ok(_)) => {
+            refused(&conn.peer.tcp, Refusal::NotHttp2);
+            false
+        }
+        // Closed before a whole preface: nothing to say.
+        Ok(Err(_)) => false,
+        Err(_) => {
+            refused(&conn.peer.tcp, Refusal::NoPreface);
+            false
+        }
+    }
+}
+
+/// Counts a connection not admitted; logged at debug only (the count is
+/// what an operator watches: a caller must not be able to fill the log).
+fn refused(peer: &TcpConnectInfo, why: Refusal) {
+    metrics::counter!("dtx_connections_refused_total", "reason" => why.label()).increment(1);
+    tracing::debug!(remote = ?peer.remote_addr, reason = why.label(), "connection closed");
 }
 
 fn handshake_failed(peer: &TcpConnectInfo, why: &str) {
