@@ -118,10 +118,23 @@ async fn t61_inv8_inv13_a_one_phase_commit_is_applied_once_when_its_old_leader_i
     );
     assert!(p.wait_state(x, LocalState::Committed, Duration::from_secs(10)).await);
 
-    // Cut off from its followers, not from the participant. The majority's
-    // leader re-drives x in a later term, records COMMIT and the ack, and
-    // forgets x after the (short) retention.
+    // Cut off from its followers, not from the participant: it keeps
+    // re-sending x (every answer is lost). The majority's leader re-drives
+    // x in a later term; once the participant recorded that term for x,
+    // answers get through again: the old leader's re-sends are refused as
+    // stale (older term), the new leader's is answered, and the new leader
+    // records COMMIT and the ack, and forgets x after the (short)
+    // retention.
     c.isolate(old);
+    let first_term = p.store.entries_for_txid(x).unwrap()[0].1.term;
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while p.store.entries_for_txid(x).unwrap()[0].1.term <= first_term {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the majority's leader never re-drove x to the participant"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     p.lose_one_phase_answers.store(false, Ordering::SeqCst);
     let maj = majority_client(&c, old);
     let until = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -144,7 +157,9 @@ async fn t61_inv8_inv13_a_one_phase_commit_is_applied_once_when_its_old_leader_i
     assert!(removed >= 1, "x's record was not collected");
     assert_eq!(p.state(x), None);
 
-    // The old leader, still cut off, must not run x's work again.
+    // The old leader, still cut off, must not run x's work again (before,
+    // its next re-send, a few hundred ms later, found no record and ran
+    // it).
     let before = calls(&p);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
