@@ -475,7 +475,7 @@ async fn status(ctx: &Ctx) -> Outcome {
             .collect();
         let mut v = view::status_json(&leader_view);
         v["nodes"] = serde_json::Value::Array(nodes);
-        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+        outln!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
     } else {
         let views: Vec<view::MemberView<'_>> = leader_view
             .members
@@ -486,7 +486,7 @@ async fn status(ctx: &Ctx) -> Outcome {
                 own: a.as_ref().map_err(|e| e.clone()),
             })
             .collect();
-        println!("{}", view::status_table(&leader_view, &views));
+        outln!("{}", view::status_table(&leader_view, &views));
     }
     Ok(())
 }
@@ -599,13 +599,13 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
                     "next_after_txid": next,
                     "transactions": txs.iter().map(view::tx_json).collect::<Vec<_>>(),
                 });
-                println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+                outln!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
             } else {
-                println!("{}", view::tx_table(&txs, now));
+                outln!("{}", view::tx_table(&txs, now));
                 if next != 0 {
-                    println!("(more: --after {next}, or --all)");
+                    outln!("(more: --after {next}, or --all)");
                 } else {
-                    println!("({} transactions)", txs.len());
+                    outln!("({} transactions)", txs.len());
                 }
             }
             Ok(())
@@ -668,15 +668,15 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
                         v
                     })
                     .collect();
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&json!({"now_unix_ms": now, "in_doubt": v})).expect("JSON")
                 );
             } else if txs.is_empty() {
-                println!("nothing in doubt: no transaction is preparing and every decision is acknowledged");
+                outln!("nothing in doubt: no transaction is preparing and every decision is acknowledged");
             } else {
-                println!("{}", view::tx_table(&txs, now));
-                println!("({} transactions, oldest first)", txs.len());
+                outln!("{}", view::tx_table(&txs, now));
+                outln!("({} transactions, oldest first)", txs.len());
             }
             Ok(())
         }
@@ -715,7 +715,7 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
                 Ok(())
             } else {
                 if ctx.json {
-                    println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+                    outln!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
                 }
                 Err(failure(
                     EXIT_REFUSED,

@@ -106,8 +106,29 @@ impl Ctx {
 /// Prints `value` with --json, else `text()`.
 pub(crate) fn emit(ctx: &Ctx, value: serde_json::Value, text: impl FnOnce() -> String) {
     if ctx.json {
-        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+        outln!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
     } else {
-        println!("{}", text());
+        outln!("{}", text());
+    }
+}
+
+/// Writes one line of command output to stdout (the `outln!` macro). A
+/// closed pipe (the reader, `head` say, had enough) ends the process with
+/// exit 0 and nothing on stderr; another write error ends it with exit 1
+/// and one line saying so.
+pub(crate) fn write_out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(args)
+        .and_then(|_| out.write_all(b"\n"))
+        .and_then(|_| out.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("error: cannot write the output: {e}");
+            std::process::exit(1);
+        }
     }
 }

@@ -85,9 +85,9 @@ pub async fn run(
         }
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&addr, &r)).expect("JSON"));
+        outln!("{}", serde_json::to_string_pretty(&to_json(&addr, &r)).expect("JSON"));
     } else {
-        println!("{}", to_text(&addr, &r));
+        outln!("{}", to_text(&addr, &r));
     }
     Ok(())
 }

@@ -466,13 +466,13 @@ pub(crate) async fn run(ctx: &Ctx, cmd: SagaCmd) -> Outcome {
                     "next_after_saga_id": next,
                     "sagas": sagas.iter().map(view::saga_json).collect::<Vec<_>>(),
                 });
-                println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+                outln!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
             } else {
-                println!("{}", view::list_table(&sagas));
+                outln!("{}", view::list_table(&sagas));
                 if next != 0 {
-                    println!("(more: --after {next}, or --all)");
+                    outln!("(more: --after {next}, or --all)");
                 } else {
-                    println!("({} sagas)", sagas.len());
+                    outln!("({} sagas)", sagas.len());
                 }
             }
             Ok(())

@@ -2,6 +2,15 @@
 //! the libraries (`coordinator`, `dtx-client`, `dtx-testkit`, `dtx-bank`)
 //! does the work.
 
+/// `println!` for a command's output: a reader that went away (`admin
+/// txn in-doubt | head`) ends the command quietly (exit 0) where
+/// `println!` would panic.
+macro_rules! outln {
+    ($($t:tt)*) => {
+        $crate::admin_ctx::write_out(format_args!($($t)*))
+    };
+}
+
 mod admin;
 mod admin_ctx;
 mod admin_participant;

@@ -351,6 +351,32 @@ async fn t100_status_drill_and_exit_codes() {
     for id in 1..=3 {
         assert!(table.contains(&c.api(id)), "{table}");
     }
+    // Output into a pipe nobody reads any more (`status | head -1` once
+    // head has its line): the command ends quietly, exit 0, no panic (issue
+    // 39, defect 9; before: exit 101 and a backtrace).
+    for args in [&["status"][..], &["txn", "list"][..], &["status", "--json"][..]] {
+        let mut child = std::process::Command::new(common::bin())
+            .args(["admin", "--addr", &c.procs.api_addrs().join(",")])
+            .args(args)
+            .env("RUST_BACKTRACE", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "admin {args:?} into a closed pipe: {}",
+            common::output_text(&o)
+        );
+        assert!(
+            o.stderr.is_empty(),
+            "admin {args:?} into a closed pipe: {}",
+            common::output_text(&o)
+        );
+    }
     let st = json(&admin(&c, &["status", "--json"]));
     let nodes = st["nodes"].as_array().unwrap();
     assert_eq!(nodes.len(), 3, "{st:#}");
