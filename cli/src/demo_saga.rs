@@ -1,10 +1,13 @@
 //! `coordinator demo --saga`: the order saga (issue 14, item 8;
-//! docs/sagas.md). A three-node coordinator cluster and the saga's three
-//! step services (`coordinator saga-step-serve`), all real processes:
-//! inventory (reserve stock: COMPENSABLE), payment (charge the card: the
-//! PIVOT; a simulated API that loses 20% of its replies after charging, so
-//! the orchestrator must settle them through the status query) and e-mail
-//! (the confirmation: RETRIABLE; "mail server busy" 20% of the time).
+//! docs/sagas.md). A three-node coordinator cluster, the saga's three
+//! step services (`coordinator saga-step-serve`) and the outside world
+//! they call (`coordinator outside-serve`: a payment provider and an
+//! e-mail sender), all real processes: inventory (reserve stock:
+//! COMPENSABLE), payment (charge the card at the payment provider: the
+//! PIVOT; the provider loses 20% of its replies after charging, so the
+//! payment service must settle them by asking the provider, ADR 0034) and
+//! e-mail (the confirmation through the e-mail sender: RETRIABLE; "mail
+//! server busy" 20% of the time).
 //! Clients start order sagas (mostly good orders, about 10% above the
 //! customer's balance, about 5% out of stock; the idempotency key is the
 //! order id, so a start whose answer was lost is simply asked again) while
@@ -12,9 +15,11 @@
 //! between, a step service (each in turn, restarted a second later). At the
 //! end every saga must have
 //! ended (or parked, with its reason), and the audit reads the three
-//! services' data: stock and money conserved, every completed order
-//! reserved, charged and confirmed exactly once, every compensated order
-//! holding no stock and never charged, no forward action applied twice.
+//! services' data and the outside world's records: stock and money
+//! conserved, every completed order reserved, charged and confirmed
+//! exactly once (at the provider and the sender too), every compensated
+//! order holding no stock and its card never charged, no forward action
+//! applied twice.
 //! Exits non-zero if the audit fails.
 
 use std::collections::BTreeMap;
@@ -35,6 +40,7 @@ use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_service_client::SagaServiceClient;
 use dtx_saga_shop::Audit;
 use dtx_saga_shop::OrderInput;
+use dtx_saga_shop::OutsideRole;
 use dtx_saga_shop::Role;
 use dtx_testkit::cluster::ProcessCluster;
 use dtx_testkit::cluster::ServiceProcess;
@@ -44,7 +50,7 @@ use tonic::Status;
 use crate::demo_kit::DemoArgs;
 use crate::demo_kit::LeaderKills;
 
-/// The payment API loses this share of its replies (after charging).
+/// The payment provider loses this share of its replies (after charging).
 const LOSE_REPLIES_PERCENT: u32 = 20;
 /// The mail server is busy this share of the time.
 const FAIL_FIRST_PERCENT: u32 = 20;
@@ -252,7 +258,37 @@ impl Counts {
     }
 }
 
-fn service(bin: &Path, dir: &Path, role: Role) -> anyhow::Result<ServiceProcess> {
+/// An outside process (the payment provider or the e-mail sender).
+fn outside(bin: &Path, dir: &Path, role: OutsideRole) -> anyhow::Result<ServiceProcess> {
+    let port = dtx_testkit::cluster::free_port("127.0.0.1")?;
+    let addr = format!("127.0.0.1:{port}");
+    let name = role.audit_role();
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "outside-serve".into(),
+        "--role".into(),
+        role.as_str().into(),
+        "--listen".into(),
+        addr.clone().into(),
+        "--data".into(),
+        dir.join(name).into(),
+    ];
+    if role == OutsideRole::Payment {
+        let more = [
+            "--customers".to_string(),
+            CUSTOMERS.to_string(),
+            "--balance".into(),
+            BALANCE.to_string(),
+            "--lose-replies-percent".into(),
+            LOSE_REPLIES_PERCENT.to_string(),
+        ];
+        args.extend(more.into_iter().map(Into::into));
+    }
+    let mut s = ServiceProcess::new(bin, dir, name, &addr, args);
+    s.start(&[])?;
+    Ok(s)
+}
+
+fn service(bin: &Path, dir: &Path, role: Role, outside: &[ServiceProcess]) -> anyhow::Result<ServiceProcess> {
     let port = dtx_testkit::cluster::free_port("127.0.0.1")?;
     let addr = format!("127.0.0.1:{port}");
     let mut args: Vec<std::ffi::OsString> = vec![
@@ -266,15 +302,13 @@ fn service(bin: &Path, dir: &Path, role: Role) -> anyhow::Result<ServiceProcess>
     ];
     let more: Vec<String> = match role {
         Role::Inventory => vec!["--skus".into(), SKUS.to_string(), "--stock".into(), STOCK.to_string()],
-        Role::Payment => vec![
-            "--customers".into(),
-            CUSTOMERS.to_string(),
-            "--balance".into(),
-            BALANCE.to_string(),
-            "--lose-replies-percent".into(),
-            LOSE_REPLIES_PERCENT.to_string(),
+        Role::Payment => vec!["--provider".into(), outside[0].addr.clone()],
+        Role::Email => vec![
+            "--sender".into(),
+            outside[1].addr.clone(),
+            "--fail-first-percent".into(),
+            FAIL_FIRST_PERCENT.to_string(),
         ],
-        Role::Email => vec!["--fail-first-percent".into(), FAIL_FIRST_PERCENT.to_string()],
     };
     args.extend(more.into_iter().map(Into::into));
     let mut s = ServiceProcess::new(bin, dir, role.as_str(), &addr, args);
@@ -440,11 +474,24 @@ fn journals(sagas: &[pb::SagaView]) -> Journals {
     j
 }
 
-/// The audit: the three services' data against the cluster's journals.
-/// Returns the problems found (empty: OK).
-fn audit(sagas: &[pb::SagaView], told: &[(u64, String)], inv: &Audit, pay: &Audit, mail: &Audit) -> Vec<String> {
+/// The audits of the three step services and of the outside world.
+#[derive(Clone, Default)]
+struct Audits {
+    inv: Audit,
+    pay: Audit,
+    mail: Audit,
+    /// The payment provider's: the cards charged.
+    provider: Audit,
+    /// The e-mail sender's: the e-mails sent.
+    sender: Audit,
+}
+
+/// The audit: the services' data and the outside world's records against
+/// the cluster's journals. Returns the problems found (empty: OK).
+fn audit(sagas: &[pb::SagaView], told: &[(u64, String)], a: &Audits) -> Vec<String> {
+    let (inv, pay, mail) = (&a.inv, &a.pay, &a.mail);
     let mut problems = Vec::new();
-    for a in [inv, pay, mail] {
+    for a in [inv, pay, mail, &a.provider, &a.sender] {
         for p in &a.problems {
             problems.push(format!("{}: {p}", a.role));
         }
@@ -486,6 +533,8 @@ fn audit(sagas: &[pb::SagaView], told: &[(u64, String)], inv: &Audit, pay: &Audi
         let resv = inv.reservations.get(&o.order).cloned().unwrap_or_default();
         let charge = pay.charges.get(&o.order).cloned().unwrap_or_default();
         let confirm = mail.confirmations.get(&o.order).cloned().unwrap_or_default();
+        let card = a.provider.charges.get(&o.order).cloned().unwrap_or_default();
+        let sent = a.sender.confirmations.get(&o.order).cloned().unwrap_or_default();
         match state(v) {
             pb::SagaState::Completed => {
                 if Kind::of(&o) != Kind::Good {
@@ -509,6 +558,18 @@ fn audit(sagas: &[pb::SagaView], told: &[(u64, String)], inv: &Audit, pay: &Audi
                         o.order, confirm.applied
                     ));
                 }
+                if (card.charges_applied, card.amount) != (1, o.amount) {
+                    problems.push(format!(
+                        "completed order {}: the provider charged the card {} time(s), {} in all, expected once {}",
+                        o.order, card.charges_applied, card.amount, o.amount
+                    ));
+                }
+                if sent.applied != 1 {
+                    problems.push(format!(
+                        "completed order {}: the sender sent {} e-mail(s)",
+                        o.order, sent.applied
+                    ));
+                }
             }
             pb::SagaState::Compensated => {
                 if resv.reserved_qty != 0 || resv.reserves_applied != resv.releases_applied {
@@ -526,6 +587,15 @@ fn audit(sagas: &[pb::SagaView], told: &[(u64, String)], inv: &Audit, pay: &Audi
                 if confirm.applied != 0 {
                     problems.push(format!("compensated order {}: confirmed", o.order));
                 }
+                if card.charges_applied != 0 {
+                    problems.push(format!(
+                        "compensated order {}: the card is charged at the provider ({} in all)",
+                        o.order, card.amount
+                    ));
+                }
+                if sent.applied != 0 {
+                    problems.push(format!("compensated order {}: an e-mail was sent", o.order));
+                }
             }
             // An operator's business; its reason is in the summary.
             pb::SagaState::Parked => {}
@@ -537,7 +607,9 @@ fn audit(sagas: &[pb::SagaView], told: &[(u64, String)], inv: &Audit, pay: &Audi
         .reservations
         .keys()
         .chain(pay.charges.keys())
-        .chain(mail.confirmations.keys());
+        .chain(mail.confirmations.keys())
+        .chain(a.provider.charges.keys())
+        .chain(a.sender.confirmations.keys());
     let mut strays: Vec<&String> = orders.filter(|o| !by_key.contains_key(o.as_str())).collect();
     strays.sort();
     strays.dedup();
@@ -559,12 +631,19 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     let api = cluster.api_addrs();
     let shop_dir: PathBuf = dir.join("saga-shop");
     std::fs::create_dir_all(&shop_dir)?;
+    let mut world = Vec::new();
+    for role in [OutsideRole::Payment, OutsideRole::Email] {
+        world.push(outside(&bin, &shop_dir, role)?);
+    }
+    for w in &world {
+        w.wait_started().await?;
+    }
     let mut services = Vec::new();
     for role in ROLES {
-        services.push(service(&bin, &shop_dir, role)?);
+        services.push(service(&bin, &shop_dir, role, &world)?);
     }
     println!(
-        "dtx demo --saga: 3 coordinator nodes, 3 step services (inventory, payment losing {LOSE_REPLIES_PERCENT}% of its replies, e-mail busy {FAIL_FIRST_PERCENT}% of the time), {} clients, {} s",
+        "dtx demo --saga: 3 coordinator nodes, 3 step services (inventory, payment, e-mail busy {FAIL_FIRST_PERCENT}% of the time) and the outside world they call (a payment provider losing {LOSE_REPLIES_PERCENT}% of its replies after charging, an e-mail sender), {} clients, {} s",
         a.clients, a.seconds
     );
     println!("  working directory: {}", dir.display());
@@ -654,28 +733,36 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     // meanwhile); then the services stop (their stores are then free to
     // read) and are audited.
     let sagas = nodes.list(&[]).await.context("listing the sagas")?;
-    for s in services.iter_mut() {
+    for s in services.iter_mut().chain(world.iter_mut()) {
         s.stop(Duration::from_secs(5));
     }
     cluster.stop_all(Duration::from_secs(10));
-    let mut audits = Vec::new();
-    for role in ROLES {
-        audits.push(
-            dtx_saga_shop::audit(role, &shop_dir.join(role.as_str()))
-                .with_context(|| format!("the audit of {role}"))?,
-        );
-    }
-    let (inv, pay, mail) = (&audits[0], &audits[1], &audits[2]);
+    let step_audit = |role: Role| {
+        dtx_saga_shop::audit(role, &shop_dir.join(role.as_str())).with_context(|| format!("the audit of {role}"))
+    };
+    let outside_audit = |role: OutsideRole| {
+        dtx_saga_shop::outside_audit(role, &shop_dir.join(role.audit_role()))
+            .with_context(|| format!("the audit of the {}", role.system_name()))
+    };
+    let all = Audits {
+        inv: step_audit(Role::Inventory)?,
+        pay: step_audit(Role::Payment)?,
+        mail: step_audit(Role::Email)?,
+        provider: outside_audit(OutsideRole::Payment)?,
+        sender: outside_audit(OutsideRole::Email)?,
+    };
+    let (inv, mail) = (&all.inv, &all.mail);
+    let audits = [&all.inv, &all.pay, &all.mail, &all.provider, &all.sender];
     let told = std::mem::take(&mut *told.lock().expect("lock"));
     let j = journals(&sagas);
-    let problems = audit(&sagas, &told, inv, pay, mail);
+    let problems = audit(&sagas, &told, &all);
 
     let n = |s: pb::SagaState| j.by_state.get(s.as_str_name()).copied().unwrap_or(0);
     let kind = |k: Kind| j.compensated_by_kind.get(&k).copied().unwrap_or(0);
     let stock_initial: u64 = inv.skus.values().map(|s| s.initial).sum();
     let stock_now: u64 = inv.skus.values().map(|s| s.stock + s.reserved).sum();
-    let money_initial: u64 = pay.balances.values().map(|b| b.initial).sum();
-    let money_now: u64 = pay.balances.values().map(|b| b.balance + b.charged).sum();
+    let money_initial: u64 = all.provider.balances.values().map(|b| b.initial).sum();
+    let money_now: u64 = all.provider.balances.values().map(|b| b.balance + b.charged).sum();
     let forward_dups: u64 = audits.iter().map(|a| a.forward_duplicates_seen).sum();
     println!();
     println!(
@@ -723,16 +810,26 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     );
     println!("  repeated calls answered from the step services' inboxes {forward_dups}");
     println!(
-        "  confirmations sent        {} (outbox still pending {})",
-        mail.confirmations.values().filter(|c| c.sent_events > 0).count(),
-        mail.outbox_pending
+        "  cards charged             {} (provider keys voided by a fence {}, declined {})",
+        all.provider.charges.values().map(|c| c.charges_applied).sum::<u64>(),
+        all.provider.outside_voided,
+        all.provider.outside_declined
     );
     println!(
-        "  audit: stock {stock_now} of {stock_initial} (stock + reserved), money {money_now} of {money_initial} (balances + charges), duplicate forward actions {}",
+        "  confirmations sent        {} (recorded by the e-mail service: {})",
+        all.sender.confirmations.values().map(|c| c.applied).sum::<u64>(),
+        mail.confirmations.values().map(|c| c.applied).sum::<u64>()
+    );
+    println!(
+        "  outside calls in flight   {} (UNKNOWN at the end: never counted as failed)",
+        all.pay.in_flight + all.mail.in_flight
+    );
+    println!(
+        "  audit: stock {stock_now} of {stock_initial} (stock + reserved), money {money_now} of {money_initial} (balances + charges, at the provider), duplicate forward actions {}",
         audits.iter().map(|a| a.duplicate_forward_actions).sum::<u64>()
     );
     if problems.is_empty() {
-        println!("audit: OK (stock and money conserved; every completed order reserved, charged and confirmed exactly once; every compensated order holds no stock and was never charged; no forward action applied twice)");
+        println!("audit: OK (stock and money conserved; every completed order reserved, charged and confirmed exactly once; every compensated order holds no stock and its card was never charged; no forward action applied twice)");
         Ok(())
     } else {
         for p in problems.iter().take(20) {
@@ -768,9 +865,9 @@ mod tests {
         kind.order(id.into())
     }
 
-    /// The services' audits of a completed `good` order and a compensated
-    /// `unpaid` one, as they should be.
-    fn clean(good: &OrderInput, unpaid: &OrderInput) -> (Audit, Audit, Audit) {
+    /// The audits of a completed `good` order and a compensated `unpaid`
+    /// one, as they should be.
+    fn clean(good: &OrderInput, unpaid: &OrderInput) -> Audits {
         let mut inv = Audit::default();
         inv.reservations.insert(
             good.order.clone(),
@@ -789,23 +886,29 @@ mod tests {
             },
         );
         let mut pay = Audit::default();
-        pay.charges.insert(
-            good.order.clone(),
-            ChargeAudit {
-                charges_applied: 1,
-                amount: good.amount,
-            },
-        );
+        let charged = ChargeAudit {
+            charges_applied: 1,
+            amount: good.amount,
+        };
+        pay.charges.insert(good.order.clone(), charged.clone());
         let mut mail = Audit::default();
-        mail.confirmations.insert(
-            good.order.clone(),
-            ConfirmationAudit {
-                applied: 1,
-                sent_lines: 1,
-                sent_events: 1,
-            },
-        );
-        (inv, pay, mail)
+        let sent = ConfirmationAudit {
+            applied: 1,
+            sent_lines: 1,
+            sent_events: 1,
+        };
+        mail.confirmations.insert(good.order.clone(), sent.clone());
+        let mut provider = Audit::default();
+        provider.charges.insert(good.order.clone(), charged);
+        let mut sender = Audit::default();
+        sender.confirmations.insert(good.order.clone(), sent);
+        Audits {
+            inv,
+            pay,
+            mail,
+            provider,
+            sender,
+        }
     }
 
     #[test]
@@ -820,48 +923,66 @@ mod tests {
             saga(2, &unpaid, pb::SagaState::Compensated),
         ];
         let told = vec![(1, good.order.clone()), (2, unpaid.order.clone())];
-        let (inv, pay, mail) = clean(&good, &unpaid);
-        assert_eq!(audit(&sagas, &told, &inv, &pay, &mail), Vec::<String>::new());
+        let all = clean(&good, &unpaid);
+        assert_eq!(audit(&sagas, &told, &all), Vec::<String>::new());
 
         // Charged twice.
-        let mut p = pay.clone();
-        p.charges.get_mut(&good.order).unwrap().charges_applied = 2;
-        assert!(audit(&sagas, &told, &inv, &p, &mail)[0].contains("2 charge(s)"));
+        let mut a = all.clone();
+        a.pay.charges.get_mut(&good.order).unwrap().charges_applied = 2;
+        assert!(audit(&sagas, &told, &a)[0].contains("2 charge(s)"));
         // A compensated order that was charged anyway.
-        let mut p = pay.clone();
-        p.charges.insert(
+        let mut a = all.clone();
+        a.pay.charges.insert(
             unpaid.order.clone(),
             ChargeAudit {
                 charges_applied: 1,
                 amount: 1,
             },
         );
-        assert!(audit(&sagas, &told, &inv, &p, &mail)[0].contains("compensated order o-2: charged"));
+        assert!(audit(&sagas, &told, &a)[0].contains("compensated order o-2: charged"));
+        // A compensated order whose card the provider charged (the step
+        // service recorded nothing: issue 38, defect 6).
+        let mut a = all.clone();
+        a.provider.charges.insert(
+            unpaid.order.clone(),
+            ChargeAudit {
+                charges_applied: 1,
+                amount: 1,
+            },
+        );
+        assert!(audit(&sagas, &told, &a)[0].contains("the card is charged at the provider"));
+        // A completed order the provider charged twice, or never e-mailed.
+        let mut a = all.clone();
+        a.provider.charges.get_mut(&good.order).unwrap().charges_applied = 2;
+        assert!(audit(&sagas, &told, &a)[0].contains("charged the card 2 time(s)"));
+        let mut a = all.clone();
+        a.sender.confirmations.clear();
+        assert!(audit(&sagas, &told, &a)[0].contains("sent 0 e-mail(s)"));
         // A compensated order whose stock is still held.
-        let mut i = inv.clone();
-        i.reservations.get_mut(&unpaid.order).unwrap().reserved_qty = 2;
-        assert!(audit(&sagas, &told, &i, &pay, &mail)[0].contains("still held"));
+        let mut a = all.clone();
+        a.inv.reservations.get_mut(&unpaid.order).unwrap().reserved_qty = 2;
+        assert!(audit(&sagas, &told, &a)[0].contains("still held"));
         // Never confirmed.
-        let mut m = mail.clone();
-        m.confirmations.clear();
-        assert!(audit(&sagas, &told, &inv, &pay, &m)[0].contains("0 confirmation(s)"));
+        let mut a = all.clone();
+        a.mail.confirmations.clear();
+        assert!(audit(&sagas, &told, &a)[0].contains("0 confirmation(s)"));
         // A service's own problem, and a duplicate forward action.
-        let mut i = inv.clone();
-        i.role = "inventory".into();
-        i.problems.push("sku-1: stock 1 + reserved 1 != initial 3".into());
-        i.duplicate_forward_actions = 1;
-        assert_eq!(audit(&sagas, &told, &i, &pay, &mail).len(), 2);
+        let mut a = all.clone();
+        a.inv.role = "inventory".into();
+        a.inv.problems.push("sku-1: stock 1 + reserved 1 != initial 3".into());
+        a.inv.duplicate_forward_actions = 1;
+        assert_eq!(audit(&sagas, &told, &a).len(), 2);
         // Two sagas for one key; a saga a client was told of that is gone;
         // effects without a saga; a saga still running.
         let mut twice = sagas.clone();
         twice.push(saga(3, &good, pb::SagaState::Completed));
-        assert!(audit(&twice, &told, &inv, &pay, &mail)[0].contains("has 2 sagas"));
-        let p = audit(&sagas[..1], &told, &inv, &pay, &mail);
+        assert!(audit(&twice, &told, &all)[0].contains("has 2 sagas"));
+        let p = audit(&sagas[..1], &told, &all);
         assert!(p.iter().any(|p| p.contains("not in the cluster")), "{p:?}");
         assert!(p.iter().any(|p| p.contains("o-2 has effects")), "{p:?}");
         let mut running = sagas.clone();
         running[1].state = pb::SagaState::Running as i32;
-        assert!(audit(&running, &told, &inv, &pay, &mail)
+        assert!(audit(&running, &told, &all)
             .iter()
             .any(|p| p.contains("still SAGA_STATE_RUNNING")));
     }

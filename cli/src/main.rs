@@ -73,6 +73,13 @@ enum Cmd {
     /// Print what a stopped order-saga step service's data directory holds
     /// (stock, charges, confirmations, duplicates), as JSON.
     SagaStepAudit(dtx_saga_shop::StepAuditArgs),
+    /// Run the order saga's outside world: the payment provider or the
+    /// e-mail sender the step services call (idempotency keys, a status
+    /// query, replies lost on purpose) until SIGTERM.
+    OutsideServe(dtx_saga_shop::OutsideServeArgs),
+    /// Print what a stopped payment provider's or e-mail sender's log holds
+    /// (charges and e-mails per order, accounts), as JSON.
+    OutsideAudit(dtx_saga_shop::OutsideAuditArgs),
     /// Sum the balances of stopped bank services' data directories (or of
     /// PostgreSQL banks' databases).
     BankAudit {
@@ -275,6 +282,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::ShopServe(a) => dtx_shop::serve(a, shutdown_signal()).await,
         Cmd::SagaStepServe(a) => saga_shop::serve(a).await,
         Cmd::SagaStepAudit(a) => saga_shop::audit(a),
+        Cmd::OutsideServe(a) => saga_shop::serve_outside(a).await,
+        Cmd::OutsideAudit(a) => saga_shop::audit_outside(a),
         Cmd::BankAudit { postgres, json, .. } if !postgres.is_empty() => {
             let mut total = 0i64;
             let mut in_doubt = 0;

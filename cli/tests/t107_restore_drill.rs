@@ -143,8 +143,11 @@ fn repoint(bank: &mut BankProcess, dir: &Path, cluster: &[String]) -> BankProces
     b
 }
 
+/// A bank's apply log: each applied decision with its incarnation.
+type ApplyLog = Vec<(participant_sdk::GlobalTxid, String)>;
+
 /// A stopped bank's balances and its apply log with incarnations.
-fn bank_state(bank: &BankProcess) -> (Vec<(String, i64)>, Vec<(participant_sdk::GlobalTxid, String)>) {
+fn bank_state(bank: &BankProcess) -> (Vec<(String, i64)>, ApplyLog) {
     let store = ParticipantStore::open(&bank.data_dir, dtx_bank::Bank).unwrap();
     let balances = dtx_bank::balances(&store).unwrap();
     let log = dtx_bank::apply_log_in(&store).unwrap();

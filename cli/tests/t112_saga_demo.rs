@@ -1,6 +1,7 @@
 //! The saga demo as a test (issue 14, item 8): `coordinator demo --saga`,
-//! the order saga over three step services (a payment API that loses
-//! replies, a mail server that is busy) with the leader killed by SIGKILL
+//! the order saga over three step services and the outside world they
+//! call (a payment provider that loses its replies, a mail server that is
+//! busy) with the leader killed by SIGKILL
 //! every 3 s, and a step service in between (restarted a second later). In a file of its own so it does not run at the same time as
 //! the other demos. The audit must pass (stock and money conserved, every
 //! completed order reserved, charged and confirmed exactly once, every
@@ -29,7 +30,7 @@ fn t112_saga_demo_passes_its_audit_under_leader_kills() {
     );
     assert!(
         reconciled > 0,
-        "the payment API loses 20% of its replies, yet none was reconciled: {stdout}"
+        "the payment provider loses 20% of its replies, yet none was reconciled: {stdout}"
     );
     let parked = common::summary_count(&stdout, "parked");
     assert_eq!(

@@ -10,6 +10,12 @@
 //! Every mount's source is named `dtx-jepsen-<base port>`, so a run can
 //! find and unmount what an earlier run that was killed outright left
 //! behind ([`unmount_stale`]).
+//!
+//! With `power-cut` in the run, every data directory is a lossy FUSE mount
+//! instead (`crate::power`), and the two `disk-full` fills are that mount
+//! with a capacity ([`SmallFs::on_lossy`]): lowered to what is in use plus
+//! the margin to fill, removed to free. The same directory is then both
+//! filled and cut.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -17,6 +23,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
+
+use dtx_lossyfs::LossyFs;
 
 /// The limit while not filled.
 pub const ROOMY_BYTES: u64 = 1 << 30;
@@ -109,6 +118,9 @@ pub struct SmallFs {
     source: String,
     mounted: bool,
     filled: bool,
+    /// The lossy mount of `power-cut` it is (`on_lossy`), rather than a
+    /// tmpfs of its own; mounted and unmounted by `crate::power`.
+    lossy: Option<Arc<LossyFs>>,
 }
 
 impl SmallFs {
@@ -125,10 +137,33 @@ impl SmallFs {
             source,
             mounted: true,
             filled: false,
+            lossy: None,
         })
     }
 
+    /// The lossy mount `fs` (of `power-cut`) as a filesystem to fill: its
+    /// capacity is the limit.
+    pub fn on_lossy(fs: Arc<LossyFs>) -> SmallFs {
+        SmallFs {
+            path: fs.path().to_path_buf(),
+            source: "lossy".into(),
+            mounted: true,
+            filled: false,
+            lossy: Some(fs),
+        }
+    }
+
+    /// Whether it is a lossy mount (`on_lossy`), saved and unmounted with
+    /// the others of `crate::power`.
+    pub fn is_lossy(&self) -> bool {
+        self.lossy.is_some()
+    }
+
     fn set_limit(&self, bytes: u64) -> anyhow::Result<()> {
+        if let Some(fs) = &self.lossy {
+            fs.set_capacity((bytes != ROOMY_BYTES).then_some(bytes));
+            return Ok(());
+        }
         run(Command::new("mount")
             .args(["-o", &format!("remount,size={bytes}")])
             .arg(&self.path))
@@ -183,12 +218,17 @@ impl SmallFs {
         self.mounted
     }
 
-    /// Unmounts (lazily if something still holds it).
+    /// Unmounts (lazily if something still holds it); a lossy mount is
+    /// only let go of (`crate::power` unmounts it).
     pub fn unmount(&mut self) {
         if !self.mounted {
             return;
         }
         let _ = self.free();
+        if self.lossy.take().is_some() {
+            self.mounted = false;
+            return;
+        }
         if run(Command::new("umount").arg(&self.path)).is_err() {
             if let Err(e) = run(Command::new("umount").arg("-l").arg(&self.path)) {
                 eprintln!(
@@ -230,7 +270,9 @@ pub fn top_up(mount: &Path) -> anyhow::Result<u64> {
     Ok(file_len(&path))
 }
 
-fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
+/// Copies the files and directories under `from` (not a `disk-full`
+/// filler) into `to`.
+pub(crate) fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;

@@ -12,6 +12,8 @@
 //!   duplicate and replay late the coordinator's messages (`message-chaos`),
 //!   and stop answering for a participant gone for good (`participant-gone`).
 //! - `disk`: the small filesystems the `disk-full` nemesis fills.
+//! - `power`: the lossy FUSE filesystems (`dtx-lossyfs`) on every data
+//!   directory that the `power-cut` nemesis cuts.
 //! - `runner`: one run: start, workload + nemesis, heal, final reads, check.
 //! - `saga`: the same for the saga workload (`--workload saga`): the order
 //!   saga's step services instead of banks; checked by `checker::saga`.
@@ -22,6 +24,7 @@ pub mod history;
 pub mod msgproxy;
 pub mod nemesis;
 pub mod plot;
+pub mod power;
 pub mod procs;
 pub mod runner;
 pub mod saga;

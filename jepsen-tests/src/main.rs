@@ -33,8 +33,11 @@ enum Cmd {
         /// pause-leader, partition-isolate, partition-majority,
         /// partition-bridge, partition-leader-participants,
         /// partition-leader-followers, clock-skew, crash-point,
-        /// message-chaos, participant-gone, disk-full, kill-postgres,
-        /// partition-postgres; or the groups all, kill, partition, none.
+        /// message-chaos, participant-gone, disk-full, power-cut,
+        /// kill-postgres, partition-postgres; or the groups all, kill,
+        /// partition, none. power-cut needs /dev/fuse and root: named, it
+        /// fails the run where it cannot mount; in `all` it is skipped with
+        /// a note (an error with DTX_REQUIRE_FUSE=1).
         /// kill-postgres and partition-postgres only in the postgres
         /// workload (skipped, with a note, otherwise); there disk-full
         /// fills PostgreSQL's disk instead of a bank's.
@@ -175,6 +178,14 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
             let (faults, skipped) = workload.faults(&faults);
             for note in skipped {
                 println!("jepsen: {note}");
+            }
+            // power-cut needs FUSE: named on its own it must run; in `all`
+            // it is left out, loudly, where it cannot (unless
+            // DTX_REQUIRE_FUSE=1, as in CI).
+            let explicit = nemesis.split(',').any(|n| n.trim() == "power-cut");
+            let (faults, note) = jepsen_tests::power::check_available(faults, explicit, base_port)?;
+            if let Some(note) = note {
+                println!("\n*** jepsen: {note}\n");
             }
             let bin = match coordinator_bin {
                 Some(b) => b,

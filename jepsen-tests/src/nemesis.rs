@@ -57,10 +57,19 @@ pub enum Fault {
     /// stall mid-statement, new ones do not connect), healed at the end of
     /// the fault. Only in that workload.
     PartitionPostgres,
+    /// A power cut: every node, and every bank with a store of its own,
+    /// killed (-9) at once, then everything they wrote and did not fsync
+    /// thrown away (each data directory is a lossy FUSE mount, `power`;
+    /// some cuts torn: each file keeps a seeded prefix of its unsynced
+    /// writes); some cuts hold the leader's log sync first (the
+    /// `raft_log_flush` refusal point), so its newest entries are on its
+    /// followers' disks and not on its own. At the end of the fault the old
+    /// leader is started first, then the other nodes, then the banks.
+    PowerCut,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 17] = [
+    pub const ALL: [Fault; 18] = [
         Fault::KillLeader,
         Fault::KillNode,
         Fault::KillAllNodes,
@@ -78,6 +87,7 @@ impl Fault {
         Fault::DiskFull,
         Fault::KillPostgres,
         Fault::PartitionPostgres,
+        Fault::PowerCut,
     ];
 
     pub fn name(self) -> &'static str {
@@ -99,6 +109,7 @@ impl Fault {
             Fault::DiskFull => "disk-full",
             Fault::KillPostgres => "kill-postgres",
             Fault::PartitionPostgres => "partition-postgres",
+            Fault::PowerCut => "power-cut",
         }
     }
 
@@ -107,8 +118,10 @@ impl Fault {
     }
 }
 
-/// The order `kill-all-nodes` restarts the nodes in: the old leader
-/// `first` (so it resumes its term, the case ADR 0023 is about), then the
+/// The order `kill-all-nodes` and `power-cut` restart the nodes in: the
+/// old leader `first` (the node whose reads and phase two must include
+/// every write it acknowledged, ADR 0023; after a power cut, the one whose
+/// unsynced log tail is gone while its followers may hold it), then the
 /// others.
 pub fn restart_order(first: u64) -> impl Iterator<Item = u64> {
     std::iter::once(first).chain((1..=3).filter(move |i| *i != first))
@@ -177,6 +190,19 @@ pub fn parse_list(s: &str) -> Result<Vec<Fault>, String> {
     out.sort();
     out.dedup();
     Ok(out)
+}
+
+/// How the `n`-th power cut of a run (from 0) is made: whether the
+/// leader's log sync is held first, and whether the cut is torn. The four
+/// kinds in turn, the held clean cut first (so that a run with one cut, as
+/// the CI smoke run, has the case of ADR 0028's crash table).
+pub fn power_cut_kind(n: u64) -> (bool, bool) {
+    match n % 4 {
+        0 => (true, false),
+        1 => (false, true),
+        2 => (false, false),
+        _ => (true, true),
+    }
 }
 
 /// The order of faults: rounds in which every enabled fault comes once, in
@@ -256,6 +282,16 @@ mod tests {
         assert!(parse_list("all").unwrap().contains(&Fault::DiskFull));
         assert!(parse_list("all").unwrap().contains(&Fault::KillPostgres));
         assert!(parse_list("kill").unwrap().contains(&Fault::KillAllNodes));
+        assert!(parse_list("all").unwrap().contains(&Fault::PowerCut));
+        assert_eq!(parse_list("power-cut").unwrap(), vec![Fault::PowerCut]);
+        // Not in `kill`: it needs FUSE and root, the kills do not.
+        assert!(!parse_list("kill").unwrap().contains(&Fault::PowerCut));
+        let kinds: Vec<(bool, bool)> = (0..4).map(power_cut_kind).collect();
+        assert_eq!(kinds[0], (true, false), "the first cut holds the leader's sync");
+        let mut distinct = kinds.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 4, "every kind within four cuts");
         assert_eq!(restart_order(2).collect::<Vec<_>>(), vec![2, 1, 3]);
     }
 

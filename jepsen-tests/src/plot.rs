@@ -196,7 +196,7 @@ const GRID: RGBColor = RGBColor(0xe8, 0xe8, 0xe8);
 /// Colours for fault bands; none is close to an outcome colour.
 /// At least as many as there are nemeses (seventeen), so every fault of a
 /// run with all of them has a colour of its own.
-const FAULT_PALETTE: [RGBColor; 17] = [
+const FAULT_PALETTE: [RGBColor; 18] = [
     RGBColor(0x2c, 0xa0, 0x2c), // green
     RGBColor(0x94, 0x67, 0xbd), // purple
     RGBColor(0x8c, 0x56, 0x4b), // brown
@@ -214,6 +214,7 @@ const FAULT_PALETTE: [RGBColor; 17] = [
     RGBColor(0x55, 0x6b, 0x2f), // dark olive
     RGBColor(0x80, 0x00, 0x20), // maroon
     RGBColor(0x4b, 0x00, 0x82), // indigo
+    RGBColor(0x99, 0x55, 0x00), // rust
 ];
 
 /// `text` cut to at most `max_chars` characters, ending in ".." if cut.

@@ -52,6 +52,7 @@ use crate::msgproxy;
 use crate::nemesis::Fault;
 use crate::nemesis::Schedule;
 use crate::plot;
+use crate::power::PowerMounts;
 use crate::procs::check_bindable;
 use crate::procs::Net;
 
@@ -93,6 +94,9 @@ impl Workload {
             (Workload::Saga, Fault::KillPostgres) => Some("the saga workload has no PostgreSQL server"),
             (Workload::Sled, Fault::PartitionPostgres) => Some("the sled workload has no PostgreSQL server"),
             (Workload::Saga, Fault::PartitionPostgres) => Some("the saga workload has no PostgreSQL server"),
+            (Workload::Saga, Fault::PowerCut) => {
+                Some("the saga workload does not keep its nodes' and step services' data on lossy filesystems")
+            }
             _ => None,
         };
         let kept = faults.iter().copied().filter(|f| skip(*f).is_none()).collect();
@@ -215,6 +219,16 @@ struct World {
     /// `disk-full`: the node and bank on small filesystems. Last, so the
     /// processes are stopped (fields drop in order) before the unmount.
     disk: Option<DiskTargets>,
+    /// `power-cut`: the lossy filesystems on every node's and sled bank's
+    /// data directory (after `disk`, which may hold two of them; unmounted
+    /// when dropped, after the processes).
+    power: Option<PowerMounts>,
+    /// `power-cut`: the folder of each node's refusal file
+    /// (`DTX_FAILPOINT_REFUSE`, `refuse-n<id>`), through which a cut holds
+    /// the leader's log sync first.
+    refuse_dir: Option<PathBuf>,
+    /// Power cuts made so far (their kinds rotate: `power_cut_kind`).
+    power_cuts: u64,
     /// The PostgreSQL server of the PostgreSQL workload (dropped after the
     /// banks: it is killed then).
     pg: Option<PgServer>,
@@ -288,7 +302,25 @@ impl World {
 
     fn restart_node(&mut self, id: u64, extra: &[(String, String)]) -> anyhow::Result<()> {
         let env = self.node_env();
-        restart_node_with(&mut self.cluster, id, env, extra)
+        let mut extra = extra.to_vec();
+        if let Some(f) = self.refuse_file(id) {
+            extra.push(("DTX_FAILPOINT_REFUSE".into(), f.display().to_string()));
+        }
+        restart_node_with(&mut self.cluster, id, env, &extra)
+    }
+
+    /// Node `id`'s refusal file, with `power-cut` in the run.
+    fn refuse_file(&self, id: u64) -> Option<PathBuf> {
+        self.refuse_dir.as_ref().map(|d| d.join(format!("refuse-n{id}")))
+    }
+
+    /// Lets every node's log sync go again (`power-cut`'s hold).
+    fn release_syncs(&self) {
+        for id in 1..=3 {
+            if let Some(f) = self.refuse_file(id) {
+                let _ = std::fs::remove_file(f);
+            }
+        }
     }
 
     /// Heals everything: network whole, every process running, unpaused,
@@ -305,6 +337,7 @@ impl World {
         }
         let _ = std::fs::remove_file(&self.fp_nodes);
         let _ = std::fs::remove_file(&self.fp_banks);
+        self.release_syncs();
         for id in 1..=3u64 {
             self.cluster.signal(id, libc::SIGCONT);
             if !self.cluster.node(id).is_running() {
@@ -407,6 +440,9 @@ enum Undo {
     RestartNode(u64),
     /// Every node, this one (the old leader) first.
     RestartAllNodes(u64),
+    /// After a power cut: every node, this one (the old leader) first and
+    /// alone until it listens, then the banks.
+    PowerOn(u64),
     RestartBank(usize),
     Cont(u64),
     HealNet,
@@ -474,6 +510,7 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             }
             (format!("n1+n2+n3 (n{leader} led)"), Undo::RestartAllNodes(leader))
         }
+        Fault::PowerCut => cut_power(w, s, leader).await?,
         Fault::KillParticipant => {
             let live: Vec<usize> = (0..w.banks.len()).filter(|i| w.gone != Some(*i)).collect();
             let i = live[s.rng().random_range(0..live.len())];
@@ -613,6 +650,192 @@ fn net(w: &World) -> anyhow::Result<&Net> {
         .ok_or_else(|| anyhow::anyhow!("partition faults need nftables"))
 }
 
+/// How long a held power cut holds the leader's log sync before the power
+/// goes: the clients' commits keep coming, the leader sends their entries
+/// to its followers beside its own held sync (ADR 0028), and they reach the
+/// followers' disks and not its own.
+const POWER_CUT_HOLD: Duration = Duration::from_millis(500);
+
+/// The `power-cut` fault: (held) every node and every bank with a store
+/// of its own killed with SIGKILL at once, then the cut on every lossy
+/// mount. The target names who lost how much; a held cut also says how far
+/// each node's log reached before the kill and, read from its data
+/// directory after the cut (`coordinator inspect`), how far it reaches now.
+async fn cut_power(w: &mut World, s: &mut Schedule, leader: u64) -> anyhow::Result<(String, Undo)> {
+    anyhow::ensure!(
+        w.power.is_some(),
+        "power-cut has no lossy filesystems (they are mounted at the start of a run)"
+    );
+    let (hold, torn) = crate::nemesis::power_cut_kind(w.power_cuts);
+    w.power_cuts += 1;
+    let torn_seed: u64 = s.rng().random();
+    let mut held = String::new();
+    if hold {
+        if let Some(f) = w.refuse_file(leader) {
+            std::fs::write(&f, "raft_log_flush\n")?;
+            tokio::time::sleep(POWER_CUT_HOLD).await;
+            let logs = node_log_indexes(w).await;
+            held = format!(
+                "; n{leader}'s log sync held {} ms, last log index before the kill {logs}",
+                POWER_CUT_HOLD.as_millis()
+            );
+        }
+    }
+    let p = w.power.as_ref().expect("checked above");
+    let unsynced = p.unsynced();
+    // Everything on the mounts at once: the signal to each process first,
+    // then each is reaped.
+    let on_mounts: Vec<usize> = (0..w.banks.len()).filter(|i| w.banks[*i].postgres.is_none()).collect();
+    for id in 1..=3 {
+        w.cluster.signal(id, libc::SIGKILL);
+    }
+    for i in &on_mounts {
+        w.banks[*i].signal(libc::SIGKILL);
+    }
+    for id in 1..=3 {
+        w.cluster.kill9(id);
+    }
+    for i in &on_mounts {
+        w.banks[*i].kill9();
+    }
+    let cut = p.cut(torn.then_some(torn_seed), &unsynced);
+    let lost: u64 = cut.iter().map(|c| c.report.bytes_lost).sum();
+    let mut after = String::new();
+    if hold {
+        let mut ends = Vec::new();
+        for id in 1..=3 {
+            let dir = w.cluster.node(id).config.data_dir.clone();
+            ends.push(match inspect_last_index(&w.cluster.bin, &dir) {
+                Ok(i) => format!("n{id} {}", i.map_or("none".to_string(), |i| i.to_string())),
+                Err(e) => format!("n{id} unreadable ({e})"),
+            });
+        }
+        after = format!("; log ends after the cut: {}", ends.join(", "));
+    }
+    let who = p.holders().join("+");
+    Ok((
+        format!(
+            "{who} (n{leader} led){held}; {} cut, {lost} B lost: {}{after}",
+            if torn { "torn" } else { "clean" },
+            crate::power::describe(&cut)
+        ),
+        Undo::PowerOn(leader),
+    ))
+}
+
+/// Each node's last log index as it reports it (`n1 57, n2 60, n3 ?`).
+async fn node_log_indexes(w: &World) -> String {
+    let mut out = Vec::new();
+    for (i, addr) in w.api_addrs().iter().enumerate() {
+        let s = dtx_client::cluster_status_with(addr, Duration::from_millis(300), w.op_tls.as_ref()).await;
+        out.push(match s {
+            Ok(s) => format!("n{} {}", i + 1, s.last_log_index),
+            Err(_) => format!("n{} ?", i + 1),
+        });
+    }
+    out.join(", ")
+}
+
+/// The last index of the Raft log in a stopped node's data directory, as
+/// a node opening it would see it (`coordinator inspect`, which reads a
+/// copy).
+fn inspect_last_index(bin: &Path, data_dir: &Path) -> anyhow::Result<Option<u64>> {
+    let out = std::process::Command::new(bin)
+        .args(["inspect", "--data-dir"])
+        .arg(data_dir)
+        .output()?;
+    if !out.status.success() {
+        // Its `Error: ...` line (the log lines before it say how it got there).
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("Error:"))
+            .or_else(|| err.lines().rev().find(|l| !l.trim().is_empty()))
+            .unwrap_or("no message");
+        anyhow::bail!("{}", line.chars().take(300).collect::<String>());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    Ok(v["log_last_index"].as_u64())
+}
+
+/// After a power cut: no sync held any more; the old leader `first` is
+/// started alone and given until it listens (at most 5 s, then 300 ms
+/// more), then the other nodes, then every bank (not one gone for good).
+/// Then every one of them must listen within [`POWER_ON_WAIT`]: one that
+/// exited instead (a data directory it will not start on) or does not
+/// listen is named in the note, `NOT BACK`, with the last line of its log.
+fn power_on(w: &mut World, first: u64) -> anyhow::Result<String> {
+    w.release_syncs();
+    let started = Instant::now();
+    let mut note = String::new();
+    for (k, id) in crate::nemesis::restart_order(first).enumerate() {
+        w.restart_node(id, &[])?;
+        if k == 0 {
+            let addr: std::net::SocketAddr = w.cluster.node(id).plan.api_listen.parse()?;
+            let until = Instant::now() + Duration::from_secs(5);
+            let mut up = false;
+            while Instant::now() < until && !up {
+                up = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
+                if !up {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            note = if up {
+                format!(
+                    "n{id} listening after {} ms, then the others",
+                    started.elapsed().as_millis()
+                )
+            } else {
+                format!("n{id} not listening after 5 s; the others started anyway")
+            };
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    w.restart_banks()?;
+    let mut procs: Vec<(String, String, PathBuf)> = (1..=3u64)
+        .map(|id| {
+            let n = w.cluster.node(id);
+            (format!("n{id}"), n.plan.api_listen.clone(), n.log_path.clone())
+        })
+        .collect();
+    for (i, b) in w.banks.iter().enumerate() {
+        if w.gone != Some(i) {
+            procs.push((b.id.clone(), b.addr.clone(), b.log_path.clone()));
+        }
+    }
+    let until = Instant::now() + POWER_ON_WAIT;
+    let mut not_back = Vec::new();
+    for (who, addr, log) in procs {
+        let Ok(sa) = addr.parse::<std::net::SocketAddr>() else {
+            continue;
+        };
+        let mut up = false;
+        loop {
+            up = up || std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(200)).is_ok();
+            if up || Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !up {
+            let last = disk::last_line(&log).unwrap_or_default();
+            eprintln!("jepsen: power-cut: {who} is NOT BACK after the cut: {last}");
+            not_back.push(format!("{who} ({last})"));
+        }
+    }
+    if !not_back.is_empty() {
+        note.push_str(&format!(
+            "; NOT BACK within {} s: {}",
+            POWER_ON_WAIT.as_secs(),
+            not_back.join("; ")
+        ));
+    }
+    Ok(note)
+}
+
+/// How long every process restarted after a power cut has to listen again.
+const POWER_ON_WAIT: Duration = Duration::from_secs(10);
+
 /// Undoes one fault; returns a note for the history (crash points: fired or
 /// not) and, for `disk-full`, what the recovery check after the recorded
 /// stop needs.
@@ -632,6 +855,7 @@ fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<(String, Option<DiskF
                 }
                 String::new()
             }
+            Undo::PowerOn(first) => power_on(w, first)?,
             Undo::RestartBank(i) => {
                 let env = w.bank_env();
                 w.banks[i].start(&env)?;
@@ -1512,7 +1736,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     // The PostgreSQL workload: one server for the run, one database per
     // bank (bank_a, ...).
     let disk_full = o.faults.contains(&Fault::DiskFull);
-    if disk_full {
+    let power_cut = o.faults.contains(&Fault::PowerCut);
+    if disk_full || power_cut {
         // Before anything is mounted for this run.
         disk::unmount_stale(o.base_port);
     }
@@ -1623,10 +1848,32 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         gone_tx: tokio::sync::watch::channel(None).0,
         probes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         disk: None,
+        power: None,
+        refuse_dir: power_cut.then(|| dir.clone()),
+        power_cuts: 0,
         pg,
         app_tls,
         op_tls,
     };
+    // power-cut: every node's data directory, and every bank's that keeps
+    // a store of its own (not on PostgreSQL), is a lossy filesystem of its
+    // own, mounted before the process first starts.
+    let mut lossy = BTreeMap::new();
+    if power_cut {
+        let mut p = PowerMounts::new(o.base_port);
+        for id in 1..=3u64 {
+            let d = w.cluster.node(id).config.data_dir.clone();
+            lossy.insert(format!("n{id}"), p.mount(&format!("n{id}"), &d)?);
+        }
+        for b in w.banks.iter().filter(|b| b.postgres.is_none()) {
+            lossy.insert(b.id.clone(), p.mount(&b.id, &b.data_dir)?);
+        }
+        println!(
+            "jepsen: power-cut: the data directories of {} on lossy filesystems (dtx-lossyfs, served by this process)",
+            p.holders().join(", ")
+        );
+        w.power = Some(p);
+    }
     if disk_full {
         // One node and one bank (or PostgreSQL, mounted above), fixed for
         // the run by the seed, get a small filesystem of their own before
@@ -1634,20 +1881,36 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         let mut rng = StdRng::seed_from_u64(o.seed ^ 0xD15C);
         let node = rng.random_range(1..=3u64);
         let bank = rng.random_range(0..o.banks);
+        // With power-cut they are already lossy mounts: those are filled.
         let node_dir = w.cluster.node(node).config.data_dir.clone();
-        let node_fs = SmallFs::mount(&node_dir, o.base_port)?;
+        let node_fs = match lossy.get(&format!("n{node}")) {
+            Some(fs) => SmallFs::on_lossy(fs.clone()),
+            None => SmallFs::mount(&node_dir, o.base_port)?,
+        };
         let (holder, holder_fs) = match pg_fs.take() {
             Some(fs) => (DataHolder::Postgres, fs),
             None => (
                 DataHolder::Bank(bank),
-                SmallFs::mount(&w.banks[bank].data_dir, o.base_port)?,
+                match lossy.get(&w.banks[bank].id) {
+                    Some(fs) => SmallFs::on_lossy(fs.clone()),
+                    None => SmallFs::mount(&w.banks[bank].data_dir, o.base_port)?,
+                },
             ),
         };
+        let kind = |fs: &SmallFs| {
+            if fs.is_lossy() {
+                "its lossy filesystem"
+            } else {
+                "a tmpfs"
+            }
+        };
         println!(
-            "jepsen: disk-full: n{node} ({}) and {} ({}) on small filesystems (tmpfs)",
+            "jepsen: disk-full: n{node} ({}, {}) and {} ({}, {}) on small filesystems",
             node_dir.display(),
+            kind(&node_fs),
             w.holder_name(holder),
-            holder_fs.path.display()
+            holder_fs.path.display(),
+            kind(&holder_fs)
         );
         w.disk = Some(DiskTargets {
             node,
@@ -1656,8 +1919,11 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             holder_fs,
         });
     }
+    drop(lossy);
     w.cluster.env = w.node_env();
-    w.cluster.start_all()?;
+    for id in 1..=3u64 {
+        w.restart_node(id, &[])?;
+    }
     let env = w.bank_env();
     for b in &mut w.banks {
         b.start(&env)?;
@@ -1758,7 +2024,10 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     // With every node down nobody can say who is in doubt (each of the
     // scan's status calls would wait out its deadline): the nodes come
     // back first, the old leader first as the fault's end does.
-    if active.as_ref().is_some_and(|(f, _, _)| *f == Fault::KillAllNodes) {
+    if active
+        .as_ref()
+        .is_some_and(|(f, _, _)| matches!(f, Fault::KillAllNodes | Fault::PowerCut))
+    {
         if let Some((f, target, undo)) = active.take() {
             end_fault(&mut w, f, target, undo).await;
         }
@@ -1911,6 +2180,11 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             if !fs.is_mounted() {
                 continue;
             }
+            if fs.is_lossy() {
+                // Saved with the other lossy mounts below.
+                fs.unmount();
+                continue;
+            }
             let saved = fs.path.with_extension("saved");
             let r = fs.save(&saved);
             fs.unmount();
@@ -1922,6 +2196,13 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
                 Err(e) => eprintln!("jepsen: could not save {}: {e:#}", fs.path.display()),
             }
         }
+    }
+    // Keep what the lossy filesystems held (every node's data, the banks').
+    if let Some(p) = w.power.as_mut() {
+        for b in &mut w.banks {
+            b.kill9();
+        }
+        p.save_and_unmount();
     }
     drop(w);
 
@@ -2419,6 +2700,22 @@ fn write_results(
             _ => None,
         })
         .collect();
+    // Each power cut: what it threw away (its start) and how everything
+    // came back (its stop).
+    let power_cuts: Vec<String> = history
+        .iter()
+        .filter_map(|op| match &op.body {
+            Body::Nemesis { fault, target, phase } if fault == "power-cut" => Some(format!(
+                "{}: {target}",
+                match phase {
+                    FaultPhase::Start => "cut",
+                    FaultPhase::Stop => "back",
+                }
+            )),
+            _ => None,
+        })
+        .collect();
+    let not_back = power_cuts.iter().filter(|n| n.contains("NOT BACK")).count();
     let results = serde_json::json!({
         "valid": report.valid,
         "interrupted": interrupted,
@@ -2428,6 +2725,8 @@ fn write_results(
         "nemeses": o.faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
         "command": o.command,
         "crash_points": crash_notes,
+        "power_cuts": power_cuts,
+        "power_cuts_not_back": not_back,
         "report": report,
     });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&results)?)?;
@@ -2447,6 +2746,15 @@ fn write_results(
             summary.push_str(&format!("  {n}\n"));
         }
     }
+    if !power_cuts.is_empty() {
+        summary.push_str(&format!(
+            "\npower cuts ({}; {not_back} with a process NOT BACK after it):\n",
+            power_cuts.len().div_ceil(2)
+        ));
+        for n in &power_cuts {
+            summary.push_str(&format!("  {n}\n"));
+        }
+    }
     std::fs::write(dir.join("summary.txt"), &summary)?;
     println!("{summary}");
     Ok(())
@@ -2463,6 +2771,7 @@ mod tests {
         let (sled, notes) = Workload::Sled.faults(&all);
         assert!(!sled.contains(&Fault::KillPostgres));
         assert!(sled.contains(&Fault::DiskFull));
+        assert!(sled.contains(&Fault::PowerCut));
         assert_eq!(
             sled.len(),
             all.len() - 2,
@@ -2477,13 +2786,16 @@ mod tests {
         // Every nemesis: disk-full fills PostgreSQL's disk there.
         assert_eq!(pg, all, "the postgres workload runs every nemesis");
         assert!(notes.is_empty(), "{notes:?}");
-        // The saga workload runs every nemesis but kill-postgres.
+        // The saga workload runs every nemesis but the PostgreSQL ones and
+        // power-cut (its data is not on lossy filesystems).
         let (saga, notes) = Workload::Saga.faults(&all);
         assert!(!saga.contains(&Fault::KillPostgres));
         assert!(!saga.contains(&Fault::PartitionPostgres));
-        assert_eq!(notes.len(), 2);
+        assert!(!saga.contains(&Fault::PowerCut));
+        assert_eq!(notes.len(), 3);
         assert!(notes[0].starts_with("kill-postgres skipped"), "{notes:?}");
-        assert_eq!(saga.len(), all.len() - 2);
+        assert!(notes[2].starts_with("power-cut skipped"), "{notes:?}");
+        assert_eq!(saga.len(), all.len() - 3);
         for f in [
             Fault::CrashPoint,
             Fault::KillParticipant,

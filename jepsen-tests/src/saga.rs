@@ -1,9 +1,14 @@
 //! The saga workload (`--workload saga`, issue 14): three coordinator nodes
 //! and, instead of banks, the order saga's three step services
 //! (`coordinator saga-step-serve`: inventory, payment losing some of its
-//! replies, email failing some first tries), each its own process on its
-//! own IP, supervised like the banks (a service that died is started
-//! again), each behind a message proxy on its IP ([`crate::msgproxy`]:
+//! replies, email failing some first tries) and the outside world they
+//! call (`coordinator outside-serve`, issue 38 / ADR 0034: a payment
+//! provider that loses [`PROVIDER_LOSE_REPLIES_PERCENT`] of its replies
+//! to the payment service after charging, an e-mail sender that loses
+//! [`SENDER_LOSE_REPLIES_PERCENT`]), each its own process on its own IP,
+//! supervised like the banks (a process that died is started again;
+//! `kill-participant` kills the outside processes too), each step service
+//! behind a message proxy on its IP ([`crate::msgproxy`]:
 //! the `message-chaos` nemesis delays, duplicates and replays late its
 //! Forward, Compensate and Fence calls). The order definition is registered
 //! once (and again as a new version naming the replacement of a step
@@ -18,7 +23,10 @@
 //! After the workload: everything healed, a bounded wait (`--settle-s`)
 //! until every saga the cluster holds is COMPLETED, COMPENSATED or PARKED,
 //! the final journals (ListSagas), then the services stopped and audited
-//! (`coordinator saga-step-audit`). [`crate::checker::saga`] decides.
+//! (`coordinator saga-step-audit`), and so is the outside world from its
+//! own records (`coordinator outside-audit`: the cards charged, the
+//! e-mails sent). [`crate::checker::saga`] decides; among other things, no
+//! compensated order may have its card charged at the provider.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -76,7 +84,16 @@ use crate::runner::LIBFAKETIME;
 pub const ROLES: [&str; 3] = ["inventory", "payment", "email"];
 /// Payment loses this share of its Forward/Compensate replies (after
 /// applying them): UNKNOWN outcomes the orchestrator must reconcile.
-pub const LOSE_REPLIES_PERCENT: u32 = 20;
+pub const LOSE_REPLIES_PERCENT: u32 = 10;
+/// The outside world: the payment provider loses this share of its
+/// replies to the payment service after charging (the charge then stays
+/// in flight until the provider's status query settles it), the e-mail
+/// sender this share of its replies after sending.
+pub const PROVIDER_LOSE_REPLIES_PERCENT: u32 = 20;
+pub const SENDER_LOSE_REPLIES_PERCENT: u32 = 10;
+/// The outside processes, in this order, and their audits' roles.
+pub const OUTSIDE: [&str; 2] = ["payment", "email"];
+const OUTSIDE_AUDIT_ROLES: [&str; 2] = [saga_checker::PROVIDER, saga_checker::SENDER];
 /// Email answers FAILED "mail server busy" this share of first tries.
 pub const FAIL_FIRST_PERCENT: u32 = 20;
 /// Seed of the services' data: skus and their stock, customers and their
@@ -103,6 +120,10 @@ const SERVICE_PORT: u16 = 100;
 const PROXY_PORT: u16 = 200;
 const REPLACEMENT_SERVICE_PORT: u16 = 110;
 const REPLACEMENT_PROXY_PORT: u16 = 210;
+/// What an outside process logs for each reply it loses on purpose.
+const LOST_REPLY_LINE: &str = "simulated: the reply is lost";
+/// The outside processes' ports (on `<prefix>.31` and `.32`).
+const OUTSIDE_PORT: u16 = 300;
 
 /// The step service gone for good (`participant-gone`): its process (dead,
 /// never restarted) and data, audited offline at the end.
@@ -141,6 +162,10 @@ struct World {
     services: Vec<ServiceProcess>,
     /// Each service's data directory and the message proxy in front of it.
     svc_data: Vec<PathBuf>,
+    /// The outside world: the payment provider, the e-mail sender, and
+    /// their data directories.
+    world: Vec<ServiceProcess>,
+    world_data: Vec<PathBuf>,
     proxies: Vec<ProxyHandle>,
     proxy_addrs: Vec<String>,
     chaos: Arc<Chaos>,
@@ -182,6 +207,12 @@ impl World {
         ]
     }
 
+    /// The outside processes' environment: their lost replies are logged
+    /// (info), counted at the end of the run.
+    fn outside_env(&self) -> Vec<(String, String)> {
+        vec![("RUST_LOG".into(), "warn,dtx_saga_shop::outside=info".into())]
+    }
+
     async fn leader(&self) -> Option<u64> {
         majority_leader(&self.cluster.api_addrs(), self.op_tls.as_ref()).await
     }
@@ -195,16 +226,23 @@ impl World {
         restart_node_with(&mut self.cluster, id, env, extra)
     }
 
-    /// The supervisor: starts every step service that is not running
-    /// (one that a crash point or a kill took down).
+    /// The supervisor: starts every step service and outside process that
+    /// is not running (one that a crash point or a kill took down, or that
+    /// stopped on a failed write).
     fn restart_services(&mut self) -> anyhow::Result<()> {
         let env = self.service_env();
-        for s in &mut self.services {
+        let outside_env = self.outside_env();
+        let all = self
+            .services
+            .iter_mut()
+            .map(|s| (s, &env))
+            .chain(self.world.iter_mut().map(|s| (s, &outside_env)));
+        for (s, env) in all {
             if !s.is_running() {
                 if s.pid().is_some() {
                     self.restarts += 1;
                 }
-                s.start(&env)?;
+                s.start(env)?;
             }
         }
         Ok(())
@@ -231,7 +269,7 @@ impl World {
             self.cluster.signal(id, libc::SIGCONT);
         }
         self.restart_dead_nodes()?;
-        for s in &mut self.services {
+        for s in self.services.iter_mut().chain(self.world.iter_mut()) {
             s.signal(libc::SIGCONT);
         }
         self.restart_services()
@@ -247,7 +285,12 @@ impl World {
     /// serves TLS with a participant certificate for `addr` (only nodes,
     /// and the proxies standing in for them, may call it).
     fn step_service(&self, role: &str, name: &str, addr: &str) -> anyhow::Result<(ServiceProcess, PathBuf)> {
-        let (mut process, data) = service_process(&self.bin, &self.svc_dir, role, name, addr);
+        let outside = match role {
+            "payment" => Some(("--provider", self.world[0].addr.as_str())),
+            "email" => Some(("--sender", self.world[1].addr.as_str())),
+            _ => None,
+        };
+        let (mut process, data) = service_process(&self.bin, &self.svc_dir, role, name, addr, outside);
         if let Some(pki) = &self.pki {
             let files = pki.issue(Role::Participant, name, &[addr])?;
             process.add_args(pki.args(&files).to_flags());
@@ -279,6 +322,7 @@ enum Undo {
     /// Every node, this one (the old leader) first.
     RestartAllNodes(u64),
     RestartService(usize),
+    RestartOutside(usize),
     Cont(u64),
     HealNet,
     Unskew(u64),
@@ -313,9 +357,16 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             (format!("n1+n2+n3 (n{leader} led)"), Undo::RestartAllNodes(leader))
         }
         Fault::KillParticipant => {
-            let i = s.rng().random_range(0..w.services.len());
-            w.services[i].kill9();
-            (ROLES[i].to_string(), Undo::RestartService(i))
+            // A step service, or a process of the outside world.
+            let i = s.rng().random_range(0..w.services.len() + w.world.len());
+            if i < w.services.len() {
+                w.services[i].kill9();
+                (ROLES[i].to_string(), Undo::RestartService(i))
+            } else {
+                let j = i - w.services.len();
+                w.world[j].kill9();
+                (w.world[j].id.clone(), Undo::RestartOutside(j))
+            }
         }
         Fault::PauseLeader => {
             w.cluster.signal(leader, libc::SIGSTOP);
@@ -406,7 +457,7 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             let d = w.disk.as_ref().expect("fill_disk checked");
             (format!("n{} + {}", d.node, ROLES[d.slot]), Undo::FreeDisk(filled))
         }
-        Fault::KillPostgres | Fault::PartitionPostgres => {
+        Fault::KillPostgres | Fault::PartitionPostgres | Fault::PowerCut => {
             anyhow::bail!("{} is not part of the saga workload", f.name())
         }
     })
@@ -427,6 +478,11 @@ async fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
         Undo::RestartService(i) => {
             let env = w.service_env();
             w.services[i].start(&env)?;
+            String::new()
+        }
+        Undo::RestartOutside(j) => {
+            let env = w.outside_env();
+            w.world[j].start(&env)?;
             String::new()
         }
         Undo::Cont(id) => {
@@ -546,6 +602,7 @@ fn service_process(
     role: &str,
     name: &str,
     addr: &str,
+    outside: Option<(&str, &str)>,
 ) -> (ServiceProcess, PathBuf) {
     let data = svc_dir.join(name);
     let mut args: Vec<std::ffi::OsString> = vec![
@@ -560,11 +617,10 @@ fn service_process(
         SKUS.to_string().into(),
         "--stock".into(),
         STOCK.to_string().into(),
-        "--customers".into(),
-        CUSTOMERS.to_string().into(),
-        "--balance".into(),
-        BALANCE.to_string().into(),
     ];
+    if let Some((flag, to)) = outside {
+        args.extend([flag.into(), to.into()]);
+    }
     if role == "payment" {
         args.extend(["--lose-replies-percent".into(), LOSE_REPLIES_PERCENT.to_string().into()]);
     }
@@ -572,6 +628,41 @@ fn service_process(
         args.extend(["--fail-first-percent".into(), FAIL_FIRST_PERCENT.to_string().into()]);
     }
     (ServiceProcess::new(bin, svc_dir, name, addr, args), data)
+}
+
+/// An outside process (`coordinator outside-serve`) of `role` (payment:
+/// the provider, email: the sender) serving on `addr`, its log and data
+/// directory under `dir`, and its data directory. Plain text: it stands
+/// for a system outside the cluster's TLS.
+fn outside_process(bin: &std::path::Path, dir: &std::path::Path, role: &str, addr: &str) -> (ServiceProcess, PathBuf) {
+    let name = if role == "payment" {
+        saga_checker::PROVIDER
+    } else {
+        saga_checker::SENDER
+    };
+    let data = dir.join(name);
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "outside-serve".into(),
+        "--role".into(),
+        role.into(),
+        "--listen".into(),
+        addr.into(),
+        "--data".into(),
+        data.clone().into(),
+    ];
+    let lose = if role == "payment" {
+        args.extend([
+            "--customers".into(),
+            CUSTOMERS.to_string().into(),
+            "--balance".into(),
+            BALANCE.to_string().into(),
+        ]);
+        PROVIDER_LOSE_REPLIES_PERCENT
+    } else {
+        SENDER_LOSE_REPLIES_PERCENT
+    };
+    args.extend(["--lose-replies-percent".into(), lose.to_string().into()]);
+    (ServiceProcess::new(bin, dir, name, addr, args), data)
 }
 
 /// `participant-gone`: the step service in `slot` is killed (-9) and its
@@ -916,6 +1007,23 @@ pub fn seen(v: &pb::SagaView) -> SagaSeen {
     s
 }
 
+/// The audit of a stopped outside process (`coordinator outside-audit`).
+fn outside_audit(bin: &std::path::Path, role: &str, data: &std::path::Path) -> Result<dtx_saga_shop::Audit, String> {
+    let o = std::process::Command::new(bin)
+        .args(["outside-audit", "--role", role, "--data"])
+        .arg(data)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    if !o.status.success() {
+        return Err(format!(
+            "outside-audit --role {role} failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&o.stdout).map_err(|e| format!("audit of the outside {role} unreadable: {e}"))
+}
+
 /// The audit of a stopped step service (`coordinator saga-step-audit`).
 fn audit(bin: &std::path::Path, role: &str, data: &std::path::Path) -> Result<dtx_saga_shop::Audit, String> {
     let o = std::process::Command::new(bin)
@@ -950,10 +1058,14 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     };
     let svc_addrs = port_set(SERVICE_PORT);
     let proxy_addrs = port_set(PROXY_PORT);
+    let outside_addrs: Vec<(String, u16)> = (0..OUTSIDE.len() as u16)
+        .map(|i| (format!("{}.{}", o.ip_prefix, 31 + i), o.base_port + OUTSIDE_PORT + i))
+        .collect();
     let mut listened: Vec<(String, u16)> = node_addrs
         .iter()
         .chain(&svc_addrs)
         .chain(&proxy_addrs)
+        .chain(&outside_addrs)
         .cloned()
         .collect();
     if o.faults.contains(&Fault::ParticipantGone) {
@@ -1031,6 +1143,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         cluster,
         services: Vec::new(),
         svc_data: Vec::new(),
+        world: Vec::new(),
+        world_data: Vec::new(),
         proxies: Vec::new(),
         proxy_addrs: proxy_addrs.iter().map(|(ip, port)| format!("{ip}:{port}")).collect(),
         chaos: chaos.clone(),
@@ -1052,6 +1166,14 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         rec: rec.clone(),
         restarts: 0,
     };
+    // The outside world first: the step services name it.
+    let world_dir = dir.join("outside");
+    std::fs::create_dir_all(&world_dir)?;
+    for (role, (ip, port)) in OUTSIDE.iter().zip(&outside_addrs) {
+        let (process, data) = outside_process(&o.coordinator_bin, &world_dir, role, &format!("{ip}:{port}"));
+        w.world.push(process);
+        w.world_data.push(data);
+    }
     for (i, (role, (ip, port))) in ROLES.iter().zip(&svc_addrs).enumerate() {
         let addr = format!("{ip}:{port}");
         let (process, data) = w.step_service(role, role, &addr)?;
@@ -1092,7 +1214,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         "the cluster elected no leader within 30 s (see {}/nodes/*.log)",
         dir.display()
     );
-    for s in &w.services {
+    for s in w.services.iter().chain(&w.world) {
         anyhow::ensure!(
             wait_listening(&s.addr, Duration::from_secs(20)).await,
             "{} is not listening on {} after 20 s (see {})",
@@ -1108,11 +1230,18 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     register(&chans, def).await?;
     println!(
         "jepsen: 3 nodes, step services {} (payment loses {LOSE_REPLIES_PERCENT}% of its replies, email fails \
-         {FAIL_FIRST_PERCENT}% of first tries), {} clients, {} s, nemeses [{}], seed {}{}; results in {}",
+         {FAIL_FIRST_PERCENT}% of first tries), outside world {} (the provider loses \
+         {PROVIDER_LOSE_REPLIES_PERCENT}% of its replies after charging, the sender {SENDER_LOSE_REPLIES_PERCENT}%), \
+         {} clients, {} s, nemeses [{}], seed {}{}; results in {}",
         w.services
             .iter()
             .zip(&w.proxy_addrs)
             .map(|(s, p)| format!("{}@{} (proxy {p})", s.id, s.addr))
+            .collect::<Vec<_>>()
+            .join(", "),
+        w.world
+            .iter()
+            .map(|s| format!("{}@{}", s.id, s.addr))
             .collect::<Vec<_>>()
             .join(", "),
         o.clients,
@@ -1221,7 +1350,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     );
 
     // Audits of the stopped services.
-    for s in &mut w.services {
+    for s in w.services.iter_mut().chain(w.world.iter_mut()) {
         s.stop(Duration::from_secs(5));
     }
     // Each slot's service, and the one gone for good (its disk outlived it).
@@ -1254,6 +1383,28 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             None,
         );
     }
+    // The outside world, from its own records: the cards charged and the
+    // e-mails sent.
+    for (i, role) in OUTSIDE.iter().enumerate() {
+        let (a, error) = match outside_audit(&o.coordinator_bin, role, &w.world_data[i]) {
+            Ok(a) => (Some(a), None),
+            Err(e) => {
+                eprintln!("jepsen: {e}");
+                (None, Some(e))
+            }
+        };
+        rec.record(
+            "final",
+            OpType::Ok,
+            None,
+            Body::Saga(SagaEvent::Audit {
+                role: OUTSIDE_AUDIT_ROLES[i].to_string(),
+                audit: a,
+                error,
+            }),
+            None,
+        );
+    }
     w.cluster.stop_all(Duration::from_secs(5));
     if let Some(n) = &w.net {
         let _ = n.heal();
@@ -1272,11 +1423,20 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             fs.unmount();
         }
     }
+    // How many replies the outside world lost on purpose (its log lines).
+    let lost: Vec<(String, u64)> = w
+        .world
+        .iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p.log_path).unwrap_or_default();
+            (p.id.clone(), text.matches(LOST_REPLY_LINE).count() as u64)
+        })
+        .collect();
     drop(w);
 
     let history = rec.snapshot();
     let report = saga_checker::check(&history);
-    write_results(&dir, &o, &history, &report, interrupted)?;
+    write_results(&dir, &o, &history, &report, interrupted, &lost)?;
     Ok(RunResult {
         dir,
         valid: report.valid,
@@ -1320,6 +1480,7 @@ fn write_results(
     history: &[Op],
     report: &saga_checker::SagaReport,
     interrupted: bool,
+    lost: &[(String, u64)],
 ) -> anyhow::Result<()> {
     let end_s = history.last().map(|op| op.time_ns as f64 / 1e9).unwrap_or(0.0);
     let samples = samples(history);
@@ -1358,6 +1519,7 @@ fn write_results(
         "nemeses": o.faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
         "command": o.command,
         "crash_points": crash_notes,
+        "outside_lost_replies": lost.iter().cloned().collect::<BTreeMap<String, u64>>(),
         "report": report,
     });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&results)?)?;
@@ -1371,6 +1533,13 @@ fn write_results(
         o.command
     );
     summary.push_str(&report.summary());
+    if !lost.is_empty() {
+        let said: Vec<String> = lost.iter().map(|(who, n)| format!("{who} {n}")).collect();
+        summary.push_str(&format!(
+            "outside world: replies lost on purpose after the work was done: {}\n",
+            said.join(", ")
+        ));
+    }
     if !crash_notes.is_empty() {
         summary.push_str("\ncrash points:\n");
         for n in &crash_notes {

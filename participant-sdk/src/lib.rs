@@ -209,6 +209,12 @@ pub mod log;
 pub use log::GlobalTxid;
 pub mod metrics;
 pub mod participant;
+// The PostgreSQL participant's and step store's pools, sessions and TLS
+// (ADR 0035).
+#[cfg(feature = "postgres")]
+mod pg_pool;
+#[cfg(feature = "postgres")]
+mod pg_tls;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod saga;

@@ -36,8 +36,15 @@ pub const METRICS: &[Described] = &[
     m("dtx_participant_store_failures_total", C, Unit::Count, "Times the participant store stopped on a failed write or fsync, by disk_full; the service exits and is restarted."),
     m("dtx_participant_pg_prepared_open", G, Unit::Count, "PostgreSQL participant: its prepared transactions open in pg_prepared_xacts, by participant."),
     m("dtx_participant_pg_prepared_oldest_age_seconds", G, Unit::Seconds, "PostgreSQL participant: age of the oldest of them, by participant; 0 when none."),
+    m("dtx_participant_pg_prepared_slots_free", G, Unit::Count, "PostgreSQL participant: max_prepared_transactions minus the prepared transactions of every database of the server, as of the last recovery pass, by participant; at 0 every Prepare votes NO."),
+    m("dtx_participant_pg_prepared_slots_exhausted_total", C, Unit::Count, "PostgreSQL participant: Prepares that voted NO because PostgreSQL had no free prepared-transaction slot (SQLSTATE 53200), by participant; raise max_prepared_transactions (shared by every database of the server)."),
+    m("dtx_participant_pg_permission_denied_total", C, Unit::Count, "PostgreSQL participant: COMMIT PREPARED / ROLLBACK PREPARED refused for lack of rights (SQLSTATE 42501: a transaction another role prepared, after a role rotation), by participant and statement (commit_prepared, rollback_prepared); the decision is delivered again until the fix is in (docs/operations.md)."),
+    m("dtx_participant_pg_handler_timeouts_total", C, Unit::Count, "PostgreSQL participant: Prepares and one-phase commits that voted NO because PostgreSQL gave up a wait of the handler, by participant and kind (lock_timeout, statement_timeout, deadlock)."),
+    m("dtx_participant_pg_pool_wait_timeouts_total", C, Unit::Count, "PostgreSQL participant: messages that found no free pooled connection within pool_wait_timeout_ms (failed as unavailable, retried by the coordinator), by participant and pool (handlers, decisions)."),
+    m("dtx_participant_pg_calls_cancelled_total", C, Unit::Count, "PostgreSQL participant: messages whose call was dropped while their PostgreSQL work ran (the caller gave up); the statement was cancelled and its connection closed, by participant."),
     m("dtx_step_calls_total", C, Unit::Count, "Saga step service calls, by call (forward, compensate, status) and outcome (ok, failed, noop, stale; applied, not_applied for status; invalid, conflict, error)."),
     m("dtx_step_duplicates_total", C, Unit::Count, "Saga step calls whose operation id was answered before, by call (forward, compensate): answered from the inbox, the handler not run again."),
+    m("dtx_step_outside_total", C, Unit::Count, "Saga step services' calls to an outside system and questions about them, by call (call, status, fence) and outcome (answered, no_answer for a call; done, not_done, unknown for a status question or fence)."),
     m("dtx_step_fingerprint_conflicts_total", C, Unit::Count, "Saga step calls refused because their operation id was recorded here with another fingerprint (other work under the same id), by call (forward, compensate); nothing was done."),
 ];
 

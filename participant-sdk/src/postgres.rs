@@ -80,27 +80,47 @@
 //! Messages for the same txid are serialised inside the process (one async
 //! lock per txid); messages for different txids run concurrently, each on
 //! its own pooled connection.
+//!
+//! # Sessions, pools and TLS (docs/adr/0035-postgresql-sessions-pools-and-tls.md)
+//!
+//! - Prepares and one-phase commits (the handlers) run on one pool
+//!   ([`PgOptions::concurrency`]), Commits, Aborts and recovery on another
+//!   ([`PgOptions::decision_pool_size`]), so handlers waiting on locks never
+//!   hold up the decisions that would release them; a connection is waited
+//!   for at most [`PgOptions::pool_wait_timeout_ms`].
+//! - A handler's transaction has a lock and a statement timeout
+//!   ([`PgOptions::handler_lock_timeout_ms`],
+//!   [`PgOptions::handler_statement_timeout_ms`]); PostgreSQL giving up a
+//!   wait (SQLSTATE 55P03, 57014, 40P01) is a NO vote with the reason.
+//! - A message whose call is dropped midway cancels its statement and
+//!   closes its connection.
+//! - Every commit the SDK acknowledges is flushed before it answers,
+//!   whatever `synchronous_commit` the role or the handler set (`off` is
+//!   raised to `on` per session and per transaction).
+//! - No free prepared-transaction slot (SQLSTATE 53200) is a NO vote naming
+//!   `max_prepared_transactions`; COMMIT / ROLLBACK PREPARED of another
+//!   role's transaction (SQLSTATE 42501, a rotated role) runs as that role
+//!   when this one is a member of it, else fails saying how to fix it (the
+//!   decision is delivered again).
+//! - `sslmode`, `sslrootcert`, `sslcert` and `sslkey` in the connection
+//!   string: TLS with rustls, always verified ([`PgOptions::conn_string`]).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
-use std::time::Instant;
 use std::time::SystemTime;
 
 use deadpool_postgres::ClientWrapper as Client;
-use deadpool_postgres::Manager;
-use deadpool_postgres::ManagerConfig;
 use deadpool_postgres::Pool;
-use deadpool_postgres::RecyclingMethod;
+use deadpool_postgres::PoolError;
 /// The open PostgreSQL transaction a handler works in: deadpool-postgres's
 /// wrapper of `tokio_postgres::Transaction` (every tokio-postgres method
 /// through `Deref`), with `prepare_cached`, which parses a statement once
 /// per pooled connection instead of on every call (a round trip each).
 pub use deadpool_postgres::Transaction;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
 
 use crate::log::GlobalTxid;
 use crate::log::LocalState;
@@ -115,6 +135,10 @@ use crate::participant::InspectedRecord;
 use crate::participant::Inspection;
 use crate::participant::Participant;
 use crate::participant::Verdict;
+use crate::pg_pool::Endpoint;
+use crate::pg_pool::Lease;
+use crate::pg_pool::TRANSACTION_DURABLE;
+use crate::pg_tls::PgTls;
 use crate::store::PhaseTwo;
 use crate::store::Reply;
 use crate::store::StoreError;
@@ -144,8 +168,11 @@ pub trait PgHandler: Send + Sync + 'static {
     /// and NO roll it back. Must not commit or roll back `tx` itself.
     ///
     /// Rows a prepared transaction wrote stay locked until its decision: a
-    /// handler that touches them waits that long unless it bounds the wait
-    /// (`SET LOCAL lock_timeout`, `NOWAIT`) and votes NO. Statements run
+    /// handler that touches them waits at most
+    /// [`PgOptions::handler_lock_timeout_ms`] (then the vote is NO, with
+    /// the reason), or less if it bounds the wait itself (`SET LOCAL
+    /// lock_timeout`, `NOWAIT`, voting NO). A statement is cancelled after
+    /// [`PgOptions::handler_statement_timeout_ms`]. Statements run
     /// on every Prepare are best prepared with `tx.prepare_cached(sql)`:
     /// a statement given as text costs an extra round trip each time.
     ///
@@ -159,12 +186,29 @@ pub trait PgHandler: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Verdict, HandlerError>> + Send;
 }
 
-/// A plain connection to PostgreSQL (`conn_string` as tokio-postgres reads
-/// it), its connection task spawned on the current runtime: for a
-/// service's work outside the participant's messages (creating its tables,
-/// audits). The participant itself uses its own pool.
-pub async fn connect(conn_string: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (db, connection) = tokio_postgres::connect(conn_string, NoTls).await?;
+/// A connection to PostgreSQL (`conn_string` as tokio-postgres reads it,
+/// with `sslmode`, `sslrootcert`, `sslcert` and `sslkey` as the
+/// participant reads them: see [`PgOptions::conn_string`]), its connection
+/// task spawned on the current runtime: for a service's work outside the
+/// participant's messages (creating its tables, audits). The participant
+/// itself uses its own pools.
+pub async fn connect(conn_string: &str) -> Result<tokio_postgres::Client, StoreError> {
+    let settings = crate::pg_tls::parse(conn_string).map_err(StoreError::Io)?;
+    let (db, connection) = settings.config.connect(settings.tls.clone()).await.map_err(|e| {
+        let host = settings
+            .config
+            .get_hosts()
+            .first()
+            .map(|h| match h {
+                tokio_postgres::config::Host::Tcp(s) => s.clone(),
+                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+            })
+            .unwrap_or_default();
+        match crate::pg_tls::describe_connect_error(&e, &settings, &host) {
+            Some(m) => StoreError::Unavailable(m),
+            None => pg_err("connecting", &e),
+        }
+    })?;
     tokio::spawn(connection);
     Ok(db)
 }
@@ -186,12 +230,35 @@ pub async fn prepared_in_database(db: &tokio_postgres::Client) -> Result<i64, to
 pub struct PgOptions {
     /// As enlisted; part of every gid and the key of the log rows.
     pub participant_id: String,
-    /// A tokio-postgres connection string (`host=.. port=.. user=..
-    /// dbname=..`).
+    /// A connection string as tokio-postgres reads it (`host=.. port=..
+    /// user=.. dbname=..`, or a `postgresql://` URL), with libpq's TLS
+    /// keys: `sslmode` (`disable`, the default: plain text; `prefer`,
+    /// `require`, `verify-ca`, `verify-full`), `sslrootcert` (a PEM file of
+    /// the authorities that sign the server's certificate; needed by every
+    /// mode but `disable`: a TLS connection is always verified), `sslcert`
+    /// and `sslkey` (a client certificate). See docs/operations.md,
+    /// "PostgreSQL participants", and ADR 0035.
     pub conn_string: String,
-    /// Pooled connections, i.e. how many messages run at once; also the
-    /// least `max_prepared_transactions` accepted at start.
+    /// The handlers' pool: how many Prepares and one-phase commits run at
+    /// once (their handlers included); also the least
+    /// `max_prepared_transactions` accepted at start (a floor: prepared
+    /// transactions outlive connections, see docs/operations.md).
     pub concurrency: usize,
+    /// The decisions' pool: connections for Commit and Abort (phase two)
+    /// and recovery, apart from the handlers', so handlers waiting on
+    /// locks never hold up the decisions that would release them.
+    pub decision_pool_size: usize,
+    /// The longest a message waits for a pooled connection before it fails
+    /// as unavailable (the coordinator retries it); at least 1.
+    pub pool_wait_timeout_ms: u64,
+    /// `lock_timeout` of a handler's transaction: a handler waiting longer
+    /// for a row lock (one a prepared transaction holds lasts until its
+    /// decision) votes NO, saying so. 0: no limit (PostgreSQL's 0). A
+    /// handler may set its own (`SET LOCAL lock_timeout`, `NOWAIT`).
+    pub handler_lock_timeout_ms: u64,
+    /// `statement_timeout` of a handler's transaction: a statement running
+    /// longer is cancelled and the vote is NO. 0: no limit.
+    pub handler_statement_timeout_ms: u64,
     /// Connection attempts at start before giving up (at least 1).
     pub connect_attempts: u32,
     /// The wait after the first failed attempt, doubled after each, capped
@@ -211,12 +278,54 @@ impl PgOptions {
             participant_id: participant_id.into(),
             conn_string: conn_string.into(),
             concurrency: 16,
+            decision_pool_size: 4,
+            pool_wait_timeout_ms: crate::pg_pool::DEFAULT_POOL_WAIT_TIMEOUT_MS,
+            handler_lock_timeout_ms: 1_000,
+            handler_statement_timeout_ms: 30_000,
             connect_attempts: 8,
             connect_backoff: Duration::from_millis(200),
             connect_backoff_max: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             lock_timeout: Duration::from_millis(200),
         }
+    }
+
+    /// Checks the settings; an error names the setting, its value and what
+    /// it may be.
+    pub fn validate(&self) -> Result<(), String> {
+        check_participant_id(&self.participant_id)?;
+        // PostgreSQL's integer settings in ms stop at i32::MAX.
+        const PG_MS_MAX: u64 = i32::MAX as u64;
+        if self.concurrency == 0 {
+            return Err("PgOptions: concurrency is 0; at least 1 (handlers run at once)".into());
+        }
+        if self.decision_pool_size == 0 {
+            return Err("PgOptions: decision_pool_size is 0; at least 1 (phase two and recovery need one)".into());
+        }
+        if self.pool_wait_timeout_ms == 0 || self.pool_wait_timeout_ms > 3_600_000 {
+            return Err(format!(
+                "PgOptions: pool_wait_timeout_ms is {}; 1 to 3600000 (how long a message waits for a pooled \
+                 connection)",
+                self.pool_wait_timeout_ms
+            ));
+        }
+        for (name, v) in [
+            ("handler_lock_timeout_ms", self.handler_lock_timeout_ms),
+            ("handler_statement_timeout_ms", self.handler_statement_timeout_ms),
+        ] {
+            if v > PG_MS_MAX {
+                return Err(format!(
+                    "PgOptions: {name} is {v}; at most {PG_MS_MAX} (PostgreSQL's limit), or 0 for no limit"
+                ));
+            }
+        }
+        if self.connect_attempts == 0 {
+            return Err("PgOptions: connect_attempts is 0; at least 1".into());
+        }
+        if self.lock_timeout.is_zero() {
+            return Err("PgOptions: lock_timeout is 0 (PostgreSQL's no limit); an Abort must look again".into());
+        }
+        Ok(())
     }
 }
 
@@ -294,7 +403,12 @@ pub(crate) fn pg_err(what: &str, e: &tokio_postgres::Error) -> StoreError {
                 StoreError::Io(text)
             }
         }
-        None => StoreError::Unavailable(format!("PostgreSQL, {what}: {e}")),
+        // tokio-postgres's text leaves the cause out ("error connecting to
+        // server").
+        None => match std::error::Error::source(e) {
+            Some(cause) => StoreError::Unavailable(format!("PostgreSQL, {what}: {e}: {cause}")),
+            None => StoreError::Unavailable(format!("PostgreSQL, {what}: {e}")),
+        },
     }
 }
 
@@ -308,6 +422,28 @@ fn now_ms() -> i64 {
 /// `'text'` as an SQL string literal (gids cannot be bound parameters).
 fn literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
+}
+
+/// `name` as an SQL identifier (a role name in `SET ROLE`).
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// How `finish_prepared` failed.
+enum Finish {
+    /// PostgreSQL's error, for the caller to read or report.
+    Pg(tokio_postgres::Error),
+    /// Refused for lack of rights, with the message that says what to do.
+    Refused(StoreError),
+}
+
+impl Finish {
+    fn into_store(self, what: &str) -> StoreError {
+        match self {
+            Finish::Pg(e) => pg_err(what, &e),
+            Finish::Refused(e) => e,
+        }
+    }
 }
 
 fn stale(got: u64, seen: u64) -> Result<(), StoreError> {
@@ -361,7 +497,18 @@ impl Drop for TxGuard<'_> {
 
 /// A [`Participant`] whose resource is a PostgreSQL database.
 pub struct PgParticipant<H: PgHandler> {
+    /// Prepares and one-phase commits (the handlers).
     pool: Pool,
+    /// Commits, Aborts and recovery.
+    decisions: Pool,
+    /// For cancel requests.
+    tls: PgTls,
+    /// `SET LOCAL lock_timeout ..; SET LOCAL statement_timeout ..` of a
+    /// handler's transaction.
+    handler_limits: String,
+    handler_lock_timeout_ms: u64,
+    handler_statement_timeout_ms: u64,
+    pool_wait_timeout_ms: u64,
     handler: H,
     id: String,
     /// `dtx:v1:<id>:` (incarnation 0)
@@ -380,138 +527,31 @@ pub struct PgParticipant<H: PgHandler> {
     target: String,
 }
 
-/// How a pool's first connection is retried at start.
-pub(crate) struct ConnectRetry {
-    /// Attempts before giving up (at least 1).
-    pub attempts: u32,
-    /// The wait after the first failed attempt, doubled after each, capped
-    /// by `backoff_max`.
-    pub backoff: Duration,
-    pub backoff_max: Duration,
-    /// One attempt's connect timeout (unless the connection string sets
-    /// one).
-    pub timeout: Duration,
-}
-
-/// Where a pool points, for messages.
-pub(crate) struct PgTarget {
-    pub host: String,
-    pub port: u16,
-    pub dbname: String,
-    pub user: String,
-}
-
-impl PgTarget {
-    /// `host:port/dbname`.
-    pub(crate) fn label(&self) -> String {
-        format!("{}:{}/{}", self.host, self.port, self.dbname)
-    }
-
-    /// A start-up failure against this server.
-    pub(crate) fn open_err(&self, message: String) -> StoreError {
-        StoreError::Open {
-            path: format!("postgresql://{}", self.label()),
-            message,
-            disk_full: false,
-        }
-    }
-}
-
-/// A pool of `concurrency` connections to `conn_string` and its first
-/// connection, retried with backoff (a server still starting, a network
-/// blip); after the last attempt, an error naming the server, the attempts
-/// and the last failure.
-pub(crate) async fn open_pool(
-    conn_string: &str,
-    concurrency: usize,
-    retry: &ConnectRetry,
-) -> Result<(Pool, deadpool_postgres::Object, PgTarget), StoreError> {
-    let mut cfg: tokio_postgres::Config = conn_string
-        .parse()
-        .map_err(|e| StoreError::Io(format!("PostgreSQL connection string: {e}")))?;
-    if cfg.get_connect_timeout().is_none() {
-        cfg.connect_timeout(retry.timeout);
-    }
-    let at = PgTarget {
-        host: cfg
-            .get_hosts()
-            .first()
-            .map(|h| match h {
-                tokio_postgres::config::Host::Tcp(s) => s.clone(),
-                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
-            })
-            .unwrap_or_else(|| "localhost".into()),
-        port: cfg.get_ports().first().copied().unwrap_or(5432),
-        dbname: cfg.get_dbname().unwrap_or("(default)").to_string(),
-        user: cfg.get_user().unwrap_or("(default)").to_string(),
-    };
-    let mgr = Manager::from_config(
-        cfg,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(mgr)
-        .max_size(concurrency.max(1))
-        .build()
-        .map_err(|e| at.open_err(format!("building the connection pool: {e}")))?;
-    let attempts = retry.attempts.max(1);
-    let mut wait = retry.backoff;
-    let began = Instant::now();
-    let mut n = 1;
-    let client = loop {
-        match pool.get().await {
-            Ok(c) => break c,
-            Err(e) if n < attempts => {
-                tracing::warn!(
-                    "PostgreSQL at {}:{} (database {}): connection attempt {n}/{attempts} failed: {e}; retrying in {wait:?}",
-                    at.host,
-                    at.port,
-                    at.dbname
-                );
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(retry.backoff_max);
-                n += 1;
-            }
-            Err(e) => {
-                tracing::error!(
-                    "PostgreSQL at {}:{}: connection attempt {n}/{attempts} failed: {e}; giving up",
-                    at.host,
-                    at.port
-                );
-                return Err(at.open_err(format!(
-                    "PostgreSQL at {}:{} (database {}) unreachable: {attempts} connection attempts over {:?} failed, the last with: {e}",
-                    at.host,
-                    at.port,
-                    at.dbname,
-                    began.elapsed()
-                )));
-            }
-        }
-    };
-    Ok((pool, client, at))
-}
+// The step store opens its pool through these.
+pub(crate) use crate::pg_pool::open_pool;
+pub(crate) use crate::pg_pool::ConnectRetry;
 
 impl<H: PgHandler> PgParticipant<H> {
     /// Connects (retrying with backoff up to `opts.connect_attempts`),
     /// checks `max_prepared_transactions` and the log table's rights, and
     /// creates the table when missing.
     pub async fn connect(opts: PgOptions, handler: H) -> Result<Self, StoreError> {
-        check_participant_id(&opts.participant_id).map_err(StoreError::Io)?;
-        let concurrency = opts.concurrency.max(1);
-        let (pool, client, at) = open_pool(
-            &opts.conn_string,
-            concurrency,
-            &ConnectRetry {
-                attempts: opts.connect_attempts,
-                backoff: opts.connect_backoff,
-                backoff_max: opts.connect_backoff_max,
-                timeout: opts.connect_timeout,
-            },
-        )
-        .await?;
-        let PgTarget {
+        opts.validate().map_err(StoreError::Io)?;
+        let concurrency = opts.concurrency;
+        let retry = ConnectRetry {
+            attempts: opts.connect_attempts,
+            backoff: opts.connect_backoff,
+            backoff_max: opts.connect_backoff_max,
+            timeout: opts.connect_timeout,
+        };
+        let ep = Endpoint::parse(&opts.conn_string, &retry)?;
+        let wait = Duration::from_millis(opts.pool_wait_timeout_ms);
+        let pool = ep.pool(concurrency, wait)?;
+        let decisions = ep.pool(opts.decision_pool_size, wait)?;
+        let client = ep.first_connection(&decisions, &retry).await?;
+        let tls = ep.settings.tls.clone();
+        let at = ep.target;
+        let crate::pg_pool::PgTarget {
             host,
             port,
             dbname,
@@ -521,19 +561,50 @@ impl<H: PgHandler> PgParticipant<H> {
         let target = at.label();
 
         // PREPARE TRANSACTION needs max_prepared_transactions > 0, and at
-        // least one slot per concurrent Prepare.
+        // least one slot per concurrent Prepare. That is a floor, not what
+        // is needed: a prepared transaction holds its slot until its
+        // decision, whichever connection made it, and every database of the
+        // server shares the slots; what is free now is logged, and each
+        // recovery pass reports it (dtx_participant_pg_prepared_slots_free).
         let row = client
-            .query_one("SELECT current_setting('max_prepared_transactions')::int", &[])
+            .query_one(
+                "SELECT current_setting('max_prepared_transactions')::int,
+                        (SELECT count(*) FROM pg_prepared_xacts),
+                        (SELECT coalesce(string_agg(database || ': ' || n, ', ' ORDER BY n DESC), '')
+                           FROM (SELECT database, count(*) AS n FROM pg_prepared_xacts GROUP BY database) AS d),
+                        (SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit')",
+                &[],
+            )
             .await
             .map_err(|e| open_err(format!("reading max_prepared_transactions: {e}")))?;
         let max_prepared: i32 = row.get(0);
+        let held: i64 = row.get(1);
+        let by_database: String = row.get(2);
+        let sync_default: String = row.get(3);
         if max_prepared <= 0 || (max_prepared as usize) < concurrency {
             return Err(open_err(format!(
                 "max_prepared_transactions is {max_prepared} on {host}:{port}, below this participant's concurrency \
                  {concurrency} (0 disables PREPARE TRANSACTION): set `max_prepared_transactions = {}` (or more) in \
-                 postgresql.conf and restart PostgreSQL",
+                 postgresql.conf and restart PostgreSQL; the slots are shared by every database of the server and \
+                 each is held until its transaction's decision, so count every participant on it",
                 concurrency.max(64)
             )));
+        }
+        let free = i64::from(max_prepared) - held;
+        if free < concurrency as i64 {
+            tracing::warn!(
+                "PostgreSQL at {host}:{port}: {free} of max_prepared_transactions = {max_prepared} free ({held} held: \
+                 {by_database}), fewer than this participant's concurrency {concurrency}; Prepares beyond the free \
+                 slots vote NO until decisions free some: raise max_prepared_transactions (shared by every database \
+                 of the server) or resolve the prepared transactions left behind"
+            );
+        }
+        if sync_default == "off" {
+            tracing::info!(
+                "PostgreSQL at {host}:{port}: role {user} (or its database or server) has synchronous_commit = off; \
+                 this participant sets it to on for its own sessions and transactions, so what it acknowledges \
+                 survives a crash"
+            );
         }
 
         // The tables: each created when missing, then the rights on them
@@ -624,6 +695,15 @@ impl<H: PgHandler> PgParticipant<H> {
         }
         let participant = PgParticipant {
             pool,
+            decisions,
+            tls,
+            handler_limits: format!(
+                "SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
+                opts.handler_lock_timeout_ms, opts.handler_statement_timeout_ms
+            ),
+            handler_lock_timeout_ms: opts.handler_lock_timeout_ms,
+            handler_statement_timeout_ms: opts.handler_statement_timeout_ms,
+            pool_wait_timeout_ms: opts.pool_wait_timeout_ms,
             handler,
             prefix: format!("dtx:v1:{}:", opts.participant_id),
             prefix_v2: format!("dtx:v2:{}:", opts.participant_id),
@@ -683,9 +763,15 @@ impl<H: PgHandler> PgParticipant<H> {
         &self.handler
     }
 
-    /// The connection pool (the service may use it for its own reads).
+    /// The handlers' connection pool (the service may use it for its own
+    /// reads).
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// The pool of phase two (Commit, Abort) and recovery.
+    pub fn decision_pool(&self) -> &Pool {
+        &self.decisions
     }
 
     /// The gid a Prepare of `txid` at `term` uses: `dtx:v1:<id>:<txid>:
@@ -801,11 +887,30 @@ impl<H: PgHandler> PgParticipant<H> {
         self.floor(&obj, incarnation).await
     }
 
+    /// A connection of the decisions' pool (phase two, recovery).
     async fn conn(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("PostgreSQL at {}: no connection: {e}", self.target)))
+        self.get(&self.decisions, "decisions").await
+    }
+
+    async fn get(&self, pool: &Pool, name: &'static str) -> Result<deadpool_postgres::Object, StoreError> {
+        pool.get().await.map_err(|e| match e {
+            PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => {
+                metrics::counter!(
+                    "dtx_participant_pg_pool_wait_timeouts_total",
+                    "participant" => self.id.clone(),
+                    "pool" => name
+                )
+                .increment(1);
+                StoreError::Unavailable(format!(
+                    "PostgreSQL at {}: no free connection in the {name} pool ({} connections) within \
+                     pool_wait_timeout_ms = {}; the message is retried",
+                    self.target,
+                    pool.status().max_size,
+                    self.pool_wait_timeout_ms
+                ))
+            }
+            other => StoreError::Unavailable(format!("PostgreSQL at {}: no connection: {other}", self.target)),
+        })
     }
 
     async fn prepared(&self, c: &Client, txid: GlobalTxid) -> Result<Option<Prepared>, StoreError> {
@@ -901,10 +1006,26 @@ impl<H: PgHandler> PgParticipant<H> {
         keep_read_only: bool,
     ) -> Result<(Verdict, Option<Transaction<'c>>), StoreError> {
         let tx = c.transaction().await.map_err(|e| pg_err("BEGIN", &e))?;
-        let verdict = match self.handler.prepare(&tx, txid, payload).await {
+        // The handler's lock and statement timeouts, sent ahead of its
+        // first statement in the same round trip (biased: polled first,
+        // so sent first; PostgreSQL runs them in order). A handler may set
+        // its own after.
+        let (limits, verdict) = tokio::join!(
+            biased;
+            tx.batch_execute(&self.handler_limits),
+            self.handler.prepare(&tx, txid, payload)
+        );
+        if let Err(e) = limits {
+            let _ = tx.rollback().await;
+            return Err(pg_err("SET LOCAL lock_timeout, statement_timeout", &e));
+        }
+        let verdict = match verdict {
             Ok(v) => v,
             Err(e) => {
                 let _ = tx.rollback().await;
+                if let Some(reason) = self.gave_up(txid, &*e) {
+                    return Ok((Verdict::no(reason), None));
+                }
                 return Err(StoreError::Io(format!(
                     "the handler failed for transaction {txid}: {e}"
                 )));
@@ -918,7 +1039,12 @@ impl<H: PgHandler> PgParticipant<H> {
         // The marker, in the transaction: visible when (and only if) the
         // work commits. A tombstone written concurrently makes it a unique
         // violation (then NO); a wait on it is bounded.
-        let set = format!("SET LOCAL lock_timeout = '{}ms'", self.lock_timeout.as_millis().max(1));
+        // With `synchronous_commit` back on if the handler turned it off:
+        // the commit (one-phase) is acknowledged, so it must be flushed.
+        let set = format!(
+            "SET LOCAL lock_timeout = '{}ms'; {TRANSACTION_DURABLE}",
+            self.lock_timeout.as_millis().max(1)
+        );
         let insert = tx
             .prepare_cached(&log_insert(txid))
             .await
@@ -975,19 +1101,37 @@ impl<H: PgHandler> PgParticipant<H> {
         // Nothing here: below the term floor it is a deposed leader's.
         stale(term, floor)?;
         let (verdict, tx) = self.run_handler(c, txid, term, payload, false).await?;
+        let mut refused = None;
         if let (Vote::Yes, Some(tx)) = (verdict.vote, tx) {
             let gid = self.gid(txid, term);
             dtx_failpoint::failpoint!("participant_before_durable_prepare");
-            tx.batch_execute(&format!("PREPARE TRANSACTION {}", literal(&gid)))
-                .await
-                .map_err(|e| pg_err("PREPARE TRANSACTION", &e))?;
-            // PREPARE ended the session's transaction; the handle must not
-            // send the ROLLBACK it sends when dropped unfinished (a round
-            // trip, and a "no transaction in progress" warning in every
-            // service's log). It owns nothing else to release.
+            let prepared = tx
+                .batch_execute(&format!("PREPARE TRANSACTION {}", literal(&gid)))
+                .await;
+            // PREPARE ended the session's transaction (a failed one is a
+            // ROLLBACK); the handle must not send the ROLLBACK it sends
+            // when dropped unfinished (a round trip, and a "no transaction
+            // in progress" warning in every service's log). It owns nothing
+            // else to release.
             std::mem::forget(tx);
-            dtx_failpoint::failpoint!("participant_after_prepare_before_reply");
-            return Ok(Answer::new(Reply::Vote(Vote::Yes)));
+            match prepared {
+                Ok(()) => {
+                    dtx_failpoint::failpoint!("participant_after_prepare_before_reply");
+                    return Ok(Answer::new(Reply::Vote(Vote::Yes)));
+                }
+                Err(e) => refused = Some(e),
+            }
+        }
+        if let Some(e) = refused {
+            let Some(reason) = self.no_slot(txid, &e) else {
+                return Err(pg_err("PREPARE TRANSACTION", &e));
+            };
+            // A firm NO, recorded so that a repeat answers the same.
+            let row = self.record(c, txid, st::ABORTED, term).await?;
+            return match row.state.as_str() {
+                st::ABORTED | st::TOMBSTONE => Ok(Answer::no(reason)),
+                _ => self.repeat_prepare(c, txid, term, row).await,
+            };
         }
         let vote = verdict.vote;
         let state = if vote == Vote::ReadOnly {
@@ -1025,26 +1169,23 @@ impl<H: PgHandler> PgParticipant<H> {
         // there is no such gid (another term, already committed, never
         // prepared), PostgreSQL says so and nothing changed: the look-up
         // decides, as before.
-        match c
-            .batch_execute(&format!("COMMIT PREPARED {}", literal(&self.gid(txid, term))))
-            .await
-        {
+        match self.finish_prepared(c, txid, &self.gid(txid, term), true).await {
             Ok(()) => {
                 dtx_failpoint::failpoint!("participant_after_decision_before_ack");
                 return Ok(Answer::new(Reply::Ack));
             }
             // No such gid; or one of another database (a prefix used in
             // two databases, which the look-up below does not see either).
-            Err(e)
+            Err(Finish::Pg(e))
                 if e.code() == Some(&SqlState::UNDEFINED_OBJECT)
                     || e.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED) => {}
-            Err(e) => return Err(pg_err("COMMIT PREPARED", &e)),
+            Err(e) => return Err(e.into_store("COMMIT PREPARED")),
         }
         if let Some(p) = self.prepared(c, txid).await? {
             stale(term, p.term)?;
-            c.batch_execute(&format!("COMMIT PREPARED {}", literal(&p.gid)))
+            self.finish_prepared(c, txid, &p.gid, true)
                 .await
-                .map_err(|e| pg_err("COMMIT PREPARED", &e))?;
+                .map_err(|e| e.into_store("COMMIT PREPARED"))?;
             dtx_failpoint::failpoint!("participant_after_decision_before_ack");
             // The marker committed with the prepare's term; a Commit of a
             // later term raises it (the usual Commit has the same term: no
@@ -1074,9 +1215,9 @@ impl<H: PgHandler> PgParticipant<H> {
         for _ in 0..100 {
             if let Some(p) = self.prepared(c, txid).await? {
                 stale(term, p.term)?;
-                c.batch_execute(&format!("ROLLBACK PREPARED {}", literal(&p.gid)))
+                self.finish_prepared(c, txid, &p.gid, false)
                     .await
-                    .map_err(|e| pg_err("ROLLBACK PREPARED", &e))?;
+                    .map_err(|e| e.into_store("ROLLBACK PREPARED"))?;
                 self.record(c, txid, st::ABORTED, term).await?;
                 dtx_failpoint::failpoint!("participant_after_decision_before_ack");
                 self.raise_term(c, txid, term).await?;
@@ -1094,7 +1235,10 @@ impl<H: PgHandler> PgParticipant<H> {
             }
             // Nothing here: the tombstone, so a late Prepare votes NO.
             let tx = c.transaction().await.map_err(|e| pg_err("BEGIN", &e))?;
-            let set = format!("SET LOCAL lock_timeout = '{}ms'", self.lock_timeout.as_millis().max(1));
+            let set = format!(
+                "SET LOCAL lock_timeout = '{}ms'; {TRANSACTION_DURABLE}",
+                self.lock_timeout.as_millis().max(1)
+            );
             tx.batch_execute(&set).await.map_err(|e| pg_err("SET LOCAL", &e))?;
             let res = tx
                 .execute(
@@ -1131,6 +1275,174 @@ impl<H: PgHandler> PgParticipant<H> {
         )))
     }
 
+    /// A handler error that is PostgreSQL giving up on a wait (the
+    /// handler's lock or statement timeout, its own NOWAIT, a deadlock): a
+    /// NO vote with the reason, counted. `None` for any other error.
+    fn gave_up(&self, txid: GlobalTxid, e: &(dyn std::error::Error + 'static)) -> Option<String> {
+        let mut cur = Some(e);
+        while let Some(err) = cur {
+            if let Some(db) = err
+                .downcast_ref::<tokio_postgres::Error>()
+                .and_then(|p| p.as_db_error())
+            {
+                let (kind, why) = match db.code() {
+                    c if c == &SqlState::LOCK_NOT_AVAILABLE => (
+                        "lock_timeout",
+                        format!(
+                            "a row its work needs is held by another transaction (a prepared one holds its rows \
+                             until its decision); the handler waited at most handler_lock_timeout_ms = {} ms (or its \
+                             own lock_timeout / NOWAIT)",
+                            self.handler_lock_timeout_ms
+                        ),
+                    ),
+                    c if c == &SqlState::QUERY_CANCELED => (
+                        "statement_timeout",
+                        format!(
+                            "a statement of its work ran past handler_statement_timeout_ms = {} ms",
+                            self.handler_statement_timeout_ms
+                        ),
+                    ),
+                    c if c == &SqlState::T_R_DEADLOCK_DETECTED => {
+                        ("deadlock", "PostgreSQL found it in a deadlock".to_string())
+                    }
+                    _ => return None,
+                };
+                metrics::counter!(
+                    "dtx_participant_pg_handler_timeouts_total",
+                    "participant" => self.id.clone(),
+                    "kind" => kind
+                )
+                .increment(1);
+                return Some(format!(
+                    "transaction {txid} not prepared here: {why} ({}, SQLSTATE {})",
+                    db.message(),
+                    db.code().code()
+                ));
+            }
+            cur = err.source();
+        }
+        None
+    }
+
+    /// A failed PREPARE TRANSACTION for want of a slot (SQLSTATE 53200):
+    /// the NO vote's reason, logged and counted. `None` for other errors.
+    fn no_slot(&self, txid: GlobalTxid, e: &tokio_postgres::Error) -> Option<String> {
+        let db = e.as_db_error().filter(|d| d.code() == &SqlState::OUT_OF_MEMORY)?;
+        let hint = db.hint().map(|h| format!(" ({h})")).unwrap_or_default();
+        let reason = if db.message().contains("prepared transactions") {
+            metrics::counter!("dtx_participant_pg_prepared_slots_exhausted_total", "participant" => self.id.clone())
+                .increment(1);
+            format!(
+                "transaction {txid} not prepared here: PostgreSQL at {} has no free prepared-transaction slot: {}{hint} \
+                 (SQLSTATE 53200). A prepared transaction holds a slot of max_prepared_transactions until its \
+                 decision is applied, whichever connection prepared it, and every database of the server shares the \
+                 slots: raise max_prepared_transactions in postgresql.conf (PostgreSQL must restart) to cover every \
+                 participant on the server, or resolve prepared transactions left behind (pg_prepared_xacts)",
+                self.target,
+                db.message()
+            )
+        } else {
+            format!(
+                "transaction {txid} not prepared here: PostgreSQL at {} is out of shared memory: {}{hint} (SQLSTATE \
+                 53200)",
+                self.target,
+                db.message()
+            )
+        };
+        tracing::warn!("{reason}");
+        Some(reason)
+    }
+
+    /// `COMMIT PREPARED` (`commit`) or `ROLLBACK PREPARED` of `gid`. A
+    /// transaction another role prepared (the service's database role was
+    /// rotated while it was in doubt) is finished as that role when this
+    /// one may act as it (`SET ROLE`: a member of it); otherwise the
+    /// refusal (SQLSTATE 42501) says whose it is and how to fix it, is
+    /// logged and counted, and the message fails so that the decision is
+    /// delivered again (it is never dropped).
+    async fn finish_prepared(&self, c: &Client, txid: GlobalTxid, gid: &str, commit: bool) -> Result<(), Finish> {
+        let verb = if commit { "COMMIT PREPARED" } else { "ROLLBACK PREPARED" };
+        let sql = format!("{verb} {}", literal(gid));
+        let e = match c.batch_execute(&sql).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => e,
+            Err(e) => return Err(Finish::Pg(e)),
+        };
+        let who = c
+            .query_opt(
+                "SELECT owner::text, current_user::text FROM pg_prepared_xacts
+                 WHERE gid = $1 AND database = current_database()",
+                &[&gid],
+            )
+            .await
+            .map_err(Finish::Pg)?;
+        let Some(who) = who else {
+            // Finished by someone else meanwhile: as if it never was.
+            return Err(Finish::Pg(e));
+        };
+        let (owner, me): (String, String) = (who.get(0), who.get(1));
+        match c.batch_execute(&format!("SET ROLE {}", ident(&owner))).await {
+            Ok(()) => {
+                let done = c.batch_execute(&sql).await;
+                let reset = c.batch_execute("RESET ROLE").await;
+                done.map_err(Finish::Pg)?;
+                reset.map_err(Finish::Pg)?;
+                tracing::info!(
+                    %txid,
+                    "{verb} {gid:?} as role {owner}, which prepared it (this participant connects as {me}, a member of {owner})"
+                );
+                return Ok(());
+            }
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {}
+            Err(e) => return Err(Finish::Pg(e)),
+        }
+        let statement = if commit { "commit_prepared" } else { "rollback_prepared" };
+        metrics::counter!(
+            "dtx_participant_pg_permission_denied_total",
+            "participant" => self.id.clone(),
+            "statement" => statement
+        )
+        .increment(1);
+        let message = format!(
+            "{verb} of transaction {txid} (gid {gid:?}) refused by PostgreSQL at {}: {} (SQLSTATE 42501). The \
+             transaction was prepared by role {owner}; this participant connects as role {me}, and PostgreSQL lets \
+             only the role that prepared a transaction, a member of it or a superuser finish it (was the service's \
+             role rotated while transactions were in doubt?). The decision is kept and delivered again. Fix: GRANT \
+             {owner} TO {me} (the participant then finishes them as {owner}), or run the service as {owner} until \
+             no prepared transaction of {owner} remains (SELECT gid FROM pg_prepared_xacts WHERE owner = \
+             '{owner}'); do not drop {owner} before",
+            self.target,
+            e.as_db_error()
+                .map(|d| d.message().to_string())
+                .unwrap_or_else(|| e.to_string())
+        );
+        tracing::error!("{message}");
+        Err(Finish::Refused(StoreError::Io(message)))
+    }
+
+    /// One message on connection `c`.
+    async fn handle_on(
+        &self,
+        c: &mut Client,
+        txid: GlobalTxid,
+        msg: Message,
+        payload: &[u8],
+    ) -> Result<Answer, StoreError> {
+        // The floor is raised before anything this message records is
+        // written (never below a recorded term), and only by a term above
+        // it (which no floor check refuses).
+        let floor = self.floor(c, txid.incarnation).await?;
+        if msg.term() > floor {
+            self.raise_floor(c, txid.incarnation, msg.term()).await?;
+        }
+        match msg {
+            Message::Prepare { term } => self.on_prepare(c, txid, term, floor, payload).await,
+            Message::Commit { term } => self.on_commit(c, txid, term).await,
+            Message::Abort { term } => self.on_abort(c, txid, term).await,
+            Message::CommitOnePhase { term } => self.on_one_phase(c, txid, term, floor, payload).await,
+        }
+    }
+
     async fn on_one_phase(
         &self,
         c: &mut Client,
@@ -1143,9 +1455,9 @@ impl<H: PgHandler> PgParticipant<H> {
             // Prepared YES, no decision known here: the one-phase commit is
             // the decision.
             stale(term, p.term)?;
-            c.batch_execute(&format!("COMMIT PREPARED {}", literal(&p.gid)))
+            self.finish_prepared(c, txid, &p.gid, true)
                 .await
-                .map_err(|e| pg_err("COMMIT PREPARED", &e))?;
+                .map_err(|e| e.into_store("COMMIT PREPARED"))?;
             self.raise_term(c, txid, term).await?;
             return Ok(Answer::new(Reply::Ack));
         }
@@ -1205,23 +1517,19 @@ fn log_insert(txid: GlobalTxid) -> String {
 }
 
 impl<H: PgHandler> Participant for PgParticipant<H> {
+    /// Prepare and CommitOnePhase run on the handlers' pool, Commit and
+    /// Abort on the decisions' pool; a call dropped midway cancels its
+    /// statement (`pg_pool::Lease`).
     async fn handle(&self, txid: GlobalTxid, msg: Message, payload: &[u8]) -> Result<Answer, StoreError> {
         let _serial = self.locks.lock(txid).await;
-        let mut obj = self.conn().await?;
-        let c: &mut Client = &mut obj;
-        // The floor is raised before anything this message records is
-        // written (never below a recorded term), and only by a term above
-        // it (which no floor check refuses).
-        let floor = self.floor(c, txid.incarnation).await?;
-        if msg.term() > floor {
-            self.raise_floor(c, txid.incarnation, msg.term()).await?;
-        }
-        match msg {
-            Message::Prepare { term } => self.on_prepare(c, txid, term, floor, payload).await,
-            Message::Commit { term } => self.on_commit(c, txid, term).await,
-            Message::Abort { term } => self.on_abort(c, txid, term).await,
-            Message::CommitOnePhase { term } => self.on_one_phase(c, txid, term, floor, payload).await,
-        }
+        let obj = match msg {
+            Message::Prepare { .. } | Message::CommitOnePhase { .. } => self.get(&self.pool, "handlers").await?,
+            Message::Commit { .. } | Message::Abort { .. } => self.get(&self.decisions, "decisions").await?,
+        };
+        let mut lease = Lease::new(obj, self.tls.clone(), &self.id, txid);
+        let answer = self.handle_on(&mut lease, txid, msg, payload).await;
+        lease.finish();
+        answer
     }
 
     async fn prepare_many(
@@ -1302,17 +1610,26 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
 
     async fn in_doubt_older_than(&self, age_min: Duration) -> Result<Vec<(GlobalTxid, LogEntry)>, StoreError> {
         let obj = self.conn().await?;
-        let rows = obj
-            .query(
+        // With the slots left on the whole server (one round trip: the two
+        // are pipelined).
+        let prefixes: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&self.prefix, &self.prefix_v2];
+        let (rows, free) = tokio::try_join!(
+            obj.query(
                 "SELECT gid, (extract(epoch from prepared) * 1000)::bigint,
                         (extract(epoch from now() - prepared) * 1000)::bigint
                  FROM pg_prepared_xacts
                  WHERE database = current_database() AND (starts_with(gid, $1) OR starts_with(gid, $2))
                  ORDER BY prepared",
-                &[&self.prefix, &self.prefix_v2],
+                &prefixes,
+            ),
+            obj.query_one(
+                "SELECT current_setting('max_prepared_transactions')::bigint - (SELECT count(*) FROM pg_prepared_xacts)",
+                &[],
             )
-            .await
-            .map_err(|e| pg_err("reading pg_prepared_xacts", &e))?;
+        )
+        .map_err(|e| pg_err("reading pg_prepared_xacts", &e))?;
+        let free: i64 = free.get(0);
+        metrics::gauge!("dtx_participant_pg_prepared_slots_free", "participant" => self.id.clone()).set(free as f64);
         let age_min_ms = age_min.as_millis().min(i64::MAX as u128) as i64;
         // Every recovery pass lists them: what is open now, and how old the
         // oldest is (ordered by `prepared`), for the operator.

@@ -45,6 +45,15 @@
 //!   restarted.
 //! - **The outbox** is delivered at least once by [`spawn_outbox_relay`]:
 //!   an event is removed only after its sink accepted it.
+//! - **A call outside the service** (a payment provider, a mail sender:
+//!   [`StepHandler::outside_request`], [`OutsideSystem`], ADR 0034) is
+//!   recorded IN FLIGHT, durably, before it is made, with the operation id
+//!   as the outside system's idempotency key; its answer is recorded after
+//!   it like any other. Without an answer the operation stays in flight
+//!   (the call answers an error: UNKNOWN), and Status and Fence settle it
+//!   only by asking the outside system ([`OutsideSystem::status`]): never
+//!   FAILED, never fenced, while the outside system cannot say it did not
+//!   happen. See the [`outside`] module.
 //!
 //! Concurrency: Forward and Compensate calls of one store run one at a
 //! time (one tokio mutex per store, held from the inbox look-up to the
@@ -79,6 +88,15 @@ use crate::store::unix_ms;
 use crate::store::FailureLatch;
 use crate::store::KvPair;
 use crate::store::{open_dir_sync, open_sled};
+
+pub mod outside;
+use outside::check_resend;
+use outside::count_outside;
+use outside::in_flight_message;
+pub use outside::InFlight;
+pub use outside::InboxEntry;
+pub use outside::OutsideStatus;
+pub use outside::OutsideSystem;
 
 const DATA_PREFIX: u8 = b'd';
 const INBOX_PREFIX: u8 = b'n';
@@ -516,11 +534,21 @@ impl<'a> StepView<'a> {
             .map_err(|e| self.io(e))
     }
 
-    /// What operation id `operation_id` answered here, if anything.
+    /// What operation id `operation_id` answered here, if anything (an
+    /// operation in flight has answered nothing yet: `None`).
     pub fn record(&self, operation_id: &str) -> Result<Option<StepRecord>, StoreError> {
+        Ok(match self.entry(operation_id)? {
+            Some(InboxEntry::Answered(rec)) => Some(rec),
+            _ => None,
+        })
+    }
+
+    /// What the inbox holds under `operation_id`: its answer, or its
+    /// in-flight outside call.
+    pub fn entry(&self, operation_id: &str) -> Result<Option<InboxEntry>, StoreError> {
         match self.tree.get(inbox_key(operation_id)).map_err(|e| self.io(e))? {
             None => Ok(None),
-            Some(b) => StepRecord::decode(&b).map(Some).map_err(|m| {
+            Some(b) => InboxEntry::decode(&b).map(Some).map_err(|m| {
                 let msg = format!("inbox record of operation {operation_id:?} is damaged: {m}");
                 self.error.borrow_mut().get_or_insert(msg.clone());
                 StoreError::Io(msg)
@@ -608,6 +636,63 @@ pub trait StepHandler: Send + Sync + 'static {
     fn knows_query(&self, _query: &str) -> bool {
         true
     }
+
+    /// Whether status query `query` answers for operations of `action` (a
+    /// forward action or a compensation): a Status or Fence naming another
+    /// action's query is refused INVALID_ARGUMENT and settles nothing.
+    /// Default: [`StepHandler::knows_query`].
+    fn query_answers(&self, query: &str, _action: &str) -> bool {
+        self.knows_query(query)
+    }
+
+    /// The system outside this service that its outside calls go to
+    /// ([`StepHandler::outside_request`]) and whose status hook settles
+    /// them. Default: none.
+    fn outside(&self) -> Option<&dyn OutsideSystem> {
+        None
+    }
+
+    /// Whether call `call` (`kind`: a forward action, or a compensation
+    /// whose forward action answered OK here) calls the outside system,
+    /// and with what request (ADR 0034):
+    /// - `Ok(None)`: it does not; `forward` or `compensate` runs as usual;
+    /// - `Ok(Some(request))`: the store records the call IN FLIGHT, durably,
+    ///   then sends `request` with [`OutsideSystem::call`] under the
+    ///   operation id as idempotency key (holding no lock), then runs
+    ///   [`StepHandler::finish_outside`] with the answer;
+    /// - `Err(result)`: answered at once, without calling (an unknown
+    ///   customer: FAILED), and recorded like any answer.
+    ///
+    /// Reads only; nothing is staged here. Default: `Ok(None)`.
+    fn outside_request(
+        &self,
+        _view: &StepView<'_>,
+        _kind: CallKind,
+        _call: &StepCall,
+    ) -> Result<Option<Vec<u8>>, StepResult> {
+        Ok(None)
+    }
+
+    /// The outside system answered `answer` to the request of in-flight
+    /// call `call` (straight away, or later through the status hook,
+    /// maybe after a restart): the step's result, staging the local writes
+    /// and events it implies (kept only for an OK). Must accept every
+    /// answer the outside system can give, a refusal of a fenced key
+    /// included (FAILED). Default: FAILED.
+    fn finish_outside(
+        &self,
+        _view: &StepView<'_>,
+        kind: CallKind,
+        call: &StepCall,
+        _answer: &[u8],
+        _staged: &mut StepStaged,
+    ) -> StepResult {
+        StepResult::failed(format!(
+            "{} {:?} got an outside answer, but this service finishes no outside calls",
+            kind.as_str(),
+            call.action
+        ))
+    }
 }
 
 /// Why a call got no reply.
@@ -629,6 +714,12 @@ pub enum StepError {
     /// the other request's reply (FAILED_PRECONDITION).
     #[error("{0}")]
     Conflict(String),
+    /// The operation's outside call is in flight and its outcome is not
+    /// known here: the outside system gave no answer, or its status hook
+    /// could not tell (ADR 0034). UNKNOWN to the orchestrator, never
+    /// FAILED; nothing is fenced (UNAVAILABLE).
+    #[error("{0}")]
+    InFlight(String),
 }
 
 /// What the store's inbox and outbox hold ([`StepStore::stats`]).
@@ -643,6 +734,8 @@ pub struct StepStats {
     pub compensate_duplicates: u64,
     /// Outbox events not yet delivered.
     pub outbox_pending: u64,
+    /// Operations whose outside call is in flight (no answer recorded).
+    pub in_flight: u64,
 }
 
 /// What `StepStore::apply` did with a call.
@@ -653,6 +746,11 @@ enum Applied {
     Refused(StepResult),
     /// Answered and recorded now (not synced yet).
     Recorded(StepResult),
+    /// Recorded in flight now (not synced yet): its outside call is next.
+    Outside(InFlight),
+    /// In flight before: its outside call is sent again (same key, same
+    /// request).
+    Resend(InFlight),
 }
 
 /// The step service's durable store; see the module documentation.
@@ -761,6 +859,16 @@ impl<H: StepHandler> StepStore<H> {
     async fn call_inner(&self, kind: CallKind, call: &StepCall) -> Result<StepResult, StepError> {
         self.check_running()?;
         check_call(kind, call)?;
+        if kind == CallKind::Compensate {
+            // A compensation of a forward action whose outside call is in
+            // flight: settled first, by the status hook with a fence (if it
+            // did not happen, it never will), so the check below sees an
+            // answer. An outside system that cannot tell leaves the
+            // compensation UNKNOWN.
+            if let Some(InboxEntry::InFlight(f)) = self.view().entry(&call.forward_operation_id)? {
+                self.settle(&call.forward_operation_id, f, true).await?;
+            }
+        }
         let applied = {
             let _serial = self.serial.lock().await;
             self.check_running()?;
@@ -770,6 +878,12 @@ impl<H: StepHandler> StepStore<H> {
             Applied::Repeat(rec) => return self.repeat(kind, call, rec).await,
             Applied::Refused(result) => return Ok(result),
             Applied::Recorded(result) => result,
+            // The in-flight record is durable before anything leaves (for a
+            // resend too: the record may be another call's, not synced yet).
+            Applied::Outside(f) | Applied::Resend(f) => {
+                self.flush().await?;
+                return self.call_outside(kind, f).await;
+            }
         };
         self.flush().await?;
         match kind {
@@ -790,11 +904,17 @@ impl<H: StepHandler> StepStore<H> {
 
     /// The synchronous part of a call, under the store's lock: the inbox
     /// look-up, the rights check, the handler, and the one batch (not
-    /// synced: the caller flushes).
+    /// synced: the caller flushes). A call that goes outside is recorded
+    /// in flight here instead.
     fn apply(&self, kind: CallKind, call: &StepCall) -> Result<Applied, StepError> {
         let view = self.view();
-        if let Some(rec) = view.record(&call.operation_id)? {
-            return Ok(Applied::Repeat(rec));
+        match view.entry(&call.operation_id)? {
+            Some(InboxEntry::Answered(rec)) => return Ok(Applied::Repeat(rec)),
+            Some(InboxEntry::InFlight(f)) => {
+                check_resend(kind, call, &f)?;
+                return Ok(Applied::Resend(f));
+            }
+            None => {}
         }
         if let Err(why) = self.handler.authorize(call) {
             debug!(
@@ -811,12 +931,29 @@ impl<H: StepHandler> StepStore<H> {
         let mut staged = StepStaged::default();
         let mut fence: Option<String> = None;
         let result = match kind {
-            CallKind::Forward => self.handler.forward(&view, call, &mut staged),
-            CallKind::Compensate => match view.record(&call.forward_operation_id)? {
-                Some(f) if f.kind == CallKind::Forward && f.result.is_ok() => {
-                    self.handler.compensate(&view, call, &mut staged)
+            CallKind::Forward => match self.outside_plan(&view, kind, call)? {
+                Ok(Some(request)) => return self.start_outside(kind, call, request),
+                Ok(None) => self.handler.forward(&view, call, &mut staged),
+                Err(answer) => answer,
+            },
+            CallKind::Compensate => match view.entry(&call.forward_operation_id)? {
+                Some(InboxEntry::Answered(f)) if f.kind == CallKind::Forward && f.result.is_ok() => {
+                    match self.outside_plan(&view, kind, call)? {
+                        Ok(Some(request)) => return self.start_outside(kind, call, request),
+                        Ok(None) => self.handler.compensate(&view, call, &mut staged),
+                        Err(answer) => answer,
+                    }
                 }
-                Some(f) => noop_for(&call.forward_operation_id, Some(&f)),
+                Some(InboxEntry::Answered(f)) => noop_for(&call.forward_operation_id, Some(&f)),
+                Some(InboxEntry::InFlight(f)) => {
+                    // Settled before the lock was taken, in flight again:
+                    // never NOOP (nor fence) what may have happened.
+                    return Err(StepError::InFlight(in_flight_message(
+                        &call.forward_operation_id,
+                        &f,
+                        "the compensation of it waits until it is settled",
+                    )));
+                }
                 None => {
                     // Fence the forward operation in the same batch: a late
                     // forward call of it must never run after this NOOP.
@@ -845,6 +982,164 @@ impl<H: StepHandler> StepStore<H> {
         self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
         *self.next_event.lock().expect("next_event lock") = next_event;
         Ok(Applied::Recorded(result))
+    }
+
+    /// The handler's [`StepHandler::outside_request`] for a call, after a
+    /// read error check.
+    fn outside_plan(
+        &self,
+        view: &StepView<'_>,
+        kind: CallKind,
+        call: &StepCall,
+    ) -> Result<Result<Option<Vec<u8>>, StepResult>, StepError> {
+        let plan = self.handler.outside_request(view, kind, call);
+        if let Some(e) = view.take_error() {
+            return Err(StoreError::Io(format!("a read failed during the call: {e}")).into());
+        }
+        if matches!(plan, Ok(Some(_))) && self.handler.outside().is_none() {
+            return Err(StepError::Invalid(format!(
+                "{} {:?} asks for an outside call, but the handler names no outside system",
+                kind.as_str(),
+                call.action
+            )));
+        }
+        Ok(plan)
+    }
+
+    /// Records `call` in flight (not synced: the caller flushes before the
+    /// outside call).
+    fn start_outside(&self, kind: CallKind, call: &StepCall, request: Vec<u8>) -> Result<Applied, StepError> {
+        let f = InFlight {
+            kind,
+            call: call.clone(),
+            system: self.handler.outside().map(|s| s.name().to_string()).unwrap_or_default(),
+            request,
+            since_ms: unix_ms(),
+        };
+        self.tree
+            .insert(inbox_key(&call.operation_id), f.encode())
+            .map_err(|e| self.fail(&e))?;
+        Ok(Applied::Outside(f))
+    }
+
+    /// Sends in-flight call `f` to the outside system (no lock held) and
+    /// records its answer; no answer leaves it in flight (an error:
+    /// UNKNOWN to the orchestrator).
+    async fn call_outside(&self, kind: CallKind, f: InFlight) -> Result<StepResult, StepError> {
+        let op = f.call.operation_id.clone();
+        let Some(system) = self.handler.outside() else {
+            return Err(StepError::InFlight(in_flight_message(
+                &op,
+                &f,
+                "this service names no outside system to send it to",
+            )));
+        };
+        match system.call(&op, &f.request).await {
+            Ok(answer) => {
+                count_outside("call", "answered");
+                let rec = self.finish(&op, &answer).await?;
+                match kind {
+                    CallKind::Forward => dtx_failpoint::failpoint!("step_forward_after_commit_before_reply"),
+                    CallKind::Compensate => {
+                        dtx_failpoint::failpoint!("step_compensation_after_commit_before_reply")
+                    }
+                }
+                debug!(operation_id = %op, outcome = rec.result.label(), "outside call answered and recorded");
+                Ok(rec.result)
+            }
+            Err(why) => {
+                count_outside("call", "no_answer");
+                let msg = in_flight_message(&op, &f, &format!("no answer from the {}: {why}", system.name()));
+                tracing::info!("{msg}");
+                Err(StepError::InFlight(msg))
+            }
+        }
+    }
+
+    /// Records the outside system's `answer` to in-flight operation `op`
+    /// (the handler's result and its staged writes, in one batch), unless
+    /// something settled it first; its record, once durable.
+    async fn finish(&self, op: &str, answer: &[u8]) -> Result<StepRecord, StepError> {
+        let rec = {
+            let _serial = self.serial.lock().await;
+            self.check_running()?;
+            let view = self.view();
+            match view.entry(op)? {
+                Some(InboxEntry::Answered(rec)) => rec,
+                None => {
+                    return Err(StoreError::Io(format!("operation {op:?} was in flight and has no record now")).into())
+                }
+                Some(InboxEntry::InFlight(f)) => {
+                    let mut staged = StepStaged::default();
+                    let result = self.handler.finish_outside(&view, f.kind, &f.call, answer, &mut staged);
+                    if let Some(e) = view.take_error() {
+                        return Err(StoreError::Io(format!("a read failed while finishing {op:?}: {e}")).into());
+                    }
+                    let record = record_of(f.kind, &f.call, result);
+                    if !record.result.is_ok() {
+                        staged = StepStaged::default();
+                    }
+                    let mut batch = sled::Batch::default();
+                    let next_event = self.stage_batch(&mut batch, staged);
+                    batch.insert(inbox_key(op), record.encode());
+                    self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
+                    *self.next_event.lock().expect("next_event lock") = next_event;
+                    record
+                }
+            }
+        };
+        self.flush().await?;
+        Ok(rec)
+    }
+
+    /// Settles in-flight operation `op` by the outside system's status hook
+    /// (with `fence`: "not done" made final there, and recorded FAILED
+    /// here): its record, `None` when not done, an error while the outside
+    /// system cannot tell.
+    async fn settle(&self, op: &str, f: InFlight, fence: bool) -> Result<Option<StepRecord>, StepError> {
+        let Some(system) = self.handler.outside() else {
+            return Err(StepError::InFlight(in_flight_message(
+                op,
+                &f,
+                "this service names no outside system whose status hook could settle it",
+            )));
+        };
+        match system.status(op, &f.request, fence).await {
+            OutsideStatus::Done(answer) => {
+                count_outside("status", "done");
+                self.finish(op, &answer).await.map(Some)
+            }
+            OutsideStatus::NotDone if !fence => {
+                count_outside("status", "not_done");
+                Ok(None)
+            }
+            OutsideStatus::NotDone => {
+                count_outside("fence", "not_done");
+                let existing = {
+                    let _serial = self.serial.lock().await;
+                    self.check_running()?;
+                    match self.view().entry(op)? {
+                        Some(InboxEntry::Answered(rec)) => Some(rec),
+                        _ => {
+                            self.tree
+                                .insert(inbox_key(op), fenced_in_flight(&f).encode())
+                                .map_err(|e| self.fail(&e))?;
+                            None
+                        }
+                    }
+                };
+                self.flush().await?;
+                Ok(existing)
+            }
+            OutsideStatus::Unknown(why) => {
+                count_outside(if fence { "fence" } else { "status" }, "unknown");
+                Err(StepError::InFlight(in_flight_message(
+                    op,
+                    &f,
+                    &format!("the {}'s status hook cannot tell: {why}", system.name()),
+                )))
+            }
+        }
     }
 
     /// Adds `staged` (business writes, and outbox events under the next
@@ -892,20 +1187,19 @@ impl<H: StepHandler> StepStore<H> {
     }
 
     /// What `operation_id` did here: `None` when nothing (yet), else its
-    /// record. Answered after an fsync that covers it; changes nothing.
+    /// record. Answered after an fsync that covers it. An operation whose
+    /// outside call is in flight is settled by the outside system's status
+    /// hook: done → its answer is recorded and answered; not done → `None`
+    /// (it stays in flight); cannot tell → [`StepError::InFlight`].
     pub async fn status(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
-        let answer = async {
-            self.check_running()?;
-            if operation_id.is_empty() {
-                return Err(StepError::Invalid("the status query has no operation id".into()));
-            }
-            let rec = self.view().record(operation_id)?;
-            if rec.is_some() {
-                self.flush().await?;
-            }
-            Ok(rec)
-        }
-        .await;
+        self.status_of(operation_id, None).await
+    }
+
+    /// [`StepStore::status`] for status query `query` (when given, refused
+    /// unless it answers for the operation's action,
+    /// [`StepHandler::query_answers`]).
+    pub async fn status_of(&self, operation_id: &str, query: Option<&str>) -> Result<Option<StepRecord>, StepError> {
+        let answer = self.lookup(operation_id, query, false).await;
         count_lookup("status", &answer);
         answer
     }
@@ -913,29 +1207,68 @@ impl<H: StepHandler> StepStore<H> {
     /// What `operation_id` did here, like [`StepStore::status`]; when
     /// nothing, records it as a FAILED forward call ("fenced") and answers
     /// `None`: a late call of it then answers FAILED and never runs, so the
-    /// answer "not applied" stays true. Answered after the fsync.
+    /// answer "not applied" stays true. Answered after the fsync. An
+    /// operation in flight is asked of the outside system's status hook
+    /// with a fence: done → recorded and answered; not done (and refused
+    /// there from now on) → recorded FAILED (fenced), `None`; cannot tell
+    /// → [`StepError::InFlight`], nothing recorded: never fenced while it
+    /// may have happened.
     pub async fn fence(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        self.fence_of(operation_id, None).await
+    }
+
+    /// [`StepStore::fence`] for status query `query` (see
+    /// [`StepStore::status_of`]).
+    pub async fn fence_of(&self, operation_id: &str, query: Option<&str>) -> Result<Option<StepRecord>, StepError> {
+        let answer = self.lookup(operation_id, query, true).await;
+        count_fence(&answer);
+        answer
+    }
+
+    async fn lookup(&self, op: &str, query: Option<&str>, fence: bool) -> Result<Option<StepRecord>, StepError> {
         self.check_running()?;
-        if operation_id.is_empty() {
-            return Err(StepError::Invalid("the fence names no operation id".into()));
+        if op.is_empty() {
+            return Err(StepError::Invalid(format!(
+                "the {} names no operation id",
+                if fence { "fence" } else { "status query" }
+            )));
         }
-        let existing = {
-            let _serial = self.serial.lock().await;
-            self.check_running()?;
-            match self.view().record(operation_id)? {
-                Some(rec) => Some(rec),
-                None => {
-                    self.tree
-                        .insert(inbox_key(operation_id), fence_record(0, 0).encode())
-                        .map_err(|e| self.fail(&e))?;
-                    None
+        let entry = self.view().entry(op)?;
+        if let (Some(q), Some(e)) = (query, &entry) {
+            check_query(|q, a| self.handler.query_answers(q, a), op, q, e)?;
+        }
+        let entry = match entry {
+            None if fence => {
+                let _serial = self.serial.lock().await;
+                self.check_running()?;
+                match self.view().entry(op)? {
+                    None => {
+                        self.tree
+                            .insert(inbox_key(op), fence_record(0, 0).encode())
+                            .map_err(|e| self.fail(&e))?;
+                        None
+                    }
+                    // Recorded (or sent out) since the first look.
+                    other => other,
                 }
             }
+            other => other,
         };
-        self.flush().await?;
-        let outcome = if existing.is_some() { "applied" } else { "fenced" };
-        metrics::counter!("dtx_step_calls_total", "call" => "fence", "outcome" => outcome).increment(1);
-        Ok(existing)
+        match entry {
+            None => {
+                if fence {
+                    self.flush().await?;
+                }
+                Ok(None)
+            }
+            Some(InboxEntry::Answered(rec)) => {
+                // The record may have been written by a call whose fsync is
+                // still running (or failed): answer only once it is on disk.
+                self.flush().await?;
+                Ok(Some(rec))
+            }
+            Some(InboxEntry::InFlight(f)) => self.settle(op, f, fence).await,
+        }
     }
 
     /// What `operation_id` did here, as written so far (not synced; for
@@ -944,15 +1277,41 @@ impl<H: StepHandler> StepStore<H> {
         self.view().record(operation_id)
     }
 
-    /// Every inbox record (operation id, record), in operation id order.
+    /// Every answered inbox record (operation id, record), in operation id
+    /// order (operations in flight: [`StepStore::in_flight`]).
     pub fn records(&self) -> Result<Vec<(String, StepRecord)>, StoreError> {
+        Ok(self
+            .entries()?
+            .into_iter()
+            .filter_map(|(op, e)| match e {
+                InboxEntry::Answered(rec) => Some((op, rec)),
+                InboxEntry::InFlight(_) => None,
+            })
+            .collect())
+    }
+
+    /// Every operation whose outside call is in flight, in operation id
+    /// order.
+    pub fn in_flight(&self) -> Result<Vec<(String, InFlight)>, StoreError> {
+        Ok(self
+            .entries()?
+            .into_iter()
+            .filter_map(|(op, e)| match e {
+                InboxEntry::InFlight(f) => Some((op, f)),
+                InboxEntry::Answered(_) => None,
+            })
+            .collect())
+    }
+
+    /// Everything the inbox holds, in operation id order.
+    pub fn entries(&self) -> Result<Vec<(String, InboxEntry)>, StoreError> {
         let mut out = Vec::new();
         for r in self.tree.scan_prefix([INBOX_PREFIX]) {
             let (k, v) = r.map_err(|e| StoreError::Io(e.to_string()))?;
             let op = String::from_utf8_lossy(&k[1..]).into_owned();
-            let rec = StepRecord::decode(&v)
+            let e = InboxEntry::decode(&v)
                 .map_err(|m| StoreError::Io(format!("inbox record of operation {op:?} is damaged: {m}")))?;
-            out.push((op, rec));
+            out.push((op, e));
         }
         Ok(out)
     }
@@ -965,10 +1324,13 @@ impl<H: StepHandler> StepStore<H> {
             compensate_duplicates: read_u64(self.tree.get(DUPLICATES_COMPENSATE_KEY).map_err(io)?),
             ..StepStats::default()
         };
-        for (_, rec) in self.records()? {
-            match rec.kind {
-                CallKind::Forward => s.forward_records += 1,
-                CallKind::Compensate => s.compensate_records += 1,
+        for (_, e) in self.entries()? {
+            match e {
+                InboxEntry::InFlight(_) => s.in_flight += 1,
+                InboxEntry::Answered(rec) => match rec.kind {
+                    CallKind::Forward => s.forward_records += 1,
+                    CallKind::Compensate => s.compensate_records += 1,
+                },
             }
         }
         s.outbox_pending = self.tree.scan_prefix([OUTBOX_PREFIX]).keys().count() as u64;
@@ -1159,10 +1521,15 @@ pub trait StepBackend: Send + Sync + 'static {
     /// A compensation, once per operation id (NOOP when the forward action
     /// did not happen here).
     async fn compensate(&self, call: &StepCall) -> Result<StepResult, StepError>;
-    /// What an operation id did here (None: nothing yet).
-    async fn status(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError>;
-    /// As `status`, making "nothing" permanent (fenced).
-    async fn fence(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError>;
+    /// What an operation id did here (None: nothing yet), for status query
+    /// `query` (refused when it does not answer for the operation's
+    /// action); an operation in flight is settled by the outside system's
+    /// status hook (ADR 0034).
+    async fn status(&self, operation_id: &str, query: &str) -> Result<Option<StepRecord>, StepError>;
+    /// As `status`, making "nothing" permanent (fenced); an operation in
+    /// flight is fenced only when the outside system says it did not
+    /// happen and never will.
+    async fn fence(&self, operation_id: &str, query: &str) -> Result<Option<StepRecord>, StepError>;
     /// Whether `query` names a status query of this service.
     fn knows_query(&self, query: &str) -> bool;
 }
@@ -1177,12 +1544,12 @@ impl<H: StepHandler> StepBackend for StepStore<H> {
         StepStore::compensate(self, call).await
     }
 
-    async fn status(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
-        StepStore::status(self, operation_id).await
+    async fn status(&self, operation_id: &str, query: &str) -> Result<Option<StepRecord>, StepError> {
+        StepStore::status_of(self, operation_id, Some(query)).await
     }
 
-    async fn fence(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
-        StepStore::fence(self, operation_id).await
+    async fn fence(&self, operation_id: &str, query: &str) -> Result<Option<StepRecord>, StepError> {
+        StepStore::fence_of(self, operation_id, Some(query)).await
     }
 
     fn knows_query(&self, query: &str) -> bool {
@@ -1214,6 +1581,7 @@ pub fn step_error_status(e: StepError) -> Status {
         StepError::Invalid(m) if m.contains(" call here, not a ") => Status::failed_precondition(m),
         StepError::Invalid(m) => Status::invalid_argument(m),
         StepError::Conflict(m) => Status::failed_precondition(m),
+        StepError::InFlight(m) => Status::unavailable(m),
         StepError::Store(StoreError::Stopped(f)) => Status::unavailable(f.to_string()),
         StepError::Store(StoreError::Io(m) | StoreError::Unavailable(m)) => Status::unavailable(m),
         StepError::Store(other) => Status::internal(other.to_string()),
@@ -1236,13 +1604,21 @@ impl<B: StepBackend> SagaStepService for StepServer<B> {
 
     async fn fence(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
         let r = self.known_query(req)?;
-        let rec = self.store.fence(&r.operation_id).await.map_err(step_error_status)?;
+        let rec = self
+            .store
+            .fence(&r.operation_id, &r.query)
+            .await
+            .map_err(step_error_status)?;
         Ok(Response::new(status_reply(rec)))
     }
 
     async fn status(&self, req: Request<pb::StepStatusRequest>) -> Result<Response<pb::StepStatusReply>, Status> {
         let r = self.known_query(req)?;
-        let rec = self.store.status(&r.operation_id).await.map_err(step_error_status)?;
+        let rec = self
+            .store
+            .status(&r.operation_id, &r.query)
+            .await
+            .map_err(step_error_status)?;
         Ok(Response::new(status_reply(rec)))
     }
 }
@@ -1278,9 +1654,41 @@ pub(crate) fn count_call(call: &'static str, answer: &Result<StepResult, StepErr
         Ok(r) => r.label(),
         Err(StepError::Invalid(_)) => "invalid",
         Err(StepError::Conflict(_)) => "conflict",
+        Err(StepError::InFlight(_)) => "in_flight",
         Err(StepError::Store(_)) => "error",
     };
     metrics::counter!("dtx_step_calls_total", "call" => call, "outcome" => outcome).increment(1);
+}
+
+/// Counts a Fence call (`dtx_step_calls_total`) by its answer.
+pub(crate) fn count_fence(answer: &Result<Option<StepRecord>, StepError>) {
+    let outcome = match answer {
+        Ok(Some(_)) => "applied",
+        Ok(None) => "fenced",
+        Err(StepError::Invalid(_)) => "invalid",
+        Err(StepError::Conflict(_)) => "conflict",
+        Err(StepError::InFlight(_)) => "in_flight",
+        Err(StepError::Store(_)) => "error",
+    };
+    metrics::counter!("dtx_step_calls_total", "call" => "fence", "outcome" => outcome).increment(1);
+}
+
+/// Refuses a Status or Fence whose status query does not answer for the
+/// action of the operation's `entry` ([`StepHandler::query_answers`]; a
+/// fence record names no action and any query answers for it).
+pub(crate) fn check_query(
+    answers: impl Fn(&str, &str) -> bool,
+    op: &str,
+    query: &str,
+    entry: &InboxEntry,
+) -> Result<(), StepError> {
+    let action = entry.action();
+    if action.is_empty() || answers(query, action) {
+        return Ok(());
+    }
+    Err(StepError::Invalid(format!(
+        "status query {query:?} does not answer for {action:?}, the action of operation {op:?}"
+    )))
 }
 
 /// Counts a Status call (`dtx_step_calls_total`) by its answer.
@@ -1290,6 +1698,7 @@ pub(crate) fn count_lookup(call: &'static str, answer: &Result<Option<StepRecord
         Ok(None) => "not_applied",
         Err(StepError::Invalid(_)) => "invalid",
         Err(StepError::Conflict(_)) => "conflict",
+        Err(StepError::InFlight(_)) => "in_flight",
         Err(StepError::Store(_)) => "error",
     };
     metrics::counter!("dtx_step_calls_total", "call" => call, "outcome" => outcome).increment(1);
@@ -1315,6 +1724,13 @@ pub(crate) fn check_call(kind: CallKind, call: &StepCall) -> Result<(), StepErro
 /// recorded reply would report another request's outcome as this one's).
 /// Counts the duplicate.
 pub(crate) fn check_repeat(kind: CallKind, call: &StepCall, rec: &StepRecord) -> Result<(), StepError> {
+    check_repeat_only(kind, call, rec)?;
+    metrics::counter!("dtx_step_duplicates_total", "call" => kind.as_str()).increment(1);
+    Ok(())
+}
+
+/// [`check_repeat`] without counting the duplicate.
+pub(crate) fn check_repeat_only(kind: CallKind, call: &StepCall, rec: &StepRecord) -> Result<(), StepError> {
     if rec.kind != kind {
         return Err(StepError::Invalid(format!(
             "operation id {:?} was a {} call here, not a {} call",
@@ -1337,7 +1753,6 @@ pub(crate) fn check_repeat(kind: CallKind, call: &StepCall, rec: &StepRecord) ->
             call.operation_id, rec.fingerprint, call.fingerprint
         )));
     }
-    metrics::counter!("dtx_step_duplicates_total", "call" => kind.as_str()).increment(1);
     Ok(())
 }
 
@@ -1406,6 +1821,25 @@ pub(crate) fn fence_record(saga_id: u64, step: u32) -> StepRecord {
 /// The reason a fenced operation answers FAILED with.
 pub const FENCED_REASON: &str =
     "fenced: the orchestrator found this operation not applied and settled it as never to run";
+
+/// The reason an in-flight operation fenced by its outside system answers
+/// FAILED with.
+pub const FENCED_OUTSIDE_REASON: &str = "fenced: the outside system never did this operation and now refuses its \
+     idempotency key; settled as never to run";
+
+/// The record that fences in-flight operation `f` after its outside
+/// system said it never happened (and now refuses its key).
+pub(crate) fn fenced_in_flight(f: &InFlight) -> StepRecord {
+    StepRecord {
+        kind: f.kind,
+        result: StepResult::failed(format!("{FENCED_OUTSIDE_REASON} ({})", f.system)),
+        at_ms: unix_ms(),
+        saga_id: f.call.saga_id,
+        step: f.call.step,
+        action: f.call.action.clone(),
+        fingerprint: f.call.fingerprint.clone(),
+    }
+}
 
 /// Who may call a step service served with TLS or node tokens: the
 /// cluster's nodes (the orchestrator); Status, which changes nothing, also

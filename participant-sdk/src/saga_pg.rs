@@ -5,8 +5,12 @@
 //!
 //! A step service
 //! 1. implements [`PgStepHandler`]: `forward` and `compensate` run the
-//!    service's SQL inside the transaction they are given (they may do any
-//!    I/O) and answer a [`StepResult`], pushing outbox events as they go;
+//!    service's SQL inside the transaction they are given and answer a
+//!    [`StepResult`], pushing outbox events as they go. A call to a system
+//!    outside the service (a payment provider, a mail sender) is NOT made
+//!    there: the handler declares it ([`PgStepHandler::outside_request`])
+//!    and the store makes it outside any transaction, recorded in flight
+//!    before and answered after (see "Outside calls" below, ADR 0034);
 //! 2. opens a [`PgStepStore`] with [`PgStepOptions`] (a connection string
 //!    and the service's name; the tables are created when missing);
 //! 3. serves [`PgStepServer`] with [`crate::saga::serve_steps`] (or the
@@ -39,7 +43,26 @@
 //! A handler error (`Err`) or a lost connection rolls everything back and
 //! answers an error status: the orchestrator takes it as UNKNOWN and asks
 //! Status, which finds nothing recorded. Status reads the inbox; Fence
-//! writes the fenced record when there is none.
+//! writes the fenced record when there is none. (So a handler must never
+//! call an outside system itself: a call that acted and then lost its
+//! reply would be rolled back here and fenced as never done.)
+//!
+//! # Outside calls
+//!
+//! When [`PgStepHandler::outside_request`] asks for one, step 4 instead
+//! writes the operation's IN-FLIGHT record (kind 3: the call and the exact
+//! request) and commits; then, holding no connection, the store sends the
+//! request with [`OutsideSystem::call`] under the operation id as
+//! idempotency key; then, in a second transaction that locks the inbox
+//! row, [`PgStepHandler::finish_outside`] turns the answer into the step's
+//! result and the reply replaces the in-flight record (with the events).
+//! No answer leaves the record in flight (an error: UNKNOWN). Status and
+//! Fence of an in-flight operation ask [`OutsideSystem::status`]: done →
+//! finished and answered; not done → Status answers "not applied" (a
+//! repeated call sends the same request under the same key), Fence (which
+//! asked the outside system to refuse the key) records it FAILED (fenced);
+//! cannot tell → an error, nothing recorded, never fenced. A repeated call
+//! of an in-flight operation sends its request again.
 //!
 //! Calls with different operation ids run concurrently, each on its own
 //! pooled connection: the handler serialises what it must with the
@@ -53,8 +76,8 @@
 //! - `dtx_step_inbox(service text, operation_id text, kind smallint, saga_id
 //!   bigint, step integer, record bytea, recorded_ms bigint, primary key
 //!   (service, operation_id))`: `kind` 0 while a call holds the placeholder
-//!   (never committed), 1 forward, 2 compensation; `record` is
-//!   [`StepRecord::encode`].
+//!   (never committed), 1 forward, 2 compensation, 3 in flight; `record`
+//!   is [`StepRecord::encode`] (kind 3: [`InFlight::encode`]).
 //! - `dtx_step_outbox(seq bigserial primary key, service text, event
 //!   bytea)`: pending events, removed once delivered.
 //! - `dtx_step_counters(service text, name text, value bigint, primary key
@@ -76,12 +99,21 @@ use crate::postgres::pg_err;
 use crate::postgres::ConnectRetry;
 use crate::postgres::HandlerError;
 use crate::saga::authorization_current;
+use crate::saga::check_query;
 use crate::saga::check_repeat;
 use crate::saga::fence_record;
+use crate::saga::fenced_in_flight;
 use crate::saga::noop_for;
+use crate::saga::outside::check_resend;
+use crate::saga::outside::count_outside;
+use crate::saga::outside::in_flight_message;
 use crate::saga::record_of;
 use crate::saga::CallKind;
+use crate::saga::InFlight;
+use crate::saga::InboxEntry;
 use crate::saga::Outbox;
+use crate::saga::OutsideStatus;
+use crate::saga::OutsideSystem;
 use crate::saga::StepBackend;
 use crate::saga::StepCall;
 use crate::saga::StepError;
@@ -133,6 +165,56 @@ pub trait PgStepHandler: Send + Sync + 'static {
     fn knows_query(&self, _query: &str) -> bool {
         true
     }
+
+    /// Whether status query `query` answers for operations of `action`
+    /// (see [`crate::saga::StepHandler::query_answers`]). Default:
+    /// [`PgStepHandler::knows_query`].
+    fn query_answers(&self, query: &str, _action: &str) -> bool {
+        self.knows_query(query)
+    }
+
+    /// The system outside this service that its outside calls go to, and
+    /// whose status hook settles them. Default: none.
+    fn outside(&self) -> Option<&dyn OutsideSystem> {
+        None
+    }
+
+    /// Whether `call` calls the outside system, and with what request (as
+    /// [`crate::saga::StepHandler::outside_request`]): `Ok(None)` a local
+    /// call (`forward` / `compensate` run), `Ok(Some(request))` an outside
+    /// call (see "Outside calls" in the module documentation),
+    /// `Err(result)` answered without calling. Runs in the call's
+    /// transaction; whatever it writes is rolled back. Default: `Ok(None)`.
+    fn outside_request(
+        &self,
+        _tx: &Transaction<'_>,
+        _kind: CallKind,
+        _call: &StepCall,
+    ) -> impl Future<Output = Result<Result<Option<Vec<u8>>, StepResult>, HandlerError>> + Send {
+        async { Ok(Ok(None)) }
+    }
+
+    /// The outside system answered `answer` to in-flight call `call`
+    /// (straight away, or through the status hook, maybe after a restart):
+    /// the step's result, written in `tx` with the events it pushes (kept
+    /// only for an OK). Must accept every answer the outside system can
+    /// give, a refusal of a fenced key included (FAILED). An `Err` records
+    /// nothing (the operation stays in flight). Default: FAILED.
+    fn finish_outside(
+        &self,
+        _tx: &Transaction<'_>,
+        kind: CallKind,
+        call: &StepCall,
+        _answer: &[u8],
+        _events: &mut Vec<Vec<u8>>,
+    ) -> impl Future<Output = Result<StepResult, HandlerError>> + Send {
+        let r = StepResult::failed(format!(
+            "{} {:?} got an outside answer, but this service finishes no outside calls",
+            kind.as_str(),
+            call.action
+        ));
+        async move { Ok(r) }
+    }
 }
 
 /// How to reach PostgreSQL.
@@ -175,12 +257,14 @@ pub struct PgStepStore<H: PgStepHandler> {
     target: String,
 }
 
-/// What the claim of an operation id found.
+/// What the claim of an operation id found (short-lived: its size does
+/// not matter).
+#[allow(clippy::large_enum_variant)]
 enum Claim {
     /// Ours now (the placeholder row is written in the transaction).
     New,
-    /// Recorded before: its record.
-    Taken(StepRecord),
+    /// Recorded before: its answer, or its in-flight outside call.
+    Taken(InboxEntry),
 }
 
 fn damaged(op: &str, m: String) -> StoreError {
@@ -326,14 +410,34 @@ impl<H: PgStepHandler> PgStepStore<H> {
 
     async fn call_inner(&self, kind: CallKind, call: &StepCall) -> Result<StepResult, StepError> {
         crate::saga::check_call(kind, call)?;
+        if kind == CallKind::Compensate {
+            // A compensation of a forward action whose outside call is in
+            // flight: settled first by the status hook, with a fence.
+            let c = self.conn().await?;
+            let fwd = self.read_entry(&c, &call.forward_operation_id).await?;
+            drop(c);
+            if let Some(InboxEntry::InFlight(f)) = fwd {
+                self.settle(&call.forward_operation_id, f, true).await?;
+            }
+        }
         let mut conn = self.conn().await?;
         let tx = conn
             .transaction()
             .await
             .map_err(|e| pg_err("beginning a step's transaction", &e))?;
-        if let Claim::Taken(rec) = self.claim(&tx, &call.operation_id, call.saga_id, call.step).await? {
-            drop(tx);
-            return self.repeat(&conn, kind, call, rec).await;
+        match self.claim(&tx, &call.operation_id, call.saga_id, call.step).await? {
+            Claim::New => {}
+            Claim::Taken(InboxEntry::Answered(rec)) => {
+                drop(tx);
+                return self.repeat(&conn, kind, call, rec).await;
+            }
+            Claim::Taken(InboxEntry::InFlight(f)) => {
+                // Sent out before: send the same request again (same key).
+                drop(tx);
+                drop(conn);
+                check_resend(kind, call, &f)?;
+                return self.call_outside(kind, f).await;
+            }
         }
         if let Err(why) = self.handler.authorize(call) {
             // Not recorded: the rights may be renewed and the same
@@ -347,8 +451,18 @@ impl<H: PgStepHandler> PgStepStore<H> {
                 .claim(&tx, &call.forward_operation_id, call.saga_id, call.step)
                 .await?
             {
-                Claim::Taken(f) if f.kind == CallKind::Forward && f.result.is_ok() => None,
-                Claim::Taken(f) => Some(noop_for(&call.forward_operation_id, Some(&f))),
+                Claim::Taken(InboxEntry::Answered(f)) if f.kind == CallKind::Forward && f.result.is_ok() => None,
+                Claim::Taken(InboxEntry::Answered(f)) => Some(noop_for(&call.forward_operation_id, Some(&f))),
+                Claim::Taken(InboxEntry::InFlight(f)) => {
+                    // Settled above, in flight again: never NOOP (nor
+                    // fence) what may have happened. Dropping `tx` rolls
+                    // back.
+                    return Err(StepError::InFlight(in_flight_message(
+                        &call.forward_operation_id,
+                        &f,
+                        "the compensation of it waits until it is settled",
+                    )));
+                }
                 Claim::New => {
                     // Fenced in this transaction: a late forward call of it
                     // must never run after this NOOP.
@@ -365,11 +479,44 @@ impl<H: PgStepHandler> PgStepStore<H> {
                 tx.batch_execute("SAVEPOINT dtx_step_handler")
                     .await
                     .map_err(|e| pg_err("setting the handler's savepoint", &e))?;
-                let r = match kind {
-                    CallKind::Forward => self.handler.forward(&tx, call, &mut events).await,
-                    CallKind::Compensate => self.handler.compensate(&tx, call, &mut events).await,
-                }
-                .map_err(|e| StoreError::Io(format!("the {} handler failed: {e}", kind.as_str())))?;
+                let plan = self.handler.outside_request(&tx, kind, call).await.map_err(|e| {
+                    StoreError::Io(format!("the {} handler's outside request failed: {e}", kind.as_str()))
+                })?;
+                let r = match plan {
+                    Ok(Some(request)) => {
+                        // Recorded in flight and committed before anything
+                        // leaves; the planning wrote nothing.
+                        tx.batch_execute("ROLLBACK TO SAVEPOINT dtx_step_handler")
+                            .await
+                            .map_err(|e| pg_err("rolling back the handler's planning", &e))?;
+                        let Some(system) = self.handler.outside() else {
+                            return Err(StepError::Invalid(format!(
+                                "{} {:?} asks for an outside call, but the handler names no outside system",
+                                kind.as_str(),
+                                call.action
+                            )));
+                        };
+                        let f = InFlight {
+                            kind,
+                            call: call.clone(),
+                            system: system.name().to_string(),
+                            request,
+                            since_ms: unix_ms(),
+                        };
+                        self.write_in_flight(&tx, &call.operation_id, &f).await?;
+                        crate::pg_pool::commit_durably(tx)
+                            .await
+                            .map_err(|e| pg_err("committing an in-flight record", &e))?;
+                        drop(conn);
+                        return self.call_outside(kind, f).await;
+                    }
+                    Ok(None) => match kind {
+                        CallKind::Forward => self.handler.forward(&tx, call, &mut events).await,
+                        CallKind::Compensate => self.handler.compensate(&tx, call, &mut events).await,
+                    }
+                    .map_err(|e| StoreError::Io(format!("the {} handler failed: {e}", kind.as_str())))?,
+                    Err(answer) => answer,
+                };
                 if !r.is_ok() {
                     // Only an OK answer changes anything.
                     events.clear();
@@ -382,18 +529,8 @@ impl<H: PgStepHandler> PgStepStore<H> {
         };
         let record = record_of(kind, call, result);
         self.write_record(&tx, &call.operation_id, &record).await?;
-        if !events.is_empty() {
-            let insert = tx
-                .prepare_cached(&format!("INSERT INTO {OUTBOX_TABLE} (service, event) VALUES ($1, $2)"))
-                .await
-                .map_err(|e| pg_err("preparing the outbox insert", &e))?;
-            for ev in &events {
-                tx.execute(&insert, &[&self.service, ev])
-                    .await
-                    .map_err(|e| pg_err("writing an outbox event", &e))?;
-            }
-        }
-        tx.commit()
+        self.write_events(&tx, &events).await?;
+        crate::pg_pool::commit_durably(tx)
             .await
             .map_err(|e| pg_err("committing a step's transaction", &e))?;
         match kind {
@@ -412,9 +549,145 @@ impl<H: PgStepHandler> PgStepStore<H> {
         Ok(record.result)
     }
 
+    /// Inserts the outbox events of a call in `tx`.
+    async fn write_events(&self, tx: &Transaction<'_>, events: &[Vec<u8>]) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let insert = tx
+            .prepare_cached(&format!("INSERT INTO {OUTBOX_TABLE} (service, event) VALUES ($1, $2)"))
+            .await
+            .map_err(|e| pg_err("preparing the outbox insert", &e))?;
+        for ev in events {
+            tx.execute(&insert, &[&self.service, ev])
+                .await
+                .map_err(|e| pg_err("writing an outbox event", &e))?;
+        }
+        Ok(())
+    }
+
+    /// Sends in-flight call `f` to the outside system (no connection
+    /// held) and records its answer; no answer leaves it in flight (an
+    /// error: UNKNOWN to the orchestrator).
+    async fn call_outside(&self, kind: CallKind, f: InFlight) -> Result<StepResult, StepError> {
+        let op = f.call.operation_id.clone();
+        let Some(system) = self.handler.outside() else {
+            return Err(StepError::InFlight(in_flight_message(
+                &op,
+                &f,
+                "this service names no outside system to send it to",
+            )));
+        };
+        match system.call(&op, &f.request).await {
+            Ok(answer) => {
+                count_outside("call", "answered");
+                let rec = self.finish(&op, &answer).await?;
+                match kind {
+                    CallKind::Forward => dtx_failpoint::failpoint!("step_forward_after_commit_before_reply"),
+                    CallKind::Compensate => {
+                        dtx_failpoint::failpoint!("step_compensation_after_commit_before_reply")
+                    }
+                }
+                debug!(operation_id = %op, outcome = rec.result.label(), "outside call answered and recorded");
+                Ok(rec.result)
+            }
+            Err(why) => {
+                count_outside("call", "no_answer");
+                let msg = in_flight_message(&op, &f, &format!("no answer from the {}: {why}", system.name()));
+                tracing::info!("{msg}");
+                Err(StepError::InFlight(msg))
+            }
+        }
+    }
+
+    /// Records the outside system's `answer` to in-flight operation `op`,
+    /// in a transaction that locks its inbox row: the handler's result,
+    /// its writes and events, unless something settled it first. Its
+    /// record, once committed.
+    async fn finish(&self, op: &str, answer: &[u8]) -> Result<StepRecord, StepError> {
+        let mut conn = self.conn().await?;
+        let tx = conn
+            .transaction()
+            .await
+            .map_err(|e| pg_err("beginning the finish of an outside call", &e))?;
+        let f = match self.lock_entry(&tx, op).await? {
+            Some(InboxEntry::Answered(rec)) => return Ok(rec),
+            None => return Err(StoreError::Io(format!("operation {op:?} was in flight and has no record now")).into()),
+            Some(InboxEntry::InFlight(f)) => f,
+        };
+        tx.batch_execute("SAVEPOINT dtx_step_handler")
+            .await
+            .map_err(|e| pg_err("setting the handler's savepoint", &e))?;
+        let mut events = Vec::new();
+        let result = self
+            .handler
+            .finish_outside(&tx, f.kind, &f.call, answer, &mut events)
+            .await
+            .map_err(|e| StoreError::Io(format!("finishing outside call {op:?} failed: {e}")))?;
+        if !result.is_ok() {
+            events.clear();
+            tx.batch_execute("ROLLBACK TO SAVEPOINT dtx_step_handler")
+                .await
+                .map_err(|e| pg_err("rolling back the handler's work", &e))?;
+        }
+        let record = record_of(f.kind, &f.call, result);
+        self.write_record(&tx, op, &record).await?;
+        self.write_events(&tx, &events).await?;
+        crate::pg_pool::commit_durably(tx)
+            .await
+            .map_err(|e| pg_err("committing the finish of an outside call", &e))?;
+        Ok(record)
+    }
+
+    /// Settles in-flight operation `op` by the outside system's status hook
+    /// (with `fence`: "not done" made final there, and recorded FAILED
+    /// here): its record, `None` when not done, an error while the outside
+    /// system cannot tell.
+    async fn settle(&self, op: &str, f: InFlight, fence: bool) -> Result<Option<StepRecord>, StepError> {
+        let Some(system) = self.handler.outside() else {
+            return Err(StepError::InFlight(in_flight_message(
+                op,
+                &f,
+                "this service names no outside system whose status hook could settle it",
+            )));
+        };
+        match system.status(op, &f.request, fence).await {
+            OutsideStatus::Done(answer) => {
+                count_outside("status", "done");
+                self.finish(op, &answer).await.map(Some)
+            }
+            OutsideStatus::NotDone if !fence => {
+                count_outside("status", "not_done");
+                Ok(None)
+            }
+            OutsideStatus::NotDone => {
+                count_outside("fence", "not_done");
+                let mut conn = self.conn().await?;
+                let tx = conn.transaction().await.map_err(|e| pg_err("beginning a fence", &e))?;
+                let existing = match self.lock_entry(&tx, op).await? {
+                    Some(InboxEntry::Answered(rec)) => Some(rec),
+                    _ => {
+                        self.write_record(&tx, op, &fenced_in_flight(&f)).await?;
+                        None
+                    }
+                };
+                tx.commit().await.map_err(|e| pg_err("committing a fence", &e))?;
+                Ok(existing)
+            }
+            OutsideStatus::Unknown(why) => {
+                count_outside(if fence { "fence" } else { "status" }, "unknown");
+                Err(StepError::InFlight(in_flight_message(
+                    op,
+                    &f,
+                    &format!("the {}'s status hook cannot tell: {why}", system.name()),
+                )))
+            }
+        }
+    }
+
     /// Claims `op` in `tx`: a placeholder row (kind 0) when it has none
     /// (held until the transaction ends; a concurrent claim of it waits),
-    /// else its committed record.
+    /// else its committed record (an answer, or an in-flight call).
     async fn claim(&self, tx: &Transaction<'_>, op: &str, saga_id: u64, step: u32) -> Result<Claim, StoreError> {
         let insert = tx
             .prepare_cached(&format!(
@@ -439,8 +712,8 @@ impl<H: PgStepHandler> PgStepStore<H> {
         if n == 1 {
             return Ok(Claim::New);
         }
-        match self.read_record(tx, op).await? {
-            Some(rec) => Ok(Claim::Taken(rec)),
+        match self.read_entry(tx, op).await? {
+            Some(e) => Ok(Claim::Taken(e)),
             // Taken by a transaction that then rolled back between our
             // insert and read: not possible (ON CONFLICT waited for it to
             // end); a damaged table if it happens.
@@ -450,7 +723,9 @@ impl<H: PgStepHandler> PgStepStore<H> {
         }
     }
 
-    async fn read_record<C: GenericClient + Sync>(&self, c: &C, op: &str) -> Result<Option<StepRecord>, StoreError> {
+    /// What the inbox holds under `op` (committed: an answer or an
+    /// in-flight call).
+    async fn read_entry<C: GenericClient + Sync>(&self, c: &C, op: &str) -> Result<Option<InboxEntry>, StoreError> {
         let select = c
             .prepare_cached(&format!(
                 "SELECT record FROM {INBOX_TABLE} WHERE service = $1 AND operation_id = $2 AND kind <> 0"
@@ -461,8 +736,40 @@ impl<H: PgStepHandler> PgStepStore<H> {
             .query_opt(&select, &[&self.service, &op])
             .await
             .map_err(|e| pg_err("reading the inbox", &e))?;
-        row.map(|r| StepRecord::decode(r.get::<_, &[u8]>(0)).map_err(|m| damaged(op, m)))
+        row.map(|r| InboxEntry::decode(r.get::<_, &[u8]>(0)).map_err(|m| damaged(op, m)))
             .transpose()
+    }
+
+    /// As `read_entry`, locking the row until `tx` ends (a concurrent
+    /// finish or fence of the same in-flight operation waits).
+    async fn lock_entry(&self, tx: &Transaction<'_>, op: &str) -> Result<Option<InboxEntry>, StoreError> {
+        let select = tx
+            .prepare_cached(&format!(
+                "SELECT record FROM {INBOX_TABLE} WHERE service = $1 AND operation_id = $2 AND kind <> 0 FOR UPDATE"
+            ))
+            .await
+            .map_err(|e| pg_err("preparing the inbox lock", &e))?;
+        let row = tx
+            .query_opt(&select, &[&self.service, &op])
+            .await
+            .map_err(|e| pg_err("locking an inbox row", &e))?;
+        row.map(|r| InboxEntry::decode(r.get::<_, &[u8]>(0)).map_err(|m| damaged(op, m)))
+            .transpose()
+    }
+
+    /// Writes `op`'s in-flight record over its placeholder (kind 3).
+    async fn write_in_flight(&self, tx: &Transaction<'_>, op: &str, f: &InFlight) -> Result<(), StoreError> {
+        let update = tx
+            .prepare_cached(&format!(
+                "UPDATE {INBOX_TABLE} SET kind = 3, record = $3, recorded_ms = $4
+                 WHERE service = $1 AND operation_id = $2"
+            ))
+            .await
+            .map_err(|e| pg_err("preparing the in-flight write", &e))?;
+        tx.execute(&update, &[&self.service, &op, &f.encode(), &(f.since_ms as i64)])
+            .await
+            .map_err(|e| pg_err("writing an in-flight record", &e))?;
+        Ok(())
     }
 
     async fn write_record(&self, tx: &Transaction<'_>, op: &str, rec: &StepRecord) -> Result<(), StoreError> {
@@ -516,14 +823,31 @@ impl<H: PgStepHandler> PgStepStore<H> {
     }
 
     /// What `operation_id` did here: `None` when nothing (yet), else its
-    /// record. Changes nothing.
+    /// record. An operation in flight is settled by the outside system's
+    /// status hook (see the module documentation); otherwise changes
+    /// nothing.
     pub async fn status(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        self.status_of(operation_id, None).await
+    }
+
+    /// [`PgStepStore::status`] for status query `query` (when given,
+    /// refused unless it answers for the operation's action).
+    pub async fn status_of(&self, operation_id: &str, query: Option<&str>) -> Result<Option<StepRecord>, StepError> {
         let answer = async {
             if operation_id.is_empty() {
                 return Err(StepError::Invalid("the status query has no operation id".into()));
             }
             let c = self.conn().await?;
-            Ok(self.read_record(&c, operation_id).await?)
+            let entry = self.read_entry(&c, operation_id).await?;
+            drop(c);
+            if let (Some(q), Some(e)) = (query, &entry) {
+                check_query(|q, a| self.handler.query_answers(q, a), operation_id, q, e)?;
+            }
+            match entry {
+                None => Ok(None),
+                Some(InboxEntry::Answered(rec)) => Ok(Some(rec)),
+                Some(InboxEntry::InFlight(f)) => self.settle(operation_id, f, false).await,
+            }
         }
         .await;
         crate::saga::count_lookup("status", &answer);
@@ -532,34 +856,58 @@ impl<H: PgStepHandler> PgStepStore<H> {
 
     /// As [`PgStepStore::status`]; when nothing, records `operation_id` as
     /// a FAILED forward call ("fenced") and answers `None`, so "not
-    /// applied" stays true.
+    /// applied" stays true. An operation in flight is fenced only when the
+    /// outside system's status hook says it never happened (and now
+    /// refuses its key); while it cannot tell, an error and nothing
+    /// recorded.
     pub async fn fence(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
+        self.fence_of(operation_id, None).await
+    }
+
+    /// [`PgStepStore::fence`] for status query `query` (see
+    /// [`PgStepStore::status_of`]).
+    pub async fn fence_of(&self, operation_id: &str, query: Option<&str>) -> Result<Option<StepRecord>, StepError> {
+        let answer = self.fence_inner(operation_id, query).await;
+        crate::saga::count_fence(&answer);
+        answer
+    }
+
+    async fn fence_inner(&self, operation_id: &str, query: Option<&str>) -> Result<Option<StepRecord>, StepError> {
         if operation_id.is_empty() {
             return Err(StepError::Invalid("the fence names no operation id".into()));
         }
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(|e| pg_err("beginning a fence", &e))?;
         let existing = match self.claim(&tx, operation_id, 0, 0).await? {
-            Claim::Taken(rec) => Some(rec),
+            Claim::Taken(e) => {
+                drop(tx);
+                drop(conn);
+                if let Some(q) = query {
+                    check_query(|q, a| self.handler.query_answers(q, a), operation_id, q, &e)?;
+                }
+                return match e {
+                    InboxEntry::Answered(rec) => Ok(Some(rec)),
+                    InboxEntry::InFlight(f) => self.settle(operation_id, f, true).await,
+                };
+            }
             Claim::New => {
                 self.write_record(&tx, operation_id, &fence_record(0, 0)).await?;
                 None
             }
         };
         tx.commit().await.map_err(|e| pg_err("committing a fence", &e))?;
-        let outcome = if existing.is_some() { "applied" } else { "fenced" };
-        metrics::counter!("dtx_step_calls_total", "call" => "fence", "outcome" => outcome).increment(1);
         Ok(existing)
     }
 
-    /// Every inbox record of this service (operation id, record), in
-    /// operation id order.
+    /// Every answered inbox record of this service (operation id,
+    /// record), in operation id order (operations in flight:
+    /// [`PgStepStore::in_flight`]).
     pub async fn records(&self) -> Result<Vec<(String, StepRecord)>, StoreError> {
         let c = self.conn().await?;
         let rows = c
             .query(
                 &format!(
-                    "SELECT operation_id, record FROM {INBOX_TABLE} WHERE service = $1 AND kind <> 0
+                    "SELECT operation_id, record FROM {INBOX_TABLE} WHERE service = $1 AND kind IN (1, 2)
                      ORDER BY operation_id"
                 ),
                 &[&self.service],
@@ -571,6 +919,29 @@ impl<H: PgStepHandler> PgStepStore<H> {
                 let op: String = r.get(0);
                 let rec = StepRecord::decode(r.get::<_, &[u8]>(1)).map_err(|m| damaged(&op, m))?;
                 Ok((op, rec))
+            })
+            .collect()
+    }
+
+    /// Every operation of this service whose outside call is in flight, in
+    /// operation id order.
+    pub async fn in_flight(&self) -> Result<Vec<(String, InFlight)>, StoreError> {
+        let c = self.conn().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT operation_id, record FROM {INBOX_TABLE} WHERE service = $1 AND kind = 3
+                     ORDER BY operation_id"
+                ),
+                &[&self.service],
+            )
+            .await
+            .map_err(|e| pg_err("listing the operations in flight", &e))?;
+        rows.iter()
+            .map(|r| {
+                let op: String = r.get(0);
+                let f = InFlight::decode(r.get::<_, &[u8]>(1)).map_err(|m| damaged(&op, m))?;
+                Ok((op, f))
             })
             .collect()
     }
@@ -587,7 +958,8 @@ impl<H: PgStepHandler> PgStepStore<H> {
                                WHERE service = $1 AND name = 'duplicates-forward'),
                             (SELECT coalesce(max(value), 0) FROM {COUNTERS_TABLE}
                                WHERE service = $1 AND name = 'duplicates-compensate'),
-                            (SELECT count(*) FROM {OUTBOX_TABLE} WHERE service = $1)"
+                            (SELECT count(*) FROM {OUTBOX_TABLE} WHERE service = $1),
+                            (SELECT count(*) FROM {INBOX_TABLE} WHERE service = $1 AND kind = 3)"
                 ),
                 &[&self.service],
             )
@@ -600,6 +972,7 @@ impl<H: PgStepHandler> PgStepStore<H> {
             forward_duplicates: n(2),
             compensate_duplicates: n(3),
             outbox_pending: n(4),
+            in_flight: n(5),
         })
     }
 }
@@ -658,12 +1031,12 @@ impl<H: PgStepHandler> StepBackend for PgStepStore<H> {
         PgStepStore::compensate(self, call).await
     }
 
-    async fn status(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
-        PgStepStore::status(self, operation_id).await
+    async fn status(&self, operation_id: &str, query: &str) -> Result<Option<StepRecord>, StepError> {
+        PgStepStore::status_of(self, operation_id, Some(query)).await
     }
 
-    async fn fence(&self, operation_id: &str) -> Result<Option<StepRecord>, StepError> {
-        PgStepStore::fence(self, operation_id).await
+    async fn fence(&self, operation_id: &str, query: &str) -> Result<Option<StepRecord>, StepError> {
+        PgStepStore::fence_of(self, operation_id, Some(query)).await
     }
 
     fn knows_query(&self, query: &str) -> bool {

@@ -10,6 +10,10 @@
 //! Without the PostgreSQL server binaries each test prints a loud message
 //! and passes, unless DTX_REQUIRE_POSTGRES=1 (CI), where it fails.
 
+#[path = "common/outside.rs"]
+mod outside;
+
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +24,9 @@ use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
 use participant_sdk::postgres::HandlerError;
 use participant_sdk::saga::step_error_status;
 use participant_sdk::saga::Authorization;
+use participant_sdk::saga::CallKind;
 use participant_sdk::saga::OutboxSink;
+use participant_sdk::saga::OutsideSystem;
 use participant_sdk::saga::StepCall;
 use participant_sdk::saga::StepError;
 use participant_sdk::saga::StepResult;
@@ -448,4 +454,189 @@ async fn t61_an_unreachable_server_is_a_clear_error() {
         .err()
         .expect("refused");
     assert!(bad.to_string().contains("step service name"), "{bad}");
+}
+
+/// A checkout whose charge is an outside call to the stand-in payment
+/// provider (`common/outside.rs`, ADR 0034): `charge` (input `who:amount`)
+/// is planned in the call's transaction, recorded in flight, sent with no
+/// connection held, and finished in a second transaction that inserts the
+/// charge into `charges` (with an event).
+struct PgCheckout {
+    provider: Arc<outside::Provider>,
+}
+
+impl PgStepHandler for PgCheckout {
+    async fn forward(
+        &self,
+        _tx: &Transaction<'_>,
+        call: &StepCall,
+        _events: &mut Vec<Vec<u8>>,
+    ) -> Result<StepResult, HandlerError> {
+        Ok(StepResult::failed(format!("no local action {:?}", call.action)))
+    }
+
+    async fn compensate(
+        &self,
+        _tx: &Transaction<'_>,
+        call: &StepCall,
+        _events: &mut Vec<Vec<u8>>,
+    ) -> Result<StepResult, HandlerError> {
+        Ok(StepResult::failed(format!("no compensation {:?}", call.action)))
+    }
+
+    fn knows_query(&self, query: &str) -> bool {
+        query == "charge-status"
+    }
+
+    fn outside(&self) -> Option<&dyn OutsideSystem> {
+        Some(self.provider.as_ref())
+    }
+
+    async fn outside_request(
+        &self,
+        tx: &Transaction<'_>,
+        kind: CallKind,
+        call: &StepCall,
+    ) -> Result<Result<Option<Vec<u8>>, StepResult>, HandlerError> {
+        let (who, amount) = parse(call)?;
+        if kind != CallKind::Forward || call.action != "charge" {
+            return Ok(Err(StepResult::failed("only charges go outside")));
+        }
+        // A write while planning is rolled back by the store.
+        tx.execute("UPDATE wallets SET version = version + 100 WHERE id = $1", &[&who])
+            .await?;
+        Ok(Ok(Some(format!("charge:{who}:{amount}").into_bytes())))
+    }
+
+    async fn finish_outside(
+        &self,
+        tx: &Transaction<'_>,
+        _kind: CallKind,
+        call: &StepCall,
+        answer: &[u8],
+        events: &mut Vec<Vec<u8>>,
+    ) -> Result<StepResult, HandlerError> {
+        let answer = String::from_utf8_lossy(answer).into_owned();
+        if !answer.starts_with("charged:") {
+            return Ok(StepResult::failed(format!("the provider answered {answer:?}")));
+        }
+        tx.execute(
+            "INSERT INTO charges (op, answer) VALUES ($1, $2)",
+            &[&call.operation_id, &answer],
+        )
+        .await?;
+        events.push(answer.into_bytes());
+        Ok(StepResult::ok(""))
+    }
+}
+
+async fn charges_table(st: &PgStepStore<PgCheckout>) -> i64 {
+    let c = st.pool().get().await.unwrap();
+    c.query_one("SELECT count(*) FROM charges", &[]).await.unwrap().get(0)
+}
+
+/// Issue 38, defect 6, on PostgreSQL: the provider charges and its reply
+/// is lost: the operation stays in flight (an error, UNKNOWN), eight
+/// concurrent resends charge once, the fence asks the provider and records
+/// OK (never FAILED); while the provider cannot tell, Status and Fence are
+/// errors and nothing is fenced; a request that never arrived is fenced
+/// only once the provider voided its key. Before ADR 0034 the handler made
+/// the call inside the step's transaction, its error rolled everything
+/// back, and the fence recorded FAILED with the card charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t61_an_outside_call_is_in_flight_until_the_provider_settles_it() {
+    let Some(s) = server() else { return };
+    s.execute(DB, "CREATE TABLE charges (op text PRIMARY KEY, answer text NOT NULL)")
+        .unwrap();
+    let provider = Arc::new(outside::Provider::with_accounts(&[("alice", 100)]));
+    let mut o = PgStepOptions::new("checkout", s.conn_string(DB));
+    o.concurrency = 8;
+    let st = PgStepStore::connect(
+        o,
+        PgCheckout {
+            provider: provider.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    let in_flight =
+        |e: &Result<StepResult, StepError>| matches!(e, Err(StepError::InFlight(m)) if m.contains("in flight"));
+
+    provider.lose_replies.store(true, Ordering::SeqCst);
+    let e = st.forward(&forward("1.1.f", "charge", "alice:30")).await;
+    assert!(in_flight(&e), "{e:?}");
+    let copies: Vec<_> = (0..8)
+        .map(|_| {
+            let st = st.clone();
+            tokio::spawn(async move { st.forward(&forward("1.1.f", "charge", "alice:30")).await })
+        })
+        .collect();
+    for c in copies {
+        let e = c.await.unwrap();
+        assert!(in_flight(&e), "{e:?}");
+    }
+    assert_eq!((provider.charges(), provider.balance("alice")), (1, 70));
+    assert_eq!(st.stats().await.unwrap().in_flight, 1);
+    assert_eq!(st.in_flight().await.unwrap()[0].1.request, b"charge:alice:30");
+    let (_, version) = wallet_of(&st, "alice").await;
+    assert_eq!(version, 0, "the planning's write was rolled back");
+
+    let f = st.fence("1.1.f").await.unwrap().expect("the provider says charged");
+    assert!(f.result.is_ok(), "{f:?}");
+    assert_eq!(charges_table(&st).await, 1);
+    assert_eq!(st.stats().await.unwrap().in_flight, 0);
+    provider.lose_replies.store(false, Ordering::SeqCst);
+    assert!(st
+        .forward(&forward("1.1.f", "charge", "alice:30"))
+        .await
+        .unwrap()
+        .is_ok());
+    assert_eq!((provider.charges(), charges_table(&st).await), (1, 1));
+
+    // The provider cannot tell: in flight it stays.
+    provider.lose_replies.store(true, Ordering::SeqCst);
+    provider.status_down.store(true, Ordering::SeqCst);
+    let e = st.forward(&forward("1.2.f", "charge", "alice:5")).await;
+    assert!(in_flight(&e), "{e:?}");
+    let e = st.status("1.2.f").await;
+    assert!(matches!(e, Err(StepError::InFlight(_))), "{e:?}");
+    let e = st.fence("1.2.f").await;
+    assert!(matches!(e, Err(StepError::InFlight(_))), "{e:?}");
+    assert_eq!(st.stats().await.unwrap().in_flight, 1);
+    provider.status_down.store(false, Ordering::SeqCst);
+    assert!(st.status("1.2.f").await.unwrap().unwrap().result.is_ok());
+    assert_eq!((provider.charges(), charges_table(&st).await), (2, 2));
+
+    // Never arrived, fenced: FAILED here, voided there, a late copy
+    // refused.
+    provider.lose_replies.store(false, Ordering::SeqCst);
+    provider.drop_requests.store(true, Ordering::SeqCst);
+    let e = st.forward(&forward("1.3.f", "charge", "alice:7")).await;
+    assert!(in_flight(&e), "{e:?}");
+    assert_eq!(
+        st.status("1.3.f").await.unwrap(),
+        None,
+        "not done: not applied, still in flight"
+    );
+    assert_eq!(st.fence("1.3.f").await.unwrap(), None);
+    assert_eq!(provider.arrive("1.3.f", b"charge:alice:7").unwrap(), outside::VOIDED);
+    provider.drop_requests.store(false, Ordering::SeqCst);
+    let r = st.forward(&forward("1.3.f", "charge", "alice:7")).await.unwrap();
+    assert!(
+        matches!(&r, StepResult::Failed { reason } if reason.contains("fenced")),
+        "{r:?}"
+    );
+    assert_eq!(
+        (provider.charges(), provider.balance("alice"), charges_table(&st).await),
+        (2, 65, 2)
+    );
+}
+
+async fn wallet_of(st: &PgStepStore<PgCheckout>, who: &str) -> (i64, i64) {
+    let c = st.pool().get().await.unwrap();
+    let r = c
+        .query_one("SELECT balance, version FROM wallets WHERE id = $1", &[&who])
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
 }

@@ -1,6 +1,8 @@
 //! The order saga's step services as real processes (`coordinator
-//! saga-step-serve`), a SagaService client that finds a node that answers,
-//! and the waits and audits the saga tests share.
+//! saga-step-serve`) and the outside world they call (`coordinator
+//! outside-serve`: the payment provider and the e-mail sender), a
+//! SagaService client that finds a node that answers, and the waits and
+//! audits the saga tests share.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -18,12 +20,18 @@ use super::bin;
 use super::TestCluster;
 
 pub const ROLES: [&str; 3] = ["inventory", "payment", "email"];
+/// The outside world: the payment provider, the e-mail sender.
+pub const OUTSIDE: [&str; 2] = ["payment", "email"];
 
-/// The three step services, each in its own process and data directory.
+/// The three step services, each in its own process and data directory,
+/// and the outside world they call.
 pub struct SagaShop {
     pub dir: PathBuf,
     /// inventory, payment, email.
     pub services: Vec<ServiceProcess>,
+    /// The payment provider, the e-mail sender (`<dir>/payment-provider`,
+    /// `<dir>/email-sender`).
+    pub world: Vec<ServiceProcess>,
     /// Extra environment per service (crash points).
     pub env: Vec<Vec<(String, String)>>,
     /// Times a service was found dead and started again.
@@ -33,7 +41,10 @@ pub struct SagaShop {
 /// Extra flags per role.
 #[derive(Clone, Default)]
 pub struct ShopFlags {
+    /// The payment step service loses its own gRPC replies.
     pub lose_replies_percent: u32,
+    /// The payment provider loses its replies to the payment service.
+    pub provider_lose_replies_percent: u32,
     pub fail_first_percent: u32,
     /// Start only these roles now (the rest with `start_role`).
     pub hold_back: Vec<&'static str>,
@@ -44,6 +55,28 @@ impl SagaShop {
         let dir = dir.join("saga-shop");
         std::fs::create_dir_all(&dir).unwrap();
         let ip = "127.0.0.1";
+        let mut world = Vec::new();
+        for role in OUTSIDE {
+            let addr = format!("{ip}:{}", free_port(ip).unwrap());
+            let name = format!("{role}-outside");
+            let mut args: Vec<std::ffi::OsString> = vec![
+                "outside-serve".into(),
+                "--role".into(),
+                role.into(),
+                "--listen".into(),
+                addr.clone().into(),
+                "--data".into(),
+                dir.join(&name).into(),
+            ];
+            if role == "payment" && flags.provider_lose_replies_percent > 0 {
+                args.push("--lose-replies-percent".into());
+                args.push(flags.provider_lose_replies_percent.to_string().into());
+            }
+            let mut p = ServiceProcess::new(bin(), &dir, &name, &addr, args);
+            p.start(&[]).unwrap();
+            p.wait_started().await.unwrap();
+            world.push(p);
+        }
         let mut services = Vec::new();
         for role in ROLES {
             let addr = format!("{ip}:{}", free_port(ip).unwrap());
@@ -56,6 +89,14 @@ impl SagaShop {
                 "--data".into(),
                 dir.join(role).into(),
             ];
+            if role == "payment" {
+                args.push("--provider".into());
+                args.push(world[0].addr.clone().into());
+            }
+            if role == "email" {
+                args.push("--sender".into());
+                args.push(world[1].addr.clone().into());
+            }
             if role == "payment" && flags.lose_replies_percent > 0 {
                 args.push("--lose-replies-percent".into());
                 args.push(flags.lose_replies_percent.to_string().into());
@@ -69,6 +110,7 @@ impl SagaShop {
         let mut shop = SagaShop {
             dir,
             services,
+            world,
             env: vec![Vec::new(); 3],
             restarts: 0,
         };
@@ -126,27 +168,68 @@ impl SagaShop {
         d
     }
 
-    /// Stops every service and audits its data (the store is not shared
-    /// with a running process). Returns inventory, payment, email.
+    /// The outside process of `role` (payment: the provider; email: the
+    /// sender).
+    pub fn outside(&mut self, role: &str) -> &mut ServiceProcess {
+        let i = OUTSIDE.iter().position(|r| *r == role).expect("an outside role");
+        &mut self.world[i]
+    }
+
+    /// Stops every service and outside process and audits their data (a
+    /// store is not shared with a running process). Returns inventory,
+    /// payment, email, then the payment provider's (the cards charged) and
+    /// the e-mail sender's (the e-mails sent). Each must be clean, and the
+    /// outside world must hold exactly what the step services recorded:
+    /// per order, the charges and e-mails the services recorded are the
+    /// ones the outside world made.
     pub fn audit_all(&mut self) -> Vec<dtx_saga_shop::Audit> {
         let mut out = Vec::new();
-        for role in ROLES {
-            let i = Self::index(role);
-            self.services[i].stop(Duration::from_secs(5));
+        let run = |args: &[&str], data: PathBuf| -> dtx_saga_shop::Audit {
             let o = std::process::Command::new(bin())
-                .args(["saga-step-audit", "--role", role, "--data"])
-                .arg(self.dir.join(role))
+                .args(args)
+                .arg("--data")
+                .arg(&data)
                 .output()
                 .unwrap();
-            assert!(o.status.success(), "audit of {role}: {}", super::output_text(&o));
+            assert!(o.status.success(), "{args:?}: {}", super::output_text(&o));
             let a: dtx_saga_shop::Audit = serde_json::from_slice(&o.stdout).unwrap();
             assert!(
                 a.ok(),
-                "{role}: problems {:?}, duplicate forward actions {}",
+                "{}: problems {:?}, duplicate forward actions {}",
+                a.role,
                 a.problems,
                 a.duplicate_forward_actions
             );
-            out.push(a);
+            a
+        };
+        for role in ROLES {
+            let i = Self::index(role);
+            self.services[i].stop(Duration::from_secs(5));
+            out.push(run(&["saga-step-audit", "--role", role], self.dir.join(role)));
+        }
+        for (i, role) in OUTSIDE.iter().enumerate() {
+            self.world[i].stop(Duration::from_secs(5));
+            out.push(run(
+                &["outside-audit", "--role", role],
+                self.dir.join(format!("{role}-outside")),
+            ));
+        }
+        let (pay, mail, provider, sender) = (&out[1], &out[2], &out[3], &out[4]);
+        for (order, c) in &provider.charges {
+            let here = pay.charges.get(order).map(|c| c.charges_applied).unwrap_or(0);
+            assert!(
+                c.charges_applied == here || pay.in_flight > 0,
+                "order {order}: the provider charged {} time(s), the payment service recorded {here}",
+                c.charges_applied
+            );
+        }
+        for (order, c) in &sender.confirmations {
+            let here = mail.confirmations.get(order).map(|c| c.applied).unwrap_or(0);
+            assert!(
+                c.applied == here || mail.in_flight > 0,
+                "order {order}: the sender sent {} e-mail(s), the e-mail service recorded {here}",
+                c.applied
+            );
         }
         out
     }

@@ -9,19 +9,28 @@
 //!   versioned: it reports the sku's version), FAILED "out of stock";
 //!   [`RELEASE`] puts it back, STALE when the reservation changed since
 //!   (see the type's documentation); status query [`RESERVATION`].
-//! - **payment** ([`services::Payment`]): [`CHARGE`] takes `amount` from
-//!   the customer's balance (PIVOT), FAILED "insufficient funds"; status
-//!   query [`CHARGE_STATUS`]. Its simulated API can lose replies: with
-//!   `--lose-replies-percent N` the charge is applied durably and then,
-//!   N% of the time, the caller gets UNAVAILABLE "reply lost" instead of
-//!   the reply ([`LosingReplies`]), so the orchestrator must reconcile
-//!   through Status.
-//! - **email** ([`services::Email`]): [`SEND_CONFIRMATION`] writes the
-//!   outbox event "confirmation for order X" (RETRIABLE); with
+//! - **payment** ([`services::Payment`]): [`CHARGE`] charges `amount` to
+//!   the customer's card at the payment provider (PIVOT), FAILED when the
+//!   provider declines ("insufficient funds"); status query
+//!   [`CHARGE_STATUS`]. The charge is an outside call (ADR 0034): recorded
+//!   in flight before it leaves, sent with the operation id as the
+//!   provider's idempotency key, settled by asking the provider when its
+//!   reply is lost. With `--lose-replies-percent N` this service's own
+//!   gRPC replies are lost N% of the time after the call was recorded
+//!   ([`LosingReplies`]), so the orchestrator must reconcile through
+//!   Status too.
+//! - **email** ([`services::Email`]): [`SEND_CONFIRMATION`] sends the
+//!   confirmation e-mail "confirmation for order X" through the e-mail
+//!   sender (RETRIABLE; an outside call like the charge); with
 //!   `--fail-first-percent N` it answers FAILED "mail server busy" N% of
-//!   the time before doing anything; status query [`EMAIL_STATUS`]. The
-//!   outbox relay appends delivered events to `<data>/sent.log` (the "mail
-//!   server"), one line `<event number>\t<event>` each, at least once.
+//!   the time before sending anything; status query [`EMAIL_STATUS`].
+//!
+//! The payment provider and the e-mail sender are the outside world
+//! ([`outside`]): separate processes (`coordinator outside-serve --role
+//! payment|email`) with idempotency keys, a status query that can fence a
+//! key, replies lost at a given percentage, and records in a checksummed
+//! append-only log; [`outside::outside_audit`] counts each charge and
+//! e-mail once per order.
 //!
 //! [`order_saga_definition`] is the saga the orchestrator runs over them.
 //! [`audit`] reads a stopped service's data directory: what a checker needs
@@ -30,23 +39,31 @@
 //! be 0). Seeded when the data directory is new ([`Seed`]).
 //!
 //! The commands: `coordinator saga-step-serve` ([`StepServeArgs`],
-//! [`serve`]) and `coordinator saga-step-audit` ([`StepAuditArgs`]).
+//! [`serve`]), `coordinator saga-step-audit` ([`StepAuditArgs`]),
+//! `coordinator outside-serve` ([`OutsideServeArgs`], [`serve_outside`])
+//! and `coordinator outside-audit` ([`OutsideAuditArgs`]).
 
+pub mod outside;
 pub mod services;
 
+pub use outside::outside_audit;
+pub use outside::serve_outside;
+pub use outside::serve_outside_listener;
+pub use outside::OutsideAuditArgs;
+pub use outside::OutsideClient;
+pub use outside::OutsideRole;
+pub use outside::OutsideServeArgs;
+
 use std::collections::BTreeMap;
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_step_service_server::SagaStepService;
-use participant_sdk::saga::OutboxSink;
 use participant_sdk::saga::StepHandler;
 use participant_sdk::saga::StepServer;
 use participant_sdk::saga::StepStaged;
@@ -58,7 +75,6 @@ use tonic::Request;
 use tonic::Response;
 use tonic::Status;
 
-use crate::services::AccountRecord;
 use crate::services::ChargeRecord;
 use crate::services::Email;
 use crate::services::Inventory;
@@ -87,12 +103,6 @@ pub const ORDER_SAGA_VERSION: u32 = 1;
 pub const STEP_RESERVE_STOCK: &str = "reserve_stock";
 pub const STEP_CHARGE_CARD: &str = "charge_card";
 pub const STEP_SEND_CONFIRMATION: &str = "send_confirmation";
-
-/// The file the e-mail service's relay appends delivered events to, in its
-/// data directory.
-pub const SENT_LOG: &str = "sent.log";
-/// How often the e-mail service's outbox relay looks for events.
-pub const RELAY_INTERVAL: Duration = Duration::from_millis(50);
 
 /// The input every step of the order saga gets (as JSON).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -191,24 +201,18 @@ impl std::fmt::Display for Role {
     }
 }
 
-/// What a new data directory starts with: skus `sku-0` .. with `stock`
-/// each (inventory), customers `c-0` .. with `balance` each (payment).
+/// What a new inventory data directory starts with: skus `sku-0` ..
+/// with `stock` each. (The customers' accounts are the payment
+/// provider's: `outside-serve --customers --balance`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Seed {
     pub skus: u32,
     pub stock: u64,
-    pub customers: u32,
-    pub balance: u64,
 }
 
 impl Default for Seed {
     fn default() -> Self {
-        Seed {
-            skus: 10,
-            stock: 100,
-            customers: 10,
-            balance: 100_000,
-        }
+        Seed { skus: 10, stock: 100 }
     }
 }
 
@@ -238,18 +242,20 @@ pub struct StepServeArgs {
     /// inventory seed: the stock of each sku.
     #[arg(long, default_value_t = 100)]
     pub stock: u64,
-    /// payment seed: customers c-0 .. c-(N-1).
-    #[arg(long, default_value_t = 10)]
-    pub customers: u32,
-    /// payment seed: the balance of each customer.
-    #[arg(long, default_value_t = 100_000)]
-    pub balance: u64,
+    /// payment: the payment provider's address (`outside-serve --role
+    /// payment`; required).
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// email: the e-mail sender's address (`outside-serve --role email`;
+    /// required).
+    #[arg(long)]
+    pub sender: Option<String>,
     #[command(flatten)]
     pub tls: dtx_tls::args::TlsArgs,
 }
 
 impl StepServeArgs {
-    /// Plain text, no failures, the default seed.
+    /// Plain text, no failures, the default seed, no outside system.
     pub fn new(role: Role, listen: &str, data: &Path) -> StepServeArgs {
         let seed = Seed::default();
         StepServeArgs {
@@ -260,8 +266,8 @@ impl StepServeArgs {
             fail_first_percent: 0,
             skus: seed.skus,
             stock: seed.stock,
-            customers: seed.customers,
-            balance: seed.balance,
+            provider: None,
+            sender: None,
             tls: Default::default(),
         }
     }
@@ -270,8 +276,6 @@ impl StepServeArgs {
         Seed {
             skus: self.skus,
             stock: self.stock,
-            customers: self.customers,
-            balance: self.balance,
         }
     }
 }
@@ -346,32 +350,6 @@ impl<S: SagaStepService> SagaStepService for LosingReplies<S> {
     }
 }
 
-/// The e-mail service's "mail server": appends each delivered event as a
-/// line `<number>\t<event>` to a file, and syncs it before saying OK.
-pub struct SentLog {
-    pub path: PathBuf,
-}
-
-#[tonic::async_trait]
-impl OutboxSink for SentLog {
-    async fn deliver(&self, events: &[(u64, Vec<u8>)]) -> Result<(), String> {
-        let path = self.path.clone();
-        let mut text = String::new();
-        for (seq, ev) in events {
-            text.push_str(&format!("{seq}\t{}\n", String::from_utf8_lossy(ev)));
-        }
-        tokio::task::spawn_blocking(move || {
-            use std::io::Write;
-            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_data()
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("{}: {e}", self.path.display()))
-    }
-}
-
 /// What the three services have in common here.
 trait ShopService: StepHandler {
     fn seed(seed: &Seed, staged: &mut StepStaged);
@@ -435,42 +413,16 @@ impl ShopService for Inventory {
 }
 
 impl ShopService for Payment {
-    fn seed(seed: &Seed, staged: &mut StepStaged) {
-        Payment::seed(seed, staged)
-    }
+    fn seed(_seed: &Seed, _staged: &mut StepStaged) {}
 
     fn audit(view: &StepView<'_>, _data: &Path, a: &mut Audit) -> anyhow::Result<()> {
-        let mut charged: BTreeMap<String, u64> = BTreeMap::new();
         for (k, v) in view.scan(b"charge/")? {
             let (order, _op) = split_order(&k, "charge/")?;
             let c: ChargeRecord = serde_json::from_slice(&v).context("a charge record")?;
             a.charges.entry(order).or_default().amount += c.amount;
-            *charged.entry(c.customer).or_default() += c.amount;
         }
         for (order, n) in counts(view, "charge")? {
             a.charges.entry(order).or_default().charges_applied = n;
-        }
-        for (k, v) in view.scan(b"customer/")? {
-            let customer = String::from_utf8_lossy(&k["customer/".len()..]).into_owned();
-            let r: AccountRecord = serde_json::from_slice(&v).context("an account record")?;
-            let c = charged.remove(&customer).unwrap_or(0);
-            if r.initial.checked_sub(r.balance) != Some(c) {
-                a.problems.push(format!(
-                    "{customer}: initial {} - balance {} != charged {c}",
-                    r.initial, r.balance
-                ));
-            }
-            a.balances.insert(
-                customer,
-                BalanceAudit {
-                    initial: r.initial,
-                    balance: r.balance,
-                    charged: c,
-                },
-            );
-        }
-        for (customer, c) in charged {
-            a.problems.push(format!("{c} charged to unknown customer {customer}"));
         }
         a.duplicate_forward_actions = a.charges.values().map(|c| c.charges_applied.saturating_sub(1)).sum();
         Ok(())
@@ -480,39 +432,9 @@ impl ShopService for Payment {
 impl ShopService for Email {
     fn seed(_seed: &Seed, _staged: &mut StepStaged) {}
 
-    fn audit(view: &StepView<'_>, data: &Path, a: &mut Audit) -> anyhow::Result<()> {
+    fn audit(view: &StepView<'_>, _data: &Path, a: &mut Audit) -> anyhow::Result<()> {
         for (order, n) in counts(view, "confirm")? {
             a.confirmations.entry(order).or_default().applied = n;
-        }
-        let sent = match std::fs::read_to_string(data.join(SENT_LOG)) {
-            Ok(s) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(e) => return Err(e).context(SENT_LOG),
-        };
-        let mut events: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
-        for line in sent.lines().filter(|l| !l.is_empty()) {
-            let parsed = line.split_once('\t').and_then(|(seq, ev)| {
-                Some((
-                    seq.parse::<u64>().ok()?,
-                    ev.strip_prefix(&services::confirmation_event(""))?.to_string(),
-                ))
-            });
-            let Some((seq, order)) = parsed else {
-                a.problems.push(format!("{SENT_LOG}: unreadable line {line:?}"));
-                continue;
-            };
-            a.confirmations.entry(order.clone()).or_default().sent_lines += 1;
-            events.entry(order).or_default().insert(seq);
-        }
-        for (order, seqs) in events {
-            let c = a.confirmations.entry(order.clone()).or_default();
-            c.sent_events = seqs.len() as u64;
-            if c.sent_events > c.applied {
-                a.problems.push(format!(
-                    "order {order}: {} confirmations sent, {} applied",
-                    c.sent_events, c.applied
-                ));
-            }
         }
         a.duplicate_forward_actions = a.confirmations.values().map(|c| c.applied.saturating_sub(1)).sum();
         Ok(())
@@ -563,7 +485,8 @@ pub struct ReservationAudit {
     pub reserved_qty: u64,
 }
 
-/// One order's charges (payment).
+/// One order's charges (payment: the step service's records of the
+/// provider's answers; payment-provider: the cards charged).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChargeAudit {
     /// Charges applied (must be at most 1).
@@ -572,7 +495,7 @@ pub struct ChargeAudit {
     pub amount: u64,
 }
 
-/// One customer (payment).
+/// One customer's account at the payment provider.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BalanceAudit {
     pub initial: u64,
@@ -582,15 +505,16 @@ pub struct BalanceAudit {
     pub charged: u64,
 }
 
-/// One order's confirmations (email).
+/// One order's confirmations (email: the step service's records;
+/// email-sender: the e-mails sent).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ConfirmationAudit {
     /// Confirmations applied (must be at most 1).
     pub applied: u64,
-    /// Lines in sent.log (more than `sent_events` when a delivery was
-    /// repeated: at least once).
+    /// email-sender: records of e-mails sent for the order (one per
+    /// idempotency key).
     pub sent_lines: u64,
-    /// Distinct events in sent.log.
+    /// email-sender: distinct e-mails sent for the order.
     pub sent_events: u64,
 }
 
@@ -607,6 +531,18 @@ pub struct Audit {
     pub compensate_duplicates_seen: u64,
     /// Outbox events not delivered yet.
     pub outbox_pending: u64,
+    /// Step services: operations whose outside call is still in flight
+    /// (UNKNOWN: never counted as failed).
+    #[serde(default)]
+    pub in_flight: u64,
+    /// Outside processes: records in their log, keys they declined and
+    /// keys voided by a fence.
+    #[serde(default)]
+    pub outside_records: u64,
+    #[serde(default)]
+    pub outside_declined: u64,
+    #[serde(default)]
+    pub outside_voided: u64,
     /// Business effects applied more than once for one order (the extra
     /// applications, summed over orders): MUST be 0.
     pub duplicate_forward_actions: u64,
@@ -642,7 +578,7 @@ pub fn audit(role: Role, data: &Path) -> anyhow::Result<Audit> {
     );
     match role {
         Role::Inventory => audit_with(role, data, Inventory),
-        Role::Payment => audit_with(role, data, Payment),
+        Role::Payment => audit_with(role, data, Payment::default()),
         Role::Email => audit_with(role, data, Email::default()),
     }
 }
@@ -657,6 +593,7 @@ fn audit_with<H: ShopService>(role: Role, data: &Path, handler: H) -> anyhow::Re
         forward_duplicates_seen: stats.forward_duplicates,
         compensate_duplicates_seen: stats.compensate_duplicates,
         outbox_pending: stats.outbox_pending,
+        in_flight: stats.in_flight,
         ..Audit::default()
     };
     H::audit(&store.view(), data, &mut a)?;
@@ -693,12 +630,24 @@ pub async fn serve_listener(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let required = |addr: &Option<String>, flag: &str, what: &str| {
+        addr.clone()
+            .with_context(|| format!("--role {} needs {flag} (the {what}'s address, `outside-serve`)", a.role))
+    };
     match a.role {
         Role::Inventory => run(Inventory, &a, listener, shutdown).await,
-        Role::Payment => run(Payment, &a, listener, shutdown).await,
+        Role::Payment => {
+            let provider = required(&a.provider, "--provider", "payment provider")?;
+            let payment = Payment {
+                provider: Some(OutsideClient::new(OutsideRole::Payment, &provider)),
+            };
+            run(payment, &a, listener, shutdown).await
+        }
         Role::Email => {
+            let sender = required(&a.sender, "--sender", "e-mail sender")?;
             let email = Email {
                 fail_first_percent: a.fail_first_percent,
+                sender: Some(OutsideClient::new(OutsideRole::Email, &sender)),
             };
             run(email, &a, listener, shutdown).await
         }
@@ -712,12 +661,6 @@ async fn run<H: ShopService>(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let store = open_store(&a.data, handler, &a.seed()).await?;
-    let relay = (a.role == Role::Email).then(|| {
-        let sink = Arc::new(SentLog {
-            path: a.data.join(SENT_LOG),
-        });
-        participant_sdk::saga::spawn_outbox_relay(store.clone(), sink, RELAY_INTERVAL)
-    });
     let guard = participant_sdk::server::Guard {
         tls: a.tls.server().context("TLS of the step service")?,
         node_tokens: a.tls.node_tokens()?,
@@ -738,14 +681,12 @@ async fn run<H: ShopService>(
         data = %a.data.display(),
         lose_replies_percent = a.lose_replies_percent,
         fail_first_percent = a.fail_first_percent,
+        outside = a.provider.as_deref().or(a.sender.as_deref()).unwrap_or(""),
+        in_flight = store.stats().map(|s| s.in_flight).unwrap_or(0),
         "saga step service serving"
     );
     let service = LosingReplies::new(StepServer::new(store.clone()), a.lose_replies_percent);
     let served = participant_sdk::saga::serve_steps_guarded(service, listener, guard, stop).await;
-    if let Some(r) = relay {
-        r.abort();
-        let _ = r.await;
-    }
     served.context("serving")?;
     match store.failure() {
         Some(f) => Err(anyhow::anyhow!("{f}")),

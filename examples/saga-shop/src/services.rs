@@ -4,8 +4,13 @@
 //! business effects applied per order (`effects/<what>/<order>`), never
 //! decremented: only the operation id de-duplicates (there is no
 //! de-duplication by order here on purpose), so an order whose effect was
-//! applied twice is a duplicate forward action the audit reports.
+//! applied twice is a duplicate forward action the audit reports. The
+//! payment and e-mail services do their business outside (the payment
+//! provider's charge, the e-mail sender's message: [`crate::outside`]) and
+//! record here what it answered.
 
+use participant_sdk::saga::CallKind;
+use participant_sdk::saga::OutsideSystem;
 use participant_sdk::saga::StepCall;
 use participant_sdk::saga::StepHandler;
 use participant_sdk::saga::StepResult;
@@ -14,6 +19,9 @@ use participant_sdk::saga::StepView;
 use serde::Deserialize;
 use serde::Serialize;
 
+use crate::outside::OutsideAnswer;
+use crate::outside::OutsideClient;
+use crate::outside::Work;
 use crate::OrderInput;
 use crate::Seed;
 
@@ -22,10 +30,6 @@ pub(crate) const SEEDED_KEY: &[u8] = b"seeded";
 
 pub(crate) fn sku_key(sku: &str) -> Vec<u8> {
     format!("sku/{sku}").into_bytes()
-}
-
-pub(crate) fn customer_key(customer: &str) -> Vec<u8> {
-    format!("customer/{customer}").into_bytes()
 }
 
 /// A reservation, charge or confirmation of `order` made by forward
@@ -90,25 +94,18 @@ pub struct ReservationRecord {
     pub version: u64,
 }
 
-/// One customer's account: `initial - balance` is what was charged.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct AccountRecord {
-    pub initial: u64,
-    pub balance: u64,
-}
-
+/// A charge the payment provider made for an order (its answer).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChargeRecord {
     pub customer: String,
     pub amount: u64,
+    /// The provider's id of the charge.
+    #[serde(default)]
+    pub charge_id: String,
 }
 
 pub(crate) fn sku_name(i: u32) -> String {
     format!("sku-{i}")
-}
-
-pub(crate) fn customer_name(i: u32) -> String {
-    format!("c-{i}")
 }
 
 /// The inventory: action [`crate::RESERVE`] (COMPENSABLE, versioned),
@@ -251,47 +248,23 @@ fn amend(view: &StepView<'_>, call: &StepCall, staged: &mut StepStaged) -> StepR
 }
 
 /// The payment service: action [`crate::CHARGE`] (PIVOT: no
-/// compensation), status query [`crate::CHARGE_STATUS`]. Its "API" can
-/// lose replies (`--lose-replies-percent`, [`crate::LosingReplies`]).
+/// compensation), status query [`crate::CHARGE_STATUS`]. A charge is an
+/// outside call (ADR 0034) to the payment provider
+/// ([`crate::outside`], its own process): the store records it in flight,
+/// sends [`Work::Charge`] under the operation id as idempotency key, and
+/// [`StepHandler::finish_outside`] records the provider's answer here
+/// (the charge id, and the count of charges per order). The accounts and
+/// their balances are the provider's. Its own gRPC replies can be lost
+/// too (`--lose-replies-percent`, [`crate::LosingReplies`]).
 #[derive(Clone, Debug, Default)]
-pub struct Payment;
-
-impl Payment {
-    pub(crate) fn seed(seed: &Seed, staged: &mut StepStaged) {
-        for i in 0..seed.customers {
-            let rec = AccountRecord {
-                initial: seed.balance,
-                balance: seed.balance,
-            };
-            put_json(staged, &customer_key(&customer_name(i)), &rec);
-        }
-    }
+pub struct Payment {
+    /// The provider; `None` only to audit a stopped service's data.
+    pub provider: Option<OutsideClient>,
 }
 
 impl StepHandler for Payment {
-    fn forward(&self, view: &StepView<'_>, call: &StepCall, staged: &mut StepStaged) -> StepResult {
-        if call.action != crate::CHARGE {
-            return StepResult::failed(format!("the payment service has no action {:?}", call.action));
-        }
-        let o = match input(call) {
-            Ok(o) => o,
-            Err(r) => return r,
-        };
-        let Some(mut acct) = read_json::<AccountRecord>(view, &customer_key(&o.customer)) else {
-            return StepResult::failed(format!("unknown customer {:?}", o.customer));
-        };
-        if acct.balance < o.amount {
-            return StepResult::failed("insufficient funds");
-        }
-        acct.balance -= o.amount;
-        put_json(staged, &customer_key(&o.customer), &acct);
-        let charge = ChargeRecord {
-            customer: o.customer.clone(),
-            amount: o.amount,
-        };
-        put_json(staged, &effect_key("charge", &o.order, &call.operation_id), &charge);
-        bump_count(view, staged, "charge", &o.order);
-        StepResult::ok("")
+    fn forward(&self, _view: &StepView<'_>, call: &StepCall, _staged: &mut StepStaged) -> StepResult {
+        StepResult::failed(format!("the payment service has no action {:?}", call.action))
     }
 
     fn compensate(&self, _view: &StepView<'_>, call: &StepCall, _staged: &mut StepStaged) -> StepResult {
@@ -304,40 +277,92 @@ impl StepHandler for Payment {
     fn knows_query(&self, query: &str) -> bool {
         query == crate::CHARGE_STATUS
     }
+
+    fn outside(&self) -> Option<&dyn OutsideSystem> {
+        self.provider.as_ref().map(|p| p as &dyn OutsideSystem)
+    }
+
+    fn outside_request(
+        &self,
+        _view: &StepView<'_>,
+        kind: CallKind,
+        call: &StepCall,
+    ) -> Result<Option<Vec<u8>>, StepResult> {
+        if kind != CallKind::Forward || call.action != crate::CHARGE {
+            return Ok(None);
+        }
+        let o = input(call)?;
+        Ok(Some(
+            Work::Charge {
+                customer: o.customer,
+                amount: o.amount,
+                order: o.order,
+            }
+            .to_json(),
+        ))
+    }
+
+    fn finish_outside(
+        &self,
+        view: &StepView<'_>,
+        _kind: CallKind,
+        call: &StepCall,
+        answer: &[u8],
+        staged: &mut StepStaged,
+    ) -> StepResult {
+        match OutsideAnswer::from_json(answer) {
+            Ok(OutsideAnswer::Charged {
+                charge_id,
+                customer,
+                amount,
+                order,
+            }) => {
+                let charge = ChargeRecord {
+                    customer,
+                    amount,
+                    charge_id: charge_id.clone(),
+                };
+                put_json(staged, &effect_key("charge", &order, &call.operation_id), &charge);
+                bump_count(view, staged, "charge", &order);
+                StepResult::Ok {
+                    resource_version: String::new(),
+                    downstream_operation_id: charge_id,
+                    residual: String::new(),
+                }
+            }
+            Ok(OutsideAnswer::Declined { reason }) => StepResult::failed(format!("declined: {reason}")),
+            Ok(OutsideAnswer::Voided) => {
+                StepResult::failed("the payment provider voided this charge's key: it was never charged")
+            }
+            Ok(other) => StepResult::failed(format!("the payment provider answered {other:?}")),
+            Err(e) => StepResult::failed(e),
+        }
+    }
 }
 
 /// The e-mail service: action [`crate::SEND_CONFIRMATION`] (RETRIABLE),
-/// status query [`crate::EMAIL_STATUS`]. A confirmation is an outbox
-/// event ([`confirmation_event`]) the relay appends to `<data>/sent.log`.
-/// With `fail_first_percent` it answers FAILED "mail server busy" that
-/// often, before doing anything (the orchestrator retries under a new
+/// status query [`crate::EMAIL_STATUS`]. A confirmation is an outside
+/// call (ADR 0034) to the e-mail sender ([`crate::outside`], its own
+/// process), like a charge; this service records the sender's answer
+/// (the message id, and the count of confirmations per order). With
+/// `fail_first_percent` it answers FAILED "mail server busy" that often,
+/// before sending anything (the orchestrator retries under a new
 /// operation id).
 #[derive(Clone, Debug, Default)]
 pub struct Email {
     pub fail_first_percent: u32,
+    /// The sender; `None` only to audit a stopped service's data.
+    pub sender: Option<OutsideClient>,
 }
 
-/// The outbox event of `order`'s confirmation.
+/// The text of `order`'s confirmation e-mail.
 pub fn confirmation_event(order: &str) -> String {
     format!("confirmation for order {order}")
 }
 
 impl StepHandler for Email {
-    fn forward(&self, view: &StepView<'_>, call: &StepCall, staged: &mut StepStaged) -> StepResult {
-        if call.action != crate::SEND_CONFIRMATION {
-            return StepResult::failed(format!("the e-mail service has no action {:?}", call.action));
-        }
-        if self.fail_first_percent > 0 && rand::random_range(0..100u32) < self.fail_first_percent {
-            return StepResult::failed("mail server busy");
-        }
-        let o = match input(call) {
-            Ok(o) => o,
-            Err(r) => return r,
-        };
-        staged.put(&effect_key("confirmation", &o.order, &call.operation_id), b"");
-        bump_count(view, staged, "confirm", &o.order);
-        staged.emit(confirmation_event(&o.order));
-        StepResult::ok("")
+    fn forward(&self, _view: &StepView<'_>, call: &StepCall, _staged: &mut StepStaged) -> StepResult {
+        StepResult::failed(format!("the e-mail service has no action {:?}", call.action))
     }
 
     fn compensate(&self, _view: &StepView<'_>, call: &StepCall, _staged: &mut StepStaged) -> StepResult {
@@ -349,5 +374,61 @@ impl StepHandler for Email {
 
     fn knows_query(&self, query: &str) -> bool {
         query == crate::EMAIL_STATUS
+    }
+
+    fn outside(&self) -> Option<&dyn OutsideSystem> {
+        self.sender.as_ref().map(|s| s as &dyn OutsideSystem)
+    }
+
+    fn outside_request(
+        &self,
+        _view: &StepView<'_>,
+        kind: CallKind,
+        call: &StepCall,
+    ) -> Result<Option<Vec<u8>>, StepResult> {
+        if kind != CallKind::Forward || call.action != crate::SEND_CONFIRMATION {
+            return Ok(None);
+        }
+        if self.fail_first_percent > 0 && rand::random_range(0..100u32) < self.fail_first_percent {
+            return Err(StepResult::failed("mail server busy"));
+        }
+        let o = input(call)?;
+        Ok(Some(
+            Work::Send {
+                to: o.customer,
+                text: confirmation_event(&o.order),
+                order: o.order,
+            }
+            .to_json(),
+        ))
+    }
+
+    fn finish_outside(
+        &self,
+        view: &StepView<'_>,
+        _kind: CallKind,
+        call: &StepCall,
+        answer: &[u8],
+        staged: &mut StepStaged,
+    ) -> StepResult {
+        match OutsideAnswer::from_json(answer) {
+            Ok(OutsideAnswer::Sent { message_id, order, .. }) => {
+                staged.put(
+                    &effect_key("confirmation", &order, &call.operation_id),
+                    message_id.as_bytes(),
+                );
+                bump_count(view, staged, "confirm", &order);
+                StepResult::Ok {
+                    resource_version: String::new(),
+                    downstream_operation_id: message_id,
+                    residual: String::new(),
+                }
+            }
+            Ok(OutsideAnswer::Voided) => {
+                StepResult::failed("the e-mail sender voided this confirmation's key: it was never sent")
+            }
+            Ok(other) => StepResult::failed(format!("the e-mail sender answered {other:?}")),
+            Err(e) => StepResult::failed(e),
+        }
     }
 }

@@ -4,7 +4,11 @@
 //! then release for another; a release on a stale version; a payment API
 //! that loses every reply, reconciled through Status; a mail server that
 //! is busy half of the time, retried under new operation ids; then the
-//! audit of each stopped service.
+//! audit of each stopped service. The payment provider and the e-mail
+//! sender (the outside world the payment and e-mail services call, ADR
+//! 0034) are served in-process on their own sockets, as `outside-serve`
+//! runs them; a provider that loses every reply never turns a charge into
+//! FAILED.
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,8 +17,51 @@ use dtx_proto::channel::Channel;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
 use dtx_saga_shop::OrderInput;
+use dtx_saga_shop::OutsideRole;
+use dtx_saga_shop::OutsideServeArgs;
 use dtx_saga_shop::Role;
 use dtx_saga_shop::StepServeArgs;
+
+/// An outside process, in-process on its own socket.
+struct World {
+    addr: String,
+    data: std::path::PathBuf,
+    role: OutsideRole,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl World {
+    async fn start(role: OutsideRole, data: &Path, lose_replies_percent: u32) -> World {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let args = OutsideServeArgs {
+            lose_replies_percent,
+            ..OutsideServeArgs::new(role, "-", data)
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(dtx_saga_shop::serve_outside_listener(args, listener, async {
+            let _ = stopped.await;
+        }));
+        World {
+            addr,
+            data: data.to_path_buf(),
+            role,
+            stop,
+            served,
+        }
+    }
+
+    /// Stops it and audits its log.
+    async fn audit(self) -> dtx_saga_shop::Audit {
+        let _ = self.stop.send(());
+        self.served.await.unwrap().unwrap();
+        let a = dtx_saga_shop::outside_audit(self.role, &self.data).unwrap();
+        println!("{}", serde_json::to_string_pretty(&a).unwrap());
+        assert!(a.ok(), "{a:#?}");
+        a
+    }
+}
 
 struct Svc {
     client: SagaStepServiceClient<Channel>,
@@ -129,30 +176,22 @@ fn outcome(r: &pb::StepReply) -> pb::StepOutcome {
     pb::StepOutcome::try_from(r.outcome).unwrap()
 }
 
-async fn sent_log_has(dir: &Path, line: &str) {
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(dir.join(dtx_saga_shop::SENT_LOG)).unwrap_or_default();
-        if text.lines().any(|l| l.ends_with(line)) {
-            return;
-        }
-        assert!(std::time::Instant::now() < until, "{line:?} not in sent.log: {text:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_three_services_run_the_order_saga_steps_once_and_audit_clean() {
     let dir = tempfile::tempdir().unwrap();
     let (inv_dir, pay_dir, mail_dir) = (dir.path().join("inv"), dir.path().join("pay"), dir.path().join("mail"));
+    let provider = World::start(OutsideRole::Payment, &dir.path().join("provider"), 0).await;
+    let sender = World::start(OutsideRole::Email, &dir.path().join("sender"), 0).await;
     let mut inv = Svc::start(StepServeArgs::new(Role::Inventory, "-", &inv_dir)).await;
     let mut pay = Svc::start(StepServeArgs {
         lose_replies_percent: 100,
+        provider: Some(provider.addr.clone()),
         ..StepServeArgs::new(Role::Payment, "-", &pay_dir)
     })
     .await;
     let mut mail = Svc::start(StepServeArgs {
         fail_first_percent: 50,
+        sender: Some(sender.addr.clone()),
         ..StepServeArgs::new(Role::Email, "-", &mail_dir)
     })
     .await;
@@ -189,7 +228,6 @@ async fn the_three_services_run_the_order_saga_steps_once_and_audit_clean() {
         }
     };
     assert_eq!(mail.status(&format!("1.2.f.{attempts}")).await.reply, Some(sent));
-    sent_log_has(&mail_dir, "\tconfirmation for order o-1").await;
 
     // Order o-2: reserved, then released (a repeat answers the same).
     let o2 = order("o-2", 3, 500);
@@ -232,7 +270,7 @@ async fn the_three_services_run_the_order_saga_steps_once_and_audit_clean() {
     let (r, _) = pay.forward_reconciled(call("4.1.f", dtx_saga_shop::CHARGE, &o4)).await;
     assert_eq!(
         (outcome(&r), r.reason.as_str()),
-        (pb::StepOutcome::Failed, "insufficient funds")
+        (pb::StepOutcome::Failed, "declined: insufficient funds")
     );
     // A compensation whose forward action never happened here.
     let noop = inv.compensate(release("5.0.c", "5.0.f", "", &order("o-5", 1, 1))).await;
@@ -284,19 +322,112 @@ async fn the_three_services_run_the_order_saga_steps_once_and_audit_clean() {
     assert!(a.ok(), "{a:#?}");
     assert_eq!(a.charges.len(), 1, "{a:#?}");
     assert_eq!((a.charges["o-1"].charges_applied, a.charges["o-1"].amount), (1, 1200));
-    assert_eq!(a.balances["c-5"].balance, 100_000 - 1200);
-    assert_eq!(a.balances["c-0"].balance, 100_000);
     assert_eq!(a.forward_duplicates_seen, 1, "the repeat of 1.1.f");
-    assert_eq!((a.inbox_forward, a.inbox_compensate), (2, 1));
+    assert_eq!((a.inbox_forward, a.inbox_compensate, a.in_flight), (2, 1, 0));
 
     let a = dtx_saga_shop::audit(Role::Email, &mail_dir).unwrap();
     println!("{}", serde_json::to_string_pretty(&a).unwrap());
     assert!(a.ok(), "{a:#?}");
-    let c = &a.confirmations["o-1"];
-    assert_eq!((c.applied, c.sent_events), (1, 1), "{a:#?}");
-    assert!(c.sent_lines >= 1);
-    assert_eq!(a.outbox_pending, 0);
+    assert_eq!(a.confirmations["o-1"].applied, 1, "{a:#?}");
     assert_eq!(a.inbox_forward, attempts as u64, "every FAILED attempt is recorded too");
+
+    // The outside world: one card charge and one e-mail; the balances
+    // are the provider's.
+    let a = provider.audit().await;
+    assert_eq!((a.charges["o-1"].charges_applied, a.charges["o-1"].amount), (1, 1200));
+    assert_eq!(a.charges.len(), 1);
+    assert_eq!(a.balances["c-5"].balance, 100_000 - 1200);
+    assert_eq!(a.balances["c-0"].balance, 100_000);
+    assert_eq!(a.outside_declined, 1, "o-4's charge");
+    let a = sender.audit().await;
+    assert_eq!(a.confirmations["o-1"].applied, 1, "{a:#?}");
+    assert_eq!(a.confirmations.len(), 1);
+}
+
+/// Issue 38, defect 6, at the payment service: the provider charges and
+/// every reply to the payment service is lost. The charge stays in flight
+/// (UNAVAILABLE, UNKNOWN to the orchestrator), however often it is sent;
+/// the fence the orchestrator sends after its last attempt asks the
+/// provider and answers OK: the card is charged once, the step never
+/// FAILED. A charge that never reached a provider that was down is fenced
+/// only after the provider voided its key; a provider whose log is
+/// reopened (a restart) answers the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_loses_every_reply_never_turns_a_charge_into_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = World::start(OutsideRole::Payment, &dir.path().join("provider"), 100).await;
+    let pay_dir = dir.path().join("pay");
+    let mut pay = Svc::start(StepServeArgs {
+        provider: Some(provider.addr.clone()),
+        ..StepServeArgs::new(Role::Payment, "-", &pay_dir)
+    })
+    .await;
+    let o = order("o-1", 1, 700);
+    for _ in 0..3 {
+        let e = pay.forward(call("1.1.f", dtx_saga_shop::CHARGE, &o)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        assert!(e.message().contains("in flight"), "{e:?}");
+    }
+    let f = pay
+        .client
+        .fence(pb::StepStatusRequest {
+            operation_id: "1.1.f".into(),
+            query: dtx_saga_shop::CHARGE_STATUS.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(f.applied, "{f:?}");
+    let reply = f.reply.unwrap();
+    assert_eq!(outcome(&reply), pb::StepOutcome::Ok);
+    assert!(reply.downstream_operation_id.starts_with("ch-"), "{reply:?}");
+
+    // The provider goes away (its address refuses connections): a new
+    // charge is in flight and nothing can settle it, so Status and Fence
+    // are errors and nothing is fenced.
+    let provider_data = provider.data.clone();
+    let a = provider.audit().await;
+    assert_eq!(a.charges["o-1"].charges_applied, 1);
+    let o2 = order("o-2", 1, 300);
+    let e = pay
+        .forward(call("2.1.f", dtx_saga_shop::CHARGE, &o2))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("in flight"), "{e:?}");
+    let q = |op: &str| pb::StepStatusRequest {
+        operation_id: op.into(),
+        query: dtx_saga_shop::CHARGE_STATUS.into(),
+    };
+    assert_eq!(
+        pay.client.fence(q("2.1.f")).await.unwrap_err().code(),
+        tonic::Code::Unavailable
+    );
+    assert_eq!(
+        pay.client.status(q("2.1.f")).await.unwrap_err().code(),
+        tonic::Code::Unavailable
+    );
+    pay.stop().await;
+    let a = dtx_saga_shop::audit(Role::Payment, &pay_dir).unwrap();
+    assert_eq!((a.in_flight, a.charges["o-1"].charges_applied), (1, 1), "{a:#?}");
+
+    // Back (same log, a new address): the fence asks it, the key never
+    // arrived, it is voided there and FAILED here.
+    let provider = World::start(OutsideRole::Payment, &provider_data, 0).await;
+    let mut pay = Svc::start(StepServeArgs {
+        provider: Some(provider.addr.clone()),
+        ..StepServeArgs::new(Role::Payment, "-", &pay_dir)
+    })
+    .await;
+    let f = pay.client.fence(q("2.1.f")).await.unwrap().into_inner();
+    assert!(!f.applied, "{f:?}");
+    let r = pay.forward(call("2.1.f", dtx_saga_shop::CHARGE, &o2)).await.unwrap();
+    assert_eq!(outcome(&r), pb::StepOutcome::Failed, "{r:?}");
+    let again = pay.forward(call("1.1.f", dtx_saga_shop::CHARGE, &o)).await.unwrap();
+    assert_eq!(again, reply, "the inbox answers the first reply");
+    pay.stop().await;
+    let a = provider.audit().await;
+    assert_eq!((a.charges.len(), a.outside_voided), (1, 1), "{a:#?}");
+    assert_eq!(a.balances["c-5"].balance, 100_000 - 700);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

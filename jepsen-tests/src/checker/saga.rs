@@ -16,6 +16,14 @@
 //!   and no confirmation; an order meant to fail (out of stock, unpayable)
 //!   never COMPLETED; no order the audits know holds anything without a
 //!   saga; the audits found no problem (stock and money conserved).
+//! - the outside world (issue 38, ADR 0034), from the payment provider's
+//!   and the e-mail sender's own records (their audits, roles
+//!   `payment-provider` and `email-sender`): no card charged and no e-mail
+//!   sent twice for one order; a COMPLETED order's card charged once (its
+//!   amount) and its confirmation e-mailed once; a COMPENSATED order's
+//!   card never charged (`compensated_but_charged`) and nothing e-mailed;
+//!   nothing charged or e-mailed for an order no saga holds. A run whose
+//!   history lacks either audit is UNKNOWN, never VALID.
 //!   PARKED sagas (manual escalations) are reported with their reasons, not
 //!   invalid by themselves; their orders are left out of the per-order
 //!   invariant (a note says so).
@@ -40,6 +48,13 @@ use crate::history::SagaSeen;
 
 /// How many examples of each finding the text summary shows.
 const EXAMPLES: usize = 5;
+/// The outside world's audits: the payment provider's (cards charged) and
+/// the e-mail sender's (e-mails sent).
+pub const PROVIDER: &str = "payment-provider";
+pub const SENDER: &str = "email-sender";
+const OUTSIDE_ROLES: [&str; 2] = [PROVIDER, SENDER];
+/// Every audit a complete history holds.
+const AUDITED: [&str; 5] = ["inventory", "payment", "email", PROVIDER, SENDER];
 
 /// The saga checker's findings.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -76,6 +91,25 @@ pub struct SagaReport {
     pub invariant_violations: Vec<String>,
     /// The audits' `problems`, prefixed with the role.
     pub audit_problems: Vec<String>,
+    /// COMPENSATED orders whose card the payment provider charged (the
+    /// anomaly of issue 38, defect 6): must be empty.
+    #[serde(default)]
+    pub compensated_but_charged: Vec<String>,
+    /// Cards charged and e-mails sent, from the outside world's records;
+    /// keys it voided (fenced before any request arrived) and charges it
+    /// declined.
+    #[serde(default)]
+    pub cards_charged: u64,
+    #[serde(default)]
+    pub emails_sent: u64,
+    #[serde(default)]
+    pub outside_voided: u64,
+    #[serde(default)]
+    pub outside_declined: u64,
+    /// Step-service operations still in flight at the end (UNKNOWN, their
+    /// outside call unsettled: reported, never counted as failed).
+    #[serde(default)]
+    pub in_flight_at_end: u64,
     /// Good orders that ended COMPENSATED (not an anomaly by itself).
     pub good_compensated: u64,
     /// Journal calls in total, UNKNOWN ones, their dwell (ms).
@@ -173,8 +207,8 @@ pub fn check(history: &[Op]) -> SagaReport {
         Some(false) => unknown.push("the final saga listing could not be read".into()),
         Some(true) => {}
     }
-    for role in ["inventory", "payment", "email"] {
-        if !audits.contains_key(role) && !unknown.iter().any(|u| u.contains(role)) {
+    for role in AUDITED {
+        if !audits.contains_key(role) && !unknown.iter().any(|u| u.contains(&format!("audit of {role}:"))) {
             unknown.push(format!("no audit of {role}"));
         }
     }
@@ -250,6 +284,17 @@ pub fn check(history: &[Op]) -> SagaReport {
     let inv = audits.get("inventory").unwrap_or(&empty);
     let pay = audits.get("payment").unwrap_or(&empty);
     let mail = audits.get("email").unwrap_or(&empty);
+    let provider = audits.get(PROVIDER).unwrap_or(&empty);
+    let sender = audits.get(SENDER).unwrap_or(&empty);
+    r.cards_charged = provider.charges.values().map(|c| c.charges_applied).sum();
+    r.emails_sent = sender.confirmations.values().map(|c| c.applied).sum();
+    r.outside_voided = provider.outside_voided + sender.outside_voided;
+    r.outside_declined = provider.outside_declined + sender.outside_declined;
+    r.in_flight_at_end = audits
+        .iter()
+        .filter(|(role, _)| !OUTSIDE_ROLES.contains(&role.as_str()))
+        .map(|(_, a)| a.in_flight)
+        .sum();
     for (role, n) in instances.iter().filter(|(_, n)| **n > 1) {
         r.notes.push(format!(
             "{role}: {n} instances audited (one gone for good, and its replacement); their orders are merged"
@@ -266,11 +311,21 @@ pub fn check(history: &[Op]) -> SagaReport {
     orders.extend(inv.reservations.keys().map(String::as_str));
     orders.extend(pay.charges.keys().map(String::as_str));
     orders.extend(mail.confirmations.keys().map(String::as_str));
+    orders.extend(provider.charges.keys().map(String::as_str));
+    orders.extend(sender.confirmations.keys().map(String::as_str));
     for o in &orders {
         let res = inv.reservations.get(*o).cloned().unwrap_or_default();
         let ch = pay.charges.get(*o).cloned().unwrap_or_default();
         let conf = mail.confirmations.get(*o).cloned().unwrap_or_default();
+        let card = provider.charges.get(*o).cloned().unwrap_or_default();
+        let sent = sender.confirmations.get(*o).cloned().unwrap_or_default();
         let mut dup = Vec::new();
+        if card.charges_applied > 1 {
+            dup.push(format!("card charged {} times at the provider", card.charges_applied));
+        }
+        if sent.applied > 1 {
+            dup.push(format!("{} e-mails sent", sent.applied));
+        }
         if res.reserves_applied > 1 {
             dup.push(format!("{} reserves", res.reserves_applied));
         }
@@ -291,9 +346,7 @@ pub fn check(history: &[Op]) -> SagaReport {
 
     // The business invariant, per order.
     let mut parked_orders = 0u64;
-    let audits_complete = ["inventory", "payment", "email"]
-        .iter()
-        .all(|role| audits.contains_key(*role));
+    let audits_complete = AUDITED.iter().all(|role| audits.contains_key(*role));
     if !(listing_read && audits_complete) {
         r.notes
             .push("the per-order invariant was not checked: the final listing or an audit is missing".into());
@@ -303,6 +356,8 @@ pub fn check(history: &[Op]) -> SagaReport {
             let res = inv.reservations.get(*order).cloned().unwrap_or_default();
             let ch = pay.charges.get(*order).cloned().unwrap_or_default();
             let conf = mail.confirmations.get(*order).cloned().unwrap_or_default();
+            let card = provider.charges.get(*order).cloned().unwrap_or_default();
+            let sent = sender.confirmations.get(*order).cloned().unwrap_or_default();
             let t = tried.get(*order);
             let kind = t.map(|t| t.kind.as_str()).unwrap_or("?");
             let mut broken = Vec::new();
@@ -327,8 +382,29 @@ pub fn check(history: &[Op]) -> SagaReport {
                     if conf.applied != 1 {
                         broken.push(format!("{} confirmation(s)", conf.applied));
                     }
+                    if card.charges_applied != 1 {
+                        broken.push(format!("card charged {} time(s) at the provider", card.charges_applied));
+                    } else if let Some(t) = t.filter(|t| t.amount != card.amount) {
+                        broken.push(format!(
+                            "card charged {} at the provider for an amount of {}",
+                            card.amount, t.amount
+                        ));
+                    }
+                    if sent.applied != 1 {
+                        broken.push(format!("{} e-mail(s) sent", sent.applied));
+                    }
                 }
                 "COMPENSATED" => {
+                    if card.charges_applied != 0 {
+                        r.compensated_but_charged.push(format!(
+                            "order {order}: card charged {} time(s), {} in all, at the provider",
+                            card.charges_applied, card.amount
+                        ));
+                        broken.push("its card is charged at the provider".into());
+                    }
+                    if sent.applied != 0 {
+                        broken.push(format!("{} e-mail(s) sent", sent.applied));
+                    }
                     if kind == "good" {
                         r.good_compensated += 1;
                     }
@@ -358,10 +434,18 @@ pub fn check(history: &[Op]) -> SagaReport {
             let res = inv.reservations.get(*o).cloned().unwrap_or_default();
             let ch = pay.charges.get(*o).cloned().unwrap_or_default();
             let conf = mail.confirmations.get(*o).cloned().unwrap_or_default();
-            if res.reserved_qty != 0 || ch.charges_applied != 0 || conf.applied != 0 {
+            let card = provider.charges.get(*o).cloned().unwrap_or_default();
+            let sent = sender.confirmations.get(*o).cloned().unwrap_or_default();
+            if res.reserved_qty != 0
+                || ch.charges_applied != 0
+                || conf.applied != 0
+                || card.charges_applied != 0
+                || sent.applied != 0
+            {
                 r.invariant_violations.push(format!(
-                    "order {o} has no saga but holds {} reserved, {} charge(s), {} confirmation(s)",
-                    res.reserved_qty, ch.charges_applied, conf.applied
+                    "order {o} has no saga but holds {} reserved, {} charge(s), {} confirmation(s), {} card \
+                     charge(s) and {} e-mail(s) in the outside world",
+                    res.reserved_qty, ch.charges_applied, conf.applied, card.charges_applied, sent.applied
                 ));
             }
         }
@@ -378,6 +462,7 @@ pub fn check(history: &[Op]) -> SagaReport {
         || !r.lost.is_empty()
         || !r.not_ended.is_empty()
         || !r.invariant_violations.is_empty()
+        || !r.compensated_but_charged.is_empty()
         || !r.audit_problems.is_empty();
     if !unknown.is_empty() {
         r.unknown_reason = Some(unknown.join("; "));
@@ -464,6 +549,17 @@ impl SagaReport {
             "repeats answered from the step services' inboxes: {} forward, {} compensate",
             self.forward_duplicates_seen, self.compensate_duplicates_seen
         );
+        let _ = writeln!(
+            out,
+            "outside world: {} card(s) charged, {} e-mail(s) sent, {} key(s) voided by a fence, {} declined; {} \
+             step operation(s) still in flight at the end",
+            self.cards_charged, self.emails_sent, self.outside_voided, self.outside_declined, self.in_flight_at_end
+        );
+        list(
+            &mut out,
+            "compensated orders whose card is charged",
+            &self.compensated_but_charged,
+        );
         let parked: Vec<String> = self
             .parked
             .iter()
@@ -500,6 +596,10 @@ fn merge(into: &mut Audit, a: &Audit) {
     into.forward_duplicates_seen += a.forward_duplicates_seen;
     into.compensate_duplicates_seen += a.compensate_duplicates_seen;
     into.outbox_pending += a.outbox_pending;
+    into.in_flight += a.in_flight;
+    into.outside_records += a.outside_records;
+    into.outside_declined += a.outside_declined;
+    into.outside_voided += a.outside_voided;
     into.duplicate_forward_actions += a.duplicate_forward_actions;
     into.problems.extend(a.problems.iter().cloned());
     let mut twice = Vec::new();
@@ -635,7 +735,41 @@ mod tests {
         (inv, pay, mail)
     }
 
+    /// The outside world's audits for [`good_audits`]: o-1's card charged
+    /// once, its confirmation e-mailed once.
+    fn outside_audits() -> (Audit, Audit) {
+        let mut provider = Audit {
+            role: PROVIDER.into(),
+            ..Audit::default()
+        };
+        provider.charges.insert(
+            "o-1".into(),
+            ChargeAudit {
+                charges_applied: 1,
+                amount: 30,
+            },
+        );
+        let mut sender = Audit {
+            role: SENDER.into(),
+            ..Audit::default()
+        };
+        sender.confirmations.insert(
+            "o-1".into(),
+            ConfirmationAudit {
+                applied: 1,
+                sent_lines: 1,
+                sent_events: 1,
+            },
+        );
+        (provider, sender)
+    }
+
     fn history(inv: Audit, pay: Audit, mail: Audit, o2_state: &str) -> Vec<Op> {
+        let (provider, sender) = outside_audits();
+        history_with(inv, pay, mail, provider, sender, o2_state)
+    }
+
+    fn history_with(inv: Audit, pay: Audit, mail: Audit, provider: Audit, sender: Audit, o2_state: &str) -> Vec<Op> {
         vec![
             start(OpType::Invoke, "o-1", "good", None),
             start(OpType::Ok, "o-1", "good", Some(1)),
@@ -656,7 +790,101 @@ mod tests {
             audit("inventory", inv),
             audit("payment", pay),
             audit("email", mail),
+            audit(PROVIDER, provider),
+            audit(SENDER, sender),
         ]
+    }
+
+    /// Issue 38, defect 6: the payment service recorded no charge (its
+    /// call's reply was lost, it was fenced FAILED), the saga compensated,
+    /// but the provider's own records hold the charge: INVALID.
+    #[test]
+    fn a_compensated_order_whose_card_the_provider_charged_is_invalid() {
+        let (inv, pay, mail) = good_audits();
+        let (mut provider, sender) = outside_audits();
+        provider.charges.insert(
+            "o-2".into(),
+            ChargeAudit {
+                charges_applied: 1,
+                amount: 30,
+            },
+        );
+        let r = check(&history_with(inv, pay, mail, provider, sender, "COMPENSATED"));
+        assert_eq!(r.valid, Validity::Invalid, "{}", r.summary());
+        assert_eq!(r.compensated_but_charged.len(), 1, "{}", r.summary());
+        assert!(r.compensated_but_charged[0].starts_with("order o-2"));
+        assert!(r.summary().contains("compensated orders whose card is charged: 1"));
+        // A PARKED order is an operator's: reported, not invalid.
+        let (inv, pay, mail) = good_audits();
+        let (mut provider, sender) = outside_audits();
+        provider.charges.insert("o-2".into(), ChargeAudit::default());
+        let r = check(&history_with(inv, pay, mail, provider, sender, "PARKED"));
+        assert_eq!(r.valid, Validity::Valid, "{}", r.summary());
+    }
+
+    #[test]
+    fn a_card_charged_or_an_email_sent_twice_is_invalid() {
+        let (inv, pay, mail) = good_audits();
+        let (mut provider, sender) = outside_audits();
+        provider.charges.get_mut("o-1").unwrap().charges_applied = 2;
+        let r = check(&history_with(inv, pay, mail, provider, sender, "COMPENSATED"));
+        assert_eq!(r.valid, Validity::Invalid);
+        assert!(
+            r.duplicate_forward_orders[0].contains("card charged 2 times"),
+            "{}",
+            r.summary()
+        );
+        let (inv, pay, mail) = good_audits();
+        let (provider, mut sender) = outside_audits();
+        sender.confirmations.get_mut("o-1").unwrap().applied = 2;
+        let r = check(&history_with(inv, pay, mail, provider, sender, "COMPENSATED"));
+        assert_eq!(r.valid, Validity::Invalid);
+        assert!(r.duplicate_forward_orders[0].contains("2 e-mails"), "{}", r.summary());
+    }
+
+    #[test]
+    fn a_completed_order_needs_its_card_charged_and_its_email_sent_once() {
+        let (inv, pay, mail) = good_audits();
+        let (mut provider, sender) = outside_audits();
+        provider.charges.clear();
+        let r = check(&history_with(inv, pay, mail, provider, sender, "COMPENSATED"));
+        assert_eq!(r.valid, Validity::Invalid);
+        assert!(
+            r.invariant_violations[0].contains("card charged 0 time(s)"),
+            "{}",
+            r.summary()
+        );
+        let (inv, pay, mail) = good_audits();
+        let (provider, mut sender) = outside_audits();
+        sender.confirmations.clear();
+        let r = check(&history_with(inv, pay, mail, provider, sender, "COMPENSATED"));
+        assert_eq!(r.valid, Validity::Invalid);
+        assert!(r.invariant_violations[0].contains("0 e-mail(s)"), "{}", r.summary());
+        // A charge at the provider for an order no saga holds.
+        let (inv, pay, mail) = good_audits();
+        let (mut provider, sender) = outside_audits();
+        provider.charges.insert(
+            "o-9".into(),
+            ChargeAudit {
+                charges_applied: 1,
+                amount: 1,
+            },
+        );
+        let r = check(&history_with(inv, pay, mail, provider, sender, "COMPENSATED"));
+        assert_eq!(r.valid, Validity::Invalid);
+        assert!(r.invariant_violations[0].contains("o-9 has no saga"), "{}", r.summary());
+    }
+
+    #[test]
+    fn a_missing_outside_audit_makes_the_verdict_unknown() {
+        for role in [PROVIDER, SENDER] {
+            let (inv, pay, mail) = good_audits();
+            let mut h = history(inv, pay, mail, "COMPENSATED");
+            h.retain(|o| !matches!(&o.body, Body::Saga(SagaEvent::Audit { role: r, .. }) if r == role));
+            let r = check(&h);
+            assert_eq!(r.valid, Validity::Unknown, "{}", r.summary());
+            assert!(r.unknown_reason.as_deref().unwrap().contains(role), "{}", r.summary());
+        }
     }
 
     #[test]

@@ -58,7 +58,9 @@
 //! Locks: `flock` and `fcntl` locks are kept by the kernel itself (the
 //! filesystem does not take them over), which is what a single machine
 //! needs; a killed process's locks go with it. `statfs` answers a 16 GiB
-//! filesystem minus what its files hold, so free-space checks pass.
+//! filesystem minus what its files hold, so free-space checks pass; a
+//! smaller size can be set ([`LossyFs::set_capacity`]), past which files
+//! cannot grow (ENOSPC), for a full-disk fault on a lossy mount.
 //!
 //! # Use
 //!
@@ -214,6 +216,9 @@ pub struct CutReport {
 struct State {
     nodes: HashMap<u64, Node>,
     next_ino: u64,
+    /// The size `statfs` reports and past which a file cannot grow
+    /// (ENOSPC); [`TOTAL_BYTES`] unless set ([`LossyFs::set_capacity`]).
+    capacity: Option<u64>,
 }
 
 impl State {
@@ -230,7 +235,11 @@ impl State {
             unsafe { libc::getgid() },
         );
         nodes.insert(ROOT, root);
-        State { nodes, next_ino: 2 }
+        State {
+            nodes,
+            next_ino: 2,
+            capacity: None,
+        }
     }
 
     fn attr(&self, ino: u64) -> Option<FileAttr> {
@@ -345,6 +354,9 @@ impl State {
     /// durable entries; unreachable nodes are freed.
     fn cut(&mut self, mut torn: Option<&mut Rng>) -> CutReport {
         let mut report = CutReport::default();
+        // Only what the namespace shows counts in the report: an unlinked
+        // file's lost writes (a deleted scratch file) were lost anyway.
+        let visible = self.reachable();
         let mut inos: Vec<u64> = self.nodes.keys().copied().collect();
         // The same seed keeps the same writes, whatever the map's order.
         inos.sort_unstable();
@@ -375,9 +387,11 @@ impl State {
                         }
                     }
                     let all: u64 = ops.iter().map(Op::bytes).sum();
-                    report.bytes_lost += all - kept;
-                    if image != *current {
-                        report.files_reverted += 1;
+                    if visible.contains(&ino) {
+                        report.bytes_lost += all - kept;
+                        if image != *current {
+                            report.files_reverted += 1;
+                        }
                     }
                     // What reached the disk is on the disk, synced or not.
                     *durable = image.clone();
@@ -391,33 +405,78 @@ impl State {
                 }
             }
         }
-        // Free what the durable namespace no longer reaches.
+        // Free what the durable namespace (now the current one) no longer
+        // reaches.
+        let reached = self.reachable();
+        self.nodes.retain(|ino, _| reached.contains(ino));
+        report
+    }
+
+    /// The nodes reachable from the root through the current entries.
+    fn reachable(&self) -> std::collections::HashSet<u64> {
         let mut reached = std::collections::HashSet::new();
         let mut stack = vec![ROOT];
         while let Some(ino) = stack.pop() {
             if !reached.insert(ino) {
                 continue;
             }
-            if let Some(Node {
-                kind: Kind::Dir { current, .. },
-                ..
-            }) = self.nodes.get(&ino)
-            {
+            if let Some(Kind::Dir { current, .. }) = self.nodes.get(&ino).map(|n| &n.kind) {
                 stack.extend(current.values().copied());
             }
         }
-        self.nodes.retain(|ino, _| reached.contains(ino));
-        report
+        reached
     }
 
+    /// What the files and directories the current namespace reaches take,
+    /// in whole blocks (an unlinked file's node is kept until the cut, in
+    /// case its entry comes back, but it takes no room: `df` after `rm`).
     fn used_bytes(&self) -> u64 {
-        self.nodes
-            .values()
-            .map(|n| match &n.kind {
-                Kind::File { current, .. } => (current.len() as u64).div_ceil(BLOCK) * BLOCK,
-                Kind::Dir { .. } => BLOCK,
-            })
-            .sum()
+        let mut used = 0;
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![ROOT];
+        while let Some(ino) = stack.pop() {
+            if !seen.insert(ino) {
+                continue;
+            }
+            match self.nodes.get(&ino).map(|n| &n.kind) {
+                Some(Kind::File { current, .. }) => used += (current.len() as u64).div_ceil(BLOCK) * BLOCK,
+                Some(Kind::Dir { current, .. }) => {
+                    used += BLOCK;
+                    stack.extend(current.values().copied());
+                }
+                None => {}
+            }
+        }
+        used
+    }
+
+    fn total_bytes(&self) -> u64 {
+        self.capacity.unwrap_or(TOTAL_BYTES)
+    }
+
+    /// ENOSPC when file `ino` growing to `new_len` bytes would take more
+    /// than the capacity set (only a set capacity is checked: the default
+    /// is never reached by a test).
+    fn room_for(&self, ino: u64, new_len: u64) -> Result<(), Errno> {
+        let Some(cap) = self.capacity else {
+            return Ok(());
+        };
+        let Some(Kind::File { current, .. }) = self.nodes.get(&ino).map(|n| &n.kind) else {
+            return Ok(());
+        };
+        let blocks = |len: u64| len.div_ceil(BLOCK) * BLOCK;
+        let grow = blocks(new_len).saturating_sub(blocks(current.len() as u64));
+        if grow > 0 && self.used_bytes() + grow > cap {
+            return Err(Errno::ENOSPC);
+        }
+        Ok(())
+    }
+
+    fn len_of(&self, ino: u64) -> u64 {
+        match self.nodes.get(&ino).map(|n| &n.kind) {
+            Some(Kind::File { current, .. }) => current.len() as u64,
+            _ => 0,
+        }
     }
 }
 
@@ -496,7 +555,7 @@ impl Filesystem for Fs {
     ) {
         let mut s = self.state();
         if let Some(len) = size {
-            if let Err(e) = s.file_op(ino.0, Op::SetLen(len)) {
+            if let Err(e) = s.room_for(ino.0, len).and_then(|()| s.file_op(ino.0, Op::SetLen(len))) {
                 return reply.error(e);
             }
         }
@@ -713,8 +772,12 @@ impl Filesystem for Fs {
         reply: ReplyWrite,
     ) {
         let mut s = self.state();
-        if offset + data.len() as u64 > TOTAL_BYTES {
+        let end = offset + data.len() as u64;
+        if end > TOTAL_BYTES {
             return reply.error(Errno::EFBIG);
+        }
+        if let Err(e) = s.room_for(ino.0, end.max(s.len_of(ino.0))) {
+            return reply.error(e);
         }
         let op = Op::Write {
             offset,
@@ -780,7 +843,7 @@ impl Filesystem for Fs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let s = self.state();
-        let blocks = TOTAL_BYTES / BLOCK;
+        let blocks = s.total_bytes() / BLOCK;
         let free = blocks.saturating_sub(s.used_bytes() / BLOCK);
         let files = 1 << 20;
         let ffree = files - (s.nodes.len() as u64).min(files);
@@ -826,6 +889,9 @@ impl Filesystem for Fs {
             });
         }
         if !keep_size && end > size {
+            if let Err(e) = s.room_for(ino.0, end) {
+                return reply.error(e);
+            }
             ops.push(Op::SetLen(end));
         }
         for op in ops {
@@ -877,6 +943,13 @@ impl LossyFs {
     /// `mountpoint`, served by a background thread of this process. The
     /// empty root is durable.
     pub fn mount(mountpoint: &Path) -> io::Result<LossyFs> {
+        Self::mount_named(mountpoint, "dtx-lossyfs")
+    }
+
+    /// [`LossyFs::mount`] with `source` as the mount's source name (the
+    /// first field of its line in /proc/mounts), so that whoever mounts
+    /// several can find the ones a process killed outright left behind.
+    pub fn mount_named(mountpoint: &Path, source: &str) -> io::Result<LossyFs> {
         if !Path::new("/dev/fuse").exists() {
             return Err(io::Error::new(io::ErrorKind::NotFound, "/dev/fuse is missing"));
         }
@@ -884,7 +957,7 @@ impl LossyFs {
         let fs = Fs { state: state.clone() };
         let mut config = fuser::Config::default();
         config.mount_options = vec![
-            fuser::MountOption::FSName("dtx-lossyfs".into()),
+            fuser::MountOption::FSName(source.into()),
             fuser::MountOption::Subtype("dtx-lossyfs".into()),
             fuser::MountOption::RW,
         ];
@@ -929,12 +1002,29 @@ impl LossyFs {
         lock(&self.state).sync_everything()
     }
 
-    /// Bytes written and not yet synced, over all files (0 when a cut now
-    /// would lose no data).
+    /// Sets the filesystem's size: `statfs` reports it, and a write,
+    /// truncate or fallocate that would make the files the namespace
+    /// reaches take more fails with ENOSPC (nothing is written). `None`
+    /// (the default) is a roomy 16 GiB. For a full-disk fault on a lossy
+    /// mount: lower it to what is in use plus a margin, fill the margin.
+    pub fn set_capacity(&self, bytes: Option<u64>) {
+        lock(&self.state).capacity = bytes;
+    }
+
+    /// Bytes the files and directories the namespace reaches take, in
+    /// whole 4 KiB blocks (what `statfs` counts as used).
+    pub fn used_bytes(&self) -> u64 {
+        lock(&self.state).used_bytes()
+    }
+
+    /// Bytes written and not yet synced, over the files the namespace
+    /// reaches (a deleted file's are not counted; 0 when a cut now would
+    /// lose no data).
     pub fn unsynced_bytes(&self) -> u64 {
-        lock(&self.state)
-            .nodes
-            .values()
+        let s = lock(&self.state);
+        s.reachable()
+            .iter()
+            .filter_map(|ino| s.nodes.get(ino))
             .map(|n| match &n.kind {
                 Kind::File { pending, .. } => pending.iter().map(Op::bytes).sum(),
                 Kind::Dir { .. } => 0,

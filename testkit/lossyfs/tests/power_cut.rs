@@ -233,6 +233,45 @@ fn locks_statfs_and_fallocate_work_as_sled_and_the_stores_need() {
     assert!(!p.exists(), "the root was never synced");
 }
 
+#[test]
+fn a_set_capacity_fills_up_with_enospc_and_frees_again() {
+    let Some(fs) = mount("a_set_capacity_fills_up_with_enospc_and_frees_again") else {
+        return;
+    };
+    let keep = fs.path().join("keep");
+    std::fs::write(&keep, vec![1u8; 10_000]).unwrap();
+    let used = fs.used_bytes();
+    assert_eq!(used, 4096 + 3 * 4096, "the root and three blocks of data");
+    fs.set_capacity(Some(used + (1 << 20)));
+    let free = dtx_durable::free_bytes(fs.path()).unwrap();
+    assert_eq!(free, 1 << 20, "statfs reports the capacity");
+    // A filler takes what is left, then the next write is refused.
+    let filler = fs.path().join("filler");
+    let mut f = File::create(&filler).unwrap();
+    let chunk = vec![0x5au8; 64 << 10];
+    let mut written = 0u64;
+    let err = loop {
+        match f.write_all(&chunk) {
+            Ok(()) => written += chunk.len() as u64,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert_eq!(written, 1 << 20, "exactly the margin");
+    // Overwriting in place needs no room; growing another file does.
+    f.write_all_at(b"x", 0).unwrap();
+    let e = std::fs::write(fs.path().join("more"), b"y").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    // Deleting the filler frees its room at once (its node waits for the
+    // cut, its blocks do not count), and no capacity is roomy again.
+    drop(f);
+    std::fs::remove_file(&filler).unwrap();
+    std::fs::write(fs.path().join("more"), b"y").unwrap();
+    fs.set_capacity(None);
+    assert!(dtx_durable::free_bytes(fs.path()).unwrap() > 1 << 30);
+    assert_eq!(std::fs::read(&keep).unwrap().len(), 10_000);
+}
+
 fn entry(i: u64) -> (u64, Vec<u8>) {
     (i, format!("record {i}").into_bytes())
 }

@@ -9,7 +9,9 @@
 //! the postmaster and each backend, waiting until all are gone),
 //! [`PgServer::restart`] starts it again
 //! on the same data directory and port (crash recovery included), and
-//! dropping the value kills it and removes the folder.
+//! dropping the value kills it and removes the folder. With
+//! [`PgServerOptions::tls`] it also accepts TLS with the given certificate;
+//! [`PgServer::stop_wal_writer`] makes unflushed commits observable.
 //!
 //! The binaries (`initdb`, `postgres`) are looked up in `DTX_PG_BIN` (a
 //! directory), then on `PATH`, then under the newest
@@ -90,6 +92,24 @@ pub struct PgServerOptions {
     /// behind. Only for servers started (and restarted) from a thread that
     /// outlives them, such as a test's own thread.
     pub kill_with_parent_thread: bool,
+    /// TLS: `ssl = on` with this certificate and key (and, when set, the
+    /// authority that client certificates are checked against). Plain
+    /// connections stay allowed (the lines `initdb` writes say `host`).
+    pub tls: Option<PgServerTls>,
+    /// Lines put first in `pg_hba.conf` (first match wins), e.g. a
+    /// `hostssl` line that asks one user for a client certificate.
+    pub extra_hba: Vec<String>,
+}
+
+/// The server's TLS material, as PEM text (written into the data
+/// directory, the key with mode 0600 and owned by the server's OS user, as
+/// PostgreSQL requires).
+#[derive(Clone, Debug)]
+pub struct PgServerTls {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// `ssl_ca_file`: the authorities client certificates must chain to.
+    pub client_ca_pem: Option<String>,
 }
 
 impl Default for PgServerOptions {
@@ -100,6 +120,8 @@ impl Default for PgServerOptions {
             start_timeout: Duration::from_secs(60),
             extra_settings: Vec::new(),
             kill_with_parent_thread: false,
+            tls: None,
+            extra_hba: Vec::new(),
         }
     }
 }
@@ -415,6 +437,23 @@ impl PgServer {
             self.opts.max_prepared_transactions,
             self.opts.max_connections,
         );
+        if let Some(tls) = &self.opts.tls {
+            self.write_server_file("server.crt", &tls.cert_pem)?;
+            self.write_server_file("server.key", &tls.key_pem)?;
+            conf.push_str("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+            if let Some(ca) = &tls.client_ca_pem {
+                self.write_server_file("client-ca.crt", ca)?;
+                conf.push_str("ssl_ca_file = 'client-ca.crt'\n");
+            }
+        }
+        if !self.opts.extra_hba.is_empty() {
+            let hba = self.data_dir().join("pg_hba.conf");
+            let old = std::fs::read_to_string(&hba).map_err(|e| failed(format!("read {}: {e}", hba.display())))?;
+            let mut text = self.opts.extra_hba.join("\n");
+            text.push('\n');
+            text.push_str(&old);
+            std::fs::write(&hba, text).map_err(|e| failed(format!("write {}: {e}", hba.display())))?;
+        }
         for (k, v) in &self.opts.extra_settings {
             conf.push_str(&format!("{k} = {v}\n"));
         }
@@ -425,6 +464,26 @@ impl PgServer {
             .map_err(|e| failed(format!("open {}: {e}", path.display())))?;
         f.write_all(conf.as_bytes())
             .map_err(|e| failed(format!("write {}: {e}", path.display())))?;
+        Ok(())
+    }
+
+    /// Writes `name` into the data directory, mode 0600, owned by the
+    /// server's OS user (PostgreSQL refuses a key others can read).
+    fn write_server_file(&self, name: &str, text: &str) -> Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.data_dir().join(name);
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| failed(format!("create {}: {e}", path.display())))?;
+        f.write_all(text.as_bytes())
+            .map_err(|e| failed(format!("write {}: {e}", path.display())))?;
+        if let Some(w) = self.run_as {
+            chown_tree(&path, w)?;
+        }
         Ok(())
     }
 
@@ -501,6 +560,42 @@ impl PgServer {
         self.pid()
             .map(|pm| children_of(pm).iter().map(|s| s.pid).collect())
             .unwrap_or_default()
+    }
+
+    /// Stops (SIGSTOP) the server's WAL writer process and returns its pid.
+    /// From then on, WAL that no backend flushes itself (the commit record
+    /// of a transaction committed with `synchronous_commit = off`) stays in
+    /// shared memory only, and a [`PgServer::kill9`] loses it, as a power
+    /// cut would lose it from the page cache: a deterministic way to see
+    /// whether a commit was flushed before it returned. A synchronous commit
+    /// flushes the WAL itself and does not need the writer. The writer is
+    /// killed with the rest by `kill9`; a restart starts a new one.
+    pub fn stop_wal_writer(&self) -> Result<u32> {
+        let pid = self
+            .backend_pids()
+            .into_iter()
+            .find(|&pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).contains("walwriter"))
+                    .unwrap_or(false)
+            })
+            .ok_or_else(|| failed("no walwriter process among the server's children"))?;
+        // SAFETY: kill has no memory preconditions; `pid` is a child of the
+        // running postmaster, which reaps it, so it cannot have been reused
+        // while the postmaster runs.
+        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) } != 0 {
+            return Err(failed(format!(
+                "SIGSTOP to the walwriter {pid}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let stopped = wait_until(Duration::from_secs(5), || {
+            proc_stat(pid).is_none_or(|s| matches!(s.state, 'T' | 't'))
+        });
+        if !stopped {
+            return Err(failed(format!("the walwriter {pid} did not stop within 5 s")));
+        }
+        Ok(pid)
     }
 
     /// A tokio-postgres connection string for database `db`.
