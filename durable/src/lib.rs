@@ -36,6 +36,8 @@ pub mod wal;
 
 /// sled's data file in its directory.
 const DATA_FILE: &str = "db";
+/// sled's configuration file in its directory.
+const CONF_FILE: &str = "conf";
 /// sled's directory of blob files.
 const BLOBS_DIR: &str = "blobs";
 
@@ -56,6 +58,17 @@ impl DirSync {
     /// file, its configuration, `blobs`) last.
     pub fn open(dir: &Path) -> io::Result<DirSync> {
         let data = File::open(dir.join(DATA_FILE)).map_err(|e| with_path(e, &dir.join(DATA_FILE)))?;
+        // sled writes `conf` (a new directory's, or one it found empty)
+        // with two writes and no fsync: a power cut could keep half of it,
+        // which sled then refuses to open.
+        // (A directory without one, as some tests make, has nothing to
+        // sync there.)
+        let conf = dir.join(CONF_FILE);
+        match File::open(&conf) {
+            Ok(f) => f.sync_all().map_err(|e| with_path(e, &conf))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(with_path(e, &conf)),
+        }
         sync_dir(dir)?;
         Ok(DirSync {
             data,
