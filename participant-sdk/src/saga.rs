@@ -36,7 +36,9 @@
 //!   recorded operation id answers its reply without the check.
 //! - **Status** ([`StepStore::status`]) answers what an operation id did
 //!   (nothing yet, or its recorded reply) after an fsync that covers it;
-//!   it changes nothing and takes no lock.
+//!   it changes nothing and takes no lock, except that an operation whose
+//!   outside call is in flight is settled by asking the outside system
+//!   (its answer is then recorded).
 //! - **A store that cannot write stops**, as the participant store does:
 //!   its first failed write or fsync makes it refuse every later call
 //!   (an error status, which the orchestrator takes as UNKNOWN and
@@ -610,7 +612,9 @@ pub fn authorization_current(call: &StepCall, now_ms: u64) -> Result<(), String>
 
 /// What a step service implements. Calls run one at a time (see the module
 /// documentation) and must not block on the network: they read through the
-/// view and stage their writes and events.
+/// view and stage their writes and events. A step that calls a system
+/// outside the service declares the call ([`StepHandler::outside_request`])
+/// and the store makes it, outside the lock.
 pub trait StepHandler: Send + Sync + 'static {
     /// Runs the forward action `call.action` (dispatch on it; an unknown
     /// name should answer FAILED). Only an OK answer keeps what it staged.
