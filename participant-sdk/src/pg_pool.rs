@@ -38,7 +38,6 @@ use deadpool_postgres::RecyclingMethod;
 use deadpool_postgres::Runtime;
 use deadpool_postgres::Transaction;
 
-use crate::log::GlobalTxid;
 use crate::pg_tls::ConnSettings;
 use crate::pg_tls::PgTls;
 use crate::store::StoreError;
@@ -252,16 +251,17 @@ fn error_text(e: &PoolError) -> String {
 
 /// A pool of `concurrency` connections to `conn_string` and its first
 /// connection (see [`Endpoint::first_connection`]); a connection is waited
-/// for at most [`DEFAULT_POOL_WAIT_TIMEOUT_MS`].
+/// for at most [`DEFAULT_POOL_WAIT_TIMEOUT_MS`]. With the TLS connector, for
+/// cancel requests ([`Lease`]).
 pub async fn open_pool(
     conn_string: &str,
     concurrency: usize,
     retry: &ConnectRetry,
-) -> Result<(Pool, Object, PgTarget), StoreError> {
+) -> Result<(Pool, Object, PgTarget, PgTls), StoreError> {
     let ep = Endpoint::parse(conn_string, retry)?;
     let pool = ep.pool(concurrency, Duration::from_millis(DEFAULT_POOL_WAIT_TIMEOUT_MS))?;
     let first = ep.first_connection(&pool, retry).await?;
-    Ok((pool, first, ep.target))
+    Ok((pool, first, ep.target, ep.settings.tls.clone()))
 }
 
 /// A pooled connection held for one call. Dropped before [`Lease::finish`]
@@ -277,19 +277,27 @@ pub struct Lease {
     obj: Option<Object>,
     tls: PgTls,
     participant: String,
-    txid: GlobalTxid,
+    /// What the call is about, for the log (a txid, an operation id).
+    call: String,
     finished: bool,
 }
 
 impl Lease {
-    pub fn new(obj: Object, tls: PgTls, participant: &str, txid: GlobalTxid) -> Lease {
+    /// `participant`: the participant id or step service name (the
+    /// metric's label); `call`: what the call is about, for the log.
+    pub fn new(obj: Object, tls: PgTls, participant: &str, call: impl std::fmt::Display) -> Lease {
         Lease {
             obj: Some(obj),
             tls,
             participant: participant.to_string(),
-            txid,
+            call: call.to_string(),
             finished: false,
         }
+    }
+
+    /// The pooled connection, for code generic over `GenericClient`.
+    pub fn object(&self) -> &Object {
+        self.obj.as_ref().expect("a lease holds its connection until dropped")
     }
 
     /// The call is over: the connection goes back to the pool.
@@ -321,7 +329,7 @@ impl Drop for Lease {
         metrics::counter!("dtx_participant_pg_calls_cancelled_total", "participant" => self.participant.clone())
             .increment(1);
         tracing::info!(
-            txid = %self.txid,
+            call = %self.call,
             "the call was dropped while its PostgreSQL work ran: cancelling its statement and closing its connection"
         );
         // Out of the pool for good: its session may be mid-statement.

@@ -94,6 +94,7 @@ use tracing::debug;
 
 use crate::participant::StoreError;
 use crate::participant::StoreFailure;
+use crate::pg_tls::PgTls;
 use crate::postgres::open_pool;
 use crate::postgres::pg_err;
 use crate::postgres::ConnectRetry;
@@ -233,6 +234,14 @@ pub struct PgStepOptions {
     pub connect_backoff: Duration,
     pub connect_backoff_max: Duration,
     pub connect_timeout: Duration,
+    /// `lock_timeout` of a step's transaction (the handler's and the
+    /// store's statements): a row held longer makes the call an error
+    /// (nothing recorded, the orchestrator asks again later) instead of a
+    /// wait without end; 0 = no limit. A handler may set its own (`SET
+    /// LOCAL lock_timeout`, `NOWAIT`). ADR 0035.
+    pub handler_lock_timeout_ms: u64,
+    /// `statement_timeout` of a step's transaction; 0 = no limit.
+    pub handler_statement_timeout_ms: u64,
 }
 
 impl PgStepOptions {
@@ -245,6 +254,8 @@ impl PgStepOptions {
             connect_backoff: Duration::from_millis(200),
             connect_backoff_max: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            handler_lock_timeout_ms: 1_000,
+            handler_statement_timeout_ms: 30_000,
         }
     }
 }
@@ -252,9 +263,23 @@ impl PgStepOptions {
 /// The step store on PostgreSQL; see the module documentation.
 pub struct PgStepStore<H: PgStepHandler> {
     pool: Pool,
+    /// For cancelling the statement of a dropped call (`pg_pool::Lease`).
+    tls: PgTls,
     handler: H,
     service: String,
     target: String,
+    /// `SET LOCAL` of the handler limits, sent first in every step's
+    /// transaction.
+    limits_sql: String,
+    lock_timeout_ms: u64,
+    statement_timeout_ms: u64,
+}
+
+/// What a step's transaction leaves to do once its connection is back.
+enum Next {
+    Answer(StepResult),
+    /// Send (or send again) the outside call recorded in flight.
+    Outside(Box<InFlight>),
 }
 
 /// What the claim of an operation id found (short-lived: its size does
@@ -282,7 +307,7 @@ impl<H: PgStepHandler> PgStepStore<H> {
                 "step service name {name:?} must be 1 to {SERVICE_NAME_BYTES_MAX} bytes without control characters"
             )));
         }
-        let (pool, client, at) = open_pool(
+        let (pool, client, at, tls) = open_pool(
             &opts.conn_string,
             opts.concurrency,
             &ConnectRetry {
@@ -362,11 +387,19 @@ impl<H: PgStepHandler> PgStepStore<H> {
             )));
         }
         drop(client);
+        let limits_sql = format!(
+            "SET LOCAL lock_timeout = {}; SET LOCAL statement_timeout = {}",
+            opts.handler_lock_timeout_ms, opts.handler_statement_timeout_ms
+        );
         Ok(Arc::new(PgStepStore {
             pool,
+            tls,
             handler,
             service: opts.service,
             target,
+            limits_sql,
+            lock_timeout_ms: opts.handler_lock_timeout_ms,
+            statement_timeout_ms: opts.handler_statement_timeout_ms,
         }))
     }
 
@@ -420,29 +453,81 @@ impl<H: PgStepHandler> PgStepStore<H> {
                 self.settle(&call.forward_operation_id, f, true).await?;
             }
         }
-        let mut conn = self.conn().await?;
+        // A call dropped midway (the orchestrator gave up on it) cancels
+        // its statement and closes the connection (ADR 0035).
+        let mut lease =
+            crate::pg_pool::Lease::new(self.conn().await?, self.tls.clone(), &self.service, &call.operation_id);
+        let next = self.step_on(&mut lease, kind, call).await;
+        lease.finish();
+        match next? {
+            Next::Answer(r) => Ok(r),
+            Next::Outside(f) => self.call_outside(kind, *f).await,
+        }
+    }
+
+    /// When a handler error is PostgreSQL giving up a wait, what bounded
+    /// it (appended to the error; nothing was recorded, so the same
+    /// operation id may be sent again); empty otherwise.
+    fn wait_given_up(&self, e: &(dyn std::error::Error + 'static)) -> String {
+        let mut cur = Some(e);
+        while let Some(err) = cur {
+            if let Some(db) = err
+                .downcast_ref::<tokio_postgres::Error>()
+                .and_then(|p| p.as_db_error())
+            {
+                use tokio_postgres::error::SqlState;
+                return match db.code() {
+                    c if c == &SqlState::LOCK_NOT_AVAILABLE => format!(
+                        " (a row it needs is held by another transaction; it waited at most \
+                         handler_lock_timeout_ms = {} ms; nothing recorded: ask again)",
+                        self.lock_timeout_ms
+                    ),
+                    c if c == &SqlState::QUERY_CANCELED => format!(
+                        " (a statement ran past handler_statement_timeout_ms = {} ms; nothing recorded: ask again)",
+                        self.statement_timeout_ms
+                    ),
+                    _ => String::new(),
+                };
+            }
+            cur = err.source();
+        }
+        String::new()
+    }
+
+    /// The step's transaction on `conn`: the claim, the handler, the
+    /// record; what is left to do once the connection is back.
+    async fn step_on(
+        &self,
+        conn: &mut crate::pg_pool::Lease,
+        kind: CallKind,
+        call: &StepCall,
+    ) -> Result<Next, StepError> {
         let tx = conn
             .transaction()
             .await
             .map_err(|e| pg_err("beginning a step's transaction", &e))?;
+        tx.batch_execute(&self.limits_sql)
+            .await
+            .map_err(|e| pg_err("setting the step's lock and statement timeouts", &e))?;
         match self.claim(&tx, &call.operation_id, call.saga_id, call.step).await? {
             Claim::New => {}
             Claim::Taken(InboxEntry::Answered(rec)) => {
                 drop(tx);
-                return self.repeat(&conn, kind, call, rec).await;
+                return self.repeat(conn.object(), kind, call, rec).await.map(Next::Answer);
             }
             Claim::Taken(InboxEntry::InFlight(f)) => {
                 // Sent out before: send the same request again (same key).
                 drop(tx);
-                drop(conn);
                 check_resend(kind, call, &f)?;
-                return self.call_outside(kind, f).await;
+                return Ok(Next::Outside(Box::new(f)));
             }
         }
         if let Err(why) = self.handler.authorize(call) {
             // Not recorded: the rights may be renewed and the same
             // operation id sent again. Dropping `tx` rolls back.
-            return Ok(StepResult::failed(format!("authorization refused: {why}")));
+            return Ok(Next::Answer(StepResult::failed(format!(
+                "authorization refused: {why}"
+            ))));
         }
         // A compensation: did its forward operation answer OK here?
         let noop = match kind {
@@ -507,14 +592,19 @@ impl<H: PgStepHandler> PgStepStore<H> {
                         crate::pg_pool::commit_durably(tx)
                             .await
                             .map_err(|e| pg_err("committing an in-flight record", &e))?;
-                        drop(conn);
-                        return self.call_outside(kind, f).await;
+                        return Ok(Next::Outside(Box::new(f)));
                     }
                     Ok(None) => match kind {
                         CallKind::Forward => self.handler.forward(&tx, call, &mut events).await,
                         CallKind::Compensate => self.handler.compensate(&tx, call, &mut events).await,
                     }
-                    .map_err(|e| StoreError::Io(format!("the {} handler failed: {e}", kind.as_str())))?,
+                    .map_err(|e| {
+                        StoreError::Io(format!(
+                            "the {} handler failed: {e}{}",
+                            kind.as_str(),
+                            self.wait_given_up(&*e)
+                        ))
+                    })?,
                     Err(answer) => answer,
                 };
                 if !r.is_ok() {
@@ -546,7 +636,7 @@ impl<H: PgStepHandler> PgStepStore<H> {
             "{} recorded",
             kind.as_str()
         );
-        Ok(record.result)
+        Ok(Next::Answer(record.result))
     }
 
     /// Inserts the outbox events of a call in `tx`.

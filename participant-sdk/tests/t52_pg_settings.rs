@@ -118,6 +118,11 @@ struct Steps;
 impl Steps {
     async fn run(&self, tx: &Transaction<'_>, call: &StepCall) -> Result<StepResult, HandlerError> {
         let text = std::str::from_utf8(&call.input)?;
+        if call.action == "sleep" {
+            let secs: f64 = text.parse()?;
+            tx.execute("SELECT pg_sleep($1)", &[&secs]).await?;
+            return Ok(StepResult::ok(""));
+        }
         let (account, n) = text.split_once(':').ok_or("input is account:n")?;
         if call.action == "lazy-add" {
             tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
@@ -410,6 +415,72 @@ async fn a_handler_waiting_on_a_prepared_row_votes_no_after_the_default_lock_tim
         ack()
     );
     assert_eq!(balance(&s, "alice").await, 101);
+}
+
+/// The step store too (issue 38, defect 7): a step whose handler waits on
+/// a row another transaction holds fails after the default lock timeout,
+/// naming the setting and recording nothing (the same operation id then
+/// runs once the row is free), instead of waiting for ever.
+#[tokio::test]
+async fn a_step_waiting_on_a_held_row_fails_after_the_default_lock_timeout() {
+    let Some(s) = server("t52 step lock timeout") else {
+        return;
+    };
+    let mut o = PgStepOptions::new("ledger", s.conn_string(DB));
+    o.concurrency = 2;
+    let steps = PgStepStore::connect(o, Steps).await.unwrap();
+    let mut holder = participant_sdk::postgres::connect(&s.conn_string(DB)).await.unwrap();
+    let held = holder.transaction().await.unwrap();
+    held.execute("SELECT balance FROM accounts WHERE id = 'alice' FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(30), steps.forward(&step("lk1", "add", "alice:1")))
+        .await
+        .expect("the step waited on the held row with no timeout");
+    let e = r.expect_err("a step that could not lock its row is an error, not an answer");
+    assert!(e.to_string().contains("handler_lock_timeout_ms"), "{e}");
+    assert_eq!(steps.status("lk1").await.unwrap(), None, "nothing recorded");
+    held.rollback().await.unwrap();
+    assert!(steps.forward(&step("lk1", "add", "alice:1")).await.unwrap().is_ok());
+    assert_eq!(balance(&s, "alice").await, 101);
+}
+
+/// A step call dropped while its handler's statement runs (the orchestrator
+/// gave up on it) cancels that statement and does not hand its connection
+/// to the next call (issue 38, defect 7).
+#[tokio::test]
+async fn a_step_call_dropped_while_its_handler_runs_cancels_the_statement() {
+    let Some(s) = server("t52 step cancel on drop") else {
+        return;
+    };
+    let mut o = PgStepOptions::new("ledger", s.conn_string(DB));
+    o.concurrency = 1;
+    let steps = PgStepStore::connect(o, Steps).await.unwrap();
+    let dropped = tokio::time::timeout(Duration::from_millis(500), steps.forward(&step("sl1", "sleep", "600"))).await;
+    assert!(dropped.is_err(), "still running when dropped");
+    let audit = participant_sdk::postgres::connect(&s.conn_string(DB)).await.unwrap();
+    let mut running = i64::MAX;
+    for _ in 0..200 {
+        running = audit
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%' AND state = 'active'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if running == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(running, 0, "the dropped call's pg_sleep still runs");
+    let next = tokio::time::timeout(Duration::from_secs(20), steps.forward(&step("add1", "add", "bob:1")))
+        .await
+        .expect("the next call waited behind the dropped call's statement");
+    assert!(next.unwrap().is_ok());
+    assert_eq!(balance(&s, "bob").await, 1);
+    assert_eq!(steps.status("sl1").await.unwrap(), None, "nothing recorded");
 }
 
 /// A call dropped while its handler's statement runs (the coordinator gave
