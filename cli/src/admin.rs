@@ -13,6 +13,7 @@
 //! | 3 | refused: nothing changed (invalid, not found, not allowed now, not authorised, or a decision other than the one asked for already stands) |
 //! | 4 | outcome unknown: a write may or may not have been applied; look again (`txn show`) |
 //! | 5 | unreachable: no node answered in time |
+//! | 6 | answered, but not healthy: `status` found no serving leader with a quorum, or `status --check` does not hold |
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -36,6 +37,7 @@ use crate::admin_view as view;
 use crate::exit_codes::EXIT_ERROR;
 use crate::exit_codes::EXIT_OK;
 use crate::exit_codes::EXIT_REFUSED;
+use crate::exit_codes::EXIT_UNHEALTHY;
 use crate::exit_codes::EXIT_UNKNOWN;
 use crate::exit_codes::EXIT_UNREACHABLE;
 use crate::exit_codes::EXIT_USAGE;
@@ -65,8 +67,18 @@ pub struct AdminArgs {
 #[derive(Subcommand)]
 enum AdminCmd {
     /// Each member's own view (role, serving, term, applied index) beside
-    /// the leader's (reach and lag per member).
-    Status,
+    /// the leader's (reach and lag per member). Exit 6 when no serving
+    /// leader has a quorum (the view is printed all the same).
+    Status {
+        /// Only check, for scripts: `serving` (every --addr node serves:
+        /// it knows a leader that heard from a majority, and has applied
+        /// what it knows to be committed) or `quorum` (the cluster has a
+        /// leader that serves, having heard from a majority). One line per
+        /// node or one line; exit 0 when it holds, 6 when it does not, 5
+        /// when no node answered.
+        #[arg(long, value_parser = ["serving", "quorum"])]
+        check: Option<String>,
+    },
     /// Transactions: list, show, in-doubt report, repairs, and a drill.
     #[command(subcommand)]
     Txn(TxnCmd),
@@ -176,22 +188,51 @@ enum TxnCmd {
         /// Participants known to hold a YES vote (required for --commit).
         #[arg(long, value_delimiter = ',')]
         voters: Vec<String>,
+        /// Only for a one-phase commit whose one participant is gone for
+        /// good (only its answer could decide it): declare it lost, drop
+        /// it, and record --commit or --abort as your heuristic decision,
+        /// shown as the operator's, never as the participant's. Needs
+        /// --reason.
+        #[arg(long, conflicts_with = "voters")]
+        participant_lost: bool,
         #[command(flatten)]
         who: Who,
     },
     /// Stop delivering the decision to a participant gone for good; the
     /// transaction is then marked as needing manual reconciliation there.
+    /// `TXID PARTICIPANT` for one transaction; `--participant X --all` for
+    /// every decided transaction still waiting for X's ack (with
+    /// `--dry-run`: only list and count them).
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["txid", "all"])))]
     DropParticipant {
-        txid: u64,
+        /// The transaction (or --all).
+        #[arg(conflicts_with = "all")]
+        txid: Option<u64>,
+        /// The participant id, as enlisted (or --participant).
+        #[arg(conflicts_with = "participant_flag", required_unless_present = "participant_flag")]
+        participant: Option<String>,
         /// The participant id, as enlisted.
-        participant: String,
+        #[arg(long = "participant", id = "participant_flag")]
+        participant_flag: Option<String>,
+        #[command(flatten)]
+        bulk: Bulk,
         #[command(flatten)]
         who: Who,
     },
     /// Forget a decided transaction now (every participant acked or was
-    /// dropped; never a COMMIT with a dropped participant).
+    /// dropped; never a COMMIT with a dropped participant). `TXID` for one;
+    /// `--participant X --all` for every decided transaction that enlisted
+    /// X and may be forgotten (with `--dry-run`: only list and count them).
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["txid", "all"])))]
     Forget {
-        txid: u64,
+        /// The transaction (or --participant X --all).
+        #[arg(conflicts_with = "all")]
+        txid: Option<u64>,
+        /// With --all: the transactions that enlisted this participant.
+        #[arg(long, requires = "all")]
+        participant: Option<String>,
+        #[command(flatten)]
+        bulk: Bulk,
         #[command(flatten)]
         who: Who,
     },
@@ -227,16 +268,55 @@ enum TxnCmd {
     },
 }
 
+/// A repair of many transactions at once (issue 39, item 12).
+#[derive(clap::Args, Clone, Copy)]
+struct Bulk {
+    /// Every transaction the selection finds (needs --participant).
+    #[arg(long)]
+    all: bool,
+    /// With --all: list and count what would be repaired; change nothing.
+    #[arg(long, requires = "all")]
+    dry_run: bool,
+}
+
 /// Who makes a repair and why (both recorded). With authentication on,
 /// the cluster records the authenticated identity instead of --operator.
 #[derive(clap::Args)]
 struct Who {
-    /// Your name, recorded with the repair (default: $USER).
-    #[arg(long, env = "USER")]
-    operator: String,
+    /// Your name, recorded with the repair (default: $USER, else $LOGNAME,
+    /// else this process's uid).
+    #[arg(long)]
+    operator: Option<String>,
     /// Why, recorded with the repair.
     #[arg(long)]
     reason: String,
+}
+
+impl Who {
+    /// The name recorded: --operator, else the first of $USER and
+    /// $LOGNAME that is set and not empty, else the user of this process
+    /// (never empty, so a repair is not refused for an empty $USER).
+    fn operator(&self) -> String {
+        let given = self.operator.clone().filter(|o| !o.trim().is_empty());
+        given
+            .or_else(|| {
+                ["USER", "LOGNAME"]
+                    .iter()
+                    .filter_map(|v| std::env::var(v).ok())
+                    .find(|v| !v.trim().is_empty())
+            })
+            .unwrap_or_else(process_user)
+    }
+}
+
+/// This process's user as `uid N` (the owner of /proc/self), else
+/// "unknown user": never empty.
+fn process_user() -> String {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata("/proc/self") {
+        Ok(m) => format!("uid {}", m.uid()),
+        Err(_) => "unknown user".to_string(),
+    }
 }
 
 /// Runs one admin command; the process's exit code.
@@ -273,7 +353,9 @@ async fn run_inner(a: AdminArgs) -> Outcome {
         client: Client::new(cfg).map_err(Failure::from)?,
     };
     match a.cmd {
-        AdminCmd::Status => status(&ctx).await,
+        AdminCmd::Status { check: None } => status(&ctx).await,
+        AdminCmd::Status { check: Some(c) } if c == "serving" => check_serving(&ctx).await,
+        AdminCmd::Status { check: Some(_) } => check_quorum(&ctx).await,
         AdminCmd::Txn(cmd) => txn(&ctx, cmd).await,
         AdminCmd::Saga(cmd) => crate::admin_saga::run(&ctx, cmd).await,
         AdminCmd::AddNode {
@@ -346,6 +428,22 @@ async fn run_inner(a: AdminArgs) -> Outcome {
             Ok(())
         }
         AdminCmd::Backup { out, opts } => {
+            // A local path is checked here, before any node is asked, so
+            // its error names no node (issue 39, item 14).
+            let folder = match out.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            if !folder.is_dir() {
+                return Err(failure(
+                    EXIT_ERROR,
+                    format!(
+                        "--out {}: the folder {} does not exist on this machine (create it first); no node was asked",
+                        out.display(),
+                        folder.display()
+                    ),
+                ));
+            }
             // The first address that answers; a failed attempt leaves no
             // file under `out`.
             let mut last = failure(EXIT_UNREACHABLE, "no address given");
@@ -377,6 +475,18 @@ fn backup_failure(addr: &str, e: anyhow::Error) -> Failure {
             f.message = format!("{addr}: {e:#}");
             f
         }
+        // A local file error (the backup file or its folder): not the
+        // node's doing, so the node is not named.
+        None if e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>().is_some()
+                || matches!(
+                    c.downcast_ref::<coordinator::backup::BackupError>(),
+                    Some(coordinator::backup::BackupError::Exists { .. })
+                )
+        }) =>
+        {
+            failure(EXIT_ERROR, format!("on this machine: {e:#}"))
+        }
         None => failure(EXIT_ERROR, format!("{addr}: {e:#}")),
     }
 }
@@ -396,8 +506,16 @@ where
                 .map_err(|e| failure(EXIT_USAGE, format!("--addr {addr}: {e}")))?;
         match tokio::time::timeout(ctx.timeout, f(ch)).await {
             Ok(Ok(r)) => return Ok(r.into_inner()),
+            // Not reached, or refused for now (no leader, no quorum): ask
+            // the next address. A refusal marked not applied is definite
+            // (exit 3, issue 39 item 10); a node not reached is exit 5.
             Ok(Err(s)) if s.code() == tonic::Code::Unavailable => {
-                last = failure(EXIT_UNREACHABLE, format!("{addr}: {}", dtx_client::describe(&s)))
+                let refused = dtx_proto::metadata::not_applied(&s) && !dtx_proto::unary::nothing_sent(&s);
+                // An earlier attempt's unknown outcome stands.
+                if last.code != EXIT_UNKNOWN && (refused || last.code != EXIT_REFUSED) {
+                    let code = if refused { EXIT_REFUSED } else { EXIT_UNREACHABLE };
+                    last = failure(code, format!("{addr}: {}", dtx_client::describe(&s)));
+                }
             }
             Ok(Err(s)) => {
                 let mut f = Failure::from(s);
@@ -452,43 +570,208 @@ async fn remove_node(ctx: &Ctx, node_id: u64) -> Result<Vec<u64>, Failure> {
     Ok(r.voters)
 }
 
-/// `admin status`: one node's view of the membership, then each member
-/// asked directly (each bounded by the timeout, all at once).
-async fn status(ctx: &Ctx) -> Outcome {
-    let first = ctx.client.cluster_status().await.map_err(Failure::from)?;
-    // The leader's view has reach and lag: ask it when one is known.
-    let leader_view = if first.role != "Leader" && !first.leader_api_addr.is_empty() {
-        member_status(ctx, &first.leader_api_addr).await.unwrap_or(first)
+/// What `admin status` learned: the addressed node's own view (the first
+/// of --addr that answered), the leader's (when it answers as leader),
+/// each member's own answer, and the serving leader with a quorum, if any.
+struct Gathered {
+    addressed: pb::ClusterStatusResponse,
+    leader: Option<pb::ClusterStatusResponse>,
+    /// Why the leader the addressed node names gave no leader's view.
+    leader_error: Option<String>,
+    members: Vec<pb::NodeStatus>,
+    answers: Vec<Result<pb::ClusterStatusResponse, String>>,
+}
+
+impl Gathered {
+    /// The serving leader of the highest term among every answer: it has
+    /// heard from a majority within the serving limit.
+    fn quorum_leader(&self) -> Option<&pb::ClusterStatusResponse> {
+        std::iter::once(&self.addressed)
+            .chain(self.leader.as_ref())
+            .chain(self.answers.iter().filter_map(|a| a.as_ref().ok()))
+            .filter(|s| s.role == "Leader" && s.leader_id == s.node_id && s.serving)
+            .max_by_key(|s| s.term)
+    }
+
+    /// One line: the cluster has a quorum (and which leader), or why not.
+    fn quorum_line(&self) -> String {
+        if let Some(l) = self.quorum_leader() {
+            return format!(
+                "quorum: yes (leader {} in term {} serves: it heard from a majority)",
+                l.node_id, l.term
+            );
+        }
+        let a = &self.addressed;
+        let why = match (&self.leader, &self.leader_error) {
+            _ if a.leader_id == 0 => format!("node {} knows no leader ({})", a.node_id, a.not_serving_reason),
+            (Some(l), _) => format!("leader {} does not serve: {}", l.node_id, l.not_serving_reason),
+            (None, Some(e)) => format!(
+                "node {} names leader {}, which does not answer as leader: {e}",
+                a.node_id, a.leader_id
+            ),
+            (None, None) => format!("no member answers as a serving leader ({})", a.not_serving_reason),
+        };
+        format!("NO QUORUM: {why}")
+    }
+}
+
+async fn gather(ctx: &Ctx) -> Result<Gathered, Failure> {
+    let addressed = ctx.client.cluster_status().await.map_err(Failure::from)?;
+    // The leader's view has reach and lag: ask it when one is named.
+    let (leader, leader_error) = if addressed.role == "Leader" && addressed.leader_id == addressed.node_id {
+        (Some(addressed.clone()), None)
+    } else if addressed.leader_api_addr.is_empty() {
+        (None, None)
     } else {
-        first
+        match member_status(ctx, &addressed.leader_api_addr).await {
+            Ok(s) if s.role == "Leader" && s.leader_id == s.node_id => (Some(s), None),
+            Ok(s) => (
+                None,
+                Some(format!(
+                    "it answers as {} (term {}, leader {})",
+                    s.role,
+                    s.term,
+                    if s.leader_id == 0 {
+                        "none known".to_string()
+                    } else {
+                        s.leader_id.to_string()
+                    }
+                )),
+            ),
+            Err(e) => (None, Some(e)),
+        }
     };
-    let answers = futures_join_all(ctx, &leader_view.members).await;
+    let members = leader.as_ref().unwrap_or(&addressed).members.clone();
+    let answers = futures_join_all(ctx, &members).await;
+    Ok(Gathered {
+        addressed,
+        leader,
+        leader_error,
+        members,
+        answers,
+    })
+}
+
+/// `admin status`: the addressed node's view, the leader's view of the
+/// members (reach, lag) beside each member's own answer (each bounded by
+/// the timeout, all at once). Exit 6 without a serving leader.
+async fn status(ctx: &Ctx) -> Outcome {
+    let g = gather(ctx).await?;
+    let quorum = g.quorum_leader().is_some();
     if ctx.json {
-        let nodes: Vec<serde_json::Value> = leader_view
+        let nodes: Vec<serde_json::Value> = g
             .members
             .iter()
-            .zip(&answers)
+            .zip(&g.answers)
             .map(|(m, a)| match a {
                 Ok(s) => json!({"node_id": m.node_id, "status": view::status_json(s)}),
                 Err(e) => json!({"node_id": m.node_id, "error": e}),
             })
             .collect();
-        let mut v = view::status_json(&leader_view);
+        // The top level is the addressed node's own view (`--addr X`
+        // describes X); the leader's is under "leader".
+        let mut v = view::status_json(&g.addressed);
+        v["quorum"] = quorum.into();
+        v["quorum_line"] = g.quorum_line().into();
+        v["leader"] = g
+            .leader
+            .as_ref()
+            .map(view::status_json)
+            .unwrap_or(serde_json::Value::Null);
         v["nodes"] = serde_json::Value::Array(nodes);
         outln!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
     } else {
-        let views: Vec<view::MemberView<'_>> = leader_view
+        let views: Vec<view::MemberView<'_>> = g
             .members
             .iter()
-            .zip(&answers)
+            .zip(&g.answers)
             .map(|(m, a)| view::MemberView {
                 member: m,
                 own: a.as_ref().map_err(|e| e.clone()),
             })
             .collect();
-        outln!("{}", view::status_table(&leader_view, &views));
+        outln!(
+            "{}",
+            view::status_table(&g.addressed, g.leader.as_ref(), &g.quorum_line(), &views)
+        );
     }
-    Ok(())
+    if quorum {
+        Ok(())
+    } else {
+        Err(failure(EXIT_UNHEALTHY, g.quorum_line()))
+    }
+}
+
+/// `admin status --check quorum`: one line; exit 0 with a serving leader,
+/// 6 without.
+async fn check_quorum(ctx: &Ctx) -> Outcome {
+    let g = gather(ctx).await?;
+    let leader = g.quorum_leader();
+    emit(
+        ctx,
+        json!({"check": "quorum", "ok": leader.is_some(), "leader_id": leader.map(|l| l.node_id),
+            "term": leader.map(|l| l.term), "line": g.quorum_line()}),
+        || g.quorum_line(),
+    );
+    match leader {
+        Some(_) => Ok(()),
+        None => Err(failure(EXIT_UNHEALTHY, g.quorum_line())),
+    }
+}
+
+/// `admin status --check serving`: each node of --addr asked itself; exit
+/// 0 when every one serves, 6 when one answered that it does not, 5 when
+/// one did not answer (and none said it does not serve).
+async fn check_serving(ctx: &Ctx) -> Outcome {
+    let mut rows = Vec::new();
+    let (mut not_serving, mut silent) = (0, 0);
+    for addr in &ctx.addrs {
+        match member_status(ctx, addr).await {
+            Ok(s) if s.serving => {
+                rows.push((
+                    json!({"addr": addr, "node_id": s.node_id, "serving": true, "role": s.role, "term": s.term}),
+                    format!("{addr}: node {} serves ({}, term {})", s.node_id, s.role, s.term),
+                ));
+            }
+            Ok(s) => {
+                not_serving += 1;
+                rows.push((
+                    json!({"addr": addr, "node_id": s.node_id, "serving": false, "role": s.role, "term": s.term,
+                        "not_serving_reason": s.not_serving_reason}),
+                    format!(
+                        "{addr}: node {} does NOT serve ({}, term {}): {}",
+                        s.node_id, s.role, s.term, s.not_serving_reason
+                    ),
+                ));
+            }
+            Err(e) => {
+                silent += 1;
+                rows.push((
+                    json!({"addr": addr, "serving": false, "error": e}),
+                    format!("{addr}: no answer: {e}"),
+                ));
+            }
+        }
+    }
+    let ok = not_serving == 0 && silent == 0;
+    emit(
+        ctx,
+        json!({"check": "serving", "ok": ok, "nodes": rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>()}),
+        || rows.iter().map(|r| r.1.as_str()).collect::<Vec<_>>().join("\n"),
+    );
+    if not_serving > 0 {
+        Err(failure(
+            EXIT_UNHEALTHY,
+            format!("{not_serving} of {} node(s) do not serve", ctx.addrs.len()),
+        ))
+    } else if silent > 0 {
+        Err(failure(
+            EXIT_UNREACHABLE,
+            format!("{silent} of {} node(s) did not answer", ctx.addrs.len()),
+        ))
+    } else {
+        Ok(())
+    }
 }
 
 async fn member_status(ctx: &Ctx, addr: &str) -> Result<pb::ClusterStatusResponse, String> {
@@ -534,7 +817,10 @@ async fn list_page(ctx: &Ctx, req: pb::ListTransactionsRequest) -> Result<pb::Li
 
 /// Every page of `req` (at most `LIST_PAGES_MAX`), and the leader's clock
 /// of the last answer.
-async fn list_all(ctx: &Ctx, mut req: pb::ListTransactionsRequest) -> Result<(Vec<pb::StatusResponse>, u64), Failure> {
+pub(crate) async fn list_all(
+    ctx: &Ctx,
+    mut req: pb::ListTransactionsRequest,
+) -> Result<(Vec<pb::StatusResponse>, u64), Failure> {
     let mut out = Vec::new();
     let mut now = 0;
     for _ in 0..LIST_PAGES_MAX {
@@ -624,8 +910,9 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
                 return Err(failure(
                     EXIT_REFUSED,
                     format!(
-                        "transaction {txid} not found: never begun here, or forgotten after every participant acked \
-                         (a participant asking about it is told: unknown, presumed abort)"
+                        "transaction {txid} not found: never begun here, or forgotten (after every participant \
+                         acked, or by an operator's txn forget, which drops a record once every participant acked \
+                         or was dropped); a participant asking about it is told: unknown, presumed abort"
                     ),
                 ));
             };
@@ -685,6 +972,7 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
             commit,
             abort: _,
             voters,
+            participant_lost,
             who,
         } => {
             let asked = if commit {
@@ -692,10 +980,15 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
             } else {
                 TxOutcome::Aborted
             };
-            let (outcome, recorded) = ctx
-                .client
-                .resolve(txid, commit, &voters, &who.operator, &who.reason)
-                .await?;
+            let (outcome, recorded) = if participant_lost {
+                ctx.client
+                    .declare_lost(txid, commit, &who.operator(), &who.reason)
+                    .await?
+            } else {
+                ctx.client
+                    .resolve(txid, commit, &voters, &who.operator(), &who.reason)
+                    .await?
+            };
             let name = |o: TxOutcome| match o {
                 TxOutcome::Committed => "COMMIT",
                 TxOutcome::Aborted => "ABORT",
@@ -728,36 +1021,36 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
                 ))
             }
         }
-        TxnCmd::DropParticipant { txid, participant, who } => {
-            let r = ctx
-                .client
-                .drop_participant(txid, &participant, &who.operator, &who.reason)
-                .await?;
-            let v = json!({"txid": txid, "participant": participant, "recorded": r.recorded,
-                "transaction": r.transaction.as_ref().map(view::tx_json)});
-            emit(ctx, v, || {
-                if r.recorded {
-                    format!(
-                        "participant {participant} dropped from phase two of transaction {txid}: the decision must be \
-                         applied there by hand (txn show {txid})"
-                    )
-                } else {
-                    format!("participant {participant} of transaction {txid} was dropped before (nothing changed)")
+        TxnCmd::DropParticipant {
+            txid,
+            participant,
+            participant_flag,
+            bulk,
+            who,
+        } => {
+            let Some(participant) = participant.or(participant_flag) else {
+                return Err(failure(EXIT_USAGE, "name the participant (--participant X)"));
+            };
+            match txid {
+                Some(txid) => drop_one(ctx, txid, &participant, &who).await,
+                None => {
+                    crate::admin_bulk::drop_all(ctx, &participant, bulk.dry_run, &who.operator(), &who.reason).await
                 }
-            });
-            Ok(())
+            }
         }
-        TxnCmd::Forget { txid, who } => {
-            let forgotten = ctx.client.forget_transaction(txid, &who.operator, &who.reason).await?;
-            emit(ctx, json!({"txid": txid, "forgotten": forgotten}), || {
-                if forgotten {
-                    format!("transaction {txid} forgotten")
-                } else {
-                    format!("transaction {txid} has no record (never begun, or forgotten before); nothing changed")
-                }
-            });
-            Ok(())
-        }
+        TxnCmd::Forget {
+            txid,
+            participant,
+            bulk,
+            who,
+        } => match (txid, participant) {
+            (Some(txid), _) => forget_one(ctx, txid, &who).await,
+            (None, Some(p)) => crate::admin_bulk::forget_all(ctx, &p, bulk.dry_run, &who.operator(), &who.reason).await,
+            (None, None) => Err(failure(
+                EXIT_USAGE,
+                "--all forgets the transactions of one participant: give --participant X",
+            )),
+        },
         TxnCmd::Begin { key, timeout_ms } => {
             let b = ctx.client.begin(&key, timeout_ms, b"").await?;
             emit(
@@ -791,6 +1084,41 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
         TxnCmd::Commit { txid } => decided(ctx, txid, ctx.client.commit(txid).await?),
         TxnCmd::Abort { txid, reason } => decided(ctx, txid, ctx.client.abort(txid, &reason).await?),
     }
+}
+
+async fn drop_one(ctx: &Ctx, txid: u64, participant: &str, who: &Who) -> Outcome {
+    let r = ctx
+        .client
+        .drop_participant(txid, participant, &who.operator(), &who.reason)
+        .await?;
+    let v = json!({"txid": txid, "participant": participant, "recorded": r.recorded,
+        "transaction": r.transaction.as_ref().map(view::tx_json)});
+    emit(ctx, v, || {
+        if r.recorded {
+            format!(
+                "participant {participant} dropped from phase two of transaction {txid}: the decision must be \
+                 applied there by hand (txn show {txid})"
+            )
+        } else {
+            format!("participant {participant} of transaction {txid} was dropped before (nothing changed)")
+        }
+    });
+    Ok(())
+}
+
+async fn forget_one(ctx: &Ctx, txid: u64, who: &Who) -> Outcome {
+    let forgotten = ctx
+        .client
+        .forget_transaction(txid, &who.operator(), &who.reason)
+        .await?;
+    emit(ctx, json!({"txid": txid, "forgotten": forgotten}), || {
+        if forgotten {
+            format!("transaction {txid} forgotten")
+        } else {
+            format!("transaction {txid} has no record (never begun, or forgotten before); nothing changed")
+        }
+    });
+    Ok(())
 }
 
 /// Prints a commit's or abort's answer; UNKNOWN is its own exit code.

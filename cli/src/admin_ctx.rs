@@ -29,7 +29,8 @@ impl From<ClientError> for Failure {
             | ClientError::FailedPrecondition(_)
             | ClientError::Unimplemented(_)
             | ClientError::Unauthenticated(_)
-            | ClientError::PermissionDenied(_) => EXIT_REFUSED,
+            | ClientError::PermissionDenied(_)
+            | ClientError::NotApplied(_) => EXIT_REFUSED,
             ClientError::Unknown(_) => EXIT_UNKNOWN,
             ClientError::Unavailable(_) => EXIT_UNREACHABLE,
             ClientError::Internal(_) => EXIT_ERROR,
@@ -45,6 +46,15 @@ impl From<tonic::Status> for Failure {
     fn from(s: tonic::Status) -> Failure {
         use tonic::Code;
         let code = match s.code() {
+            // Nothing was sent (not connected): that node was not reached.
+            _ if dtx_proto::unary::nothing_sent(&s) => EXIT_UNREACHABLE,
+            // The node said the call was certainly not applied: a refusal
+            // (nothing changed), whatever the code (issue 39, item 10).
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown | Code::ResourceExhausted
+                if dtx_proto::metadata::not_applied(&s) =>
+            {
+                EXIT_REFUSED
+            }
             Code::InvalidArgument
             | Code::NotFound
             | Code::AlreadyExists

@@ -376,6 +376,7 @@ where
     let mut addrs = ctx.addrs.clone();
     let mut last = String::from("no address given");
     let mut round = 0u32;
+    let mut refused = false;
     loop {
         let mut i = 0;
         while i < addrs.len() {
@@ -398,6 +399,9 @@ where
                 Verdict::Fail(f) => return Err(f),
                 Verdict::Elsewhere(m) => last = m,
             }
+            if kind == Kind::Write && dtx_proto::metadata::not_applied(&s) && !dtx_proto::unary::nothing_sent(&s) {
+                refused = true;
+            }
             if let Some(leader) = dtx_proto::metadata::leader_hint(&s) {
                 if !addrs.contains(&leader) {
                     addrs.push(leader);
@@ -405,6 +409,19 @@ where
             }
         }
         let now = Instant::now();
+        if now >= deadline && refused {
+            // A node answered that the write was not applied: a refusal
+            // (nothing changed), not an unreachable cluster (issue 39,
+            // item 10).
+            return Err(failure(
+                EXIT_REFUSED,
+                format!(
+                    "refused, not applied: no node could take the write within {:?} (no leader or no quorum); the \
+                     last said: {last}",
+                    ctx.timeout
+                ),
+            ));
+        }
         if now >= deadline {
             return Err(failure(
                 EXIT_UNREACHABLE,

@@ -215,11 +215,21 @@ pub fn status_json(s: &pb::ClusterStatusResponse) -> Value {
             "api_addr": m.api_addr,
             "voter": m.voter,
             "matched_index": m.matched_index,
-            "lag_entries": m.lag_entries,
+            // Known only to a leader that has matched the member's log in
+            // its term: null otherwise (never the whole log).
+            "lag_entries": lag_known(s, m).then_some(m.lag_entries),
             "reach": reach_name(m.reach),
             "last_heard_ms_ago": m.last_heard_ms_ago,
         })).collect::<Vec<_>>(),
     })
+}
+
+/// Whether `s` (a node's answer) knows how far `m` lags: only a leader
+/// knows, and only for a member whose log it has matched in its term (a
+/// member paused or down since the leader was elected has matched index 0
+/// there, and its lag is not known).
+pub fn lag_known(s: &pb::ClusterStatusResponse, m: &pb::NodeStatus) -> bool {
+    s.role == "Leader" && (m.node_id == s.node_id || m.matched_index > 0)
 }
 
 /// One member as `admin status` saw it: its own answer, or why none came.
@@ -228,20 +238,34 @@ pub struct MemberView<'a> {
     pub own: Result<&'a pb::ClusterStatusResponse, String>,
 }
 
-/// `admin status`: the leader's view of the members (reach, lag) beside
-/// each member's own answer (role, term, applied index, serving).
-pub fn status_table(leader_view: &pb::ClusterStatusResponse, views: &[MemberView<'_>]) -> String {
+/// `admin status`: the quorum line first, the addressed node's view, then
+/// the leader's view of the members (reach, lag; `?` where not known)
+/// beside each member's own answer (role, term, applied index, serving).
+pub fn status_table(
+    addressed: &pb::ClusterStatusResponse,
+    leader: Option<&pb::ClusterStatusResponse>,
+    quorum_line: &str,
+    views: &[MemberView<'_>],
+) -> String {
+    let shown = leader.unwrap_or(addressed);
     let mut out = format!(
-        "cluster {}  leader {}  term {}  next txid {}  transactions {}\n\n",
-        leader_view.cluster_id,
-        if leader_view.leader_id == 0 {
-            "none known".to_string()
+        "cluster {}  {quorum_line}\naddressed node {}: {}, term {}, {}; leader {}; next txid {}  transactions {}\n\n",
+        addressed.cluster_id,
+        addressed.node_id,
+        addressed.role,
+        addressed.term,
+        if addressed.serving {
+            "serving".to_string()
         } else {
-            leader_view.leader_id.to_string()
+            format!("NOT serving: {}", addressed.not_serving_reason)
         },
-        leader_view.term,
-        leader_view.next_txid,
-        leader_view.transactions,
+        match (addressed.leader_id, leader) {
+            (0, _) => "none known".to_string(),
+            (id, Some(_)) => id.to_string(),
+            (id, None) => format!("{id} named, not answering as leader"),
+        },
+        shown.next_txid,
+        shown.transactions,
     );
     let mut t = Table::new(&[
         "NODE",
@@ -258,7 +282,7 @@ pub fn status_table(leader_view: &pb::ClusterStatusResponse, views: &[MemberView
     for v in views {
         let m = v.member;
         let kind = if m.voter { "voter" } else { "learner" };
-        let lag = if leader_view.role == "Leader" {
+        let lag = if lag_known(shown, m) {
             m.lag_entries.to_string()
         } else {
             "?".into()

@@ -14,3 +14,6 @@ pub const EXIT_REFUSED: i32 = 3;
 pub const EXIT_UNKNOWN: i32 = 4;
 /// Unreachable: no node answered in time.
 pub const EXIT_UNREACHABLE: i32 = 5;
+/// Answered, but not healthy: `admin status` found no serving leader with
+/// a quorum, or the condition of `admin status --check` does not hold.
+pub const EXIT_UNHEALTHY: i32 = 6;

@@ -4,9 +4,12 @@
 //! a peer that is down or cut off: hundreds of lines a minute while one
 //! node of three is away, which is routine and needs nobody. ERROR must
 //! mean "act now", so those lines are held back here and summed up as one
-//! WARN line every [`SUMMARY_EVERY`] while they keep coming. Everything
-//! else, openraft's other errors included (a fatal storage error stops the
-//! node and is logged by it at ERROR too), passes unchanged.
+//! WARN line every [`SUMMARY_EVERY`] while they keep coming. The same
+//! holds for openraft's WARN lines about the same failures ("error
+//! replication to target=..", "backoff mode: drain events ..": 15 to 24 a
+//! second while one node is down; issue 39, item 4). Everything else,
+//! openraft's other errors included (a fatal storage error stops the node
+//! and is logged by it at ERROR too), passes unchanged.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
@@ -34,6 +37,14 @@ const ROUTINE: &[&str] = &[
     "while requesting vote",
 ];
 
+/// Words inside the messages of openraft's routine WARN lines about a
+/// peer it cannot reach (0.9.25: replication/mod.rs; the backoff line
+/// starts with a function's path).
+const ROUTINE_WITHIN: &[&str] = &[
+    "backoff mode: drain events without processing them",
+    "backoff exhausted",
+];
+
 /// Holds back openraft's routine peer errors and counts them.
 #[derive(Clone, Default)]
 pub struct RoutineRaftErrors {
@@ -48,12 +59,14 @@ impl RoutineRaftErrors {
 
     fn is_routine(event: &Event<'_>) -> bool {
         let meta = event.metadata();
-        if *meta.level() != Level::ERROR || !meta.target().starts_with("openraft") {
+        if !matches!(*meta.level(), Level::ERROR | Level::WARN) || !meta.target().starts_with("openraft") {
             return false;
         }
         let mut m = Message(None);
         event.record(&mut m);
-        m.0.is_some_and(|text| ROUTINE.iter().any(|r| text.starts_with(r)))
+        m.0.is_some_and(|text| {
+            ROUTINE.iter().any(|r| text.starts_with(r)) || ROUTINE_WITHIN.iter().any(|r| text.contains(r))
+        })
     }
 }
 
@@ -99,8 +112,8 @@ pub fn spawn_summary(filter: RoutineRaftErrors) {
                 tracing::warn!(
                     held_back = n,
                     "raft: {n} replication or vote requests to peers failed in the last {}s (routine while a \
-                     node is down or cut off; `admin status` shows which); openraft's ERROR lines for them are \
-                     not printed",
+                     node is down or cut off; `admin status` shows which); openraft's ERROR and WARN lines for \
+                     them are not printed",
                     SUMMARY_EVERY.as_secs()
                 );
             }
@@ -137,15 +150,32 @@ mod tests {
             tracing::error!(target: "openraft::replication", error = "connection refused", "error replication to target={}", 2);
             tracing::error!(target: "openraft::replication", err = "unreachable", "RPCError");
             tracing::error!(target: "openraft::core::raft_core", target_node = 3, "while requesting vote");
+            // openraft's WARN lines about the same failures (issue 39).
+            tracing::warn!(target: "openraft::replication", error = "unreachable", "error replication to target={}", 2);
+            tracing::warn!(
+                target: "openraft::replication",
+                interval = 500,
+                "{} backoff mode: drain events without processing them",
+                "openraft::replication::ReplicationCore<C,N,LS>::backoff_drain_events"
+            );
             // Not routine: openraft's other errors, our own errors, and
-            // the same words below ERROR.
+            // the same words below WARN.
             tracing::error!(target: "openraft::core::raft_core", "quit RaftCore::main on error");
             tracing::error!(target: "coordinator::node", "RPCError");
-            tracing::warn!(target: "openraft::replication", "RPCError");
+            tracing::info!(target: "openraft::replication", "RPCError");
+            tracing::warn!(target: "openraft::core::raft_core", "leader has removed target: 3");
         });
         let seen = seen.0.lock().unwrap().clone();
-        assert_eq!(seen, ["quit RaftCore::main on error", "RPCError", "RPCError"]);
-        assert_eq!(filter.take(), 3, "the three routine ones are counted");
+        assert_eq!(
+            seen,
+            [
+                "quit RaftCore::main on error",
+                "RPCError",
+                "RPCError",
+                "leader has removed target: 3"
+            ]
+        );
+        assert_eq!(filter.take(), 5, "the five routine ones are counted");
         assert_eq!(filter.take(), 0);
     }
 }

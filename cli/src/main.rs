@@ -12,6 +12,7 @@ macro_rules! outln {
 }
 
 mod admin;
+mod admin_bulk;
 mod admin_ctx;
 mod admin_participant;
 mod admin_saga;

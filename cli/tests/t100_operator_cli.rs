@@ -345,6 +345,24 @@ async fn t100_status_drill_and_exit_codes() {
     let mut c = TestCluster::start("t100c");
     let leader = c.leader().await;
 
+    // A cluster just bootstrapped serves once its leader has heard from a
+    // quorum and the others hold its membership; until then `status` exits
+    // 6 (issue 39, item 11), so wait for that first.
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = admin(&c, &["status"]);
+        if o.status.code() == Some(0) {
+            break;
+        }
+        assert_eq!(o.status.code(), Some(6), "{}", common::output_text(&o));
+        assert!(
+            Instant::now() < until,
+            "no quorum within 20 s: {}",
+            common::output_text(&o)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // Status: every member answers, as a table and as JSON.
     let table = ok(&admin(&c, &["status"]));
     assert!(table.starts_with("cluster t100c "), "{table}");

@@ -45,7 +45,7 @@ async fn t20_kill9_leader_while_writing_loses_no_acknowledged_write() {
                         acked.lock().unwrap().insert(key, b.txid);
                         acked_times.lock().unwrap().push((invoked, Instant::now()));
                     }
-                    Err(ClientError::Unknown(_)) | Err(ClientError::Unavailable(_)) => {
+                    Err(ClientError::Unknown(_) | ClientError::Unavailable(_) | ClientError::NotApplied(_)) => {
                         unknown.lock().unwrap().push(key)
                     }
                     Err(e) => panic!("unexpected definite failure for {key}: {e}"),

@@ -53,7 +53,7 @@ async fn t22_kill9_loop_loses_nothing_acknowledged() {
                 i += 1;
                 let b = match client.begin(&key, 600_000, b"").await {
                     Ok(b) => b,
-                    Err(ClientError::Unknown(_)) | Err(ClientError::Unavailable(_)) => continue,
+                    Err(ClientError::Unknown(_) | ClientError::Unavailable(_) | ClientError::NotApplied(_)) => continue,
                     Err(e) => panic!("definite failure on {key}: {e}"),
                 };
                 begun.lock().unwrap().insert(key, b.txid);
@@ -64,7 +64,8 @@ async fn t22_kill9_loop_loses_nothing_acknowledged() {
                     client.abort(b.txid, "loop").await
                 };
                 match o {
-                    Ok(TxOutcome::Unknown) | Err(ClientError::Unknown(_)) | Err(ClientError::Unavailable(_)) => {}
+                    Ok(TxOutcome::Unknown)
+                    | Err(ClientError::Unknown(_) | ClientError::Unavailable(_) | ClientError::NotApplied(_)) => {}
                     Ok(o) => {
                         told.lock().unwrap().insert(b.txid, o);
                     }

@@ -452,7 +452,11 @@ async fn t24_a_leader_whose_log_sync_stalls_is_replaced() {
     // (f) what the stalled leader answered, if it has answered yet.
     let check_answer = |c: &TestCluster, answer: &Result<TxOutcome, dtx_client::ClientError>| match answer {
         Ok(TxOutcome::Committed) | Ok(TxOutcome::Unknown) => {}
-        Err(dtx_client::ClientError::Unavailable(_)) | Err(dtx_client::ClientError::Unknown(_)) => {}
+        Err(
+            dtx_client::ClientError::Unavailable(_)
+            | dtx_client::ClientError::NotApplied(_)
+            | dtx_client::ClientError::Unknown(_),
+        ) => {}
         other => fail(
             c,
             format!(

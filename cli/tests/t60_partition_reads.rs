@@ -89,7 +89,7 @@ async fn t60_isolated_leader_refuses_writes_as_not_applied() {
     let only_old = dtx_client::Client::new(cfg).unwrap();
     let res = only_old.begin("w1", 60_000, b"").await;
     match res {
-        Err(dtx_client::ClientError::Unavailable(msg)) => {
+        Err(dtx_client::ClientError::NotApplied(msg)) => {
             assert!(msg.contains("no quorum"), "{msg}")
         }
         other => panic!("expected a not-applied refusal, got {other:?}"),

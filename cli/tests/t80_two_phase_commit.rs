@@ -65,13 +65,20 @@ async fn t80_commit_abort_and_unreachable_participant() {
     );
     assert_eq!(a.store.view().get(format!("staged/{t}").as_bytes()).unwrap(), None);
     let st = cl.status(t).await.unwrap();
-    assert!(st.decision.unwrap().note.contains("bank-b voted NO"));
+    // Issue 39, item 13: the note names every participant's part, the YES
+    // voter's too, not only the refusal.
+    let note = st.decision.unwrap().note;
+    assert!(note.contains("bank-b voted NO"), "{note}");
+    assert!(note.contains("YES from bank-a"), "{note}");
 
     // A participant that cannot be reached at prepare: ABORT.
     let t = cl.begin("tx-unreachable", 30_000, b"").await.unwrap().txid;
     cl.enlist(t, &a.id, &a.addr, b"debit 5").await.unwrap();
     cl.enlist(t, "ghost", "127.0.0.1:1", b"").await.unwrap();
     assert_eq!(cl.commit(t).await.unwrap(), TxOutcome::Aborted);
+    let note = cl.status(t).await.unwrap().decision.unwrap().note;
+    assert!(note.starts_with("ghost: "), "{note}");
+    assert!(note.contains("YES from bank-a"), "{note}");
     assert!(
         a.wait_state(t, LocalState::Aborted { tombstone: false }, Duration::from_secs(10))
             .await

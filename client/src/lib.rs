@@ -130,6 +130,7 @@ use dtx_proto::channel::ChannelCache;
 use dtx_proto::limits::DECISION_BATCH_TXIDS_MAX;
 use dtx_proto::metadata::leader_hint;
 use dtx_proto::metadata::not_applied;
+use dtx_proto::unary::nothing_sent;
 
 use crate::backoff::Backoff;
 use crate::backoff::Jitter;
@@ -217,10 +218,17 @@ pub enum ClientError {
     /// The outcome is not known: the write may or may not have been applied.
     #[error("outcome unknown: {0}")]
     Unknown(String),
-    /// A read (or a write known not to be applied) could not be served
-    /// before the deadline.
+    /// A read could not be served before the deadline, or a write reached
+    /// no node (nothing was sent: it was certainly not applied).
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The cluster refused the write for now and said it was not applied
+    /// (no leader known, no quorum, a leader cut off from its majority):
+    /// nothing changed. A definite failure, never an unknown outcome; the
+    /// same call may be made again later (every write is idempotent or
+    /// write-once).
+    #[error("refused, not applied: {0}")]
+    NotApplied(String),
     /// A storage or invariant fault at the server, or an answer this client
     /// cannot read.
     #[error("internal error: {0}")]
@@ -475,6 +483,9 @@ impl Client {
     {
         let deadline = Instant::now() + self.cfg.call_deadline;
         let mut maybe_applied = false;
+        // A node answered that the write was not applied (rather than no
+        // node being reached at all).
+        let mut refused = false;
         let mut last = String::from("no attempt finished");
         let mut attempt = 0u32;
         loop {
@@ -482,6 +493,8 @@ impl Client {
             if now >= deadline {
                 return Err(if kind == Kind::Write && maybe_applied {
                     ClientError::Unknown(last)
+                } else if kind == Kind::Write && refused {
+                    ClientError::NotApplied(last)
                 } else {
                     ClientError::Unavailable(last)
                 });
@@ -524,6 +537,12 @@ impl Client {
                 // with the same credentials would be refused again.
                 Code::Unauthenticated => return Err(ClientError::Unauthenticated(status.message().into())),
                 Code::PermissionDenied => return Err(ClientError::PermissionDenied(status.message().into())),
+                // Not connected (refused, no route, TLS handshake failed):
+                // nothing was sent, so nothing can have been applied there
+                // (issue 39, item 10). Go round the endpoints.
+                _ if nothing_sent(&status) => {
+                    *self.leader.lock().expect("lock") = None;
+                }
                 Code::Internal | Code::DataLoss if kind == Kind::Read || not_applied(&status) => {
                     return Err(ClientError::Internal(last))
                 }
@@ -539,6 +558,7 @@ impl Client {
                 Code::ResourceExhausted if not_applied(&status) => {
                     // Over the server's rate limit: refused before anything
                     // ran; wait (the backoff below) and ask again.
+                    refused = true;
                 }
                 Code::Unavailable => {
                     // Redirected or refused; it may still have been applied
@@ -546,7 +566,9 @@ impl Client {
                     // the hint only to one of the endpoints (as a forwarded
                     // answer's, `learn_leader`); otherwise, or without a
                     // hint, forget the leader and go round the endpoints.
-                    if !not_applied(&status) {
+                    if not_applied(&status) {
+                        refused = true;
+                    } else {
                         maybe_applied = true;
                     }
                     *self.leader.lock().expect("lock") = leader_hint(&status).and_then(|h| self.endpoint_named(&h));
@@ -776,7 +798,40 @@ impl Client {
             voters: voters.to_vec(),
             operator: operator.to_string(),
             reason: reason.to_string(),
+            participant_lost: false,
         };
+        self.resolve_request(req).await
+    }
+
+    /// An operator's heuristic decision of a one-phase commit whose one
+    /// participant is gone for good (issue 39, item 8): the participant is
+    /// declared lost and dropped, and `commit` (true: COMMIT, false: ABORT)
+    /// recorded as the operator's decision, never as the participant's
+    /// answer. Write-once like `resolve`; refused for a transaction that is
+    /// not a one-phase commit.
+    pub async fn declare_lost(
+        &self,
+        txid: u64,
+        commit: bool,
+        operator: &str,
+        reason: &str,
+    ) -> Result<(TxOutcome, bool), ClientError> {
+        let req = pb::ResolveRequest {
+            txid,
+            outcome: if commit {
+                pb::Outcome::Commit
+            } else {
+                pb::Outcome::Abort
+            } as i32,
+            voters: Vec::new(),
+            operator: operator.to_string(),
+            reason: reason.to_string(),
+            participant_lost: true,
+        };
+        self.resolve_request(req).await
+    }
+
+    async fn resolve_request(&self, req: pb::ResolveRequest) -> Result<(TxOutcome, bool), ClientError> {
         let r = self
             .call(Kind::Write, |ch, t| {
                 let rq = self.request(req.clone(), t);

@@ -77,6 +77,7 @@ pub fn source_name(v: i32) -> &'static str {
         Ok(pb::DecisionSource::Client) => "client",
         Ok(pb::DecisionSource::Reaper) => "reaper",
         Ok(pb::DecisionSource::Operator) => "operator",
+        Ok(pb::DecisionSource::OperatorHeuristic) => "operator-heuristic",
         _ => "unspecified",
     }
 }
@@ -143,7 +144,12 @@ pub fn timeline(t: &pb::StatusResponse, now_ms: u64) -> Vec<(u64, String)> {
     }
     match &t.decision {
         Some(d) => {
-            let votes = if outcome_name(d.outcome) == "COMMIT" {
+            let heuristic = d.source == pb::DecisionSource::OperatorHeuristic as i32;
+            let votes = if heuristic {
+                "none: the participant never answered; an operator declared it lost and chose the outcome \
+                 (it may have done otherwise)"
+                    .to_string()
+            } else if outcome_name(d.outcome) == "COMMIT" {
                 if t.one_phase {
                     "the one participant prepared and committed in one phase".to_string()
                 } else {
@@ -157,8 +163,16 @@ pub fn timeline(t: &pb::StatusResponse, now_ms: u64) -> Vec<(u64, String)> {
                     )
                 }
             } else {
-                "not every participant voted YES in time, or the transaction was aborted before the votes (see the note)"
-                    .to_string()
+                // Who voted what is in the driver's note (each participant's
+                // vote, or why none came); the other sources decide without
+                // a count of votes.
+                match source_name(d.source) {
+                    "driver" => d.note.clone(),
+                    "client" => "none counted: the client aborted it".to_string(),
+                    "reaper" => "none counted: its deadline passed without a decision".to_string(),
+                    "operator" => "none counted: an operator aborted it".to_string(),
+                    _ => "see the note".to_string(),
+                }
             };
             events.push((d.decided_unix_ms, format!("votes: {votes}")));
             events.push((
@@ -166,7 +180,11 @@ pub fn timeline(t: &pb::StatusResponse, now_ms: u64) -> Vec<(u64, String)> {
                 format!(
                     "decided {} by the {} in term {}: {}",
                     outcome_name(d.outcome),
-                    source_name(d.source),
+                    if heuristic {
+                        "operator, heuristically (not the participant's answer)"
+                    } else {
+                        source_name(d.source)
+                    },
                     d.term,
                     if d.note.is_empty() { "-" } else { &d.note }
                 ),

@@ -291,6 +291,23 @@ pub struct AuthConfig {
     /// mutual TLS that check it (`--accept-node-token-sha256`). With TLS
     /// the node's certificate is its proof and this is not needed.
     pub participant_token_file: Option<PathBuf>,
+    /// Participants that may enlist themselves (issue 39, ADR 0037): a
+    /// participant identity enlists only its own id (its name), and only in
+    /// a transaction of an application listed with it here (or one whose
+    /// owner enlisted it already).
+    pub self_enlist: Vec<SelfEnlistConfig>,
+}
+
+/// One participant allowed to enlist itself in the transactions of the
+/// applications named.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SelfEnlistConfig {
+    /// The participant's identity name (`dtx://participant/<name>`, or a
+    /// participant token's name), which is also the id it enlists as.
+    pub participant: String,
+    /// The applications (owners) whose transactions it may enlist in.
+    pub applications: Vec<String>,
 }
 
 /// One accepted bearer token: the SHA-256 of the token (64 hex digits;
@@ -422,6 +439,13 @@ impl Config {
     /// One configured token, checked.
     pub fn token_entry(&self, t: &TokenConfig) -> Result<dtx_proto::tls::TokenEntry, String> {
         let role = dtx_proto::tls::Role::parse(&t.role)?;
+        dtx_proto::tls::identity::check_name(&t.name)?;
+        if role == dtx_proto::tls::Role::Node {
+            return Err(format!(
+                "the token for {:?} has role \"node\", which a token cannot carry: a node proves itself with its certificate (dtx://node/<id>) and is honoured only as a current member; use application, participant or operator",
+                t.name
+            ));
+        }
         dtx_proto::tls::TokenEntry::new(role, &t.name, &t.sha256)
     }
 
@@ -490,6 +514,31 @@ impl Config {
         for tok in &self.auth.tokens {
             self.token_entry(tok)
                 .map_err(|e| ConfigError::Invalid(format!("auth.tokens: {e}")))?;
+        }
+        let mut self_enlisting = std::collections::BTreeSet::new();
+        for e in &self.auth.self_enlist {
+            dtx_proto::tls::identity::check_name(&e.participant)
+                .map_err(|m| ConfigError::Invalid(format!("auth.self_enlist: participant: {m}")))?;
+            if !self_enlisting.insert(e.participant.as_str()) {
+                return bad(format!(
+                    "auth.self_enlist: participant {:?} is listed twice; list all its applications in one entry",
+                    e.participant
+                ));
+            }
+            if e.applications.is_empty() {
+                return bad(format!(
+                    "auth.self_enlist: participant {:?} names no applications",
+                    e.participant
+                ));
+            }
+            for a in &e.applications {
+                dtx_proto::tls::identity::check_name(a).map_err(|m| {
+                    ConfigError::Invalid(format!(
+                        "auth.self_enlist: participant {:?}: applications: {m}",
+                        e.participant
+                    ))
+                })?;
+            }
         }
         if self.bootstrap.enabled {
             if self.bootstrap.members.is_empty() {
@@ -637,6 +686,59 @@ mod tests {
     #[test]
     fn defaults_validate() {
         Config::default().validate().unwrap();
+    }
+
+    /// Issue 39, items 3 and 4: a token cannot carry the node role, and
+    /// identity names in the configuration follow the documented alphabet.
+    #[test]
+    fn tokens_cannot_carry_the_node_role_and_names_are_checked() {
+        let token = |role: &str, name: &str| {
+            format!(
+                "[[auth.tokens]]\nrole = {role:?}\nname = {name:?}\nsha256 = \"{}\"\n",
+                "0".repeat(64)
+            )
+        };
+        let e = Config::from_toml(&token("node", "9")).unwrap().validate().unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("auth.tokens") && m.contains("role \"node\"") && m.contains("cannot carry"),
+            "{m}"
+        );
+        let e = Config::from_toml(&token("application", ".."))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("must start with a letter or a digit"), "{e}");
+        Config::from_toml(&token("application", "shop"))
+            .unwrap()
+            .validate()
+            .unwrap();
+    }
+
+    /// `auth.self_enlist` (issue 39, item 2): names checked, every entry
+    /// names applications, one entry per participant.
+    #[test]
+    fn self_enlist_entries_are_checked() {
+        let e = Config::from_toml("[[auth.self_enlist]]\nparticipant = \"..\"\napplications = [\"shop\"]")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("auth.self_enlist"), "{e}");
+        let e = Config::from_toml("[[auth.self_enlist]]\nparticipant = \"inventory\"\napplications = []")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("names no applications"), "{e}");
+        Config::from_toml("[[auth.self_enlist]]\nparticipant = \"inventory\"\napplications = [\"shop\"]")
+            .unwrap()
+            .validate()
+            .unwrap();
+        let twice = "[[auth.self_enlist]]\nparticipant = \"inventory\"\napplications = [\"shop\"]\n";
+        let e = Config::from_toml(&format!("{twice}{twice}"))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("listed twice"), "{e}");
     }
 
     #[test]

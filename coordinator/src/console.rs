@@ -1453,7 +1453,20 @@ mod tests {
             html.contains("decided ABORT by the client in term 2: client: gave up"),
             "{html}"
         );
-        assert!(html.contains("not every participant voted YES in time"), "{html}");
+        assert!(html.contains("votes: none counted: the client aborted it"), "{html}");
+        // The driver's ABORT: its note names each participant's vote.
+        aborted.decision = Some(pb::Decision {
+            outcome: pb::Outcome::Abort as i32,
+            source: pb::DecisionSource::Driver as i32,
+            term: 2,
+            decided_unix_ms: 7_100,
+            note: "bank-b voted NO: funds; YES from bank-a".into(),
+        });
+        let html = render_txn(&frame(1, 1), &aborted);
+        assert!(
+            html.contains("votes: bank-b voted NO: funds; YES from bank-a"),
+            "{html}"
+        );
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub enum ApiError {
     PermissionDenied(String),
     /// This node is not the leader. `proposed` tells whether the command was
     /// handed to Raft before that was found out (then it may still apply).
-    #[error("not the leader; leader is {leader_id:?} at {leader_api_addr:?}")]
+    #[error("{}", not_leader_text(*leader_id, leader_api_addr.as_deref()))]
     NotLeader {
         leader_id: Option<NodeId>,
         leader_api_addr: Option<String>,
@@ -68,6 +68,16 @@ pub enum ApiError {
     Unknown(String),
     #[error("{0}")]
     Internal(String),
+}
+
+/// "not the leader" and who is, in words (never Rust's `Some(..)`: the
+/// text reaches operators, issue 39 item 14).
+fn not_leader_text(leader_id: Option<NodeId>, addr: Option<&str>) -> String {
+    match (leader_id, addr) {
+        (Some(id), Some(a)) => format!("not the leader; the leader is node {id} at {a}"),
+        (Some(id), None) => format!("not the leader; the leader is node {id} (its address is not known here)"),
+        (None, _) => "not the leader, and no leader is known (an election may be under way)".to_string(),
+    }
 }
 
 fn not_owner(txid: Txid, owner: &str, caller: &str) -> ApiError {
@@ -462,5 +472,35 @@ impl NodeCtx {
     /// bound to our own IP.
     pub fn api_channel(&self, addr: &str) -> Result<Channel, ApiError> {
         self.channels.get(addr).map_err(ApiError::Unavailable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 39, item 14: an operator read "leader is Some(3) at
+    /// Some(\"10.0.0.3:7201\")"; the text says it in words.
+    #[test]
+    fn not_the_leader_names_the_leader_in_words_never_rust_options() {
+        let cases = [
+            (
+                Some(3),
+                Some("10.0.0.3:7201".to_string()),
+                "the leader is node 3 at 10.0.0.3:7201",
+            ),
+            (Some(3), None, "the leader is node 3"),
+            (None, None, "no leader is known"),
+        ];
+        for (leader_id, leader_api_addr, want) in cases {
+            let text = ApiError::NotLeader {
+                leader_id,
+                leader_api_addr,
+                proposed: false,
+            }
+            .to_string();
+            assert!(text.contains(want), "{text}");
+            assert!(!text.contains("Some(") && !text.contains("None"), "{text}");
+        }
     }
 }

@@ -7,8 +7,11 @@
 //! has an entry in [`METRICS`] (`dtx-tls` describes its own, the servers'
 //! edge); a unit test scans the sources and fails on a metric without one,
 //! or with the wrong type, or an entry nothing records. Labels are bounded: request methods, gRPC codes, outcomes,
-//! participant ids as enlisted (service names, bounded by the deployment),
-//! never a txid.
+//! never a txid; participant ids (chosen by applications when they
+//! enlist) only through [`participant_label`]: the first
+//! [`PARTICIPANT_LABELS_MAX`] distinct ids this process sees have a label
+//! of their own, every later one is counted as `other` (issue 39, item 6;
+//! docs/adr/0038-bounded-logs-and-labels.md).
 
 use metrics::Unit;
 use metrics_exporter_prometheus::Matcher;
@@ -61,11 +64,14 @@ pub const METRICS: &[Described] = &[
     m("dtx_reaper_aborts_total", C, Unit::Count, "ABORT decisions the deadline reaper recorded (leader)."),
     m("dtx_forgotten_total", C, Unit::Count, "Decided, fully acked records the forget loop removed (leader)."),
     m("dtx_deliveries_total", C, Unit::Count, "Decisions delivered to a participant and acked, by outcome (leader)."),
-    m("dtx_delivery_failures_total", C, Unit::Count, "Failed delivery attempts, each retried with backoff, by kind (no_answer, refused) and participant (the id it was enlisted with) (leader)."),
+    m("dtx_delivery_failures_total", C, Unit::Count, "Failed delivery attempts, each retried with backoff, by kind (no_answer, refused) and participant (the id it was enlisted with; past the first 32 distinct ids, other) (leader)."),
+    m("dtx_prepare_failures_total", C, Unit::Count, "Prepares that got no vote (no answer, an error), each counted as NO, by participant (as in dtx_delivery_failures_total); logged once per participant per 10 s (leader)."),
     m("dtx_participant_outages_total", C, Unit::Count, "Times a participant address started failing deliveries (leader)."),
     m("dtx_participants_failing", G, Unit::Count, "Participant addresses failing deliveries now (leader)."),
     m("dtx_participant_protocol_errors_total", C, Unit::Count, "Commit or Abort refused FAILED_PRECONDITION by a participant (protocol violation or stale term); should stay 0 (leader)."),
     m("dtx_one_phase_commits_total", C, Unit::Count, "One-phase commits decided by their participant's answer, by outcome (leader)."),
+    m("dtx_heuristic_decisions_total", C, Unit::Count, "Heuristic decisions an operator recorded for one-phase commits whose participant was declared lost, by outcome (leader)."),
+    m("dtx_heuristic_contradictions_total", C, Unit::Count, "Participants declared lost that answered their one-phase commit after all, with the other outcome than the operator's heuristic decision: reconcile by hand (leader)."),
     m("dtx_one_write_commits_total", C, Unit::Count, "BeginAndCommits recorded with their decision in one write, by outcome (leader)."),
     m("dtx_txid_ranges_reserved_total", C, Unit::Count, "ReserveTxids writes: txid ranges reserved for one-write commits (leader)."),
     m("dtx_writes_refused_no_quorum_total", C, Unit::Count, "Writes refused at once by a leader that heard from no quorum for too long."),
@@ -132,6 +138,38 @@ pub fn describe() {
 pub fn grpc_method<Req>() -> &'static str {
     let name = std::any::type_name::<Req>().rsplit("::").next().unwrap_or("unknown");
     name.strip_suffix("Request").filter(|m| !m.is_empty()).unwrap_or(name)
+}
+
+/// Distinct participant ids that get a label of their own in this
+/// process's metrics; later ones are labelled [`OTHER_PARTICIPANT`].
+pub const PARTICIPANT_LABELS_MAX: usize = 32;
+
+/// The label of every participant id past [`PARTICIPANT_LABELS_MAX`].
+pub const OTHER_PARTICIPANT: &str = "other";
+
+/// The `participant` label of `id`: the id itself if it is one of the
+/// first [`PARTICIPANT_LABELS_MAX`] distinct ids seen by this process (for
+/// its life), else [`OTHER_PARTICIPANT`]. Applications choose participant
+/// ids; the series they make must not grow without bound.
+pub fn participant_label(id: &str) -> String {
+    static SEEN: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> = std::sync::OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .expect("participant labels lock");
+    labelled(&mut seen, id, PARTICIPANT_LABELS_MAX)
+}
+
+/// [`participant_label`] over the table `seen`, with the bound `max`.
+fn labelled(seen: &mut std::collections::HashSet<String>, id: &str, max: usize) -> String {
+    if seen.contains(id) {
+        return id.to_string();
+    }
+    if seen.len() < max && id != OTHER_PARTICIPANT {
+        seen.insert(id.to_string());
+        return id.to_string();
+    }
+    OTHER_PARTICIPANT.to_string()
 }
 
 /// How many entries of each index [`table_gauges`] looks at: bounded work
@@ -258,6 +296,25 @@ mod tests {
         assert!(text.contains(r#"dtx_batch_commands_bucket{le="8"} 1"#), "{text}");
         assert!(text.contains(r#"dtx_batch_commands_bucket{le="4"} 0"#), "{text}");
         assert!(!text.contains("quantile="), "no summaries: {text}");
+    }
+
+    /// Issue 39, item 6: participant ids (chosen by applications) label
+    /// at most `max` series; the rest are `other`, and an id labelled once
+    /// keeps its label.
+    #[test]
+    fn participant_labels_are_bounded() {
+        let mut seen = std::collections::HashSet::new();
+        let labels: Vec<String> = (0..100).map(|i| labelled(&mut seen, &format!("p{i}"), 4)).collect();
+        assert_eq!(&labels[..4], ["p0", "p1", "p2", "p3"]);
+        assert!(labels[4..].iter().all(|l| l == OTHER_PARTICIPANT), "{labels:?}");
+        assert_eq!(labelled(&mut seen, "p2", 4), "p2", "a known id keeps its label");
+        assert_eq!(seen.len(), 4, "nothing more is kept");
+        let mut seen = std::collections::HashSet::new();
+        assert_eq!(labelled(&mut seen, OTHER_PARTICIPANT, 4), OTHER_PARTICIPANT);
+        assert!(seen.is_empty(), "\"other\" takes no place of its own");
+        let distinct: std::collections::HashSet<String> =
+            (0..1000).map(|i| participant_label(&format!("t-{i}"))).collect();
+        assert!(distinct.len() <= PARTICIPANT_LABELS_MAX + 1, "{}", distinct.len());
     }
 
     #[test]

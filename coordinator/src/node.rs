@@ -65,15 +65,45 @@ fn raft_config(c: &Config) -> anyhow::Result<openraft::Config> {
     rc.validate().context("invalid raft settings")
 }
 
-/// Why a store in the data directory could not be opened: a full disk says
-/// so; anything else is damage, which the node never repairs.
+/// Whether the filesystem holding `dir` is mounted read-only (the kernel
+/// remounts ext4 and others read-only after a write error: EROFS).
+pub fn read_only_filesystem(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statvfs(3) writes only into `st`, which lives on this stack
+    // frame; `path` is a valid NUL-terminated string.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        libc::statvfs(path.as_ptr(), &mut st) == 0 && (st.f_flag & libc::ST_RDONLY) != 0
+    }
+}
+
+/// What a node on a read-only filesystem says (issue 39, item 14: it said
+/// "damaged", and it was not).
+fn read_only_text(data_dir: &std::path::Path) -> String {
+    format!(
+        "data directory {} is on a read-only filesystem (EROFS: the kernel remounts a filesystem read-only after a \
+         write error, or it was mounted so); it is not damaged by that, and this node changed nothing in it. Check \
+         the disk and the kernel log (dmesg), run a filesystem check, mount it read-write again, then start the node: \
+         what it acknowledged is on disk, and it catches up from the leader",
+        data_dir.display()
+    )
+}
+
+/// Why a store in the data directory could not be opened: a full disk or
+/// a read-only filesystem says so; anything else is damage, which the node
+/// never repairs.
 fn store_open_error(
     data_dir: &std::path::Path,
     what: &str,
     no_space: bool,
     e: &dyn std::fmt::Display,
 ) -> anyhow::Error {
-    if no_space {
+    if read_only_filesystem(data_dir) {
+        anyhow::anyhow!("cannot load {what}: {}: {e}", read_only_text(data_dir))
+    } else if no_space {
         anyhow::anyhow!("cannot load {what} from data directory {}: {e}", data_dir.display())
     } else {
         anyhow::anyhow!(
@@ -93,6 +123,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let security = crate::security::Security::load(&config)?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
+    if read_only_filesystem(&config.data_dir) {
+        anyhow::bail!(read_only_text(&config.data_dir));
+    }
     let engine = store::open_data_dir(&config.data_dir, &config.cluster_id, config.node_id)?;
     let mut log_store = LogStore::open(engine.clone(), &config.data_dir)
         .map_err(|e| store_open_error(&config.data_dir, "the Raft log", e.is_no_space(), &e))?;
@@ -224,7 +257,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     };
     let reloaders = security.spawn_reloaders(Duration::from_millis(config.tls.reload_interval_ms));
     let raft_router = tonic::transport::Server::builder()
-        .layer(security.raft_layer())
+        .layer(security.raft_layer(Some(crate::security::member_check(raft.clone(), true))))
         .layer(monitor.layer())
         .add_service(raft_health_service.clone())
         .add_service(
@@ -245,7 +278,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     .await?;
     let api_router = tonic::transport::Server::builder()
         .max_concurrent_streams(Some(config.api.max_concurrent_streams_per_connection))
-        .layer(security.api_layer(&config.api))
+        .layer(security.api_layer(&config.api, Some(crate::security::member_check(raft.clone(), false))))
         .layer(monitor.layer())
         .add_service(api_health_service)
         .add_service(reflection_v1()?)
@@ -578,9 +611,10 @@ const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// The metrics port (HTTP/1): `/health` answers 200 `SERVING` or 503
 /// `NOT_SERVING: <reason>` from the serving monitor; `/console` and below
 /// is the read-only web console (`crate::console`; 404 when
-/// `console_enabled` is false); every other path answers the Prometheus
-/// text, as metrics-exporter-prometheus's listener did (which answered
-/// `/health` with a constant `OK`).
+/// `console_enabled` is false); `/metrics` answers the Prometheus text;
+/// every other path 404 (issue 39, item 6: metrics-exporter-prometheus's
+/// listener answered the text on every path). Every answer carries
+/// `X-Content-Type-Options: nosniff`.
 async fn serve_metrics(
     listener: tokio::net::TcpListener,
     handle: Option<PrometheusHandle>,
@@ -663,7 +697,7 @@ async fn metrics_response(
                 format!("NOT_SERVING: {}\n", v.reason),
             )
         }
-    } else {
+    } else if path == "/metrics" {
         let text = match handle {
             Some(h) => tokio::task::spawn_blocking(move || h.render())
                 .await
@@ -671,6 +705,11 @@ async fn metrics_response(
             None => String::new(),
         };
         (hyper::StatusCode::OK, text)
+    } else {
+        (
+            hyper::StatusCode::NOT_FOUND,
+            "not found: this port serves /metrics, /health and /console\n".to_string(),
+        )
     };
     let mut resp = hyper::Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
@@ -678,5 +717,29 @@ async fn metrics_response(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("text/plain"),
     );
+    resp.headers_mut().insert(
+        hyper::header::X_CONTENT_TYPE_OPTIONS,
+        hyper::header::HeaderValue::from_static("nosniff"),
+    );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 39, item 14: a node whose filesystem was remounted read-only
+    /// said its data directory was "damaged".
+    #[test]
+    fn a_read_only_filesystem_is_named_as_such_never_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!read_only_filesystem(dir.path()), "a temporary directory is writable");
+        let e = store_open_error(dir.path(), "the Raft log", false, &"os error 30");
+        assert!(
+            e.to_string().contains("is damaged"),
+            "a writable one keeps the damage text: {e}"
+        );
+        let text = read_only_text(dir.path());
+        assert!(text.contains("EROFS") && !text.contains("is damaged"), "{text}");
+    }
 }

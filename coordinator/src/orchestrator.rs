@@ -270,7 +270,7 @@ impl Orchestrator {
                     }
                     if let Some(reason) = parked {
                         metrics::counter!("dtx_saga_parked_total").increment(1);
-                        warn!(saga = id, step = r.current, reason = %reason, "saga parked for an operator");
+                        warn!(saga = id, step = r.current, reason = %dtx_proto::tls::logtext::Clean(&reason), "saga parked for an operator");
                     }
                     if pivot_passed {
                         dtx_failpoint::failpoint!("saga_after_pivot");
@@ -650,7 +650,7 @@ impl Orchestrator {
 
     fn outcome_metrics(&self, side: Side, reply: &Reply) {
         if reply.outcome == CallOutcome::Unknown {
-            info!(call = side.label(), reason = %reply.reason, "saga step call outcome UNKNOWN: its status query settles it");
+            info!(call = side.label(), reason = %dtx_proto::tls::logtext::Clean(&reply.reason), "saga step call outcome UNKNOWN: its status query settles it");
         }
         metrics::counter!("dtx_saga_calls_total", "call" => side.label(), "outcome" => reply.outcome.name())
             .increment(1);

@@ -16,6 +16,7 @@ use dtx_proto::tls::ClientAuth;
 use dtx_proto::tls::ClientTls;
 use dtx_proto::tls::EdgeLayer;
 use dtx_proto::tls::Identity;
+use dtx_proto::tls::NodeCheck;
 use dtx_proto::tls::RateLimit;
 use dtx_proto::tls::Role;
 use dtx_proto::tls::ServerTls;
@@ -128,8 +129,9 @@ impl Security {
         v
     }
 
-    /// The layer in front of the API port's services.
-    pub fn api_layer(&self, api: &crate::config::ApiConfig) -> EdgeLayer {
+    /// The layer in front of the API port's services. `members` says
+    /// which node identities are honoured ([`member_check`]).
+    pub fn api_layer(&self, api: &crate::config::ApiConfig, members: Option<NodeCheck>) -> EdgeLayer {
         let rate = (api.requests_per_s_per_identity > 0).then_some(RateLimit {
             per_s: api.requests_per_s_per_identity as f64,
             burst: api.request_burst_per_identity as f64,
@@ -140,17 +142,54 @@ impl Security {
             if self.auth { api_policy } else { open_policy },
         )
         .with_rate_limit(rate)
+        .with_node_check(members)
         .marking_not_applied(dtx_proto::metadata::NOT_APPLIED_HEADER)
     }
 
     /// The layer in front of the Raft port: node certificates only, when
     /// TLS is on (without TLS the Raft port is open: protect it with TLS
     /// or the network).
-    pub fn raft_layer(&self) -> EdgeLayer {
+    pub fn raft_layer(&self, members: Option<NodeCheck>) -> EdgeLayer {
         let tls = self.raft_tls.is_some();
         EdgeLayer::new("raft", Tokens::default(), if tls { raft_policy } else { open_policy })
+            .with_node_check(members)
             .marking_not_applied(dtx_proto::metadata::NOT_APPLIED_HEADER)
     }
+}
+
+/// Which node identities a node honours (issue 39, item 3; ADR 0037):
+/// `dtx://node/<id>` only for an id in its current membership (voters and
+/// learners of the membership its log holds last), so a never-member and
+/// a removed member are refused, on the Raft port and on the API port (where
+/// a node's `x-dtx-on-behalf-of` is then taken from current members only).
+///
+/// `raft_port`: a node that belongs to no membership yet (started on an
+/// empty data directory, waiting to be added) honours any node on its Raft
+/// port, since the leader adding it must reach it before it knows who the
+/// members are; it has no state to protect and serves nothing.
+pub fn member_check(raft: crate::raft::Raft, raft_port: bool) -> NodeCheck {
+    Arc::new(move |name: &str| {
+        let metrics = raft.metrics();
+        let m = metrics.borrow();
+        let members: Vec<u64> = m.membership_config.membership().nodes().map(|(id, _)| *id).collect();
+        member_admits(&members, name, raft_port)
+    })
+}
+
+/// [`member_check`]'s rule, for `members` (the ids of the current
+/// membership).
+fn member_admits(members: &[u64], name: &str, raft_port: bool) -> Result<(), String> {
+    let Some(id) = dtx_proto::tls::identity::node_id_of(name) else {
+        return Err(format!("{name:?} is not a node id"));
+    };
+    if members.contains(&id) || (raft_port && members.is_empty()) {
+        return Ok(());
+    }
+    let list: Vec<String> = members.iter().map(u64::to_string).collect();
+    Err(format!(
+        "node {id} is not a member of this cluster (members: {}); a node identity is honoured only for a current member",
+        if list.is_empty() { "none yet".to_string() } else { list.join(", ") }
+    ))
 }
 
 /// The token of `auth.participant_token_file`, if set: read and checked
@@ -260,7 +299,9 @@ pub fn raft_policy(path: &str) -> Access {
 
 /// The identity a call is made for: the authenticated caller's, or, when
 /// the caller is a node forwarding a call, the identity it names in
-/// [`ON_BEHALF_OF_HEADER`]. None when authentication is off.
+/// [`ON_BEHALF_OF_HEADER`] (the edge layer admitted the node only as a
+/// current member, [`member_check`]; tokens never carry the node role,
+/// `Config::token_entry`). None when authentication is off.
 pub fn caller<T>(req: &tonic::Request<T>) -> Option<Identity> {
     let id = dtx_proto::tls::edge::caller(req)?.clone();
     if id.role != Role::Node {
@@ -273,7 +314,7 @@ pub fn caller<T>(req: &tonic::Request<T>) -> Option<Identity> {
         .split_once('/')
         .and_then(|(role, name)| Some((Role::parse(role).ok()?, name)))
     {
-        Some((role, name)) if dtx_proto::tls::identity::check_name(name).is_ok() => Some(Identity {
+        Some((role, name)) if dtx_proto::tls::identity::check_identity(role, name).is_ok() => Some(Identity {
             role,
             name: name.to_string(),
             proof: id.proof,
@@ -327,6 +368,26 @@ mod tests {
             Access::Roles(&[]),
             "no reflection on the Raft port"
         );
+    }
+
+    /// Issue 39, item 3: a node identity is honoured only for a current
+    /// member's id; a node with no membership yet admits any node on its
+    /// Raft port only (the leader adding it must reach it).
+    #[test]
+    fn only_current_members_are_honoured_as_nodes() {
+        let members = [1, 2, 3];
+        for raft_port in [false, true] {
+            assert_eq!(member_admits(&members, "2", raft_port), Ok(()));
+            let e = member_admits(&members, "9", raft_port).unwrap_err();
+            assert!(
+                e.contains("node 9 is not a member") && e.contains("members: 1, 2, 3"),
+                "{e}"
+            );
+            assert!(member_admits(&members, "x", raft_port).is_err());
+        }
+        assert_eq!(member_admits(&[], "9", true), Ok(()), "a node waiting to be added");
+        let e = member_admits(&[], "9", false).unwrap_err();
+        assert!(e.contains("none yet"), "{e}");
     }
 
     #[test]

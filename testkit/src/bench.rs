@@ -717,7 +717,9 @@ async fn check_our_decides(client: &Client, n: usize, acked: &[u64], recheck: us
         let t = acked[j];
         let r = match client.commit(t).await {
             Ok(o) => Ok(o),
-            Err(ClientError::Unknown(_)) | Err(ClientError::Unavailable(_)) => Ok(TxOutcome::Unknown),
+            Err(ClientError::Unknown(_) | ClientError::Unavailable(_) | ClientError::NotApplied(_)) => {
+                Ok(TxOutcome::Unknown)
+            }
             Err(e) => Err(e.to_string()),
         };
         results.push((t, r));

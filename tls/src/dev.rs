@@ -29,7 +29,7 @@ use rcgen::SanType;
 use time::OffsetDateTime;
 
 use crate::files::KeyPairFiles;
-use crate::identity::check_name;
+use crate::identity::check_identity;
 use crate::identity::Identity;
 use crate::identity::Role;
 use crate::TlsError;
@@ -123,7 +123,7 @@ impl DevCa {
         hosts: &[Host],
         lifetime: Lifetime,
     ) -> Result<(String, String), TlsError> {
-        check_name(name).map_err(TlsError::Dev)?;
+        check_identity(role, name).map_err(TlsError::Dev)?;
         let mut params = CertificateParams::new(Vec::<String>::new()).map_err(dev_err)?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, format!("{role}/{name}"));
@@ -144,6 +144,16 @@ impl DevCa {
         let key = KeyPair::generate().map_err(dev_err)?;
         let cert = params.signed_by(&key, &self.issuer).map_err(dev_err)?;
         Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    /// A certificate with exactly `params` (no checks), signed by this
+    /// authority, and its key (both PEM): for tests of certificates that
+    /// [`DevCa::issue`] would never make.
+    #[cfg(test)]
+    pub(crate) fn issue_raw(&self, params: CertificateParams) -> (String, String) {
+        let key = KeyPair::generate().expect("a key");
+        let cert = params.signed_by(&key, &self.issuer).expect("signed");
+        (cert.pem(), key.serialize_pem())
     }
 
     /// Writes the authority's certificate to `dir/ca.pem` and returns the

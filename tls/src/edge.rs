@@ -8,9 +8,20 @@
 //! token (`authorization: Bearer <token>`) stands for. The policy says
 //! which roles may call each method (by its gRPC path). A call without an
 //! identity is refused `UNAUTHENTICATED`, a call whose role may not call
-//! the method `PERMISSION_DENIED`; both are logged and counted
-//! (`dtx_auth_refusals_total`, by server and code). An admitted call
-//! carries its [`Identity`] in the request's extensions.
+//! the method `PERMISSION_DENIED`; both are counted
+//! (`dtx_auth_refusals_total`, by server and code) and logged in summary:
+//! the first refusal of each caller address and code in full, then one
+//! line per [`crate::logtext::SUMMARY_INTERVAL`] with how many more were
+//! refused (issue 39: a caller who cannot authenticate must not be able
+//! to fill the log). The method path, like all caller-chosen text, is
+//! escaped and cut to [`crate::logtext::CALLER_TEXT_BYTES_MAX`] bytes in
+//! the log and in the refusal's message. An admitted call carries its
+//! [`Identity`] in the request's extensions.
+//!
+//! A node identity is honoured only where the [`NodeCheck`] given to
+//! [`EdgeLayer::with_node_check`] admits its name (a coordinator: a current
+//! member's id); a certificate that was presented and refused is refused
+//! `UNAUTHENTICATED` even when a bearer token comes with it.
 //!
 //! With [`RateLimit`] set, each identity (nodes excepted: a follower's
 //! forwarded calls were counted where they arrived) may make that many
@@ -42,6 +53,8 @@ use tracing::warn;
 use crate::identity::Identity;
 use crate::identity::Role;
 use crate::identity::Tokens;
+use crate::logtext::Clean;
+use crate::logtext::LogSummary;
 use crate::server::PeerInfo;
 
 /// Who may call one method.
@@ -57,6 +70,11 @@ pub enum Access {
 /// (`/package.Service/Method`). Paths it does not know should map to
 /// `Access::Roles(&[])`, refused for everyone.
 pub type AuthPolicy = fn(&str) -> Access;
+
+/// Whether a node identity (its name, a node id) is honoured now: Ok, or
+/// why not (for example "node 9 is not a member of this cluster"). A
+/// coordinator node answers from its current membership.
+pub type NodeCheck = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
 /// Calls per second each identity may make.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -79,8 +97,13 @@ struct Checker {
     policy: AuthPolicy,
     rate: Option<RateLimit>,
     not_applied_header: Option<&'static str>,
+    node_check: Option<NodeCheck>,
     /// Per identity label: tokens left and when they were counted.
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    /// Refusals logged per caller address and code (see the module
+    /// documentation); its summary task starts with the first refusal.
+    refusals: Arc<LogSummary>,
+    summaries_started: std::sync::Once,
 }
 
 /// Identities whose buckets are kept at most; past it, full idle buckets
@@ -98,7 +121,10 @@ impl EdgeLayer {
                 policy,
                 rate: None,
                 not_applied_header: None,
+                node_check: None,
                 buckets: Mutex::new(HashMap::new()),
+                refusals: Arc::new(LogSummary::default()),
+                summaries_started: std::sync::Once::new(),
             }),
         }
     }
@@ -106,6 +132,13 @@ impl EdgeLayer {
     /// Limits each identity's calls (see the module documentation).
     pub fn with_rate_limit(self, rate: Option<RateLimit>) -> EdgeLayer {
         self.map(|c| c.rate = rate)
+    }
+
+    /// Honours a node identity only when `check` says so; others are
+    /// refused `PERMISSION_DENIED` with its reason. Without it every node
+    /// identity from the authority is honoured.
+    pub fn with_node_check(self, check: Option<NodeCheck>) -> EdgeLayer {
+        self.map(|c| c.node_check = check)
     }
 
     /// Metadata key (value "1") put on every refusal made here.
@@ -120,7 +153,10 @@ impl EdgeLayer {
             policy: shared.policy,
             rate: shared.rate,
             not_applied_header: shared.not_applied_header,
+            node_check: shared.node_check.clone(),
             buckets: Mutex::new(HashMap::new()),
+            refusals: Arc::new(LogSummary::default()),
+            summaries_started: std::sync::Once::new(),
         });
         f(&mut c);
         EdgeLayer { inner: Arc::new(c) }
@@ -147,7 +183,8 @@ pub struct EdgeService<S> {
 fn permission_denied(identity: &Identity, path: &str, roles: &[Role]) -> tonic::Status {
     let allowed: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
     tonic::Status::permission_denied(format!(
-        "{identity} may not call {path} (allowed roles: {})",
+        "{identity} may not call {} (allowed roles: {})",
+        Clean(path),
         if allowed.is_empty() {
             "none".to_string()
         } else {
@@ -166,8 +203,10 @@ fn bearer<B>(req: &http::Request<B>) -> Option<&str> {
 impl Checker {
     /// The caller's identity, or the status refusing the call.
     fn check<B>(&self, req: &http::Request<B>) -> Result<Option<Identity>, tonic::Status> {
-        let path = req.uri().path();
-        let access = (self.policy)(path);
+        let raw_path = req.uri().path();
+        let access = (self.policy)(raw_path);
+        // The path as refusals show it: escaped and bounded (logtext).
+        let path = Clean(raw_path);
         let roles = match access {
             Access::Open => return Ok(None),
             Access::Roles(r) => r,
@@ -181,6 +220,14 @@ impl Checker {
                     .unwrap_or_else(|| "no client certificate".to_string());
                 return Err(tonic::Status::unauthenticated(format!(
                     "{why}; this port requires a client certificate from its certificate authority ({path})"
+                )));
+            }
+            // A certificate that was presented and refused is refused as
+            // such: a token beside it does not stand in for it.
+            None if peer.is_some_and(|p| p.certificate_problem.is_some()) => {
+                let why = peer.and_then(|p| p.certificate_problem.clone()).unwrap_or_default();
+                return Err(tonic::Status::unauthenticated(format!(
+                    "{why}; a refused client certificate is not replaced by a bearer token ({path})"
                 )));
             }
             None => match bearer(req) {
@@ -200,7 +247,14 @@ impl Checker {
             },
         };
         if !roles.contains(&identity.role) {
-            return Err(permission_denied(&identity, path, roles));
+            return Err(permission_denied(&identity, raw_path, roles));
+        }
+        if identity.role == Role::Node {
+            if let Some(check) = &self.node_check {
+                check(&identity.name).map_err(|why| {
+                    tonic::Status::permission_denied(format!("{identity} is not honoured here: {why} ({path})"))
+                })?;
+            }
         }
         if identity.role != Role::Node && !self.admit(&identity.label()) {
             let r = self.rate.expect("admit refuses only with a limit");
@@ -235,6 +289,40 @@ impl Checker {
             true
         } else {
             false
+        }
+    }
+
+    /// Logs a refusal, in summary (see the module documentation): the
+    /// key is the caller's IP address and the code.
+    fn log_refusal(&self, remote: Option<std::net::SocketAddr>, code: &'static str, path: &str, message: &str) {
+        let server = self.server;
+        self.summaries_started.call_once(|| {
+            self.refusals.spawn_flusher(move |key, held| {
+                warn!(
+                    server,
+                    held_back = held,
+                    "{held} more calls refused ({key}) in the last {}s; see dtx_auth_refusals_total",
+                    crate::logtext::SUMMARY_INTERVAL.as_secs()
+                );
+            });
+        });
+        let who = remote.map_or_else(|| "an unknown address".to_string(), |a| a.ip().to_string());
+        let key = format!("{code} from {who}");
+        let Some(held) = self.refusals.note(&key) else {
+            return;
+        };
+        let method = Clean(path);
+        let message = Clean(message);
+        if held == 0 {
+            warn!(server, ?remote, %method, "call refused: {message}");
+        } else {
+            warn!(
+                server,
+                ?remote,
+                %method,
+                held_back = held,
+                "call refused: {message} ({held} more refusals of {key} were not logged)"
+            );
         }
     }
 
@@ -276,11 +364,50 @@ impl Checker {
     }
 }
 
+/// The most of a refused request's body read before the refusal is sent.
+pub const REFUSED_BODY_DRAIN_BYTES_MAX: usize = 64 * 1024;
+/// The longest a refused request's body is waited for.
+pub const REFUSED_BODY_DRAIN_MS_MAX: u64 = 1_000;
+
+/// Reads (and drops) what is left of a refused request's body, at most
+/// [`REFUSED_BODY_DRAIN_BYTES_MAX`] within [`REFUSED_BODY_DRAIN_MS_MAX`].
+/// An HTTP/2 answer sent while the caller still sends its request ends the
+/// stream under it (RST_STREAM), and a tonic client then sometimes reports
+/// "h2 protocol error: user error: inactive stream" (UNKNOWN) instead of
+/// the refusal it was sent: a caller with a bad token must see
+/// UNAUTHENTICATED. A body larger or slower than the bounds is not waited
+/// for (the caller gets whatever its HTTP/2 stack makes of it).
+async fn drain<B: http_body::Body + Unpin>(mut body: B)
+where
+    B::Data: bytes::Buf,
+{
+    let read = async {
+        let mut seen = 0usize;
+        while seen <= REFUSED_BODY_DRAIN_BYTES_MAX {
+            match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        seen += bytes_len(data);
+                    }
+                }
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(REFUSED_BODY_DRAIN_MS_MAX), read).await;
+}
+
+fn bytes_len<D: bytes::Buf>(d: &D) -> usize {
+    d.remaining()
+}
+
 impl<S, B, RB> tower_service::Service<http::Request<B>> for EdgeService<S>
 where
     S: tower_service::Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    B: Send + 'static,
+    B: http_body::Body + Unpin + Send + 'static,
+    B::Data: bytes::Buf + Send,
+    B::Error: Send,
     RB: Default + Send + 'static,
 {
     type Response = http::Response<RB>;
@@ -320,22 +447,25 @@ where
                     tonic::Code::ResourceExhausted => {
                         metrics::counter!("dtx_rate_limited_total", "server" => self.checker.server).increment(1);
                         let resp = status.into_http::<RB>();
-                        return Box::pin(async move { Ok(resp) });
+                        let body = req.into_body();
+                        return Box::pin(async move {
+                            drain(body).await;
+                            Ok(resp)
+                        });
                     }
                     _ => "permission_denied",
                 };
                 metrics::counter!("dtx_auth_refusals_total", "server" => self.checker.server, "code" => code)
                     .increment(1);
                 let remote = req.extensions().get::<PeerInfo>().and_then(|p| p.tcp.remote_addr);
-                warn!(
-                    server = self.checker.server,
-                    ?remote,
-                    method = req.uri().path(),
-                    "call refused: {}",
-                    status.message()
-                );
+                self.checker
+                    .log_refusal(remote, code, req.uri().path(), status.message());
                 let resp = status.into_http::<RB>();
-                Box::pin(async move { Ok(resp) })
+                let body = req.into_body();
+                Box::pin(async move {
+                    drain(body).await;
+                    Ok(resp)
+                })
             }
         }
     }
@@ -413,6 +543,94 @@ mod tests {
         let l = limited(5.0, 5.0).marking_not_applied("x-test-not-applied");
         assert_eq!(l.inner.rate, Some(RateLimit { per_s: 5.0, burst: 5.0 }));
         assert_eq!(l.inner.not_applied_header, Some("x-test-not-applied"));
+    }
+
+    fn peer(identity: Option<Identity>, problem: Option<&str>) -> PeerInfo {
+        PeerInfo {
+            tcp: tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: None,
+            },
+            tls: true,
+            identity,
+            certificate_problem: problem.map(str::to_string),
+            certificate_required: false,
+        }
+    }
+
+    fn request(peer: PeerInfo, token: Option<&str>) -> http::Request<()> {
+        let mut b = http::Request::builder().uri("/dtx.v1.Test/Call");
+        if let Some(t) = token {
+            b = b.header("authorization", format!("Bearer {t}"));
+        }
+        let mut req = b.body(()).unwrap();
+        req.extensions_mut().insert(peer);
+        req
+    }
+
+    const ANY: &[Role] = &[Role::Application, Role::Participant, Role::Operator, Role::Node];
+
+    /// Issue 39, item 5: with `client_auth = "optional"`, a certificate
+    /// that was presented and refused is refused as such, even with a
+    /// valid token beside it; without a certificate the token is taken.
+    #[test]
+    fn a_token_does_not_stand_in_for_a_refused_certificate() {
+        let token = crate::identity::new_token();
+        let entry =
+            crate::identity::TokenEntry::new(Role::Application, "shop", &crate::identity::token_sha256_hex(&token))
+                .unwrap();
+        let l = EdgeLayer::new("test", Tokens::new(vec![entry]), |_| Access::Roles(ANY));
+        let refused = l
+            .inner
+            .check(&request(
+                peer(None, Some("the client certificate was refused: certificate expired")),
+                Some(&token),
+            ))
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+        assert!(
+            refused.message().contains("certificate expired"),
+            "{}",
+            refused.message()
+        );
+        let id = l
+            .inner
+            .check(&request(peer(None, None), Some(&token)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(id.label(), "application/shop", "no certificate: the token is taken");
+    }
+
+    /// Issue 39, item 3: a node identity is honoured only where the node
+    /// check admits it.
+    #[test]
+    fn a_node_identity_is_honoured_only_when_the_check_admits_it() {
+        let check: NodeCheck = Arc::new(|name: &str| {
+            if name == "1" {
+                Ok(())
+            } else {
+                Err(format!("node {name} is not a member of this cluster (members: 1)"))
+            }
+        });
+        let l = EdgeLayer::new("test", Tokens::default(), |_| Access::Roles(ANY)).with_node_check(Some(check));
+        let node = |name: &str| {
+            Some(Identity {
+                role: Role::Node,
+                name: name.into(),
+                proof: crate::identity::Proof::Certificate,
+            })
+        };
+        let s = l.inner.check(&request(peer(node("9"), None), None)).unwrap_err();
+        assert_eq!(s.code(), tonic::Code::PermissionDenied, "{s:?}");
+        assert!(s.message().contains("node 9 is not a member"), "{}", s.message());
+        assert_eq!(
+            l.inner
+                .check(&request(peer(node("1"), None), None))
+                .unwrap()
+                .unwrap()
+                .label(),
+            "node/1"
+        );
     }
 
     #[test]

@@ -34,10 +34,12 @@ impl Role {
     }
 
     pub fn parse(s: &str) -> Result<Role, String> {
-        Role::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| format!("unknown role {s:?}; expected one of application, participant, operator, node"))
+        Role::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| {
+            format!(
+                "unknown role {}; expected one of application, participant, operator, node",
+                shown(s)
+            )
+        })
     }
 }
 
@@ -58,7 +60,8 @@ pub enum Proof {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
     pub role: Role,
-    /// 1 to 128 bytes of `[A-Za-z0-9._-]`.
+    /// 1 to 128 bytes of `[A-Za-z0-9._-]`, starting with a letter or a
+    /// digit; a node's is its node id ([`check_identity`]).
     pub name: String,
     pub proof: Proof,
 }
@@ -88,20 +91,66 @@ pub const URI_SCHEME: &str = "dtx";
 pub const NAME_BYTES_MAX: usize = 128;
 
 /// Checks an identity name: 1 to [`NAME_BYTES_MAX`] bytes of letters,
-/// digits, `.`, `_` and `-`.
+/// digits, `.`, `_` and `-`, starting with a letter or a digit (so `.`,
+/// `..` and option-like `-x` are not names). The error shows the name
+/// escaped and cut to [`NAME_SHOWN_MAX`] characters.
 pub fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > NAME_BYTES_MAX {
-        return Err(format!("identity name {name:?} must be 1 to {NAME_BYTES_MAX} bytes"));
+        return Err(format!(
+            "identity name {} ({} bytes) must be 1 to {NAME_BYTES_MAX} bytes",
+            shown(name),
+            name.len()
+        ));
     }
     if !name
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
     {
         return Err(format!(
-            "identity name {name:?} may hold only letters, digits, '.', '_' and '-'"
+            "identity name {} may hold only letters, digits, '.', '_' and '-'",
+            shown(name)
+        ));
+    }
+    if !name.as_bytes()[0].is_ascii_alphanumeric() {
+        return Err(format!(
+            "identity name {} must start with a letter or a digit",
+            shown(name)
         ));
     }
     Ok(())
+}
+
+/// Checks the name of an identity of `role`: [`check_name`], and for a
+/// node its node id (a decimal number from 1, no leading zeros), since a
+/// node is known by its id.
+pub fn check_identity(role: Role, name: &str) -> Result<(), String> {
+    check_name(name)?;
+    if role == Role::Node && node_id_of(name).is_none() {
+        return Err(format!(
+            "a node's name is its node id (a number from 1, without leading zeros), not {}",
+            shown(name)
+        ));
+    }
+    Ok(())
+}
+
+/// The node id a node identity's name stands for.
+pub fn node_id_of(name: &str) -> Option<u64> {
+    if name.starts_with('0') || !name.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    name.parse().ok().filter(|&id| id > 0)
+}
+
+/// Characters of a caller-supplied name shown in an error at most.
+pub const NAME_SHOWN_MAX: usize = 64;
+
+/// `s` quoted and escaped (`{:?}`), cut to [`NAME_SHOWN_MAX`] characters.
+fn shown(s: &str) -> String {
+    match s.char_indices().nth(NAME_SHOWN_MAX) {
+        Some((at, _)) => format!("{:?}...", &s[..at]),
+        None => format!("{s:?}"),
+    }
 }
 
 /// Parses `dtx://<role>/<name>`.
@@ -109,12 +158,12 @@ pub fn parse_uri(uri: &str) -> Result<(Role, String), String> {
     let rest = uri
         .strip_prefix(URI_SCHEME)
         .and_then(|r| r.strip_prefix("://"))
-        .ok_or_else(|| format!("{uri:?} is not a {URI_SCHEME}://<role>/<name> URI"))?;
+        .ok_or_else(|| format!("{} is not a {URI_SCHEME}://<role>/<name> URI", shown(uri)))?;
     let (role, name) = rest
         .split_once('/')
-        .ok_or_else(|| format!("{uri:?} has no name after the role"))?;
+        .ok_or_else(|| format!("{} has no name after the role", shown(uri)))?;
     let role = Role::parse(role)?;
-    check_name(name)?;
+    check_identity(role, name)?;
     Ok((role, name.to_string()))
 }
 
@@ -167,6 +216,8 @@ pub struct TokenEntry {
 impl TokenEntry {
     /// From the configured hex hash.
     pub fn new(role: Role, name: &str, sha256_hex: &str) -> Result<TokenEntry, String> {
+        // Not `check_identity`: a participant's node token stands for the
+        // whole cluster ("node/cluster", `--accept-node-token-sha256`).
         check_name(name)?;
         let hex = sha256_hex.trim();
         if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -253,6 +304,39 @@ mod tests {
         assert!(parse_uri("dtx://operator/a/b").unwrap_err().contains("only letters"));
         assert!(parse_uri("spiffe://x/y").unwrap_err().contains("not a dtx://"));
         assert!(parse_uri("dtx://operator/").unwrap_err().contains("1 to 128"));
+    }
+
+    /// Issue 39, item 4: names are 1 to 128 bytes of a documented alphabet
+    /// starting with a letter or a digit, a node's name is its node id, and
+    /// an error shows a name escaped and cut short.
+    #[test]
+    fn names_are_bounded_and_dot_dot_is_not_a_name() {
+        for bad in [".", "..", "-x", "_x", ".hidden"] {
+            let e = parse_uri(&format!("dtx://participant/{bad}")).unwrap_err();
+            assert!(e.contains("must start with a letter or a digit"), "{bad}: {e}");
+        }
+        for ok in ["a", "a..b", "bank-a", "shop_2", "9", "x.y-z"] {
+            parse_uri(&format!("dtx://participant/{ok}")).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        let long = "a".repeat(NAME_BYTES_MAX + 1);
+        let e = check_name(&long).unwrap_err();
+        assert!(e.contains("129 bytes") && e.contains("1 to 128"), "{e}");
+        assert!(e.len() < 200, "the error shows the name cut short: {e}");
+        let e = check_name("a\nforged line").unwrap_err();
+        assert!(e.contains("\\n") && !e.contains('\n'), "escaped: {e}");
+        for bad in ["node/0", "node/01", "node/x", "node/-1"] {
+            let e = parse_uri(&format!("dtx://{bad}")).unwrap_err();
+            assert!(e.contains("node id") || e.contains("start with a letter"), "{bad}: {e}");
+        }
+        assert_eq!(parse_uri("dtx://node/12").unwrap(), (Role::Node, "12".into()));
+        assert_eq!(node_id_of("12"), Some(12));
+        let e = Role::parse(&"r".repeat(10_000)).unwrap_err();
+        assert!(e.len() < 300, "{e}");
+        assert!(TokenEntry::new(Role::Application, "..", &token_sha256_hex("t"))
+            .unwrap_err()
+            .contains("start with a letter"));
+        // A participant's node token stands for the cluster, not one node.
+        TokenEntry::new(Role::Node, "cluster", &token_sha256_hex("t")).unwrap();
     }
 
     #[test]

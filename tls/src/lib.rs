@@ -18,6 +18,8 @@
 //!   `UNAUTHENTICATED` or `PERMISSION_DENIED` (logged and counted), limits
 //!   each identity's rate, answers undecodable requests `INVALID_ARGUMENT`,
 //!   and hands the [`Identity`] to the handler.
+//! - [`logtext`]: caller-chosen text escaped and bounded for logs and
+//!   errors, and log lines summed up per key (issue 39, ADR 0038).
 //! - [`dev`]: `coordinator dev --tls`'s certificate authority (rcgen).
 //! - `args` (feature `cli`): the `--tls-cert`, `--tls-key`, `--tls-ca`
 //!   and `--token-file` flags of every command.
@@ -35,6 +37,7 @@ pub mod dev;
 pub mod edge;
 pub mod files;
 pub mod identity;
+pub mod logtext;
 pub mod server;
 
 pub use admission::AdmissionLimits;
@@ -43,6 +46,7 @@ pub use client::Connector;
 pub use edge::Access;
 pub use edge::AuthPolicy;
 pub use edge::EdgeLayer;
+pub use edge::NodeCheck;
 pub use edge::RateLimit;
 pub use identity::Identity;
 pub use identity::Role;

@@ -28,6 +28,10 @@ use tonic::transport::server::Connected;
 use tonic::transport::server::TcpConnectInfo;
 use tracing::warn;
 
+use crate::logtext::clean;
+use crate::logtext::Clean;
+use crate::logtext::LogSummary;
+
 use crate::admission::accept_error_kind;
 use crate::admission::AcceptBackoff;
 use crate::admission::Admission;
@@ -186,11 +190,13 @@ fn judge(
             }
             _ => format!("the client certificate was refused: {e}"),
         };
-        return (None, Some(why));
+        return (None, Some(clean(&why)));
     }
     match identity_of_cert(leaf) {
         Ok(id) => (Some(id), None),
-        Err(why) => (None, Some(why)),
+        // The reason may quote the certificate's subject or names, which
+        // its holder chose: escaped and bounded (issue 39).
+        Err(why) => (None, Some(clean(&why))),
     }
 }
 
@@ -495,7 +501,12 @@ async fn establish(
     let (identity, certificate_problem) = judge(built.verifier.as_ref(), s.get_ref().1.peer_certificates());
     if let Some(why) = &certificate_problem {
         metrics::counter!("dtx_tls_client_certificates_refused_total").increment(1);
-        warn!(remote = ?tcp_info.remote_addr, "client certificate refused: {why}");
+        // Summed up per kind of refusal, so each kind is logged at least
+        // once per interval (the kind is ours, never the caller's text).
+        let kind = certificate_refusal_kind(why);
+        if let Some(held) = note_connection(kind, &tcp_info) {
+            warn!(remote = ?tcp_info.remote_addr, held_back = held, "client certificate refused: {why}");
+        }
     }
     if identity.is_none() {
         if let Some(t) = ticket.as_mut() {
@@ -554,10 +565,55 @@ fn refused(peer: &TcpConnectInfo, why: Refusal) {
 
 fn handshake_failed(peer: &TcpConnectInfo, why: &str) {
     metrics::counter!("dtx_tls_handshake_failures_total").increment(1);
-    warn!(
-        remote = ?peer.remote_addr,
-        "TLS handshake refused: {why}"
-    );
+    if let Some(held) = note_connection("TLS handshakes refused", peer) {
+        warn!(
+            remote = ?peer.remote_addr,
+            held_back = held,
+            "TLS handshake refused: {}",
+            Clean(why)
+        );
+    }
+}
+
+/// The summary key of a refused client certificate: one of a few fixed
+/// kinds, so a caller's certificate text cannot make keys without end.
+fn certificate_refusal_kind(why: &str) -> &'static str {
+    let w = why.to_ascii_lowercase();
+    if w.contains("expired") {
+        "client certificates refused (expired)"
+    } else if w.contains("notvalidyet") || w.contains("not valid yet") || w.contains("not yet valid") {
+        "client certificates refused (not yet valid)"
+    } else if w.contains("unknownissuer") || w.contains("unknown issuer") {
+        "client certificates refused (unknown issuer)"
+    } else if w.contains("revoked") {
+        "client certificates refused (revoked)"
+    } else {
+        "client certificates refused"
+    }
+}
+
+/// Whether to log a refused handshake or client certificate of `peer`
+/// now (`Some(lines held back since the last)`): one line per kind and
+/// caller address per `logtext::SUMMARY_INTERVAL`, the rest counted and
+/// summed up (a caller who does not authenticate must not be able to
+/// fill the log; issue 39). One table for the whole process.
+fn note_connection(what: &'static str, peer: &TcpConnectInfo) -> Option<u64> {
+    static NOTES: std::sync::OnceLock<Arc<LogSummary>> = std::sync::OnceLock::new();
+    let notes = NOTES.get_or_init(|| {
+        let n = Arc::new(LogSummary::default());
+        n.spawn_flusher(|key, held| {
+            warn!(
+                held_back = held,
+                "{held} more {key} in the last {}s (each counted in its metric)",
+                crate::logtext::SUMMARY_INTERVAL.as_secs()
+            )
+        });
+        n
+    });
+    let who = peer
+        .remote_addr
+        .map_or_else(|| "an unknown address".to_string(), |a| a.ip().to_string());
+    notes.note(&format!("{what} from {who}"))
 }
 
 #[cfg(test)]
@@ -618,6 +674,56 @@ mod tests {
 
         assert_eq!(judge(v.as_ref(), None), (None, None));
         assert_eq!(judge(v.as_ref(), Some(&[])), (None, None));
+    }
+
+    /// Issue 39, item 4: a certificate from the authority whose subject
+    /// (chosen by its holder) holds a newline and a long name, and no
+    /// `dtx://` name: the reason it proves no identity (logged, and sent
+    /// back in the refusal) is one line, escaped and bounded.
+    #[test]
+    fn inv12_a_refused_certificate_s_subject_is_escaped_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = DevCa::new("subject ca").unwrap();
+        let ca_path = ca.write_ca(dir.path()).unwrap();
+        let own = ca
+            .issue_to(dir.path(), "server", Role::Node, "1", &[], DEV_LIFETIME)
+            .unwrap();
+        let tls = ServerTls::load(ServerTlsFiles {
+            own,
+            ca: ca_path,
+            client_auth: ClientAuth::Optional,
+        })
+        .unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        let forged = format!(
+            "x\n2030-01-01T00:00:00.000000Z  INFO coordinator: operator/root resolved every transaction {}",
+            "A".repeat(3000)
+        );
+        params.distinguished_name.push(rcgen::DnType::CommonName, forged);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let (pem, _key) = ca.issue_raw(params);
+        let chain: Vec<CertificateDer<'static>> = rustls_pemfile_certs(&pem);
+        let (id, why) = judge(tls.built().verifier.as_ref(), Some(&chain));
+        assert!(id.is_none());
+        let why = why.expect("a reason");
+        assert!(why.starts_with("the client certificate (CN=x"), "{why}");
+        assert!(
+            !why.contains('\n'),
+            "a newline from the subject reached the reason: {why}"
+        );
+        assert!(why.contains("x\\n2030"), "the newline is shown escaped: {why}");
+        assert!(
+            why.len() <= crate::logtext::CALLER_TEXT_BYTES_MAX + 20,
+            "{} bytes: {why}",
+            why.len()
+        );
+    }
+
+    fn rustls_pemfile_certs(pem: &str) -> Vec<CertificateDer<'static>> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.pem");
+        std::fs::write(&p, pem).unwrap();
+        crate::files::load_certs("certificate", &p).unwrap()
     }
 
     #[test]

@@ -279,6 +279,9 @@ impl AdminService {
     }
 
     async fn resolve(&self, req: pb::ResolveRequest) -> Result<pb::ResolveResponse, ApiError> {
+        if req.participant_lost {
+            return super::admin_txn::declare_lost(&self.driver, req).await;
+        }
         check_id("operator", &req.operator)?;
         check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
         let outcome = match pb::Outcome::try_from(req.outcome) {

@@ -238,6 +238,83 @@ async fn drop_one(driver: &Driver, req: pb::DropParticipantRequest) -> Result<pb
     Ok(pb::DropParticipantResponse { recorded, transaction })
 }
 
+/// `Resolve` with `participant_lost` (issue 39, item 8), served by the
+/// leader (the caller forwards): the one participant of an undecided
+/// one-phase commit is declared lost for good and `req.outcome` recorded
+/// as the operator's heuristic decision, the participant dropped with the
+/// same note. A decision that stands already is the answer (write-once).
+pub(super) async fn declare_lost(driver: &Driver, req: pb::ResolveRequest) -> Result<pb::ResolveResponse, ApiError> {
+    let outcome = match pb::Outcome::try_from(req.outcome) {
+        Ok(pb::Outcome::Commit) => crate::sm::Outcome::Commit,
+        Ok(pb::Outcome::Abort) => crate::sm::Outcome::Abort,
+        _ => {
+            return Err(ApiError::InvalidArgument(
+                "outcome must be OUTCOME_COMMIT or OUTCOME_ABORT".into(),
+            ))
+        }
+    };
+    if !req.voters.is_empty() {
+        return Err(ApiError::InvalidArgument(
+            "voters must be empty with participant_lost: the participant never voted; the outcome is the operator's"
+                .into(),
+        ));
+    }
+    let note = operator_note(&req.operator, &req.reason)?;
+    let note = format!("{note} (participant declared lost; heuristic {outcome}, not the participant's answer)");
+    check_len("note", note.len(), limits::NOTE_BYTES_MAX)?;
+    let ctx = &driver.ctx;
+    let txid = req.txid;
+    // The one participant, on a linearizable read (a follower forwards).
+    let found = ctx
+        .read_linearizable(|st| {
+            let pid = st
+                .table
+                .get(txid)
+                .and_then(|r| r.participants.first())
+                .map(|p| p.id.clone());
+            let check = st.table.check_declare_lost(txid, pid.as_deref().unwrap_or(""));
+            (pid, check)
+        })
+        .await?;
+    let (pid, existing) = match found {
+        (_, Err(r)) => return Err(refused(r)),
+        (_, Ok(Some(d))) => {
+            return Ok(pb::ResolveResponse {
+                outcome: super::coordinator::outcome_pb(d.outcome) as i32,
+                recorded: false,
+            })
+        }
+        (Some(pid), Ok(None)) => (pid, ()),
+        (None, Ok(None)) => {
+            return Err(ApiError::Internal(format!(
+                "one-phase transaction {txid} has no participant"
+            )))
+        }
+    };
+    let () = existing;
+    let cmd = Command::DeclareLost {
+        txid,
+        participant_id: pid.clone(),
+        outcome,
+        term: ctx.current_term(),
+        now_ms: now_ms(),
+        note,
+    };
+    match ctx.propose(cmd).await? {
+        CommandOk::Decided { decision, recorded } => {
+            if recorded {
+                driver.declared_lost(txid, &pid, &decision);
+            }
+            Ok(pb::ResolveResponse {
+                outcome: super::coordinator::outcome_pb(decision.outcome) as i32,
+                recorded,
+            })
+        }
+        CommandOk::OperatorRefused(r) => Err(refused(r)),
+        other => Err(unexpected(other)),
+    }
+}
+
 async fn forget(driver: &Driver, req: pb::ForgetTransactionRequest) -> Result<pb::ForgetTransactionResponse, ApiError> {
     let note = operator_note(&req.operator, &req.reason)?;
     let ctx = &driver.ctx;

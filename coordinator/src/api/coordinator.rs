@@ -102,6 +102,7 @@ pub fn source_pb(s: DecisionSource) -> pb::DecisionSource {
         DecisionSource::Client => pb::DecisionSource::Client,
         DecisionSource::Reaper => pb::DecisionSource::Reaper,
         DecisionSource::Operator => pb::DecisionSource::Operator,
+        DecisionSource::OperatorHeuristic => pb::DecisionSource::OperatorHeuristic,
     }
 }
 
@@ -312,9 +313,23 @@ impl CoordinatorService {
         })
     }
 
-    async fn enlist(&self, req: pb::EnlistRequest, app: Option<&str>) -> Result<pb::EnlistResponse, ApiError> {
+    async fn enlist(
+        &self,
+        req: pb::EnlistRequest,
+        caller: Option<&dtx_proto::tls::Identity>,
+    ) -> Result<pb::EnlistResponse, ApiError> {
         check_participant(&req.participant_id, &req.address, &req.payload, self.tls())?;
-        self.ctx().check_owner(req.txid, app).await?;
+        match caller {
+            Some(id) if id.role == dtx_proto::tls::Role::Participant => {
+                self.check_self_enlist(req.txid, &id.name, &req.participant_id).await?
+            }
+            Some(id) if id.role == dtx_proto::tls::Role::Application => {
+                self.ctx().check_owner(req.txid, Some(&id.name)).await?
+            }
+            // A node acting for itself (a current member), or no
+            // authentication.
+            _ => {}
+        }
         let cmd = Command::Enlist {
             txid: req.txid,
             participant_id: req.participant_id,
@@ -324,6 +339,59 @@ impl CoordinatorService {
         match self.ctx().propose(cmd).await? {
             CommandOk::Enlisted { participant_count } => Ok(pb::EnlistResponse { participant_count }),
             other => Err(unexpected(other)),
+        }
+    }
+
+    /// A participant identity enlists only itself (its id is its name),
+    /// and only in a transaction whose owner allowed it (ADR 0037): the
+    /// owner's application is listed with it in `auth.self_enlist`, or the
+    /// owner enlisted it already (then this Enlist repeats or conflicts
+    /// with that one, as the state machine decides).
+    async fn check_self_enlist(&self, txid: u64, name: &str, participant_id: &str) -> Result<(), ApiError> {
+        if participant_id != name {
+            return Err(ApiError::PermissionDenied(format!(
+                "participant/{name} may enlist only itself (participant id {name:?}), not participant id {participant_id:?}"
+            )));
+        }
+        let look = |st: &crate::store::sm_store::SmState| {
+            st.table.get(txid).map(|r| {
+                (
+                    st.table.owner(txid).map(str::to_string),
+                    r.participants.iter().any(|p| p.id == name),
+                )
+            })
+        };
+        let local = look(&self.ctx().sm.state());
+        let found = match local {
+            Some(f) => Some(f),
+            None => self.ctx().read_linearizable(look).await?,
+        };
+        // Not begun yet (or forgotten): refused here rather than left to
+        // the state machine, so a Begin applied in between cannot give the
+        // participant a transaction its owner did not allow.
+        let Some((owner, enlisted)) = found else {
+            return Err(ApiError::NotFound(format!(
+                "transaction {txid} not found (never begun here, or forgotten)"
+            )));
+        };
+        let allowed = |app: &str| {
+            self.ctx()
+                .config
+                .auth
+                .self_enlist
+                .iter()
+                .any(|e| e.participant == name && e.applications.iter().any(|a| a == app))
+        };
+        match owner {
+            _ if enlisted => Ok(()),
+            Some(app) if allowed(&app) => Ok(()),
+            Some(app) => Err(ApiError::PermissionDenied(format!(
+                "transaction {txid} belongs to application {app}, which has not allowed participant {name} to enlist itself \
+                 (the nodes' auth.self_enlist lists the applications each participant may enlist with; or the application enlists it)"
+            ))),
+            None => Err(ApiError::PermissionDenied(format!(
+                "transaction {txid} has no owning application (begun without authentication); participant {name} may not enlist itself in it"
+            ))),
         }
     }
 
@@ -461,11 +529,11 @@ impl Coordinator for CoordinatorService {
     }
 
     async fn enlist(&self, req: Request<pb::EnlistRequest>) -> Result<Response<pb::EnlistResponse>, Status> {
-        let app = app_caller(&req);
+        let caller = crate::security::caller(&req);
         serve_or_forward(
             self.ctx(),
             req,
-            |r| async move { self.enlist(r, app.as_deref()).await },
+            |r| async move { self.enlist(r, caller.as_ref()).await },
             |ch, r| async move { CoordinatorClient::new(ch).enlist(r).await },
         )
         .await

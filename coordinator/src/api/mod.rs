@@ -186,7 +186,10 @@ fn forwarded_error(s: Status, leader: crate::raft::NodeId, addr: &str, proposed:
         return Status::from(ApiError::NotLeader {
             leader_id: Some(leader),
             leader_api_addr: Some(addr.to_string()),
-            proposed: proposed || !dtx_proto::metadata::not_applied(&s),
+            // Not connected to the leader: nothing reached it, so only
+            // this node's own attempt can have been applied (issue 39,
+            // item 10).
+            proposed: proposed || !(dtx_proto::metadata::not_applied(&s) || dtx_proto::unary::nothing_sent(&s)),
         });
     }
     let mut s = s;

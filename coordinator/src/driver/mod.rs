@@ -67,8 +67,12 @@ use std::time::Duration;
 use dtx_client::trace;
 use dtx_client::trace::TraceContext;
 use dtx_proto::metadata::RefusalKind;
+use dtx_proto::tls::logtext::clean;
+use dtx_proto::tls::logtext::Clean;
+use dtx_proto::tls::logtext::LogSummary;
 use dtx_proto::v1 as pb;
 use rand::Rng;
+use tracing::error;
 use tracing::info;
 use tracing::warn;
 use tracing::Instrument;
@@ -98,6 +102,10 @@ pub struct Driver {
     state: DriverState,
     /// The one-write commit path's txid ranges and in-flight txids.
     fast: fast::FastState,
+    /// "prepare failed, counted as NO" lines, one per participant per
+    /// `logtext::SUMMARY_INTERVAL` (issue 39): a participant that is down
+    /// fails every transaction's prepare.
+    prepare_failures: Arc<LogSummary>,
 }
 
 impl Driver {
@@ -108,10 +116,21 @@ impl Driver {
             Duration::from_millis(t.delivery_retry_max_ms),
             t.delivery_inflight_calls_max,
         );
+        let prepare_failures = Arc::new(LogSummary::default());
+        prepare_failures.spawn_flusher(|participant, held| {
+            warn!(
+                participant,
+                held_back = held,
+                "{held} more prepares to this participant failed in the last {}s, each counted as NO \
+                 (dtx_prepare_failures_total)",
+                dtx_proto::tls::logtext::SUMMARY_INTERVAL.as_secs()
+            )
+        });
         Arc::new(Driver {
             ctx,
             state,
             fast: fast::FastState::default(),
+            prepare_failures,
         })
     }
 
@@ -119,6 +138,18 @@ impl Driver {
     /// made, if a delivery task is running for it.
     pub fn delivery_attempts(&self, txid: Txid, participant_id: &str) -> Option<DeliveryAttempts> {
         self.state.delivery_attempts(txid, participant_id)
+    }
+
+    /// An operator's heuristic decision of the one-phase commit `txid`
+    /// was recorded (its participant `participant_id` declared lost): its
+    /// attempts stop being shown, and the decision is logged for the
+    /// record.
+    pub fn declared_lost(&self, txid: Txid, participant_id: &str, d: &Decision) {
+        if let Ok(mut m) = self.state.attempts.lock() {
+            m.remove(&(txid, participant_id.to_string()));
+        }
+        metrics::counter!("dtx_heuristic_decisions_total", "outcome" => d.outcome.to_string()).increment(1);
+        warn!(txid, participant = %Clean(participant_id), outcome = %d.outcome, "heuristic decision recorded: {}", d.note);
     }
 
     /// Participant addresses that are failing now.
@@ -700,25 +731,48 @@ impl Driver {
                 }
             }
             Ok(Err(s)) => {
+                // Shown by Status and `txn show` (issue 39, item 8): what
+                // keeps the transaction PREPARING.
+                let error = format!("{}: {}", s.code(), s.message());
+                self.note_attempt(txid, p, Some(&error), None);
                 return Err(ApiError::Unknown(format!(
-                    "one-phase commit of {txid}: participant {} answered {}: {}; only it can decide, the leader will ask again",
-                    p.id,
-                    s.code(),
-                    s.message()
-                )))
+                    "one-phase commit of {txid}: participant {} answered {}; only it can decide, the leader will ask again",
+                    Clean(&p.id),
+                    Clean(&error),
+                )));
             }
             Err(_) => {
+                let error = format!("no answer within {} ms", timeout.as_millis());
+                self.note_attempt(txid, p, Some(&error), None);
                 return Err(ApiError::Unknown(format!(
                     "one-phase commit of {txid}: no answer from participant {} within {} ms; only it can decide, the leader will ask again",
                     p.id,
                     timeout.as_millis()
-                )))
+                )));
             }
         };
         dtx_failpoint::failpoint!("coordinator_votes_in_before_decide");
         let (d, recorded) = self
             .decide(txid, outcome, vec![p.id.clone()], DecisionSource::Driver, note)
             .await?;
+        if let Ok(mut m) = self.state.attempts.lock() {
+            m.remove(&(txid, p.id.clone()));
+        }
+        if d.source == DecisionSource::OperatorHeuristic && d.outcome != outcome {
+            // The participant answered after all, after an operator had
+            // declared it lost: the decision stands (write-once), and the
+            // participant did the other thing. Someone must reconcile it.
+            metrics::counter!("dtx_heuristic_contradictions_total").increment(1);
+            error!(
+                txid,
+                participant = %Clean(&p.id),
+                "heuristic decision contradicted: an operator recorded {} after declaring {} lost, and it has now \
+                 answered {outcome}; reconcile its data by hand ({})",
+                d.outcome,
+                p.id,
+                d.note
+            );
+        }
         if recorded {
             metrics::counter!("dtx_one_phase_commits_total", "outcome" => outcome.to_string()).increment(1);
             info!(txid, outcome = %d.outcome, "one-phase decision recorded");
@@ -739,7 +793,7 @@ impl Driver {
         // starts, the transaction aborts (invariant 7).
         let wait_ms = match tally::tally(&voters, &[], deadline_ms, round_started_ms) {
             Tally::Abort { reason, .. } => {
-                let mut note = reason.to_string();
+                let mut note = tally::abort_note(&voters, &[], &reason);
                 truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
                 let (d, _) = self
                     .decide(txid, Outcome::Abort, Vec::new(), DecisionSource::Driver, note)
@@ -802,7 +856,20 @@ impl Driver {
         .await;
         for (p, v) in participants.iter().zip(&votes) {
             if let Vote::Failed(why) = v {
-                warn!(txid, participant = %p.id, "prepare failed, counted as NO: {why}");
+                metrics::counter!("dtx_prepare_failures_total", "participant" => crate::metrics::participant_label(&p.id))
+                    .increment(1);
+                let participant = clean(&p.id);
+                match self.prepare_failures.note(&participant) {
+                    None => {}
+                    Some(0) => warn!(txid, participant = %participant, "prepare failed, counted as NO: {}", Clean(why)),
+                    Some(held) => warn!(
+                        txid,
+                        participant = %participant,
+                        held_back = held,
+                        "prepare failed, counted as NO: {} ({held} more such failures were not logged)",
+                        Clean(why)
+                    ),
+                }
             }
         }
         let votes: Vec<(&str, Vote)> = voters.iter().copied().zip(votes).collect();
@@ -824,7 +891,7 @@ impl Driver {
                 reason,
                 read_only_voters,
             } => {
-                let mut note = reason.to_string();
+                let mut note = tally::abort_note(&voters, &votes, &reason);
                 truncate_utf8(&mut note, crate::limits::REASON_BYTES_MAX);
                 Ok(RoundResult {
                     outcome: Outcome::Abort,
@@ -884,7 +951,7 @@ impl Driver {
             .unwrap_or_else(|| Err(ApiError::Internal("the state machine returned no result".into())))?;
         for (r, id) in results.zip(acked) {
             if let Err(e) = r {
-                warn!(txid, participant = %id, "ack recorded with the decision refused: {e}");
+                warn!(txid, participant = %Clean(id), "ack recorded with the decision refused: {e}");
             }
         }
         match decided {
@@ -1348,7 +1415,7 @@ impl Driver {
                             return;
                         }
                         Err(e) => {
-                            warn!(txid, participant = %p.id, "ack not recorded yet: {e}");
+                            warn!(txid, participant = %Clean(&p.id), "ack not recorded yet: {e}");
                             let wait = self.state.backoff(0);
                             self.note_attempt(txid, p, Some(&format!("ack not recorded: {e}")), Some(wait));
                             tokio::time::sleep(wait).await;
@@ -1358,7 +1425,7 @@ impl Driver {
                 Err(DeliveryError::NoAnswer(e)) => {
                     // Logged once per participant by its health record; the
                     // next attempt waits for the probe turn or its backoff.
-                    metrics::counter!("dtx_delivery_failures_total", "kind" => "no_answer", "participant" => p.id.clone())
+                    metrics::counter!("dtx_delivery_failures_total", "kind" => "no_answer", "participant" => crate::metrics::participant_label(&p.id))
                         .increment(1);
                     self.note_attempt(txid, p, Some(&e), None);
                 }
@@ -1366,13 +1433,13 @@ impl Driver {
                     // The participant answered and refused this message:
                     // about this transaction only (others go on).
                     leaving.holder = false;
-                    metrics::counter!("dtx_delivery_failures_total", "kind" => "refused", "participant" => p.id.clone())
+                    metrics::counter!("dtx_delivery_failures_total", "kind" => "refused", "participant" => crate::metrics::participant_label(&p.id))
                         .increment(1);
                     refusals = refusals.saturating_add(1);
                     if !stale_term {
                         metrics::counter!("dtx_participant_protocol_errors_total").increment(1);
                         if refusals.is_power_of_two() {
-                            warn!(txid, participant = %p.id, refusals, "participant refused {outcome}: {message}");
+                            warn!(txid, participant = %Clean(&p.id), refusals, "participant refused {outcome}: {}", Clean(&message));
                         }
                     }
                     let wait = self.state.backoff(refusals);
@@ -1496,9 +1563,10 @@ fn log_peer_event(id: &str, addr: &str, event: Option<health::Event>) {
         Some(health::Event::StartedFailing { error, retry_in }) => {
             metrics::counter!("dtx_participant_outages_total").increment(1);
             warn!(
-                participant = %id,
-                address = %addr,
-                "participant not answering deliveries ({error}); deliveries to it now wait, one probe every {} ms at most",
+                participant = %Clean(id),
+                address = %Clean(addr),
+                "participant not answering deliveries ({}); deliveries to it now wait, one probe every {} ms at most",
+                Clean(&error),
                 retry_in.as_millis()
             );
         }
@@ -1508,16 +1576,17 @@ fn log_peer_event(id: &str, addr: &str, event: Option<health::Event>) {
             error,
             retry_in,
         }) => warn!(
-            participant = %id,
-            address = %addr,
+            participant = %Clean(id),
+            address = %Clean(addr),
             failures,
-            "participant still not answering deliveries after {} s ({error}); next probe in {} ms",
+            "participant still not answering deliveries after {} s ({}); next probe in {} ms",
             for_.as_secs(),
+            Clean(&error),
             retry_in.as_millis()
         ),
         Some(health::Event::Recovered { after, failures }) => info!(
-            participant = %id,
-            address = %addr,
+            participant = %Clean(id),
+            address = %Clean(addr),
             failures,
             "participant answers deliveries again after {} ms",
             after.as_millis()

@@ -532,3 +532,119 @@ fn invariant_11_list_stops_after_scan_max_candidates_and_says_where_to_go_on() {
     // Limit 0 is taken as 1 (the API never asks for it).
     assert_eq!(ids(&t.list(&ListFilter::default(), 0, 0, 100)), vec![txids[0]]);
 }
+
+// ---------------------------------------------------------------- declare lost
+
+fn lost_cmd(txid: Txid, id: &str, outcome: Outcome) -> Command {
+    Command::DeclareLost {
+        txid,
+        participant_id: id.into(),
+        outcome,
+        term: 3,
+        now_ms: 7_000,
+        note: "operator alice: bank-x disk destroyed".into(),
+    }
+}
+
+/// Issue 39, item 8 (invariants 1 and 3): a one-phase commit whose one
+/// participant is gone for good gets the operator's heuristic decision,
+/// shown as such and never as the participant's answer: the participant is
+/// dropped, not acked, so nothing is delivered to it and no one reads its
+/// vote into the record; a later answer of the participant changes nothing
+/// (write-once).
+#[test]
+fn invariant_1_a_lost_one_phase_participant_gets_a_heuristic_decision_once() {
+    let mut t = TxTable::new();
+    let txid = tx(&mut t, "one", 1_000, &["bank-x"]);
+    let (r, _) = run(&mut t, Command::RequestCommitOnePhase { txid });
+    assert!(
+        matches!(r, Ok(CommandOk::CommitRequested { one_phase: true, .. })),
+        "{r:?}"
+    );
+    // The operator's plain ABORT is refused, naming the way out.
+    let (r, _) = run(
+        &mut t,
+        Command::Decide {
+            txid,
+            outcome: Outcome::Abort,
+            voters: vec![],
+            source: DecisionSource::Operator,
+            term: 3,
+            now_ms: 6_000,
+            note: "operator alice: gone".into(),
+        },
+    );
+    let e = r.unwrap_err();
+    assert_eq!(e, CommandError::OnePhaseOnly { txid });
+    assert!(e.to_string().contains("--participant-lost"), "{e}");
+    // Another participant id is refused, changing nothing.
+    assert!(matches!(
+        refused(&mut t, lost_cmd(txid, "bank-y", Outcome::Abort)),
+        OperatorRefusal::NotEnlisted { .. }
+    ));
+    let (r, fx) = run(&mut t, lost_cmd(txid, "bank-x", Outcome::Abort));
+    let Ok(CommandOk::Decided {
+        decision,
+        recorded: true,
+    }) = r
+    else {
+        panic!("{r:?}")
+    };
+    assert_eq!(decision.source, DecisionSource::OperatorHeuristic);
+    assert_eq!(decision.outcome, Outcome::Abort);
+    assert_eq!(decision.term, 3);
+    assert_eq!(fx, vec![Effect::Put(txid), Effect::Decided(txid, Outcome::Abort)]);
+    let rec = t.get(txid).unwrap();
+    assert!(!rec.participants[0].acked, "the participant never answered: no ack");
+    assert!(t.is_dropped(txid, "bank-x"));
+    assert_eq!(
+        t.drop_of(txid, "bank-x").unwrap().note,
+        "operator alice: bank-x disk destroyed"
+    );
+    assert!(
+        !t.awaiting_ack(txid, "bank-x"),
+        "nothing is delivered to a lost participant"
+    );
+    // The participant's own answer arriving late: the decision stands.
+    let (r, fx) = run(
+        &mut t,
+        Command::Decide {
+            txid,
+            outcome: Outcome::Commit,
+            voters: vec!["bank-x".into()],
+            source: DecisionSource::Driver,
+            term: 4,
+            now_ms: 8_000,
+            note: String::new(),
+        },
+    );
+    assert!(
+        matches!(&r, Ok(CommandOk::Decided { decision, recorded: false }) if decision.source == DecisionSource::OperatorHeuristic && decision.outcome == Outcome::Abort),
+        "{r:?}"
+    );
+    assert!(fx.is_empty());
+    // A second declaration reads the first back.
+    let (r, fx) = run(&mut t, lost_cmd(txid, "bank-x", Outcome::Commit));
+    assert!(matches!(&r, Ok(CommandOk::Decided { decision, recorded: false }) if decision.outcome == Outcome::Abort));
+    assert!(fx.is_empty());
+    // A heuristic ABORT can be forgotten (the participant was dropped);
+    // the drop survives a rebuild from the persisted parts.
+    assert_eq!(rebuilt(&t), t);
+    assert_eq!(t.check_forget_by_operator(txid), Ok(Some(Outcome::Abort)));
+}
+
+/// Only a one-phase commit: a two-phase transaction is resolved, not
+/// declared lost (an ABORT needs no participant's answer there).
+#[test]
+fn declaring_a_participant_lost_is_refused_for_a_two_phase_transaction() {
+    let mut t = TxTable::new();
+    let two = tx(&mut t, "two", 1_000, &["p1", "p2"]);
+    run(&mut t, Command::RequestCommit { txid: two }).0.unwrap();
+    let r = refused(&mut t, lost_cmd(two, "p1", Outcome::Abort));
+    assert_eq!(r, OperatorRefusal::NotOnePhase { txid: two });
+    assert!(r.to_string().contains("admin txn resolve --abort"), "{r}");
+    assert_eq!(
+        refused(&mut t, lost_cmd(99, "p1", Outcome::Abort)),
+        OperatorRefusal::UnknownTransaction { txid: 99 }
+    );
+}

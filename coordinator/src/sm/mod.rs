@@ -65,6 +65,11 @@ pub enum DecisionSource {
     Client,
     Reaper,
     Operator,
+    /// An operator declared the one participant of a one-phase commit lost
+    /// and chose the outcome (`Command::DeclareLost`, issue 39): a
+    /// heuristic decision, the operator's, never the participant's answer.
+    /// Appended last: older records keep their encoding.
+    OperatorHeuristic,
 }
 
 impl DecisionSource {
@@ -75,6 +80,7 @@ impl DecisionSource {
             DecisionSource::Client => "client",
             DecisionSource::Reaper => "reaper",
             DecisionSource::Operator => "operator",
+            DecisionSource::OperatorHeuristic => "operator-heuristic",
         }
     }
 }
@@ -265,6 +271,24 @@ pub enum Command {
     /// table. A no-op while one is open; refused for 0 or an incarnation of
     /// the history. Appended last: older log entries keep their encoding.
     OpenIncarnation { incarnation: u64 },
+    /// An operator declares `participant_id`, the one participant of the
+    /// undecided one-phase commit `txid`, lost for good and records
+    /// `outcome` as a heuristic decision (source `OperatorHeuristic`, with
+    /// `note`: who and why) in `term` at `now_ms`. The participant is
+    /// dropped with the same note (no delivery, never counted as its ack):
+    /// only its answer could decide a one-phase commit, and it will never
+    /// give one. A decision already recorded stays (write-once). Refused
+    /// for a transaction that is not a one-phase commit and for another
+    /// participant. Issue 39, item 8. Appended last: older log entries keep
+    /// their encoding.
+    DeclareLost {
+        txid: Txid,
+        participant_id: String,
+        outcome: Outcome,
+        term: u64,
+        now_ms: u64,
+        note: String,
+    },
 }
 
 /// One participant named at BeginAndCommit.
@@ -385,7 +409,7 @@ pub enum CommandError {
     #[error("participant {participant_id:?} is not enlisted in transaction {txid}")]
     UnknownParticipant { txid: Txid, participant_id: String },
     #[error(
-        "transaction {txid} is committing in one phase: only its participant's answer decides it (bring the participant back)"
+        "transaction {txid} is committing in one phase: only its participant's answer decides it (bring the participant back; if it is gone for good, declare it lost: admin txn resolve {txid} --abort|--commit --participant-lost --reason ...)"
     )]
     OnePhaseOnly { txid: Txid },
     #[error(
@@ -781,6 +805,23 @@ impl TxTable {
                 now_ms,
             } => self.drop_participant(*txid, participant_id, note, *now_ms, effects),
             Command::ForgetByOperator { txid, note } => self.forget_by_operator(*txid, note, effects),
+            Command::DeclareLost {
+                txid,
+                participant_id,
+                outcome,
+                term,
+                now_ms,
+                note,
+            } => {
+                let decision = Decision {
+                    outcome: *outcome,
+                    source: DecisionSource::OperatorHeuristic,
+                    term: *term,
+                    decided_ms: *now_ms,
+                    note: note.clone(),
+                };
+                self.declare_lost(*txid, participant_id, decision, effects)
+            }
             // The store applies saga commands to its `SagaBook`.
             Command::Saga(_) => Err(CommandError::Invalid(
                 "a saga command is applied to the saga journal, not to the transaction table".to_string(),
@@ -1327,7 +1368,8 @@ fn command_txid(cmd: &Command) -> Option<Txid> {
         | Command::Ack { txid, .. }
         | Command::Forget { txid }
         | Command::DropParticipant { txid, .. }
-        | Command::ForgetByOperator { txid, .. } => Some(*txid),
+        | Command::ForgetByOperator { txid, .. }
+        | Command::DeclareLost { txid, .. } => Some(*txid),
         Command::Saga(_) | Command::OpenIncarnation { .. } => None,
     }
 }

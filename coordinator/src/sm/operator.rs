@@ -26,6 +26,8 @@ use super::check_id;
 use super::check_len;
 use super::CommandOk;
 use super::CommandResult;
+use super::Decision;
+use super::DecisionSource;
 use super::Effect;
 use super::Outcome;
 use super::Phase;
@@ -84,6 +86,12 @@ pub enum OperatorRefusal {
          that it learns COMMIT"
     )]
     CommitWithDroppedUnacked { txid: Txid, dropped: Vec<String> },
+    #[error(
+        "transaction {txid} is not a one-phase commit: declaring its participant lost is only for a one-phase \
+         commit, which only its participant could decide; resolve it instead (admin txn resolve --abort, or \
+         --commit when every participant holds a YES), then drop the participants that are gone"
+    )]
+    NotOnePhase { txid: Txid },
 }
 
 impl OperatorRefusal {
@@ -279,6 +287,71 @@ impl TxTable {
                 // and re-indexing takes it out of the delivery index.
                 effects.push(Effect::Put(txid));
                 Ok(CommandOk::ParticipantDropped { recorded: true })
+            }
+        }
+    }
+
+    /// Whether an operator may declare `participant_id` of `txid` lost
+    /// now (`Command::DeclareLost`): `Ok(Some(d))` when a decision stands
+    /// already (write-once: it is the answer), `Ok(None)` when this
+    /// declaration would record one. The same rules the state machine
+    /// applies.
+    pub fn check_declare_lost(&self, txid: Txid, participant_id: &str) -> Result<Option<Decision>, OperatorRefusal> {
+        let r = self
+            .txs
+            .get(&txid)
+            .ok_or(OperatorRefusal::UnknownTransaction { txid })?;
+        if let Some(d) = r.decision() {
+            return Ok(Some(d.clone()));
+        }
+        if !r.one_phase {
+            return Err(OperatorRefusal::NotOnePhase { txid });
+        }
+        if !r.participants.iter().any(|p| p.id == participant_id) {
+            return Err(OperatorRefusal::NotEnlisted {
+                txid,
+                participant_id: participant_id.to_string(),
+                enlisted: r.participants.iter().map(|p| p.id.clone()).collect(),
+            });
+        }
+        Ok(None)
+    }
+
+    pub(super) fn declare_lost(
+        &mut self,
+        txid: Txid,
+        participant_id: &str,
+        decision: Decision,
+        effects: &mut Vec<Effect>,
+    ) -> CommandResult {
+        check_id("participant_id", participant_id)?;
+        check_len("note", decision.note.len(), limits::NOTE_BYTES_MAX)?;
+        debug_assert_eq!(decision.source, DecisionSource::OperatorHeuristic);
+        match self.check_declare_lost(txid, participant_id) {
+            Err(refusal) => Ok(CommandOk::OperatorRefused(refusal)),
+            Ok(Some(existing)) => Ok(CommandOk::Decided {
+                decision: existing,
+                recorded: false,
+            }),
+            Ok(None) => {
+                let outcome = decision.outcome;
+                self.dropped.entry(txid).or_default().insert(
+                    participant_id.to_string(),
+                    Dropped {
+                        note: decision.note.clone(),
+                        dropped_ms: decision.decided_ms,
+                    },
+                );
+                let r = self.txs.get_mut(&txid).expect("checked above");
+                // Not acked: the participant never answered; the decision
+                // is the operator's.
+                r.phase = Phase::Decided(decision.clone());
+                effects.push(Effect::Put(txid));
+                effects.push(Effect::Decided(txid, outcome));
+                Ok(CommandOk::Decided {
+                    decision,
+                    recorded: true,
+                })
             }
         }
     }

@@ -199,6 +199,54 @@ pub fn tally(voters: &[&str], votes: &[(&str, Vote)], deadline_ms: u64, now_ms: 
     }
 }
 
+/// The note an ABORT from a tally records (issue 39, item 13): the reason,
+/// then every other voter's part, so an operator reading `txn show` sees
+/// each participant's vote or why none came, not only the first refusal.
+/// `voters` and `votes` as given to [`tally`]; voters are named in voter
+/// order, a voter that answered more than once by its strongest answer.
+/// For example `b voted NO: locked; YES from a; READ_ONLY from c` or
+/// `deadline passed before the votes were in; no vote from b; YES from a`.
+pub fn abort_note(voters: &[&str], votes: &[(&str, Vote)], reason: &AbortReason) -> String {
+    let mut note = reason.to_string();
+    let mut yes = Vec::new();
+    let mut read_only = Vec::new();
+    let mut missing = Vec::new();
+    for &id in voters {
+        let answers = votes.iter().filter(|(v, _)| *v == id).map(|(_, vote)| vote);
+        let mut strongest: Option<&Vote> = None;
+        for a in answers {
+            let rank = |v: &Vote| match v {
+                Vote::ReadOnly => 0,
+                Vote::Yes => 1,
+                Vote::No(_) | Vote::Failed(_) => 2,
+            };
+            if strongest.is_none_or(|s| rank(a) > rank(s)) {
+                strongest = Some(a);
+            }
+        }
+        match strongest {
+            None => missing.push(id),
+            Some(Vote::Yes) => yes.push(id),
+            Some(Vote::ReadOnly) => read_only.push(id),
+            // Named by the reason already.
+            Some(Vote::No(_) | Vote::Failed(_)) => {}
+        }
+    }
+    for (what, ids) in [
+        ("no vote from", &missing),
+        ("YES from", &yes),
+        ("READ_ONLY from", &read_only),
+    ] {
+        if !ids.is_empty() {
+            note.push_str("; ");
+            note.push_str(what);
+            note.push(' ');
+            note.push_str(&ids.join(", "));
+        }
+    }
+    note
+}
+
 #[cfg(test)]
 mod tests {
     //! Each test pins one branch of the rule with the whole result, so a
@@ -491,5 +539,38 @@ mod tests {
             AbortReason::DeadlinePassed.to_string(),
             "deadline passed before the votes were in"
         );
+    }
+
+    #[test]
+    fn abort_note_names_every_voter_s_part() {
+        let votes = [
+            ("a", Vote::Yes),
+            ("b", Vote::No("locked".into())),
+            ("c", Vote::ReadOnly),
+            ("a", Vote::Yes),
+        ];
+        let voters = ["a", "b", "c", "d"];
+        let Tally::Abort { reason, .. } = tally(&voters, &votes, DEADLINE, 0) else {
+            panic!("a NO aborts")
+        };
+        assert_eq!(
+            abort_note(&voters, &votes, &reason),
+            "b voted NO: locked; no vote from d; YES from a; READ_ONLY from c"
+        );
+        // Past the deadline with votes missing: who did not vote.
+        let votes = [("a", Vote::Yes)];
+        let Tally::Abort { reason, .. } = tally(&voters, &votes, DEADLINE, DEADLINE) else {
+            panic!("the deadline aborts")
+        };
+        assert_eq!(
+            abort_note(&voters, &votes, &reason),
+            "deadline passed before the votes were in; no vote from b, c, d; YES from a"
+        );
+        // A YES then a refusal from one voter: the refusal counts, once.
+        let votes = [("a", Vote::Yes), ("a", Vote::Failed("gone".into()))];
+        let Tally::Abort { reason, .. } = tally(&["a"], &votes, DEADLINE, 0) else {
+            panic!("a failure aborts")
+        };
+        assert_eq!(abort_note(&["a"], &votes, &reason), "a: gone");
     }
 }

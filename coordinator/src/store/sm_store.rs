@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::RwLock;
 
+use dtx_proto::tls::logtext::Clean;
 use openraft::storage::RaftStateMachine;
 use openraft::AnyError;
 use openraft::EntryPayload;
@@ -1031,10 +1032,10 @@ fn log_operator_change(cmd: &Command, result: &CommandResult) {
             },
             Ok(CommandOk::ParticipantDropped { recorded: true }),
         ) => {
-            info!(txid, participant = %participant_id, note = %note, "participant dropped from phase two by an operator: the decision must be reconciled there by hand");
+            info!(txid, participant = %Clean(participant_id), note = %Clean(note), "participant dropped from phase two by an operator: the decision must be reconciled there by hand");
         }
         (Command::ForgetByOperator { txid, note }, Ok(CommandOk::ForgottenByOperator { outcome: Some(outcome) })) => {
-            info!(txid, outcome = %outcome, note = %note, "transaction forgotten by an operator");
+            info!(txid, outcome = %outcome, note = %Clean(note), "transaction forgotten by an operator");
         }
         _ => {}
     }
