@@ -28,6 +28,7 @@ use serde_json::json;
 
 use crate::admin_ctx::emit;
 use crate::admin_ctx::failure;
+use crate::admin_ctx::list_all;
 use crate::admin_ctx::local;
 use crate::admin_ctx::Ctx;
 use crate::admin_ctx::Failure;
@@ -41,9 +42,6 @@ use crate::exit_codes::EXIT_UNHEALTHY;
 use crate::exit_codes::EXIT_UNKNOWN;
 use crate::exit_codes::EXIT_UNREACHABLE;
 use crate::exit_codes::EXIT_USAGE;
-
-/// A list reads at most this many pages when asked for everything.
-const LIST_PAGES_MAX: usize = 1000;
 
 #[derive(clap::Args)]
 pub struct AdminArgs {
@@ -813,26 +811,6 @@ async fn futures_join_all(ctx: &Ctx, members: &[pb::NodeStatus]) -> Vec<Result<p
 /// an election within the timeout).
 async fn list_page(ctx: &Ctx, req: pb::ListTransactionsRequest) -> Result<pb::ListTransactionsResponse, Failure> {
     Ok(ctx.client.list_transactions(req).await?)
-}
-
-/// Every page of `req` (at most `LIST_PAGES_MAX`), and the leader's clock
-/// of the last answer.
-pub(crate) async fn list_all(
-    ctx: &Ctx,
-    mut req: pb::ListTransactionsRequest,
-) -> Result<(Vec<pb::StatusResponse>, u64), Failure> {
-    let mut out = Vec::new();
-    let mut now = 0;
-    for _ in 0..LIST_PAGES_MAX {
-        let page = list_page(ctx, req.clone()).await?;
-        now = page.now_unix_ms;
-        out.extend(page.transactions);
-        if page.next_after_txid == 0 {
-            return Ok((out, now));
-        }
-        req.after_txid = page.next_after_txid;
-    }
-    Ok((out, now))
 }
 
 async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {

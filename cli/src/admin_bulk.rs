@@ -8,8 +8,8 @@
 use dtx_proto::v1 as pb;
 use serde_json::json;
 
-use crate::admin::list_all;
 use crate::admin_ctx::emit;
+use crate::admin_ctx::list_all;
 use crate::admin_ctx::Ctx;
 use crate::admin_ctx::Failure;
 use crate::admin_ctx::Outcome;

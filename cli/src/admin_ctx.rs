@@ -142,3 +142,27 @@ pub(crate) fn write_out(args: std::fmt::Arguments<'_>) {
         }
     }
 }
+
+/// A transaction list reads at most this many pages when asked for
+/// everything.
+const LIST_PAGES_MAX: usize = 1000;
+
+/// Every page of `req` (at most `LIST_PAGES_MAX`), and the leader's clock
+/// of the last answer.
+pub(crate) async fn list_all(
+    ctx: &Ctx,
+    mut req: dtx_proto::v1::ListTransactionsRequest,
+) -> Result<(Vec<dtx_proto::v1::StatusResponse>, u64), Failure> {
+    let mut out = Vec::new();
+    let mut now = 0;
+    for _ in 0..LIST_PAGES_MAX {
+        let page = ctx.client.list_transactions(req.clone()).await?;
+        now = page.now_unix_ms;
+        out.extend(page.transactions);
+        if page.next_after_txid == 0 {
+            return Ok((out, now));
+        }
+        req.after_txid = page.next_after_txid;
+    }
+    Ok((out, now))
+}
