@@ -112,3 +112,58 @@ async fn t93_inv1_postgres_banks_conserve_money_under_concurrent_transfers() {
     drop(procs);
     drop(pg);
 }
+
+/// `bank-serve --postgres` takes the PostgreSQL participant's settings as
+/// flags (issue 38, defect 7: they were reachable only from code): a value
+/// out of range stops the service at start with the setting named, and
+/// valid ones start it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t93_the_postgresql_settings_are_flags_checked_at_start() {
+    let Some(pg) = postgres_or_skip("t93 PostgreSQL flags") else {
+        return;
+    };
+    pg.create_database("t93_flags").unwrap();
+    let conn = pg.conn_string("t93_flags");
+    let port = dtx_testkit::cluster::free_port("127.0.0.1").unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let run = |extra: &[&str]| {
+        std::process::Command::new(common::bin())
+            .args(["bank-serve", "--id", "bank-f", "--prefix", "f", "--listen", &listen])
+            .args(["--postgres", &conn, "--cluster", "127.0.0.1:1"])
+            .args(extra)
+            .output()
+            .expect("run bank-serve")
+    };
+    let o = run(&["--pg-pool-wait-timeout-ms", "0"]);
+    assert!(!o.status.success(), "{}", common::output_text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("pool_wait_timeout_ms is 0"), "{}", common::output_text(&o));
+    let o = run(&["--pg-handler-statement-timeout-ms", "99999999999"]);
+    assert!(!o.status.success(), "{}", common::output_text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("handler_statement_timeout_ms"),
+        "{}",
+        common::output_text(&o)
+    );
+    // Valid values: the service starts and serves.
+    let mut child = std::process::Command::new(common::bin())
+        .args(["bank-serve", "--id", "bank-f", "--prefix", "f", "--listen", &listen])
+        .args(["--postgres", &conn, "--cluster", "127.0.0.1:1"])
+        .args(["--pg-handler-lock-timeout-ms", "250", "--pg-decision-pool-size", "2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(&listen).await.is_err() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "bank-serve exited with valid flags"
+        );
+        assert!(Instant::now() < until, "bank-serve never listened on {listen}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -272,16 +272,59 @@ pub struct PgOptions {
     pub lock_timeout: Duration,
 }
 
+/// [`PgOptions::decision_pool_size`] unless set.
+pub const DEFAULT_DECISION_POOL_SIZE: usize = 4;
+/// [`PgOptions::handler_lock_timeout_ms`] unless set.
+pub const DEFAULT_HANDLER_LOCK_TIMEOUT_MS: u64 = 1_000;
+/// [`PgOptions::handler_statement_timeout_ms`] unless set.
+pub const DEFAULT_HANDLER_STATEMENT_TIMEOUT_MS: u64 = 30_000;
+
+/// The participant's PostgreSQL settings as command-line flags (feature
+/// `cli`), for a service's binary: `bank-serve --postgres` and
+/// `shop-serve` take them. Each flag sets the [`PgOptions`] field of its
+/// name; [`PgOptions::validate`] checks them at start.
+#[cfg(feature = "cli")]
+#[derive(clap::Args, Clone, Debug)]
+pub struct PgTuningArgs {
+    /// Connections for Commit, Abort and recovery, apart from the
+    /// handlers' (PgOptions::decision_pool_size).
+    #[arg(long, default_value_t = DEFAULT_DECISION_POOL_SIZE)]
+    pub pg_decision_pool_size: usize,
+    /// The longest a message waits for a pooled connection, then fails as
+    /// unavailable (PgOptions::pool_wait_timeout_ms).
+    #[arg(long, default_value_t = crate::pg_pool::DEFAULT_POOL_WAIT_TIMEOUT_MS)]
+    pub pg_pool_wait_timeout_ms: u64,
+    /// lock_timeout of a handler's transaction; past it the vote is NO; 0:
+    /// no limit (PgOptions::handler_lock_timeout_ms).
+    #[arg(long, default_value_t = DEFAULT_HANDLER_LOCK_TIMEOUT_MS)]
+    pub pg_handler_lock_timeout_ms: u64,
+    /// statement_timeout of a handler's transaction; 0: no limit
+    /// (PgOptions::handler_statement_timeout_ms).
+    #[arg(long, default_value_t = DEFAULT_HANDLER_STATEMENT_TIMEOUT_MS)]
+    pub pg_handler_statement_timeout_ms: u64,
+}
+
+#[cfg(feature = "cli")]
+impl PgTuningArgs {
+    /// Sets these flags' fields of `o`.
+    pub fn apply(&self, o: &mut PgOptions) {
+        o.decision_pool_size = self.pg_decision_pool_size;
+        o.pool_wait_timeout_ms = self.pg_pool_wait_timeout_ms;
+        o.handler_lock_timeout_ms = self.pg_handler_lock_timeout_ms;
+        o.handler_statement_timeout_ms = self.pg_handler_statement_timeout_ms;
+    }
+}
+
 impl PgOptions {
     pub fn new(participant_id: impl Into<String>, conn_string: impl Into<String>) -> Self {
         PgOptions {
             participant_id: participant_id.into(),
             conn_string: conn_string.into(),
             concurrency: 16,
-            decision_pool_size: 4,
+            decision_pool_size: DEFAULT_DECISION_POOL_SIZE,
             pool_wait_timeout_ms: crate::pg_pool::DEFAULT_POOL_WAIT_TIMEOUT_MS,
-            handler_lock_timeout_ms: 1_000,
-            handler_statement_timeout_ms: 30_000,
+            handler_lock_timeout_ms: DEFAULT_HANDLER_LOCK_TIMEOUT_MS,
+            handler_statement_timeout_ms: DEFAULT_HANDLER_STATEMENT_TIMEOUT_MS,
             connect_attempts: 8,
             connect_backoff: Duration::from_millis(200),
             connect_backoff_max: Duration::from_secs(5),

@@ -238,6 +238,10 @@ pub struct BankServeArgs {
     /// dbname=..`); see the `pg` module.
     #[arg(long, conflicts_with = "data_dir")]
     pub postgres: Option<String>,
+    /// With --postgres: the PostgreSQL participant's pool and handler
+    /// limits.
+    #[command(flatten)]
+    pub pg: participant_sdk::postgres::PgTuningArgs,
     /// Coordinator API addresses, comma-separated (for recovery).
     #[arg(long, value_delimiter = ',')]
     pub cluster: Vec<String>,
@@ -287,12 +291,11 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
         pg::install(&mut db, &a.prefix, a.accounts, a.initial)
             .await
             .context("creating the accounts table")?;
-        let participant = participant_sdk::postgres::PgParticipant::connect(
-            participant_sdk::postgres::PgOptions::new(a.id.clone(), conn.clone()),
-            pg::PgBank,
-        )
-        .await
-        .with_context(|| format!("{}: PostgreSQL participant", a.id))?;
+        let mut pg_opts = participant_sdk::postgres::PgOptions::new(a.id.clone(), conn.clone());
+        a.pg.apply(&mut pg_opts);
+        let participant = participant_sdk::postgres::PgParticipant::connect(pg_opts, pg::PgBank)
+            .await
+            .with_context(|| format!("{}: PostgreSQL participant", a.id))?;
         tracing::info!(id = %a.id, listen = %a.listen, "bank service started on PostgreSQL");
         participant_sdk::server::serve_guarded(
             Arc::new(participant),

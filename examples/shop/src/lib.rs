@@ -449,6 +449,9 @@ pub struct ShopServeArgs {
     /// `max_prepared_transactions` must be at least this.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// The PostgreSQL participant's pool and handler limits.
+    #[command(flatten)]
+    pub pg: participant_sdk::postgres::PgTuningArgs,
     #[arg(long, default_value_t = Seed::default().skus)]
     pub skus: usize,
     #[arg(long, default_value_t = Seed::default().stock)]
@@ -476,6 +479,7 @@ pub async fn serve(a: ShopServeArgs, shutdown: impl std::future::Future<Output =
     let id = a.role.id();
     let mut opts = PgOptions::new(id, a.postgres.clone());
     opts.concurrency = a.concurrency;
+    a.pg.apply(&mut opts);
     let participant = Arc::new(
         PgParticipant::connect(opts, ShopHandler(a.role))
             .await
