@@ -1054,12 +1054,14 @@ on_failure = ["retry", "park"]
         );
 
         // Certainly not applied anywhere (no leader): asked again until the
-        // timeout, then unreachable.
+        // timeout, then a definite refusal, exit 3 (issue 39, item 10: a
+        // write every node refused as not applied is not "unreachable").
         let ctx = Ctx::for_tests(vec![addr], true, Duration::from_millis(700));
         let f = run(&ctx, SagaCmd::Complete(operate_args(10)))
             .await
             .expect_err("no leader");
-        assert_eq!(f.code, EXIT_UNREACHABLE, "{}", f.message);
+        assert_eq!(f.code, EXIT_REFUSED, "{}", f.message);
+        assert!(f.message.contains("not applied"), "{}", f.message);
         assert!(fake.asked.lock().unwrap().len() > asked.len() + 1, "asked again");
         // Nothing listening at all: unreachable.
         let ctx = Ctx::for_tests(vec![dead], false, Duration::from_millis(500));
