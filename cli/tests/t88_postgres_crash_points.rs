@@ -99,7 +99,8 @@ async fn t88_postgres_participant_crash_mid_recovery_resolves_the_rest_after_res
         cfg.txn.delivery_retry_base_ms = 20_000;
         cfg.txn.delivery_retry_max_ms = 20_000;
     });
-    c.leader().await;
+    // The leader's term, as its own Prepare would carry.
+    let term = c.leader_term().await;
     let mut shop = shop(&c, pg).await;
     let client = c.client();
     let payment_addr = shop.services[&Role::Payment].addr.clone();
@@ -122,7 +123,7 @@ async fn t88_postgres_participant_crash_mid_recovery_resolves_the_rest_after_res
         let vote = participant
             .prepare(pb::PrepareRequest {
                 txid: t,
-                term: 1,
+                term,
                 participant_id: Role::Payment.id().into(),
                 payload: o.payload(),
                 incarnation,

@@ -30,7 +30,10 @@ use dtx_shop::Order;
 /// Begins a transaction for `o` at the cluster with the three services
 /// enlisted, and prepares it at each of them (as the coordinator's Prepare
 /// would): three prepared transactions in PostgreSQL, no decision yet.
-async fn prepared_everywhere(c: &TestCluster, shop: &Shop, o: &Order) -> u64 {
+async fn prepared_everywhere(c: &mut TestCluster, shop: &Shop, o: &Order) -> u64 {
+    // The leader's term, as its own Prepare would carry (never a fixed 1:
+    // the participants refuse a new txid below the highest term seen).
+    let term = c.leader_term().await;
     let client = c.client();
     let txid = client.begin(&o.id, 120_000, b"").await.unwrap().txid;
     // The cluster's incarnation, which its own Prepare will carry: the
@@ -44,7 +47,7 @@ async fn prepared_everywhere(c: &TestCluster, shop: &Shop, o: &Order) -> u64 {
         let vote = p
             .prepare(pb::PrepareRequest {
                 txid,
-                term: 1,
+                term,
                 participant_id: role.id().into(),
                 payload: o.payload(),
                 incarnation,
@@ -87,7 +90,7 @@ async fn t89_inv4_prepared_transactions_survive_a_postgres_crash_and_are_resolve
     // prepared transaction again (an idempotent YES), the decision is
     // COMMIT and COMMIT PREPARED applies it.
     let o = order(1);
-    let txid = prepared_everywhere(&c, &shop, &o).await;
+    let txid = prepared_everywhere(&mut c, &shop, &o).await;
     crash_postgres(&mut shop, 3).await;
     let mut outcome = client.commit(txid).await;
     for _ in 0..20 {
@@ -106,7 +109,7 @@ async fn t89_inv4_prepared_transactions_survive_a_postgres_crash_and_are_resolve
     // ABORT while PostgreSQL is down: delivery fails until it is back,
     // then ROLLBACK PREPARED (by delivery or by the services' recovery).
     let o = order(2);
-    let txid = prepared_everywhere(&c, &shop, &o).await;
+    let txid = prepared_everywhere(&mut c, &shop, &o).await;
     shop.pg.kill9();
     assert_eq!(
         client

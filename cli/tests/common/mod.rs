@@ -228,6 +228,18 @@ impl TestCluster {
             .expect("a leader within 20 s")
     }
 
+    /// The term of the current leader, as the leader itself reports it:
+    /// the term a Prepare sent by hand must carry to look like the
+    /// cluster's own. Participants keep a floor of the highest term seen
+    /// (issue 38) and refuse a Prepare of a new txid from below it, so a
+    /// hand-made Prepare with a fixed term 1 is refused once the cluster's
+    /// own messages, from a leader elected in a later term, have reached
+    /// the participant.
+    pub async fn leader_term(&mut self) -> u64 {
+        let leader = self.leader().await;
+        self.status_of(leader).await.term
+    }
+
     /// Waits until node `id` has applied at least `index`.
     pub async fn wait_applied(&self, id: u64, index: u64, timeout: Duration) -> bool {
         let until = tokio::time::Instant::now() + timeout;
