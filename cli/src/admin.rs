@@ -196,6 +196,35 @@ enum TxnCmd {
         #[command(flatten)]
         who: Who,
     },
+    /// Settle a txid ANOTHER incarnation handed out (after a restore: one
+    /// the old cluster handed out after the backup), which participants
+    /// otherwise hold in doubt for ever: records --commit or --abort for
+    /// (incarnation, txid), write-once, and their recovery applies it. The
+    /// leader first asks every --participant: COMMIT needs one that holds
+    /// it COMMITTED, or a YES vote from every one (then name them all);
+    /// ABORT is refused when one holds it COMMITTED or cannot be asked.
+    #[command(group(clap::ArgGroup::new("outcome").required(true).args(["commit", "abort"])))]
+    SettleOther {
+        /// The incarnation the participant lists for the txid, in hex (as
+        /// `admin participant --in-doubt` shows it).
+        #[arg(long, value_name = "HEX", value_parser = crate::admin_participant::parse_incarnation)]
+        incarnation: u64,
+        /// The txid, as numbered in that incarnation.
+        #[arg(long)]
+        txid: u64,
+        /// Record COMMIT.
+        #[arg(long)]
+        commit: bool,
+        /// Record ABORT.
+        #[arg(long)]
+        abort: bool,
+        /// A participant of the transaction and where its service answers,
+        /// ID=HOST:PORT; once per participant.
+        #[arg(long = "participant", value_name = "ID=ADDR", value_parser = parse_participant, required = true)]
+        participants: Vec<(String, String)>,
+        #[command(flatten)]
+        who: Who,
+    },
     /// Stop delivering the decision to a participant gone for good; the
     /// transaction is then marked as needing manual reconciliation there.
     /// `TXID PARTICIPANT` for one transaction; `--participant X --all` for
@@ -999,6 +1028,14 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
                 ))
             }
         }
+        TxnCmd::SettleOther {
+            incarnation,
+            txid,
+            commit,
+            abort: _,
+            participants,
+            who,
+        } => settle_other(ctx, incarnation, txid, commit, &participants, &who).await,
         TxnCmd::DropParticipant {
             txid,
             participant,
@@ -1064,6 +1101,80 @@ async fn txn(ctx: &Ctx, cmd: TxnCmd) -> Outcome {
     }
 }
 
+/// A `--participant ID=ADDR` of `txn settle-other`.
+fn parse_participant(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((id, addr)) if !id.trim().is_empty() && !addr.trim().is_empty() => {
+            Ok((id.trim().to_string(), addr.trim().to_string()))
+        }
+        _ => Err(format!(
+            "{s:?} is not ID=ADDR: give the participant's id as enlisted and where its service answers, for \
+             example bank-b=10.0.2.5:7301"
+        )),
+    }
+}
+
+/// `txn settle-other` (ADR 0040): a settlement recorded, or the one that
+/// stands read back (exit 0 when it is the outcome asked, 3 otherwise).
+async fn settle_other(
+    ctx: &Ctx,
+    incarnation: u64,
+    txid: u64,
+    commit: bool,
+    participants: &[(String, String)],
+    who: &Who,
+) -> Outcome {
+    let r = ctx
+        .client
+        .settle_other(incarnation, txid, commit, participants, &who.operator(), &who.reason)
+        .await?;
+    let name = |o: i32| match pb::Outcome::try_from(o) {
+        Ok(pb::Outcome::Commit) => "COMMIT",
+        Ok(pb::Outcome::Abort) => "ABORT",
+        _ => "UNKNOWN",
+    };
+    let asked = if commit { "COMMIT" } else { "ABORT" };
+    let got = name(r.outcome);
+    let inc = format!("{incarnation:016x}");
+    let v = json!({"incarnation": inc, "txid": txid, "outcome": got, "recorded": r.recorded,
+        "note": r.note, "settled_unix_ms": r.settled_unix_ms, "term": r.term});
+    if r.recorded {
+        emit(ctx, v, || {
+            format!(
+                "recorded {got} for txid {txid} of incarnation {inc}: participants' recovery applies it \
+                 (admin participant --address P --in-doubt no longer lists it once applied)\n  note: {}",
+                r.note
+            )
+        });
+        Ok(())
+    } else if got == asked {
+        emit(ctx, v, || {
+            format!(
+                "txid {txid} of incarnation {inc} was already settled {got} (as asked; nothing changed), in term \
+                 {} at {}\n  note: {}",
+                r.term,
+                view::utc(r.settled_unix_ms),
+                r.note
+            )
+        });
+        Ok(())
+    } else {
+        if ctx.json {
+            outln!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+        }
+        Err(failure(
+            EXIT_REFUSED,
+            format!(
+                "txid {txid} of incarnation {inc} was already settled {got} (in term {} at {}: {}); settlements \
+                 are write-once, so your {asked} was not recorded",
+                r.term,
+                view::utc(r.settled_unix_ms),
+                r.note
+            ),
+        ))
+    }
+}
+
 async fn drop_one(ctx: &Ctx, txid: u64, participant: &str, who: &Who) -> Outcome {
     let r = ctx
         .client
@@ -1116,4 +1227,23 @@ fn decided(ctx: &Ctx, txid: u64, o: TxOutcome) -> Outcome {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod settle_other_tests {
+    use super::parse_participant;
+
+    /// `--participant ID=ADDR`: both parts required, and a bad one says
+    /// what was wrong.
+    #[test]
+    fn a_participant_is_id_equals_address() {
+        assert_eq!(
+            parse_participant("bank-b=10.0.2.5:7301").unwrap(),
+            ("bank-b".to_string(), "10.0.2.5:7301".to_string())
+        );
+        for bad in ["bank-b", "=10.0.2.5:7301", "bank-b=", " = "] {
+            let e = parse_participant(bad).unwrap_err();
+            assert!(e.contains("is not ID=ADDR"), "{bad}: {e}");
+        }
+    }
 }

@@ -93,7 +93,7 @@ pub async fn run(
 }
 
 /// An incarnation as given on the command line: hex digits, `0x` allowed.
-fn parse_incarnation(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_incarnation(s: &str) -> Result<u64, String> {
     let digits = s.strip_prefix("0x").unwrap_or(s);
     u64::from_str_radix(digits, 16).map_err(|e| format!("{s:?} is not an incarnation in hex: {e}"))
 }

@@ -21,6 +21,16 @@
 //!   numbers were answered from the banks' old records and never applied
 //!   (a COMMIT reported but not applied, or applied by one bank only), and
 //!   the in-doubt vote was rolled back as "unknown: presumed abort".
+//!   Then step 8's procedure (ADR 0040, invariant 5: a participant leaves
+//!   PREPARED YES only on a recorded decision): `admin txn settle-other`
+//!   refuses the new cluster's own txid, incarnation 0 and a COMMIT
+//!   without evidence, records ABORT for the old incarnation's txid (its
+//!   participants asked first), reads it back on a repeat and refuses a
+//!   conflicting COMMIT (exit 3); bank-b's recovery applies it, so the
+//!   vote is no longer in doubt (`admin participant --in-doubt` is empty)
+//!   and its lock is released (a transfer on that account, refused before,
+//!   commits after). Before this the vote and its lock were held for ever:
+//!   no command recorded a verdict for another incarnation's txid.
 //! - `t107_inv10_two_clusters_sharing_a_participant_id_keep_their_txids_apart`:
 //!   two independent clusters (staging and production, say) both enlist the
 //!   same bank process, `bank-a`, each with a bank of its own on the other
@@ -39,6 +49,7 @@ use common::TestCluster;
 use coordinator::config::Config;
 use dtx_client::Client;
 use dtx_client::ClientConfig;
+use dtx_client::DecisionRead;
 use dtx_client::TxOutcome;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
@@ -103,6 +114,17 @@ async fn transfer(cl: &Client, key: &str, from: &BankProcess, to: &BankProcess, 
         cl.status(t).await
     );
     t
+}
+
+/// As `transfer`, but the outcome is returned, not asserted (and nothing
+/// is waited for when it is not COMMIT).
+async fn try_transfer(cl: &Client, key: &str, from: &BankProcess, to: &BankProcess, acct: usize) -> (u64, TxOutcome) {
+    let t = cl.begin(key, 600_000, b"").await.unwrap().txid;
+    let debit = format!("{}{acct}:-1", from.prefix);
+    let credit = format!("{}{acct}:1", to.prefix);
+    cl.enlist(t, &from.id, &from.addr, debit.as_bytes()).await.unwrap();
+    cl.enlist(t, &to.id, &to.addr, credit.as_bytes()).await.unwrap();
+    (t, cl.commit(t).await.unwrap())
 }
 
 /// The incarnation a cluster hands txids out in (asked of the record of
@@ -387,6 +409,123 @@ async fn t107_inv10_a_restore_done_by_the_runbook_reuses_no_txid_a_participant_h
         "bank-b's old-incarnation vote on {in_doubt}: {r:?}"
     );
 
+    // Step 8, the procedure (ADR 0040, issue 38's known gap): settle the
+    // old incarnation's in-doubt txid with `admin txn settle-other`. First
+    // its lock still holds: a transfer on its account is refused there.
+    let (blocked, o) = try_transfer(&cl2, "blocked-before", &bank_a, &bank_b, ACCOUNTS - 1).await;
+    assert_eq!(o, TxOutcome::Aborted, "txid {blocked}: bank-b's old vote locks b4");
+    let answer = cl2.decisions_in(old_inc, &[in_doubt], "").await.unwrap();
+    assert_eq!(answer[0].decision, Some(DecisionRead::OtherIncarnation));
+    assert!(answer[0].settled_by.is_empty());
+    let addr = new_addrs.join(",");
+    let old_hex = format!("{old_inc:016x}");
+    let in_doubt_s = in_doubt.to_string();
+    let b_arg = format!("{}={}", bank_b.id, bank_b.addr);
+    let settle = |inc: &str, txid: &str, outcome: &str, others: &[&str]| {
+        let mut args = vec![
+            "admin",
+            "--addr",
+            &addr,
+            "txn",
+            "settle-other",
+            "--incarnation",
+            inc,
+            "--txid",
+            txid,
+            outcome,
+            "--participant",
+            &b_arg,
+            "--operator",
+            "drill",
+            "--reason",
+            "old cluster gone; held never voted",
+        ];
+        for o in others {
+            args.extend(["--participant", o]);
+        }
+        run(&args.iter().map(std::ffi::OsStr::new).collect::<Vec<_>>())
+    };
+    let refused = |o: &Output, want: &str| {
+        assert_eq!(o.status.code(), Some(3), "{}", common::output_text(o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "expected {want:?} in: {err}");
+    };
+    // A txid of the new cluster's own, and incarnation 0: answered from the
+    // table, never settled.
+    let new_hex = format!("{new_inc:x}");
+    refused(
+        &settle(&new_hex, &new_txids[0].to_string(), "--abort", &[]),
+        "handed out by this cluster",
+    );
+    refused(&settle("0", &in_doubt_s, "--abort", &[]), "incarnation 0");
+    // COMMIT without the evidence: bank-a never voted on it.
+    let a_arg = format!("{}={}", bank_a.id, bank_a.addr);
+    refused(&settle(&old_hex, &in_doubt_s, "--commit", &[&a_arg]), "COMMIT refused");
+    // ABORT, naming both participants: neither holds it COMMITTED.
+    let held_arg = format!("{}={}", held.id, held.addr);
+    let o = settle(&old_hex, &in_doubt_s, "--abort", &[&held_arg]);
+    assert!(o.status.success(), "{}", common::output_text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("recorded ABORT"),
+        "{}",
+        common::output_text(&o)
+    );
+    let answer = cl2.decisions_in(old_inc, &[in_doubt], "").await.unwrap();
+    assert_eq!(answer[0].decision, Some(DecisionRead::Aborted), "{answer:?}");
+    assert!(
+        answer[0].settled_by.contains("operator drill: old cluster gone"),
+        "{answer:?}"
+    );
+    // Write-once: the same settlement again reads it back; a conflicting
+    // one is refused.
+    let o = settle(&old_hex, &in_doubt_s, "--abort", &[&held_arg]);
+    assert!(o.status.success(), "{}", common::output_text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("already settled ABORT (as asked"));
+    refused(
+        &settle(&old_hex, &in_doubt_s, "--commit", &[&held_arg]),
+        "already settled ABORT",
+    );
+    // bank-b's recovery reads the settlement and applies it: the vote is
+    // no longer in doubt, and its lock is released.
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = inspect(
+            &bank_b.addr,
+            pb::InspectParticipantRequest {
+                txids: vec![in_doubt],
+                incarnation: old_inc,
+                in_doubt: true,
+                ..Default::default()
+            },
+        )
+        .await;
+        if r.records[0].record == pb::LocalRecord::Aborted as i32 {
+            assert_eq!(r.in_doubt_count, 0, "{r:?}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "bank-b's recovery never applied the settlement: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let o = run(&[
+        "admin".as_ref(),
+        "--json".as_ref(),
+        "participant".as_ref(),
+        "--address".as_ref(),
+        bank_b.addr.as_ref(),
+        "--in-doubt".as_ref(),
+    ]);
+    assert!(o.status.success(), "{}", common::output_text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["in_doubt_count"], 0, "{v}");
+    assert_eq!(v["in_doubt"], serde_json::json!([]), "{v}");
+    assert!(std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("settled by an operator of the cluster"));
+    let unblocked = transfer(&cl2, "unblocked-after", &bank_a, &bank_b, ACCOUNTS - 1).await;
+
     // Every transfer of both clusters applied once at each bank.
     bank_a.kill9();
     bank_b.kill9();
@@ -396,6 +535,7 @@ async fn t107_inv10_a_restore_done_by_the_runbook_reuses_no_txid_a_participant_h
         .iter()
         .map(|t| (old_inc, *t))
         .chain(new_txids.iter().map(|t| (new_inc, *t)))
+        .chain([(new_inc, unblocked)])
         .collect();
     assert_applied_once("bank-a", &log_a, &want);
     assert_applied_once("bank-b", &log_b, &want);
@@ -416,8 +556,16 @@ async fn t107_inv10_a_restore_done_by_the_runbook_reuses_no_txid_a_participant_h
             "b{acct}: {bal_b:?}"
         );
     }
-    // The in-doubt credit is not applied.
-    assert_eq!(balance(&bal_b, &format!("b{}", ACCOUNTS - 1)), INITIAL);
+    // The in-doubt credit is not applied (settled ABORT), the transfer
+    // after the settlement is, and the refused one before it is not.
+    assert_eq!(balance(&bal_b, &format!("b{}", ACCOUNTS - 1)), INITIAL + 1, "{bal_b:?}");
+    assert_eq!(balance(&bal_a, &format!("a{}", ACCOUNTS - 1)), INITIAL - 1, "{bal_a:?}");
+    assert!(
+        log_b
+            .iter()
+            .any(|(t, o)| (t.incarnation, t.txid) == (old_inc, in_doubt) && o == "ABORT"),
+        "bank-b applied the settled ABORT: {log_b:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -273,7 +273,7 @@ pub enum DecisionRead {
 
 /// One transaction's answer to a batched decision read
 /// ([`Client::decisions_for`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecisionAnswer {
     /// The transaction.
     pub txid: u64,
@@ -284,6 +284,12 @@ pub struct DecisionAnswer {
     /// the decision is recorded and its ack is not, so the leader will
     /// still deliver the decision to it.
     pub awaiting_ack: bool,
+    /// Not empty when the txid was asked with another incarnation than the
+    /// one that handed it out here and an operator settled it
+    /// (`coordinator admin txn settle-other`, docs/adr/0040): the decision
+    /// is that settlement's, and this says who settled it, why, with what
+    /// evidence and when (a participant logs it).
+    pub settled_by: String,
 }
 
 impl DecisionRead {
@@ -831,6 +837,49 @@ impl Client {
         self.resolve_request(req).await
     }
 
+    /// Operator: settles `txid` of ANOTHER incarnation `incarnation` (after
+    /// a restore, one the old cluster handed out after the backup) with
+    /// COMMIT (`commit`) or ABORT, so that participants' recovery applies it
+    /// (docs/adr/0040-settling-another-incarnations-txid.md). `participants`
+    /// are (id, address) pairs, each asked for its record first. Write-once:
+    /// a settlement that stands is returned with `recorded` false, whatever
+    /// was asked. Refused (`FailedPrecondition`) for incarnation 0, for a
+    /// txid this cluster handed out, and when the participants' records do
+    /// not support the outcome.
+    pub async fn settle_other(
+        &self,
+        incarnation: u64,
+        txid: u64,
+        commit: bool,
+        participants: &[(String, String)],
+        operator: &str,
+        reason: &str,
+    ) -> Result<pb::SettleOtherResponse, ClientError> {
+        let req = pb::SettleOtherRequest {
+            incarnation,
+            txid,
+            outcome: if commit {
+                pb::Outcome::Commit
+            } else {
+                pb::Outcome::Abort
+            } as i32,
+            participants: participants
+                .iter()
+                .map(|(id, address)| pb::SettleParticipant {
+                    participant_id: id.clone(),
+                    address: address.clone(),
+                })
+                .collect(),
+            operator: operator.to_string(),
+            reason: reason.to_string(),
+        };
+        self.call(Kind::Write, |ch, t| {
+            let rq = self.request(req.clone(), t);
+            async move { AdminClient::new(ch).settle_other(rq).await }
+        })
+        .await
+    }
+
     async fn resolve_request(&self, req: pb::ResolveRequest) -> Result<(TxOutcome, bool), ClientError> {
         let r = self
             .call(Kind::Write, |ch, t| {
@@ -1028,6 +1077,7 @@ impl Client {
                 txid: d.txid,
                 decision: DecisionRead::from_pb(d.outcome).ok(),
                 awaiting_ack: d.awaiting_ack,
+                settled_by: d.settled_by,
             })
             .collect())
     }

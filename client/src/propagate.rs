@@ -138,6 +138,9 @@
 //! #   async fn forget_transaction(&self, _: Request<pb::ForgetTransactionRequest>) -> Result<Response<pb::ForgetTransactionResponse>, Status> {
 //! #       Err(Status::unimplemented("not here"))
 //! #   }
+//! #   async fn settle_other(&self, _: Request<pb::SettleOtherRequest>) -> Result<Response<pb::SettleOtherResponse>, Status> {
+//! #       Err(Status::unimplemented("not here"))
+//! #   }
 //! #   type BackupStream = tonic::codegen::BoxStream<pb::BackupChunk>;
 //! #   async fn backup(&self, _: Request<pb::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
 //! #       Err(Status::unimplemented("not here"))

@@ -90,6 +90,7 @@ impl Coordinator for Served {
                 txid,
                 outcome: outcome_of(txid),
                 awaiting_ack: !r.participant_id.is_empty() && txid % 2 == 1,
+                settled_by: String::new(),
             })
             .collect();
         if self.reversed {
@@ -198,7 +199,8 @@ async fn decisions_for_asks_in_batches_and_answers_in_order() {
             DecisionAnswer {
                 txid: *t,
                 decision: Some(want),
-                awaiting_ack: t % 2 == 1
+                awaiting_ack: t % 2 == 1,
+                settled_by: String::new(),
             }
         );
     }
@@ -209,7 +211,8 @@ async fn decisions_for_asks_in_batches_and_answers_in_order() {
         DecisionAnswer {
             txid: 7,
             decision: Some(DecisionRead::UnknownPresumedAbort),
-            awaiting_ack: false
+            awaiting_ack: false,
+            settled_by: String::new(),
         }
     );
     assert!(client.decisions_for(&[], "bank-a").await.unwrap().is_empty());

@@ -683,6 +683,9 @@ pub fn describe(b: &Backup) -> serde_json::Value {
         "by_phase": phases,
         "decided_not_yet_delivered": undelivered,
         "retired_node_ids": b.table.retired_node_ids(),
+        // Operators' settlements of another incarnation's txids (ADR 0040;
+        // none in a backup from before them).
+        "settlements": crate::store::sm_store::decode_snapshot_settlements(&b.snapshot).map(|s| s.len()).unwrap_or(0),
         "coordinator_version": h.coordinator_version,
     })
 }

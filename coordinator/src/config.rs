@@ -57,6 +57,22 @@ pub struct Config {
     pub api: ApiConfig,
     pub tls: TlsConfig,
     pub auth: AuthConfig,
+    /// What applications may enlist (issue 39, item 7).
+    pub participants: ParticipantsConfig,
+}
+
+/// Which participants applications may enlist (issue 39, item 7; ADR 0041).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ParticipantsConfig {
+    /// The participant addresses Enlist and BeginAndCommit accept: IP
+    /// networks (`10.0.0.0/8`, `fd00::/8`, one address `10.1.2.3`) for
+    /// hosts given as IP literals, host-name patterns
+    /// (`bank-*.svc.internal`, `*` within one label) for names
+    /// (`crate::participant_policy`). Others are refused PERMISSION_DENIED
+    /// before anything is proposed. Empty (the default) = any address.
+    /// Set it the same on every node (the leader checks).
+    pub allowed_addresses: Vec<String>,
 }
 
 /// The leader's saga orchestrator (issue 14, ADR 0019).
@@ -210,6 +226,13 @@ pub struct TxnConfig {
     /// Txids one `ReserveTxids` hands the leader for one-write commits
     /// (one Raft write per this many transactions).
     pub txid_reserve_count: u64,
+    /// How long this leader keeps calling, for one transaction, a
+    /// participant address that has never answered any call from this node
+    /// process (issue 39, item 7; ADR 0041): past it, the delivery of an
+    /// ABORT and the re-sending of a one-phase commit stop (shown to
+    /// operators; resumed if the address answers any call). COMMIT
+    /// deliveries never stop. 0 = never stop.
+    pub never_answered_give_up_ms: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -339,6 +362,7 @@ impl Default for Config {
             api: ApiConfig::default(),
             tls: TlsConfig::default(),
             auth: AuthConfig::default(),
+            participants: ParticipantsConfig::default(),
         }
     }
 }
@@ -392,6 +416,7 @@ impl Default for TxnConfig {
             one_phase_commit: true,
             one_write_commit: true,
             txid_reserve_count: 4096,
+            never_answered_give_up_ms: 600_000,
         }
     }
 }
@@ -540,6 +565,8 @@ impl Config {
                 })?;
             }
         }
+        crate::participant_policy::AddressPolicy::parse(&self.participants.allowed_addresses)
+            .map_err(ConfigError::Invalid)?;
         if self.bootstrap.enabled {
             if self.bootstrap.members.is_empty() {
                 return bad("bootstrap.enabled needs bootstrap.members".into());
@@ -739,6 +766,29 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(e.to_string().contains("listed twice"), "{e}");
+    }
+
+    /// `participants.allowed_addresses` (issue 39, item 7): absent or
+    /// empty allows any address; entries are checked with a message that
+    /// names the key and the entry.
+    #[test]
+    fn participant_address_policy_is_checked() {
+        assert!(Config::from_toml("").unwrap().participants.allowed_addresses.is_empty());
+        Config::from_toml(
+            "[participants]\nallowed_addresses = [\"10.0.0.0/8\", \"127.0.0.0/8\", \"bank-*.svc.internal\"]",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        let e = Config::from_toml("[participants]\nallowed_addresses = [\"10.0.0.1/8\"]")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration: participants.allowed_addresses: entry \"10.0.0.1/8\" has host bits set after /8; the network is 10.0.0.0/8"
+        );
+        assert_eq!(Config::from_toml("").unwrap().txn.never_answered_give_up_ms, 600_000);
     }
 
     #[test]

@@ -34,6 +34,7 @@ use dtx_proto::v1::admin_server::Admin;
 use crate::api::admin::AdminService;
 use crate::api::coordinator::add_delivery_attempts;
 use crate::api::coordinator::status_pb;
+use crate::api::coordinator::Audience;
 use crate::ctx::now_ms;
 use crate::driver::Driver;
 use crate::limits;
@@ -169,7 +170,7 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
 /// participants; a node that does not lead shows none, and says so.
 fn attempts(driver: &Driver, frame: &Frame, t: &mut pb::StatusResponse) {
     if frame.leads() {
-        add_delivery_attempts(driver, t);
+        add_delivery_attempts(driver, t, Audience::Operator);
     }
 }
 

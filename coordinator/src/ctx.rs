@@ -113,7 +113,8 @@ impl From<CommandError> for ApiError {
             | CommandError::NotAllAcked { .. }
             | CommandError::UnknownParticipant { .. }
             | CommandError::OnePhaseOnly { .. }
-            | CommandError::OperatorCommitNotPrepared { .. } => ApiError::FailedPrecondition(m),
+            | CommandError::OperatorCommitNotPrepared { .. }
+            | CommandError::SettlementRefused(_) => ApiError::FailedPrecondition(m),
             CommandError::Saga(e) => ApiError::from(e),
         }
     }

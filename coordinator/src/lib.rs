@@ -43,6 +43,7 @@ pub mod fatal_exit;
 pub mod metrics;
 pub mod node;
 pub mod orchestrator;
+pub mod participant_policy;
 pub mod raft;
 pub mod security;
 pub mod sm;

@@ -61,10 +61,12 @@ use Kind::Histogram as H;
 pub const METRICS: &[Described] = &[
     // 2PC: decisions, delivery, background work.
     m("dtx_decisions_total", C, Unit::Count, "Decisions recorded, by outcome (COMMIT, ABORT); counted by every node when it applies the entry."),
+    m("dtx_settlements_total", C, Unit::Count, "Operators' settlements of another incarnation's txid recorded (admin txn settle-other, ADR 0040), by outcome (COMMIT, ABORT); counted by every node when it applies the entry (first recording only)."),
     m("dtx_reaper_aborts_total", C, Unit::Count, "ABORT decisions the deadline reaper recorded (leader)."),
     m("dtx_forgotten_total", C, Unit::Count, "Decided, fully acked records the forget loop removed (leader)."),
     m("dtx_deliveries_total", C, Unit::Count, "Decisions delivered to a participant and acked, by outcome (leader)."),
     m("dtx_delivery_failures_total", C, Unit::Count, "Failed delivery attempts, each retried with backoff, by kind (no_answer, refused) and participant (the id it was enlisted with; past the first 32 distinct ids, other) (leader)."),
+    m("dtx_never_answered_given_up_total", C, Unit::Count, "Transactions for which the leader stopped calling an address that never answered this node within txn.never_answered_give_up_ms, by kind (abort_delivery, one_phase_commit); shown by admin txn show (leader, issue 39 item 7)."),
     m("dtx_prepare_failures_total", C, Unit::Count, "Prepares that got no vote (no answer, an error), each counted as NO, by participant (as in dtx_delivery_failures_total); logged once per participant per 10 s (leader)."),
     m("dtx_participant_outages_total", C, Unit::Count, "Times a participant address started failing deliveries (leader)."),
     m("dtx_participants_failing", G, Unit::Count, "Participant addresses failing deliveries now (leader)."),

@@ -267,7 +267,7 @@ pub fn api_policy(path: &str) -> Access {
         (
             "dtx.v1.Admin",
             "ClusterStatus" | "AddNode" | "RemoveNode" | "TriggerSnapshot" | "Resolve" | "ListTransactions"
-            | "DropParticipant" | "ForgetTransaction" | "Backup",
+            | "DropParticipant" | "ForgetTransaction" | "Backup" | "SettleOther",
         ) => ADMIN,
         // Sagas (issue 14): applications register definitions, start sagas
         // and read them; operators read them too and act on parked ones.
@@ -338,6 +338,8 @@ mod tests {
             ("/dtx.v1.Coordinator/Status", Role::Participant, false),
             ("/dtx.v1.Admin/Resolve", Role::Operator, true),
             ("/dtx.v1.Admin/Resolve", Role::Application, false),
+            ("/dtx.v1.Admin/SettleOther", Role::Operator, true),
+            ("/dtx.v1.Admin/SettleOther", Role::Participant, false),
             ("/dtx.v1.Admin/RemoveNode", Role::Application, false),
             ("/dtx.v1.Admin/ClusterStatus", Role::Participant, false),
             ("/dtx.v1.Admin/Unknown", Role::Operator, false),

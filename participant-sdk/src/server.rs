@@ -558,6 +558,19 @@ async fn resolve_group<P: Participant>(
     };
     let mut other: Vec<u64> = Vec::new();
     for (answer, (txid, entry)) in answers.into_iter().zip(in_doubt) {
+        if !answer.settled_by.is_empty() {
+            // Another incarnation's txid that an operator of the cluster
+            // settled (ADR 0040): a recorded decision all the same
+            // (invariant 5), applied below and counted as its outcome;
+            // said apart, with who and why.
+            warn!(
+                txid = txid.txid,
+                incarnation = format!("{:016x}", txid.incarnation),
+                settled_by = %dtx_proto::tls::logtext::Clean(&answer.settled_by),
+                "in-doubt transaction of another incarnation settled by an operator of the cluster: applying {:?}",
+                answer.decision
+            );
+        }
         let (msg, outcome) = match answer.decision {
             Some(DecisionRead::Committed) => (Message::Commit { term: entry.term }, "commit"),
             Some(DecisionRead::Aborted) => (Message::Abort { term: entry.term }, "abort"),

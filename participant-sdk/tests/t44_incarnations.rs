@@ -350,6 +350,7 @@ impl Coordinator for Served {
                 txid,
                 outcome: outcome as i32,
                 awaiting_ack: false,
+                settled_by: String::new(),
             })
             .collect();
         Ok(Response::new(pb::GetDecisionsResponse { decisions }))
@@ -468,6 +469,7 @@ fn gc_is_never_safe_for_another_incarnations_txid() {
         txid: 1,
         decision: Some(decision),
         awaiting_ack: false,
+        settled_by: String::new(),
     };
     assert!(!gc_safe(&answer(DecisionRead::OtherIncarnation)));
     assert!(gc_safe(&answer(DecisionRead::UnknownPresumedAbort)));

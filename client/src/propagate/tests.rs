@@ -195,6 +195,12 @@ impl Admin for Hop {
     ) -> Result<Response<pb::ForgetTransactionResponse>, Status> {
         Err(Status::unimplemented("test"))
     }
+    async fn settle_other(
+        &self,
+        _: Request<pb::SettleOtherRequest>,
+    ) -> Result<Response<pb::SettleOtherResponse>, Status> {
+        Err(Status::unimplemented("test"))
+    }
     type BackupStream = tonic::codegen::BoxStream<pb::BackupChunk>;
     async fn backup(&self, _: Request<pb::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
         Err(Status::unimplemented("test"))

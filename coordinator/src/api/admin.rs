@@ -27,7 +27,6 @@ use crate::raft::NodeId;
 use crate::raft::NodeInfo;
 use crate::sm::Command;
 use crate::sm::CommandOk;
-use crate::sm::Outcome;
 
 /// Membership changes made through this node run one at a time, so an
 /// AddNode cannot pass its retired-id check while a RemoveNode of the same id
@@ -284,15 +283,7 @@ impl AdminService {
         }
         check_id("operator", &req.operator)?;
         check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
-        let outcome = match pb::Outcome::try_from(req.outcome) {
-            Ok(pb::Outcome::Commit) => Outcome::Commit,
-            Ok(pb::Outcome::Abort) => Outcome::Abort,
-            _ => {
-                return Err(ApiError::InvalidArgument(
-                    "outcome must be OUTCOME_COMMIT or OUTCOME_ABORT".into(),
-                ))
-            }
-        };
+        let outcome = super::operator_outcome(req.outcome)?;
         for v in &req.voters {
             check_id("voters", v)?;
         }
@@ -381,6 +372,13 @@ impl Admin for AdminService {
         req: Request<pb::ForgetTransactionRequest>,
     ) -> Result<Response<pb::ForgetTransactionResponse>, Status> {
         super::admin_txn::forget_transaction(&self.driver, req).await
+    }
+
+    async fn settle_other(
+        &self,
+        req: Request<pb::SettleOtherRequest>,
+    ) -> Result<Response<pb::SettleOtherResponse>, Status> {
+        super::admin_settle::settle_other(&self.driver, req).await
     }
 
     type BackupStream = tonic::codegen::BoxStream<pb::BackupChunk>;

@@ -23,6 +23,7 @@ use super::check_id;
 use super::check_len;
 use super::coordinator::add_delivery_attempts;
 use super::coordinator::status_pb;
+use super::coordinator::Audience;
 use super::error::ApiError;
 use super::serve_or_forward;
 use crate::ctx::now_ms;
@@ -190,7 +191,7 @@ async fn list(driver: &Driver, req: pb::ListTransactionsRequest) -> Result<pb::L
         limits::LIST_TRANSACTIONS_PAGE_BYTES_MAX,
     );
     for s in &mut transactions {
-        add_delivery_attempts(driver, s);
+        add_delivery_attempts(driver, s, Audience::Operator);
     }
     Ok(pb::ListTransactionsResponse {
         transactions,
@@ -232,7 +233,7 @@ async fn drop_one(driver: &Driver, req: pb::DropParticipantRequest) -> Result<pb
         st.table.get(txid).map(|r| status_pb(&st.table, r))
     };
     let transaction = transaction.map(|mut s| {
-        add_delivery_attempts(driver, &mut s);
+        add_delivery_attempts(driver, &mut s, Audience::Operator);
         s
     });
     Ok(pb::DropParticipantResponse { recorded, transaction })
@@ -244,15 +245,7 @@ async fn drop_one(driver: &Driver, req: pb::DropParticipantRequest) -> Result<pb
 /// as the operator's heuristic decision, the participant dropped with the
 /// same note. A decision that stands already is the answer (write-once).
 pub(super) async fn declare_lost(driver: &Driver, req: pb::ResolveRequest) -> Result<pb::ResolveResponse, ApiError> {
-    let outcome = match pb::Outcome::try_from(req.outcome) {
-        Ok(pb::Outcome::Commit) => crate::sm::Outcome::Commit,
-        Ok(pb::Outcome::Abort) => crate::sm::Outcome::Abort,
-        _ => {
-            return Err(ApiError::InvalidArgument(
-                "outcome must be OUTCOME_COMMIT or OUTCOME_ABORT".into(),
-            ))
-        }
-    };
+    let outcome = super::operator_outcome(req.outcome)?;
     if !req.voters.is_empty() {
         return Err(ApiError::InvalidArgument(
             "voters must be empty with participant_lost: the participant never voted; the outcome is the operator's"

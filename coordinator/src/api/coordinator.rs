@@ -12,6 +12,8 @@ use tonic::Request;
 use tonic::Response;
 use tonic::Status;
 
+use dtx_proto::tls::logtext::clean;
+
 use super::check_id;
 use super::check_len;
 use super::error::ApiError;
@@ -21,6 +23,7 @@ use crate::ctx::on_behalf;
 use crate::ctx::NodeCtx;
 use crate::driver::Driver;
 use crate::limits;
+use crate::participant_policy::AddressPolicy;
 use crate::sm::incarnation::Belonging;
 use crate::sm::Command;
 use crate::sm::CommandOk;
@@ -35,11 +38,16 @@ use crate::sm::TxTable;
 
 pub struct CoordinatorService {
     driver: Arc<Driver>,
+    /// `participants.allowed_addresses` (issue 39, item 7).
+    policy: Result<AddressPolicy, String>,
 }
 
 impl CoordinatorService {
     pub fn new(driver: Arc<Driver>) -> Self {
-        CoordinatorService { driver }
+        // Checked by `Config::validate` before the node starts; a policy
+        // that does not parse all the same refuses every address.
+        let policy = AddressPolicy::parse(&driver.ctx.config.participants.allowed_addresses);
+        CoordinatorService { driver, policy }
     }
 
     fn ctx(&self) -> &Arc<NodeCtx> {
@@ -184,21 +192,45 @@ fn in_flight_status_pb(txid: u64, v: &crate::driver::InFlightView) -> pb::Status
     }
 }
 
+/// Who a transaction's delivery errors are shown to (issue 39, item 7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Audience {
+    /// The Coordinator API's Status: the error's class only
+    /// ("unreachable", "refused", "error"), never the transport's text,
+    /// which would tell a refused connection from a TLS failure at an
+    /// address the application chose.
+    Application,
+    /// The Admin API (ListTransactions, DropParticipant) and the console:
+    /// the error in full.
+    Operator,
+}
+
 /// Adds this leader's phase-two attempts to each participant of `status`
 /// (leader-local, not replicated), so a transaction stuck on a participant
-/// shows why (invariant 11).
-pub(crate) fn add_delivery_attempts(driver: &Driver, status: &mut pb::StatusResponse) {
+/// shows why (invariant 11): in full to operators, as a class to
+/// applications.
+pub(crate) fn add_delivery_attempts(driver: &Driver, status: &mut pb::StatusResponse, audience: Audience) {
     for p in &mut status.participants {
         if let Some(a) = driver.delivery_attempts(status.txid, &p.id) {
             p.delivery_attempts = a.attempts;
-            p.last_delivery_error = a.last_error;
+            p.last_delivery_error = match audience {
+                Audience::Operator => a.last_error,
+                Audience::Application => a.last_error_class.map(|c| c.as_str().to_string()).unwrap_or_default(),
+            };
             p.next_delivery_unix_ms = a.next_unix_ms;
         }
     }
 }
 
-/// Checks one participant's fields (Enlist and BeginAndCommit).
-fn check_participant(id: &str, address: &str, payload: &[u8], tls: bool) -> Result<(), ApiError> {
+/// Checks one participant's fields (Enlist and BeginAndCommit): their
+/// form (INVALID_ARGUMENT), then the address policy (PERMISSION_DENIED).
+fn check_participant(
+    id: &str,
+    address: &str,
+    payload: &[u8],
+    tls: bool,
+    policy: &Result<AddressPolicy, String>,
+) -> Result<(), ApiError> {
     check_id("participant_id", id)?;
     if address.is_empty() {
         return Err(ApiError::InvalidArgument(format!(
@@ -214,6 +246,23 @@ fn check_participant(id: &str, address: &str, payload: &[u8], tls: bool) -> Resu
     dtx_proto::channel::check_address(address, tls)
         .map_err(|e| ApiError::InvalidArgument(format!("participant {id:?}: field address: {e}")))?;
     check_len("payload", payload.len(), limits::PAYLOAD_BYTES_MAX)?;
+    // The operators' policy (issue 39, item 7): checked here, where the
+    // leader serves the call, before anything is proposed. The refusal
+    // names the key, never the allowed entries, and quotes the address
+    // escaped and cut.
+    let allowed = match policy {
+        Ok(p) => p.allows_address(address),
+        Err(_) => false,
+    };
+    if !allowed {
+        return Err(ApiError::PermissionDenied(format!(
+            "participant \"{}\": address \"{}\" is not allowed by {} in the nodes' configuration; \
+             ask the cluster's operators to allow it",
+            clean(id),
+            clean(address),
+            crate::participant_policy::KEY,
+        )));
+    }
     Ok(())
 }
 
@@ -290,7 +339,7 @@ impl CoordinatorService {
             ));
         }
         for p in &req.participants {
-            check_participant(&p.participant_id, &p.address, &p.payload, self.tls())?;
+            check_participant(&p.participant_id, &p.address, &p.payload, self.tls(), &self.policy)?;
         }
         let fingerprint = begin_and_commit_fingerprint(req.timeout_ms, &req.description, &req.participants);
         let participants = req
@@ -318,7 +367,13 @@ impl CoordinatorService {
         req: pb::EnlistRequest,
         caller: Option<&dtx_proto::tls::Identity>,
     ) -> Result<pb::EnlistResponse, ApiError> {
-        check_participant(&req.participant_id, &req.address, &req.payload, self.tls())?;
+        check_participant(
+            &req.participant_id,
+            &req.address,
+            &req.payload,
+            self.tls(),
+            &self.policy,
+        )?;
         match caller {
             Some(id) if id.role == dtx_proto::tls::Role::Participant => {
                 self.check_self_enlist(req.txid, &id.name, &req.participant_id).await?
@@ -438,7 +493,7 @@ impl CoordinatorService {
                 }
             },
         };
-        add_delivery_attempts(&self.driver, &mut status);
+        add_delivery_attempts(&self.driver, &mut status, Audience::Application);
         Ok(status)
     }
 
@@ -479,10 +534,22 @@ impl CoordinatorService {
                     .zip(in_flight)
                     .map(|(&txid, in_flight)| {
                         if st.incarnations.belonging(incarnation, txid) == Belonging::Other {
-                            return pb::GetDecisionResponse {
-                                txid,
-                                outcome: pb::Outcome::OtherIncarnation as i32,
-                                awaiting_ack: false,
+                            // Another incarnation's: only an operator's
+                            // settlement is known of it (ADR 0040); it
+                            // is never acked or delivered.
+                            return match st.settlements.get(incarnation, txid) {
+                                Some(s) => pb::GetDecisionResponse {
+                                    txid,
+                                    outcome: outcome_pb(s.outcome) as i32,
+                                    awaiting_ack: false,
+                                    settled_by: s.describe(),
+                                },
+                                None => pb::GetDecisionResponse {
+                                    txid,
+                                    outcome: pb::Outcome::OtherIncarnation as i32,
+                                    awaiting_ack: false,
+                                    settled_by: String::new(),
+                                },
                             };
                         }
                         pb::GetDecisionResponse {
@@ -493,6 +560,7 @@ impl CoordinatorService {
                                 view_pb(&st.table.decision_view(txid)) as i32
                             },
                             awaiting_ack: !participant_id.is_empty() && st.table.awaiting_ack(txid, participant_id),
+                            settled_by: String::new(),
                         }
                     })
                     .collect()
@@ -609,6 +677,45 @@ impl Coordinator for CoordinatorService {
 mod tests {
     use super::check_participant;
     use crate::api::error::ApiError;
+    use crate::participant_policy::AddressPolicy;
+
+    fn any() -> Result<AddressPolicy, String> {
+        Ok(AddressPolicy::default())
+    }
+
+    /// Issue 39, item 7: an address outside `participants.allowed_addresses`
+    /// is PERMISSION_DENIED, naming the key, with the address escaped and
+    /// cut; the form is checked first (INVALID_ARGUMENT); a policy that
+    /// did not parse refuses everything.
+    #[test]
+    fn enlist_refuses_an_address_outside_the_policy() {
+        let policy = AddressPolicy::parse(&["10.0.0.0/8".to_string(), "bank-*.internal".to_string()]);
+        for ok in ["10.0.0.7:7000", "bank-a.internal:7000"] {
+            check_participant("bank-a", ok, b"", false, &policy).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for no in ["127.0.0.1:7000", "db.internal:5432", "[::1]:7000"] {
+            match check_participant("bank-a", no, b"", false, &policy) {
+                Err(ApiError::PermissionDenied(m)) => assert!(
+                    m.contains("participants.allowed_addresses") && m.contains(no) && !m.contains("10.0.0.0/8"),
+                    "{no}: {m}"
+                ),
+                other => panic!("{no}: expected PERMISSION_DENIED, got {other:?}"),
+            }
+        }
+        assert!(matches!(
+            check_participant("bank-a", "10.0.0.7", b"", false, &policy),
+            Err(ApiError::InvalidArgument(_))
+        ));
+        let long = format!("h{}.example:7000", "a".repeat(200));
+        match check_participant("bank-a", &long, b"", false, &policy) {
+            Err(ApiError::PermissionDenied(m)) => assert!(m.len() < 600, "{m}"),
+            other => panic!("expected PERMISSION_DENIED, got {other:?}"),
+        }
+        assert!(matches!(
+            check_participant("bank-a", "10.0.0.7:7000", b"", false, &Err("bad".into())),
+            Err(ApiError::PermissionDenied(_))
+        ));
+    }
 
     #[test]
     fn enlist_refuses_an_address_the_driver_could_not_use() {
@@ -619,7 +726,7 @@ mod tests {
             ("grpc://10.0.0.7:7000", "unsupported scheme"),
             ("10.0.0.7:70000", "not a number"),
         ] {
-            match check_participant("bank-a", addr, b"", false) {
+            match check_participant("bank-a", addr, b"", false, &any()) {
                 Err(ApiError::InvalidArgument(m)) => {
                     assert!(
                         m.contains("\"bank-a\"") && m.contains("address") && m.contains(why),
@@ -630,14 +737,14 @@ mod tests {
             }
         }
         for addr in ["10.0.0.7:7000", "http://10.0.0.7:7000", "bank-a.internal:7000"] {
-            check_participant("bank-a", addr, b"", false).unwrap_or_else(|e| panic!("{addr}: {e}"));
+            check_participant("bank-a", addr, b"", false, &any()).unwrap_or_else(|e| panic!("{addr}: {e}"));
         }
         // With TLS the driver speaks TLS: https:// and host:port are
         // reachable, http:// (plain text) is refused.
         for addr in ["https://10.0.0.7:7000", "10.0.0.7:7000"] {
-            check_participant("bank-a", addr, b"", true).unwrap_or_else(|e| panic!("{addr}: {e}"));
+            check_participant("bank-a", addr, b"", true, &any()).unwrap_or_else(|e| panic!("{addr}: {e}"));
         }
-        match check_participant("bank-a", "http://10.0.0.7:7000", b"", true) {
+        match check_participant("bank-a", "http://10.0.0.7:7000", b"", true, &any()) {
             Err(ApiError::InvalidArgument(m)) => assert!(m.contains("plain text"), "{m}"),
             other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
         }

@@ -5,6 +5,7 @@
 //! the leader once (followers).
 
 pub mod admin;
+mod admin_settle;
 mod admin_txn;
 pub mod backup;
 pub mod coordinator;
@@ -197,6 +198,18 @@ fn forwarded_error(s: Status, leader: crate::raft::NodeId, addr: &str, proposed:
         s.metadata_mut().remove(error::NOT_APPLIED_HEADER);
     }
     s
+}
+
+/// The decision an operator's request asks for: `OUTCOME_COMMIT` or
+/// `OUTCOME_ABORT`, anything else `INVALID_ARGUMENT`.
+pub(crate) fn operator_outcome(v: i32) -> Result<crate::sm::Outcome, ApiError> {
+    match pb::Outcome::try_from(v) {
+        Ok(pb::Outcome::Commit) => Ok(crate::sm::Outcome::Commit),
+        Ok(pb::Outcome::Abort) => Ok(crate::sm::Outcome::Abort),
+        _ => Err(ApiError::InvalidArgument(
+            "outcome must be OUTCOME_COMMIT or OUTCOME_ABORT".into(),
+        )),
+    }
 }
 
 pub(crate) fn check_id(field: &str, v: &str) -> Result<(), ApiError> {

@@ -244,6 +244,44 @@ impl Peers {
     }
 }
 
+/// What keeps going to a participant address for one transaction, as the
+/// give-up rule sees it (issue 39, item 7; ADR 0041).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retried {
+    /// Delivering a recorded ABORT.
+    AbortDelivery,
+    /// Delivering a recorded COMMIT.
+    CommitDelivery,
+    /// Re-sending the one-phase commit of an undecided transaction.
+    OnePhaseCommit,
+}
+
+/// Whether the leader stops calling an address for one transaction: only
+/// when `bound` is set (not zero), the address has never answered any call
+/// from this node process (`answered_once` false), the work is not a
+/// COMMIT delivery, and it has been tried for `bound` already.
+///
+/// - A COMMIT is never given up: every participant of a recorded COMMIT
+///   voted YES (or, one-phase, committed and answered), to this leader or
+///   an earlier one, and must end committed (invariant 4). That this
+///   leader never heard from it says nothing about what it told another.
+/// - An ABORT may be: not delivering it decides nothing and sends nothing
+///   (invariants 1 to 5 hold); a participant that holds a YES vote keeps
+///   its locks and learns the ABORT by asking (its SDK asks on start and
+///   periodically), and the record stays, unacked, for an operator.
+/// - A one-phase commit may be: not re-sending it decides nothing (the
+///   transaction stays PREPARING; only its participant's answer or an
+///   operator decides it).
+pub fn gives_up(what: Retried, answered_once: bool, trying_for: Duration, bound: Duration) -> bool {
+    if bound.is_zero() || answered_once {
+        return false;
+    }
+    match what {
+        Retried::CommitDelivery => false,
+        Retried::AbortDelivery | Retried::OnePhaseCommit => trying_for >= bound,
+    }
+}
+
 /// Phase two's backoff after `failures` failures (from 1): the project's one
 /// backoff formula, `dtx_client::backoff::Backoff`, with equal jitter:
 /// `base * 2^(failures - 1)` (at least 1 ms), at most `max`, times
@@ -376,6 +414,33 @@ mod tests {
         // Releasing without holding wakes nobody.
         let mut q = peers();
         assert_eq!(q.release("a"), Wake::Nobody);
+    }
+
+    /// Issue 39, item 7: only an address that never answered this node is
+    /// given up, only after the bound, never for a COMMIT, and never with
+    /// the bound at 0.
+    #[test]
+    fn only_never_answered_addresses_are_given_up_and_never_a_commit() {
+        let bound = ms(600_000);
+        for what in [Retried::AbortDelivery, Retried::OnePhaseCommit] {
+            assert!(!gives_up(what, false, ms(599_999), bound), "{what:?} before the bound");
+            assert!(gives_up(what, false, bound, bound), "{what:?} at the bound");
+            assert!(gives_up(what, false, ms(10_000_000), bound), "{what:?} past the bound");
+            assert!(
+                !gives_up(what, true, ms(10_000_000), bound),
+                "{what:?}: it answered once"
+            );
+            assert!(
+                !gives_up(what, false, ms(10_000_000), Duration::ZERO),
+                "{what:?}: 0 = never"
+            );
+        }
+        for (answered, tried) in [(false, ms(10_000_000)), (true, ms(10_000_000)), (false, bound)] {
+            assert!(
+                !gives_up(Retried::CommitDelivery, answered, tried, bound),
+                "a COMMIT is never given up"
+            );
+        }
     }
 
     #[test]

@@ -106,6 +106,9 @@ pub struct Driver {
     /// `logtext::SUMMARY_INTERVAL` (issue 39): a participant that is down
     /// fails every transaction's prepare.
     prepare_failures: Arc<LogSummary>,
+    /// "stopped delivering" lines (issue 39, item 7), one per address per
+    /// `logtext::SUMMARY_INTERVAL`.
+    given_up_log: Arc<LogSummary>,
 }
 
 impl Driver {
@@ -126,11 +129,22 @@ impl Driver {
                 dtx_proto::tls::logtext::SUMMARY_INTERVAL.as_secs()
             )
         });
+        let given_up_log = Arc::new(LogSummary::default());
+        given_up_log.spawn_flusher(|address, held| {
+            warn!(
+                address,
+                held_back = held,
+                "{held} more transactions stopped calling this never-answering address in the last {}s \
+                 (dtx_never_answered_given_up_total)",
+                dtx_proto::tls::logtext::SUMMARY_INTERVAL.as_secs()
+            )
+        });
         Arc::new(Driver {
             ctx,
             state,
             fast: fast::FastState::default(),
             prepare_failures,
+            given_up_log,
         })
     }
 
@@ -193,6 +207,13 @@ struct DriverState {
     /// Per transaction driven here: the trace context of the request that
     /// drove it, carried on its calls to participants (not replicated).
     traces: Mutex<HashMap<Txid, TraceContext>>,
+    /// Addresses that answered a call from this process (issue 39, item 7).
+    answered: Mutex<Answered>,
+    /// One-phase commits no longer re-sent: their participant's address
+    /// never answered within `txn.never_answered_give_up_ms` (per txid,
+    /// the address and the participant id). Re-driven again once the
+    /// address answers anything.
+    one_phase_given_up: Mutex<HashMap<Txid, (String, String)>>,
     retry_base: Duration,
     retry_max: Duration,
 }
@@ -202,10 +223,58 @@ struct DriverState {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeliveryAttempts {
     pub attempts: u32,
+    /// The last error in full: for operators only (ListTransactions, `admin
+    /// txn show`, the console), never the application's Status.
     pub last_error: String,
+    /// The last error's class: what the application's Status shows.
+    pub last_error_class: Option<ErrorClass>,
     /// When the next attempt is due, ms since the Unix epoch (0: none).
     pub next_unix_ms: u64,
+    /// When this leader first saw a call for it fail (one-phase commits:
+    /// the clock of the give-up rule, `health::gives_up`).
+    pub first_failed: Option<tokio::time::Instant>,
+    /// This leader stopped calling the address for this transaction (it
+    /// never answered; issue 39, item 7), ms since the Unix epoch (0: not).
+    pub given_up_unix_ms: u64,
 }
+
+/// What the application's Status says of a participant's last delivery
+/// error (issue 39, item 7): a class, never the transport's text, which
+/// would tell a refused connection from a TLS failure at an address the
+/// application chose. Operators see the text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// No answer: no connection, a handshake or transport failure, a
+    /// timeout, or the participant failing as a whole.
+    Unreachable,
+    /// The participant answered and refused the message.
+    Refused,
+    /// Anything else (on the cluster's side, e.g. an ack not recorded yet).
+    Error,
+}
+
+impl ErrorClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Unreachable => "unreachable",
+            ErrorClass::Refused => "refused",
+            ErrorClass::Error => "error",
+        }
+    }
+}
+
+/// Participant addresses that answered a call of this node process (issue
+/// 39, item 7): the give-up rule spares them. Bounded: when full, every
+/// address counts as answered (nothing more is given up).
+#[derive(Debug, Default)]
+struct Answered {
+    set: HashSet<String>,
+    full: bool,
+}
+
+/// How many answering addresses a node remembers (a deployment has far
+/// fewer participants; `participants.allowed_addresses` bounds them).
+const ANSWERED_ADDRESSES_MAX: usize = 65_536;
 
 #[derive(Clone, Copy, Debug)]
 struct Backoff {
@@ -243,6 +312,8 @@ impl DriverState {
             redrive_backoff: Mutex::default(),
             cursors: Mutex::default(),
             traces: Mutex::default(),
+            answered: Mutex::default(),
+            one_phase_given_up: Mutex::default(),
             retry_base,
             retry_max,
         }
@@ -258,6 +329,37 @@ impl DriverState {
 
     fn failing_participants(&self) -> usize {
         self.peers.lock().expect("lock").failing()
+    }
+
+    /// `addr` answered a call (any answer of the participant protocol,
+    /// refusals included): it is never given up from now on, and
+    /// deliveries given up on it go on.
+    fn note_answered(&self, addr: &str) {
+        let first = {
+            let mut a = self.answered.lock().expect("lock");
+            if a.full || a.set.contains(addr) {
+                false
+            } else if a.set.len() >= ANSWERED_ADDRESSES_MAX {
+                a.full = true;
+                warn!(
+                    "{ANSWERED_ADDRESSES_MAX} participant addresses have answered this node: from now on none is \
+                     given up (txn.never_answered_give_up_ms no longer applies until a restart)"
+                );
+                true
+            } else {
+                a.set.insert(addr.to_string());
+                true
+            }
+        };
+        if first {
+            self.wake(addr, health::Wake::All);
+        }
+    }
+
+    /// `addr` answered a call from this process once, at least.
+    fn answered_once(&self, addr: &str) -> bool {
+        let a = self.answered.lock().expect("lock");
+        a.full || a.set.contains(addr)
     }
 
     /// The notifier of deliveries parked on `addr`.
@@ -445,13 +547,17 @@ impl Driver {
     }
 }
 
+/// What a decision's note says of a participant whose Prepare brought no
+/// usable vote: never the transport's text (issue 39, item 7).
+const FAILED_VOTE_NOTE: &str = "no usable vote (unreachable or failed; the leader's log has the error)";
+
 /// Cuts a decision note to `limits::NOTE_BYTES_MAX` bytes.
 fn truncate_note(note: &mut String) {
     truncate_utf8(note, crate::limits::NOTE_BYTES_MAX);
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
-fn truncate_utf8(s: &mut String, max: usize) {
+pub(crate) fn truncate_utf8(s: &mut String, max: usize) {
     if s.len() > max {
         let mut cut = max;
         while !s.is_char_boundary(cut) {
@@ -479,8 +585,14 @@ impl Driver {
         let res = tokio::time::timeout(timeout, self.ctx.participant_over(ch).prepare(req)).await;
         match res {
             Err(_) => Vote::Failed(format!("no vote within {} ms", timeout.as_millis())),
-            Ok(Err(s)) => Vote::Failed(format!("{}: {}", s.code(), s.message())),
+            Ok(Err(s)) => {
+                if matches!(DeliveryError::from_status(&s), DeliveryError::Refused { .. }) {
+                    self.state.note_answered(&p.address);
+                }
+                Vote::Failed(format!("{}: {}", s.code(), s.message()))
+            }
             Ok(Ok(r)) => {
+                self.state.note_answered(&p.address);
                 let r = r.into_inner();
                 prepare_group::vote_of(r.vote, r.reason)
             }
@@ -721,6 +833,7 @@ impl Driver {
         let answer = tokio::time::timeout(timeout, self.ctx.participant_over(ch).commit_one_phase(req)).await;
         let (outcome, note) = match answer {
             Ok(Ok(r)) => {
+                self.state.note_answered(&p.address);
                 let r = r.into_inner();
                 if r.committed {
                     (Outcome::Commit, String::new())
@@ -731,19 +844,27 @@ impl Driver {
                 }
             }
             Ok(Err(s)) => {
-                // Shown by Status and `txn show` (issue 39, item 8): what
-                // keeps the transaction PREPARING.
+                // Shown by `txn show` (issue 39, item 8): what keeps the
+                // transaction PREPARING; the application's Status and this
+                // answer say only its class (item 7).
                 let error = format!("{}: {}", s.code(), s.message());
-                self.note_attempt(txid, p, Some(&error), None);
+                let class = match DeliveryError::from_status(&s) {
+                    DeliveryError::Refused { .. } => {
+                        self.state.note_answered(&p.address);
+                        ErrorClass::Refused
+                    }
+                    DeliveryError::NoAnswer(_) => ErrorClass::Unreachable,
+                };
+                self.note_attempt(txid, p, Some((class, &error)), None);
                 return Err(ApiError::Unknown(format!(
-                    "one-phase commit of {txid}: participant {} answered {}; only it can decide, the leader will ask again",
+                    "one-phase commit of {txid}: participant {} did not commit it ({}); only it can decide, the leader will ask again",
                     Clean(&p.id),
-                    Clean(&error),
+                    class.as_str(),
                 )));
             }
             Err(_) => {
                 let error = format!("no answer within {} ms", timeout.as_millis());
-                self.note_attempt(txid, p, Some(&error), None);
+                self.note_attempt(txid, p, Some((ErrorClass::Unreachable, &error)), None);
                 return Err(ApiError::Unknown(format!(
                     "one-phase commit of {txid}: no answer from participant {} within {} ms; only it can decide, the leader will ask again",
                     p.id,
@@ -872,7 +993,18 @@ impl Driver {
                 }
             }
         }
-        let votes: Vec<(&str, Vote)> = voters.iter().copied().zip(votes).collect();
+        // The decision's note is replicated and shown by the application's
+        // Status: a failed vote says no more than that (issue 39, item 7);
+        // its error is in the line above (and `dtx_prepare_failures_total`).
+        let votes: Vec<(&str, Vote)> = voters
+            .iter()
+            .copied()
+            .zip(votes)
+            .map(|(id, v)| match v {
+                Vote::Failed(_) => (id, Vote::Failed(FAILED_VOTE_NOTE.to_string())),
+                v => (id, v),
+            })
+            .collect();
         // Every voter has its vote now. Each wait above ended by the
         // deadline, so a vote not in by then is already a failure (counted
         // as NO): the tally is taken as of the round's start, when the
@@ -991,7 +1123,10 @@ impl Driver {
                 match tokio::time::timeout(timeout, self.ctx.participant_over(ch).inquire(req)).await {
                     Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
                     Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
-                    Ok(Ok(r)) => Ok(pb::LocalRecord::try_from(r.into_inner().record).unwrap_or_default()),
+                    Ok(Ok(r)) => {
+                        self.state.note_answered(&p.address);
+                        Ok(pb::LocalRecord::try_from(r.into_inner().record).unwrap_or_default())
+                    }
                 }
             }
             .await;
@@ -1123,10 +1258,16 @@ impl Driver {
                 let known = driver.ctx.sm.state().table.get(txid).and_then(|r| {
                     (r.phase == crate::sm::Phase::Preparing).then(|| (r.participants.clone(), r.one_phase))
                 });
+                let only = known
+                    .as_ref()
+                    .and_then(|(participants, one_phase)| one_phase.then(|| participants.first().cloned()).flatten());
                 let res = match known {
                     Some((participants, one_phase)) => driver.drive_preparing(txid, participants, one_phase).await,
                     None => driver.drive_commit_inner(txid).await,
                 };
+                if let (Err(_), Some(p)) = (&res, &only) {
+                    driver.maybe_give_up_one_phase(txid, p);
+                }
                 let mut backoff = driver.state.redrive_backoff.lock().expect("lock");
                 match res {
                     Ok(_) => {
@@ -1150,6 +1291,55 @@ impl Driver {
             }
             .instrument(span),
         );
+    }
+
+    /// After a re-drive of the one-phase commit `txid` to `p` ended without
+    /// an answer: stops re-sending it when the give-up rule says so (issue
+    /// 39, item 7; `health::gives_up`): the transaction stays PREPARING,
+    /// shown to operators, and is re-driven again once the address answers
+    /// any call.
+    fn maybe_give_up_one_phase(&self, txid: Txid, p: &Participant) {
+        let bound = Duration::from_millis(self.ctx.config.txn.never_answered_give_up_ms);
+        let trying_for = self
+            .state
+            .attempts
+            .lock()
+            .expect("lock")
+            .get(&(txid, p.id.clone()))
+            .and_then(|a| a.first_failed)
+            .map(|t| t.elapsed())
+            .unwrap_or_default();
+        let answered_once = self.state.answered_once(&p.address);
+        if !health::gives_up(health::Retried::OnePhaseCommit, answered_once, trying_for, bound) {
+            return;
+        }
+        let first = self
+            .state
+            .one_phase_given_up
+            .lock()
+            .expect("lock")
+            .insert(txid, (p.address.clone(), p.id.clone()))
+            .is_none();
+        if first {
+            self.note_given_up(txid, p, health::Retried::OnePhaseCommit);
+        }
+    }
+
+    /// The one-phase commit `txid` is not re-driven: given up on an
+    /// address that has not answered since (issue 39, item 7).
+    fn one_phase_given_up(&self, txid: Txid) -> bool {
+        let mut given_up = self.state.one_phase_given_up.lock().expect("lock");
+        let Some((addr, pid)) = given_up.get(&txid) else {
+            return false;
+        };
+        if !self.state.answered_once(addr) {
+            return true;
+        }
+        if let Some(a) = self.state.attempts.lock().expect("lock").get_mut(&(txid, pid.clone())) {
+            a.given_up_unix_ms = 0;
+        }
+        given_up.remove(&txid);
+        false
     }
 
     /// One round of the leader's background work, at `now_ms` in `term`
@@ -1247,9 +1437,19 @@ impl Driver {
             if backoff.len() > st.table.preparing_count() {
                 backoff.retain(|t, _| st.table.get(*t).is_some_and(|r| r.phase == crate::sm::Phase::Preparing));
             }
+            {
+                let mut given_up = self.state.one_phase_given_up.lock().expect("lock");
+                if given_up.len() > st.table.preparing_count() {
+                    given_up.retain(|t, _| st.table.get(*t).is_some_and(|r| r.phase == crate::sm::Phase::Preparing));
+                }
+            }
             st.table
                 .preparing_after(cursors.preparing)
-                .filter(|t| !busy.contains(t) && backoff.get(t).is_none_or(|b| b.not_before <= now))
+                .filter(|t| {
+                    !busy.contains(t)
+                        && backoff.get(t).is_none_or(|b| b.not_before <= now)
+                        && !self.one_phase_given_up(*t)
+                })
                 .collect()
         };
         if let Some(&t) = undelivered.last() {
@@ -1286,16 +1486,60 @@ impl Driver {
         self.ctx.sm.state().table.awaiting_ack(txid, participant_id)
     }
 
-    fn note_attempt(&self, txid: Txid, p: &Participant, error: Option<&str>, next_in: Option<Duration>) {
+    fn note_attempt(&self, txid: Txid, p: &Participant, error: Option<(ErrorClass, &str)>, next_in: Option<Duration>) {
         let mut map = self.state.attempts.lock().expect("lock");
         let a = map.entry((txid, p.id.clone())).or_default();
-        if let Some(e) = error {
+        if let Some((class, e)) = error {
             a.attempts = a.attempts.saturating_add(1);
             a.last_error = e.to_string();
+            a.last_error_class = Some(class);
+            a.first_failed.get_or_insert_with(tokio::time::Instant::now);
         }
         a.next_unix_ms = next_in
             .map(|d| now_ms().saturating_add(d.as_millis() as u64))
             .unwrap_or(0);
+    }
+
+    /// Marks `p`'s calls in `txid` as given up (issue 39, item 7): shown to
+    /// operators with the last error, counted, logged once per address
+    /// per summary interval.
+    fn note_given_up(&self, txid: Txid, p: &Participant, what: health::Retried) {
+        let bound_ms = self.ctx.config.txn.never_answered_give_up_ms;
+        let doing = match what {
+            health::Retried::OnePhaseCommit => "re-sending the one-phase commit",
+            _ => "delivering the ABORT",
+        };
+        {
+            let mut map = self.state.attempts.lock().expect("lock");
+            let a = map.entry((txid, p.id.clone())).or_default();
+            a.given_up_unix_ms = now_ms();
+            a.next_unix_ms = 0;
+            a.last_error = format!(
+                "stopped {doing}: address {} never answered this leader within txn.never_answered_give_up_ms \
+                 ({bound_ms} ms), so it is not called again for this transaction unless it answers a call; \
+                 drop the participant or resolve the transaction. Last error: {}",
+                clean(&p.address),
+                a.last_error
+            );
+            truncate_utf8(&mut a.last_error, crate::limits::REASON_BYTES_MAX);
+        }
+        let kind = match what {
+            health::Retried::OnePhaseCommit => "one_phase_commit",
+            _ => "abort_delivery",
+        };
+        metrics::counter!("dtx_never_answered_given_up_total", "kind" => kind).increment(1);
+        let address = clean(&p.address);
+        match self.given_up_log.note(&address) {
+            None => {}
+            Some(held) => warn!(
+                txid,
+                participant = %Clean(&p.id),
+                address = %address,
+                held_back = held,
+                "stopped {doing}: the address never answered this leader within {bound_ms} ms \
+                 (txn.never_answered_give_up_ms); an operator drops the participant or resolves the transaction"
+            ),
+        }
     }
 
     async fn deliver_one(self: &Arc<Self>, txid: Txid, term: u64, outcome: Outcome, p: &Participant) {
@@ -1329,6 +1573,15 @@ impl Driver {
         };
         let waker = self.state.waker(&p.address);
         let mut refusals: u32 = 0;
+        // The give-up rule (issue 39, item 7): how long this delivery has
+        // been trying, and whether it stopped calling.
+        let started = tokio::time::Instant::now();
+        let bound = Duration::from_millis(self.ctx.config.txn.never_answered_give_up_ms);
+        let retried = match outcome {
+            Outcome::Commit => health::Retried::CommitDelivery,
+            Outcome::Abort => health::Retried::AbortDelivery,
+        };
+        let mut given_up = false;
         loop {
             if !self.ctx.is_leader_of(term) {
                 return; // The new leader delivers (invariant 9).
@@ -1341,6 +1594,33 @@ impl Driver {
             let parked = waker.notified();
             tokio::pin!(parked);
             parked.as_mut().enable();
+            let answered_once = self.state.answered_once(&p.address);
+            if health::gives_up(retried, answered_once, started.elapsed(), bound) {
+                if !given_up {
+                    given_up = true;
+                    // The probe turn passes on (to a delivery that still
+                    // tries, if any).
+                    if std::mem::take(&mut leaving.holder) {
+                        let wake = self.state.peers.lock().expect("lock").release(&p.address);
+                        self.state.wake(&p.address, wake);
+                    }
+                    self.note_given_up(txid, p, retried);
+                }
+                // The task stays, parked, so the leader loop does not start
+                // it over; it goes on if the address answers any call.
+                tokio::select! {
+                    _ = &mut parked => {}
+                    _ = tokio::time::sleep(PARKED_MAX) => {}
+                }
+                continue;
+            }
+            if given_up {
+                // The address answered meanwhile: deliver again.
+                given_up = false;
+                if let Some(a) = self.state.attempts.lock().expect("lock").get_mut(&(txid, p.id.clone())) {
+                    a.given_up_unix_ms = 0;
+                }
+            }
             let turn =
                 self.state
                     .peers
@@ -1390,7 +1670,10 @@ impl Driver {
                 let sent = self.send_decision_grouped(txid, term, outcome, p).await;
                 let seen = match &sent {
                     Err(DeliveryError::NoAnswer(e)) => health::Seen::Failed(e.clone()),
-                    _ => health::Seen::Answered,
+                    _ => {
+                        self.state.note_answered(&p.address);
+                        health::Seen::Answered
+                    }
                 };
                 let u = rand::rng().random_range(0.0..=1.0);
                 let (event, wake) = self.state.peers.lock().expect("lock").report(
@@ -1417,7 +1700,12 @@ impl Driver {
                         Err(e) => {
                             warn!(txid, participant = %Clean(&p.id), "ack not recorded yet: {e}");
                             let wait = self.state.backoff(0);
-                            self.note_attempt(txid, p, Some(&format!("ack not recorded: {e}")), Some(wait));
+                            self.note_attempt(
+                                txid,
+                                p,
+                                Some((ErrorClass::Error, &format!("ack not recorded: {e}"))),
+                                Some(wait),
+                            );
                             tokio::time::sleep(wait).await;
                         }
                     }
@@ -1427,7 +1715,7 @@ impl Driver {
                     // next attempt waits for the probe turn or its backoff.
                     metrics::counter!("dtx_delivery_failures_total", "kind" => "no_answer", "participant" => crate::metrics::participant_label(&p.id))
                         .increment(1);
-                    self.note_attempt(txid, p, Some(&e), None);
+                    self.note_attempt(txid, p, Some((ErrorClass::Unreachable, &e)), None);
                 }
                 Err(DeliveryError::Refused { message, stale_term }) => {
                     // The participant answered and refused this message:
@@ -1443,7 +1731,7 @@ impl Driver {
                         }
                     }
                     let wait = self.state.backoff(refusals);
-                    self.note_attempt(txid, p, Some(&message), Some(wait));
+                    self.note_attempt(txid, p, Some((ErrorClass::Refused, &message)), Some(wait));
                     tokio::time::sleep(wait).await;
                 }
             }

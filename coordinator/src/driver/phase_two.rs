@@ -160,6 +160,8 @@ impl Driver {
             }
             Ok(Err(s)) => every(DeliveryError::from_status(&s)),
             Ok(Ok(r)) => {
+                // The participant answered (issue 39, item 7).
+                self.state.note_answered(addr);
                 let results = r.into_inner().results;
                 if results.len() != n {
                     return every(DeliveryError::NoAnswer(format!(

@@ -205,6 +205,10 @@ impl Driver {
                 (votes, Ridden::Answered((0..d).map(|_| Answer::SendAlone).collect()))
             }
             Ok(Err(s)) => {
+                if matches!(DeliveryError::from_status(&s), DeliveryError::Refused { .. }) {
+                    // The participant answered (issue 39, item 7).
+                    self.state.note_answered(addr);
+                }
                 // As a failed ApplyDecisions: each decision's attempt failed
                 // the way the status says.
                 let votes = (0..n)
@@ -216,6 +220,8 @@ impl Driver {
                 (votes, Ridden::Answered(decided))
             }
             Ok(Ok(r)) => {
+                // The participant answered (issue 39, item 7).
+                self.state.note_answered(addr);
                 let r = r.into_inner();
                 if r.results.len() != n || !(r.decision_results.len() == d || r.decision_results.is_empty()) {
                     return every(format!(

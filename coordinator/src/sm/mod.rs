@@ -17,10 +17,14 @@
 //! `operator`: what an operator does to records (issue 13): drop a
 //! participant gone for good from phase two, forget a transaction before
 //! its retention, and the filtered listing of records.
+//!
+//! `settlement`: an operator's settlement of another incarnation's txid
+//! (ADR 0040), kept beside the table like `incarnation`.
 
 pub mod incarnation;
 pub mod operator;
 pub mod saga;
+pub mod settlement;
 pub mod tally;
 
 use std::collections::BTreeMap;
@@ -289,6 +293,25 @@ pub enum Command {
         now_ms: u64,
         note: String,
     },
+    /// An operator settles `txid` of ANOTHER incarnation `incarnation` (a
+    /// txid the old cluster handed out after the backup this cluster was
+    /// restored from, or another cluster's) with `outcome`, `note` (who,
+    /// why, and the evidence the leader saw), `term` and `now_ms`: the
+    /// decision read then answers it with `outcome` instead of
+    /// OTHER_INCARNATION, so the participant's recovery applies it
+    /// (invariant 5). Applied by the store to `settlement::Settlements`,
+    /// beside the table. Write-once (a later one reads the first back);
+    /// refused for incarnation 0 and for a txid of this cluster's own
+    /// history. Issue 38's known gap, ADR 0040. Appended last: older log
+    /// entries keep their encoding.
+    SettleOther {
+        incarnation: u64,
+        txid: Txid,
+        outcome: Outcome,
+        term: u64,
+        now_ms: u64,
+        note: String,
+    },
 }
 
 /// One participant named at BeginAndCommit.
@@ -377,6 +400,12 @@ pub enum CommandOk {
         incarnation: u64,
         newly: bool,
     },
+    /// `SettleOther`: the settlement standing after the command; `recorded`
+    /// is false when one stood before (it stays, whatever this one asked).
+    Settled {
+        settlement: settlement::Settlement,
+        recorded: bool,
+    },
 }
 
 /// Refusals. They are part of the replicated result, so they are data.
@@ -421,6 +450,9 @@ pub enum CommandError {
     /// A `Command::Saga` refused; nothing changed.
     #[error("{0}")]
     Saga(saga::SagaError),
+    /// A `Command::SettleOther` refused; nothing changed.
+    #[error("{0}")]
+    SettlementRefused(settlement::SettlementRefusal),
 }
 
 pub type CommandResult = Result<CommandOk, CommandError>;
@@ -829,6 +861,10 @@ impl TxTable {
             // The store applies it to the incarnations, beside the table.
             Command::OpenIncarnation { .. } => Err(CommandError::Invalid(
                 "an incarnation is opened in the state machine's history, not in the transaction table".to_string(),
+            )),
+            // The store applies it to the settlements, beside the table.
+            Command::SettleOther { .. } => Err(CommandError::Invalid(
+                "another incarnation's transaction is settled beside the transaction table, not in it".to_string(),
             )),
             Command::As { caller, command } => {
                 let result = self.apply_inner(entry_term, command, effects)?;
@@ -1370,7 +1406,8 @@ fn command_txid(cmd: &Command) -> Option<Txid> {
         | Command::DropParticipant { txid, .. }
         | Command::ForgetByOperator { txid, .. }
         | Command::DeclareLost { txid, .. } => Some(*txid),
-        Command::Saga(_) | Command::OpenIncarnation { .. } => None,
+        // A settlement's txid is another incarnation's, never a record here.
+        Command::Saga(_) | Command::OpenIncarnation { .. } | Command::SettleOther { .. } => None,
     }
 }
 

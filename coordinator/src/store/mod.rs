@@ -380,6 +380,15 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
         "next_txid": st.table.next_txid(),
         "ignored_incomplete_snapshots": ignored,
         "transactions": records,
+        // Operators' settlements of other incarnations' txids (ADR 0040).
+        "settlements": st.settlements.iter().map(|((incarnation, txid), x)| serde_json::json!({
+            "incarnation": format!("{incarnation:016x}"),
+            "txid": txid,
+            "outcome": x.outcome.to_string(),
+            "note": x.note,
+            "settled_unix_ms": x.settled_ms,
+            "term": x.term,
+        })).collect::<Vec<_>>(),
     }))
 }
 

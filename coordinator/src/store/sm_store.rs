@@ -8,7 +8,9 @@
 //! Beside each record, under keys of their own, live its owner (`o<txid>`)
 //! and the participants an operator dropped from it (`d<txid>`): written
 //! with the record, deleted with it, absent in data directories written
-//! before they existed.
+//! before they existed. Settlements of another incarnation's txids
+//! (`x<incarnation><txid>`, ADR 0040) live beside the incarnations, never
+//! deleted.
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -47,6 +49,8 @@ use crate::sm::saga::SagaBookData;
 use crate::sm::saga::SagaEffect;
 use crate::sm::saga::SagaId;
 use crate::sm::saga::SagaRecord;
+use crate::sm::settlement::Settlement;
+use crate::sm::settlement::Settlements;
 use crate::sm::Command;
 use crate::sm::CommandError;
 use crate::sm::CommandOk;
@@ -84,6 +88,11 @@ const QUERY_FAILURES_PREFIX: &[u8] = b"q";
 /// The history of cluster incarnations (ADR 0033); absent in data
 /// directories written before it existed: absent = none opened yet.
 const INCARNATIONS_KEY: &[u8] = b"m/incarnations";
+/// An operator's settlement of another incarnation's txid
+/// (`Command::SettleOther`, ADR 0040), under `x<incarnation><txid>` (both
+/// big-endian); absent in data directories written before they existed:
+/// absent = none settled.
+const SETTLEMENT_PREFIX: &[u8] = b"x";
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
 
@@ -116,6 +125,22 @@ fn drops_key(txid: Txid) -> Vec<u8> {
     let mut k = DROPS_PREFIX.to_vec();
     k.extend_from_slice(&txid.to_be_bytes());
     k
+}
+
+fn settlement_key(incarnation: u64, txid: Txid) -> Vec<u8> {
+    let mut k = SETTLEMENT_PREFIX.to_vec();
+    k.extend_from_slice(&incarnation.to_be_bytes());
+    k.extend_from_slice(&txid.to_be_bytes());
+    k
+}
+
+fn settlement_of_key(k: &[u8]) -> Option<(u64, Txid)> {
+    let b: [u8; 16] = k.strip_prefix(SETTLEMENT_PREFIX)?.try_into().ok()?;
+    let (i, t) = b.split_at(8);
+    Some((
+        u64::from_be_bytes(i.try_into().ok()?),
+        Txid::from_be_bytes(t.try_into().ok()?),
+    ))
 }
 
 fn saga_key(id: SagaId) -> Vec<u8> {
@@ -153,6 +178,8 @@ pub struct SmState {
     pub membership: StoredMembership,
     /// Which incarnation handed out which ids (ADR 0033).
     pub incarnations: Incarnations,
+    /// Operators' settlements of other incarnations' txids (ADR 0040).
+    pub settlements: Settlements,
 }
 
 /// The encoded form of a snapshot.
@@ -172,6 +199,22 @@ struct SnapshotData {
     /// Added after `drops`, in the same way (issue 14).
     sagas: SagaBookData,
     /// Added after `sagas`, in the same way (ADR 0033).
+    incarnations: Incarnations,
+    /// Added after `incarnations`, in the same way (ADR 0040).
+    settlements: Settlements,
+}
+
+/// The layout of snapshots built before settlements were recorded.
+#[derive(Serialize, Deserialize)]
+struct SnapshotDataWithoutSettlements {
+    next_txid: Txid,
+    records: Vec<TxRecord>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    retired_node_ids: BTreeSet<u64>,
+    owners: BTreeMap<Txid, String>,
+    drops: BTreeMap<Txid, Drops>,
+    sagas: SagaBookData,
     incarnations: Incarnations,
 }
 
@@ -261,6 +304,20 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
         Ok(d) => return Ok(d),
         Err(e) => e,
     };
+    if let Ok(old) = codec::decode::<SnapshotDataWithoutSettlements>(bytes) {
+        return Ok(SnapshotData {
+            next_txid: old.next_txid,
+            records: old.records,
+            last_applied: old.last_applied,
+            membership: old.membership,
+            retired_node_ids: old.retired_node_ids,
+            owners: old.owners,
+            drops: old.drops,
+            sagas: old.sagas,
+            incarnations: old.incarnations,
+            settlements: Settlements::default(),
+        });
+    }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutIncarnations>(bytes) {
         return Ok(SnapshotData {
             next_txid: old.next_txid,
@@ -272,6 +329,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             drops: old.drops,
             sagas: old.sagas,
             incarnations: Incarnations::default(),
+            settlements: Settlements::default(),
         });
     }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutQueryFailures>(bytes) {
@@ -290,6 +348,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
                 query_failures: Vec::new(),
             },
             incarnations: Incarnations::default(),
+            settlements: Settlements::default(),
         });
     }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutSagas>(bytes) {
@@ -303,6 +362,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             drops: old.drops,
             sagas: SagaBookData::default(),
             incarnations: Incarnations::default(),
+            settlements: Settlements::default(),
         });
     }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutDrops>(bytes) {
@@ -316,6 +376,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             drops: BTreeMap::new(),
             sagas: SagaBookData::default(),
             incarnations: Incarnations::default(),
+            settlements: Settlements::default(),
         });
     }
     if let Ok(old) = codec::decode::<SnapshotDataWithoutOwners>(bytes) {
@@ -329,6 +390,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             drops: BTreeMap::new(),
             sagas: SagaBookData::default(),
             incarnations: Incarnations::default(),
+            settlements: Settlements::default(),
         });
     }
     match codec::decode::<SnapshotDataWithoutRetiredIds>(bytes) {
@@ -342,6 +404,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
             drops: BTreeMap::new(),
             sagas: SagaBookData::default(),
             incarnations: Incarnations::default(),
+            settlements: Settlements::default(),
         }),
         Err(_) => Err(current),
     }
@@ -567,6 +630,12 @@ impl StateMachineStore {
             Some(b) => codec::decode(&b)?,
             None => Incarnations::default(),
         };
+        let mut settlements = Vec::new();
+        for (k, v) in engine.scan_prefix(Space::StateMachine, SETTLEMENT_PREFIX)? {
+            if let Some(id) = settlement_of_key(&k) {
+                settlements.push((id, codec::decode::<Settlement>(&v)?));
+            }
+        }
         let state = SmState {
             table: TxTable::from_parts(next_txid, records)
                 .with_retired_node_ids(retired)
@@ -576,6 +645,7 @@ impl StateMachineStore {
             last_applied,
             membership,
             incarnations,
+            settlements: Settlements::from_parts(settlements),
         };
         let (writer, rx) = std::sync::mpsc::sync_channel(SM_WRITER_QUEUE_BATCHES_MAX);
         let write_failed = Arc::new(Mutex::new(None));
@@ -669,6 +739,7 @@ impl StateMachineStore {
             drops: st.table.drops().clone(),
             sagas: st.sagas.data(),
             incarnations: st.incarnations.clone(),
+            settlements: st.settlements.clone(),
         };
         let bytes = codec::encode(&data).map_err(snap_err)?;
         let snapshot_id = match st.last_applied {
@@ -737,6 +808,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut saga_effects = Vec::new();
         let mut membership_changed = false;
         let mut incarnations_changed = false;
+        let mut settled: Vec<(u64, Txid, crate::sm::Outcome)> = Vec::new();
         for entry in entries {
             st.last_applied = Some(entry.log_id);
             let mut out = BatchResult::default();
@@ -774,6 +846,27 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                                         newly,
                                     })
                                     .map_err(CommandError::Invalid)
+                            }
+                            Command::SettleOther {
+                                incarnation,
+                                txid,
+                                outcome,
+                                term,
+                                now_ms,
+                                note,
+                            } => {
+                                let st = &mut *st;
+                                let settlement = Settlement {
+                                    outcome: *outcome,
+                                    note: note.clone(),
+                                    settled_ms: *now_ms,
+                                    term: *term,
+                                };
+                                let r = st.settlements.settle(&st.incarnations, *incarnation, *txid, settlement);
+                                if matches!(r, Ok(CommandOk::Settled { recorded: true, .. })) {
+                                    settled.push((*incarnation, *txid, *outcome));
+                                }
+                                r
                             }
                             _ => st.table.apply_in_term(term, cmd, &mut effects),
                         };
@@ -854,6 +947,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 codec::encode(&st.incarnations).map_err(write_err)?,
             );
         }
+        for (incarnation, txid, _) in &settled {
+            if let Some(x) = st.settlements.get(*incarnation, *txid) {
+                b.put(
+                    settlement_key(*incarnation, *txid),
+                    codec::encode(x).map_err(write_err)?,
+                );
+            }
+        }
         if membership_changed {
             b.put(
                 MEMBERSHIP_KEY.to_vec(),
@@ -882,6 +983,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             if let Effect::Decided(_, outcome) = e {
                 metrics::counter!("dtx_decisions_total", "outcome" => outcome.to_string()).increment(1);
             }
+        }
+        for (_, _, outcome) in &settled {
+            metrics::counter!("dtx_settlements_total", "outcome" => outcome.to_string()).increment(1);
         }
         Ok(responses)
     }
@@ -955,6 +1059,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             INCARNATIONS_KEY.to_vec(),
             codec::encode(&data.incarnations).map_err(write_err)?,
         );
+        for ((incarnation, txid), x) in data.settlements.iter() {
+            b.put(
+                settlement_key(*incarnation, *txid),
+                codec::encode(x).map_err(write_err)?,
+            );
+        }
         self.engine.write_batch(Space::StateMachine, b).map_err(write_err)?;
         self.save_snapshot(meta, &bytes)?;
         st.table = TxTable::from_parts(data.next_txid, data.records)
@@ -963,6 +1073,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .with_drops(data.drops);
         st.sagas = SagaBook::from_data(data.sagas);
         st.incarnations = data.incarnations;
+        st.settlements = data.settlements;
         st.last_applied = meta.last_log_id;
         st.membership = meta.last_membership.clone();
         drop(st);
@@ -1007,6 +1118,11 @@ pub fn decode_snapshot_incarnations(bytes: &[u8]) -> Result<Incarnations, codec:
     Ok(decode_snapshot(bytes)?.incarnations)
 }
 
+/// The settlements a snapshot's bytes hold (older layouts: none).
+pub fn decode_snapshot_settlements(bytes: &[u8]) -> Result<Settlements, codec::CodecError> {
+    Ok(decode_snapshot(bytes)?.settlements)
+}
+
 /// For restores (issues 13 and 38): a snapshot's bytes with its next txid
 /// raised to at least `next_txid` and its open incarnation ended where the
 /// backup's ids end (ADR 0033: the restored cluster's first leader opens a
@@ -1036,6 +1152,24 @@ fn log_operator_change(cmd: &Command, result: &CommandResult) {
         }
         (Command::ForgetByOperator { txid, note }, Ok(CommandOk::ForgottenByOperator { outcome: Some(outcome) })) => {
             info!(txid, outcome = %outcome, note = %Clean(note), "transaction forgotten by an operator");
+        }
+        (
+            Command::SettleOther {
+                incarnation,
+                txid,
+                outcome,
+                note,
+                ..
+            },
+            Ok(CommandOk::Settled { recorded: true, .. }),
+        ) => {
+            info!(
+                incarnation = format!("{incarnation:016x}"),
+                txid,
+                outcome = %outcome,
+                note = %Clean(note),
+                "another incarnation's transaction settled by an operator: participants' recovery reads this outcome (ADR 0040)"
+            );
         }
         _ => {}
     }
@@ -1450,6 +1584,180 @@ mod tests {
         assert_eq!(older.state().incarnations.current(), None);
         assert_eq!(older.state().incarnations.of_txid(2), Some(0));
         assert_eq!(older.state().table.len(), 2);
+    }
+
+    /// ADR 0040 (invariants 1, 5 and 10): an operator's settlement of
+    /// another incarnation's txid is applied beside the table (refusals
+    /// and write-once as `Settlements::settle`), persisted with its apply,
+    /// there after a restart, carried by snapshots and by the re-encoding a
+    /// restore makes of a backup; a snapshot (or backup) of the layout from
+    /// before settlements still installs and restores, with none.
+    #[tokio::test]
+    async fn invariant_5_settlements_survive_restarts_snapshots_and_restores_and_older_layouts_still_install() {
+        use crate::sm::settlement::SettlementRefusal;
+        use crate::sm::Outcome;
+        let settle = |incarnation: u64, txid: Txid, outcome: Outcome, note: &str| Command::SettleOther {
+            incarnation,
+            txid,
+            outcome,
+            term: 4,
+            now_ms: 99,
+            note: note.into(),
+        };
+        let (_d1, e1, mut sm) = fresh();
+        // 0xa1 handed out txid 1 here, then a restore ended it at 2 (the
+        // old cluster went on with 2, 3, ...).
+        sm.apply(vec![entry(
+            1,
+            vec![Command::OpenIncarnation { incarnation: 0xa1 }, begin("k")],
+        )])
+        .await
+        .unwrap();
+        sm.state.write().unwrap().incarnations.close(2, 1);
+        let out = sm
+            .apply(vec![entry(
+                2,
+                vec![
+                    settle(0xa1, 5, Outcome::Abort, "operator o: bank-b alone, held never voted"),
+                    settle(0xa1, 5, Outcome::Commit, "operator p: conflicting"),
+                    settle(0xa1, 1, Outcome::Commit, "operator o: own"),
+                    settle(0, 5, Outcome::Commit, "operator o: zero"),
+                    settle(0xbb, 1, Outcome::Commit, "operator o: another cluster's 1"),
+                ],
+            )])
+            .await
+            .unwrap();
+        let first = crate::sm::settlement::Settlement {
+            outcome: Outcome::Abort,
+            note: "operator o: bank-b alone, held never voted".into(),
+            settled_ms: 99,
+            term: 4,
+        };
+        assert_eq!(
+            out[0].results[0],
+            Ok(CommandOk::Settled {
+                settlement: first.clone(),
+                recorded: true
+            })
+        );
+        assert_eq!(
+            out[0].results[1],
+            Ok(CommandOk::Settled {
+                settlement: first.clone(),
+                recorded: false
+            }),
+            "write-once: the conflicting one reads the first back"
+        );
+        assert!(matches!(
+            out[0].results[2],
+            Err(CommandError::SettlementRefused(SettlementRefusal::OwnTxid { .. }))
+        ));
+        assert!(matches!(
+            out[0].results[3],
+            Err(CommandError::SettlementRefused(
+                SettlementRefusal::IncarnationZero { .. }
+            ))
+        ));
+        assert!(matches!(
+            out[0].results[4],
+            Ok(CommandOk::Settled { recorded: true, .. })
+        ));
+        assert_eq!(
+            sm.state().table.len(),
+            1,
+            "the table is untouched: txid 1 is still its own record"
+        );
+        let check = |sm: &StateMachineStore, what: &str| {
+            let st = sm.state();
+            assert_eq!(st.settlements.get(0xa1, 5), Some(&first), "{what}");
+            assert_eq!(
+                st.settlements.get(0xbb, 1).map(|s| s.outcome),
+                Some(Outcome::Commit),
+                "{what}"
+            );
+            assert_eq!(st.settlements.len(), 2, "{what}");
+        };
+        check(&sm, "applied");
+        sm.write_pending().unwrap();
+        drop(sm);
+        let mut sm = StateMachineStore::open(e1).unwrap();
+        check(&sm, "reopened");
+
+        let snap = sm.build_snapshot().await.unwrap();
+        let bytes = snap.snapshot.into_inner();
+        let (_d2, e2, mut follower) = fresh();
+        follower
+            .install_snapshot(&snap.meta, Box::new(Cursor::new(bytes.clone())))
+            .await
+            .unwrap();
+        check(&follower, "installed");
+        drop(follower);
+        check(&StateMachineStore::open(e2).unwrap(), "installed and reopened");
+        assert_eq!(
+            decode_snapshot_settlements(&bytes).unwrap().len(),
+            2,
+            "a backup's bytes"
+        );
+
+        // A restore of a backup with them keeps them.
+        let restored = snapshot_for_restore(&bytes, 0).unwrap();
+        let (_d3, _e3, mut r) = fresh();
+        r.install_snapshot(&snap.meta, Box::new(Cursor::new(restored)))
+            .await
+            .unwrap();
+        check(&r, "restored");
+
+        // The layout from before settlements: installs and restores with
+        // none (and replaces the ones a node had, on disk too).
+        let old_bytes = {
+            let st = sm.state();
+            codec::encode(&SnapshotDataWithoutSettlements {
+                next_txid: st.table.next_txid(),
+                records: st.table.records().cloned().collect(),
+                last_applied: st.last_applied,
+                membership: st.membership.clone(),
+                retired_node_ids: st.table.retired_node_ids().clone(),
+                owners: st.table.owners().clone(),
+                drops: st.table.drops().clone(),
+                sagas: st.sagas.data(),
+                incarnations: st.incarnations.clone(),
+            })
+            .unwrap()
+        };
+        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
+        assert!(codec::decode::<SnapshotDataWithoutSettlements>(&bytes).is_err());
+        assert!(decode_snapshot_settlements(&old_bytes).unwrap().is_empty());
+        let (_d4, e4, mut older) = fresh();
+        older
+            .install_snapshot(&snap.meta, Box::new(Cursor::new(bytes.clone())))
+            .await
+            .unwrap();
+        older
+            .install_snapshot(&snap.meta, Box::new(Cursor::new(old_bytes.clone())))
+            .await
+            .unwrap();
+        let none = |sm: &StateMachineStore, what: &str| {
+            let st = sm.state();
+            assert!(st.settlements.is_empty(), "{what}");
+            assert_eq!(
+                st.incarnations,
+                sm_incarnations(&bytes),
+                "{what}: the incarnations installed"
+            );
+            assert_eq!(st.table.len(), 1, "{what}");
+        };
+        none(&older, "older layout installed");
+        drop(older);
+        none(
+            &StateMachineStore::open(e4).unwrap(),
+            "older layout installed and reopened",
+        );
+        let restored_old = snapshot_for_restore(&old_bytes, 0).unwrap();
+        assert!(decode_snapshot_settlements(&restored_old).unwrap().is_empty());
+    }
+
+    fn sm_incarnations(bytes: &[u8]) -> Incarnations {
+        decode_snapshot_incarnations(bytes).unwrap()
     }
 
     /// A snapshot built before retired ids were recorded (the older layout)
