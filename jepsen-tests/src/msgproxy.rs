@@ -28,7 +28,8 @@
 //!
 //! In a run with `--tls` ([`ProxyTls`]) each proxy is a man in the middle
 //! the cluster trusts: it serves TLS with a node certificate
-//! (`dtx://node/proxy-<i>`, valid for its IP, which the nodes check when
+//! (`dtx://node/<PROXY_NODE_ID_BASE + i>`: a node's name is a node id,
+//! never a member's here; valid for its IP, which the nodes check when
 //! they dial it), requires the caller's certificate from the run's
 //! authority (mutual TLS), and calls its bank over TLS with that same
 //! certificate, so the bank admits its calls as a node's.
@@ -58,6 +59,10 @@ use rand::SeedableRng;
 use tonic::Request;
 use tonic::Response;
 use tonic::Status;
+
+/// The node ids of the proxies' certificates: bank proxies from here, step
+/// proxies from `PROXY_NODE_ID_BASE + 100`, far above the run's members.
+pub const PROXY_NODE_ID_BASE: u64 = 1000;
 
 /// Shared by every proxy: whether the fault is on, and what it did.
 #[derive(Default)]

@@ -1822,7 +1822,11 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         let proxy_tls = match &pki {
             None => None,
             Some(pki) => {
-                let files = pki.issue(Role::Node, &format!("proxy-{i}"), &[&listen.to_string()])?;
+                // A node's name is its node id (ADR 0037): ids from
+                // PROXY_NODE_ID_BASE, never a member's. Banks admit any
+                // node of the run's authority.
+                let id = msgproxy::PROXY_NODE_ID_BASE + i as u64;
+                let files = pki.issue(Role::Node, &id.to_string(), &[&listen.to_string()])?;
                 let args = pki.args(&files);
                 Some(msgproxy::ProxyTls {
                     server: args.server()?.expect("a CA is set"),

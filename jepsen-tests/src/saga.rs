@@ -298,13 +298,15 @@ impl World {
         Ok((process, data))
     }
 
-    /// The message proxy on `listen` in front of the step service at
-    /// `upstream`; with `--tls`, with a node certificate for `listen`.
-    async fn step_proxy(&self, name: &str, listen: &str, upstream: &str, seed: u64) -> anyhow::Result<ProxyHandle> {
+    /// The message proxy `n` on `listen` in front of the step service at
+    /// `upstream`; with `--tls`, with a node certificate for `listen` whose
+    /// name is a node id no member has (ADR 0037: a node's name is its id).
+    async fn step_proxy(&self, n: u64, listen: &str, upstream: &str, seed: u64) -> anyhow::Result<ProxyHandle> {
         let tls = match &self.pki {
             None => None,
             Some(pki) => {
-                let files = pki.issue(Role::Node, &format!("proxy-{name}"), &[listen])?;
+                let id = crate::msgproxy::PROXY_NODE_ID_BASE + 100 + n;
+                let files = pki.issue(Role::Node, &id.to_string(), &[listen])?;
                 let args = pki.args(&files);
                 Some(msgproxy::ProxyTls {
                     server: args.server()?.expect("a CA is set"),
@@ -680,7 +682,8 @@ async fn go_away(w: &mut World, slot: usize) -> anyhow::Result<()> {
     let name = format!("{role}-2");
     let (process, data) = w.step_service(role, &name, &addr)?;
     let seed = w.proxy_seed ^ 0x60_4E ^ slot as u64;
-    let proxy = w.step_proxy(&name, &proxy_addr, &addr, seed).await?;
+    // Replacements' proxies after the first ones' ids.
+    let proxy = w.step_proxy(50 + slot as u64, &proxy_addr, &addr, seed).await?;
     let old = std::mem::replace(&mut w.services[slot], process);
     let old_data = std::mem::replace(&mut w.svc_data[slot], data);
     w.proxies[slot] = proxy;
@@ -1178,7 +1181,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         let addr = format!("{ip}:{port}");
         let (process, data) = w.step_service(role, role, &addr)?;
         let listen = format!("{}:{}", proxy_addrs[i].0, proxy_addrs[i].1);
-        let proxy = w.step_proxy(role, &listen, &addr, w.proxy_seed ^ i as u64).await?;
+        let proxy = w.step_proxy(i as u64, &listen, &addr, w.proxy_seed ^ i as u64).await?;
         w.services.push(process);
         w.svc_data.push(data);
         w.proxies.push(proxy);
