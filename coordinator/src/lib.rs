@@ -25,6 +25,8 @@
 //!   I/O, no clock).
 //! - `codec`    every binary encoding: version byte + bincode 2.
 //! - `config`   TOML configuration with defaults and `validate()`.
+//! - `participant_policy` the operators' participant address policy
+//!   (ADR 0041), checked by the API before an enlistment is proposed.
 //! - `limits`   documented request limits (from `dtx_proto::limits`).
 
 // openraft's StorageError is large and is the error type its storage traits
