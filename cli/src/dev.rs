@@ -185,9 +185,17 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()>) -> anyhow::R
         );
     }
     let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
-    match leader {
-        Some(id) => say!("leader: node {id}. Serving until Ctrl-C."),
-        None => say!("no leader yet; see the node logs. Serving until Ctrl-C."),
+    // The commands printed below work once the cluster serves (a leader
+    // that heard from a majority, members that know the membership), a
+    // moment after the leader is known; `admin status` exits 6 before.
+    let serving = match leader {
+        Some(id) => cluster.wait_serving(id, Duration::from_secs(30)).await,
+        None => false,
+    };
+    match (leader, serving) {
+        (Some(id), true) => say!("leader: node {id}. Serving until Ctrl-C."),
+        (Some(id), false) => say!("leader: node {id}, but the cluster does not serve yet; see the node logs."),
+        (None, _) => say!("no leader yet; see the node logs. Serving until Ctrl-C."),
     }
     match &tls {
         None => say!("try: coordinator admin --addr {} status", cluster.api_addrs().join(",")),

@@ -573,6 +573,48 @@ impl ProcessCluster {
         None
     }
 
+    /// Waits until node `id` says it serves (`ClusterStatus.serving`: it
+    /// knows a leader that heard from a majority lately) and every running
+    /// node holds the cluster's membership: a cluster just bootstrapped has
+    /// a leader a moment before it serves, and `admin status` exits 6 until
+    /// then. False if not within `timeout`.
+    pub async fn wait_serving(&mut self, id: u64, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            let addrs: Vec<String> = self
+                .nodes
+                .iter_mut()
+                .filter_map(|n| n.is_running().then(|| n.plan.api_listen.clone()))
+                .collect();
+            let Some(addr) = self
+                .nodes
+                .iter()
+                .find(|n| n.plan.id == id)
+                .map(|n| n.plan.api_listen.clone())
+            else {
+                return false;
+            };
+            let status = |a: String| {
+                let tls = self.client_tls.clone();
+                let token = self.client_token.clone();
+                async move { cluster_status_as(&a, Duration::from_millis(300), tls.as_ref(), token.as_deref()).await }
+            };
+            let serves = matches!(status(addr).await, Ok(s) if s.serving);
+            let mut all_members = serves;
+            for a in addrs {
+                if !all_members {
+                    break;
+                }
+                all_members = matches!(status(a).await, Ok(s) if !s.members.is_empty());
+            }
+            if all_members {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
     /// [`Self::wait_for_leader`], or an error that says why not: each node
     /// that has exited, with its exit status and the last lines of its log
     /// (a port another process took, a bad configuration), and where the
