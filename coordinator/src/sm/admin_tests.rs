@@ -1,6 +1,8 @@
 //! Unit tests of the operator's commands on records (issue 13, `operator`):
-//! `DropParticipant`, `ForgetByOperator` and `TxTable::list`. Named after
-//! the DESIGN.md invariant they guard where one applies.
+//! `DropParticipant`, `ForgetByOperator`, `DeclareLost` and
+//! `TxTable::list`. Named after the invariant they guard where one applies
+//! (numbered as in docs/protocol.md, "Invariants and the mechanisms that
+//! keep them").
 
 use super::*;
 

@@ -8,7 +8,8 @@
 //! Ordering rule: a decision is *applied* in Raft BEFORE anyone may deliver it
 //! to a participant; delivery code only ever reads decisions from this table.
 //!
-//! Transaction life (DESIGN.md): ACTIVE -> PREPARING -> DECIDED -> forgotten.
+//! Transaction life (docs/protocol.md, "Transaction life"): ACTIVE ->
+//! PREPARING -> DECIDED -> forgotten.
 //!
 //! `tally`: the vote tally of a prepare round and the deadline rule, pure
 //! too; the driver decides by it, and the reaper's ABORT is held to its
@@ -1230,7 +1231,7 @@ impl TxTable {
                 // asking each one before proposing; without a recorded
                 // prepare round no participant can hold one. (The driver
                 // may decide COMMIT from ACTIVE with the voter set it
-                // collected: DESIGN lets Decide itself freeze the set.)
+                // collected: Decide itself may freeze the set, docs/protocol.md.)
                 return Err(CommandError::OperatorCommitNotPrepared {
                     txid,
                     phase: r.phase.name().to_string(),

@@ -1,6 +1,7 @@
 //! Unit tests of the one-write commit path's commands (ADR 0012):
-//! `ReserveTxids` and `BeginAndDecide`. Named after the DESIGN.md invariant
-//! they check where there is one.
+//! `ReserveTxids` and `BeginAndDecide`. Named after the invariant they
+//! check where there is one (numbered as in docs/protocol.md, "Invariants
+//! and the mechanisms that keep them").
 
 use super::*;
 

@@ -82,7 +82,7 @@ pub enum OperatorRefusal {
     #[error(
         "transaction {txid} was decided COMMIT and its dropped participants {dropped:?} never acked: if one of them \
          came back, the cluster would answer \"unknown: presumed abort\" for a forgotten transaction and it would \
-         abort while the others committed, breaking atomicity (DESIGN invariants 3 and 10); the record is kept so \
+         abort while the others committed, breaking atomicity (invariants 3 and 10, docs/protocol.md); the record is kept so \
          that it learns COMMIT"
     )]
     CommitWithDroppedUnacked { txid: Txid, dropped: Vec<String> },

@@ -6,7 +6,7 @@
 //! machine holds the reaper's ABORT and its index of expired transactions to
 //! the same deadline rule (`deadline_passed`).
 //!
-//! The rule (DESIGN.md, transaction life):
+//! The rule (docs/protocol.md, "Transaction life"):
 //! - Invariant 2: COMMIT only when every voter voted YES or READ_ONLY.
 //! - A NO, or a failure to get a vote (counted as NO), aborts, whenever it
 //!   arrives: a NO cannot be taken back, and it outranks the deadline as the
@@ -251,7 +251,7 @@ pub fn abort_note(voters: &[&str], votes: &[(&str, Vote)], reason: &AbortReason)
 mod tests {
     //! Each test pins one branch of the rule with the whole result, so a
     //! change of the rule fails one of them. Invariant numbers as in
-    //! DESIGN.md.
+    //! docs/protocol.md.
 
     use super::*;
 

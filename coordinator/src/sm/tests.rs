@@ -1,6 +1,7 @@
 //! Unit tests of the pure transaction state machine.
 //!
-//! Tests are named after the DESIGN.md invariant they check (`invN_...`), or
+//! Tests are named after the invariant they check (`invN_...`, numbered as
+//! in docs/protocol.md, "Invariants and the mechanisms that keep them"), or
 //! after the command behaviour they pin down. Every test asserts on the
 //! command result AND on the effects the command emitted.
 
@@ -632,7 +633,7 @@ fn inv2_commit_requires_voters_equal_enlisted() {
 
 #[test]
 fn inv2_commit_checks_enlisted_set_even_without_request_commit() {
-    // The set may be frozen by Decide(COMMIT) itself (DESIGN.md): a voter set
+    // The set may be frozen by Decide(COMMIT) itself (docs/protocol.md): a voter set
     // that misses a participant enlisted after the votes were collected is refused.
     let mut t = TxTable::new();
     let txid = tx_with(&mut t, "k", &["p1"]);

@@ -1,4 +1,4 @@
-//! The replicated saga journal (issue 14, DESIGN "Sagas"), as a pure state
+//! The replicated saga journal (docs/protocol.md, "Sagas"), as a pure state
 //! machine beside the transaction table: registered definitions, and per
 //! saga its state and the journal of every step's forward call and
 //! compensation. Like `TxTable`, it does no I/O and reads no clock (time
@@ -12,7 +12,7 @@
 //! RUNNING / COMPENSATING ──limit reached, stale version, expired rights──> PARKED
 //! PARKED ──operator: retry | skip | compensate | mark complete──> ...
 //! ```
-//! The rules the journal keeps (DESIGN): a call's intent (with the
+//! The rules the journal keeps (docs/sagas.md): a call's intent (with the
 //! compensation it would need) is journaled before the call; its outcome
 //! before the next step; an UNKNOWN outcome stays UNKNOWN until a status
 //! query settles it (an intent journaled again after UNKNOWN records that

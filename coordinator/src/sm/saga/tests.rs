@@ -1,4 +1,4 @@
-//! Unit tests of the pure saga state machine (issue 14, DESIGN "Sagas"):
+//! Unit tests of the pure saga state machine (docs/sagas.md):
 //! the definition rules, the journal's apply rules, the operator's actions,
 //! and the orchestrator's next move (`plan::next`).
 //!
@@ -2227,8 +2227,8 @@ fn operator_compensate_is_refused_at_a_retriable_step_of_a_saga_without_pivot() 
 
 /// The pivot's outcome is UNKNOWN (it may have happened): compensating the
 /// steps before it would end the saga COMPENSATED with the pivot's action
-/// possibly done. DESIGN: "an UNKNOWN outcome is reconciled through the
-/// step's status query before retry or compensation".
+/// possibly done. The rule (docs/sagas.md): an UNKNOWN outcome is
+/// reconciled through the step's status query before retry or compensation.
 #[test]
 fn operator_compensate_is_refused_while_the_pivot_may_have_happened() {
     let d = def_of(&[C, P, R]);
