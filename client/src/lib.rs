@@ -305,6 +305,16 @@ impl DecisionRead {
     }
 }
 
+/// The outcome an operator's request asks for: COMMIT when `commit`,
+/// else ABORT.
+fn operator_outcome(commit: bool) -> i32 {
+    if commit {
+        pb::Outcome::Commit as i32
+    } else {
+        pb::Outcome::Abort as i32
+    }
+}
+
 fn tx_outcome(v: i32) -> Result<TxOutcome, ClientError> {
     match pb::Outcome::try_from(v) {
         Ok(pb::Outcome::Commit) => Ok(TxOutcome::Committed),
@@ -796,11 +806,7 @@ impl Client {
     ) -> Result<(TxOutcome, bool), ClientError> {
         let req = pb::ResolveRequest {
             txid,
-            outcome: if commit {
-                pb::Outcome::Commit
-            } else {
-                pb::Outcome::Abort
-            } as i32,
+            outcome: operator_outcome(commit),
             voters: voters.to_vec(),
             operator: operator.to_string(),
             reason: reason.to_string(),
@@ -824,11 +830,7 @@ impl Client {
     ) -> Result<(TxOutcome, bool), ClientError> {
         let req = pb::ResolveRequest {
             txid,
-            outcome: if commit {
-                pb::Outcome::Commit
-            } else {
-                pb::Outcome::Abort
-            } as i32,
+            outcome: operator_outcome(commit),
             voters: Vec::new(),
             operator: operator.to_string(),
             reason: reason.to_string(),
@@ -858,11 +860,7 @@ impl Client {
         let req = pb::SettleOtherRequest {
             incarnation,
             txid,
-            outcome: if commit {
-                pb::Outcome::Commit
-            } else {
-                pb::Outcome::Abort
-            } as i32,
+            outcome: operator_outcome(commit),
             participants: participants
                 .iter()
                 .map(|(id, address)| pb::SettleParticipant {

@@ -431,6 +431,41 @@ struct Prepared {
     term: u64,
 }
 
+/// How PostgreSQL gave up a wait of a handler: its lock timeout (or
+/// NOWAIT), its statement timeout, or a deadlock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GaveUp {
+    LockTimeout,
+    StatementTimeout,
+    Deadlock,
+}
+
+/// The first PostgreSQL error in `e`'s source chain, when it is PostgreSQL
+/// giving up a wait (SQLSTATE 55P03, 57014, 40P01); `None` otherwise. The
+/// participant turns it into a NO vote, the step store into an error that
+/// names the setting.
+pub(crate) fn wait_given_up<'e>(
+    e: &'e (dyn std::error::Error + 'static),
+) -> Option<(GaveUp, &'e tokio_postgres::error::DbError)> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(db) = err
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(|p| p.as_db_error())
+        {
+            let wait = match db.code() {
+                c if c == &SqlState::LOCK_NOT_AVAILABLE => GaveUp::LockTimeout,
+                c if c == &SqlState::QUERY_CANCELED => GaveUp::StatementTimeout,
+                c if c == &SqlState::T_R_DEADLOCK_DETECTED => GaveUp::Deadlock,
+                _ => return None,
+            };
+            return Some((wait, db));
+        }
+        cur = err.source();
+    }
+    None
+}
+
 /// A PostgreSQL error as the SDK's: a lost or refused connection (no
 /// server error, SQLSTATE class 08, or the server shutting down or starting)
 /// is `Unavailable` (retried by the coordinator, nothing decided); any
@@ -1322,49 +1357,37 @@ impl<H: PgHandler> PgParticipant<H> {
     /// handler's lock or statement timeout, its own NOWAIT, a deadlock): a
     /// NO vote with the reason, counted. `None` for any other error.
     fn gave_up(&self, txid: GlobalTxid, e: &(dyn std::error::Error + 'static)) -> Option<String> {
-        let mut cur = Some(e);
-        while let Some(err) = cur {
-            if let Some(db) = err
-                .downcast_ref::<tokio_postgres::Error>()
-                .and_then(|p| p.as_db_error())
-            {
-                let (kind, why) = match db.code() {
-                    c if c == &SqlState::LOCK_NOT_AVAILABLE => (
-                        "lock_timeout",
-                        format!(
-                            "a row its work needs is held by another transaction (a prepared one holds its rows \
-                             until its decision); the handler waited at most handler_lock_timeout_ms = {} ms (or its \
-                             own lock_timeout / NOWAIT)",
-                            self.handler_lock_timeout_ms
-                        ),
-                    ),
-                    c if c == &SqlState::QUERY_CANCELED => (
-                        "statement_timeout",
-                        format!(
-                            "a statement of its work ran past handler_statement_timeout_ms = {} ms",
-                            self.handler_statement_timeout_ms
-                        ),
-                    ),
-                    c if c == &SqlState::T_R_DEADLOCK_DETECTED => {
-                        ("deadlock", "PostgreSQL found it in a deadlock".to_string())
-                    }
-                    _ => return None,
-                };
-                metrics::counter!(
-                    "dtx_participant_pg_handler_timeouts_total",
-                    "participant" => self.id.clone(),
-                    "kind" => kind
-                )
-                .increment(1);
-                return Some(format!(
-                    "transaction {txid} not prepared here: {why} ({}, SQLSTATE {})",
-                    db.message(),
-                    db.code().code()
-                ));
-            }
-            cur = err.source();
-        }
-        None
+        let (wait, db) = wait_given_up(e)?;
+        let (kind, why) = match wait {
+            GaveUp::LockTimeout => (
+                "lock_timeout",
+                format!(
+                    "a row its work needs is held by another transaction (a prepared one holds its rows until its \
+                     decision); the handler waited at most handler_lock_timeout_ms = {} ms (or its own lock_timeout \
+                     / NOWAIT)",
+                    self.handler_lock_timeout_ms
+                ),
+            ),
+            GaveUp::StatementTimeout => (
+                "statement_timeout",
+                format!(
+                    "a statement of its work ran past handler_statement_timeout_ms = {} ms",
+                    self.handler_statement_timeout_ms
+                ),
+            ),
+            GaveUp::Deadlock => ("deadlock", "PostgreSQL found it in a deadlock".to_string()),
+        };
+        metrics::counter!(
+            "dtx_participant_pg_handler_timeouts_total",
+            "participant" => self.id.clone(),
+            "kind" => kind
+        )
+        .increment(1);
+        Some(format!(
+            "transaction {txid} not prepared here: {why} ({}, SQLSTATE {})",
+            db.message(),
+            db.code().code()
+        ))
     }
 
     /// A failed PREPARE TRANSACTION for want of a slot (SQLSTATE 53200):

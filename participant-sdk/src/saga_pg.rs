@@ -98,6 +98,7 @@ use crate::pg_tls::PgTls;
 use crate::postgres::open_pool;
 use crate::postgres::pg_err;
 use crate::postgres::ConnectRetry;
+use crate::postgres::GaveUp;
 use crate::postgres::HandlerError;
 use crate::saga::authorization_current;
 use crate::saga::check_query;
@@ -469,29 +470,18 @@ impl<H: PgStepHandler> PgStepStore<H> {
     /// it (appended to the error; nothing was recorded, so the same
     /// operation id may be sent again); empty otherwise.
     fn wait_given_up(&self, e: &(dyn std::error::Error + 'static)) -> String {
-        let mut cur = Some(e);
-        while let Some(err) = cur {
-            if let Some(db) = err
-                .downcast_ref::<tokio_postgres::Error>()
-                .and_then(|p| p.as_db_error())
-            {
-                use tokio_postgres::error::SqlState;
-                return match db.code() {
-                    c if c == &SqlState::LOCK_NOT_AVAILABLE => format!(
-                        " (a row it needs is held by another transaction; it waited at most \
-                         handler_lock_timeout_ms = {} ms; nothing recorded: ask again)",
-                        self.lock_timeout_ms
-                    ),
-                    c if c == &SqlState::QUERY_CANCELED => format!(
-                        " (a statement ran past handler_statement_timeout_ms = {} ms; nothing recorded: ask again)",
-                        self.statement_timeout_ms
-                    ),
-                    _ => String::new(),
-                };
-            }
-            cur = err.source();
+        match crate::postgres::wait_given_up(e) {
+            Some((GaveUp::LockTimeout, _)) => format!(
+                " (a row it needs is held by another transaction; it waited at most handler_lock_timeout_ms = {} \
+                 ms; nothing recorded: ask again)",
+                self.lock_timeout_ms
+            ),
+            Some((GaveUp::StatementTimeout, _)) => format!(
+                " (a statement ran past handler_statement_timeout_ms = {} ms; nothing recorded: ask again)",
+                self.statement_timeout_ms
+            ),
+            Some((GaveUp::Deadlock, _)) | None => String::new(),
         }
-        String::new()
     }
 
     /// The step's transaction on `conn`: the claim, the handler, the

@@ -159,9 +159,7 @@ impl Driver {
     /// attempts stop being shown, and the decision is logged for the
     /// record.
     pub fn declared_lost(&self, txid: Txid, participant_id: &str, d: &Decision) {
-        if let Ok(mut m) = self.state.attempts.lock() {
-            m.remove(&(txid, participant_id.to_string()));
-        }
+        self.state.forget_attempts(txid, participant_id);
         metrics::counter!("dtx_heuristic_decisions_total", "outcome" => d.outcome.to_string()).increment(1);
         warn!(txid, participant = %Clean(participant_id), outcome = %d.outcome, "heuristic decision recorded: {}", d.note);
     }
@@ -316,6 +314,14 @@ impl DriverState {
             one_phase_given_up: Mutex::default(),
             retry_base,
             retry_max,
+        }
+    }
+
+    /// The attempts to `participant_id` in `txid` stop being shown (the
+    /// work ended). Never panics: it also runs in `Drop`.
+    fn forget_attempts(&self, txid: Txid, participant_id: &str) {
+        if let Ok(mut m) = self.attempts.lock() {
+            m.remove(&(txid, participant_id.to_string()));
         }
     }
 
@@ -876,9 +882,7 @@ impl Driver {
         let (d, recorded) = self
             .decide(txid, outcome, vec![p.id.clone()], DecisionSource::Driver, note)
             .await?;
-        if let Ok(mut m) = self.state.attempts.lock() {
-            m.remove(&(txid, p.id.clone()));
-        }
+        self.state.forget_attempts(txid, &p.id);
         if d.source == DecisionSource::OperatorHeuristic && d.outcome != outcome {
             // The participant answered after all, after an operator had
             // declared it lost: the decision stands (write-once), and the
@@ -1553,9 +1557,7 @@ impl Driver {
         }
         impl Drop for Leaving<'_> {
             fn drop(&mut self) {
-                if let Ok(mut m) = self.driver.state.attempts.lock() {
-                    m.remove(&self.key);
-                }
+                self.driver.state.forget_attempts(self.key.0, &self.key.1);
                 if self.holder {
                     let wake = match self.driver.state.peers.lock() {
                         Ok(mut peers) => peers.release(self.addr),
