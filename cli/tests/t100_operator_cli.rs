@@ -14,6 +14,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use std::time::Instant;
 
+use common::admin::json;
+use common::admin::ok;
+use common::admin::refused;
 use common::participants::Svc;
 use common::TestCluster;
 use dtx_client::ParticipantSpec;
@@ -24,33 +27,9 @@ use serde_json::Value;
 const ACCOUNTS: usize = 10;
 const INITIAL: i64 = 1_000;
 
-/// `coordinator admin --addr <all nodes> <args>`, with backtraces asked
-/// for (an operator's error must still be one line without one).
+/// `coordinator admin --addr <all nodes> <args>` as operator t100-operator.
 fn admin(c: &TestCluster, args: &[&str]) -> Output {
-    std::process::Command::new(common::bin())
-        .args(["admin", "--addr", &c.procs.api_addrs().join(",")])
-        .args(args)
-        .env("RUST_BACKTRACE", "1")
-        .env("USER", "t100-operator")
-        .output()
-        .expect("run coordinator admin")
-}
-
-fn ok(o: &Output) -> String {
-    assert_eq!(o.status.code(), Some(0), "{}", common::output_text(o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn json(o: &Output) -> Value {
-    serde_json::from_str(&ok(o)).unwrap_or_else(|e| panic!("not JSON ({e}): {}", common::output_text(o)))
-}
-
-/// Refused: exit 3, one line on stderr that contains `why`, no backtrace.
-fn refused(o: &Output, why: &str) {
-    assert_eq!(o.status.code(), Some(3), "{}", common::output_text(o));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains(why), "expected {why:?}: {}", common::output_text(o));
-    assert_eq!(err.trim_end().lines().count(), 1, "one line, no backtrace: {err}");
+    common::admin::admin_as(c, "t100-operator", args)
 }
 
 fn txids(v: &Value) -> Vec<u64> {

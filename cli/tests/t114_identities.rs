@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use common::TestCluster;
 use dtx_client::Client;
-use dtx_client::ClientConfig;
 use dtx_client::ClientError;
 use dtx_client::TxOutcome;
 use dtx_proto::v1 as pb;
@@ -31,39 +30,10 @@ use dtx_tls::files::KeyPairFiles;
 use dtx_tls::ClientTls;
 use dtx_tls::Role;
 
-/// A TLS cluster: nodes with their certificates, `client_auth` on the API
-/// port as given, the supervisor's status calls as an operator.
-fn tls_cluster(
-    name: &str,
-    pki: &Arc<DevPki>,
-    client_auth: &str,
-    tune: impl Fn(&mut coordinator::config::Config),
-) -> TestCluster {
-    let p = pki.clone();
-    let auth = client_auth.to_string();
-    let mut c = TestCluster::start_with(name, 3, move |cfg| {
-        p.apply_node(cfg).expect("node certificate");
-        cfg.tls.client_auth = auth.clone();
-        tune(cfg);
-    });
-    let operator = pki.issue(Role::Operator, "supervisor", &[]).unwrap();
-    c.procs.client_tls = Some(pki.client(&operator).unwrap());
-    c
-}
-
-fn client_with(addrs: Vec<String>, tls: Option<Arc<ClientTls>>, token: Option<String>) -> Client {
-    let mut cfg = ClientConfig::new(addrs);
-    cfg.call_deadline = Duration::from_secs(5);
-    cfg.attempt_timeout = Duration::from_secs(2);
-    cfg.tls = tls;
-    cfg.token = token;
-    Client::new(cfg).unwrap()
-}
-
 /// A client of the whole cluster with a certificate for `role`/`name`.
 fn as_identity(c: &TestCluster, pki: &DevPki, role: Role, name: &str) -> Client {
     let f = pki.issue(role, name, &[]).unwrap();
-    client_with(c.procs.api_addrs(), Some(pki.client(&f).unwrap()), None)
+    common::tls::client_with(c.procs.api_addrs(), Some(pki.client(&f).unwrap()), None)
 }
 
 fn api_of(c: &TestCluster, id: u64) -> String {
@@ -96,7 +66,7 @@ fn denied<T: std::fmt::Debug>(r: Result<T, ClientError>, what: &str, says: &str)
 async fn t114_a_participant_certificate_enlists_no_other_id_and_fills_no_transaction() {
     let dir = common::test_dir();
     let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t114 authority").unwrap());
-    let mut c = tls_cluster("t114a", &pki, "required", |_| {});
+    let mut c = common::tls::tls_cluster("t114a", &pki, "required", |_| {});
     let leader = c.leader().await;
     let app = as_identity(&c, &pki, Role::Application, "appA");
     let p1 = as_identity(&c, &pki, Role::Participant, "p1");
@@ -111,7 +81,7 @@ async fn t114_a_participant_certificate_enlists_no_other_id_and_fills_no_transac
     // Through a follower (which forwards on behalf of participant/p1).
     let follower = (1..=3).find(|&id| id != leader).unwrap();
     let f = pki.issue(Role::Participant, "p1", &[]).unwrap();
-    let p1_via_follower = client_with(vec![api_of(&c, follower)], Some(pki.client(&f).unwrap()), None);
+    let p1_via_follower = common::tls::client_with(vec![api_of(&c, follower)], Some(pki.client(&f).unwrap()), None);
     denied(
         p1_via_follower.enlist(t1, "bank-z", "127.0.0.1:9", b"").await,
         "p1 enlists bank-z through a follower",
@@ -151,7 +121,7 @@ async fn t114_a_participant_certificate_enlists_no_other_id_and_fills_no_transac
 async fn t114_a_participant_enlists_itself_where_the_owner_allowed_it() {
     let dir = common::test_dir();
     let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t114 authority").unwrap());
-    let mut c = tls_cluster("t114b", &pki, "required", |cfg| {
+    let mut c = common::tls::tls_cluster("t114b", &pki, "required", |cfg| {
         cfg.auth.self_enlist = vec![coordinator::config::SelfEnlistConfig {
             participant: "inventory".into(),
             applications: vec!["appA".into()],
@@ -262,7 +232,7 @@ fn admin(pki: &DevPki, addr: &str) -> pb::admin_client::AdminClient<dtx_proto::c
 async fn t114_a_node_certificate_counts_only_for_a_current_member() {
     let dir = common::test_dir();
     let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t114 authority").unwrap());
-    let mut c = tls_cluster("t114n", &pki, "required", |_| {});
+    let mut c = common::tls::tls_cluster("t114n", &pki, "required", |_| {});
     let leader = c.leader().await;
     let app = as_identity(&c, &pki, Role::Application, "appA");
     let t = app.begin("t114n-1", 60_000, b"").await.unwrap().txid;
@@ -349,7 +319,7 @@ async fn t114_a_node_certificate_counts_only_for_a_current_member() {
     // Members still forward for their callers: appA through a follower.
     let follower = (1..=3).find(|&id| id != leader).unwrap();
     let f = pki.issue(Role::Application, "appA", &[]).unwrap();
-    let via_follower = client_with(vec![api_of(&c, follower)], Some(pki.client(&f).unwrap()), None);
+    let via_follower = common::tls::client_with(vec![api_of(&c, follower)], Some(pki.client(&f).unwrap()), None);
     assert_eq!(via_follower.abort(t, "mine").await.unwrap(), TxOutcome::Aborted);
     drop(node4);
 }
@@ -364,7 +334,7 @@ async fn t114_a_token_beside_a_refused_certificate_is_refused() {
     let pki = Arc::new(DevPki::create(&dir.path().join("pki"), "t114 authority").unwrap());
     let token = dtx_tls::identity::new_token();
     let hash = dtx_tls::identity::token_sha256_hex(&token);
-    let mut c = tls_cluster("t114t", &pki, "optional", move |cfg| {
+    let mut c = common::tls::tls_cluster("t114t", &pki, "optional", move |cfg| {
         cfg.auth.tokens = vec![coordinator::config::TokenConfig {
             role: "application".into(),
             name: "shop".into(),
@@ -385,7 +355,7 @@ async fn t114_a_token_beside_a_refused_certificate_is_refused() {
         server_name: None,
     })
     .unwrap();
-    match client_with(addrs.clone(), Some(expired), Some(token.clone()))
+    match common::tls::client_with(addrs.clone(), Some(expired), Some(token.clone()))
         .begin("t114t-1", 10_000, b"")
         .await
     {
@@ -404,7 +374,7 @@ async fn t114_a_token_beside_a_refused_certificate_is_refused() {
         server_name: None,
     })
     .unwrap();
-    match client_with(addrs.clone(), Some(stranger_tls), Some(token.clone()))
+    match common::tls::client_with(addrs.clone(), Some(stranger_tls), Some(token.clone()))
         .begin("t114t-2", 10_000, b"")
         .await
     {
@@ -420,7 +390,7 @@ async fn t114_a_token_beside_a_refused_certificate_is_refused() {
     }
     .client()
     .unwrap();
-    let good = client_with(addrs, ca_only, Some(token));
+    let good = common::tls::client_with(addrs, ca_only, Some(token));
     let t = good.begin("t114t-3", 10_000, b"").await.expect("a token admits").txid;
     assert_eq!(good.abort(t, "test").await.unwrap(), TxOutcome::Aborted);
 }

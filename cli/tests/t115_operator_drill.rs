@@ -22,6 +22,8 @@ use std::process::Output;
 use std::time::Duration;
 use std::time::Instant;
 
+use common::admin::json;
+use common::admin::ok;
 use common::participants::Svc;
 use common::TestCluster;
 use dtx_client::TxOutcome;
@@ -57,15 +59,6 @@ fn stderr(o: &Output) -> String {
 
 fn code(o: &Output) -> Option<i32> {
     o.status.code()
-}
-
-fn ok(o: &Output) -> String {
-    assert_eq!(code(o), Some(0), "{}", common::output_text(o));
-    stdout(o)
-}
-
-fn json(o: &Output) -> Value {
-    serde_json::from_str(&ok(o)).unwrap_or_else(|e| panic!("not JSON ({e}): {}", common::output_text(o)))
 }
 
 /// Runs `f` until it returns `Some` (at most [`WAIT`]).

@@ -119,45 +119,6 @@ fn label_values(text: &str, name: &str, label: &str) -> std::collections::BTreeS
         .collect()
 }
 
-/// Sends bytes as they are, on any path.
-#[derive(Clone, Copy, Default)]
-struct RawCodec;
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl tonic::codec::Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        bytes::BufMut::put_slice(dst, &item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
-        let n = bytes::Buf::remaining(src);
-        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
-    }
-}
-
 const REFUSED_CALLS: usize = 2000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,7 +162,7 @@ async fn t116_inv12_refusals_of_anonymous_callers_are_counted_and_logged_in_summ
                 grpc.unary(
                     tonic::Request::new(Vec::new()),
                     http::uri::PathAndQuery::from_static(path),
-                    RawCodec,
+                    common::raw_codec::RawCodec,
                 )
                 .await
             }

@@ -15,6 +15,9 @@ use std::process::Output;
 use std::time::Duration;
 use std::time::Instant;
 
+use common::admin::json;
+use common::admin::ok;
+use common::admin::refused;
 use common::participants::Svc;
 use common::TestCluster;
 use dtx_client::TxOutcome;
@@ -22,27 +25,7 @@ use dtx_proto::v1 as pb;
 use serde_json::Value;
 
 fn admin(c: &TestCluster, args: &[&str]) -> Output {
-    std::process::Command::new(common::bin())
-        .args(["admin", "--addr", &c.procs.api_addrs().join(",")])
-        .args(args)
-        .env("USER", "t117-operator")
-        .output()
-        .expect("run coordinator admin")
-}
-
-fn ok(o: &Output) -> String {
-    assert_eq!(o.status.code(), Some(0), "{}", common::output_text(o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn json(o: &Output) -> Value {
-    serde_json::from_str(&ok(o)).unwrap_or_else(|e| panic!("not JSON ({e}): {}", common::output_text(o)))
-}
-
-fn refused(o: &Output, why: &str) {
-    assert_eq!(o.status.code(), Some(3), "{}", common::output_text(o));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains(why), "expected {why:?}: {}", common::output_text(o));
+    common::admin::admin_as(c, "t117-operator", args)
 }
 
 /// Polls `txn show --json` until `pred` holds (at most `within`).

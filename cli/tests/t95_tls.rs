@@ -53,34 +53,22 @@ fn token_settings() -> (impl Fn(&mut coordinator::config::Config) + Clone, Strin
     (tweak, app, ops)
 }
 
-/// A TLS cluster: nodes with their certificates, `client_auth` on the API
-/// port as given, the supervisor's status calls as an operator.
+/// [`common::tls::tls_cluster`] whose nodes re-read their certificate
+/// files every 500 ms (the reload tests replace them).
 fn tls_cluster(
     name: &str,
     pki: &Arc<DevPki>,
     client_auth: &str,
     tune: impl Fn(&mut coordinator::config::Config),
 ) -> TestCluster {
-    let p = pki.clone();
-    let auth = client_auth.to_string();
-    let mut c = TestCluster::start_with(name, 3, move |cfg| {
-        p.apply_node(cfg).expect("node certificate");
-        cfg.tls.client_auth = auth.clone();
+    common::tls::tls_cluster(name, pki, client_auth, move |cfg| {
         cfg.tls.reload_interval_ms = 500;
         tune(cfg);
-    });
-    let operator = pki.issue(Role::Operator, "supervisor", &[]).unwrap();
-    c.procs.client_tls = Some(pki.client(&operator).unwrap());
-    c
+    })
 }
 
 fn client_with(c: &TestCluster, tls: Option<Arc<ClientTls>>, token: Option<String>) -> Client {
-    let mut cfg = ClientConfig::new(c.procs.api_addrs());
-    cfg.call_deadline = Duration::from_secs(5);
-    cfg.attempt_timeout = Duration::from_secs(2);
-    cfg.tls = tls;
-    cfg.token = token;
-    Client::new(cfg).unwrap()
+    common::tls::client_with(c.procs.api_addrs(), tls, token)
 }
 
 /// One raw call on each of the three kinds of port, with `tls`: the API
@@ -558,46 +546,6 @@ async fn t95_tokens_authenticate_where_mutual_tls_is_off() {
     }
 }
 
-/// Sends bytes as they are (tonic's codecs would only send valid
-/// messages): for requests a server cannot decode.
-#[derive(Clone, Copy, Default)]
-struct RawCodec;
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl tonic::codec::Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        bytes::BufMut::put_slice(dst, &item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
-        let n = bytes::Buf::remaining(src);
-        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
-    }
-}
-
 async fn raw_call(addr: &str, path: &'static str, body: Vec<u8>, token: &str) -> Result<Vec<u8>, tonic::Status> {
     let ch = dtx_proto::channel::channel(addr, None, Duration::from_secs(3)).unwrap();
     let mut grpc = tonic::client::Grpc::new(ch).max_encoding_message_size(64 * 1024 * 1024);
@@ -605,9 +553,13 @@ async fn raw_call(addr: &str, path: &'static str, body: Vec<u8>, token: &str) ->
         .await
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     let rq = dtx_client::request_with_token(body, Some(token));
-    grpc.unary(rq, http::uri::PathAndQuery::from_static(path), RawCodec)
-        .await
-        .map(|r| r.into_inner())
+    grpc.unary(
+        rq,
+        http::uri::PathAndQuery::from_static(path),
+        common::raw_codec::RawCodec,
+    )
+    .await
+    .map(|r| r.into_inner())
 }
 
 /// The edge (issue 12, item 5): undecodable and oversized requests are

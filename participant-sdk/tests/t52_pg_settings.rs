@@ -164,6 +164,28 @@ fn step(op: &str, action: &str, input: &str) -> StepCall {
     }
 }
 
+/// Waits (at most 10 s) until no `pg_sleep` statement runs on `s`: a
+/// dropped call's statement was cancelled.
+async fn assert_no_pg_sleep_runs(s: &PgServer) {
+    let audit = participant_sdk::postgres::connect(&s.conn_string(DB)).await.unwrap();
+    let mut running = i64::MAX;
+    for _ in 0..200 {
+        running = audit
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%' AND state = 'active'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if running == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(running, 0, "the dropped call's pg_sleep still runs");
+}
+
 /// A server with database `bank` (or `dbs`) and accounts alice = 100, bob
 /// = 0, carol = 0;
 /// `None` (after a loud message) when PostgreSQL is not installed and not
@@ -458,23 +480,7 @@ async fn a_step_call_dropped_while_its_handler_runs_cancels_the_statement() {
     let steps = PgStepStore::connect(o, Steps).await.unwrap();
     let dropped = tokio::time::timeout(Duration::from_millis(500), steps.forward(&step("sl1", "sleep", "600"))).await;
     assert!(dropped.is_err(), "still running when dropped");
-    let audit = participant_sdk::postgres::connect(&s.conn_string(DB)).await.unwrap();
-    let mut running = i64::MAX;
-    for _ in 0..200 {
-        running = audit
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%' AND state = 'active'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if running == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(running, 0, "the dropped call's pg_sleep still runs");
+    assert_no_pg_sleep_runs(&s).await;
     let next = tokio::time::timeout(Duration::from_secs(20), steps.forward(&step("add1", "add", "bob:1")))
         .await
         .expect("the next call waited behind the dropped call's statement");
@@ -500,23 +506,7 @@ async fn a_call_dropped_while_its_handler_runs_cancels_the_statement() {
     )
     .await;
     assert!(dropped.is_err(), "still running when dropped");
-    let audit = participant_sdk::postgres::connect(&s.conn_string(DB)).await.unwrap();
-    let mut running = i64::MAX;
-    for _ in 0..200 {
-        running = audit
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%' AND state = 'active'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if running == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(running, 0, "the dropped call's pg_sleep still runs");
+    assert_no_pg_sleep_runs(&s).await;
     // The only handler connection is usable at once by the next message.
     let next = tokio::time::timeout(
         Duration::from_secs(20),

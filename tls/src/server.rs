@@ -624,23 +624,28 @@ mod tests {
     use crate::files::KeyPairFiles;
     use crate::Role;
 
+    /// A throwaway authority `name` in `dir`, and a node's server TLS from
+    /// it asking for client certificates as `client_auth` says.
+    fn authority_and_server(dir: &std::path::Path, name: &str, client_auth: ClientAuth) -> (DevCa, Arc<ServerTls>) {
+        let ca = DevCa::new(name).unwrap();
+        let ca_path = ca.write_ca(dir).unwrap();
+        let own = ca.issue_to(dir, "server", Role::Node, "1", &[], DEV_LIFETIME).unwrap();
+        let tls = ServerTls::load(ServerTlsFiles {
+            own,
+            ca: ca_path,
+            client_auth,
+        })
+        .unwrap();
+        (ca, tls)
+    }
+
     /// The post-handshake judgement is the only thing that gives a
     /// connection an identity: a chain from the authority, valid now,
     /// naming one; anything else gets none, and a reason.
     #[test]
     fn only_a_valid_chain_from_the_authority_proves_an_identity() {
         let dir = tempfile::tempdir().unwrap();
-        let ca = DevCa::new("judge ca").unwrap();
-        let ca_path = ca.write_ca(dir.path()).unwrap();
-        let own = ca
-            .issue_to(dir.path(), "server", Role::Node, "1", &[], DEV_LIFETIME)
-            .unwrap();
-        let tls = ServerTls::load(ServerTlsFiles {
-            own,
-            ca: ca_path,
-            client_auth: ClientAuth::Required,
-        })
-        .unwrap();
+        let (ca, tls) = authority_and_server(dir.path(), "judge ca", ClientAuth::Required);
         let v = tls.built().verifier.clone();
         let chain = |files: &KeyPairFiles| crate::files::load_certs("certificate", &files.cert).unwrap();
 
@@ -683,17 +688,7 @@ mod tests {
     #[test]
     fn inv12_a_refused_certificate_s_subject_is_escaped_and_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let ca = DevCa::new("subject ca").unwrap();
-        let ca_path = ca.write_ca(dir.path()).unwrap();
-        let own = ca
-            .issue_to(dir.path(), "server", Role::Node, "1", &[], DEV_LIFETIME)
-            .unwrap();
-        let tls = ServerTls::load(ServerTlsFiles {
-            own,
-            ca: ca_path,
-            client_auth: ClientAuth::Optional,
-        })
-        .unwrap();
+        let (ca, tls) = authority_and_server(dir.path(), "subject ca", ClientAuth::Optional);
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         let forged = format!(
             "x\n2030-01-01T00:00:00.000000Z  INFO coordinator: operator/root resolved every transaction {}",

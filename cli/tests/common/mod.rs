@@ -3,11 +3,14 @@
 //! that cuts chosen nodes off from each other.
 #![allow(dead_code)]
 
+pub mod admin;
 pub mod bank_run;
 pub mod participants;
 pub mod proxy;
+pub mod raw_codec;
 pub mod sagas;
 pub mod shop;
+pub mod tls;
 
 use std::path::Path;
 use std::time::Duration;
