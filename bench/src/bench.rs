@@ -1,4 +1,4 @@
-//! `coordinator bench`: Begin and Decide throughput and latency on a local
+//! `dtx-dev bench`: Begin and Decide throughput and latency on a local
 //! three-node cluster of real node processes (fsync on), at several client
 //! counts, next to this disk's fsync rate measured by the same binary in the
 //! same run, so the ratio means something on any machine; end-to-end
@@ -27,7 +27,6 @@ use crate::closed_loop::measure_transfers;
 use crate::closed_loop::run_phase;
 use crate::closed_loop::Step;
 use crate::closed_loop::CALL_TIMEOUT;
-use crate::cluster::ProcessCluster;
 use crate::cpu::CpuMeter;
 use crate::etcd::EtcdCluster;
 use crate::etcd::EtcdKv;
@@ -46,6 +45,7 @@ use dtx_client::Client;
 use dtx_client::ClientError;
 use dtx_client::DecisionRead;
 use dtx_client::TxOutcome;
+use dtx_testkit::cluster::ProcessCluster;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -110,15 +110,15 @@ pub struct BenchArgs {
     pub out: Option<PathBuf>,
     /// After the other phases, also measure transfers between two banks on
     /// PostgreSQL (`bank-serve --postgres`) at the transfer client counts,
-    /// beside pgbench's same two UPDATEs on the same server as plain and
-    /// as PREPARE/COMMIT PREPARED transactions (issue 11). Skipped, said
-    /// loudly, without the PostgreSQL binaries or pgbench.
+    /// beside pgbench's same two UPDATEs on the same server as plain and as
+    /// PREPARE/COMMIT PREPARED transactions. Skipped, said loudly, without
+    /// the PostgreSQL binaries or pgbench.
     #[arg(long)]
     pub postgres: bool,
     /// After the other phases, measure the transfers again on a second
     /// cluster and banks with mutual TLS on every link (a throwaway
     /// authority), at the transfer client counts, beside the plain-text
-    /// transfers of the same run (issue 12: the cost of TLS).
+    /// transfers of the same run (the cost of TLS).
     #[arg(long)]
     pub tls: bool,
     /// Also write the results as JSON to this file.
@@ -216,7 +216,7 @@ struct Outcome {
     etcd_version: Option<String>,
     summary: Summary,
     checks: Vec<Check>,
-    /// With `--postgres`: issue 11's comparison, or why it was skipped.
+    /// With `--postgres`: the comparison with pgbench, or why it was skipped.
     postgres: Option<crate::pgbench::PgReport>,
     /// With `--tls`: the transfers over TLS.
     tls: Option<Vec<TransferPoint>>,
@@ -288,7 +288,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     let mut cluster = ProcessCluster::new(&bin, &dir.join("cluster"), "dtx-bench", plans, |c| {
         // Each node's metrics port: the leader's counters say how many
         // Raft entries a phase took and how long its handler held a call.
-        c.metrics_addr = crate::cluster::free_port("127.0.0.1")
+        c.metrics_addr = dtx_testkit::cluster::free_port("127.0.0.1")
             .ok()
             .map(|p| format!("127.0.0.1:{p}"));
         if let Some(v) = inflight {
@@ -538,8 +538,8 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     if !a.transfer_clients.is_empty() {
         let api = cluster.api_addrs();
         let banks = vec![
-            crate::cluster::start_bank(&bin, &dir, "bank-a", "a", &api, 10_000, 1_000_000)?,
-            crate::cluster::start_bank(&bin, &dir, "bank-b", "b", &api, 10_000, 1_000_000)?,
+            dtx_testkit::cluster::start_bank(&bin, &dir, "bank-a", "a", &api, 10_000, 1_000_000)?,
+            dtx_testkit::cluster::start_bank(&bin, &dir, "bank-b", "b", &api, 10_000, 1_000_000)?,
         ];
         for b in &banks {
             b.wait_started().await?;
@@ -562,8 +562,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         )
         .await;
     }
-    // PostgreSQL participants beside pgbench (issue 11), on the same
-    // cluster.
+    // PostgreSQL participants beside pgbench, on the same cluster.
     let postgres = if a.postgres {
         let env = crate::pgbench::Env {
             bin: &bin,
@@ -806,7 +805,7 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         t.push_str("\n\n");
     }
     t.push_str(&format!(
-        "coordinator bench, {} (unix time {}); --clients {:?} --transfer-clients {:?} --seconds {} --warmup {} --rounds {}{} (each figure the median of the rounds)\nmachine: {}\n",
+        "dtx-dev bench, {} (unix time {}); --clients {:?} --transfer-clients {:?} --seconds {} --warmup {} --rounds {}{} (each figure the median of the rounds)\nmachine: {}\n",
         o.etcd_version
             .as_deref()
             .map(|v| format!("against {v}"))
@@ -852,14 +851,14 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     }
     if let Some((_, _, d)) = o.rows.iter().find(|(n, _, _)| *n == 1) {
         t.push_str(&format!(
-            "goal check (issue 2): Decide p50 at 1 client {} vs 3 fsync p50 + 0.5 ms = {}\n",
+            "goal check: Decide p50 at 1 client {} vs 3 fsync p50 + 0.5 ms = {}\n",
             ms(d.stats.p50_us),
             ms(3 * o.raw.p50_us + 500)
         ));
     }
     if let Some((_, _, d)) = o.rows.iter().find(|(n, _, _)| *n == 64) {
         t.push_str(&format!(
-            "goal check (issue 2): Decide/s at 64 clients = {:.1} x the single-threaded fsync rate (goal: >= 5)\n",
+            "goal check: Decide/s at 64 clients = {:.1} x the single-threaded fsync rate (goal: >= 5)\n",
             d.stats.per_sec / o.raw.per_sec
         ));
     }
@@ -884,7 +883,7 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         }
         if let Some(tp) = o.summary.transfers.iter().find(|tp| tp.clients == 64) {
             t.push_str(&format!(
-                "goal check (issue 3): transfers/s at 64 clients = {:.2} x the fsync rate (goal: >= 1.5)\n",
+                "goal check: transfers/s at 64 clients = {:.2} x the fsync rate (goal: >= 1.5)\n",
                 tp.stats.per_sec / o.raw.per_sec
             ));
         }
@@ -897,7 +896,7 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         o.etcd_version.as_deref().unwrap_or("etcd SKIPPED")
     ));
     t.push_str(&crate::report::comparison_text(&o.summary));
-    t.push_str("\ngoals of issue 10:\n");
+    t.push_str("\ngoals against etcd:\n");
     t.push_str(&crate::report::goals_text(&crate::report::goals(&o.summary)));
     t.push_str(&leader_changes_text(o));
     t.push_str(&leader_work_text(o));

@@ -54,8 +54,8 @@ pub type BankList = Arc<Vec<(String, String, String)>>;
 /// `nodes`, the banks and this process (every process of a transfer),
 /// each named by kind so that a phase's CPU also splits by process.
 pub fn banks_and_meter(
-    banks: &[crate::cluster::BankProcess],
-    nodes: &[crate::cluster::NodeProc],
+    banks: &[dtx_testkit::cluster::BankProcess],
+    nodes: &[dtx_testkit::cluster::NodeProc],
 ) -> (BankList, CpuMeter) {
     let list = banks.iter().map(|b| b.spec()).collect();
     let pids = nodes

@@ -1,9 +1,9 @@
-//! etcd beside us in `coordinator bench` (issue 10, item 4): a supervisor of
-//! a local three-member etcd cluster ([`EtcdCluster`]), started from the
-//! system's `etcd` binary (Debian's `etcd-server`) on loopback with its data
-//! on the same disk as our nodes', and a minimal gRPC client of etcd's v3 KV
-//! API ([`EtcdKv`]): the messages in `testkit/proto/etcd_kv.proto`, compiled
-//! at build time, wire-compatible with etcd.
+//! etcd beside us in `dtx-dev bench`: a supervisor of a local three-member
+//! etcd cluster ([`EtcdCluster`]), started from the system's `etcd` binary
+//! (Debian's `etcd-server`) on loopback with its data on the same disk as our
+//! nodes', and a minimal gRPC client of etcd's v3 KV API ([`EtcdKv`]): the
+//! messages in `bench/proto/etcd_kv.proto`, compiled at build time,
+//! wire-compatible with etcd.
 //!
 //! The workload is etcd's write-once register: a `Txn` that puts a key only
 //! if it does not exist yet (compare `create_revision == 0`), the same
@@ -19,9 +19,9 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Context;
-use dtx_proto::channel::Channel;
+use dtx_transport::channel::Channel;
 
-use crate::cluster::free_port;
+use dtx_testkit::cluster::free_port;
 
 /// The generated messages and client stubs (package `etcdserverpb`).
 pub mod pb {
@@ -79,7 +79,7 @@ impl EtcdMember {
 }
 
 /// A local etcd cluster of real `etcd` processes, like
-/// [`crate::cluster::ProcessCluster`] is for our nodes: every member on
+/// [`dtx_testkit::cluster::ProcessCluster`] is for our nodes: every member on
 /// 127.0.0.1 with free ports, its data directory and log under one
 /// directory. Stopping it (or dropping it, which a failed or interrupted
 /// run does) kills every member and removes their data directories; the
@@ -292,7 +292,7 @@ async fn status(addr: &str, timeout: Duration) -> anyhow::Result<(u64, u64)> {
 
 /// As [`status`], with the member's Raft term.
 async fn status_and_term(addr: &str, timeout: Duration) -> anyhow::Result<(u64, u64, u64)> {
-    let ch = dtx_proto::channel::channel(addr, None, timeout).map_err(anyhow::Error::msg)?;
+    let ch = dtx_transport::channel::channel(addr, None, timeout).map_err(anyhow::Error::msg)?;
     let mut rq = tonic::Request::new(pb::StatusRequest {});
     rq.set_timeout(timeout);
     let r = tokio::time::timeout(timeout, MaintenanceClient::new(ch).status(rq))
@@ -321,7 +321,7 @@ pub struct Seen {
 
 /// A client of one etcd member's KV service over its own HTTP/2
 /// connection, with the channel settings our own client uses
-/// ([`dtx_proto::channel::channel`]: TCP_NODELAY, keep-alive).
+/// ([`dtx_transport::channel::channel`]: TCP_NODELAY, keep-alive).
 #[derive(Clone)]
 pub struct EtcdKv {
     kv: KvClient<Channel>,
@@ -367,7 +367,7 @@ impl EtcdKv {
     /// A client of the member at `addr` (connects lazily); every call may
     /// take up to `timeout`, then its outcome is UNKNOWN.
     pub fn new(addr: &str, timeout: Duration) -> anyhow::Result<EtcdKv> {
-        let ch = dtx_proto::channel::channel(addr, None, timeout).map_err(anyhow::Error::msg)?;
+        let ch = dtx_transport::channel::channel(addr, None, timeout).map_err(anyhow::Error::msg)?;
         Ok(EtcdKv {
             kv: KvClient::new(ch),
             timeout,

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 
-use crate::node_metrics::LeaderWork;
+use dtx_testkit::node_metrics::LeaderWork;
 
 /// The leader as the node that leads reports itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,8 +64,8 @@ impl LeaderWatch {
     /// metrics port, or an answer.
     pub async fn samples_of(&self, leader: Option<&Leader>) -> Option<HashMap<String, f64>> {
         let addr = self.metrics.get(&leader?.id)?;
-        let text = crate::node_metrics::scrape(addr).await.ok()?;
-        Some(crate::node_metrics::samples(&text))
+        let text = dtx_testkit::node_metrics::scrape(addr).await.ok()?;
+        Some(dtx_testkit::node_metrics::samples(&text))
     }
 
     /// The node that answers `ClusterStatus` as leader ([`first_leader`]).

@@ -1,9 +1,8 @@
-//! `coordinator bench --postgres` (issue 11): two-participant transfers
-//! between two banks on PostgreSQL (`bank-serve --postgres`, one database
-//! each on one local server), beside the same two UPDATEs run by `pgbench`
-//! on the same server, as plain local transactions and as
-//! `PREPARE TRANSACTION` / `COMMIT PREPARED` pairs, at the same client
-//! counts, in the same run.
+//! `dtx-dev bench --postgres`: two-participant transfers between two banks on
+//! PostgreSQL (`bank-serve --postgres`, one database each on one local
+//! server), beside the same two UPDATEs run by `pgbench` on the same server,
+//! as plain local transactions and as `PREPARE TRANSACTION` /
+//! `COMMIT PREPARED` pairs, at the same client counts, in the same run.
 //!
 //! Our transfers are measured by the bench's transfer phase
 //! ([`crate::closed_loop::measure_transfers`]); pgbench runs as a child process
@@ -21,11 +20,11 @@ use anyhow::Context;
 use dtx_pg_server::PgServer;
 use dtx_pg_server::PgServerOptions;
 
-use crate::cluster::BankProcess;
 use crate::cpu::CpuMeter;
 use crate::report::ms;
 use crate::report::TransferPoint;
 use crate::verify::Check;
+use dtx_testkit::cluster::BankProcess;
 
 /// Accounts per bank (as in the sled transfer phase).
 pub const ACCOUNTS: usize = 10_000;
@@ -119,7 +118,7 @@ pub enum PgReport {
 
 pub const SKIP_BANNER: &str = "\
 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
-!!! PostgreSQL part SKIPPED (--postgres): nothing of issue 11 was    !!!
+!!! PostgreSQL part SKIPPED (--postgres): nothing of it was          !!!
 !!! measured in this run; the reason follows.                        !!!
 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!";
 
@@ -201,7 +200,7 @@ pub(crate) async fn run(env: Env<'_>, checks: &mut Vec<Check>) -> anyhow::Result
         let db = format!("bench_{prefix}");
         pg("create database", server.create_database(&db))?;
         pg("create accounts", server.execute(&db, &accounts_sql(&[prefix])))?;
-        let port = crate::cluster::free_port("127.0.0.1")?;
+        let port = dtx_testkit::cluster::free_port("127.0.0.1")?;
         let mut s = BankProcess::build(
             env.bin,
             env.dir,
@@ -536,7 +535,7 @@ pub fn results_text(r: &PgReport) -> String {
             rows,
         } => {
             t.push_str(&format!(
-                "PostgreSQL participants beside pgbench (issue 11; {server_version}, {pgbench}; one server, fsync on; \
+                "PostgreSQL participants beside pgbench ({server_version}, {pgbench}; one server, fsync on; \
                  ours: two bank-serve --postgres of {ACCOUNTS} accounts each, closed-loop transfers, rate = committed \
                  transfers/s; pgbench: -n -M simple -j min(C,2), the same two UPDATEs on one database, tps (latency \
                  average))\n\n"
@@ -614,22 +613,21 @@ pub fn results_text(r: &PgReport) -> String {
     t
 }
 
-/// The goal of issue 11, in one line.
+/// The goal against pgbench (docs/benchmarks.md), in one line.
 pub fn goal_line(rows: &[PgRow]) -> String {
     match rows.iter().find(|r| r.clients == 16) {
-        None => "goal check (issue 11): at 16 clients ours ≥ 0.5 × pgbench prepared: not measured (16 is not among \
+        None => "goal check: at 16 clients ours ≥ 0.5 × pgbench prepared: not measured (16 is not among \
                  the transfer client counts)"
             .to_string(),
         Some(row) => match (&row.prepared, row.ratio()) {
             (Ok(p), Some(r)) => format!(
-                "goal check (issue 11): at 16 clients ours ≥ 0.5 × pgbench prepared: {:.0} vs {:.0} = {:.2}: {}",
+                "goal check: at 16 clients ours ≥ 0.5 × pgbench prepared: {:.0} vs {:.0} = {:.2}: {}",
                 row.ours_committed_per_sec,
                 p.tps,
                 r,
                 if r >= 0.5 { "met" } else { "NOT met" }
             ),
-            _ => "goal check (issue 11): at 16 clients ours ≥ 0.5 × pgbench prepared: not measured (pgbench failed)"
-                .to_string(),
+            _ => "goal check: at 16 clients ours ≥ 0.5 × pgbench prepared: not measured (pgbench failed)".to_string(),
         },
     }
 }

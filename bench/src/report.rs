@@ -1,11 +1,12 @@
-//! The etcd comparison of `coordinator bench`: the side-by-side table, every
-//! ratio the goals of issue 10 need, and the goals' verdicts, computed from
-//! the measured points only (pure, so unit-tested without a cluster).
+//! The etcd comparison of `dtx-dev bench`: the side-by-side table, every
+//! ratio the goals against etcd (docs/benchmarks.md) need, and the goals'
+//! verdicts, computed from the measured points only (pure, so unit-tested
+//! without a cluster).
 
 use std::time::Duration;
 
 use crate::cpu::CpuSplit;
-use crate::node_metrics::LeaderWork;
+use dtx_testkit::node_metrics::LeaderWork;
 
 /// Throughput and latency of one measured phase.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -204,7 +205,7 @@ pub fn median_transfer(rounds: &[TransferPoint]) -> TransferPoint {
     }
 }
 
-/// A goal of the issue and how this run did.
+/// A goal against etcd (docs/benchmarks.md) and how this run did.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Goal {
     pub goal: String,
@@ -303,7 +304,7 @@ pub fn transfers_over_etcd(s: &Summary, clients: usize) -> Option<f64> {
     )
 }
 
-/// Every goal of issue 10 against etcd, in the issue's order.
+/// Every goal against etcd (docs/benchmarks.md).
 pub fn goals(s: &Summary) -> Vec<Goal> {
     let mut out = Vec::new();
 

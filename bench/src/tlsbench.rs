@@ -1,9 +1,9 @@
-//! `coordinator bench --tls`: the transfers again with mutual TLS on every
-//! link (issue 12: what TLS costs), on a second cluster of three nodes and
-//! two banks with certificates from a throwaway authority
-//! ([`crate::pki::DevPki`]), the clients as an application, after the
-//! plain-text phases of the same run. The table beside the plain-text
-//! transfers gives the throughput, latency and CPU ratios.
+//! `dtx-dev bench --tls`: the transfers again with mutual TLS on every link
+//! (what TLS costs), on a second cluster of three nodes and two banks with
+//! certificates from a throwaway authority ([`dtx_testkit::pki::DevPki`]),
+//! the clients as an application, after the plain-text phases of the same
+//! run. The table beside the plain-text transfers gives the throughput,
+//! latency and CPU ratios.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,10 +11,10 @@ use std::time::Duration;
 use anyhow::Context;
 use dtx_tls::Role;
 
-use crate::cluster::ProcessCluster;
-use crate::pki::DevPki;
 use crate::report::ms;
 use crate::report::TransferPoint;
+use dtx_testkit::cluster::ProcessCluster;
+use dtx_testkit::pki::DevPki;
 
 /// What the TLS phase needs from the bench.
 pub struct Env<'a> {
@@ -48,7 +48,7 @@ pub async fn run(env: Env<'_>) -> anyhow::Result<Vec<TransferPoint>> {
                 .map(|f| pki.args(&f).to_flags())
                 .expect("a bank certificate")
         };
-        banks.push(crate::cluster::start_bank_with(
+        banks.push(dtx_testkit::cluster::start_bank_with(
             env.bin, &dir, id, prefix, &api, 10_000, 1_000_000, flags,
         )?);
     }

@@ -295,7 +295,7 @@ enum TxnCmd {
     },
 }
 
-/// A repair of many transactions at once (issue 39, item 12).
+/// A repair of many transactions at once.
 #[derive(clap::Args, Clone, Copy)]
 struct Bulk {
     /// Every transaction the selection finds (needs --participant).
@@ -456,7 +456,7 @@ async fn run_inner(a: AdminArgs) -> Outcome {
         }
         AdminCmd::Backup { out, opts } => {
             // A local path is checked here, before any node is asked, so
-            // its error names no node (issue 39, item 14).
+            // its error names no node.
             let folder = match out.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
                 _ => PathBuf::from("."),
@@ -523,21 +523,21 @@ fn backup_failure(addr: &str, e: anyhow::Error) -> Failure {
 /// does.
 async fn first_answer<T, F, Fut>(ctx: &Ctx, f: F) -> Result<T, Failure>
 where
-    F: Fn(dtx_proto::channel::Channel) -> Fut,
+    F: Fn(dtx_transport::channel::Channel) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
     let mut last = failure(EXIT_UNREACHABLE, "no address given");
     for addr in &ctx.addrs {
         let ch =
-            dtx_proto::channel::channel_with(addr, None, ctx.timeout.min(Duration::from_secs(2)), ctx.tls.as_ref())
+            dtx_transport::channel::channel_with(addr, None, ctx.timeout.min(Duration::from_secs(2)), ctx.tls.as_ref())
                 .map_err(|e| failure(EXIT_USAGE, format!("--addr {addr}: {e}")))?;
         match tokio::time::timeout(ctx.timeout, f(ch)).await {
             Ok(Ok(r)) => return Ok(r.into_inner()),
             // Not reached, or refused for now (no leader, no quorum): ask
             // the next address. A refusal marked not applied is definite
-            // (exit 3, issue 39 item 10); a node not reached is exit 5.
+            // (exit 3); a node not reached is exit 5.
             Ok(Err(s)) if s.code() == tonic::Code::Unavailable => {
-                let refused = dtx_proto::metadata::not_applied(&s) && !dtx_proto::unary::nothing_sent(&s);
+                let refused = dtx_proto::metadata::not_applied(&s) && !dtx_transport::unary::nothing_sent(&s);
                 // An earlier attempt's unknown outcome stands.
                 if last.code != EXIT_UNKNOWN && (refused || last.code != EXIT_REFUSED) {
                     let code = if refused { EXIT_REFUSED } else { EXIT_UNREACHABLE };

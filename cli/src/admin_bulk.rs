@@ -1,9 +1,8 @@
-//! Repairs of many transactions at once (issue 39, item 12): `txn
-//! drop-participant --participant X --all` and `txn forget --participant X
-//! --all`, each with `--dry-run`. The selection is a pure function of the
-//! listed records; each repair is then the same call as for one txid
-//! (recorded with who and why), one after the other, stopping at the first
-//! error with how many were done.
+//! Repairs of many transactions at once: `txn drop-participant --participant
+//! X --all` and `txn forget --participant X --all`, each with `--dry-run`.
+//! The selection is a pure function of the listed records; each repair is
+//! then the same call as for one txid (recorded with who and why), one after
+//! the other, stopping at the first error with how many were done.
 
 use dtx_proto::v1 as pb;
 use serde_json::json;

@@ -47,9 +47,9 @@ impl From<tonic::Status> for Failure {
         use tonic::Code;
         let code = match s.code() {
             // Nothing was sent (not connected): that node was not reached.
-            _ if dtx_proto::unary::nothing_sent(&s) => EXIT_UNREACHABLE,
+            _ if dtx_transport::unary::nothing_sent(&s) => EXIT_UNREACHABLE,
             // The node said the call was certainly not applied: a refusal
-            // (nothing changed), whatever the code (issue 39, item 10).
+            // (nothing changed), whatever the code.
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown | Code::ResourceExhausted
                 if dtx_proto::metadata::not_applied(&s) =>
             {
@@ -94,7 +94,7 @@ pub(crate) struct Ctx {
     pub(crate) json: bool,
     pub(crate) timeout: Duration,
     pub(crate) client: Client,
-    pub(crate) tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    pub(crate) tls: Option<std::sync::Arc<dtx_tls::ClientTls>>,
     pub(crate) token: Option<String>,
 }
 

@@ -71,7 +71,7 @@ pub async fn run(
         recent: args.recent.unwrap_or(0),
         incarnation: args.incarnation,
     };
-    let ch = dtx_proto::channel::channel_with(&addr, None, timeout.min(Duration::from_secs(2)), tls.as_ref())
+    let ch = dtx_transport::channel::channel_with(&addr, None, timeout.min(Duration::from_secs(2)), tls.as_ref())
         .map_err(|e| (EXIT_USAGE, format!("--address {addr}: {e}")))?;
     let rq = dtx_client::request_with_token(req, token.as_deref());
     let r = match tokio::time::timeout(timeout, ParticipantServiceClient::new(ch).inspect(rq)).await {

@@ -25,9 +25,9 @@ use std::time::Duration;
 use std::time::Instant;
 
 use clap::Subcommand;
-use dtx_proto::channel::Channel;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_service_client::SagaServiceClient;
+use dtx_transport::channel::Channel;
 use serde::Deserialize;
 use serde_json::json;
 use tonic::Code;
@@ -339,7 +339,7 @@ fn one_line(s: &str) -> String {
 /// says what to do about an unknown outcome.
 fn classify(kind: Kind, addr: &str, s: &Status, unknown: &str) -> Verdict {
     let text = one_line(&format!("{addr}: {:?}: {}", s.code(), dtx_client::describe(s)));
-    let not_applied = dtx_proto::metadata::not_applied(s) || dtx_proto::unary::nothing_sent(s);
+    let not_applied = dtx_proto::metadata::not_applied(s) || dtx_transport::unary::nothing_sent(s);
     let unknown_outcome = || {
         Verdict::Fail(failure(
             EXIT_UNKNOWN,
@@ -347,7 +347,7 @@ fn classify(kind: Kind, addr: &str, s: &Status, unknown: &str) -> Verdict {
         ))
     };
     match s.code() {
-        _ if dtx_proto::unary::nothing_sent(s) => Verdict::Elsewhere(text),
+        _ if dtx_transport::unary::nothing_sent(s) => Verdict::Elsewhere(text),
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             if kind == Kind::Read || not_applied {
                 Verdict::Elsewhere(text)
@@ -388,7 +388,7 @@ where
             let addr = addrs[i].clone();
             i += 1;
             let ch =
-                dtx_proto::channel::channel_with(&addr, None, budget.min(Duration::from_secs(2)), ctx.tls.as_ref())
+                dtx_transport::channel::channel_with(&addr, None, budget.min(Duration::from_secs(2)), ctx.tls.as_ref())
                     .map_err(|e| failure(EXIT_USAGE, format!("--addr {addr}: {e}")))?;
             let s = match tokio::time::timeout(budget, f(SagaServiceClient::new(ch), budget)).await {
                 Ok(Ok(r)) => return Ok(r.into_inner()),
@@ -399,7 +399,7 @@ where
                 Verdict::Fail(f) => return Err(f),
                 Verdict::Elsewhere(m) => last = m,
             }
-            if kind == Kind::Write && dtx_proto::metadata::not_applied(&s) && !dtx_proto::unary::nothing_sent(&s) {
+            if kind == Kind::Write && dtx_proto::metadata::not_applied(&s) && !dtx_transport::unary::nothing_sent(&s) {
                 refused = true;
             }
             if let Some(leader) = dtx_proto::metadata::leader_hint(&s) {
@@ -411,8 +411,7 @@ where
         let now = Instant::now();
         if now >= deadline && refused {
             // A node answered that the write was not applied: a refusal
-            // (nothing changed), not an unreachable cluster (issue 39,
-            // item 10).
+            // (nothing changed), not an unreachable cluster.
             return Err(failure(
                 EXIT_REFUSED,
                 format!(
@@ -962,7 +961,7 @@ on_failure = ["retry", "park"]
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming(dtx_proto::incoming(l)),
+                .serve_with_incoming(dtx_transport::incoming(l)),
         );
         let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let dead_addr = dead.local_addr().unwrap().to_string();
@@ -1054,8 +1053,8 @@ on_failure = ["retry", "park"]
         );
 
         // Certainly not applied anywhere (no leader): asked again until the
-        // timeout, then a definite refusal, exit 3 (issue 39, item 10: a
-        // write every node refused as not applied is not "unreachable").
+        // timeout, then a definite refusal, exit 3 (a write every node
+        // refused as not applied is not "unreachable").
         let ctx = Ctx::for_tests(vec![addr], true, Duration::from_millis(700));
         let f = run(&ctx, SagaCmd::Complete(operate_args(10)))
             .await

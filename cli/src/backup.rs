@@ -1,7 +1,7 @@
-//! `coordinator admin backup` (its work: [`save`]) and `coordinator
-//! restore`: the command-line side of backup and restore (issue 13). The
-//! file format, the checks and the writing of a data directory are the
-//! `coordinator::backup` library's.
+//! `coordinator admin backup` (its work: [`save`]) and `coordinator restore`:
+//! the command-line side of backup and restore. The file format, the checks
+//! and the writing of a data directory are the `coordinator::backup`
+//! library's.
 
 use std::path::Path;
 use std::path::PathBuf;
@@ -52,7 +52,7 @@ pub async fn save(
         let tls = tls.clone();
         let token = token.clone();
         async move {
-            let ch = dtx_proto::channel::channel_with(&addr, None, Duration::from_secs(5), tls.as_ref())
+            let ch = dtx_transport::channel::channel_with(&addr, None, Duration::from_secs(5), tls.as_ref())
                 .map_err(anyhow::Error::msg)?;
             let rq = dtx_client::request_with_token(
                 pb::BackupRequest {

@@ -4,12 +4,12 @@
 //! a peer that is down or cut off: hundreds of lines a minute while one
 //! node of three is away, which is routine and needs nobody. ERROR must
 //! mean "act now", so those lines are held back here and summed up as one
-//! WARN line every [`SUMMARY_EVERY`] while they keep coming. The same
-//! holds for openraft's WARN lines about the same failures ("error
-//! replication to target=..", "backoff mode: drain events ..": 15 to 24 a
-//! second while one node is down; issue 39, item 4). Everything else,
-//! openraft's other errors included (a fatal storage error stops the node
-//! and is logged by it at ERROR too), passes unchanged.
+//! WARN line every [`SUMMARY_EVERY`] while they keep coming. The same holds
+//! for openraft's WARN lines about the same failures ("error replication to
+//! target=..", "backoff mode: drain events ..": 15 to 24 a second while one
+//! node is down). Everything else, openraft's other errors included (a fatal
+//! storage error stops the node and is logged by it at ERROR too), passes
+//! unchanged.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
@@ -150,7 +150,7 @@ mod tests {
             tracing::error!(target: "openraft::replication", error = "connection refused", "error replication to target={}", 2);
             tracing::error!(target: "openraft::replication", err = "unreachable", "RPCError");
             tracing::error!(target: "openraft::core::raft_core", target_node = 3, "while requesting vote");
-            // openraft's WARN lines about the same failures (issue 39).
+            // openraft's WARN lines about the same failures.
             tracing::warn!(target: "openraft::replication", error = "unreachable", "error replication to target={}", 2);
             tracing::warn!(
                 target: "openraft::replication",

@@ -104,11 +104,15 @@
 
 #![warn(missing_docs)]
 
-pub mod backoff;
 pub mod enlist;
 pub mod propagate;
-pub mod trace;
-pub mod view;
+
+// The trace context, the backoff formula and the operators' words live in
+// dtx-common, which the node uses too (docs/adr/0044-crate-lines.md); here
+// under the paths client users know.
+pub use dtx_common::backoff;
+pub use dtx_common::trace;
+pub use dtx_common::view;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -117,20 +121,20 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use dtx_proto::channel::Channel;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::admin_client::AdminClient;
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
+use dtx_transport::channel::Channel;
 use tokio::time::Instant;
 use tonic::Code;
 use tonic::Status;
 
-use dtx_proto::channel::channel;
-use dtx_proto::channel::ChannelCache;
 use dtx_proto::limits::DECISION_BATCH_TXIDS_MAX;
 use dtx_proto::metadata::leader_hint;
 use dtx_proto::metadata::not_applied;
-use dtx_proto::unary::nothing_sent;
+use dtx_transport::channel::channel;
+use dtx_transport::channel::ChannelCache;
+use dtx_transport::unary::nothing_sent;
 
 use crate::backoff::Backoff;
 use crate::backoff::Jitter;
@@ -161,7 +165,7 @@ pub struct ClientConfig {
     pub local_ip: Option<IpAddr>,
     /// TLS settings (the cluster's authority, and this process's
     /// certificate for mutual TLS); `None` speaks plain text.
-    pub tls: Option<Arc<dtx_proto::tls::ClientTls>>,
+    pub tls: Option<Arc<dtx_tls::ClientTls>>,
     /// A bearer token sent with every call (`authorization: Bearer …`),
     /// for clusters that accept tokens where mutual TLS is not used.
     pub token: Option<String>,
@@ -524,7 +528,12 @@ impl Client {
                     self.learn_leader(answer.metadata());
                     return Ok(answer.into_inner());
                 }
-                Ok(Err(s)) => (s, false),
+                // The request's own timeout (tonic's, from `budget`) fired
+                // first: the same as ours below.
+                Ok(Err(s)) => {
+                    let own_timeout = is_timeout(&s);
+                    (s, own_timeout)
+                }
                 Err(_) => (
                     Status::deadline_exceeded(format!("no reply from {addr} within {budget:?}")),
                     true,
@@ -554,8 +563,8 @@ impl Client {
                 Code::Unauthenticated => return Err(ClientError::Unauthenticated(status.message().into())),
                 Code::PermissionDenied => return Err(ClientError::PermissionDenied(status.message().into())),
                 // Not connected (refused, no route, TLS handshake failed):
-                // nothing was sent, so nothing can have been applied there
-                // (issue 39, item 10). Go round the endpoints.
+                // nothing was sent, so nothing can have been applied there.
+                // Go round the endpoints.
                 _ if nothing_sent(&status) => {
                     *self.leader.lock().expect("lock") = None;
                 }
@@ -565,9 +574,9 @@ impl Client {
                 Code::Internal | Code::DataLoss => {
                     // tonic reports an HTTP/2 reset or a broken stream as
                     // INTERNAL, and a server may fail after it proposed: a
-                    // write may have been applied (issue 8, defect 6). Ask
-                    // again (every write is idempotent or write-once); if
-                    // no definite answer comes, the outcome is UNKNOWN.
+                    // write may have been applied. Ask again (every write is
+                    // idempotent or write-once); if no definite answer comes,
+                    // the outcome is UNKNOWN.
                     maybe_applied = true;
                     *self.leader.lock().expect("lock") = None;
                 }
@@ -816,7 +825,7 @@ impl Client {
     }
 
     /// An operator's heuristic decision of a one-phase commit whose one
-    /// participant is gone for good (issue 39, item 8): the participant is
+    /// participant is gone for good (ADR 0039): the participant is
     /// declared lost and dropped, and `commit` (true: COMMIT, false: ABORT)
     /// recorded as the operator's decision, never as the participant's
     /// answer. Write-once like `resolve`; refused for a transaction that is
@@ -1090,6 +1099,17 @@ impl Client {
     }
 }
 
+/// Whether `status` is a request's own timeout running out (tonic answers
+/// CANCELLED "Timeout expired" when the timeout it was given fires, or
+/// DEADLINE_EXCEEDED), not an answer of the server.
+fn is_timeout(status: &Status) -> bool {
+    match status.code() {
+        Code::DeadlineExceeded => true,
+        Code::Cancelled => status.message().contains("Timeout expired"),
+        _ => false,
+    }
+}
+
 /// A status's message and the chain of errors under it: a transport
 /// failure says only "transport error" by itself, and the TLS alert or
 /// refused connection that caused it is in the chain.
@@ -1138,7 +1158,7 @@ pub async fn cluster_status_at(addr: &str, timeout: Duration) -> Result<pb::Clus
 pub async fn cluster_status_with(
     addr: &str,
     timeout: Duration,
-    tls: Option<&Arc<dtx_proto::tls::ClientTls>>,
+    tls: Option<&Arc<dtx_tls::ClientTls>>,
 ) -> Result<pb::ClusterStatusResponse, Status> {
     cluster_status_as(addr, timeout, tls, None).await
 }
@@ -1147,10 +1167,10 @@ pub async fn cluster_status_with(
 pub async fn cluster_status_as(
     addr: &str,
     timeout: Duration,
-    tls: Option<&Arc<dtx_proto::tls::ClientTls>>,
+    tls: Option<&Arc<dtx_tls::ClientTls>>,
     token: Option<&str>,
 ) -> Result<pb::ClusterStatusResponse, Status> {
-    let ch = dtx_proto::channel::channel_with(addr, None, timeout, tls).map_err(Status::invalid_argument)?;
+    let ch = dtx_transport::channel::channel_with(addr, None, timeout, tls).map_err(Status::invalid_argument)?;
     let mut rq = request_with_token(pb::ClusterStatusRequest {}, token);
     rq.set_timeout(timeout);
     tokio::time::timeout(timeout, AdminClient::new(ch).cluster_status(rq))

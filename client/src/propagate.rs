@@ -156,7 +156,7 @@
 //! #   tokio::spawn(
 //! #       tonic::transport::Server::builder()
 //! #           .add_service(CoordinatorServer::new(coordinator))
-//! #           .serve_with_incoming(dtx_proto::incoming(coordinator_listener)),
+//! #           .serve_with_incoming(dtx_transport::incoming(coordinator_listener)),
 //! #   );
 //!     // The service: the layer hands every handler the caller's txid.
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -169,12 +169,12 @@
 //!         tonic::transport::Server::builder()
 //!             .layer(InboundTxidLayer)
 //!             .add_service(AdminServer::new(inventory))
-//!             .serve_with_incoming(dtx_proto::incoming(listener)),
+//!             .serve_with_incoming(dtx_transport::incoming(listener)),
 //!     );
 //!
 //!     // The caller: every call through the wrapped channel made inside the
 //!     // scope carries transaction 42 (begun with Client::begin in real use).
-//!     let channel = dtx_proto::channel::channel(&inventory_addr, None, Duration::from_secs(2))?;
+//!     let channel = dtx_transport::channel::channel(&inventory_addr, None, Duration::from_secs(2))?;
 //!     let mut inventory = AdminClient::new(OutboundTxid::new(channel));
 //!     propagate::scope(42, async {
 //!         inventory.cluster_status(pb::ClusterStatusRequest {}).await

@@ -162,7 +162,7 @@ async fn serve(node: Arc<FakeNode>) -> String {
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(CoordinatorServer::new(Served(node)))
-            .serve_with_incoming(dtx_proto::incoming(listener)),
+            .serve_with_incoming(dtx_transport::incoming(listener)),
     );
     addr
 }

@@ -2,15 +2,16 @@
 //!
 //! [`Backoff::delay`] is pure (the random draw comes in as an argument), so
 //! its bounds are unit-tested; [`Backoff::sample`] draws it. Every retry
-//! loop of this crate uses it: [`Client`](crate::Client) calls (and through
-//! them self-enlistment and the participant SDK's decision reads).
+//! loop uses it: the `dtx_client::Client`'s calls (and through them
+//! self-enlistment and the participant SDK's decision reads) and the
+//! coordinator's phase-two delivery.
 //!
 //! Attempts count from 0: the delay before the first retry is at most
 //! `base`, and each further attempt doubles that ceiling up to `max`.
 //!
 //! ```
 //! use std::time::Duration;
-//! use dtx_client::backoff::{Backoff, Jitter};
+//! use dtx_common::backoff::{Backoff, Jitter};
 //!
 //! let b = Backoff::new(Duration::from_millis(20), Duration::from_millis(500), Jitter::Full);
 //! assert_eq!(b.ceiling(0), Duration::from_millis(20));

@@ -2,21 +2,21 @@
 //! to the participants (W3C Trace Context, [`dtx_proto::trace`]).
 //!
 //! A [`TraceContext`] names a trace and the span the running code works
-//! in. Like the txid of [`crate::propagate`], it is a tokio task-local:
+//! in. Like the txid of `dtx_client::propagate`, it is a tokio task-local:
 //! [`scope`] makes a context current, [`current`] reads it, and every call
-//! the running code makes through the [`crate::Client`] or a channel
-//! wrapped by [`crate::propagate::OutboundTxidLayer`] carries it in the
+//! the running code makes through the `dtx_client::Client` or a channel
+//! wrapped by `dtx_client::propagate::OutboundTxidLayer` carries it in the
 //! `traceparent` (and `tracestate`) metadata, the current span being the
 //! callee's parent.
 //!
-//! - **Client.** [`crate::Client::begin`] (and `begin_and_commit`) starts a
-//!   trace for the transaction, or continues the current one when the
+//! - **Client.** `Client::begin` (and `begin_and_commit`) starts a trace
+//!   for the transaction, or continues the current one when the
 //!   application calls it inside [`scope`]; the client remembers the
 //!   transaction's trace, so every later call about that txid (Enlist,
 //!   Commit, Abort, decision and status reads) carries it, wherever it is
-//!   made ([`crate::Client::trace_of`]).
+//!   made (`Client::trace_of`).
 //! - **Servers.** A node (per request) and a participant built on the SDK
-//!   (per call, through [`crate::propagate::InboundTxidLayer`]) open a
+//!   (per call, through `dtx_client::propagate::InboundTxidLayer`) open a
 //!   `tracing` span with the fields `txid` and `trace_id` (and `span_id`),
 //!   continue the caller's trace in it ([`continue_in`]; a request without
 //!   a valid `traceparent` starts a new trace), and make it current while
@@ -154,8 +154,10 @@ pub async fn scope<F: Future>(ctx: TraceContext, fut: F) -> F::Output {
     TRACE.scope(Some(ctx), fut).await
 }
 
-/// Runs `fut` with `ctx` (possibly none) as its current trace context.
-pub(crate) fn scope_opt<F: Future>(
+/// Runs `fut` with `ctx` (possibly none) as its current trace context
+/// (what the client and its layers use for a transaction whose trace may
+/// not be known).
+pub fn scope_opt<F: Future>(
     ctx: Option<TraceContext>,
     fut: F,
 ) -> tokio::task::futures::TaskLocalFuture<Option<TraceContext>, F> {
@@ -163,7 +165,7 @@ pub(crate) fn scope_opt<F: Future>(
 }
 
 /// Runs `f` with `ctx` (possibly none) as its current trace context.
-pub(crate) fn sync_scope_opt<R>(ctx: Option<TraceContext>, f: impl FnOnce() -> R) -> R {
+pub fn sync_scope_opt<R>(ctx: Option<TraceContext>, f: impl FnOnce() -> R) -> R {
     TRACE.sync_scope(ctx, f)
 }
 
@@ -277,71 +279,5 @@ mod tests {
         assert_ne!(mine.span_id, ctx.span_id);
         let fresh = continue_in(&span, None);
         assert_ne!(fresh.trace_id, ctx.trace_id);
-    }
-
-    /// What a handler behind `InboundTxidLayer` sees: (the context in the
-    /// extensions, the current context, in the handler's future).
-    type Seen = (Option<TraceContext>, Option<TraceContext>);
-
-    #[derive(Clone, Default)]
-    struct Handler {
-        seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
-    }
-
-    impl tower_service::Service<http::Request<()>> for Handler {
-        type Response = ();
-        type Error = std::convert::Infallible;
-        type Future = std::pin::Pin<Box<dyn Future<Output = Result<(), Self::Error>> + Send>>;
-
-        fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, req: http::Request<()>) -> Self::Future {
-            let ext = req.extensions().get::<TraceContext>().cloned();
-            let seen = self.seen.clone();
-            Box::pin(async move {
-                tokio::task::yield_now().await;
-                seen.lock().unwrap().push((ext, current()));
-                Ok(())
-            })
-        }
-    }
-
-    async fn serve(h: &Handler, headers: &[(&'static str, &str)]) -> Seen {
-        use tower_layer::Layer;
-        use tower_service::Service;
-        let mut svc = crate::propagate::InboundTxidLayer.layer(h.clone());
-        let mut req = http::Request::new(());
-        for (k, v) in headers {
-            req.headers_mut().append(*k, http::HeaderValue::from_str(v).unwrap());
-        }
-        svc.call(req).await.unwrap();
-        h.seen.lock().unwrap().pop().unwrap()
-    }
-
-    #[tokio::test]
-    async fn the_inbound_layer_continues_the_callers_trace_and_ignores_a_malformed_one() {
-        let h = Handler::default();
-        let sent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let (ext, cur) = serve(&h, &[("traceparent", sent), ("tracestate", "rojo=1")]).await;
-        let ext = ext.expect("a context for the handler");
-        assert_eq!(cur, Some(ext.clone()), "current across the handler's awaits");
-        assert_eq!(ext.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
-        assert_ne!(ext.span_id, 0x00f067aa0ba902b7, "a span of its own");
-        assert_eq!(ext.state.as_deref(), Some("rojo=1"), "tracestate passed through");
-        // A malformed traceparent is ignored: with a txid the handler gets
-        // a new trace, without one no span and no context.
-        let (ext, _) = serve(&h, &[("traceparent", "00-zz"), ("x-dtx-txid", "7")]).await;
-        assert_ne!(ext.expect("a new trace").trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
-        assert_eq!(serve(&h, &[("traceparent", "00-zz")]).await, (None, None));
-        // Outbound: a call made in the handler's context carries it on.
-        let out = scope(TraceContext::from_traceparent(sent, None).unwrap(), async {
-            use tonic::service::Interceptor;
-            crate::propagate::TxidInterceptor.call(tonic::Request::new(())).unwrap()
-        })
-        .await;
-        let md = out.metadata();
-        assert_eq!(md.get("traceparent").unwrap().to_str().unwrap(), sent);
     }
 }

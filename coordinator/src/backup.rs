@@ -1,4 +1,4 @@
-//! Backup and restore (issue 13): a consistent copy of a running cluster's
+//! Backup and restore (ADR 0017): a consistent copy of a running cluster's
 //! replicated state in one self-describing file, and a new node's data
 //! directory written from it (`coordinator restore`, like `etcdctl snapshot
 //! restore`). Pure library: no command-line concerns.
@@ -17,10 +17,14 @@
 //! ```
 //!
 //! The snapshot is the one openraft ships to a lagging follower (records,
-//! next txid, retired node ids, owners; older layouts decode too), taken at
-//! one applied log index; the header names that index, its term, the
-//! membership then, and the cluster. A truncated or damaged file is refused
-//! before anything is decoded.
+//! next txid, retired node ids, owners, drops, sagas, incarnations,
+//! settlements), taken at one applied log index; the header names that
+//! index, its term, the membership then, and the cluster. A truncated or
+//! damaged file is refused before anything is decoded. The header and the
+//! snapshot decode in this build's codec format version only: a state of
+//! another version (a newer build's, or a pre-release layout) is refused
+//! naming both versions, never decoded as another layout
+//! (docs/adr/0042-storage-engines.md).
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;

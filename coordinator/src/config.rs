@@ -52,16 +52,16 @@ pub struct Config {
     pub raft: RaftConfig,
     pub batch: BatchConfig,
     pub txn: TxnConfig,
-    /// The saga orchestrator (issue 14).
+    /// The saga orchestrator (ADR 0019).
     pub saga: SagaConfig,
     pub api: ApiConfig,
     pub tls: TlsConfig,
     pub auth: AuthConfig,
-    /// What applications may enlist (issue 39, item 7).
+    /// What applications may enlist (ADR 0041).
     pub participants: ParticipantsConfig,
 }
 
-/// Which participants applications may enlist (issue 39, item 7; ADR 0041).
+/// Which participants applications may enlist (ADR 0041).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct ParticipantsConfig {
@@ -75,7 +75,7 @@ pub struct ParticipantsConfig {
     pub allowed_addresses: Vec<String>,
 }
 
-/// The leader's saga orchestrator (issue 14, ADR 0019).
+/// The leader's saga orchestrator (ADR 0019).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SagaConfig {
@@ -228,7 +228,7 @@ pub struct TxnConfig {
     pub txid_reserve_count: u64,
     /// How long this leader keeps calling, for one transaction, a
     /// participant address that has never answered any call from this node
-    /// process (issue 39, item 7; ADR 0041): past it, the delivery of an
+    /// process (ADR 0041): past it, the delivery of an
     /// ABORT and the re-sending of a one-phase commit stop (shown to
     /// operators; resumed if the address answers any call). COMMIT
     /// deliveries never stop. 0 = never stop.
@@ -314,7 +314,7 @@ pub struct AuthConfig {
     /// mutual TLS that check it (`--accept-node-token-sha256`). With TLS
     /// the node's certificate is its proof and this is not needed.
     pub participant_token_file: Option<PathBuf>,
-    /// Participants that may enlist themselves (issue 39, ADR 0037): a
+    /// Participants that may enlist themselves (ADR 0037): a
     /// participant identity enlists only its own id (its name), and only in
     /// a transaction of an application listed with it here (or one whose
     /// owner enlisted it already).
@@ -342,6 +342,21 @@ pub struct TokenConfig {
     pub role: String,
     pub name: String,
     pub sha256: String,
+}
+
+impl TokenConfig {
+    /// This token, checked: its role, its name and its digest.
+    pub fn entry(&self) -> Result<dtx_tls::TokenEntry, String> {
+        let role = dtx_tls::Role::parse(&self.role)?;
+        dtx_tls::identity::check_name(&self.name)?;
+        if role == dtx_tls::Role::Node {
+            return Err(format!(
+                "the token for {:?} has role \"node\", which a token cannot carry: a node proves itself with its certificate (dtx://node/<id>) and is honoured only as a current member; use application, participant or operator",
+                self.name
+            ));
+        }
+        dtx_tls::TokenEntry::new(role, &self.name, &self.sha256)
+    }
 }
 
 impl Default for Config {
@@ -461,22 +476,26 @@ impl Config {
         })
     }
 
-    /// One configured token, checked.
-    pub fn token_entry(&self, t: &TokenConfig) -> Result<dtx_proto::tls::TokenEntry, String> {
-        let role = dtx_proto::tls::Role::parse(&t.role)?;
-        dtx_proto::tls::identity::check_name(&t.name)?;
-        if role == dtx_proto::tls::Role::Node {
-            return Err(format!(
-                "the token for {:?} has role \"node\", which a token cannot carry: a node proves itself with its certificate (dtx://node/<id>) and is honoured only as a current member; use application, participant or operator",
-                t.name
-            ));
-        }
-        dtx_proto::tls::TokenEntry::new(role, &t.name, &t.sha256)
+    /// Checks every field; the message names the field and what is wrong.
+    /// Each section checks its own fields (`validate` of the section's
+    /// type); checks that join two sections say so in their names.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_node()?;
+        self.saga.validate()?;
+        self.api.validate()?;
+        self.tls.validate()?;
+        self.auth.validate()?;
+        self.participants.validate()?;
+        self.bootstrap.validate(self.node_id)?;
+        self.raft.validate()?;
+        self.batch.validate_with(&self.raft)?;
+        self.txn.validate()?;
+        Ok(())
     }
 
-    /// Checks every field; the message names the field and what is wrong.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |m: String| Err(ConfigError::Invalid(m));
+    /// The node's own fields: its id, cluster id, data directory and
+    /// addresses.
+    fn validate_node(&self) -> Result<(), ConfigError> {
         if self.node_id == 0 {
             return bad("node_id must be > 0".into());
         }
@@ -503,14 +522,31 @@ impl Config {
         if let Some(m) = &self.metrics_addr {
             check_addr("metrics_addr", m)?;
         }
-        let g = &self.saga;
+        Ok(())
+    }
+}
+
+/// An invalid configuration, with the message saying which field and why.
+fn bad<T>(message: String) -> Result<T, ConfigError> {
+    Err(ConfigError::Invalid(message))
+}
+
+impl SagaConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let g = self;
         if g.call_timeout_ms == 0 || g.scan_interval_ms == 0 || g.sagas_in_flight_max == 0 || g.retention_ms == 0 {
             return bad(format!(
                 "saga.call_timeout_ms ({}), saga.scan_interval_ms ({}), saga.sagas_in_flight_max ({}) and saga.retention_ms ({}) must be > 0",
                 g.call_timeout_ms, g.scan_interval_ms, g.sagas_in_flight_max, g.retention_ms
             ));
         }
-        let a = &self.api;
+        Ok(())
+    }
+}
+
+impl ApiConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let a = self;
         if a.max_message_bytes < 64 * 1024 || a.max_message_bytes > dtx_proto::limits::DECODE_BYTES_MAX {
             return bad(format!(
                 "api.max_message_bytes = {} must be from 65536 to {}",
@@ -526,8 +562,16 @@ impl Config {
                 "api.request_burst_per_identity must be > 0 when api.requests_per_s_per_identity is set".into(),
             );
         }
-        let t = &self.tls;
-        match (&t.cert, &t.key, &t.ca) {
+        if a.read_timeout_ms == 0 || a.write_timeout_ms == 0 {
+            return bad("api.read_timeout_ms and api.write_timeout_ms must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+impl TlsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.cert, &self.key, &self.ca) {
             (None, None, None) | (Some(_), Some(_), Some(_)) => {}
             _ => {
                 return bad(
@@ -535,14 +579,20 @@ impl Config {
                 )
             }
         }
-        dtx_proto::tls::ClientAuth::parse(&t.client_auth).map_err(|e| ConfigError::Invalid(format!("tls.{e}")))?;
-        for tok in &self.auth.tokens {
-            self.token_entry(tok)
+        dtx_tls::ClientAuth::parse(&self.client_auth).map_err(|e| ConfigError::Invalid(format!("tls.{e}")))?;
+        Ok(())
+    }
+}
+
+impl AuthConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        for tok in &self.tokens {
+            tok.entry()
                 .map_err(|e| ConfigError::Invalid(format!("auth.tokens: {e}")))?;
         }
         let mut self_enlisting = std::collections::BTreeSet::new();
-        for e in &self.auth.self_enlist {
-            dtx_proto::tls::identity::check_name(&e.participant)
+        for e in &self.self_enlist {
+            dtx_tls::identity::check_name(&e.participant)
                 .map_err(|m| ConfigError::Invalid(format!("auth.self_enlist: participant: {m}")))?;
             if !self_enlisting.insert(e.participant.as_str()) {
                 return bad(format!(
@@ -557,7 +607,7 @@ impl Config {
                 ));
             }
             for a in &e.applications {
-                dtx_proto::tls::identity::check_name(a).map_err(|m| {
+                dtx_tls::identity::check_name(a).map_err(|m| {
                     ConfigError::Invalid(format!(
                         "auth.self_enlist: participant {:?}: applications: {m}",
                         e.participant
@@ -565,28 +615,44 @@ impl Config {
                 })?;
             }
         }
-        crate::participant_policy::AddressPolicy::parse(&self.participants.allowed_addresses)
-            .map_err(ConfigError::Invalid)?;
-        if self.bootstrap.enabled {
-            if self.bootstrap.members.is_empty() {
-                return bad("bootstrap.enabled needs bootstrap.members".into());
-            }
-            let mut ids = std::collections::BTreeSet::new();
-            for m in &self.bootstrap.members {
-                if m.id == 0 || !ids.insert(m.id) {
-                    return bad(format!("bootstrap.members: node id {} is 0 or repeated", m.id));
-                }
-                check_addr("bootstrap.members.raft_addr", &m.raft_addr)?;
-                check_addr("bootstrap.members.api_addr", &m.api_addr)?;
-            }
-            if !ids.contains(&self.node_id) {
-                return bad(format!(
-                    "bootstrap.members must include this node (node_id {})",
-                    self.node_id
-                ));
-            }
+        Ok(())
+    }
+}
+
+impl ParticipantsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        crate::participant_policy::AddressPolicy::parse(&self.allowed_addresses).map_err(ConfigError::Invalid)?;
+        Ok(())
+    }
+}
+
+impl BootstrapConfig {
+    /// `node_id`: this node's id, which the members must include.
+    fn validate(&self, node_id: u64) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
         }
-        let r = &self.raft;
+        if self.members.is_empty() {
+            return bad("bootstrap.enabled needs bootstrap.members".into());
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for m in &self.members {
+            if m.id == 0 || !ids.insert(m.id) {
+                return bad(format!("bootstrap.members: node id {} is 0 or repeated", m.id));
+            }
+            check_addr("bootstrap.members.raft_addr", &m.raft_addr)?;
+            check_addr("bootstrap.members.api_addr", &m.api_addr)?;
+        }
+        if !ids.contains(&node_id) {
+            return bad(format!("bootstrap.members must include this node (node_id {node_id})"));
+        }
+        Ok(())
+    }
+}
+
+impl RaftConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let r = self;
         if r.heartbeat_interval_ms == 0 || r.election_timeout_min_ms <= r.heartbeat_interval_ms {
             return bad(format!(
                 "raft.election_timeout_min_ms ({}) must be greater than raft.heartbeat_interval_ms ({}) > 0",
@@ -620,7 +686,14 @@ impl Config {
                 r.snapshot_chunk_bytes, r.max_message_bytes
             ));
         }
-        let b = &self.batch;
+        Ok(())
+    }
+}
+
+impl BatchConfig {
+    /// `raft`: a batch of entries must fit one AppendEntries message.
+    fn validate_with(&self, raft: &RaftConfig) -> Result<(), ConfigError> {
+        let (b, r) = (self, raft);
         if b.entries_max == 0 || b.inflight_max == 0 || b.queue_max == 0 {
             return bad("batch.entries_max, batch.inflight_max and batch.queue_max must be > 0".into());
         }
@@ -645,7 +718,13 @@ impl Config {
                 b.refill_callers_min
             ));
         }
-        let t = &self.txn;
+        Ok(())
+    }
+}
+
+impl TxnConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let t = self;
         if t.default_timeout_ms == 0 || t.default_timeout_ms > t.max_timeout_ms {
             return bad("txn.default_timeout_ms must be > 0 and <= txn.max_timeout_ms".into());
         }
@@ -683,9 +762,6 @@ impl Config {
                 t.delivery_batch_wait_us
             ));
         }
-        if self.api.read_timeout_ms == 0 || self.api.write_timeout_ms == 0 {
-            return bad("api.read_timeout_ms and api.write_timeout_ms must be > 0".into());
-        }
         Ok(())
     }
 }
@@ -715,8 +791,8 @@ mod tests {
         Config::default().validate().unwrap();
     }
 
-    /// Issue 39, items 3 and 4: a token cannot carry the node role, and
-    /// identity names in the configuration follow the documented alphabet.
+    /// A token cannot carry the node role, and identity names in the
+    /// configuration follow the documented alphabet.
     #[test]
     fn tokens_cannot_carry_the_node_role_and_names_are_checked() {
         let token = |role: &str, name: &str| {
@@ -742,8 +818,8 @@ mod tests {
             .unwrap();
     }
 
-    /// `auth.self_enlist` (issue 39, item 2): names checked, every entry
-    /// names applications, one entry per participant.
+    /// `auth.self_enlist`: names checked, every entry names applications, one
+    /// entry per participant.
     #[test]
     fn self_enlist_entries_are_checked() {
         let e = Config::from_toml("[[auth.self_enlist]]\nparticipant = \"..\"\napplications = [\"shop\"]")
@@ -768,9 +844,8 @@ mod tests {
         assert!(e.to_string().contains("listed twice"), "{e}");
     }
 
-    /// `participants.allowed_addresses` (issue 39, item 7): absent or
-    /// empty allows any address; entries are checked with a message that
-    /// names the key and the entry.
+    /// `participants.allowed_addresses`: absent or empty allows any address;
+    /// entries are checked with a message that names the key and the entry.
     #[test]
     fn participant_address_policy_is_checked() {
         assert!(Config::from_toml("").unwrap().participants.allowed_addresses.is_empty());

@@ -1,6 +1,6 @@
-//! The read-only web console on the node's HTTP port (`metrics_addr`,
-//! issue 13 item 5): server-rendered HTML, no scripts, no forms, no
-//! external assets. Pages, all GET (anything else answers 405):
+//! The read-only web console on the node's HTTP port (`metrics_addr`):
+//! server-rendered HTML, no scripts, no forms, no external assets. Pages,
+//! all GET (anything else answers 405):
 //!
 //! - `/console`: this node (role, serving, term, applied index), the
 //!   leader, the members with reach and lag as `ClusterStatus` gives them,
@@ -109,9 +109,7 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
                 let st = ctx.sm.state();
                 list_page(&st.table, &q)
             };
-            for r in &mut rows {
-                attempts(driver, &frame, r);
-            }
+            attempts(driver, &frame, &mut rows).await;
             (200, HTML, render_transactions(&frame, &q, &rows, next_after))
         }
         Route::InDoubt => {
@@ -119,9 +117,7 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
                 let st = ctx.sm.state();
                 in_doubt(&st.table)
             };
-            for r in &mut rows {
-                attempts(driver, &frame, r);
-            }
+            attempts(driver, &frame, &mut rows).await;
             (200, HTML, render_in_doubt(&frame, &rows, cut))
         }
         Route::Txn(txid) => {
@@ -131,7 +127,7 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
             };
             match found {
                 Some(mut t) => {
-                    attempts(driver, &frame, &mut t);
+                    attempts(driver, &frame, std::slice::from_mut(&mut t)).await;
                     (200, HTML, render_txn(&frame, &t))
                 }
                 None => (404, HTML, render_txn_not_found(&frame, txid)),
@@ -166,11 +162,11 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
     })
 }
 
-/// The leader's delivery attempts (leader-local, not replicated) on `t`'s
-/// participants; a node that does not lead shows none, and says so.
-fn attempts(driver: &Driver, frame: &Frame, t: &mut pb::StatusResponse) {
+/// The leader's delivery attempts (leader-local, not replicated) on the
+/// participants of `rows`; a node that does not lead shows none, and says so.
+async fn attempts(driver: &Driver, frame: &Frame, rows: &mut [pb::StatusResponse]) {
     if frame.leads() {
-        add_delivery_attempts(driver, t, Audience::Operator);
+        add_delivery_attempts(driver, rows, Audience::Operator).await;
     }
 }
 
@@ -548,16 +544,16 @@ pub fn esc(s: &str) -> String {
     out
 }
 
-pub use dtx_client::view::outcome_name;
-pub use dtx_client::view::phase_two;
-pub use dtx_client::view::reach_name;
-pub use dtx_client::view::source_name;
-pub use dtx_client::view::span;
-pub use dtx_client::view::state_line;
-pub use dtx_client::view::state_name;
-pub use dtx_client::view::timeline;
-pub use dtx_client::view::utc;
-pub use dtx_client::view::waiting_on;
+pub use dtx_common::view::outcome_name;
+pub use dtx_common::view::phase_two;
+pub use dtx_common::view::reach_name;
+pub use dtx_common::view::source_name;
+pub use dtx_common::view::span;
+pub use dtx_common::view::state_line;
+pub use dtx_common::view::state_name;
+pub use dtx_common::view::timeline;
+pub use dtx_common::view::utc;
+pub use dtx_common::view::waiting_on;
 
 /// What every page says about where it comes from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use std::time::SystemTime;
 use std::time::UNIX_EPOCH;
 
-use dtx_proto::channel::Channel;
+use dtx_transport::channel::Channel;
 use openraft::error::CheckIsLeaderError;
 use openraft::error::RaftError;
 
@@ -71,7 +71,7 @@ pub enum ApiError {
 }
 
 /// "not the leader" and who is, in words (never Rust's `Some(..)`: the
-/// text reaches operators, issue 39 item 14).
+/// text reaches operators).
 fn not_leader_text(leader_id: Option<NodeId>, addr: Option<&str>) -> String {
     match (leader_id, addr) {
         (Some(id), Some(a)) => format!("not the leader; the leader is node {id} at {a}"),
@@ -175,14 +175,14 @@ pub type ParticipantClient = ParticipantServiceClient<InterceptedService<Channel
 /// is attached.
 #[derive(Clone)]
 pub struct ParticipantGate {
-    bearer: dtx_proto::tls::edge::Bearer,
+    bearer: dtx_tls::edge::Bearer,
     raft: Raft,
     me: NodeId,
     silence_ms: u64,
 }
 
 impl ParticipantGate {
-    pub fn new(bearer: dtx_proto::tls::edge::Bearer, raft: Raft, me: NodeId, config: &Config) -> Self {
+    pub fn new(bearer: dtx_tls::edge::Bearer, raft: Raft, me: NodeId, config: &Config) -> Self {
         ParticipantGate {
             bearer,
             raft,
@@ -384,7 +384,7 @@ impl NodeCtx {
     }
 
     /// Runs `f` on the state machine after a read-index round on the leader:
-    /// linearizable (DESIGN invariant 7). A node that cannot confirm its
+    /// linearizable (invariant 7). A node that cannot confirm its
     /// leadership with a quorum does not answer.
     pub async fn read_linearizable<T>(&self, f: impl FnOnce(&SmState) -> T) -> Result<T, ApiError> {
         if !self.is_leader() {
@@ -480,8 +480,8 @@ impl NodeCtx {
 mod tests {
     use super::*;
 
-    /// Issue 39, item 14: an operator read "leader is Some(3) at
-    /// Some(\"10.0.0.3:7201\")"; the text says it in words.
+    /// An operator read "leader is Some(3) at Some(\"10.0.0.3:7201\")"; the
+    /// text says it in words.
     #[test]
     fn not_the_leader_names_the_leader_in_words_never_rust_options() {
         let cases = [

@@ -1,6 +1,5 @@
-//! A node process whose Raft stopped on a fatal error always ends, within
-//! a bound, with its error (issue 38, defect 8), so that a supervisor
-//! restarts it.
+//! A node process whose Raft stopped on a fatal error always ends, within a
+//! bound, with its error, so that a supervisor restarts it.
 //!
 //! The orderly way out (`node::run`'s steps, each with its timeout, then
 //! the drops of the stores and the command's runtime shutdown) is not

@@ -1,7 +1,7 @@
-//! What a node exports to Prometheus (issue 13, item 3): the recorder's
-//! settings (explicit histogram buckets, so `_bucket` series add up across
-//! nodes), the HELP text of every metric this process emits, and the
-//! gauges computed from the replicated transaction table once a second.
+//! What a node exports to Prometheus: the recorder's settings (explicit
+//! histogram buckets, so `_bucket` series add up across nodes), the HELP text
+//! of every metric this process emits, and the gauges computed from the
+//! replicated transaction table once a second.
 //!
 //! Every `metrics::counter!/gauge!/histogram!("dtx_...")` in this crate
 //! has an entry in [`METRICS`] (`dtx-tls` describes its own, the servers'
@@ -10,8 +10,8 @@
 //! never a txid; participant ids (chosen by applications when they
 //! enlist) only through [`participant_label`]: the first
 //! [`PARTICIPANT_LABELS_MAX`] distinct ids this process sees have a label
-//! of their own, every later one is counted as `other` (issue 39, item 6;
-//! docs/adr/0038-bounded-logs-and-labels.md).
+//! of their own, every later one is counted as `other`
+//! (docs/adr/0038-bounded-logs-and-labels.md).
 
 use metrics::Unit;
 use metrics_exporter_prometheus::Matcher;
@@ -46,10 +46,10 @@ pub fn exporter() -> PrometheusBuilder {
         .expect("latency buckets are not empty")
 }
 
-use dtx_proto::tls::described::described as m;
-pub use dtx_proto::tls::described::Described;
-pub use dtx_proto::tls::described::Kind;
-use dtx_proto::tls::described::EDGE_METRICS;
+use dtx_tls::described::described as m;
+pub use dtx_tls::described::Described;
+pub use dtx_tls::described::Kind;
+use dtx_tls::described::EDGE_METRICS;
 
 use Kind::Counter as C;
 use Kind::Gauge as G;
@@ -66,7 +66,7 @@ pub const METRICS: &[Described] = &[
     m("dtx_forgotten_total", C, Unit::Count, "Decided, fully acked records the forget loop removed (leader)."),
     m("dtx_deliveries_total", C, Unit::Count, "Decisions delivered to a participant and acked, by outcome (leader)."),
     m("dtx_delivery_failures_total", C, Unit::Count, "Failed delivery attempts, each retried with backoff, by kind (no_answer, refused) and participant (the id it was enlisted with; past the first 32 distinct ids, other) (leader)."),
-    m("dtx_never_answered_given_up_total", C, Unit::Count, "Transactions for which the leader stopped calling an address that never answered this node within txn.never_answered_give_up_ms, by kind (abort_delivery, one_phase_commit); shown by admin txn show (leader, issue 39 item 7)."),
+    m("dtx_never_answered_given_up_total", C, Unit::Count, "Transactions for which the leader stopped calling an address that never answered this node within txn.never_answered_give_up_ms, by kind (abort_delivery, one_phase_commit); shown by admin txn show (leader)."),
     m("dtx_prepare_failures_total", C, Unit::Count, "Prepares that got no vote (no answer, an error), each counted as NO, by participant (as in dtx_delivery_failures_total); logged once per participant per 10 s (leader)."),
     m("dtx_participant_outages_total", C, Unit::Count, "Times a participant address started failing deliveries (leader)."),
     m("dtx_participants_failing", G, Unit::Count, "Participant addresses failing deliveries now (leader)."),
@@ -80,7 +80,7 @@ pub const METRICS: &[Described] = &[
     m("dtx_participant_calls_withheld_total", C, Unit::Count, "Calls to participants and saga step services not sent because this node did not lead or heard from no quorum within the serving limit (invariant 13)."),
     // The replicated table (every node; meaningful on the leader).
     m("dtx_transactions", G, Unit::Count, "Transaction records held in the state machine."),
-    // Sagas (issue 14; the leader's orchestrator).
+    // Sagas (the leader's orchestrator).
     m("dtx_sagas", G, Unit::Count, "Sagas by state (RUNNING, COMPENSATING, PARKED), as the leader's orchestrator last scanned them."),
     m("dtx_sagas_forgotten_total", C, Unit::Count, "Ended sagas the leader forgot after saga.retention_ms."),
     m("dtx_saga_parked_total", C, Unit::Count, "Sagas the orchestrator parked for an operator (a limit reached, an UNKNOWN it could not settle, expired rights, no registered option left)."),
@@ -129,8 +129,8 @@ pub const METRICS: &[Described] = &[
 /// recorder (call it once, after installing one; before, the descriptions
 /// go nowhere).
 pub fn describe() {
-    dtx_proto::tls::described::describe(METRICS);
-    dtx_proto::tls::described::describe(EDGE_METRICS);
+    dtx_tls::described::describe(METRICS);
+    dtx_tls::described::describe(EDGE_METRICS);
 }
 
 /// The method label of an API call whose request type is `Req`: the gRPC
@@ -255,9 +255,9 @@ mod tests {
 
     #[test]
     fn every_metric_emitted_has_help_text_and_its_type() {
-        let found = dtx_proto::tls::described::emitted_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).unwrap();
+        let found = dtx_tls::described::emitted_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).unwrap();
         assert!(found.len() > 40, "the scan found only {} metric calls", found.len());
-        let wrong = dtx_proto::tls::described::mismatches(&found, METRICS);
+        let wrong = dtx_tls::described::mismatches(&found, METRICS);
         assert!(wrong.is_empty(), "{wrong:#?}");
     }
 
@@ -300,9 +300,8 @@ mod tests {
         assert!(!text.contains("quantile="), "no summaries: {text}");
     }
 
-    /// Issue 39, item 6: participant ids (chosen by applications) label
-    /// at most `max` series; the rest are `other`, and an id labelled once
-    /// keeps its label.
+    /// Participant ids (chosen by applications) label at most `max` series;
+    /// the rest are `other`, and an id labelled once keeps its label.
     #[test]
     fn participant_labels_are_bounded() {
         let mut seen = std::collections::HashSet::new();

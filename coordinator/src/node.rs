@@ -80,8 +80,8 @@ pub fn read_only_filesystem(dir: &std::path::Path) -> bool {
     }
 }
 
-/// What a node on a read-only filesystem says (issue 39, item 14: it said
-/// "damaged", and it was not).
+/// What a node on a read-only filesystem says (it once said "damaged", and
+/// it was not).
 fn read_only_text(data_dir: &std::path::Path) -> String {
     format!(
         "data directory {} is on a read-only filesystem (EROFS: the kernel remounts a filesystem read-only after a \
@@ -196,7 +196,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         ),
     });
     let driver = Driver::new(ctx.clone());
-    let orchestrator =
+    let (orchestrator, saga_scan) =
         crate::orchestrator::Orchestrator::new(ctx.clone(), Arc::new(crate::sm::saga::plan::RegisteredOrder));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -318,7 +318,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         bootstrap(&raft, &config).await?;
     }
     let loops = tokio::spawn(leader_loops(driver.clone(), stop_rx.clone()));
-    let _sagas = AbortOnDrop(tokio::spawn(orchestrator.clone().run(stop_rx.clone())));
+    let _sagas = AbortOnDrop(tokio::spawn(saga_scan.run(stop_rx.clone())));
     let gauges = tokio::spawn(report_gauges(driver.clone(), monitor.clone()));
 
     // Stop on the caller's signal, or when Raft stops on a fatal error (for
@@ -434,8 +434,7 @@ const FATAL_EXIT_MAX: Duration = Duration::from_secs(6);
 
 /// The layers in front of both gRPC ports' services: the edge (who may
 /// call what), then the serving monitor's handle for the handlers.
-type Layers =
-    tower_layer::Stack<serving::MonitorLayer, tower_layer::Stack<dtx_proto::tls::EdgeLayer, tower_layer::Identity>>;
+type Layers = tower_layer::Stack<serving::MonitorLayer, tower_layer::Stack<dtx_tls::EdgeLayer, tower_layer::Identity>>;
 
 /// Binds `addr` and serves `router` on it (with TLS when `tls` is set)
 /// until `stop` turns true.
@@ -443,13 +442,13 @@ async fn serve(
     router: tonic::transport::server::Router<Layers>,
     addr: SocketAddr,
     what: &str,
-    tls: Option<Arc<dtx_proto::tls::ServerTls>>,
+    tls: Option<Arc<dtx_tls::ServerTls>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {what} {addr}"))?;
-    let incoming = dtx_proto::tls::incoming(listener, tls);
+    let incoming = dtx_tls::incoming(listener, tls);
     Ok(tokio::spawn(router.serve_with_incoming_shutdown(
         incoming,
         async move {
@@ -498,7 +497,7 @@ async fn report_gauges(driver: Arc<Driver>, monitor: Monitor) {
             // PREPARING and undelivered counts, and the oldest in-doubt ages.
             crate::metrics::report_table(&st.table, now_ms());
         }
-        metrics::gauge!("dtx_participants_failing").set(driver.failing_participants() as f64);
+        metrics::gauge!("dtx_participants_failing").set(driver.failing_participants().await as f64);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
@@ -612,8 +611,8 @@ const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// `NOT_SERVING: <reason>` from the serving monitor; `/console` and below
 /// is the read-only web console (`crate::console`; 404 when
 /// `console_enabled` is false); `/metrics` answers the Prometheus text;
-/// every other path 404 (issue 39, item 6: metrics-exporter-prometheus's
-/// listener answered the text on every path). Every answer carries
+/// every other path 404 (metrics-exporter-prometheus's listener answered
+/// the text on every path). Every answer carries
 /// `X-Content-Type-Options: nosniff`.
 async fn serve_metrics(
     listener: tokio::net::TcpListener,
@@ -728,8 +727,8 @@ async fn metrics_response(
 mod tests {
     use super::*;
 
-    /// Issue 39, item 14: a node whose filesystem was remounted read-only
-    /// said its data directory was "damaged".
+    /// A node whose filesystem was remounted read-only said its data
+    /// directory was "damaged".
     #[test]
     fn a_read_only_filesystem_is_named_as_such_never_damage() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,4 +1,4 @@
-//! The leader's saga orchestrator (issue 14, ADR 0019): drives every
+//! The leader's saga orchestrator (ADR 0019): drives every
 //! RUNNING or COMPENSATING saga, one task per saga, by the pure plan
 //! (`sm::saga::plan::next`) and the journal (`sm::saga`). It does the I/O
 //! (calls to step services, journal writes through Raft); every rule is
@@ -34,17 +34,23 @@
 //! pivot's OK journaled), `saga_mid_compensation` (the compensation's
 //! intent journaled and the forward action confirmed, the compensation not
 //! called).
+//!
+//! One owner (ADR 0043): the scan ([`Scan`], one task) alone knows which
+//! sagas have a task here and which wait for a slot ([`Slots`], pure). It
+//! is fed by one channel: a kick (a saga started, an operator resumed
+//! one), the end of a saga's task (sent from a drop, so a task that panics
+//! still frees its saga and its slot), the end of a forget pass. It never
+//! waits for a call or a Raft write itself: those run in tasks it spawns.
 
 use std::collections::HashSet;
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 use std::time::Instant;
 
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
-use tokio::sync::Notify;
-use tokio::sync::Semaphore;
+use tokio::sync::mpsc;
 use tracing::info;
 use tracing::warn;
 
@@ -85,10 +91,101 @@ const FORGET_PER_SCAN: usize = 256;
 pub struct Orchestrator {
     ctx: Arc<NodeCtx>,
     policy: Arc<dyn RecoveryPolicy>,
-    wake: Notify,
-    /// Sagas with a task on this node.
-    driving: Mutex<HashSet<SagaId>>,
-    slots: Arc<Semaphore>,
+    /// The scan's inbox.
+    inbox: mpsc::UnboundedSender<Msg>,
+}
+
+/// What the scan is told.
+#[derive(Debug, PartialEq, Eq)]
+enum Msg {
+    /// Scan now (a saga started, an operator resumed one).
+    Kick,
+    /// The task of this saga ended, however it ended.
+    Ended(SagaId),
+    /// The forget pass ended.
+    Forgot,
+}
+
+/// Sends its message when dropped: whatever ends the work that holds it
+/// (done, failed, panicked, cancelled), the scan hears of it, so a mark
+/// cannot outlive the work.
+struct Tell {
+    inbox: mpsc::UnboundedSender<Msg>,
+    msg: Option<Msg>,
+}
+
+impl Drop for Tell {
+    fn drop(&mut self) {
+        if let Some(m) = self.msg.take() {
+            // The scan is gone only when the node stops.
+            let _ = self.inbox.send(m);
+        }
+    }
+}
+
+/// Which sagas have a task on this node, and the slots they share
+/// (`saga.sagas_in_flight_max`). Pure: the scan asks it what to start.
+#[derive(Debug)]
+pub(crate) struct Slots {
+    max: usize,
+    /// Sagas with a task here: running, or waiting for a slot.
+    driving: HashSet<SagaId>,
+    /// Those waiting for a slot, oldest first, each with the term it was
+    /// found in (its task drives only while this node leads that term).
+    waiting: VecDeque<(SagaId, u64)>,
+    running: usize,
+}
+
+impl Slots {
+    pub(crate) fn new(max: usize) -> Slots {
+        Slots {
+            max,
+            driving: HashSet::new(),
+            waiting: VecDeque::new(),
+            running: 0,
+        }
+    }
+
+    /// The scan of `term` found `ids` to drive: those without a task get
+    /// one; returns the tasks to start now (the others wait for a slot).
+    pub(crate) fn found(&mut self, ids: impl IntoIterator<Item = SagaId>, term: u64) -> Vec<(SagaId, u64)> {
+        for id in ids {
+            if self.driving.insert(id) {
+                self.waiting.push_back((id, term));
+            }
+        }
+        self.start()
+    }
+
+    /// The task of `id` ended: its slot goes to the next waiting saga.
+    pub(crate) fn ended(&mut self, id: SagaId) -> Vec<(SagaId, u64)> {
+        debug_assert!(self.driving.contains(&id), "saga {id} ended without a task here");
+        if self.driving.remove(&id) {
+            self.running = self.running.saturating_sub(1);
+        }
+        self.start()
+    }
+
+    fn start(&mut self) -> Vec<(SagaId, u64)> {
+        let mut go = Vec::new();
+        while self.running < self.max {
+            let Some(next) = self.waiting.pop_front() else { break };
+            self.running += 1;
+            go.push(next);
+        }
+        go
+    }
+}
+
+/// The orchestrator's one task: scans every `saga.scan_interval_ms` (or
+/// when kicked) on the leader, starts a task for every driven saga that
+/// has none, as slots allow, and hands each ended task's slot on.
+pub struct Scan {
+    orchestrator: Arc<Orchestrator>,
+    inbox: mpsc::UnboundedReceiver<Msg>,
+    slots: Slots,
+    /// A forget pass is running (one at a time).
+    forgetting: bool,
 }
 
 /// Which step call an operation is about.
@@ -115,53 +212,101 @@ enum Answer {
 }
 
 impl Orchestrator {
-    pub fn new(ctx: Arc<NodeCtx>, policy: Arc<dyn RecoveryPolicy>) -> Arc<Orchestrator> {
-        let slots = Arc::new(Semaphore::new(ctx.config.saga.sagas_in_flight_max));
-        Arc::new(Orchestrator {
-            ctx,
-            policy,
-            wake: Notify::new(),
-            driving: Mutex::new(HashSet::new()),
-            slots,
-        })
+    /// The orchestrator, and its scan (to run in a task of its own).
+    pub fn new(ctx: Arc<NodeCtx>, policy: Arc<dyn RecoveryPolicy>) -> (Arc<Orchestrator>, Scan) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let max = ctx.config.saga.sagas_in_flight_max;
+        let orchestrator = Arc::new(Orchestrator { ctx, policy, inbox: tx });
+        let scan = Scan {
+            orchestrator: orchestrator.clone(),
+            inbox: rx,
+            slots: Slots::new(max),
+            forgetting: false,
+        };
+        (orchestrator, scan)
     }
 
     /// Wakes the scan now (a saga started, an operator resumed one).
     pub fn kick(&self) {
-        self.wake.notify_one();
+        let _ = self.inbox.send(Msg::Kick);
     }
 
-    /// Every `saga.scan_interval_ms` (or when kicked), on the leader: a
-    /// task for every driven saga that has none.
-    pub async fn run(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let interval = Duration::from_millis(self.ctx.config.saga.scan_interval_ms);
+    /// A mark that tells the scan `msg` when it is dropped.
+    fn tell_on_drop(&self, msg: Msg) -> Tell {
+        Tell {
+            inbox: self.inbox.clone(),
+            msg: Some(msg),
+        }
+    }
+}
+
+impl Scan {
+    /// Runs until `stop`.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let interval = Duration::from_millis(self.orchestrator.ctx.config.saga.scan_interval_ms);
+        let mut next_scan = tokio::time::Instant::now() + interval;
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep_until(next_scan) => {}
+                msg = self.inbox.recv() => match msg {
+                    Some(Msg::Kick) => {
+                        // Kicks that came together make one scan.
+                        while let Ok(Msg::Kick) = self.inbox.try_recv() {}
+                    }
+                    Some(Msg::Ended(id)) => {
+                        let go = self.slots.ended(id);
+                        self.start(go);
+                        continue;
+                    }
+                    Some(Msg::Forgot) => {
+                        self.forgetting = false;
+                        continue;
+                    }
+                    None => return,
+                },
                 _ = stop.wait_for(|s| *s) => return,
             }
-            if !self.ctx.is_leader() || !self.ctx.caught_up_in_term() {
-                continue;
-            }
-            let term = self.ctx.current_term();
-            let ids = self.ctx.sm.state().sagas.driven();
-            self.report_gauges();
-            self.forget_ended().await;
-            for id in ids {
-                if !self.driving.lock().expect("lock").insert(id) {
-                    continue;
-                }
-                let me = self.clone();
-                tokio::spawn(async move {
-                    let _slot = me.slots.clone().acquire_owned().await;
-                    me.drive(id, term).await;
-                    me.driving.lock().expect("lock").remove(&id);
-                });
-            }
+            next_scan = tokio::time::Instant::now() + interval;
+            self.scan();
         }
     }
 
+    /// On the leader: a task for every driven saga that has none, and a
+    /// forget pass if none runs.
+    fn scan(&mut self) {
+        let o = &self.orchestrator;
+        if !o.ctx.is_leader() || !o.ctx.caught_up_in_term() {
+            return;
+        }
+        let term = o.ctx.current_term();
+        let ids = o.ctx.sm.state().sagas.driven();
+        o.report_gauges();
+        if !self.forgetting {
+            self.forgetting = true;
+            let me = o.clone();
+            let done = o.tell_on_drop(Msg::Forgot);
+            tokio::spawn(async move {
+                let _done = done;
+                me.forget_ended().await;
+            });
+        }
+        let go = self.slots.found(ids, term);
+        self.start(go);
+    }
+
+    fn start(&self, go: Vec<(SagaId, u64)>) {
+        for (id, term) in go {
+            let me = self.orchestrator.clone();
+            let ended = me.tell_on_drop(Msg::Ended(id));
+            tokio::spawn(async move {
+                let _ended = ended;
+                me.drive(id, term).await;
+            });
+        }
+    }
+}
+
+impl Orchestrator {
     /// Forgets ended sagas past `saga.retention_ms` (at most
     /// `FORGET_PER_SCAN` per scan, in one Raft entry).
     async fn forget_ended(&self) {
@@ -270,7 +415,7 @@ impl Orchestrator {
                     }
                     if let Some(reason) = parked {
                         metrics::counter!("dtx_saga_parked_total").increment(1);
-                        warn!(saga = id, step = r.current, reason = %dtx_proto::tls::logtext::Clean(&reason), "saga parked for an operator");
+                        warn!(saga = id, step = r.current, reason = %dtx_tls::logtext::Clean(&reason), "saga parked for an operator");
                     }
                     if pivot_passed {
                         dtx_failpoint::failpoint!("saga_after_pivot");
@@ -521,7 +666,10 @@ impl Orchestrator {
         service: &str,
     ) -> Result<
         SagaStepServiceClient<
-            tonic::service::interceptor::InterceptedService<dtx_proto::channel::Channel, crate::ctx::ParticipantGate>,
+            tonic::service::interceptor::InterceptedService<
+                dtx_transport::channel::Channel,
+                crate::ctx::ParticipantGate,
+            >,
         >,
         String,
     > {
@@ -650,7 +798,7 @@ impl Orchestrator {
 
     fn outcome_metrics(&self, side: Side, reply: &Reply) {
         if reply.outcome == CallOutcome::Unknown {
-            info!(call = side.label(), reason = %dtx_proto::tls::logtext::Clean(&reply.reason), "saga step call outcome UNKNOWN: its status query settles it");
+            info!(call = side.label(), reason = %dtx_tls::logtext::Clean(&reply.reason), "saga step call outcome UNKNOWN: its status query settles it");
         }
         metrics::counter!("dtx_saga_calls_total", "call" => side.label(), "outcome" => reply.outcome.name())
             .increment(1);
@@ -734,5 +882,24 @@ fn reply_of(a: Answer, reconciled: bool) -> Reply {
                 reconciled,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Slots;
+
+    #[test]
+    fn sagas_get_a_task_once_and_wait_for_a_free_slot_in_order() {
+        let mut s = Slots::new(2);
+        assert_eq!(s.found([1, 2, 3], 5), vec![(1, 5), (2, 5)], "two slots");
+        assert_eq!(s.found([1, 2, 3, 4], 6), Vec::new(), "each saga has its task already");
+        assert_eq!(s.ended(2), vec![(3, 5)], "the slot goes to the oldest waiting");
+        assert_eq!(s.ended(1), vec![(4, 6)]);
+        assert_eq!(s.found([1], 7), Vec::new(), "no free slot");
+        assert_eq!(s.ended(3), vec![(1, 7)], "an ended saga found again gets a new task");
+        assert_eq!(s.ended(4), Vec::new());
+        assert_eq!(s.ended(1), Vec::new());
+        assert_eq!(s.found([9, 8], 8), vec![(9, 8), (8, 8)], "all slots free again");
     }
 }

@@ -1,4 +1,4 @@
-//! The participant address policy (issue 39, item 7; ADR 0041): which
+//! The participant address policy (ADR 0041): which
 //! participant addresses an application may enlist, as the operators
 //! configure them in `participants.allowed_addresses`. Pure: no I/O, no
 //! name resolution.
@@ -103,7 +103,7 @@ impl AddressPolicy {
     }
 
     /// Whether the participant address `address` (already checked by
-    /// `dtx_proto::channel::check_address`) is allowed. An address that
+    /// `dtx_transport::channel::check_address`) is allowed. An address that
     /// does not parse is not.
     pub fn allows_address(&self, address: &str) -> bool {
         if self.allows_any() {
@@ -246,8 +246,8 @@ mod tests {
         assert!(e.contains(KEY) && e.contains(says), "{entry}: {e}");
     }
 
-    /// Issue 39, item 7: networks match IP literals (IPv4-mapped IPv6 as
-    /// IPv4), patterns match names label by label, nothing else passes.
+    /// Networks match IP literals (IPv4-mapped IPv6 as IPv4), patterns match
+    /// names label by label, nothing else passes.
     #[test]
     fn networks_match_ip_literals_and_patterns_match_names() {
         let p = policy(&[

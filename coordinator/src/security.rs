@@ -1,4 +1,4 @@
-//! TLS and authorisation of a node (issue 12, ADR 0016): the TLS settings
+//! TLS and authorisation of a node (ADR 0016): the TLS settings
 //! of its two ports and of its outgoing calls, loaded from the config with
 //! clear start-up errors, and the method tables saying which roles may
 //! call what.
@@ -7,20 +7,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use dtx_proto::tls::client::ClientTlsFiles;
-use dtx_proto::tls::edge::Bearer;
-use dtx_proto::tls::files::KeyPairFiles;
-use dtx_proto::tls::server::ServerTlsFiles;
-use dtx_proto::tls::Access;
-use dtx_proto::tls::ClientAuth;
-use dtx_proto::tls::ClientTls;
-use dtx_proto::tls::EdgeLayer;
-use dtx_proto::tls::Identity;
-use dtx_proto::tls::NodeCheck;
-use dtx_proto::tls::RateLimit;
-use dtx_proto::tls::Role;
-use dtx_proto::tls::ServerTls;
-use dtx_proto::tls::Tokens;
+use dtx_tls::client::ClientTlsFiles;
+use dtx_tls::edge::Bearer;
+use dtx_tls::files::KeyPairFiles;
+use dtx_tls::server::ServerTlsFiles;
+use dtx_tls::Access;
+use dtx_tls::ClientAuth;
+use dtx_tls::ClientTls;
+use dtx_tls::EdgeLayer;
+use dtx_tls::Identity;
+use dtx_tls::NodeCheck;
+use dtx_tls::RateLimit;
+use dtx_tls::Role;
+use dtx_tls::ServerTls;
+use dtx_tls::Tokens;
 use tracing::warn;
 
 use crate::config::Config;
@@ -53,7 +53,7 @@ impl Security {
     pub fn load(config: &Config) -> anyhow::Result<Security> {
         let mut tokens = Vec::new();
         for t in &config.auth.tokens {
-            tokens.push(config.token_entry(t).map_err(|e| anyhow::anyhow!("auth.tokens: {e}"))?);
+            tokens.push(t.entry().map_err(|e| anyhow::anyhow!("auth.tokens: {e}"))?);
         }
         let tokens = Tokens::new(tokens);
         let participant_token = participant_token(config)?;
@@ -157,7 +157,7 @@ impl Security {
     }
 }
 
-/// Which node identities a node honours (issue 39, item 3; ADR 0037):
+/// Which node identities a node honours (ADR 0037):
 /// `dtx://node/<id>` only for an id in its current membership (voters and
 /// learners of the membership its log holds last), so a never-member and
 /// a removed member are refused, on the Raft port and on the API port (where
@@ -179,7 +179,7 @@ pub fn member_check(raft: crate::raft::Raft, raft_port: bool) -> NodeCheck {
 /// [`member_check`]'s rule, for `members` (the ids of the current
 /// membership).
 fn member_admits(members: &[u64], name: &str, raft_port: bool) -> Result<(), String> {
-    let Some(id) = dtx_proto::tls::identity::node_id_of(name) else {
+    let Some(id) = dtx_tls::identity::node_id_of(name) else {
         return Err(format!("{name:?} is not a node id"));
     };
     if members.contains(&id) || (raft_port && members.is_empty()) {
@@ -212,9 +212,9 @@ fn participant_token(config: &Config) -> anyhow::Result<Bearer> {
 /// The node's certificate must name this node (`dtx://node/<node_id>`):
 /// other nodes and participants admit it by that identity.
 fn check_own_identity(own: &KeyPairFiles, node_id: u64) -> anyhow::Result<()> {
-    let certs = dtx_proto::tls::files::load_certs("certificate", &own.cert)?;
+    let certs = dtx_tls::files::load_certs("certificate", &own.cert)?;
     let want = format!("node/{node_id}");
-    match dtx_proto::tls::identity::identity_of_cert(&certs[0]) {
+    match dtx_tls::identity::identity_of_cert(&certs[0]) {
         Ok(id) if id.label() == want => Ok(()),
         Ok(id) => anyhow::bail!(
             "certificate {} names {id}, but this is node {node_id}: a node's certificate must name dtx://node/{node_id}",
@@ -269,7 +269,7 @@ pub fn api_policy(path: &str) -> Access {
             "ClusterStatus" | "AddNode" | "RemoveNode" | "TriggerSnapshot" | "Resolve" | "ListTransactions"
             | "DropParticipant" | "ForgetTransaction" | "Backup" | "SettleOther",
         ) => ADMIN,
-        // Sagas (issue 14): applications register definitions, start sagas
+        // Sagas: applications register definitions, start sagas
         // and read them; operators read them too and act on parked ones.
         ("dtx.v1.SagaService", "RegisterDefinition" | "StartSaga" | "GetSaga" | "ListSagas" | "ListDefinitions") => {
             SAGA
@@ -301,9 +301,9 @@ pub fn raft_policy(path: &str) -> Access {
 /// the caller is a node forwarding a call, the identity it names in
 /// [`ON_BEHALF_OF_HEADER`] (the edge layer admitted the node only as a
 /// current member, [`member_check`]; tokens never carry the node role,
-/// `Config::token_entry`). None when authentication is off.
+/// `TokenConfig::entry`). None when authentication is off.
 pub fn caller<T>(req: &tonic::Request<T>) -> Option<Identity> {
-    let id = dtx_proto::tls::edge::caller(req)?.clone();
+    let id = dtx_tls::edge::caller(req)?.clone();
     if id.role != Role::Node {
         return Some(id);
     }
@@ -314,7 +314,7 @@ pub fn caller<T>(req: &tonic::Request<T>) -> Option<Identity> {
         .split_once('/')
         .and_then(|(role, name)| Some((Role::parse(role).ok()?, name)))
     {
-        Some((role, name)) if dtx_proto::tls::identity::check_identity(role, name).is_ok() => Some(Identity {
+        Some((role, name)) if dtx_tls::identity::check_identity(role, name).is_ok() => Some(Identity {
             role,
             name: name.to_string(),
             proof: id.proof,
@@ -372,9 +372,9 @@ mod tests {
         );
     }
 
-    /// Issue 39, item 3: a node identity is honoured only for a current
-    /// member's id; a node with no membership yet admits any node on its
-    /// Raft port only (the leader adding it must reach it).
+    /// A node identity is honoured only for a current member's id; a node
+    /// with no membership yet admits any node on its Raft port only (the
+    /// leader adding it must reach it).
     #[test]
     fn only_current_members_are_honoured_as_nodes() {
         let members = [1, 2, 3];
@@ -394,7 +394,7 @@ mod tests {
 
     #[test]
     fn health_is_open_to_anyone_on_both_ports() {
-        // Was refused for every role before issue 13: probes carry no
+        // Was once refused for every role: probes carry no
         // identity, and health says only whether the node serves.
         for path in ["/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"] {
             assert_eq!(api_policy(path), Access::Open, "{path} on the API port");

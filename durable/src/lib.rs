@@ -5,7 +5,9 @@
 //! - [`wal`]: an append-only log of checksummed, numbered records in
 //!   segment files, made durable by one `fdatasync` per flush (the
 //!   coordinator's Raft log, the participant store's log);
-//! - [`is_no_space_io`]: which I/O errors mean a full disk.
+//! - [`is_no_space_io`]: which I/O errors mean a full disk;
+//! - [`format`]: the one rule for reading a stored format (its version
+//!   dispatches: this build's decodes, any other is refused by name).
 //!
 //! # `DirSync`
 //!
@@ -32,6 +34,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+pub mod format;
 pub mod wal;
 
 /// sled's data file in its directory.

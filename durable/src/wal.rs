@@ -12,15 +12,21 @@
 //!
 //! Layout: the log's own directory (the caller's choice, for example
 //! `raft-log/` in a coordinator's data directory), files
-//! `<first index, 20 digits>.wal`. A record is
+//! `<first index, 20 digits>.wal`. Each file starts with a header
+//! (`dtx_durable::format::file_header`: magic [`WAL_FILE_MAGIC`], the
+//! format version [`WAL_FORMAT_VERSION`], a crc32 of both), then records:
 //! `[payload length: u32 LE][crc32 of index and payload: u32 LE][index: u64 LE][payload]`;
-//! the payload is the caller's encoded record. Indexes are contiguous
-//! across the files. Only the tail of the last file may be torn (a crash
-//! during a write, before its fsync, so nothing there was acknowledged):
-//! opening cuts it off. Nothing is written into a new file before the file
-//! before it and the directory are synced, so a crash leaves no other
-//! shape. Anything else that does not read back is damage, and opening
-//! fails rather than forget acknowledged records.
+//! the payload is the caller's encoded record (which carries its own
+//! format version). Indexes are contiguous across the files. Opening
+//! dispatches on each file's version (docs/adr/0042-storage-engines.md): a
+//! file of another version, or one without a header (the layout before
+//! it, a pre-release one), is refused by name. Only the tail of the last
+//! file may be torn (a crash during a write, before its fsync, so nothing
+//! there was acknowledged; the header goes out with the file's first
+//! records): opening cuts it off. Nothing is written into a new file
+//! before the file before it and the directory are synced, so a crash
+//! leaves no other shape. Anything else that does not read back is damage,
+//! and opening fails rather than forget acknowledged records.
 //!
 //! The log only holds records: what its user keeps beside them (the Raft
 //! vote, committed and purged log ids in the coordinator's engine) is the
@@ -40,6 +46,14 @@ use std::sync::Mutex;
 /// of data written into space a file already has needs no metadata commit
 /// (about 30 % faster on our disks than one that grows the file).
 pub const WAL_ZEROED_AHEAD_BYTES: u64 = 1 << 20;
+/// The first bytes of every log file's header.
+pub const WAL_FILE_MAGIC: &[u8; 8] = b"DTX-WAL\n";
+/// The format of the log files (their header and record framing) this
+/// build writes and the only one it reads.
+pub const WAL_FORMAT_VERSION: u32 = 1;
+/// The header at the start of every log file.
+pub const WAL_FILE_HEADER_BYTES: usize = crate::format::FILE_HEADER_BYTES;
+/// A record's header.
 const HEADER_BYTES: usize = 16;
 /// No record is this large (the Raft message limit is far below); a larger
 /// length in a header is damage, not a reason to allocate.
@@ -73,6 +87,10 @@ pub enum WalError {
     },
     #[error("{name}: {message}")]
     Gap { name: &'static str, message: String },
+    /// A file in a format this build does not read (a newer build's, or a
+    /// pre-release one): named, with the version found and the one read.
+    #[error(transparent)]
+    Format(#[from] crate::format::VersionError),
     /// A write or sync failed before; the log refuses everything after it
     /// (its user stops and reopens it, which cuts a torn tail). `no_space`:
     /// that failure was [`WalError::NoSpace`].
@@ -223,13 +241,107 @@ struct Scan {
     stopped: Option<String>,
 }
 
+/// Whether `data`, a log file without a header, starts with a whole
+/// record of the layout before headers (a pre-release one) holding index
+/// `first`: a record header, a payload that fits, a checksum that holds.
+fn is_unversioned_log_file(data: &[u8], first: u64) -> bool {
+    let Some(h) = data.get(..HEADER_BYTES) else {
+        return false;
+    };
+    let len = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
+    let index = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+    if len == 0 || len > RECORD_PAYLOAD_BYTES_MAX || index != first {
+        return false;
+    }
+    data.get(HEADER_BYTES..HEADER_BYTES + len as usize)
+        .is_some_and(|payload| record_crc(index, payload) == crc)
+}
+
+/// The dispatch on a log file's format version, over its first bytes
+/// (`start`: the whole file, or at least its header and, when it has none,
+/// its first record): `true` for a header of this build's version, `false`
+/// for none (a torn one, or damage); refused for a header of another
+/// version, or a file of the layout before headers.
+fn has_header_of_this_version(start: &[u8], first: u64, what: impl FnOnce() -> String) -> Result<bool, WalError> {
+    match crate::format::read_file_header(WAL_FILE_MAGIC, start) {
+        Some(version) => {
+            crate::format::check(what, version.into(), WAL_FORMAT_VERSION.into())?;
+            Ok(true)
+        }
+        None if is_unversioned_log_file(start, first) => Err(crate::format::VersionError::Unversioned {
+            what: what(),
+            reads: WAL_FORMAT_VERSION.into(),
+        }
+        .into()),
+        None => Ok(false),
+    }
+}
+
+/// Checks the format version of every log file in `dir`, a log's own
+/// directory, reading only the files' first bytes and changing nothing:
+/// [`WalError::Format`] for a file of a version this build does not read
+/// (as [`Wal::open`] refuses it), `Ok` otherwise (whatever else is wrong,
+/// a torn tail or damage, is for [`Wal::open`] to find). For a caller that
+/// refuses such a directory before it opens anything else in it.
+pub fn check_format(dir: &Path, name: &'static str) -> Result<(), WalError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(name, dir)(e)),
+    };
+    for e in entries {
+        let e = e.map_err(io_err(name, dir))?;
+        let file_name = e.file_name().to_string_lossy().to_string();
+        let Some(first) = file_name.strip_suffix(".wal").and_then(|s| s.parse::<u64>().ok()) else {
+            continue;
+        };
+        let path = e.path();
+        let file = File::open(&path).map_err(io_err(name, &path))?;
+        let len = file.metadata().map_err(io_err(name, &path))?.len();
+        let header_bytes = WAL_FILE_HEADER_BYTES.max(HEADER_BYTES);
+        let mut start = vec![0u8; len.min(header_bytes as u64) as usize];
+        file.read_exact_at(&mut start, 0).map_err(io_err(name, &path))?;
+        if crate::format::read_file_header(WAL_FILE_MAGIC, &start).is_none() && start.len() == header_bytes {
+            // No header: the first record, if it is one, says whether this
+            // is the layout before headers.
+            let payload = u32::from_le_bytes(start[0..4].try_into().expect("4 bytes")).min(RECORD_PAYLOAD_BYTES_MAX);
+            let record = (HEADER_BYTES as u64 + u64::from(payload)).min(len);
+            start.resize(record as usize, 0);
+            file.read_exact_at(&mut start, 0).map_err(io_err(name, &path))?;
+        }
+        has_header_of_this_version(&start, first, || format!("{name} file {}", path.display()))?;
+    }
+    Ok(())
+}
+
 fn scan_segment(name: &'static str, path: &Path, first: u64) -> Result<Scan, WalError> {
     let mut data = Vec::new();
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut data))
         .map_err(io_err(name, path))?;
+    let what = || format!("{name} file {}", path.display());
     let mut locs = Vec::new();
-    let mut at = 0usize;
+    if data.iter().all(|b| *b == 0) {
+        // Nothing written yet (a file started just before a crash).
+        return Ok(Scan {
+            locs,
+            valid_bytes: 0,
+            file_bytes: data.len() as u64,
+            stopped: None,
+        });
+    }
+    if !has_header_of_this_version(&data, first, what)? {
+        // Torn when it is the last file (its header went out with its
+        // first records, which no sync covered yet); damage otherwise.
+        return Ok(Scan {
+            locs,
+            valid_bytes: 0,
+            file_bytes: data.len() as u64,
+            stopped: Some("its file header does not read back".to_string()),
+        });
+    }
+    let mut at = WAL_FILE_HEADER_BYTES;
     let mut expect = first;
     let stopped = loop {
         if at == data.len() || data[at..].iter().all(|b| *b == 0) {
@@ -451,6 +563,10 @@ impl Wal {
                 self.start_segment(g, *index)?;
             }
             let seg = g.segments.last().expect("a segment");
+            if seg.bytes == 0 && buf.is_empty() {
+                // A file's first write starts with its header.
+                buf.extend_from_slice(&crate::format::file_header(WAL_FILE_MAGIC, WAL_FORMAT_VERSION));
+            }
             let at = seg.bytes + buf.len() as u64;
             encode_record(*index, payload, &mut buf);
             g.locs.push_back(Loc {
@@ -704,8 +820,8 @@ mod tests {
         w.sync().unwrap();
         drop(w);
         let path = d.path().join(DIR).join(segment_name(1));
-        // The file is records, then zeroed space.
-        let records = 3 * (HEADER_BYTES as u64 + 7);
+        // The file is its header, records, then zeroed space.
+        let records = WAL_FILE_HEADER_BYTES as u64 + 3 * (HEADER_BYTES as u64 + 7);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), WAL_ZEROED_AHEAD_BYTES);
         // A crash in the middle of the third record's write.
         std::fs::OpenOptions::new()
@@ -735,7 +851,7 @@ mod tests {
         w.truncate_from(3).unwrap();
         drop(w);
         let mut b = std::fs::read(&path).unwrap();
-        b[HEADER_BYTES + 1] ^= 0xff;
+        b[WAL_FILE_HEADER_BYTES + HEADER_BYTES + 1] ^= 0xff;
         std::fs::write(&path, &b).unwrap();
         std::fs::write(d.path().join(DIR).join(segment_name(3)), b"").unwrap();
         let err = open(d.path()).err().expect("damage is an error");
@@ -805,7 +921,7 @@ mod tests {
     }
 
     /// A power cut after an append crossed into a new file, before any sync
-    /// covered it (issue 38): the later file's blocks reached the disk, and
+    /// covered it: the later file's blocks reached the disk, and
     /// of every earlier file only what the log had made durable. The log
     /// opens with every record a sync covered, and nothing is refused.
     /// Which files still hold writes no `fdatasync` covered is what the log
@@ -1067,5 +1183,132 @@ mod tests {
                 format!("participant log stopped after an earlier failure: {text}")
             );
         }
+    }
+    /// Every file starts with the header naming its format version, the
+    /// one this build writes; what was written reads back after a reopen.
+    #[test]
+    fn every_file_starts_with_the_header_of_this_builds_format_version() {
+        const MAX: u64 = 200;
+        let r = |i: u64| (i, vec![i as u8; 40]);
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join(DIR);
+        let w = Wal::open(&dir, NAME, MAX).unwrap();
+        for i in 1..=6 {
+            w.append(&[r(i)]).unwrap();
+        }
+        w.sync().unwrap();
+        drop(w);
+        let header = crate::format::file_header(WAL_FILE_MAGIC, WAL_FORMAT_VERSION);
+        for first in [1, 5] {
+            let b = std::fs::read(dir.join(segment_name(first))).unwrap();
+            assert_eq!(b[..WAL_FILE_HEADER_BYTES], header, "file {first}");
+            assert_eq!(
+                crate::format::read_file_header(WAL_FILE_MAGIC, &b),
+                Some(WAL_FORMAT_VERSION)
+            );
+        }
+        let w = Wal::open(&dir, NAME, MAX).unwrap();
+        assert_eq!(read_all(&w), (1..=6).map(r).collect::<Vec<_>>());
+        check_format(&dir, NAME).expect("this build's files pass");
+        check_format(&d.path().join("none"), NAME).expect("no directory: no files to refuse");
+    }
+
+    /// A file of a newer format version is refused by name, with the
+    /// version found and the one this build reads, never cut as a torn
+    /// tail (even as the last file), and left as it was.
+    #[test]
+    fn a_file_of_a_newer_format_version_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        let w = open(d.path()).unwrap();
+        w.append(&[e(1), e(2)]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let path = d.path().join(DIR).join(segment_name(1));
+        let mut b = std::fs::read(&path).unwrap();
+        b[..WAL_FILE_HEADER_BYTES].copy_from_slice(&crate::format::file_header(WAL_FILE_MAGIC, WAL_FORMAT_VERSION + 1));
+        std::fs::write(&path, &b).unwrap();
+        let err = open(d.path()).err().expect("refused");
+        assert!(
+            matches!(&err, WalError::Format(v) if v.is_newer() && v.found() == Some(2)),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "test log file {} format version 2 is newer than this build reads (1): upgrade the binary",
+                path.display()
+            )
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b, "left as it was");
+        let checked = check_format(&d.path().join(DIR), NAME).unwrap_err();
+        assert_eq!(checked.to_string(), err.to_string(), "the same refusal without opening");
+    }
+
+    /// A file of the layout before headers (records from its first byte, a
+    /// pre-release layout) is refused by name, not read and not cut.
+    #[test]
+    fn a_file_without_a_header_is_a_pre_release_layout_and_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join(DIR);
+        std::fs::create_dir(&dir).unwrap();
+        let mut b = Vec::new();
+        encode_record(7, b"entry 7", &mut b);
+        encode_record(8, b"entry 8", &mut b);
+        let path = dir.join(segment_name(7));
+        std::fs::write(&path, &b).unwrap();
+        let err = open(d.path()).err().expect("refused");
+        assert!(
+            matches!(&err, WalError::Format(crate::format::VersionError::Unversioned { .. })),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "test log file {} carries no format version: a pre-release layout, which this build does not read (it reads format version 1)",
+                path.display()
+            )
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b, "left as it was");
+        let checked = check_format(&dir, NAME).unwrap_err();
+        assert_eq!(checked.to_string(), err.to_string(), "the same refusal without opening");
+    }
+
+    /// The last file's header goes out with its first records: a crash
+    /// before their sync can tear it, and opening cuts that file to
+    /// nothing (none of it was acknowledged). In any other file a header
+    /// that does not read back is damage.
+    #[test]
+    fn a_torn_header_is_cut_in_the_last_file_and_damage_elsewhere() {
+        const MAX: u64 = 200;
+        let r = |i: u64| (i, vec![i as u8; 40]);
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join(DIR);
+        let w = Wal::open(&dir, NAME, MAX).unwrap();
+        for i in 1..=5 {
+            w.append(&[r(i)]).unwrap();
+        }
+        w.sync().unwrap();
+        drop(w);
+        let second = dir.join(segment_name(5));
+        let mut torn = crate::format::file_header(WAL_FILE_MAGIC, WAL_FORMAT_VERSION)[..5].to_vec();
+        torn.resize(64, 0);
+        std::fs::write(&second, &torn).unwrap();
+        let w = Wal::open(&dir, NAME, MAX).unwrap();
+        assert_eq!(read_all(&w), (1..=4).map(r).collect::<Vec<_>>());
+        w.append(&[r(5)]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let w = Wal::open(&dir, NAME, MAX).unwrap();
+        assert_eq!(read_all(&w), (1..=5).map(r).collect::<Vec<_>>());
+        drop(w);
+        // The first file's header damaged, a file after it.
+        let first = dir.join(segment_name(1));
+        let mut b = std::fs::read(&first).unwrap();
+        b[3] ^= 0xff;
+        std::fs::write(&first, &b).unwrap();
+        let err = Wal::open(&dir, NAME, MAX).err().expect("damage is an error");
+        assert!(matches!(err, WalError::Damaged { .. }), "{err:?}");
+        assert!(err.to_string().contains("file header does not read back"), "{err}");
+        assert!(err.to_string().contains("not a torn write"), "{err}");
     }
 }

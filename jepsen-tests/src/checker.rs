@@ -17,7 +17,7 @@
 //! participants and coordinator nodes did with it can (a split between its
 //! participants is still a split).
 //!
-//! # Anomaly kinds and the invariants of DESIGN.md they guard
+//! # Anomaly kinds and the invariants of docs/design.md they guard
 //!
 //! | kind | what it means | invariant |
 //! |---|---|---|
@@ -182,7 +182,8 @@ impl AnomalyKind {
         }
     }
 
-    /// The DESIGN.md invariants this kind guards, as printed in summaries.
+    /// The invariants of docs/design.md this kind guards, as printed in
+    /// summaries.
     pub fn invariants(self) -> &'static str {
         match self {
             AnomalyKind::SplitOutcome => "3",

@@ -156,7 +156,7 @@ pub enum SagaEvent {
         all_ended: bool,
         read: bool,
     },
-    /// One stopped step service's audit (`coordinator saga-step-audit`);
+    /// One stopped step service's audit (`dtx-dev saga-step-audit`);
     /// `error` when it could not be read.
     Audit {
         role: String,

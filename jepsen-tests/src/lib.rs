@@ -1,5 +1,5 @@
-//! Fault-injection harness in the manner of Jepsen (issue 4), against the
-//! real `coordinator` binary: real processes, real sockets, real faults.
+//! Fault-injection harness in the manner of Jepsen, against the real
+//! `coordinator` binary: real processes, real sockets, real faults.
 //!
 //! - `history`: the recorded operations (JSON lines).
 //! - `checker`: finds anomalies in a history (safety and liveness).

@@ -21,6 +21,9 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once at start and matched at once: the size of the larger
+// variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Start 3 nodes and the bank services, run clients under faults, heal,
@@ -64,10 +67,16 @@ enum Cmd {
         /// Opening balance of every account.
         #[arg(long, default_value_t = 100)]
         initial: i64,
-        /// The coordinator binary, built with `--features failpoints`
+        /// The node's binary, built with `--features failpoints`
         /// (default: `coordinator` next to this program).
         #[arg(long)]
         coordinator_bin: Option<PathBuf>,
+        /// The development binary that runs the example services and
+        /// their audits (`bank-serve`, `saga-step-serve`, `outside-serve`,
+        /// ...), built with `--features failpoints` (default: `dtx-dev`
+        /// next to this program).
+        #[arg(long)]
+        tools_bin: Option<PathBuf>,
         /// Where the results folder of the run is created.
         #[arg(long, default_value = "jepsen-results")]
         out: PathBuf,
@@ -165,6 +174,7 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
             accounts,
             initial,
             coordinator_bin,
+            tools_bin,
             out,
             base_port,
             ip_prefix,
@@ -187,12 +197,19 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
             if let Some(note) = note {
                 println!("\n*** jepsen: {note}\n");
             }
+            let beside_this_program = |name: &str| -> anyhow::Result<PathBuf> {
+                std::env::current_exe()?
+                    .parent()
+                    .map(|d| d.join(name))
+                    .ok_or_else(|| anyhow::anyhow!("cannot locate this program's directory"))
+            };
             let bin = match coordinator_bin {
                 Some(b) => b,
-                None => std::env::current_exe()?
-                    .parent()
-                    .map(|d| d.join("coordinator"))
-                    .ok_or_else(|| anyhow::anyhow!("cannot locate this program's directory"))?,
+                None => beside_this_program("coordinator")?,
+            };
+            let tools_bin = match tools_bin {
+                Some(b) => b,
+                None => beside_this_program("dtx-dev")?,
             };
             let pair = |v: &str, what: &str| -> anyhow::Result<(u64, u64)> {
                 let bad = || anyhow::anyhow!("--{what} wants MIN,MAX seconds with 0 < MIN <= MAX, got {v:?}");
@@ -211,6 +228,7 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
                 seed,
                 clients,
                 coordinator_bin: bin,
+                tools_bin,
                 out_dir: out,
                 base_port,
                 ip_prefix,

@@ -3,8 +3,8 @@
 //! coordinator's messages to participants (Prepare, CommitOnePhase, Commit,
 //! Abort, and PrepareMany and ApplyDecisions, whose every copy carries all
 //! its items). This kernel has no netem, and a TCP-level proxy cannot duplicate
-//! a gRPC message, so it is done per call: DESIGN's "duplicate and late
-//! messages across txids".
+//! a gRPC message, so it is done per call: the fault point "duplicate and
+//! late messages across txids" of docs/design.md#fault-points.
 //!
 //! Every participant address the clients hand to the coordinator is the
 //! proxy's, on the bank's own IP (so partitions on that IP still cut it).
@@ -43,9 +43,6 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use dtx_proto::channel::Channel;
-use dtx_proto::tls::ClientTls;
-use dtx_proto::tls::ServerTls;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use dtx_proto::v1::participant_service_server::ParticipantService;
@@ -53,6 +50,9 @@ use dtx_proto::v1::participant_service_server::ParticipantServiceServer;
 use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
 use dtx_proto::v1::saga_step_service_server::SagaStepService;
 use dtx_proto::v1::saga_step_service_server::SagaStepServiceServer;
+use dtx_tls::ClientTls;
+use dtx_tls::ServerTls;
+use dtx_transport::channel::Channel;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
@@ -356,7 +356,7 @@ fn connect(
         None => (None, None),
         Some(t) => (Some(t.client), Some(t.server)),
     };
-    let channel = dtx_proto::channel::channel_with(upstream, Some(listen.ip()), CONNECT_TIMEOUT, client.as_ref())
+    let channel = dtx_transport::channel::channel_with(upstream, Some(listen.ip()), CONNECT_TIMEOUT, client.as_ref())
         .map_err(|e| anyhow::anyhow!(e))?;
     Ok((channel, server))
 }
@@ -377,10 +377,10 @@ async fn serve(
     };
     match server_tls {
         None => {
-            tokio::spawn(router.serve_with_incoming_shutdown(dtx_proto::incoming(listener), shutdown));
+            tokio::spawn(router.serve_with_incoming_shutdown(dtx_transport::incoming(listener), shutdown));
         }
         Some(t) => {
-            tokio::spawn(router.serve_with_incoming_shutdown(dtx_proto::tls::incoming(listener, Some(t)), shutdown));
+            tokio::spawn(router.serve_with_incoming_shutdown(dtx_tls::incoming(listener, Some(t)), shutdown));
         }
     }
     Ok(ProxyHandle {

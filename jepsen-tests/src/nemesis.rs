@@ -127,7 +127,7 @@ pub fn restart_order(first: u64) -> impl Iterator<Item = u64> {
     std::iter::once(first).chain((1..=3).filter(move |i| *i != first))
 }
 
-/// The crash points of DESIGN's fault list, as named in the code: the
+/// The crash points of docs/design.md#fault-points, as named in the code: the
 /// participant ones fire in bank services, the coordinator ones in nodes.
 pub const PARTICIPANT_POINTS: [&str; 3] = [
     "participant_before_durable_prepare",
@@ -146,9 +146,9 @@ pub const COORDINATOR_POINTS: [&str; 7] = [
     "coordinator_mid_delivery",
 ];
 
-/// The saga workload's crash points (issue 14): the leader's orchestrator
-/// ones fire in nodes, the step ones in step services. The points above
-/// sit on the 2PC paths, which that workload does not take.
+/// The saga workload's crash points: the leader's orchestrator ones fire in
+/// nodes, the step ones in step services. The points above sit on the 2PC
+/// paths, which that workload does not take.
 pub const SAGA_COORDINATOR_POINTS: [&str; 4] = [
     "saga_before_forward_call",
     "saga_after_reply_before_journal",

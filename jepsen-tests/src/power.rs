@@ -1,9 +1,8 @@
-//! The filesystems of the `power-cut` nemesis (issue 38, defect 3; ADR
-//! 0032): every data directory of a node or bank is a `dtx-lossyfs` mount
-//! of its own, served by this process, which at a cut throws away every
-//! write its process did not fsync (and every directory entry not synced).
-//! kill -9 alone keeps the page cache, so only this shows a missing or late
-//! fsync.
+//! The filesystems of the `power-cut` nemesis (ADR 0032): every data
+//! directory of a node or bank is a `dtx-lossyfs` mount of its own, served
+//! by this process, which at a cut throws away every write its process did
+//! not fsync (and every directory entry not synced). kill -9 alone keeps
+//! the page cache, so only this shows a missing or late fsync.
 //!
 //! One mount per data directory rather than one for all: each is served by
 //! its own thread (a mount serves its requests one at a time), a cut

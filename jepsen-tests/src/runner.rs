@@ -23,14 +23,14 @@ use dtx_client::ParticipantSpec;
 use dtx_client::TxOutcome;
 use dtx_pg_server::PgServer;
 use dtx_pg_server::PgServerOptions;
-use dtx_proto::tls::ClientTls;
-use dtx_proto::tls::Role;
 use dtx_proto::v1 as pb;
 use dtx_testkit::cluster::wait_listening;
 use dtx_testkit::cluster::BankProcess as BankProc;
 use dtx_testkit::cluster::NodePlan;
 use dtx_testkit::cluster::ProcessCluster;
 use dtx_testkit::pki::DevPki;
+use dtx_tls::ClientTls;
+use dtx_tls::Role;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
@@ -68,9 +68,9 @@ pub enum Workload {
     /// The example bank on PostgreSQL (`bank-serve --postgres`): one
     /// PostgreSQL server started by the run, one database per bank.
     Postgres,
-    /// No banks: the order saga of issue 14 over its three step services
-    /// (inventory, payment, email), sagas started by the clients and
-    /// driven by the leader's orchestrator (see `crate::saga`).
+    /// No banks: the order saga over its three step services (inventory,
+    /// payment, email), sagas started by the clients and driven by the
+    /// leader's orchestrator (see `crate::saga`).
     Saga,
 }
 
@@ -118,6 +118,8 @@ pub struct RunOptions {
     pub seed: u64,
     pub clients: usize,
     pub coordinator_bin: PathBuf,
+    /// The development binary: the example services and their audits.
+    pub tools_bin: PathBuf,
     pub out_dir: PathBuf,
     pub base_port: u16,
     /// The first three parts of every address of the run (default
@@ -1472,7 +1474,8 @@ async fn read_decisions(
     tls: Option<&Arc<ClientTls>>,
 ) -> anyhow::Result<Vec<(u64, DecisionSeen)>> {
     // Connects on the first call (a failure to connect fails it).
-    let ch = dtx_proto::channel::channel_with(addr, None, Duration::from_secs(1), tls).map_err(anyhow::Error::msg)?;
+    let ch =
+        dtx_transport::channel::channel_with(addr, None, Duration::from_secs(1), tls).map_err(anyhow::Error::msg)?;
     let mut out = Vec::new();
     for chunk in txids.chunks(1000) {
         let mut req = tonic::Request::new(pb::GetDecisionsRequest {
@@ -1504,6 +1507,12 @@ pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
         "coordinator binary not found at {}; build it with `cargo build --release -p dtx-cli --features failpoints` \
          (scripts/jepsen does) or pass --coordinator-bin",
         o.coordinator_bin.display()
+    );
+    anyhow::ensure!(
+        o.tools_bin.is_file(),
+        "development binary not found at {}; build it with `cargo build --release -p dtx-devtools --features failpoints` \
+         (scripts/jepsen does) or pass --tools-bin",
+        o.tools_bin.display()
     );
     anyhow::ensure!(o.banks >= 2, "--banks must be at least 2 (transfers cross banks)");
     anyhow::ensure!(o.accounts >= 2, "--accounts must be at least 2");
@@ -1787,7 +1796,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             let (ip, port) = a[6 + i].clone();
             let prefix = ((b'a' + i as u8) as char).to_string();
             BankProc::build(
-                &o.coordinator_bin,
+                &o.tools_bin,
                 &banks_dir,
                 &format!("bank-{prefix}"),
                 &prefix,

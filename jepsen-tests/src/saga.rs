@@ -1,10 +1,10 @@
-//! The saga workload (`--workload saga`, issue 14): three coordinator nodes
+//! The saga workload (`--workload saga`): three coordinator nodes
 //! and, instead of banks, the order saga's three step services
-//! (`coordinator saga-step-serve`: inventory, payment losing some of its
+//! (`dtx-dev saga-step-serve`: inventory, payment losing some of its
 //! replies, email failing some first tries) and the outside world they
-//! call (`coordinator outside-serve`, issue 38 / ADR 0034: a payment
-//! provider that loses [`PROVIDER_LOSE_REPLIES_PERCENT`] of its replies
-//! to the payment service after charging, an e-mail sender that loses
+//! call (`dtx-dev outside-serve`, ADR 0034: a payment provider that loses
+//! [`PROVIDER_LOSE_REPLIES_PERCENT`] of its replies to the payment service
+//! after charging, an e-mail sender that loses
 //! [`SENDER_LOSE_REPLIES_PERCENT`]), each its own process on its own IP,
 //! supervised like the banks (a process that died is started again;
 //! `kill-participant` kills the outside processes too), each step service
@@ -23,8 +23,8 @@
 //! After the workload: everything healed, a bounded wait (`--settle-s`)
 //! until every saga the cluster holds is COMPLETED, COMPENSATED or PARKED,
 //! the final journals (ListSagas), then the services stopped and audited
-//! (`coordinator saga-step-audit`), and so is the outside world from its
-//! own records (`coordinator outside-audit`: the cards charged, the
+//! (`dtx-dev saga-step-audit`), and so is the outside world from its
+//! own records (`dtx-dev outside-audit`: the cards charged, the
 //! e-mails sent). [`crate::checker::saga`] decides; among other things, no
 //! compensated order may have its card charged at the provider.
 
@@ -37,9 +37,6 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Context;
-use dtx_proto::channel::Channel;
-use dtx_proto::tls::ClientTls;
-use dtx_proto::tls::Role;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_service_client::SagaServiceClient;
 use dtx_saga_shop::OrderInput;
@@ -48,6 +45,9 @@ use dtx_testkit::cluster::NodePlan;
 use dtx_testkit::cluster::ProcessCluster;
 use dtx_testkit::cluster::ServiceProcess;
 use dtx_testkit::pki::DevPki;
+use dtx_tls::ClientTls;
+use dtx_tls::Role;
+use dtx_transport::channel::Channel;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand::SeedableRng;
@@ -632,7 +632,7 @@ fn service_process(
     (ServiceProcess::new(bin, svc_dir, name, addr, args), data)
 }
 
-/// An outside process (`coordinator outside-serve`) of `role` (payment:
+/// An outside process (`dtx-dev outside-serve`) of `role` (payment:
 /// the provider, email: the sender) serving on `addr`, its log and data
 /// directory under `dir`, and its data directory. Plain text: it stands
 /// for a system outside the cluster's TLS.
@@ -803,7 +803,8 @@ fn channels(addrs: &[String], tls: Option<&Arc<ClientTls>>) -> anyhow::Result<Ve
     addrs
         .iter()
         .map(|a| {
-            dtx_proto::channel::channel_with(a, None, Duration::from_millis(500), tls).map_err(|e| anyhow::anyhow!(e))
+            dtx_transport::channel::channel_with(a, None, Duration::from_millis(500), tls)
+                .map_err(|e| anyhow::anyhow!(e))
         })
         .collect()
 }
@@ -1010,7 +1011,7 @@ pub fn seen(v: &pb::SagaView) -> SagaSeen {
     s
 }
 
-/// The audit of a stopped outside process (`coordinator outside-audit`).
+/// The audit of a stopped outside process (`dtx-dev outside-audit`).
 fn outside_audit(bin: &std::path::Path, role: &str, data: &std::path::Path) -> Result<dtx_saga_shop::Audit, String> {
     let o = std::process::Command::new(bin)
         .args(["outside-audit", "--role", role, "--data"])
@@ -1027,7 +1028,7 @@ fn outside_audit(bin: &std::path::Path, role: &str, data: &std::path::Path) -> R
     serde_json::from_slice(&o.stdout).map_err(|e| format!("audit of the outside {role} unreadable: {e}"))
 }
 
-/// The audit of a stopped step service (`coordinator saga-step-audit`).
+/// The audit of a stopped step service (`dtx-dev saga-step-audit`).
 fn audit(bin: &std::path::Path, role: &str, data: &std::path::Path) -> Result<dtx_saga_shop::Audit, String> {
     let o = std::process::Command::new(bin)
         .args(["saga-step-audit", "--role", role, "--data"])
@@ -1050,6 +1051,12 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         "coordinator binary not found at {}; build it with `cargo build --release -p dtx-cli --features failpoints` \
          (scripts/jepsen does) or pass --coordinator-bin",
         o.coordinator_bin.display()
+    );
+    anyhow::ensure!(
+        o.tools_bin.is_file(),
+        "development binary not found at {}; build it with `cargo build --release -p dtx-devtools --features failpoints` \
+         (scripts/jepsen does) or pass --tools-bin",
+        o.tools_bin.display()
     );
     anyhow::ensure!(o.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(o.time_s >= 1, "--time must be at least 1 second");
@@ -1155,7 +1162,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         disk: None,
         version: Arc::new(AtomicU32::new(dtx_saga_shop::ORDER_SAGA_VERSION)),
         base_port: o.base_port,
-        bin: o.coordinator_bin.clone(),
+        bin: o.tools_bin.clone(),
         svc_dir: svc_dir.clone(),
         proxy_seed: o.seed ^ 0x5A90,
         pki,
@@ -1173,7 +1180,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     let world_dir = dir.join("outside");
     std::fs::create_dir_all(&world_dir)?;
     for (role, (ip, port)) in OUTSIDE.iter().zip(&outside_addrs) {
-        let (process, data) = outside_process(&o.coordinator_bin, &world_dir, role, &format!("{ip}:{port}"));
+        let (process, data) = outside_process(&o.tools_bin, &world_dir, role, &format!("{ip}:{port}"));
         w.world.push(process);
         w.world_data.push(data);
     }
@@ -1367,7 +1374,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         );
     }
     for (role, data) in audited {
-        let (a, error) = match audit(&o.coordinator_bin, role, &data) {
+        let (a, error) = match audit(&o.tools_bin, role, &data) {
             Ok(a) => (Some(a), None),
             Err(e) => {
                 eprintln!("jepsen: {e}");
@@ -1389,7 +1396,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     // The outside world, from its own records: the cards charged and the
     // e-mails sent.
     for (i, role) in OUTSIDE.iter().enumerate() {
-        let (a, error) = match outside_audit(&o.coordinator_bin, role, &w.world_data[i]) {
+        let (a, error) = match outside_audit(&o.tools_bin, role, &w.world_data[i]) {
             Ok(a) => (Some(a), None),
             Err(e) => {
                 eprintln!("jepsen: {e}");

@@ -1,5 +1,5 @@
 //! Bad input to `jepsen-tests run` is refused before anything starts, with
-//! an error that says what was wrong (issue 4, "Bad input").
+//! an error that says what was wrong (docs/jepsen.md).
 
 use std::process::Command;
 
@@ -59,8 +59,10 @@ fn a_port_in_use_is_named_before_anything_starts() {
         "none",
         "--base-port",
         &base.to_string(),
-        // Any existing file passes the binary check; nothing is started.
+        // Any existing file passes the binary checks; nothing is started.
         "--coordinator-bin",
+        this.to_str().unwrap(),
+        "--tools-bin",
         this.to_str().unwrap(),
         "--out",
         dir.to_str().unwrap(),
@@ -68,6 +70,27 @@ fn a_port_in_use_is_named_before_anything_starts() {
     drop(held);
     assert_eq!(code, 3, "{err}");
     assert!(err.contains(&format!("127.0.0.11:{}", base + 10)), "{err}");
+    assert!(!dir.exists(), "nothing may be created before the checks pass");
+}
+
+#[test]
+fn missing_development_binary_says_how_to_build_it() {
+    let dir = std::env::temp_dir().join(format!("jepsen-bad-tools-{}", std::process::id()));
+    let this = std::env::current_exe().unwrap();
+    let (code, err) = run(&[
+        "run",
+        "--nemesis",
+        "none",
+        "--coordinator-bin",
+        this.to_str().unwrap(),
+        "--tools-bin",
+        "/nonexistent/dtx-dev",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("/nonexistent/dtx-dev"), "{err}");
+    assert!(err.contains("-p dtx-devtools --features failpoints"), "{err}");
     assert!(!dir.exists(), "nothing may be created before the checks pass");
 }
 

@@ -21,6 +21,14 @@
 //! was acknowledged) is cut; anything else that does not read back is
 //! damage, and opening fails rather than forget acknowledged writes.
 //!
+//! Format versions (docs/adr/0042-storage-engines.md): the checkpoint
+//! starts with a header (`dtx_durable::format::file_header`: magic
+//! [`CHECKPOINT_MAGIC`], [`KV_FORMAT_VERSION`]), every batch with a
+//! [`KV_FORMAT_VERSION`] byte, every log file with the log's own header
+//! (`dtx_durable::wal`). Opening dispatches on each: this build's version
+//! reads; another one (a newer build's, or a pre-release layout, such as a
+//! checkpoint without a header) is refused by name, and nothing is changed.
+//!
 //! The price: the whole data set lives in memory (as it did in sled's
 //! cache for the bank's working set); a resource too large for memory
 //! belongs in PostgreSQL (`postgres::PgParticipant`).
@@ -49,7 +57,14 @@ pub(crate) const KV_LOG_SEGMENT_BYTES_MAX: u64 = 16 << 20;
 /// last one, and by at least the last checkpoint's size (so the data is
 /// rewritten at most about once per its own size of writes).
 pub(crate) const KV_CHECKPOINT_LOG_BYTES_MIN: u64 = 32 << 20;
-const CHECKPOINT_MAGIC: &[u8; 8] = b"DTXPKV01";
+/// The first bytes of the checkpoint's header.
+pub(crate) const CHECKPOINT_MAGIC: &[u8; 8] = b"DTX-PKV\n";
+/// What a checkpoint of the pre-release layout (no header) starts with.
+const UNVERSIONED_CHECKPOINT_MAGIC: &[u8; 6] = b"DTXPKV";
+/// The format of the engine's checkpoint and batches (and of the key layout
+/// and values the participant store keeps in it) this build writes, and the
+/// only one it reads.
+pub(crate) const KV_FORMAT_VERSION: u8 = 1;
 const OP_PUT: u8 = 1;
 const OP_REMOVE: u8 = 2;
 
@@ -125,13 +140,16 @@ fn prefix_bounds(prefix: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
     (Bound::Included(prefix.to_vec()), Bound::Unbounded)
 }
 
+/// `version (KV_FORMAT_VERSION), (op, key length u32 LE, key[, value
+/// length u32 LE, value]) * n`.
 fn encode_batch(batch: &KvBatch) -> Vec<u8> {
     let mut out = Vec::with_capacity(
-        batch
+        1 + batch
             .iter()
             .map(|(k, v)| 9 + k.len() + v.as_ref().map_or(0, Vec::len))
-            .sum(),
+            .sum::<usize>(),
     );
+    out.push(KV_FORMAT_VERSION);
     for (k, v) in batch {
         match v {
             Some(v) => {
@@ -166,6 +184,17 @@ fn take_u32(b: &[u8], at: &mut usize) -> Result<usize, String> {
     Ok(u32::from_le_bytes(take(b, at, 4)?.try_into().expect("4 bytes")) as usize)
 }
 
+/// The operations of the encoded batch `b`, once its format version is
+/// this build's (`what` names it otherwise).
+fn batch_operations(b: &[u8], what: impl FnOnce() -> String) -> Result<&[u8], KvOpenError> {
+    let Some((&version, ops)) = b.split_first() else {
+        return Err(KvOpenError::Damaged(format!("{}: an empty record", what())));
+    };
+    dtx_durable::format::check(what, version.into(), KV_FORMAT_VERSION.into())?;
+    Ok(ops)
+}
+
+/// Applies the operations of a batch (`batch_operations`).
 fn apply_encoded(map: &mut Map, b: &[u8]) -> Result<(), String> {
     let mut at = 0;
     while at < b.len() {
@@ -195,12 +224,18 @@ fn apply_batch(map: &mut Map, batch: KvBatch) {
     }
 }
 
-/// `magic, seq u64 LE, count u64 LE, (klen u32 LE, vlen u32 LE, key,
-/// value) * count, crc32 of everything before u32 LE`.
+/// The least a checkpoint holds: its header, seq, count and checksum.
+const CHECKPOINT_BYTES_MIN: usize = dtx_durable::format::FILE_HEADER_BYTES + 8 + 8 + 4;
+
+/// `header (magic, KV_FORMAT_VERSION), seq u64 LE, count u64 LE, (klen u32
+/// LE, vlen u32 LE, key, value) * count, crc32 of everything before u32 LE`.
 fn encode_checkpoint(seq: u64, map: &Map) -> Vec<u8> {
     let size: usize = map.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
-    let mut out = Vec::with_capacity(28 + size);
-    out.extend_from_slice(CHECKPOINT_MAGIC);
+    let mut out = Vec::with_capacity(CHECKPOINT_BYTES_MIN + size);
+    out.extend_from_slice(&dtx_durable::format::file_header(
+        CHECKPOINT_MAGIC,
+        KV_FORMAT_VERSION.into(),
+    ));
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&(map.len() as u64).to_le_bytes());
     for (k, v) in map {
@@ -214,17 +249,43 @@ fn encode_checkpoint(seq: u64, map: &Map) -> Vec<u8> {
     out
 }
 
-fn decode_checkpoint(b: &[u8]) -> Result<(u64, Map), String> {
-    if b.len() < 28 || &b[..8] != CHECKPOINT_MAGIC {
-        return Err(format!("{} bytes, not a checkpoint of this format", b.len()));
+/// Decodes the checkpoint at `path` (its bytes `b`), dispatching on its
+/// header's format version.
+fn decode_checkpoint(path: &Path, b: &[u8]) -> Result<(u64, Map), KvOpenError> {
+    let what = || format!("participant store checkpoint {}", path.display());
+    match dtx_durable::format::read_file_header(CHECKPOINT_MAGIC, b) {
+        Some(version) => dtx_durable::format::check(what, version.into(), KV_FORMAT_VERSION.into())?,
+        None if b.starts_with(UNVERSIONED_CHECKPOINT_MAGIC) => {
+            return Err(dtx_durable::format::VersionError::Unversioned {
+                what: what(),
+                reads: KV_FORMAT_VERSION.into(),
+            }
+            .into())
+        }
+        None => {
+            return Err(KvOpenError::Damaged(format!(
+                "{}: {} bytes, no checkpoint header",
+                what(),
+                b.len()
+            )))
+        }
+    }
+    decode_checkpoint_body(b).map_err(|m| KvOpenError::Damaged(format!("{}: {m}", what())))
+}
+
+/// The seq and map of a checkpoint of this build's format version.
+fn decode_checkpoint_body(b: &[u8]) -> Result<(u64, Map), String> {
+    if b.len() < CHECKPOINT_BYTES_MIN {
+        return Err(format!("{} bytes, shorter than a checkpoint", b.len()));
     }
     let (body, crc) = b.split_at(b.len() - 4);
     if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
         return Err("fails its checksum".into());
     }
-    let seq = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes"));
-    let count = u64::from_le_bytes(body[16..24].try_into().expect("8 bytes"));
-    let mut at = 24;
+    let at = dtx_durable::format::FILE_HEADER_BYTES;
+    let seq = u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
+    let count = u64::from_le_bytes(body[at + 8..at + 16].try_into().expect("8 bytes"));
+    let mut at = at + 16;
     let mut map = BTreeMap::new();
     for _ in 0..count {
         let klen = take_u32(body, &mut at)?;
@@ -267,14 +328,18 @@ pub(crate) enum KvOpenError {
     /// Something on disk does not read back: the store refuses to start
     /// rather than forget acknowledged writes.
     Damaged(String),
+    /// Something on disk is in a format version this build does not read
+    /// (a newer build's, or a pre-release layout): named, nothing changed.
+    Format(dtx_durable::format::VersionError),
+}
+
+impl From<dtx_durable::format::VersionError> for KvOpenError {
+    fn from(e: dtx_durable::format::VersionError) -> KvOpenError {
+        KvOpenError::Format(e)
+    }
 }
 
 impl KvFiles {
-    /// Whether `dir` holds this engine's files (a checkpoint or a log).
-    pub(crate) fn exists_in(dir: &Path) -> bool {
-        dir.join(KV_CHECKPOINT_FILE).exists() || dtx_durable::wal::has_entry_files(&dir.join(KV_LOG_DIR))
-    }
-
     /// Opens (creating) the engine in `dir`: the checkpoint, then the log
     /// after it.
     pub(crate) fn open(dir: &Path) -> Result<KvFiles, KvOpenError> {
@@ -299,8 +364,7 @@ impl KvFiles {
         let path = dir.join(KV_CHECKPOINT_FILE);
         let (seq, mut map, checkpoint_bytes) = match std::fs::read(&path) {
             Ok(b) => {
-                let (seq, map) = decode_checkpoint(&b)
-                    .map_err(|m| KvOpenError::Damaged(format!("checkpoint {}: {m}", path.display())))?;
+                let (seq, map) = decode_checkpoint(&path, &b)?;
                 (seq, map, b.len() as u64)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0, BTreeMap::new(), 0),
@@ -309,6 +373,7 @@ impl KvFiles {
         let log_dir = dir.join(KV_LOG_DIR);
         let log = Wal::open(&log_dir, "participant log", log_segment_bytes_max).map_err(|e| match e {
             WalError::Damaged { .. } | WalError::Gap { .. } => KvOpenError::Damaged(e.to_string()),
+            WalError::Format(v) => KvOpenError::Format(v),
             other => KvOpenError::Io(other.into()),
         })?;
         let mut last = seq;
@@ -327,13 +392,9 @@ impl KvFiles {
                 let to = (at + 4096).min(end + 1);
                 let records = log.read(at, to).map_err(|e| KvOpenError::Io(e.into()))?;
                 for (i, r) in records.iter().enumerate() {
-                    apply_encoded(&mut map, r).map_err(|m| {
-                        KvOpenError::Damaged(format!(
-                            "batch {} of the log in {}: {m}",
-                            at + i as u64,
-                            log_dir.display()
-                        ))
-                    })?;
+                    let what = || format!("batch {} of the log in {}", at + i as u64, log_dir.display());
+                    let ops = batch_operations(r, what)?;
+                    apply_encoded(&mut map, ops).map_err(|m| KvOpenError::Damaged(format!("{}: {m}", what())))?;
                     replayed_bytes += r.len() as u64;
                 }
                 at = to;
@@ -484,12 +545,6 @@ impl KvFiles {
             Err(e) => Err(self.record_failure(e)),
         }
     }
-
-    /// Writes a checkpoint of `map` as the whole content of a new engine in
-    /// `dir` (a store moved from another format): durable when it returns.
-    pub(crate) fn create_from(dir: &Path, map: Map) -> Result<(), KvError> {
-        write_checkpoint_file(dir, &encode_checkpoint(0, &map))
-    }
 }
 
 #[cfg(test)]
@@ -626,7 +681,7 @@ mod tests {
         }
     }
 
-    /// A power cut while the log starts a new file (issue 38): the log
+    /// A power cut while the log starts a new file: the log
     /// syncs the file before it first writes into the next, so what the cut
     /// can leave is the earlier file whole and the new one whole, torn or
     /// empty. The store opens in each case with every synced batch (a
@@ -671,7 +726,7 @@ mod tests {
         drop(kv);
         let record = 16 + encode_batch(&batch(n)).len();
         let b = std::fs::read(&second).unwrap();
-        std::fs::write(&second, &b[..record + 5]).unwrap();
+        std::fs::write(&second, &b[..dtx_durable::wal::WAL_FILE_HEADER_BYTES + record + 5]).unwrap();
         let kv = open();
         assert_eq!(
             kv.dump(),
@@ -698,5 +753,92 @@ mod tests {
         assert_eq!(kv.sync().unwrap_err(), e);
         assert_eq!(kv.checkpoint().unwrap_err(), e);
         assert_eq!(kv.get(b"a"), None, "a refused write is not applied");
+    }
+    fn refused(r: Result<KvFiles, KvOpenError>) -> dtx_durable::format::VersionError {
+        match r {
+            Err(KvOpenError::Format(v)) => v,
+            other => panic!("not refused by its format version: {:?}", other.map(|_| ())),
+        }
+    }
+
+    /// docs/adr/0042-storage-engines.md: a checkpoint and batches this
+    /// build wrote read back, each in this build's format version; a newer
+    /// build's checkpoint or batch is refused, named, with the version found
+    /// and the one this build reads, and nothing is changed.
+    #[test]
+    fn this_versions_files_read_back_and_a_newer_format_version_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        let kv = KvFiles::open(d.path()).unwrap();
+        kv.apply(vec![put("a", "1")]).unwrap();
+        kv.checkpoint().unwrap();
+        kv.apply(vec![put("b", "2")]).unwrap();
+        kv.sync().unwrap();
+        drop(kv);
+        let kv = KvFiles::open(d.path()).unwrap();
+        assert_eq!(
+            strings(kv.dump()),
+            vec![("a".into(), "1".into()), ("b".into(), "2".into())]
+        );
+        drop(kv);
+        let path = d.path().join(KV_CHECKPOINT_FILE);
+        let good = std::fs::read(&path).unwrap();
+        assert_eq!(
+            dtx_durable::format::read_file_header(CHECKPOINT_MAGIC, &good),
+            Some(KV_FORMAT_VERSION.into())
+        );
+
+        // A newer checkpoint.
+        let mut newer = good.clone();
+        newer[..dtx_durable::format::FILE_HEADER_BYTES].copy_from_slice(&dtx_durable::format::file_header(
+            CHECKPOINT_MAGIC,
+            u32::from(KV_FORMAT_VERSION) + 1,
+        ));
+        std::fs::write(&path, &newer).unwrap();
+        let e = refused(KvFiles::open(d.path()));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "participant store checkpoint {} format version 2 is newer than this build reads (1): upgrade the binary",
+                path.display()
+            )
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), newer, "left as it was");
+        std::fs::write(&path, &good).unwrap();
+
+        // A newer batch after it.
+        let log = Wal::open(&d.path().join(KV_LOG_DIR), "participant log", KV_LOG_SEGMENT_BYTES_MAX).unwrap();
+        let mut batch = encode_batch(&vec![put("c", "3")]);
+        batch[0] = KV_FORMAT_VERSION + 1;
+        log.append(&[(3, batch)]).unwrap();
+        log.sync().unwrap();
+        drop(log);
+        let e = refused(KvFiles::open(d.path()));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "batch 3 of the log in {} format version 2 is newer than this build reads (1): upgrade the binary",
+                d.path().join(KV_LOG_DIR).display()
+            )
+        );
+    }
+
+    /// A checkpoint of the pre-release layout (no header, magic
+    /// `DTXPKV01`) is refused by name, not read.
+    #[test]
+    fn a_checkpoint_of_the_pre_release_layout_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join(KV_CHECKPOINT_FILE);
+        let mut old = b"DTXPKV01".to_vec();
+        old.extend_from_slice(&[0; 20]);
+        std::fs::write(&path, &old).unwrap();
+        let e = refused(KvFiles::open(d.path()));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "participant store checkpoint {} carries no format version: a pre-release layout, which this build does not read (it reads format version 1)",
+                path.display()
+            )
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), old);
     }
 }

@@ -181,7 +181,7 @@
 //!     };
 //!     tonic::transport::Server::builder()
 //!         .add_service(ParticipantServiceServer::new(ParticipantServer::new(store.clone(), id)))
-//!         .serve_with_incoming_shutdown(dtx_proto::incoming(listener), stop)
+//!         .serve_with_incoming_shutdown(dtx_transport::incoming(listener), stop)
 //!         .await?;
 //!     recovery.abort();
 //!     match store.failure() {

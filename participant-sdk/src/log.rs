@@ -6,7 +6,7 @@
 //! makes the returned entry durable BEFORE it replies (a YES vote only after
 //! the fsync of the prepared record, an ack only after the decision's record).
 //!
-//! DESIGN invariants kept here:
+//! Invariants of docs/design.md kept here:
 //! - 5: a prepared participant never commits or aborts on its own; only a
 //!   Commit or Abort message (a recorded decision) moves it on.
 //! - 8: duplicate, late or reordered messages are harmless. Prepare is

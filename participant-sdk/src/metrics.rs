@@ -1,7 +1,7 @@
-//! What a participant service exports to Prometheus (issue 13, item 3):
-//! the HELP text of every metric the SDK emits ([`describe`], to call once
-//! after the service installed its recorder) and the in-doubt gauges the
-//! recovery loop sets ([`report_in_doubt`]).
+//! What a participant service exports to Prometheus: the HELP text of every
+//! metric the SDK emits ([`describe`], to call once after the service
+//! installed its recorder) and the in-doubt gauges the recovery loop sets
+//! ([`report_in_doubt`]).
 //!
 //! The SDK records through the `metrics` facade only; the service picks
 //! the exporter (the example bank: `bank-serve --metrics-addr`, with
@@ -16,10 +16,10 @@ use metrics::Unit;
 
 use crate::participant::InDoubtSummary;
 
-use dtx_proto::tls::described::described as m;
-pub use dtx_proto::tls::described::Described;
-pub use dtx_proto::tls::described::Kind;
-use dtx_proto::tls::described::EDGE_METRICS;
+use dtx_tls::described::described as m;
+pub use dtx_tls::described::Described;
+pub use dtx_tls::described::Kind;
+use dtx_tls::described::EDGE_METRICS;
 
 use Kind::Counter as C;
 use Kind::Gauge as G;
@@ -52,8 +52,8 @@ pub const METRICS: &[Described] = &[
 /// the server's edge (`dtx-tls`'s `EDGE_METRICS`) with the installed
 /// recorder (call it once, after installing one).
 pub fn describe() {
-    dtx_proto::tls::described::describe(METRICS);
-    dtx_proto::tls::described::describe(EDGE_METRICS);
+    dtx_tls::described::describe(METRICS);
+    dtx_tls::described::describe(EDGE_METRICS);
 }
 
 /// Sets `dtx_participant_in_doubt{participant}` and
@@ -78,8 +78,8 @@ mod tests {
 
     #[test]
     fn every_metric_emitted_has_help_text_and_its_type() {
-        let found = dtx_proto::tls::described::emitted_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).unwrap();
-        let wrong = dtx_proto::tls::described::mismatches(&found, METRICS);
+        let found = dtx_tls::described::emitted_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).unwrap();
+        let wrong = dtx_tls::described::mismatches(&found, METRICS);
         assert!(wrong.is_empty(), "{wrong:#?}");
     }
 

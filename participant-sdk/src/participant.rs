@@ -18,7 +18,7 @@
 //! Prepare votes NO, Commit and Abort are applied exactly once, a message
 //! from an older leader term than one already seen is refused, protocol
 //! violations are refused and never applied, and nothing is answered before
-//! what it reports is durable (DESIGN invariants 5, 8 and 9).
+//! what it reports is durable (invariants 5, 8 and 9).
 
 use std::future::Future;
 use std::time::Duration;
@@ -96,7 +96,7 @@ impl StoreError {
 /// Why a store stopped taking writes: the first write (or fsync) that
 /// failed. sled 0.34.7 keeps such an error for the life of the open
 /// database, refusing every later write and flush even once the cause is
-/// gone (participant-sdk/tests/t30_disk_full.rs pins that), so the store
+/// gone (participant-sdk/tests/it/t30_disk_full.rs pins that), so the store
 /// cannot go on in place: it acknowledges nothing more, and the service
 /// must be restarted (reopening the store), once space is freed for a full
 /// disk. What was acknowledged before is on disk (every reply waits for its

@@ -1,5 +1,5 @@
 //! Saga step services whose business data lives in PostgreSQL (cargo
-//! feature `postgres`; issue 14's inbox and outbox on issue 11's
+//! feature `postgres`; ADR 0020: the step inbox and outbox in the service's
 //! database): the same guarantees as the sled [`crate::saga::StepStore`],
 //! kept by one PostgreSQL transaction per call instead of one sled batch.
 //!

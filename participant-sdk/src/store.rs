@@ -6,13 +6,15 @@
 //! share fsyncs through one flusher thread (group commit at the
 //! participant), and the decisions one `ApplyDecisions` message delivers
 //! are applied in one atomic write and one fsync (`apply_decisions`), and so
-//! are the prepares of one `PrepareMany` message (`prepare_many`). A
-//! directory written by sled (before ADR 0024) is moved into the engine's
-//! files when the store opens it.
+//! are the prepares of one `PrepareMany` message (`prepare_many`).
+//!
+//! Every file of the store carries its format version (`kv`), and so does
+//! every log record (`encode_entry`); opening dispatches on them and
+//! refuses another version by name, as it refuses a directory of the
+//! pre-release layout in sled (docs/adr/0042-storage-engines.md).
 //!
 //! Key layout, a transaction being named by its [`GlobalTxid`] bytes
-//! (`GlobalTxid::key_bytes`: the txid, big-endian, for incarnation 0, as
-//! before incarnations, so stores written then need no migration; the
+//! (`GlobalTxid::key_bytes`: the txid, big-endian, for incarnation 0; the
 //! incarnation and then the txid, both big-endian, otherwise):
 //! `l` + transaction -> encoded `LogEntry`;
 //! `d` + key -> the resource's value; `g` + decided time (ms since the Unix
@@ -75,6 +77,8 @@ const READ_ONLY_GC_READY_KEY: &[u8] = b"mgc-read-only-v1";
 /// Present once every incarnation's term floor covers its records (stores
 /// written before the floor existed get it from their records on open).
 const TERM_FLOOR_READY_KEY: &[u8] = b"mterm-floor-v1";
+/// The format version of an encoded log record (`encode_entry`): the one
+/// this build writes and the only one it reads.
 const ENTRY_FORMAT: u8 = 1;
 /// Most GC index entries one `inspect` looks through (newest first) for
 /// the times of decided records; an older record's time is not reported.
@@ -491,9 +495,20 @@ pub fn encode_entry(e: &LogEntry) -> [u8; 11] {
     out
 }
 
+/// Decodes a log record, dispatching on its format version: this build's
+/// decodes; another one is refused, saying which and what this build reads.
 pub fn decode_entry(b: &[u8]) -> Result<LogEntry, String> {
-    if b.len() != 11 || b[0] != ENTRY_FORMAT {
-        return Err(format!("{} bytes, format {:?}", b.len(), b.first()));
+    let Some(&version) = b.first() else {
+        return Err("an empty record".to_string());
+    };
+    dtx_durable::format::check(
+        || "participant log record".to_string(),
+        version.into(),
+        ENTRY_FORMAT.into(),
+    )
+    .map_err(|e| e.to_string())?;
+    if b.len() != 11 {
+        return Err(format!("{} bytes, format {version}", b.len()));
     }
     let state = match (b[1], b[2]) {
         (1, 1) => LocalState::Prepared { vote: Vote::Yes },
@@ -518,105 +533,6 @@ const OPEN_LOCK_WAIT_MS: u64 = 3_000;
 /// carrying this text.
 fn is_lock_error(e: &sled::Error) -> bool {
     e.to_string().contains("could not acquire lock")
-}
-
-/// Opens sled at `path`; if that fails and sled left an unfinished snapshot
-/// (`snap.<16 hex digits>.generating`) there, removes it, and tries once
-/// more unless the disk is full. sled 0.34.7 writes a snapshot only while it
-/// opens a directory, into such a file, which it renames once complete and
-/// only then removes the previous snapshot; a start that fails on a full
-/// disk leaves the file empty, and every later start takes it as the newest
-/// snapshot and fails as "corrupted", even once space is freed. Such a file
-/// is never needed: the previous snapshot and the log it was built from are
-/// still there, as after a crash during a start. It is removed only while
-/// this process holds the directory's lock, so never while another sled is
-/// writing it.
-fn open_sled_cleaning(path: &std::path::Path) -> Result<sled::Db, sled::Error> {
-    let mut retried = false;
-    loop {
-        match open_sled(path) {
-            Err(e) if !is_lock_error(&e) => {
-                let removed = remove_unfinished_snapshots(path);
-                if removed > 0 && !retried && !sled_disk_full(&e) {
-                    retried = true;
-                    continue;
-                }
-                return Err(e);
-            }
-            other => return other,
-        }
-    }
-}
-
-/// sled's name for a snapshot being written: `snap.` + the log sequence
-/// number as 16 hex digits + `.generating`.
-fn is_unfinished_snapshot(name: &str) -> bool {
-    name.strip_prefix("snap.")
-        .and_then(|n| n.strip_suffix(".generating"))
-        .is_some_and(|lsn| lsn.len() == 16 && lsn.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
-/// Takes the lock sled takes on `path/db` (an exclusive `flock`), waiting
-/// up to a second for a sled of this process that is still closing; `None`
-/// if there is no `db` file or another holder keeps it.
-fn lock_sled_dir(path: &std::path::Path) -> Option<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    let file = std::fs::File::open(path.join("db")).ok()?;
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    loop {
-        // SAFETY: flock(2) on a descriptor owned by `file`; the lock lasts
-        // as long as the returned file.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Some(file);
-        }
-        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EWOULDBLOCK)
-            || std::time::Instant::now() >= until
-        {
-            return None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
-/// Removes sled's unfinished snapshot files directly in `path` (nothing
-/// else), under the directory's lock; returns how many.
-fn remove_unfinished_snapshots(path: &std::path::Path) -> usize {
-    let Ok(dir) = std::fs::read_dir(path) else {
-        return 0;
-    };
-    let found: Vec<std::fs::DirEntry> = dir
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .filter(|e| is_unfinished_snapshot(&e.file_name().to_string_lossy()))
-        .collect();
-    if found.is_empty() {
-        return 0;
-    }
-    let Some(_lock) = lock_sled_dir(path) else {
-        tracing::warn!(
-            dir = %path.display(),
-            "an unfinished sled snapshot is left in place: the directory's lock is held"
-        );
-        return 0;
-    };
-    let mut n = 0;
-    for entry in found {
-        let bytes = entry.metadata().map(|m| m.len()).unwrap_or(0);
-        match std::fs::remove_file(entry.path()) {
-            Ok(()) => {
-                tracing::warn!(
-                    file = %entry.path().display(),
-                    bytes,
-                    "removed an unfinished sled snapshot (left by a start that failed, for example on a full disk; sled would take it as its newest snapshot and refuse the directory as corrupted)"
-                );
-                n += 1;
-            }
-            Err(e) => {
-                tracing::warn!(file = %entry.path().display(), "could not remove an unfinished sled snapshot: {e}")
-            }
-        }
-    }
-    n
 }
 
 /// Opens the sled database in `path`, waiting up to `OPEN_LOCK_WAIT_MS`
@@ -677,78 +593,24 @@ fn run_checkpointer(kv: Arc<KvFiles>, rx: mpsc::Receiver<()>) {
     }
 }
 
-/// sled's files in a store directory of the format before ADR 0024.
-const SLED_FILES: [&str; 3] = ["db", "conf", "blobs"];
-/// Where those files go once their content is in the new engine.
-const SLED_MIGRATED_DIR: &str = "sled-migrated";
+/// sled's data file, which a participant store directory holds only in the
+/// pre-release layout (the store in sled, before ADR 0024).
+const SLED_DATA_FILE: &str = "db";
 
-/// Moves a store written by sled (the format before ADR 0024) into the
-/// engine's files: every key of its `participant` tree into a first
-/// checkpoint (durable before anything else changes), then sled's files
-/// into `sled-migrated/` (a crash in between leaves a checkpoint, so the
-/// next start only finishes the move). Nothing when `path` holds no sled
-/// data file.
-fn migrate_from_sled(path: &std::path::Path) -> Result<(), StoreError> {
-    let open_err = |message: String, disk_full: bool| StoreError::Open {
-        path: path.display().to_string(),
-        message,
-        disk_full,
-    };
-    if !path.join("db").exists() {
+/// Refuses a store directory of the pre-release layout in sled: this build
+/// does not read it, and changes nothing in it.
+fn refuse_sled_layout(path: &std::path::Path) -> Result<(), StoreError> {
+    if !path.join(SLED_DATA_FILE).exists() {
         return Ok(());
     }
-    if !KvFiles::exists_in(path) {
-        let db = open_sled_cleaning(path).map_err(|e| {
-            if is_lock_error(&e) {
-                open_err(
-                    format!("in use by another process or store (its lock was still held after {OPEN_LOCK_WAIT_MS} ms); stop that one first"),
-                    false,
-                )
-            } else if sled_disk_full(&e) {
-                open_err(
-                    format!("the disk is full ({}); start again once space is freed", sled_detail(&e)),
-                    true,
-                )
-            } else {
-                open_err(format!("cannot read the store written by sled: {e}"), false)
-            }
-        })?;
-        let tree = db
-            .open_tree("participant")
-            .map_err(|e| open_err(format!("cannot read the store written by sled: {e}"), false))?;
-        let mut map = std::collections::BTreeMap::new();
-        for r in tree.iter() {
-            let (k, v) = r.map_err(|e| open_err(format!("cannot read the store written by sled: {e}"), false))?;
-            map.insert(k.to_vec(), v.to_vec());
-        }
-        let keys = map.len();
-        drop(tree);
-        drop(db);
-        KvFiles::create_from(path, map).map_err(|e| open_err(kv_open_message(&e), e.disk_full))?;
-        tracing::warn!(
-            dir = %path.display(),
-            keys,
-            "participant store: moved the store written by sled into the engine's files (ADR 0024); sled's files go to {SLED_MIGRATED_DIR}/ and may be deleted once the service runs"
-        );
-    }
-    let moved = path.join(SLED_MIGRATED_DIR);
-    std::fs::create_dir_all(&moved).map_err(|e| open_err(format!("cannot create {}: {e}", moved.display()), false))?;
-    let names: Vec<std::ffi::OsString> = std::fs::read_dir(path)
-        .map_err(|e| open_err(format!("cannot list: {e}"), false))?
-        .flatten()
-        .map(|e| e.file_name())
-        .filter(|n| {
-            let n = n.to_string_lossy();
-            SLED_FILES.contains(&n.as_ref()) || n.starts_with("snap.")
-        })
-        .collect();
-    for n in names {
-        std::fs::rename(path.join(&n), moved.join(&n))
-            .map_err(|e| open_err(format!("cannot move sled's {n:?} to {SLED_MIGRATED_DIR}/: {e}"), false))?;
-    }
-    std::fs::File::open(path)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| open_err(format!("cannot sync the directory: {e}"), false))
+    Err(StoreError::Open {
+        path: path.display().to_string(),
+        message: format!(
+            "it holds a store written by sled (`{SLED_DATA_FILE}`), a pre-release layout that carries no format version and that this build does not read (it reads participant store format version {}); nothing was changed. Settle its in-doubt transactions with the build that wrote it, then start this one on a new directory",
+            crate::kv::KV_FORMAT_VERSION
+        ),
+        disk_full: false,
+    })
 }
 
 /// What a failed open of the engine says.
@@ -830,12 +692,13 @@ const STORE_LOCK_FILE: &str = "lock";
 
 impl<R: Resource> ParticipantStore<R> {
     /// Opens (or creates) the store at `path`. A full disk is reported as
-    /// such (`StoreError::is_disk_full`). A directory written by sled (the
-    /// format before ADR 0024) is moved into the engine's files first.
+    /// such (`StoreError::is_disk_full`). Files in a format version this
+    /// build does not read (a newer build's, or a pre-release layout, such
+    /// as a store in sled) are refused by name, and nothing is changed.
     pub fn open(path: &std::path::Path, resource: R) -> Result<Arc<Self>, StoreError> {
+        refuse_sled_layout(path)?;
         let lock = lock_store_dir(path)?;
         refuse_without_room(path)?;
-        migrate_from_sled(path)?;
         let kv = KvFiles::open(path).map_err(|e| match e {
             KvOpenError::Io(e) => StoreError::Open {
                 path: path.display().to_string(),
@@ -845,6 +708,11 @@ impl<R: Resource> ParticipantStore<R> {
             KvOpenError::Damaged(m) => StoreError::Open {
                 path: path.display().to_string(),
                 message: format!("damaged, refusing to start rather than forget acknowledged writes: {m}"),
+                disk_full: false,
+            },
+            KvOpenError::Format(v) => StoreError::Open {
+                path: path.display().to_string(),
+                message: format!("{v}; nothing was changed"),
                 disk_full: false,
             },
         })?;
@@ -1845,5 +1713,162 @@ impl<R: Resource> Participant for ParticipantStore<R> {
         // As `durable_entry`: nothing is answered before it is on disk.
         self.flush().await?;
         Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stages the payload on prepare; commit moves it to `applied/<txid>`.
+    struct Kv;
+
+    impl Resource for Kv {
+        fn prepare(&self, _: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
+            staged.put(format!("staged/{txid}").as_bytes(), payload);
+            Vote::Yes
+        }
+
+        fn commit(&self, view: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
+            let v = view
+                .get(format!("staged/{txid}").as_bytes())
+                .unwrap()
+                .unwrap_or_default();
+            staged.delete(format!("staged/{txid}").as_bytes());
+            staged.put(format!("applied/{txid}").as_bytes(), &v);
+        }
+
+        fn abort(&self, _: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
+            staged.delete(format!("staged/{txid}").as_bytes());
+        }
+    }
+
+    /// Every file under `dir` (relative path) with its content.
+    fn tree_digest(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                    out.push((rel, std::fs::read(&p).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// docs/adr/0042-storage-engines.md: a store this build wrote reads
+    /// back (its files and records in this build's format versions); a
+    /// record or a checkpoint of a newer format version is refused, named,
+    /// with the version found and the one this build reads.
+    #[tokio::test]
+    async fn a_store_of_this_version_reads_back_and_a_newer_version_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let s = ParticipantStore::open(d.path(), Kv).unwrap();
+            ParticipantStore::handle(&s, 1, Message::Prepare { term: 2 }, b"one")
+                .await
+                .unwrap();
+            ParticipantStore::handle(&s, 2, Message::Prepare { term: 2 }, b"two")
+                .await
+                .unwrap();
+            ParticipantStore::handle(&s, 2, Message::Commit { term: 2 }, b"")
+                .await
+                .unwrap();
+            s.tree.checkpoint().unwrap();
+            ParticipantStore::handle(&s, 3, Message::Prepare { term: 3 }, b"three")
+                .await
+                .unwrap();
+        }
+        let s = ParticipantStore::open(d.path(), Kv).unwrap();
+        let state = |t: u64| s.entry(t).unwrap().map(|e| (e.state, e.term));
+        assert_eq!(state(1), Some((LocalState::Prepared { vote: Vote::Yes }, 2)));
+        assert_eq!(state(2), Some((LocalState::Committed, 2)));
+        assert_eq!(state(3), Some((LocalState::Prepared { vote: Vote::Yes }, 3)));
+        assert_eq!(s.view().get(b"applied/2").unwrap(), Some(b"two".to_vec()));
+        assert_eq!(
+            s.in_doubt()
+                .unwrap()
+                .into_iter()
+                .map(|(t, _)| t.txid)
+                .collect::<Vec<_>>(),
+            vec![1, 3]
+        );
+        assert_eq!(s.term_floor(0), 3);
+
+        // A record of a newer format version.
+        let mut newer = encode_entry(&s.entry(1).unwrap().unwrap());
+        assert_eq!(newer[0], ENTRY_FORMAT);
+        newer[0] = ENTRY_FORMAT + 1;
+        let refusal = "participant log record format version 2 is newer than this build reads (1): upgrade the binary";
+        assert_eq!(decode_entry(&newer).unwrap_err(), refusal);
+        s.raw().write(vec![(log_key(1.into()), Some(newer.to_vec()))]).unwrap();
+        match s.entry(1) {
+            Err(StoreError::Damaged { message, .. }) => assert_eq!(message, refusal),
+            other => panic!("read a record of a newer format version: {other:?}"),
+        }
+        drop(s);
+
+        // A checkpoint of a newer format version: the store does not open
+        // and changes nothing.
+        let path = d.path().join(crate::kv::KV_CHECKPOINT_FILE);
+        let mut b = std::fs::read(&path).unwrap();
+        b[..dtx_durable::format::FILE_HEADER_BYTES].copy_from_slice(&dtx_durable::format::file_header(
+            crate::kv::CHECKPOINT_MAGIC,
+            u32::from(crate::kv::KV_FORMAT_VERSION) + 1,
+        ));
+        std::fs::write(&path, &b).unwrap();
+        let before = tree_digest(d.path());
+        let err = ParticipantStore::open(d.path(), Kv).err().expect("refused");
+        assert!(!err.is_disk_full());
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "participant store at {}: participant store checkpoint {} format version 2 is newer than this build reads (1): upgrade the binary; nothing was changed",
+                d.path().display(),
+                path.display()
+            )
+        );
+        assert_eq!(tree_digest(d.path()), before);
+    }
+
+    /// A directory of the pre-release layout, the store in sled (which
+    /// carries no format version), is refused by name and left as it was:
+    /// nothing is read from it, moved or created in it.
+    #[test]
+    fn a_store_of_the_pre_release_sled_layout_is_refused_and_left_as_it_was() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let db = open_sled(d.path()).unwrap();
+            let tree = db.open_tree("participant").unwrap();
+            let e = LogEntry {
+                state: LocalState::Prepared { vote: Vote::Yes },
+                term: 1,
+            };
+            tree.insert(log_key(1.into()), &encode_entry(&e)[..]).unwrap();
+            db.flush().unwrap();
+        }
+        let before = tree_digest(d.path());
+        let err = ParticipantStore::open(d.path(), Kv)
+            .err()
+            .expect("a store of the pre-release sled layout is not opened");
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "participant store at {}: it holds a store written by sled",
+                d.path().display()
+            )),
+            "{text}"
+        );
+        assert!(text.contains("a pre-release layout"), "{text}");
+        assert!(text.contains("format version 1"), "{text}");
+        assert!(text.contains("nothing was changed"), "{text}");
+        assert!(!err.is_disk_full());
+        assert_eq!(tree_digest(d.path()), before);
     }
 }

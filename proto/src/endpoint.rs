@@ -1,5 +1,6 @@
 //! Addresses: the one parser of the addresses that users, configs and
-//! Enlist give, and the accepted-connection stream of our servers.
+//! Enlist give. Channels to them and the servers' accepted-connection
+//! streams are the transport's (`dtx-transport`).
 
 /// What an address may look like, for error messages.
 pub const ADDRESS_FORMS: &str =
@@ -88,7 +89,7 @@ pub fn parse(addr: &str) -> Result<Address, String> {
 /// A plain-text gRPC endpoint for `addr` (see [`parse`]). `https://` is
 /// refused here: a caller that connects with this endpoint would speak
 /// plain text to it, a silent downgrade; channels with TLS come from
-/// [`crate::channel`].
+/// `dtx_transport::channel`.
 pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, String> {
     let a = parse(addr)?;
     if a.scheme == Scheme::Tls {
@@ -97,21 +98,6 @@ pub fn endpoint(addr: &str) -> Result<tonic::transport::Endpoint, String> {
         ));
     }
     Ok(a.endpoint)
-}
-
-/// The accepted-connection stream for a gRPC server on `listener`, with
-/// `TCP_NODELAY` and keep-alive set on every accepted socket, in plain
-/// text (servers that may run with TLS use [`dtx_tls::incoming`]).
-///
-/// tonic applies `Server::tcp_nodelay` only to listeners it binds itself;
-/// with `serve_with_incoming` the accepted sockets keep Nagle's algorithm,
-/// and a small reply can then wait for the peer's delayed ACK (about 40 ms
-/// on Linux). Every server of ours is built on a listener we bind, so every
-/// one goes through here.
-pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(std::time::Duration::from_secs(30)))
 }
 
 #[cfg(test)]

@@ -10,15 +10,14 @@
 //!   their readers.
 //! - [`trace`]: the W3C `traceparent` / `tracestate` headers that carry a
 //!   trace from the client through the nodes to the participants.
-//! - [`endpoint`]: the one parser of addresses, and the server-side
-//!   accepted-connection stream.
-//! - [`channel`]: lazily connecting channels, plain or TLS, and the
-//!   per-address channel cache used by nodes, the client and participants.
+//! - [`endpoint`]: the one parser of addresses.
+//! - [`names`]: the names of the API's enumerations, as tools show them.
 //!
-//! It depends on tonic, prost, tokio and dtx-tls (rustls) only, so a
-//! client or a participant that embeds it pulls in no Raft and no storage.
-//! TLS settings, identities and the authorising layer come from
-//! [`dtx_tls`], re-exported as [`tls`].
+//! It depends on tonic and prost only (what the generated code needs): no
+//! transport, no TLS, no Raft, no storage. Channels, the unary transport
+//! and the accepted-connection stream are `dtx-transport`'s; TLS settings,
+//! identities and the authorising layer are `dtx-tls`'s
+//! (docs/adr/0044-crate-lines.md).
 pub mod v1 {
     tonic::include_proto!("dtx.v1");
 }
@@ -28,18 +27,14 @@ pub mod v1 {
 /// server reflection serves, so `grpcurl` needs no `.proto` files.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dtx_v1_descriptor.bin"));
 
-pub mod channel;
 pub mod endpoint;
 pub mod limits;
 pub mod metadata;
 pub mod names;
 pub mod trace;
 
-pub use dtx_tls as tls;
 pub use endpoint::endpoint;
-pub use endpoint::incoming;
 pub use endpoint::ADDRESS_FORMS;
 pub use metadata::attach_txid;
 pub use metadata::txid_of;
 pub use metadata::TXID_METADATA_KEY;
-pub mod unary;

@@ -1,9 +1,9 @@
 //! A supervisor for local node *processes*: writes one config per node,
 //! starts `coordinator serve` children, kills them with SIGKILL or stops them
-//! with SIGTERM, and finds the leader. Used by `coordinator dev`, the bench
+//! with SIGTERM, and finds the leader. Used by `dtx-dev dev`, the bench
 //! and the integration tests, so all of them run real processes on real
 //! sockets. `BankProcess` does the same for the example bank's participant
-//! services (`coordinator bank-serve`): demo, bench, tests and jepsen-tests.
+//! services (`dtx-dev bank-serve`): demo, bench, tests and jepsen-tests.
 
 use std::fs;
 use std::path::Path;
@@ -19,7 +19,7 @@ use coordinator::config::Config;
 use coordinator::config::Member;
 use dtx_client::cluster_status_as;
 
-/// One bank participant service: `coordinator bank-serve` on its own
+/// One bank participant service: `dtx-dev bank-serve` on its own
 /// loopback address and data directory, or (built with
 /// [`BankProcess::new_postgres`]) on a PostgreSQL database.
 pub struct BankProcess {
@@ -118,7 +118,7 @@ impl BankProcess {
         }
     }
 
-    /// Reads the stopped service's store with `coordinator bank-audit
+    /// Reads the stopped service's store with `dtx-dev bank-audit
     /// --json`: balances, locks, in-doubt count and apply log (a PostgreSQL
     /// bank: its database, with `bank-audit --json --postgres`, which also
     /// lists the prepared transactions under `prepared`).
@@ -146,7 +146,7 @@ impl BankProcess {
 }
 
 /// A participant service run as a child process of `bin` with fixed
-/// arguments (`coordinator bank-serve ...`, `coordinator shop-serve ...`),
+/// arguments (`dtx-dev bank-serve ...`, `dtx-dev shop-serve ...`),
 /// its output appended to `<dir>/<id>.log`, in its own process group;
 /// killed with SIGKILL when dropped.
 pub struct ServiceProcess {

@@ -1,4 +1,4 @@
-//! Certificates for a local cluster (`coordinator dev --tls`, `demo
+//! Certificates for a local cluster (`dtx-dev dev --tls`, `demo
 //! --tls`, the TLS tests): a throwaway authority ([`dtx_tls::dev::DevCa`])
 //! in a folder, and one certificate per node, service and client, each
 //! naming its identity and valid for loopback.

@@ -1,6 +1,6 @@
 //! What a server spends on connections before anyone has said who they are
-//! (DESIGN invariant 12: a caller that has not authenticated costs a node
-//! bounded memory, connections and log; docs/adr/0036-connection-admission.md).
+//! (invariant 12: a caller that has not authenticated costs a node bounded
+//! memory, connections and log; docs/adr/0036-connection-admission.md).
 //!
 //! - **Limits.** At most [`AdmissionLimits::connections_max`] connections
 //!   in all and [`AdmissionLimits::connections_per_peer_max`] from one IP

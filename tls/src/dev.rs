@@ -1,5 +1,5 @@
 //! A throwaway certificate authority for development and tests:
-//! `coordinator dev --tls` and the TLS tests make one. Never for
+//! `dtx-dev dev --tls` and the TLS tests make one. Never for
 //! production: its key lives only in memory while the certificates are
 //! issued (it is never written anywhere, so issuing more later means a
 //! new authority and new certificates for everyone), and the issued keys
@@ -57,7 +57,7 @@ impl Lifetime {
     }
 }
 
-/// A year: what `coordinator dev --tls` issues for.
+/// A year: what `dtx-dev dev --tls` issues for.
 pub const DEV_LIFETIME: Lifetime = Lifetime::FromNow(Duration::from_secs(365 * 24 * 3600));
 
 /// A certificate authority (its certificate and key in memory).

@@ -12,7 +12,7 @@
 //! (`dtx_auth_refusals_total`, by server and code) and logged in summary:
 //! the first refusal of each caller address and code in full, then one
 //! line per [`crate::logtext::SUMMARY_INTERVAL`] with how many more were
-//! refused (issue 39: a caller who cannot authenticate must not be able
+//! refused (invariant 12: a caller who cannot authenticate must not be able
 //! to fill the log). The method path, like all caller-chosen text, is
 //! escaped and cut to [`crate::logtext::CALLER_TEXT_BYTES_MAX`] bytes in
 //! the log and in the refusal's message. An admitted call carries its
@@ -570,9 +570,9 @@ mod tests {
 
     const ANY: &[Role] = &[Role::Application, Role::Participant, Role::Operator, Role::Node];
 
-    /// Issue 39, item 5: with `client_auth = "optional"`, a certificate
-    /// that was presented and refused is refused as such, even with a
-    /// valid token beside it; without a certificate the token is taken.
+    /// With `client_auth = "optional"`, a certificate that was presented and
+    /// refused is refused as such, even with a valid token beside it; without
+    /// a certificate the token is taken.
     #[test]
     fn a_token_does_not_stand_in_for_a_refused_certificate() {
         let token = crate::identity::new_token();
@@ -601,8 +601,7 @@ mod tests {
         assert_eq!(id.label(), "application/shop", "no certificate: the token is taken");
     }
 
-    /// Issue 39, item 3: a node identity is honoured only where the node
-    /// check admits it.
+    /// A node identity is honoured only where the node check admits it.
     #[test]
     fn a_node_identity_is_honoured_only_when_the_check_admits_it() {
         let check: NodeCheck = Arc::new(|name: &str| {

@@ -222,7 +222,7 @@ impl TokenEntry {
         let hex = sha256_hex.trim();
         if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(format!(
-                "token hash for {role}/{name} must be 64 hex digits (the SHA-256 of the token; `coordinator dev --tls` prints one), got {} characters",
+                "token hash for {role}/{name} must be 64 hex digits (the SHA-256 of the token; `dtx-dev dev --tls` prints one), got {} characters",
                 hex.len()
             ));
         }
@@ -306,9 +306,9 @@ mod tests {
         assert!(parse_uri("dtx://operator/").unwrap_err().contains("1 to 128"));
     }
 
-    /// Issue 39, item 4: names are 1 to 128 bytes of a documented alphabet
-    /// starting with a letter or a digit, a node's name is its node id, and
-    /// an error shows a name escaped and cut short.
+    /// Names are 1 to 128 bytes of a documented alphabet starting with a
+    /// letter or a digit, a node's name is its node id, and an error shows a
+    /// name escaped and cut short.
     #[test]
     fn names_are_bounded_and_dot_dot_is_not_a_name() {
         for bad in [".", "..", "-x", "_x", ".hidden"] {

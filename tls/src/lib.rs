@@ -1,5 +1,5 @@
 //! TLS and mutual TLS for every dtx link, the identities of callers, and a
-//! throwaway certificate authority for development (issue 12, ADR 0016).
+//! throwaway certificate authority for development (ADR 0016).
 //!
 //! - [`files`]: reading certificates, keys and authorities from PEM files,
 //!   with errors that name the file and say what is wrong (unreadable, no
@@ -19,8 +19,8 @@
 //!   each identity's rate, answers undecodable requests `INVALID_ARGUMENT`,
 //!   and hands the [`Identity`] to the handler.
 //! - [`logtext`]: caller-chosen text escaped and bounded for logs and
-//!   errors, and log lines summed up per key (issue 39, ADR 0038).
-//! - [`dev`]: `coordinator dev --tls`'s certificate authority (rcgen).
+//!   errors, and log lines summed up per key (ADR 0038).
+//! - [`dev`]: `dtx-dev dev --tls`'s certificate authority (rcgen).
 //! - `args` (feature `cli`): the `--tls-cert`, `--tls-key`, `--tls-ca`
 //!   and `--token-file` flags of every command.
 //!
@@ -84,7 +84,7 @@ pub enum TlsError {
         path: PathBuf,
         detail: String,
     },
-    #[error("certificate {path} ({subject}) expired at {not_after}; renew it (coordinator dev --tls makes new ones for development)")]
+    #[error("certificate {path} ({subject}) expired at {not_after}; renew it (dtx-dev dev --tls makes new ones for development)")]
     Expired {
         path: PathBuf,
         subject: String,

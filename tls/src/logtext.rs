@@ -1,7 +1,6 @@
-//! Text a caller chose, made safe for a log line or an error message, and
-//! log lines summed up per key (issue 39, item 4; DESIGN invariant 12: a
-//! caller that has not authenticated costs a node bounded log;
-//! docs/adr/0038-bounded-logs-and-labels.md).
+//! Text a caller chose, made safe for a log line or an error message, and log
+//! lines summed up per key (invariant 12: a caller that has not authenticated
+//! costs a node bounded log; docs/adr/0038-bounded-logs-and-labels.md).
 //!
 //! - [`clean`] / [`Clean`]: every string a caller supplied (a method
 //!   path, a participant id or address, an idempotency key, a

@@ -195,7 +195,7 @@ fn judge(
     match identity_of_cert(leaf) {
         Ok(id) => (Some(id), None),
         // The reason may quote the certificate's subject or names, which
-        // its holder chose: escaped and bounded (issue 39).
+        // its holder chose: escaped and bounded.
         Err(why) => (None, Some(clean(&why))),
     }
 }
@@ -596,7 +596,7 @@ fn certificate_refusal_kind(why: &str) -> &'static str {
 /// now (`Some(lines held back since the last)`): one line per kind and
 /// caller address per `logtext::SUMMARY_INTERVAL`, the rest counted and
 /// summed up (a caller who does not authenticate must not be able to
-/// fill the log; issue 39). One table for the whole process.
+/// fill the log; invariant 12). One table for the whole process.
 fn note_connection(what: &'static str, peer: &TcpConnectInfo) -> Option<u64> {
     static NOTES: std::sync::OnceLock<Arc<LogSummary>> = std::sync::OnceLock::new();
     let notes = NOTES.get_or_init(|| {
@@ -681,10 +681,10 @@ mod tests {
         assert_eq!(judge(v.as_ref(), Some(&[])), (None, None));
     }
 
-    /// Issue 39, item 4: a certificate from the authority whose subject
-    /// (chosen by its holder) holds a newline and a long name, and no
-    /// `dtx://` name: the reason it proves no identity (logged, and sent
-    /// back in the refusal) is one line, escaped and bounded.
+    /// A certificate from the authority whose subject (chosen by its holder)
+    /// holds a newline and a long name, and no `dtx://` name: the reason it
+    /// proves no identity (logged, and sent back in the refusal) is one line,
+    /// escaped and bounded.
     #[test]
     fn inv12_a_refused_certificate_s_subject_is_escaped_and_bounded() {
         let dir = tempfile::tempdir().unwrap();

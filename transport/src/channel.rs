@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use dtx_proto::endpoint::Address;
+use dtx_proto::endpoint::Scheme;
 use dtx_tls::ClientTls;
 
 /// The channel every caller of ours uses: one HTTP/2 connection per
 /// address, each request written in one go ([`crate::unary`]).
 pub type Channel = crate::unary::UnaryChannel;
 
-use crate::endpoint::Scheme;
-
 /// A lazily connecting plain-text channel to `addr` (see
-/// [`crate::endpoint::parse`] for the accepted forms; `https://` is
+/// [`dtx_proto::endpoint::parse`] for the accepted forms; `https://` is
 /// refused, there being no TLS settings), with `TCP_NODELAY`, HTTP/2
 /// keep-alive ([`crate::unary::KEEP_ALIVE_INTERVAL`]), the request's own
 /// deadline enforced on this side too, the given connect timeout and, when
@@ -42,16 +42,16 @@ pub fn channel_with(
     Channel::new(a.endpoint.uri().clone(), local_ip, connect_timeout, tls.cloned())
 }
 
-/// Parses `addr` (see [`crate::endpoint::parse`]) and checks that it
+/// Parses `addr` (see [`dtx_proto::endpoint::parse`]) and checks that it
 /// agrees with a process that uses TLS (`tls`) or not: what
 /// [`channel_with`] would refuse is refused here, with the same message.
-pub fn check_address(addr: &str, tls: bool) -> Result<crate::endpoint::Address, String> {
-    let a = crate::endpoint::parse(addr)?;
+pub fn check_address(addr: &str, tls: bool) -> Result<Address, String> {
+    let a = dtx_proto::endpoint::parse(addr)?;
     match (a.scheme, tls) {
         (Scheme::Tls, false) => {
             return Err(format!(
                 "address {addr:?} asks for TLS (https://) but this process has no TLS settings; it is refused rather than used as plain text; expected {}",
-                crate::ADDRESS_FORMS
+                dtx_proto::ADDRESS_FORMS
             ))
         }
         (Scheme::Plain, true) => {

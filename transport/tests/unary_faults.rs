@@ -1,4 +1,4 @@
-//! Our unary transport (`dtx_proto::unary`, ADR 0026) against the faults a
+//! Our unary transport (`dtx_transport::unary`, ADR 0026) against the faults a
 //! caller meets: a server that stops answering (what a SIGSTOPped node
 //! looks like: the kernel still accepts and ACKs, nothing answers), a
 //! server whose connections are cut (a killed node), and an address where
@@ -22,16 +22,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 
-use dtx_proto::channel::Channel;
-use dtx_proto::unary::nothing_sent;
-use dtx_proto::unary::KEEP_ALIVE_INTERVAL;
-use dtx_proto::unary::KEEP_ALIVE_TIMEOUT;
 use dtx_proto::v1::raft_transport_client::RaftTransportClient;
 use dtx_proto::v1::raft_transport_server::RaftTransport;
 use dtx_proto::v1::raft_transport_server::RaftTransportServer;
 use dtx_proto::v1::ProbeRequest;
 use dtx_proto::v1::ProbeResponse;
 use dtx_proto::v1::RaftMessage;
+use dtx_transport::channel::Channel;
+use dtx_transport::unary::nothing_sent;
+use dtx_transport::unary::KEEP_ALIVE_INTERVAL;
+use dtx_transport::unary::KEEP_ALIVE_TIMEOUT;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedReadHalf;
@@ -75,7 +75,7 @@ async fn server() -> SocketAddr {
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RaftTransportServer::new(Echo))
-            .serve_with_incoming(dtx_proto::incoming(l)),
+            .serve_with_incoming(dtx_transport::incoming(l)),
     );
     addr
 }
@@ -164,7 +164,7 @@ async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut frozen: watch
 }
 
 fn client(addr: SocketAddr) -> RaftTransportClient<Channel> {
-    let ch = dtx_proto::channel::channel(&addr.to_string(), None, Duration::from_millis(500)).expect("channel");
+    let ch = dtx_transport::channel::channel(&addr.to_string(), None, Duration::from_millis(500)).expect("channel");
     RaftTransportClient::new(ch)
 }
 

@@ -147,7 +147,7 @@ type SeenLog = Arc<Mutex<Vec<(Option<u64>, Option<u64>)>>>;
 /// hand work).
 struct Hop {
     seen: SeenLog,
-    next: Option<AdminClient<OutboundTxid<dtx_proto::channel::Channel>>>,
+    next: Option<AdminClient<OutboundTxid<dtx_transport::channel::Channel>>>,
 }
 
 #[tonic::async_trait]
@@ -215,13 +215,13 @@ async fn serve(hop: Hop) -> String {
         tonic::transport::Server::builder()
             .layer(InboundTxidLayer)
             .add_service(AdminServer::new(hop))
-            .serve_with_incoming(dtx_proto::incoming(listener)),
+            .serve_with_incoming(dtx_transport::incoming(listener)),
     );
     addr
 }
 
-fn channel(addr: &str) -> dtx_proto::channel::Channel {
-    dtx_proto::channel::channel(addr, None, Duration::from_secs(2)).unwrap()
+fn channel(addr: &str) -> dtx_transport::channel::Channel {
+    dtx_transport::channel::channel(addr, None, Duration::from_secs(2)).unwrap()
 }
 
 #[tokio::test]
@@ -253,4 +253,80 @@ async fn a_txid_travels_from_a_scope_through_a_service_to_the_next_one() {
     let expected = [(Some(31), Some(31)), (Some(32), Some(32)), (None, None)];
     assert_eq!(*front_seen.lock().unwrap(), expected);
     assert_eq!(*back_seen.lock().unwrap(), expected, "the front service passed it on");
+}
+
+/// The trace context across the layers: what the inbound layer hands the
+/// handler and what a call made in its context carries on.
+mod trace_context {
+    use std::future::Future;
+
+    use crate::trace::current;
+    use crate::trace::scope;
+    use crate::trace::TraceContext;
+
+    /// What a handler behind `InboundTxidLayer` sees: (the context in the
+    /// extensions, the current context, in the handler's future).
+    type Seen = (Option<TraceContext>, Option<TraceContext>);
+
+    #[derive(Clone, Default)]
+    struct Handler {
+        seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    }
+
+    impl tower_service::Service<http::Request<()>> for Handler {
+        type Response = ();
+        type Error = std::convert::Infallible;
+        type Future = std::pin::Pin<Box<dyn Future<Output = Result<(), Self::Error>> + Send>>;
+
+        fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<()>) -> Self::Future {
+            let ext = req.extensions().get::<TraceContext>().cloned();
+            let seen = self.seen.clone();
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                seen.lock().unwrap().push((ext, current()));
+                Ok(())
+            })
+        }
+    }
+
+    async fn serve(h: &Handler, headers: &[(&'static str, &str)]) -> Seen {
+        use tower_layer::Layer;
+        use tower_service::Service;
+        let mut svc = crate::propagate::InboundTxidLayer.layer(h.clone());
+        let mut req = http::Request::new(());
+        for (k, v) in headers {
+            req.headers_mut().append(*k, http::HeaderValue::from_str(v).unwrap());
+        }
+        svc.call(req).await.unwrap();
+        h.seen.lock().unwrap().pop().unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_inbound_layer_continues_the_callers_trace_and_ignores_a_malformed_one() {
+        let h = Handler::default();
+        let sent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let (ext, cur) = serve(&h, &[("traceparent", sent), ("tracestate", "rojo=1")]).await;
+        let ext = ext.expect("a context for the handler");
+        assert_eq!(cur, Some(ext.clone()), "current across the handler's awaits");
+        assert_eq!(ext.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_ne!(ext.span_id, 0x00f067aa0ba902b7, "a span of its own");
+        assert_eq!(ext.state.as_deref(), Some("rojo=1"), "tracestate passed through");
+        // A malformed traceparent is ignored: with a txid the handler gets
+        // a new trace, without one no span and no context.
+        let (ext, _) = serve(&h, &[("traceparent", "00-zz"), ("x-dtx-txid", "7")]).await;
+        assert_ne!(ext.expect("a new trace").trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
+        assert_eq!(serve(&h, &[("traceparent", "00-zz")]).await, (None, None));
+        // Outbound: a call made in the handler's context carries it on.
+        let out = scope(TraceContext::from_traceparent(sent, None).unwrap(), async {
+            use tonic::service::Interceptor;
+            crate::propagate::TxidInterceptor.call(tonic::Request::new(())).unwrap()
+        })
+        .await;
+        let md = out.metadata();
+        assert_eq!(md.get("traceparent").unwrap().to_str().unwrap(), sent);
+    }
 }

@@ -1,4 +1,4 @@
-//! The operator's transaction commands of the `Admin` service (issue 13):
+//! The operator's transaction commands of the `Admin` service:
 //! `ListTransactions`, `DropParticipant` and `ForgetTransaction`. All three
 //! are served by the leader (a follower forwards them once). The rules of
 //! dropping and forgetting are the state machine's (`sm::operator`): they
@@ -190,9 +190,7 @@ async fn list(driver: &Driver, req: pb::ListTransactionsRequest) -> Result<pb::L
         &mut next_after_txid,
         limits::LIST_TRANSACTIONS_PAGE_BYTES_MAX,
     );
-    for s in &mut transactions {
-        add_delivery_attempts(driver, s, Audience::Operator);
-    }
+    add_delivery_attempts(driver, &mut transactions, Audience::Operator).await;
     Ok(pb::ListTransactionsResponse {
         transactions,
         next_after_txid,
@@ -232,14 +230,14 @@ async fn drop_one(driver: &Driver, req: pb::DropParticipantRequest) -> Result<pb
         let st = ctx.sm.state();
         st.table.get(txid).map(|r| status_pb(&st.table, r))
     };
-    let transaction = transaction.map(|mut s| {
-        add_delivery_attempts(driver, &mut s, Audience::Operator);
-        s
-    });
+    let mut transaction = transaction;
+    if let Some(s) = &mut transaction {
+        add_delivery_attempts(driver, std::slice::from_mut(s), Audience::Operator).await;
+    }
     Ok(pb::DropParticipantResponse { recorded, transaction })
 }
 
-/// `Resolve` with `participant_lost` (issue 39, item 8), served by the
+/// `Resolve` with `participant_lost` (ADR 0039), served by the
 /// leader (the caller forwards): the one participant of an undecided
 /// one-phase commit is declared lost for good and `req.outcome` recorded
 /// as the operator's heuristic decision, the participant dropped with the

@@ -1,4 +1,4 @@
-//! The `Backup` RPC (issue 13): the state machine's snapshot as of one
+//! The `Backup` RPC (ADR 0017): the state machine's snapshot as of one
 //! applied log index, in the self-describing file format of
 //! `crate::backup`, streamed in chunks of `BACKUP_CHUNK_BYTES`.
 //!

@@ -12,7 +12,7 @@ use tonic::Request;
 use tonic::Response;
 use tonic::Status;
 
-use dtx_proto::tls::logtext::clean;
+use dtx_tls::logtext::clean;
 
 use super::check_id;
 use super::check_len;
@@ -38,7 +38,7 @@ use crate::sm::TxTable;
 
 pub struct CoordinatorService {
     driver: Arc<Driver>,
-    /// `participants.allowed_addresses` (issue 39, item 7).
+    /// `participants.allowed_addresses` (ADR 0041).
     policy: Result<AddressPolicy, String>,
 }
 
@@ -192,7 +192,7 @@ fn in_flight_status_pb(txid: u64, v: &crate::driver::InFlightView) -> pb::Status
     }
 }
 
-/// Who a transaction's delivery errors are shown to (issue 39, item 7).
+/// Who a transaction's delivery errors are shown to (ADR 0041).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Audience {
     /// The Coordinator API's Status: the error's class only
@@ -205,13 +205,21 @@ pub(crate) enum Audience {
     Operator,
 }
 
-/// Adds this leader's phase-two attempts to each participant of `status`
-/// (leader-local, not replicated), so a transaction stuck on a participant
-/// shows why (invariant 11): in full to operators, as a class to
-/// applications.
-pub(crate) fn add_delivery_attempts(driver: &Driver, status: &mut pb::StatusResponse, audience: Audience) {
-    for p in &mut status.participants {
-        if let Some(a) = driver.delivery_attempts(status.txid, &p.id) {
+/// Adds this leader's phase-two attempts to each participant of each of
+/// `statuses` (leader-local, not replicated; one question to the driver
+/// for all), so a transaction stuck on a participant shows why (invariant
+/// 11): in full to operators, as a class to applications.
+pub(crate) async fn add_delivery_attempts(driver: &Driver, statuses: &mut [pb::StatusResponse], audience: Audience) {
+    let keys: Vec<(u64, String)> = statuses
+        .iter()
+        .flat_map(|s| s.participants.iter().map(|p| (s.txid, p.id.clone())))
+        .collect();
+    if keys.is_empty() {
+        return;
+    }
+    let mut found = driver.delivery_attempts(keys).await.into_iter();
+    for p in statuses.iter_mut().flat_map(|s| s.participants.iter_mut()) {
+        if let Some(a) = found.next().flatten() {
             p.delivery_attempts = a.attempts;
             p.last_delivery_error = match audience {
                 Audience::Operator => a.last_error,
@@ -243,10 +251,10 @@ fn check_participant(
     // later. (Only here, not in the state machine: the state machine must
     // decide the same on every node and every version, and this parser is
     // tonic's.)
-    dtx_proto::channel::check_address(address, tls)
+    dtx_transport::channel::check_address(address, tls)
         .map_err(|e| ApiError::InvalidArgument(format!("participant {id:?}: field address: {e}")))?;
     check_len("payload", payload.len(), limits::PAYLOAD_BYTES_MAX)?;
-    // The operators' policy (issue 39, item 7): checked here, where the
+    // The operators' policy (ADR 0041): checked here, where the
     // leader serves the call, before anything is proposed. The refusal
     // names the key, never the allowed entries, and quotes the address
     // escaped and cut.
@@ -272,7 +280,7 @@ fn check_participant(
 /// enlist in (as the application), commit or abort them.
 fn app_caller<T>(req: &Request<T>) -> Option<String> {
     crate::security::caller(req)
-        .filter(|id| id.role == dtx_proto::tls::Role::Application)
+        .filter(|id| id.role == dtx_tls::Role::Application)
         .map(|id| id.name)
 }
 
@@ -365,7 +373,7 @@ impl CoordinatorService {
     async fn enlist(
         &self,
         req: pb::EnlistRequest,
-        caller: Option<&dtx_proto::tls::Identity>,
+        caller: Option<&dtx_tls::Identity>,
     ) -> Result<pb::EnlistResponse, ApiError> {
         check_participant(
             &req.participant_id,
@@ -375,10 +383,10 @@ impl CoordinatorService {
             &self.policy,
         )?;
         match caller {
-            Some(id) if id.role == dtx_proto::tls::Role::Participant => {
+            Some(id) if id.role == dtx_tls::Role::Participant => {
                 self.check_self_enlist(req.txid, &id.name, &req.participant_id).await?
             }
-            Some(id) if id.role == dtx_proto::tls::Role::Application => {
+            Some(id) if id.role == dtx_tls::Role::Application => {
                 self.ctx().check_owner(req.txid, Some(&id.name)).await?
             }
             // A node acting for itself (a current member), or no
@@ -477,7 +485,7 @@ impl CoordinatorService {
         // A txid on the one-write path before its write has no record yet,
         // but is not "not found": its Prepares are out (PREPARING). Asked
         // before the read, as for GetDecisions (ADR 0012).
-        let in_flight = self.driver.fast_in_flight_view(txid, self.ctx().current_term());
+        let in_flight = self.driver.fast_in_flight_view(txid, self.ctx().current_term()).await?;
         let mut status = match self
             .ctx()
             .read_linearizable(|st| st.table.get(txid).map(|r| status_pb_in(st, r)))
@@ -493,13 +501,13 @@ impl CoordinatorService {
                 }
             },
         };
-        add_delivery_attempts(&self.driver, &mut status, Audience::Application);
+        add_delivery_attempts(&self.driver, std::slice::from_mut(&mut status), Audience::Application).await;
         Ok(status)
     }
 
     /// The decisions of `txids`; with a `participant_id` (not empty), also
     /// whether the cluster still awaits that participant's ack of each, so
-    /// the participant keeps its log record until then (issue 8, defect 2).
+    /// the participant keeps its log record until then (invariant 10).
     ///
     /// `incarnation` is the one the asker received with every txid (0:
     /// asked without one, by an SDK from before incarnations): a txid that
@@ -526,7 +534,7 @@ impl CoordinatorService {
         // still be applied. Asked BEFORE the read, whose table then holds
         // every write whose result became known (ADR 0012).
         let term = self.ctx().current_term();
-        let in_flight = self.driver.fast_in_flight(&txids, term);
+        let in_flight = self.driver.fast_in_flight(&txids, term).await?;
         self.ctx()
             .read_linearizable(|st| {
                 txids
@@ -683,10 +691,10 @@ mod tests {
         Ok(AddressPolicy::default())
     }
 
-    /// Issue 39, item 7: an address outside `participants.allowed_addresses`
-    /// is PERMISSION_DENIED, naming the key, with the address escaped and
-    /// cut; the form is checked first (INVALID_ARGUMENT); a policy that
-    /// did not parse refuses everything.
+    /// An address outside `participants.allowed_addresses` is
+    /// PERMISSION_DENIED, naming the key, with the address escaped and cut;
+    /// the form is checked first (INVALID_ARGUMENT); a policy that did not
+    /// parse refuses everything.
     #[test]
     fn enlist_refuses_an_address_outside_the_policy() {
         let policy = AddressPolicy::parse(&["10.0.0.0/8".to_string(), "bank-*.internal".to_string()]);

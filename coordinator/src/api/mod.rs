@@ -16,10 +16,10 @@ use std::any::Any;
 use std::future::Future;
 use std::sync::Arc;
 
-use dtx_client::trace;
-use dtx_client::trace::TraceContext;
-use dtx_proto::channel::Channel;
+use dtx_common::trace;
+use dtx_common::trace::TraceContext;
 use dtx_proto::v1 as pb;
+use dtx_transport::channel::Channel;
 use tonic::Request;
 use tonic::Response;
 use tonic::Status;
@@ -180,7 +180,7 @@ where
 /// itself. A command this node proposed may still be applied (by the new
 /// leader, from the log), so the leader's "certainly not applied" does not
 /// speak for it and is dropped: the caller then treats the call as
-/// possibly applied, UNKNOWN if nothing definite follows (defect 6).
+/// possibly applied, UNKNOWN if nothing definite follows.
 fn forwarded_error(s: Status, leader: crate::raft::NodeId, addr: &str, proposed: bool) -> Status {
     let transport_failed = matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown);
     if transport_failed || (s.code() == tonic::Code::Unavailable && dtx_proto::metadata::leader_hint(&s).is_none()) {
@@ -188,9 +188,8 @@ fn forwarded_error(s: Status, leader: crate::raft::NodeId, addr: &str, proposed:
             leader_id: Some(leader),
             leader_api_addr: Some(addr.to_string()),
             // Not connected to the leader: nothing reached it, so only
-            // this node's own attempt can have been applied (issue 39,
-            // item 10).
-            proposed: proposed || !(dtx_proto::metadata::not_applied(&s) || dtx_proto::unary::nothing_sent(&s)),
+            // this node's own attempt can have been applied.
+            proposed: proposed || !(dtx_proto::metadata::not_applied(&s) || dtx_transport::unary::nothing_sent(&s)),
         });
     }
     let mut s = s;
@@ -224,7 +223,7 @@ pub(crate) fn check_len(field: &str, len: usize, max: usize) -> Result<(), ApiEr
 mod tests {
     use super::*;
 
-    /// Defect 6: a follower that proposed the command before it learned it
+    /// A follower that proposed the command before it learned it
     /// is not the leader forwards it; the leader's "not applied" answer
     /// covers only the leader's own attempt, so it must not reach the
     /// client, or the client would report a failure for a command that may

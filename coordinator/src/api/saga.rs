@@ -1,4 +1,4 @@
-//! The `SagaService` (issue 14): register definitions, start sagas, read
+//! The `SagaService` (ADR 0019): register definitions, start sagas, read
 //! their journals, and the operator's manual path for a parked saga. Every
 //! call is served by the leader (a follower forwards it once); reads are
 //! linearizable. The journal's rules are the state machine's
@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
-use dtx_proto::tls::Role;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_service_client::SagaServiceClient;
 use dtx_proto::v1::saga_service_server::SagaService;
+use dtx_tls::Role;
 use sha2::Digest;
 use tonic::Request;
 use tonic::Response;

@@ -1,9 +1,8 @@
-//! The console's saga pages (issue 14): `/console/sagas?state=` (a page of
-//! sagas by id, filtered by state) and `/console/saga/<id>` (one saga's
-//! journal: each step's forward call and compensation, residuals, the
-//! operator's actions), in the words of `admin saga list` / `show`. Pure
-//! renderers of the API's `pb::SagaView`; everything from data goes
-//! through [`esc`].
+//! The console's saga pages: `/console/sagas?state=` (a page of sagas by id,
+//! filtered by state) and `/console/saga/<id>` (one saga's journal: each
+//! step's forward call and compensation, residuals, the operator's actions),
+//! in the words of `admin saga list` / `show`. Pure renderers of the API's
+//! `pb::SagaView`; everything from data goes through [`esc`].
 
 use std::fmt::Write as _;
 

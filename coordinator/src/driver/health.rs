@@ -15,15 +15,15 @@
 //!   one (then the turn passes on). A participant gone for good therefore
 //!   costs one call per backoff (at most `delivery_retry_max_ms`) however
 //!   many transactions wait for it, and its failure is logged once per
-//!   participant at most every `warn_every` (issue 8, defect 9). A refusal
+//!   participant at most every `warn_every`. A refusal
 //!   (the participant answered) is about one transaction and never slows
 //!   the others down (invariant 11).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use dtx_client::backoff::Backoff;
-use dtx_client::backoff::Jitter;
+use dtx_common::backoff::Backoff;
+use dtx_common::backoff::Jitter;
 use tokio::time::Instant;
 
 /// What a call to a participant showed about the participant as a whole.
@@ -245,7 +245,7 @@ impl Peers {
 }
 
 /// What keeps going to a participant address for one transaction, as the
-/// give-up rule sees it (issue 39, item 7; ADR 0041).
+/// give-up rule sees it (ADR 0041).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Retried {
     /// Delivering a recorded ABORT.
@@ -283,7 +283,7 @@ pub fn gives_up(what: Retried, answered_once: bool, trying_for: Duration, bound:
 }
 
 /// Phase two's backoff after `failures` failures (from 1): the project's one
-/// backoff formula, `dtx_client::backoff::Backoff`, with equal jitter:
+/// backoff formula, `dtx_common::backoff::Backoff`, with equal jitter:
 /// `base * 2^(failures - 1)` (at least 1 ms), at most `max`, times
 /// `0.5 + u / 2` for the uniform draw `u` in 0..=1.
 pub(crate) fn backoff(base: Duration, max: Duration, failures: u32, u: f64) -> Duration {
@@ -316,7 +316,7 @@ mod tests {
         assert_eq!(p.failing(), 0);
     }
 
-    /// Defect 9 / invariant 11: a failing address has one probe turn; its
+    /// Invariant 11: a failing address has one probe turn; its
     /// holder calls after a backoff that doubles per failed probe up to the
     /// max, everyone else parks; the failure is announced once, then at
     /// most every `warn_every`; an answer wakes everyone.
@@ -416,7 +416,7 @@ mod tests {
         assert_eq!(q.release("a"), Wake::Nobody);
     }
 
-    /// Issue 39, item 7: only an address that never answered this node is
+    /// ADR 0041: only an address that never answered this node is
     /// given up, only after the bound, never for a COMMIT, and never with
     /// the bound at 0.
     #[test]

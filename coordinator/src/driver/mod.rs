@@ -39,6 +39,26 @@
 //! READ_ONLY voters get no phase two: their acks go into the decision's own
 //! Raft entry.
 //!
+//! One owner (ADR 0043): the driver's leader-local state (the marks of
+//! the tasks running here, the health records and parked deliveries, the
+//! attempts Status shows, the ack queue, the grouped messages' queues, the
+//! re-drive backoffs and cursors, the trace contexts, the one-write path's
+//! txids and keys) is one pure `book::Book`, held by one task
+//! (`owner::Owner`) that applies the messages of one channel to it.
+//! Questions carry a oneshot for the answer; everything else is a plain
+//! send, which never waits. A mark that says "work runs here" is a value
+//! whose drop tells the owner the work ended (`owner::TaskMark`,
+//! `owner::DeliveryMark`, `owner::FastMark`), so a mark cannot outlive the
+//! work. The owner never waits for I/O; this module, `deliver`, `fast`,
+//! `phase_two` and `prepare_group` are the async shell that calls
+//! participants and Raft, reads the state machine, and asks the owner.
+//!
+//! Rules checked in debug builds: a decision is written once (the owner
+//! asserts that every outcome work here sees for a transaction is the
+//! same, and each delivery that the table's decision is the one it
+//! delivers), and the voters of a COMMIT are exactly the enlisted
+//! participants (invariant 2).
+//!
 //! Tracing: the work for one transaction runs in a span with its `txid`
 //! (the request's span, and `drive`, `deliver` and `redrive` spans for the
 //! tasks it spawns), so every log line of it carries the txid. Each call to
@@ -50,33 +70,41 @@
 //! its first item in its metadata, runs in a span linked to every item's
 //! trace, and logs (at debug) each item's txid with its trace id.
 
+mod book;
+mod deliver;
 mod fast;
-pub use fast::InFlightView;
 mod group;
 pub mod health;
+mod owner;
 mod phase_two;
 mod prepare_group;
+mod txids;
+pub use txids::InFlightView;
 
 use std::collections::BTreeSet;
-use std::collections::HashMap;
-use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use dtx_client::trace;
-use dtx_client::trace::TraceContext;
+pub use book::Cursors;
+pub use book::DeliveryAttempts;
+pub use book::ErrorClass;
+use dtx_common::trace;
+use dtx_common::trace::TraceContext;
 use dtx_proto::metadata::RefusalKind;
-use dtx_proto::tls::logtext::clean;
-use dtx_proto::tls::logtext::Clean;
-use dtx_proto::tls::logtext::LogSummary;
 use dtx_proto::v1 as pb;
+use dtx_tls::logtext::clean;
+use dtx_tls::logtext::Clean;
+use dtx_tls::logtext::LogSummary;
 use rand::Rng;
 use tracing::error;
 use tracing::info;
 use tracing::warn;
 use tracing::Instrument;
 
+use self::book::AckReply;
+use self::book::Work;
+use self::owner::Msg;
+use self::owner::TaskMark;
 use crate::ctx::now_ms;
 use crate::ctx::ApiError;
 use crate::ctx::NodeCtx;
@@ -96,29 +124,38 @@ use crate::sm::Txid;
 /// The leader's transaction driver: the one owner of prepare rounds,
 /// decisions, delivery, acks and re-drives on this node. The API and the
 /// leader loop call it; it stands on the node's shared context (Raft, the
-/// state machine, the channels) and never the other way round.
+/// state machine, the channels) and never the other way round. Its
+/// leader-local state is the owner task's (`owner`), reached through
+/// `mailbox`.
 pub struct Driver {
     pub ctx: Arc<NodeCtx>,
-    state: DriverState,
-    /// The one-write commit path's txid ranges and in-flight txids.
-    fast: fast::FastState,
+    /// The owner task of the driver's leader-local state.
+    mailbox: owner::Mailbox,
     /// "prepare failed, counted as NO" lines, one per participant per
-    /// `logtext::SUMMARY_INTERVAL` (issue 39): a participant that is down
-    /// fails every transaction's prepare.
+    /// `logtext::SUMMARY_INTERVAL`: a participant that is down fails every
+    /// transaction's prepare.
     prepare_failures: Arc<LogSummary>,
-    /// "stopped delivering" lines (issue 39, item 7), one per address per
+    /// "stopped delivering" lines, one per address per
     /// `logtext::SUMMARY_INTERVAL`.
     given_up_log: Arc<LogSummary>,
 }
 
+/// How often a participant that keeps failing is reported again.
+const PEER_WARN_EVERY: Duration = Duration::from_secs(30);
+
 impl Driver {
+    /// The driver, with its owner task started.
     pub fn new(ctx: Arc<NodeCtx>) -> Arc<Driver> {
         let t = &ctx.config.txn;
-        let state = DriverState::new(
-            Duration::from_millis(t.delivery_retry_base_ms),
-            Duration::from_millis(t.delivery_retry_max_ms),
-            t.delivery_inflight_calls_max,
-        );
+        let settings = book::Settings {
+            retry_base: Duration::from_millis(t.delivery_retry_base_ms),
+            retry_max: Duration::from_millis(t.delivery_retry_max_ms),
+            inflight_max: t.delivery_inflight_calls_max,
+            warn_every: PEER_WARN_EVERY,
+            give_up_after: Duration::from_millis(t.never_answered_give_up_ms),
+            ack_batch_wait: Duration::from_millis(t.ack_batch_wait_ms),
+            txid_reserve_count: t.txid_reserve_count,
+        };
         let prepare_failures = Arc::new(LogSummary::default());
         prepare_failures.spawn_flusher(|participant, held| {
             warn!(
@@ -126,7 +163,7 @@ impl Driver {
                 held_back = held,
                 "{held} more prepares to this participant failed in the last {}s, each counted as NO \
                  (dtx_prepare_failures_total)",
-                dtx_proto::tls::logtext::SUMMARY_INTERVAL.as_secs()
+                dtx_tls::logtext::SUMMARY_INTERVAL.as_secs()
             )
         });
         let given_up_log = Arc::new(LogSummary::default());
@@ -136,22 +173,34 @@ impl Driver {
                 held_back = held,
                 "{held} more transactions stopped calling this never-answering address in the last {}s \
                  (dtx_never_answered_given_up_total)",
-                dtx_proto::tls::logtext::SUMMARY_INTERVAL.as_secs()
+                dtx_tls::logtext::SUMMARY_INTERVAL.as_secs()
             )
         });
-        Arc::new(Driver {
-            ctx,
-            state,
-            fast: fast::FastState::default(),
-            prepare_failures,
-            given_up_log,
+        Arc::new_cyclic(|me: &std::sync::Weak<Driver>| {
+            let me = me.clone();
+            let start: owner::Starter = Box::new(move |s| {
+                if let Some(driver) = me.upgrade() {
+                    driver.start(s);
+                }
+            });
+            let (owner, mailbox) = owner::Owner::new(start, settings);
+            tokio::spawn(owner.run());
+            Driver {
+                ctx,
+                mailbox,
+                prepare_failures,
+                given_up_log,
+            }
         })
     }
 
-    /// The delivery attempts to `participant_id` in `txid` this leader has
-    /// made, if a delivery task is running for it.
-    pub fn delivery_attempts(&self, txid: Txid, participant_id: &str) -> Option<DeliveryAttempts> {
-        self.state.delivery_attempts(txid, participant_id)
+    /// The delivery attempts this leader has made to each participant of
+    /// `keys` (txid, participant id), where a delivery task is running for
+    /// it (or a one-phase commit's calls failed); one question for all.
+    pub async fn delivery_attempts(&self, keys: Vec<(Txid, String)>) -> Vec<Option<DeliveryAttempts>> {
+        let n = keys.len();
+        let answer = self.mailbox.ask(|reply| Msg::Attempts { keys, reply }).await;
+        answer.unwrap_or_else(|| vec![None; n])
     }
 
     /// An operator's heuristic decision of the one-phase commit `txid`
@@ -159,300 +208,36 @@ impl Driver {
     /// attempts stop being shown, and the decision is logged for the
     /// record.
     pub fn declared_lost(&self, txid: Txid, participant_id: &str, d: &Decision) {
-        self.state.forget_attempts(txid, participant_id);
+        self.mailbox.tell(Msg::ForgetAttempts {
+            key: (txid, participant_id.to_string()),
+        });
         metrics::counter!("dtx_heuristic_decisions_total", "outcome" => d.outcome.to_string()).increment(1);
         warn!(txid, participant = %Clean(participant_id), outcome = %d.outcome, "heuristic decision recorded: {}", d.note);
     }
 
     /// Participant addresses that are failing now.
-    pub fn failing_participants(&self) -> usize {
-        self.state.failing_participants()
+    pub async fn failing_participants(&self) -> usize {
+        self.mailbox.ask(|reply| Msg::Failing { reply }).await.unwrap_or(0)
     }
 
     /// Wakes every parked delivery (the term changed: each looks at its
     /// leadership again).
     pub fn wake_all(&self) {
-        self.state.wake_all()
-    }
-}
-
-/// The driver's leader-local state: which transactions have a task
-/// running on this node, and what deliveries and re-drives have seen.
-struct DriverState {
-    delivering: Mutex<HashSet<Txid>>,
-    /// Acks waiting to go through Raft together.
-    acks: Mutex<AckQueue>,
-    /// Being driven (by a client's Commit or a re-drive): the leader loop
-    /// does not start a second prepare round for them.
-    driving: Mutex<HashSet<Txid>>,
-    /// Every participant address deliveries go to, and how it is doing.
-    peers: Mutex<health::Peers>,
-    /// Per address: wakes deliveries parked on it.
-    wakers: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
-    /// Per (txid, participant id): the delivery attempts so far (for Status).
-    attempts: Mutex<HashMap<(Txid, String), DeliveryAttempts>>,
-    /// Per address: the decisions waiting for the next ApplyDecisions
-    /// message (`phase_two`).
-    groups: phase_two::Groups,
-    /// Per address: the prepares waiting for the next PrepareMany message
-    /// (`prepare_group`).
-    prepare_groups: prepare_group::PrepareGroups,
-    /// PREPARING transactions whose re-drive ended without a decision: not
-    /// re-driven again before their backoff has passed.
-    redrive_backoff: Mutex<HashMap<Txid, Backoff>>,
-    /// Where the leader loop's scans go on from (invariant 11).
-    cursors: Mutex<Cursors>,
-    /// Per transaction driven here: the trace context of the request that
-    /// drove it, carried on its calls to participants (not replicated).
-    traces: Mutex<HashMap<Txid, TraceContext>>,
-    /// Addresses that answered a call from this process (issue 39, item 7).
-    answered: Mutex<Answered>,
-    /// One-phase commits no longer re-sent: their participant's address
-    /// never answered within `txn.never_answered_give_up_ms` (per txid,
-    /// the address and the participant id). Re-driven again once the
-    /// address answers anything.
-    one_phase_given_up: Mutex<HashMap<Txid, (String, String)>>,
-    retry_base: Duration,
-    retry_max: Duration,
-}
-
-/// What the answering leader knows of one participant's phase two in one
-/// transaction (not replicated; shown by Status).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeliveryAttempts {
-    pub attempts: u32,
-    /// The last error in full: for operators only (ListTransactions, `admin
-    /// txn show`, the console), never the application's Status.
-    pub last_error: String,
-    /// The last error's class: what the application's Status shows.
-    pub last_error_class: Option<ErrorClass>,
-    /// When the next attempt is due, ms since the Unix epoch (0: none).
-    pub next_unix_ms: u64,
-    /// When this leader first saw a call for it fail (one-phase commits:
-    /// the clock of the give-up rule, `health::gives_up`).
-    pub first_failed: Option<tokio::time::Instant>,
-    /// This leader stopped calling the address for this transaction (it
-    /// never answered; issue 39, item 7), ms since the Unix epoch (0: not).
-    pub given_up_unix_ms: u64,
-}
-
-/// What the application's Status says of a participant's last delivery
-/// error (issue 39, item 7): a class, never the transport's text, which
-/// would tell a refused connection from a TLS failure at an address the
-/// application chose. Operators see the text.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// No answer: no connection, a handshake or transport failure, a
-    /// timeout, or the participant failing as a whole.
-    Unreachable,
-    /// The participant answered and refused the message.
-    Refused,
-    /// Anything else (on the cluster's side, e.g. an ack not recorded yet).
-    Error,
-}
-
-impl ErrorClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorClass::Unreachable => "unreachable",
-            ErrorClass::Refused => "refused",
-            ErrorClass::Error => "error",
-        }
-    }
-}
-
-/// Participant addresses that answered a call of this node process (issue
-/// 39, item 7): the give-up rule spares them. Bounded: when full, every
-/// address counts as answered (nothing more is given up).
-#[derive(Debug, Default)]
-struct Answered {
-    set: HashSet<String>,
-    full: bool,
-}
-
-/// How many answering addresses a node remembers (a deployment has far
-/// fewer participants; `participants.allowed_addresses` bounds them).
-const ANSWERED_ADDRESSES_MAX: usize = 65_536;
-
-#[derive(Clone, Copy, Debug)]
-struct Backoff {
-    failures: u32,
-    not_before: tokio::time::Instant,
-}
-
-/// The txid each background scan took last.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Cursors {
-    pub undelivered: Txid,
-    pub preparing: Txid,
-}
-
-/// How often a participant that keeps failing is reported again.
-const PEER_WARN_EVERY: Duration = Duration::from_secs(30);
-
-/// The longest a parked delivery sleeps before it looks at its leadership
-/// and its record again (it is normally woken sooner: by a freed slot, a
-/// free probe turn, the participant answering again, or a new term).
-const PARKED_MAX: Duration = Duration::from_secs(10);
-
-impl DriverState {
-    /// `inflight_max`: calls in flight to one participant address at most.
-    fn new(retry_base: Duration, retry_max: Duration, inflight_max: u32) -> Self {
-        DriverState {
-            delivering: Mutex::default(),
-            acks: Mutex::default(),
-            driving: Mutex::default(),
-            peers: Mutex::new(health::Peers::new(retry_base, retry_max, PEER_WARN_EVERY, inflight_max)),
-            wakers: Mutex::default(),
-            attempts: Mutex::default(),
-            groups: phase_two::Groups::default(),
-            prepare_groups: prepare_group::PrepareGroups::default(),
-            redrive_backoff: Mutex::default(),
-            cursors: Mutex::default(),
-            traces: Mutex::default(),
-            answered: Mutex::default(),
-            one_phase_given_up: Mutex::default(),
-            retry_base,
-            retry_max,
-        }
+        self.mailbox.tell(Msg::WakeAll)
     }
 
-    /// The attempts to `participant_id` in `txid` stop being shown (the
-    /// work ended). Never panics: it also runs in `Drop`.
-    fn forget_attempts(&self, txid: Txid, participant_id: &str) {
-        if let Ok(mut m) = self.attempts.lock() {
-            m.remove(&(txid, participant_id.to_string()));
-        }
-    }
-
-    fn delivery_attempts(&self, txid: Txid, participant_id: &str) -> Option<DeliveryAttempts> {
-        self.attempts
-            .lock()
-            .expect("lock")
-            .get(&(txid, participant_id.to_string()))
-            .cloned()
-    }
-
-    fn failing_participants(&self) -> usize {
-        self.peers.lock().expect("lock").failing()
-    }
-
-    /// `addr` answered a call (any answer of the participant protocol,
-    /// refusals included): it is never given up from now on, and
-    /// deliveries given up on it go on.
-    fn note_answered(&self, addr: &str) {
-        let first = {
-            let mut a = self.answered.lock().expect("lock");
-            if a.full || a.set.contains(addr) {
-                false
-            } else if a.set.len() >= ANSWERED_ADDRESSES_MAX {
-                a.full = true;
-                warn!(
-                    "{ANSWERED_ADDRESSES_MAX} participant addresses have answered this node: from now on none is \
-                     given up (txn.never_answered_give_up_ms no longer applies until a restart)"
-                );
-                true
-            } else {
-                a.set.insert(addr.to_string());
-                true
+    /// Starts, in a task of its own, the I/O the owner asks for.
+    fn start(self: Arc<Self>, s: owner::Start) {
+        match s {
+            owner::Start::Prepares { addr, first, mark } => {
+                tokio::spawn(self.send_prepare_groups(addr, first, mark));
             }
-        };
-        if first {
-            self.wake(addr, health::Wake::All);
-        }
-    }
-
-    /// `addr` answered a call from this process once, at least.
-    fn answered_once(&self, addr: &str) -> bool {
-        let a = self.answered.lock().expect("lock");
-        a.full || a.set.contains(addr)
-    }
-
-    /// The notifier of deliveries parked on `addr`.
-    fn waker(&self, addr: &str) -> Arc<tokio::sync::Notify> {
-        self.wakers
-            .lock()
-            .expect("lock")
-            .entry(addr.to_string())
-            .or_default()
-            .clone()
-    }
-
-    fn wake(&self, addr: &str, wake: health::Wake) {
-        match wake {
-            health::Wake::Nobody => {}
-            health::Wake::One => self.waker(addr).notify_one(),
-            health::Wake::All => self.waker(addr).notify_waiters(),
-        }
-    }
-
-    fn wake_all(&self) {
-        for w in self.wakers.lock().expect("lock").values() {
-            w.notify_waiters();
-        }
-    }
-
-    /// The backoff after `failures` failures, with equal jitter.
-    fn backoff(&self, failures: u32) -> Duration {
-        let u = rand::rng().random_range(0.0..=1.0);
-        health::backoff(self.retry_base, self.retry_max, failures.saturating_add(1), u)
-    }
-}
-
-type AckReply = tokio::sync::oneshot::Sender<Result<(), ApiError>>;
-
-#[derive(Default)]
-struct AckQueue {
-    waiting: Vec<(Command, AckReply)>,
-    /// A task will take `waiting` after `txn.ack_batch_wait_ms`.
-    flush_scheduled: bool,
-}
-
-/// Which of the driver's "task running here" sets a mark is in.
-#[derive(Clone, Copy)]
-enum Work {
-    Driving,
-    Delivering,
-}
-
-impl DriverState {
-    fn set(&self, work: Work) -> &Mutex<HashSet<Txid>> {
-        match work {
-            Work::Driving => &self.driving,
-            Work::Delivering => &self.delivering,
-        }
-    }
-}
-
-/// Marks a transaction as having a task of one kind on this node until
-/// dropped: the mark cannot outlive the work, whether it finishes, fails,
-/// panics or is cancelled (a mark left behind would stop the leader loop
-/// from ever starting that work again; found by the jepsen harness with a
-/// one-phase commit).
-struct TaskMark {
-    driver: Arc<Driver>,
-    work: Work,
-    txid: Txid,
-}
-
-impl TaskMark {
-    /// Sets the mark, or `None` if a task of this kind already holds it.
-    fn try_new(driver: &Arc<Driver>, work: Work, txid: Txid) -> Option<TaskMark> {
-        if !driver.state.set(work).lock().expect("lock").insert(txid) {
-            return None;
-        }
-        Some(TaskMark {
-            driver: driver.clone(),
-            work,
-            txid,
-        })
-    }
-}
-
-impl Drop for TaskMark {
-    fn drop(&mut self) {
-        if let Ok(mut d) = self.driver.state.set(self.work).lock() {
-            d.remove(&self.txid);
+            owner::Start::Decisions { addr, mark } => {
+                tokio::spawn(self.send_groups(addr, mark));
+            }
+            owner::Start::Acks(waiting) => {
+                tokio::spawn(async move { self.propose_acks(waiting).await });
+            }
         }
     }
 }
@@ -475,11 +260,6 @@ fn prepare_request(
     req.set_timeout(timeout);
     req
 }
-
-/// How many transactions' trace contexts a leader keeps (those of
-/// transactions no longer in the table are dropped first).
-const TRACES_MAX: usize = 65_536;
-
 /// A span for work on `txid` (a child of the current span).
 fn txn_span(work: &'static str, txid: Txid) -> tracing::Span {
     tracing::info_span!("txn", work, txid)
@@ -491,70 +271,75 @@ impl Driver {
     /// span (a Begin's request span learns its txid here).
     fn note_trace(&self, txid: Txid) {
         tracing::Span::current().record("txid", txid);
-        let Some(ctx) = trace::current() else { return };
-        let mut traces = self.state.traces.lock().expect("lock");
-        if traces.len() >= TRACES_MAX && !traces.contains_key(&txid) {
-            let st = self.ctx.sm.state();
-            traces.retain(|t, _| st.table.get(*t).is_some());
-            if traces.len() >= TRACES_MAX {
-                traces.clear();
-            }
+        if let Some(ctx) = trace::current() {
+            self.mailbox.tell(Msg::NoteTrace { txid, ctx });
         }
-        traces.insert(txid, ctx);
     }
 
-    /// The trace context of `txid`'s participant calls: the one kept for it
-    /// here, else the current one.
-    fn trace_of(&self, txid: Txid) -> Option<TraceContext> {
-        let kept = self.state.traces.lock().expect("lock").get(&txid).cloned();
-        kept.or_else(trace::current)
+    /// The trace context of `txid`'s participant calls: the current one
+    /// (the driving request's, which `note_trace` kept), else the one kept
+    /// for it here (a re-drive's or a delivery's task has none of its own).
+    async fn trace_of(&self, txid: Txid) -> Option<TraceContext> {
+        match trace::current() {
+            Some(ctx) => Some(ctx),
+            None => self.mailbox.ask(|reply| Msg::TraceOf { txid, reply }).await.flatten(),
+        }
     }
 
     /// Puts `txid` and its trace context into the metadata of a call to a
     /// participant about it.
-    fn mark_call<T>(&self, txid: Txid, req: &mut tonic::Request<T>) {
+    async fn mark_call<T>(&self, txid: Txid, req: &mut tonic::Request<T>) {
         dtx_proto::attach_txid(req, txid);
-        if let Some(ctx) = self.trace_of(txid) {
+        if let Some(ctx) = self.trace_of(txid).await {
             ctx.attach(req.metadata_mut());
         }
     }
 
-    /// For a grouped message carrying `txids`: its first item's trace
-    /// context into `req`'s metadata, a link from `span` to every item's
-    /// trace, and a debug line naming each item's txid and trace id.
-    fn mark_group_call<T>(&self, span: &tracing::Span, txids: &[Txid], req: &mut tonic::Request<T>) {
-        let traces: Vec<(Txid, Option<TraceContext>)> = {
-            let kept = self.state.traces.lock().expect("lock");
-            txids.iter().map(|t| (*t, kept.get(t).cloned())).collect()
-        };
-        if let Some(first) = traces.first().and_then(|(_, c)| c.as_ref()) {
-            first.attach(req.metadata_mut());
-            span.record("trace_id", first.trace_id_hex());
+    /// Tells the owner what work on `txid` saw as its recorded decision
+    /// (checked there: a decision is written once). Debug builds only.
+    fn saw_decision(&self, txid: Txid, outcome: Outcome) {
+        if cfg!(debug_assertions) {
+            self.mailbox.tell(Msg::SawDecision { txid, outcome });
         }
-        for (_, ctx) in &traces {
-            if let Some(c) = ctx {
-                trace::link(span, c);
-            }
-        }
-        span.in_scope(|| {
-            tracing::debug!(
-                items = ?traces
-                    .iter()
-                    .map(|(t, c)| format!("{t}:{}", c.as_ref().map(|c| c.trace_id_hex()).unwrap_or_default()))
-                    .collect::<Vec<_>>(),
-                "grouped message: txid:trace_id of each item"
-            )
-        });
     }
 
-    /// Forgets the trace context of `txid` (its delivery ended here).
-    fn forget_trace(&self, txid: Txid) {
-        self.state.traces.lock().expect("lock").remove(&txid);
+    /// Marks `txid` as having a task of `work` here: the mark, or `None`
+    /// if another task has it.
+    async fn claim(&self, work: Work, txid: Txid) -> Option<TaskMark> {
+        self.mailbox
+            .ask(|reply| Msg::Mark { work, txid, reply })
+            .await
+            .flatten()
     }
 }
 
+/// For a grouped message carrying the transactions of `traces` (each with
+/// the trace kept for it): its first item's trace context into `req`'s
+/// metadata, a link from `span` to every item's trace, and a debug line
+/// naming each item's txid and trace id.
+fn mark_group_call<T>(span: &tracing::Span, traces: &[(Txid, Option<TraceContext>)], req: &mut tonic::Request<T>) {
+    if let Some(first) = traces.first().and_then(|(_, c)| c.as_ref()) {
+        first.attach(req.metadata_mut());
+        span.record("trace_id", first.trace_id_hex());
+    }
+    for (_, ctx) in traces {
+        if let Some(c) = ctx {
+            trace::link(span, c);
+        }
+    }
+    span.in_scope(|| {
+        tracing::debug!(
+            items = ?traces
+                .iter()
+                .map(|(t, c)| format!("{t}:{}", c.as_ref().map(|c| c.trace_id_hex()).unwrap_or_default()))
+                .collect::<Vec<_>>(),
+            "grouped message: txid:trace_id of each item"
+        )
+    });
+}
+
 /// What a decision's note says of a participant whose Prepare brought no
-/// usable vote: never the transport's text (issue 39, item 7).
+/// usable vote: never the transport's text (ADR 0041).
 const FAILED_VOTE_NOTE: &str = "no usable vote (unreachable or failed; the leader's log has the error)";
 
 /// Cuts a decision note to `limits::NOTE_BYTES_MAX` bytes.
@@ -580,10 +365,10 @@ impl Driver {
     /// own for a participant that does not serve PrepareMany.
     async fn prepare_one(self: &Arc<Self>, txid: Txid, term: u64, p: &Participant, timeout: Duration) -> Vote {
         let mut req = prepare_request(txid, self.ctx.incarnation_of(txid), term, p, timeout);
-        self.mark_call(txid, &mut req);
         if let Some(v) = self.prepare_grouped(&p.address, req.get_ref().clone(), timeout).await {
             return v;
         }
+        self.mark_call(txid, &mut req).await;
         let ch = match self.ctx.api_channel(&p.address) {
             Ok(c) => c,
             Err(e) => return Vote::Failed(e.to_string()),
@@ -593,12 +378,12 @@ impl Driver {
             Err(_) => Vote::Failed(format!("no vote within {} ms", timeout.as_millis())),
             Ok(Err(s)) => {
                 if matches!(DeliveryError::from_status(&s), DeliveryError::Refused { .. }) {
-                    self.state.note_answered(&p.address);
+                    self.note_answered(&p.address);
                 }
                 Vote::Failed(format!("{}: {}", s.code(), s.message()))
             }
             Ok(Ok(r)) => {
-                self.state.note_answered(&p.address);
+                self.note_answered(&p.address);
                 let r = r.into_inner();
                 prepare_group::vote_of(r.vote, r.reason)
             }
@@ -698,7 +483,7 @@ impl Driver {
     /// recorded decision. Invariant 2 binds operators too: a COMMIT needs
     /// the voters the operator names, if any, to be exactly the enlisted
     /// participants, and every participant to hold a durable YES or
-    /// READ_ONLY vote when asked (issue 8, defect 5); READ_ONLY voters are
+    /// READ_ONLY vote when asked; READ_ONLY voters are
     /// acked with the decision.
     pub async fn resolve(
         self: &Arc<Self>,
@@ -758,13 +543,13 @@ impl Driver {
         txid: Txid,
         known: Option<(Vec<Participant>, bool)>,
     ) -> Result<Decision, ApiError> {
-        // If a re-drive already holds the mark, this drive runs alongside it
-        // (every step is idempotent) and leaves the mark to its owner.
-        let guard = TaskMark::try_new(self, Work::Driving, txid);
         let driver = self.clone();
         let task = tokio::spawn(
             trace::with_current(async move {
-                let _guard = guard;
+                // If a re-drive already holds the mark, this drive runs
+                // alongside it (every step is idempotent) and leaves the
+                // mark to its owner.
+                let _mark = driver.claim(Work::Driving, txid).await;
                 match known {
                     Some((participants, one_phase)) => driver.drive_preparing(txid, participants, one_phase).await,
                     None => driver.drive_commit_inner(txid).await,
@@ -773,7 +558,7 @@ impl Driver {
             .instrument(txn_span("drive", txid)),
         );
         // A drive that panicked or was cancelled may have recorded a
-        // decision before it stopped: its outcome is not known (defect 6).
+        // decision before it stopped: its outcome is not known.
         task.await.map_err(|e| {
             ApiError::Unknown(format!(
                 "the driver of {txid} stopped ({e}); the decision may or may not be recorded: ask again"
@@ -835,11 +620,11 @@ impl Driver {
         dtx_failpoint::failpoint!("coordinator_before_prepare");
         let ch = self.ctx.api_channel(&p.address)?;
         let mut req = prepare_request(txid, self.ctx.incarnation_of(txid), term, p, timeout);
-        self.mark_call(txid, &mut req);
+        self.mark_call(txid, &mut req).await;
         let answer = tokio::time::timeout(timeout, self.ctx.participant_over(ch).commit_one_phase(req)).await;
         let (outcome, note) = match answer {
             Ok(Ok(r)) => {
-                self.state.note_answered(&p.address);
+                self.note_answered(&p.address);
                 let r = r.into_inner();
                 if r.committed {
                     (Outcome::Commit, String::new())
@@ -850,18 +635,18 @@ impl Driver {
                 }
             }
             Ok(Err(s)) => {
-                // Shown by `txn show` (issue 39, item 8): what keeps the
+                // Shown by `txn show`: what keeps the
                 // transaction PREPARING; the application's Status and this
-                // answer say only its class (item 7).
+                // answer say only its class (ADR 0041).
                 let error = format!("{}: {}", s.code(), s.message());
                 let class = match DeliveryError::from_status(&s) {
                     DeliveryError::Refused { .. } => {
-                        self.state.note_answered(&p.address);
+                        self.note_answered(&p.address);
                         ErrorClass::Refused
                     }
                     DeliveryError::NoAnswer(_) => ErrorClass::Unreachable,
                 };
-                self.note_attempt(txid, p, Some((class, &error)), None);
+                self.note_one_phase_failure(txid, p, class, error);
                 return Err(ApiError::Unknown(format!(
                     "one-phase commit of {txid}: participant {} did not commit it ({}); only it can decide, the leader will ask again",
                     Clean(&p.id),
@@ -870,7 +655,7 @@ impl Driver {
             }
             Err(_) => {
                 let error = format!("no answer within {} ms", timeout.as_millis());
-                self.note_attempt(txid, p, Some((ErrorClass::Unreachable, &error)), None);
+                self.note_one_phase_failure(txid, p, ErrorClass::Unreachable, error);
                 return Err(ApiError::Unknown(format!(
                     "one-phase commit of {txid}: no answer from participant {} within {} ms; only it can decide, the leader will ask again",
                     p.id,
@@ -882,7 +667,9 @@ impl Driver {
         let (d, recorded) = self
             .decide(txid, outcome, vec![p.id.clone()], DecisionSource::Driver, note)
             .await?;
-        self.state.forget_attempts(txid, &p.id);
+        self.mailbox.tell(Msg::ForgetAttempts {
+            key: (txid, p.id.clone()),
+        });
         if d.source == DecisionSource::OperatorHeuristic && d.outcome != outcome {
             // The participant answered after all, after an operator had
             // declared it lost: the decision stands (write-once), and the
@@ -938,9 +725,10 @@ impl Driver {
         } = self
             .prepare_round(txid, term, &participants, deadline_ms, round_started_ms, wait_ms)
             .await?;
+        debug_assert_commit_voters(txid, outcome, &decided_voters, &participants);
         // READ_ONLY voters need no phase two, whatever the decision: their
         // acks go into the decision's own Raft entry, so delivery never
-        // sees them pending (defect 4).
+        // sees them pending.
         dtx_failpoint::failpoint!("coordinator_votes_in_before_decide");
         let (d, recorded) = self
             .decide_with_acks(txid, outcome, decided_voters, DecisionSource::Driver, note, &read_only)
@@ -998,7 +786,7 @@ impl Driver {
             }
         }
         // The decision's note is replicated and shown by the application's
-        // Status: a failed vote says no more than that (issue 39, item 7);
+        // Status: a failed vote says no more than that (ADR 0041);
         // its error is in the line above (and `dtx_prepare_failures_total`).
         let votes: Vec<(&str, Vote)> = voters
             .iter()
@@ -1091,7 +879,10 @@ impl Driver {
             }
         }
         match decided {
-            CommandOk::Decided { decision, recorded } => Ok((decision, recorded)),
+            CommandOk::Decided { decision, recorded } => {
+                self.saw_decision(txid, decision.outcome);
+                Ok((decision, recorded))
+            }
             other => Err(ApiError::Internal(format!("unexpected state-machine result {other:?}"))),
         }
     }
@@ -1123,12 +914,12 @@ impl Driver {
                     incarnation: self.ctx.incarnation_of(txid),
                 });
                 req.set_timeout(timeout);
-                self.mark_call(txid, &mut req);
+                self.mark_call(txid, &mut req).await;
                 match tokio::time::timeout(timeout, self.ctx.participant_over(ch).inquire(req)).await {
                     Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
                     Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
                     Ok(Ok(r)) => {
-                        self.state.note_answered(&p.address);
+                        self.note_answered(&p.address);
                         Ok(pb::LocalRecord::try_from(r.into_inner().record).unwrap_or_default())
                     }
                 }
@@ -1169,31 +960,16 @@ impl Driver {
     /// Records through Raft that `participant_id` applied the decision of
     /// `txid`. The ack waits up to `txn.ack_batch_wait_ms` for others and
     /// they are proposed together; the result is this ack's own.
-    async fn record_ack(self: &Arc<Self>, txid: Txid, participant_id: String) -> Result<(), ApiError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let schedule = {
-            let mut q = self.state.acks.lock().expect("lock");
-            q.waiting.push((Command::Ack { txid, participant_id }, tx));
-            !std::mem::replace(&mut q.flush_scheduled, true)
-        };
-        if schedule {
-            let driver = self.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(driver.ctx.config.txn.ack_batch_wait_ms)).await;
-                let waiting = {
-                    let mut q = driver.state.acks.lock().expect("lock");
-                    q.flush_scheduled = false;
-                    std::mem::take(&mut q.waiting)
-                };
-                metrics::histogram!("dtx_ack_batch_acks").record(waiting.len() as f64);
-                driver.propose_acks(waiting).await;
-            });
-        }
-        rx.await.unwrap_or_else(|_| {
-            Err(ApiError::Unavailable(
-                "the ack batch was dropped before it was proposed".into(),
-            ))
-        })
+    async fn record_ack(&self, txid: Txid, participant_id: String) -> Result<(), ApiError> {
+        let cmd = Command::Ack { txid, participant_id };
+        self.mailbox
+            .ask(|reply| Msg::Ack { cmd, reply })
+            .await
+            .unwrap_or_else(|| {
+                Err(ApiError::Unavailable(
+                    "the ack batch was dropped before it was proposed".into(),
+                ))
+            })
     }
 
     /// Proposes waiting acks, as few Raft entries as `batch.entries_max` and
@@ -1229,121 +1005,65 @@ impl Driver {
         .await;
     }
 
-    /// Starts phase two for `txid` unless it is already running here.
-    pub fn spawn_delivery(self: &Arc<Self>, txid: Txid) {
-        let Some(guard) = TaskMark::try_new(self, Work::Delivering, txid) else {
-            return;
-        };
-        let driver = self.clone();
-        tokio::spawn(
-            async move {
-                let _guard = guard;
-                driver.deliver(txid).await;
-                driver.forget_trace(txid);
-            }
-            .instrument(txn_span("deliver", txid)),
-        );
-    }
-
     /// Re-drives a PREPARING transaction (after a leader change, or a caller
     /// that went away) unless one is already running here. A re-drive that
     /// ends without a decision (a one-phase participant that does not
-    /// answer) backs off before the next.
+    /// answer) backs off before the next, and a one-phase commit whose
+    /// address never answered stops being re-sent after
+    /// `txn.never_answered_give_up_ms` (ADR 0041; `health::gives_up`): the
+    /// transaction stays PREPARING, shown to operators, and is re-driven
+    /// again once the address answers any call.
     pub fn spawn_redrive(self: &Arc<Self>, txid: Txid) {
-        let Some(guard) = TaskMark::try_new(self, Work::Driving, txid) else {
-            return;
-        };
         let driver = self.clone();
-        let span = txn_span("redrive", txid);
         tokio::spawn(
             async move {
-                let _guard = guard;
-                // Already PREPARING with a frozen set: no RequestCommit write.
-                let known = driver.ctx.sm.state().table.get(txid).and_then(|r| {
-                    (r.phase == crate::sm::Phase::Preparing).then(|| (r.participants.clone(), r.one_phase))
-                });
-                let only = known
-                    .as_ref()
-                    .and_then(|(participants, one_phase)| one_phase.then(|| participants.first().cloned()).flatten());
-                let res = match known {
-                    Some((participants, one_phase)) => driver.drive_preparing(txid, participants, one_phase).await,
-                    None => driver.drive_commit_inner(txid).await,
+                let Some(_mark) = driver.claim(Work::Driving, txid).await else {
+                    return;
                 };
-                if let (Err(_), Some(p)) = (&res, &only) {
-                    driver.maybe_give_up_one_phase(txid, p);
-                }
-                let mut backoff = driver.state.redrive_backoff.lock().expect("lock");
-                match res {
-                    Ok(_) => {
-                        backoff.remove(&txid);
-                    }
-                    Err(e) => {
-                        let failures = backoff.get(&txid).map(|b| b.failures).unwrap_or(0).saturating_add(1);
-                        let wait = driver.state.backoff(failures);
-                        backoff.insert(
-                            txid,
-                            Backoff {
-                                failures,
-                                not_before: tokio::time::Instant::now() + wait,
-                            },
-                        );
-                        if failures.is_power_of_two() {
-                            warn!(txid, failures, "re-drive of a PREPARING transaction not finished: {e}");
-                        }
-                    }
-                }
+                driver.redrive(txid).await;
             }
-            .instrument(span),
+            .instrument(txn_span("redrive", txid)),
         );
     }
 
-    /// After a re-drive of the one-phase commit `txid` to `p` ended without
-    /// an answer: stops re-sending it when the give-up rule says so (issue
-    /// 39, item 7; `health::gives_up`): the transaction stays PREPARING,
-    /// shown to operators, and is re-driven again once the address answers
-    /// any call.
-    fn maybe_give_up_one_phase(&self, txid: Txid, p: &Participant) {
-        let bound = Duration::from_millis(self.ctx.config.txn.never_answered_give_up_ms);
-        let trying_for = self
-            .state
-            .attempts
-            .lock()
-            .expect("lock")
-            .get(&(txid, p.id.clone()))
-            .and_then(|a| a.first_failed)
-            .map(|t| t.elapsed())
-            .unwrap_or_default();
-        let answered_once = self.state.answered_once(&p.address);
-        if !health::gives_up(health::Retried::OnePhaseCommit, answered_once, trying_for, bound) {
-            return;
-        }
-        let first = self
-            .state
-            .one_phase_given_up
-            .lock()
-            .expect("lock")
-            .insert(txid, (p.address.clone(), p.id.clone()))
-            .is_none();
-        if first {
-            self.note_given_up(txid, p, health::Retried::OnePhaseCommit);
-        }
-    }
-
-    /// The one-phase commit `txid` is not re-driven: given up on an
-    /// address that has not answered since (issue 39, item 7).
-    fn one_phase_given_up(&self, txid: Txid) -> bool {
-        let mut given_up = self.state.one_phase_given_up.lock().expect("lock");
-        let Some((addr, pid)) = given_up.get(&txid) else {
-            return false;
+    async fn redrive(self: &Arc<Self>, txid: Txid) {
+        // Already PREPARING with a frozen set: no RequestCommit write.
+        let known = self
+            .ctx
+            .sm
+            .state()
+            .table
+            .get(txid)
+            .and_then(|r| (r.phase == crate::sm::Phase::Preparing).then(|| (r.participants.clone(), r.one_phase)));
+        let only = known
+            .as_ref()
+            .and_then(|(participants, one_phase)| one_phase.then(|| participants.first().cloned()).flatten());
+        let res = match known {
+            Some((participants, one_phase)) => self.drive_preparing(txid, participants, one_phase).await,
+            None => self.drive_commit_inner(txid).await,
         };
-        if !self.state.answered_once(addr) {
-            return true;
+        let one_phase = only.as_ref().map(|p| (p.address.clone(), p.id.clone()));
+        let failed = res.is_err();
+        let u = rand::rng().random_range(0.0..=1.0);
+        let report = self
+            .mailbox
+            .ask(|reply| Msg::RedriveEnded {
+                txid,
+                failed,
+                one_phase,
+                u,
+                reply,
+            })
+            .await
+            .unwrap_or_default();
+        if let (true, Some(p)) = (report.gave_up, &only) {
+            self.log_given_up(txid, p, health::Retried::OnePhaseCommit);
         }
-        if let Some(a) = self.state.attempts.lock().expect("lock").get_mut(&(txid, pid.clone())) {
-            a.given_up_unix_ms = 0;
+        if let (Err(e), Some(failures)) = (res, report.failures) {
+            if failures.is_power_of_two() {
+                warn!(txid, failures, "re-drive of a PREPARING transaction not finished: {e}");
+            }
         }
-        given_up.remove(&txid);
-        false
     }
 
     /// One round of the leader's background work, at `now_ms` in `term`
@@ -1361,7 +1081,7 @@ impl Driver {
     ///
     /// The reaper's and the forget lists are cut to `txn.reaper_batch_max`.
     pub async fn background_round(self: &Arc<Self>, term: u64, now_ms: u64) {
-        self.fast_housekeeping(term);
+        self.fast_housekeeping(term).await;
         let retention = self.ctx.config.txn.retention_ms;
         let max = self.ctx.config.txn.reaper_batch_max;
         let (expired, forgettable) = {
@@ -1379,7 +1099,7 @@ impl Driver {
         // keeps its parked task and is skipped after that, so stuck ones
         // never starve the rest (invariant 11). Calls to each participant
         // are limited by txn.delivery_inflight_calls_max.
-        let (undelivered, preparing) = self.pick_background_work();
+        let (undelivered, preparing) = self.pick_background_work().await;
         for txid in undelivered {
             self.spawn_delivery(txid);
         }
@@ -1423,363 +1143,54 @@ impl Driver {
     /// cost) and is then skipped, so stuck ones never starve the others
     /// (invariant 11). Each scan starts after the last txid it took and
     /// wraps around, so the order tasks start in rotates between rounds.
-    fn pick_background_work(&self) -> (Vec<Txid>, Vec<Txid>) {
-        let now = tokio::time::Instant::now();
-        let mut cursors = self.state.cursors.lock().expect("lock");
-        let st = self.ctx.sm.state();
-        let undelivered: Vec<Txid> = {
-            let busy = self.state.delivering.lock().expect("lock");
-            st.table
-                .undelivered_after(cursors.undelivered)
-                .filter(|t| !busy.contains(t))
-                .collect()
-        };
-        let preparing: Vec<Txid> = {
-            let busy = self.state.driving.lock().expect("lock");
-            let mut backoff = self.state.redrive_backoff.lock().expect("lock");
-            // Forget backoffs of transactions no longer PREPARING.
-            if backoff.len() > st.table.preparing_count() {
-                backoff.retain(|t, _| st.table.get(*t).is_some_and(|r| r.phase == crate::sm::Phase::Preparing));
-            }
-            {
-                let mut given_up = self.state.one_phase_given_up.lock().expect("lock");
-                if given_up.len() > st.table.preparing_count() {
-                    given_up.retain(|t, _| st.table.get(*t).is_some_and(|r| r.phase == crate::sm::Phase::Preparing));
-                }
-            }
-            st.table
-                .preparing_after(cursors.preparing)
-                .filter(|t| {
-                    !busy.contains(t)
-                        && backoff.get(t).is_none_or(|b| b.not_before <= now)
-                        && !self.one_phase_given_up(*t)
-                })
-                .collect()
-        };
-        if let Some(&t) = undelivered.last() {
-            cursors.undelivered = t;
-        }
-        if let Some(&t) = preparing.last() {
-            cursors.preparing = t;
-        }
-        (undelivered, preparing)
-    }
-
-    async fn deliver(self: &Arc<Self>, txid: Txid) {
-        let term = self.ctx.current_term();
-        let (decision, pending) = {
+    async fn pick_background_work(&self) -> (Vec<Txid>, Vec<Txid>) {
+        let (mut undelivered, mut preparing) = {
             let st = self.ctx.sm.state();
-            let Some(r) = st.table.get(txid) else { return };
-            let Some(d) = r.decision() else { return };
-            // Not to a participant an operator dropped (gone for good).
-            let pending: Vec<Participant> = r
-                .participants
-                .iter()
-                .filter(|p| st.table.awaiting_ack(txid, &p.id))
-                .cloned()
-                .collect();
-            (d.outcome, pending)
+            (
+                st.table.undelivered_after(0).collect::<Vec<_>>(),
+                st.table.preparing_after(0).collect::<Vec<_>>(),
+            )
         };
-        futures::future::join_all(pending.iter().map(|p| self.deliver_one(txid, term, decision, p))).await;
+        // Ascending (txid 0, if any, comes last from a scan after 0).
+        undelivered.sort_unstable();
+        preparing.sort_unstable();
+        self.mailbox
+            .ask(|reply| Msg::Pick {
+                undelivered,
+                preparing,
+                reply,
+            })
+            .await
+            .unwrap_or_default()
     }
 
-    /// True while the applied record of `txid` still waits for the ack of
-    /// `participant_id` (false once acked, once an operator dropped it, or
-    /// once the transaction is forgotten).
-    fn awaits_ack(&self, txid: Txid, participant_id: &str) -> bool {
-        self.ctx.sm.state().table.awaiting_ack(txid, participant_id)
+    /// `addr` answered a call (any answer of the participant protocol,
+    /// refusals included): it is never given up from now on.
+    fn note_answered(&self, addr: &str) {
+        self.mailbox.tell(Msg::Answered { addr: addr.to_string() });
     }
 
-    fn note_attempt(&self, txid: Txid, p: &Participant, error: Option<(ErrorClass, &str)>, next_in: Option<Duration>) {
-        let mut map = self.state.attempts.lock().expect("lock");
-        let a = map.entry((txid, p.id.clone())).or_default();
-        if let Some((class, e)) = error {
-            a.attempts = a.attempts.saturating_add(1);
-            a.last_error = e.to_string();
-            a.last_error_class = Some(class);
-            a.first_failed.get_or_insert_with(tokio::time::Instant::now);
-        }
-        a.next_unix_ms = next_in
-            .map(|d| now_ms().saturating_add(d.as_millis() as u64))
-            .unwrap_or(0);
-    }
-
-    /// Marks `p`'s calls in `txid` as given up (issue 39, item 7): shown to
-    /// operators with the last error, counted, logged once per address
-    /// per summary interval.
-    fn note_given_up(&self, txid: Txid, p: &Participant, what: health::Retried) {
-        let bound_ms = self.ctx.config.txn.never_answered_give_up_ms;
-        let doing = match what {
-            health::Retried::OnePhaseCommit => "re-sending the one-phase commit",
-            _ => "delivering the ABORT",
-        };
-        {
-            let mut map = self.state.attempts.lock().expect("lock");
-            let a = map.entry((txid, p.id.clone())).or_default();
-            a.given_up_unix_ms = now_ms();
-            a.next_unix_ms = 0;
-            a.last_error = format!(
-                "stopped {doing}: address {} never answered this leader within txn.never_answered_give_up_ms \
-                 ({bound_ms} ms), so it is not called again for this transaction unless it answers a call; \
-                 drop the participant or resolve the transaction. Last error: {}",
-                clean(&p.address),
-                a.last_error
-            );
-            truncate_utf8(&mut a.last_error, crate::limits::REASON_BYTES_MAX);
-        }
-        let kind = match what {
-            health::Retried::OnePhaseCommit => "one_phase_commit",
-            _ => "abort_delivery",
-        };
-        metrics::counter!("dtx_never_answered_given_up_total", "kind" => kind).increment(1);
-        let address = clean(&p.address);
-        match self.given_up_log.note(&address) {
-            None => {}
-            Some(held) => warn!(
-                txid,
-                participant = %Clean(&p.id),
-                address = %address,
-                held_back = held,
-                "stopped {doing}: the address never answered this leader within {bound_ms} ms \
-                 (txn.never_answered_give_up_ms); an operator drops the participant or resolves the transaction"
-            ),
-        }
-    }
-
-    async fn deliver_one(self: &Arc<Self>, txid: Txid, term: u64, outcome: Outcome, p: &Participant) {
-        /// Whatever ends this task: its attempts stop being shown, and a
-        /// probe turn it holds passes on.
-        struct Leaving<'a> {
-            driver: &'a Driver,
-            key: (Txid, String),
-            addr: &'a str,
-            holder: bool,
-        }
-        impl Drop for Leaving<'_> {
-            fn drop(&mut self) {
-                self.driver.state.forget_attempts(self.key.0, &self.key.1);
-                if self.holder {
-                    let wake = match self.driver.state.peers.lock() {
-                        Ok(mut peers) => peers.release(self.addr),
-                        Err(_) => health::Wake::Nobody,
-                    };
-                    self.driver.state.wake(self.addr, wake);
-                }
-            }
-        }
-        let mut leaving = Leaving {
-            driver: self,
+    /// A one-phase commit's call to `p` failed: shown by `txn show`, and
+    /// the clock of the give-up rule.
+    fn note_one_phase_failure(&self, txid: Txid, p: &Participant, class: ErrorClass, error: String) {
+        self.mailbox.tell(Msg::NoteAttempt {
             key: (txid, p.id.clone()),
-            addr: &p.address,
-            holder: false,
-        };
-        let waker = self.state.waker(&p.address);
-        let mut refusals: u32 = 0;
-        // The give-up rule (issue 39, item 7): how long this delivery has
-        // been trying, and whether it stopped calling.
-        let started = tokio::time::Instant::now();
-        let bound = Duration::from_millis(self.ctx.config.txn.never_answered_give_up_ms);
-        let retried = match outcome {
-            Outcome::Commit => health::Retried::CommitDelivery,
-            Outcome::Abort => health::Retried::AbortDelivery,
-        };
-        let mut given_up = false;
-        loop {
-            if !self.ctx.is_leader_of(term) {
-                return; // The new leader delivers (invariant 9).
-            }
-            if !self.awaits_ack(txid, &p.id) {
-                return; // Acked (e.g. with a READ_ONLY vote), dropped, or forgotten (defect 4).
-            }
-            // Registered before asking, so a wake-up between the answer
-            // and the wait is not lost.
-            let parked = waker.notified();
-            tokio::pin!(parked);
-            parked.as_mut().enable();
-            let answered_once = self.state.answered_once(&p.address);
-            if health::gives_up(retried, answered_once, started.elapsed(), bound) {
-                if !given_up {
-                    given_up = true;
-                    // The probe turn passes on (to a delivery that still
-                    // tries, if any).
-                    if std::mem::take(&mut leaving.holder) {
-                        let wake = self.state.peers.lock().expect("lock").release(&p.address);
-                        self.state.wake(&p.address, wake);
-                    }
-                    self.note_given_up(txid, p, retried);
-                }
-                // The task stays, parked, so the leader loop does not start
-                // it over; it goes on if the address answers any call.
-                tokio::select! {
-                    _ = &mut parked => {}
-                    _ = tokio::time::sleep(PARKED_MAX) => {}
-                }
-                continue;
-            }
-            if given_up {
-                // The address answered meanwhile: deliver again.
-                given_up = false;
-                if let Some(a) = self.state.attempts.lock().expect("lock").get_mut(&(txid, p.id.clone())) {
-                    a.given_up_unix_ms = 0;
-                }
-            }
-            let turn =
-                self.state
-                    .peers
-                    .lock()
-                    .expect("lock")
-                    .turn(&p.address, tokio::time::Instant::now(), leaving.holder);
-            let probe = match turn {
-                health::Turn::Go { probe } => {
-                    leaving.holder = probe;
-                    probe
-                }
-                health::Turn::Hold(wait) => {
-                    // This delivery probes the failing participant next.
-                    leaving.holder = true;
-                    self.note_attempt(txid, p, None, Some(wait));
-                    tokio::time::sleep(wait).await;
-                    continue;
-                }
-                health::Turn::Park => {
-                    // Another delivery probes it, or the in-flight limit is
-                    // reached: wait to be woken, at no cost.
-                    leaving.holder = false;
-                    self.note_attempt(txid, p, None, None);
-                    tokio::select! {
-                        _ = &mut parked => {}
-                        _ = tokio::time::sleep(PARKED_MAX) => {}
-                    }
-                    continue;
-                }
-            };
-            let sent = {
-                // A call that does not report (its task cancelled) must
-                // not keep its slot or the probe turn.
-                struct InFlight<'a>(&'a Driver, &'a str, Option<bool>);
-                impl Drop for InFlight<'_> {
-                    fn drop(&mut self) {
-                        if let Some(probe) = self.2 {
-                            let wake = match self.0.state.peers.lock() {
-                                Ok(mut peers) => peers.abandon(self.1, probe),
-                                Err(_) => health::Wake::Nobody,
-                            };
-                            self.0.state.wake(self.1, wake);
-                        }
-                    }
-                }
-                let mut call = InFlight(self, &p.address, Some(probe));
-                let sent = self.send_decision_grouped(txid, term, outcome, p).await;
-                let seen = match &sent {
-                    Err(DeliveryError::NoAnswer(e)) => health::Seen::Failed(e.clone()),
-                    _ => {
-                        self.state.note_answered(&p.address);
-                        health::Seen::Answered
-                    }
-                };
-                let u = rand::rng().random_range(0.0..=1.0);
-                let (event, wake) = self.state.peers.lock().expect("lock").report(
-                    &p.address,
-                    probe,
-                    seen,
-                    tokio::time::Instant::now(),
-                    u,
-                );
-                call.2 = None;
-                self.state.wake(&p.address, wake);
-                log_peer_event(&p.id, &p.address, event);
-                sent
-            };
-            match sent {
-                Ok(()) => {
-                    leaving.holder = false;
-                    match self.record_ack(txid, p.id.clone()).await {
-                        Ok(_) => {
-                            metrics::counter!("dtx_deliveries_total", "outcome" => outcome.to_string()).increment(1);
-                            dtx_failpoint::failpoint!("coordinator_mid_delivery");
-                            return;
-                        }
-                        Err(e) => {
-                            warn!(txid, participant = %Clean(&p.id), "ack not recorded yet: {e}");
-                            let wait = self.state.backoff(0);
-                            self.note_attempt(
-                                txid,
-                                p,
-                                Some((ErrorClass::Error, &format!("ack not recorded: {e}"))),
-                                Some(wait),
-                            );
-                            tokio::time::sleep(wait).await;
-                        }
-                    }
-                }
-                Err(DeliveryError::NoAnswer(e)) => {
-                    // Logged once per participant by its health record; the
-                    // next attempt waits for the probe turn or its backoff.
-                    metrics::counter!("dtx_delivery_failures_total", "kind" => "no_answer", "participant" => crate::metrics::participant_label(&p.id))
-                        .increment(1);
-                    self.note_attempt(txid, p, Some((ErrorClass::Unreachable, &e)), None);
-                }
-                Err(DeliveryError::Refused { message, stale_term }) => {
-                    // The participant answered and refused this message:
-                    // about this transaction only (others go on).
-                    leaving.holder = false;
-                    metrics::counter!("dtx_delivery_failures_total", "kind" => "refused", "participant" => crate::metrics::participant_label(&p.id))
-                        .increment(1);
-                    refusals = refusals.saturating_add(1);
-                    if !stale_term {
-                        metrics::counter!("dtx_participant_protocol_errors_total").increment(1);
-                        if refusals.is_power_of_two() {
-                            warn!(txid, participant = %Clean(&p.id), refusals, "participant refused {outcome}: {}", Clean(&message));
-                        }
-                    }
-                    let wait = self.state.backoff(refusals);
-                    self.note_attempt(txid, p, Some((ErrorClass::Refused, &message)), Some(wait));
-                    tokio::time::sleep(wait).await;
-                }
-            }
-        }
+            error: Some((class, error)),
+            next_in: None,
+        });
     }
+}
 
-    async fn send_decision(
-        &self,
-        txid: Txid,
-        term: u64,
-        outcome: Outcome,
-        p: &Participant,
-    ) -> Result<(), DeliveryError> {
-        let ch = self.ctx.api_channel(&p.address).map_err(|e| DeliveryError::Refused {
-            message: format!("bad participant address {:?}: {e}", p.address),
-            stale_term: false,
-        })?;
-        let mut client = self.ctx.participant_over(ch);
-        let body = pb::ParticipantDecisionRequest {
-            txid,
-            term,
-            participant_id: p.id.clone(),
-            incarnation: self.ctx.incarnation_of(txid),
-        };
-        let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
-        let mut req = tonic::Request::new(body);
-        req.set_timeout(timeout);
-        self.mark_call(txid, &mut req);
-        let call = async {
-            match outcome {
-                Outcome::Commit => client.commit(req).await,
-                Outcome::Abort => client.abort(req).await,
-            }
-        };
-        match tokio::time::timeout(timeout, call).await {
-            Err(_) => Err(DeliveryError::NoAnswer(format!(
-                "no answer within {} ms",
-                timeout.as_millis()
-            ))),
-            Ok(Err(s)) => Err(DeliveryError::from_status(&s)),
-            Ok(Ok(r)) if r.get_ref().applied => Ok(()),
-            Ok(Ok(_)) => Err(DeliveryError::Refused {
-                message: "participant answered applied = false".into(),
-                stale_term: false,
-            }),
-        }
+/// Invariant 2: the voters a COMMIT names are exactly the enlisted
+/// participants (each once).
+fn debug_assert_commit_voters(txid: Txid, outcome: Outcome, voters: &[String], participants: &[Participant]) {
+    if outcome == Outcome::Commit {
+        debug_assert!(
+            voters.len() == participants.len()
+                && voters.iter().map(String::as_str).collect::<BTreeSet<_>>()
+                    == participants.iter().map(|p| p.id.as_str()).collect::<BTreeSet<_>>(),
+            "the voters {voters:?} of the COMMIT of {txid} are not its enlisted participants"
+        );
     }
 }
 
@@ -1845,42 +1256,26 @@ impl DeliveryError {
             _ => DeliveryError::NoAnswer(message),
         }
     }
-}
 
-fn log_peer_event(id: &str, addr: &str, event: Option<health::Event>) {
-    match event {
-        None => {}
-        Some(health::Event::StartedFailing { error, retry_in }) => {
-            metrics::counter!("dtx_participant_outages_total").increment(1);
-            warn!(
-                participant = %Clean(id),
-                address = %Clean(addr),
-                "participant not answering deliveries ({}); deliveries to it now wait, one probe every {} ms at most",
-                Clean(&error),
-                retry_in.as_millis()
-            );
+    /// One ApplyDecisions item's result as the attempt's: what the single
+    /// call's answer would have meant (its code and refusal kind, sorted
+    /// by `from_status`, never by the text).
+    fn of_item(r: pb::DecisionItemResult) -> Result<(), DeliveryError> {
+        if r.applied {
+            return Ok(());
         }
-        Some(health::Event::StillFailing {
-            for_,
-            failures,
-            error,
-            retry_in,
-        }) => warn!(
-            participant = %Clean(id),
-            address = %Clean(addr),
-            failures,
-            "participant still not answering deliveries after {} s ({}); next probe in {} ms",
-            for_.as_secs(),
-            Clean(&error),
-            retry_in.as_millis()
-        ),
-        Some(health::Event::Recovered { after, failures }) => info!(
-            participant = %Clean(id),
-            address = %Clean(addr),
-            failures,
-            "participant answers deliveries again after {} ms",
-            after.as_millis()
-        ),
+        let code = tonic::Code::from_i32(r.code);
+        if code == tonic::Code::Ok {
+            return Err(DeliveryError::Refused {
+                message: "participant answered applied = false".into(),
+                stale_term: false,
+            });
+        }
+        let mut s = tonic::Status::new(code, r.message);
+        if let Some(kind) = RefusalKind::parse(&r.refusal) {
+            dtx_proto::metadata::set_refusal(&mut s, kind);
+        }
+        Err(DeliveryError::from_status(&s))
     }
 }
 

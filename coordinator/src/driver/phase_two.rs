@@ -34,26 +34,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dtx_proto::metadata::RefusalKind;
+use dtx_common::trace::TraceContext;
 use dtx_proto::v1 as pb;
-use tokio::sync::oneshot;
-use tracing::info;
 use tracing::Instrument;
 
 use super::group::Answer;
+use super::owner::DecisionBatch;
+use super::owner::Kind;
+use super::owner::Msg;
+use super::owner::SenderMark;
 use super::DeliveryError;
 use super::Driver;
 use crate::sm::Outcome;
 use crate::sm::Participant;
 use crate::sm::Txid;
-
-/// The decisions waiting for each address's next ApplyDecisions message.
-pub(super) type Groups = super::group::Groups<pb::DecisionItem, Result<(), DeliveryError>>;
-
-/// ApplyDecisions messages are bounded by their item count only.
-fn no_cost(_: &pb::DecisionItem) -> usize {
-    0
-}
 
 impl Driver {
     /// One delivery attempt of `outcome` of `txid` to `p`, grouped with the
@@ -61,15 +55,12 @@ impl Driver {
     /// Commit or Abort call of its own, for a participant that does not
     /// serve ApplyDecisions).
     pub(super) async fn send_decision_grouped(
-        self: &Arc<Self>,
+        &self,
         txid: Txid,
         term: u64,
         outcome: Outcome,
         p: &Participant,
     ) -> Result<(), DeliveryError> {
-        if self.state.groups.single_calls(&p.address) {
-            return self.send_decision(txid, term, outcome, p).await;
-        }
         let item = pb::DecisionItem {
             txid,
             term,
@@ -80,16 +71,11 @@ impl Driver {
             } as i32,
             incarnation: self.ctx.incarnation_of(txid),
         };
-        let (tx, rx) = oneshot::channel();
-        if self.state.groups.push(&p.address, item, tx) {
-            let driver = self.clone();
-            let addr = p.address.clone();
-            tokio::spawn(async move { driver.send_groups(addr).await });
-        }
-        match rx.await {
-            Ok(Answer::Done(r)) => r,
-            Ok(Answer::SendAlone) => self.send_decision(txid, term, outcome, p).await,
-            Err(_) => Err(DeliveryError::NoAnswer(
+        let addr = p.address.clone();
+        match self.mailbox.ask(|reply| Msg::Decision { addr, item, reply }).await {
+            Some(Answer::Done(r)) => r,
+            Some(Answer::SendAlone) => self.send_decision(txid, term, outcome, p).await,
+            None => Err(DeliveryError::NoAnswer(
                 "the message carrying this decision was dropped before it was answered".into(),
             )),
         }
@@ -97,22 +83,42 @@ impl Driver {
 
     /// The sender task of `addr`: waits `txn.delivery_batch_wait_us`, then
     /// sends its queued items, one message at a time, until none is left.
-    async fn send_groups(self: Arc<Self>, addr: String) {
+    pub(super) async fn send_groups(self: Arc<Self>, addr: String, mut mark: SenderMark) {
         let wait = Duration::from_micros(self.ctx.config.txn.delivery_batch_wait_us);
-        let limits = (
-            dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX,
-            usize::MAX,
-            no_cost as fn(&_) -> usize,
-        );
-        self.state
-            .groups
-            .run_sender(&addr, wait, limits, |items| self.send_group(&addr, items))
-            .await
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        loop {
+            let next = addr.clone();
+            let Some(DecisionBatch { items, alone, traces }) =
+                self.mailbox.ask(|reply| Msg::TakeDecisions { addr: next, reply }).await
+            else {
+                return;
+            };
+            if items.is_empty() {
+                mark.disarm();
+                return;
+            }
+            let answers = if alone {
+                items.iter().map(|_| Answer::SendAlone).collect()
+            } else {
+                self.send_group(&addr, items.iter().map(|w| w.item.clone()).collect(), &traces)
+                    .await
+            };
+            for (w, a) in items.into_iter().zip(answers) {
+                let _ = w.reply.send(a);
+            }
+        }
     }
 
     /// Sends `batch` to `addr` in one ApplyDecisions message: one answer per
     /// item, in order.
-    async fn send_group(&self, addr: &str, batch: Vec<pb::DecisionItem>) -> Vec<Answer<Result<(), DeliveryError>>> {
+    async fn send_group(
+        &self,
+        addr: &str,
+        batch: Vec<pb::DecisionItem>,
+        traces: &[(Txid, Option<TraceContext>)],
+    ) -> Vec<Answer<Result<(), DeliveryError>>> {
         let n = batch.len();
         metrics::histogram!("dtx_delivery_batch_items").record(n as f64);
         let every = |e: DeliveryError| (0..n).map(|_| Answer::Done(Err(e.clone()))).collect();
@@ -126,7 +132,6 @@ impl Driver {
             }
         };
         let timeout = Duration::from_millis(self.ctx.config.txn.prepare_timeout_ms);
-        let txids: Vec<Txid> = batch.iter().map(|it| it.txid).collect();
         let mut req = tonic::Request::new(pb::ApplyDecisionsRequest { items: batch });
         req.set_timeout(timeout);
         // Many transactions: the span names the first item's trace and
@@ -139,7 +144,7 @@ impl Driver {
             items = n,
             trace_id = tracing::field::Empty,
         );
-        self.mark_group_call(&span, &txids, &mut req);
+        super::mark_group_call(&span, traces, &mut req);
         let mut client = self.ctx.participant_over(ch);
         match tokio::time::timeout(timeout, client.apply_decisions(req))
             .instrument(span)
@@ -150,18 +155,16 @@ impl Driver {
                 timeout.as_millis()
             ))),
             Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
-                if self.state.groups.remember_single_calls(addr) {
-                    info!(
-                        address = %addr,
-                        "participant does not serve ApplyDecisions (an older SDK): it gets one Commit or Abort call per delivery"
-                    );
-                }
+                self.mailbox.tell(Msg::SingleCalls {
+                    kind: Kind::Decisions,
+                    addr: addr.to_string(),
+                });
                 (0..n).map(|_| Answer::SendAlone).collect()
             }
             Ok(Err(s)) => every(DeliveryError::from_status(&s)),
             Ok(Ok(r)) => {
-                // The participant answered (issue 39, item 7).
-                self.state.note_answered(addr);
+                // The participant answered (the give-up rule spares it, ADR 0041).
+                self.note_answered(addr);
                 let results = r.into_inner().results;
                 if results.len() != n {
                     return every(DeliveryError::NoAnswer(format!(
@@ -170,36 +173,22 @@ impl Driver {
                         n
                     )));
                 }
-                results.into_iter().map(|r| Answer::Done(item_result(r))).collect()
+                results
+                    .into_iter()
+                    .map(|r| Answer::Done(DeliveryError::of_item(r)))
+                    .collect()
             }
         }
     }
 }
 
-/// One item's result as the attempt's: what the single call's answer would
-/// have meant (its code and refusal kind, sorted by
-/// `DeliveryError::from_status`, never by the text).
-pub(super) fn item_result(r: pb::DecisionItemResult) -> Result<(), DeliveryError> {
-    if r.applied {
-        return Ok(());
-    }
-    let code = tonic::Code::from_i32(r.code);
-    if code == tonic::Code::Ok {
-        return Err(DeliveryError::Refused {
-            message: "participant answered applied = false".into(),
-            stale_term: false,
-        });
-    }
-    let mut s = tonic::Status::new(code, r.message);
-    if let Some(kind) = RefusalKind::parse(&r.refusal) {
-        dtx_proto::metadata::set_refusal(&mut s, kind);
-    }
-    Err(DeliveryError::from_status(&s))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn item_result(r: pb::DecisionItemResult) -> Result<(), DeliveryError> {
+        DeliveryError::of_item(r)
+    }
 
     fn refused(code: tonic::Code, refusal: &str) -> pb::DecisionItemResult {
         pb::DecisionItemResult {

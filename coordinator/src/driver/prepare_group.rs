@@ -27,94 +27,92 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dtx_common::trace::TraceContext;
 use dtx_proto::v1 as pb;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tracing::info;
 use tracing::Instrument;
 
+use super::book::PrepareItem;
 use super::group::Answer;
+use super::group::Waiting;
+use super::owner::Kind;
+use super::owner::Msg;
+use super::owner::PrepareBatch;
+use super::owner::SenderMark;
 use super::DeliveryError;
 use super::Driver;
 use crate::sm::tally::Vote;
 use crate::sm::Txid;
 
-/// One queued prepare: its message and when its caller stops waiting.
-#[derive(Clone)]
-pub(super) struct PrepareItem {
-    req: pb::PrepareRequest,
-    deadline: Instant,
-}
-
-/// The prepares waiting for each address's next PrepareMany message.
-pub(super) type PrepareGroups = super::group::Groups<PrepareItem, Vote>;
-
-/// A message's payload bytes count against
-/// `limits::PREPARE_GROUP_PAYLOAD_BYTES_MAX`.
-fn payload_bytes(it: &PrepareItem) -> usize {
-    it.req.payload.len()
-}
-
 impl Driver {
     /// `p`'s answer to Prepare (`prepare_one`), through its address's
     /// PrepareMany queue; `None` when the address takes single calls.
-    pub(super) async fn prepare_grouped(
-        self: &Arc<Self>,
-        addr: &str,
-        req: pb::PrepareRequest,
-        timeout: Duration,
-    ) -> Option<Vote> {
-        let groups = &self.state.prepare_groups;
-        if groups.single_calls(addr) {
-            return None;
-        }
+    pub(super) async fn prepare_grouped(&self, addr: &str, req: pb::PrepareRequest, timeout: Duration) -> Option<Vote> {
         let item = PrepareItem {
             req,
             deadline: Instant::now() + timeout,
         };
-        let (tx, rx) = oneshot::channel();
-        if groups.push(addr, item, tx) {
-            let driver = self.clone();
-            let addr = addr.to_string();
-            tokio::spawn(async move { driver.send_prepare_groups(addr).await });
-        }
-        match tokio::time::timeout(timeout, rx).await {
+        let addr = addr.to_string();
+        let answer = self.mailbox.ask(|reply| Msg::Prepare { addr, item, reply });
+        match tokio::time::timeout(timeout, answer).await {
             Err(_) => Some(Vote::Failed(format!("no vote within {} ms", timeout.as_millis()))),
-            Ok(Ok(Answer::Done(v))) => Some(v),
-            Ok(Ok(Answer::SendAlone)) => None,
-            Ok(Err(_)) => Some(Vote::Failed(
+            Ok(Some(Answer::Done(v))) => Some(v),
+            Ok(Some(Answer::SendAlone)) => None,
+            Ok(None) => Some(Vote::Failed(
                 "the message carrying this prepare was dropped before it was answered".into(),
             )),
         }
     }
 
-    /// The sender task of `addr`: sends its queued prepares at once, one
-    /// message at a time, until none is left.
-    async fn send_prepare_groups(self: Arc<Self>, addr: String) {
-        let limits = (
-            dtx_proto::limits::PREPARE_GROUP_ITEMS_MAX,
-            dtx_proto::limits::PREPARE_GROUP_PAYLOAD_BYTES_MAX,
-            payload_bytes as fn(&PrepareItem) -> usize,
-        );
-        self.state
-            .prepare_groups
-            .run_sender(&addr, Duration::ZERO, limits, |items| {
-                self.send_prepare_group(&addr, items)
-            })
-            .await
+    /// The sender task of `addr`: sends `batch` at once, then the prepares
+    /// queued meanwhile, one message at a time, until none is left.
+    pub(super) async fn send_prepare_groups(
+        self: Arc<Self>,
+        addr: String,
+        mut batch: PrepareBatch,
+        mut mark: SenderMark,
+    ) {
+        while !batch.items.is_empty() {
+            let PrepareBatch {
+                items,
+                riders,
+                alone,
+                traces,
+            } = batch;
+            let answers = if alone {
+                for w in riders {
+                    let _ = w.reply.send(Answer::SendAlone);
+                }
+                items.iter().map(|_| Answer::SendAlone).collect()
+            } else {
+                let prepares = items.iter().map(|w| w.item.clone()).collect();
+                self.send_prepare_group(&addr, prepares, riders, &traces).await
+            };
+            for (w, a) in items.into_iter().zip(answers) {
+                let _ = w.reply.send(a);
+            }
+            let next = addr.clone();
+            batch = match self.mailbox.ask(|reply| Msg::TakePrepares { addr: next, reply }).await {
+                Some(b) => b,
+                None => return,
+            };
+        }
+        mark.disarm();
     }
 
     /// Sends `batch` to `addr` in one PrepareMany message: one answer per
     /// item, in order. Decisions waiting for their own ApplyDecisions
     /// message to `addr` ride along (ADR 0030) and are answered from the
     /// same answer.
-    async fn send_prepare_group(&self, addr: &str, batch: Vec<PrepareItem>) -> Vec<Answer<Vote>> {
-        let riders = self
-            .state
-            .groups
-            .take_along(addr, dtx_proto::limits::DECISION_DELIVERY_ITEMS_MAX);
+    async fn send_prepare_group(
+        &self,
+        addr: &str,
+        batch: Vec<PrepareItem>,
+        riders: Vec<Waiting<pb::DecisionItem, Result<(), DeliveryError>>>,
+        traces: &[(Txid, Option<TraceContext>)],
+    ) -> Vec<Answer<Vote>> {
         let decisions: Vec<pb::DecisionItem> = riders.iter().map(|w| w.item.clone()).collect();
-        let (votes, ridden) = self.send_prepare_many(addr, batch, decisions).await;
+        let (votes, ridden) = self.send_prepare_many(addr, batch, decisions, traces).await;
         if !riders.is_empty() {
             metrics::histogram!("dtx_prepare_riding_decisions").record(riders.len() as f64);
         }
@@ -124,12 +122,7 @@ impl Driver {
                 // An SDK from before ADR 0030 dropped them unread: they go
                 // again, each alone this once; later ones go by
                 // ApplyDecisions only.
-                if self.state.groups.remember_no_riders(addr) {
-                    info!(
-                        address = %addr,
-                        "participant ignores decisions riding in PrepareMany (an older SDK): they go by ApplyDecisions"
-                    );
-                }
+                self.mailbox.tell(Msg::NoRiders { addr: addr.to_string() });
                 riders.iter().map(|_| Answer::SendAlone).collect()
             }
         };
@@ -146,6 +139,7 @@ impl Driver {
         addr: &str,
         batch: Vec<PrepareItem>,
         decisions: Vec<pb::DecisionItem>,
+        traces: &[(Txid, Option<TraceContext>)],
     ) -> (Vec<Answer<Vote>>, Ridden) {
         let n = batch.len();
         let d = decisions.len();
@@ -165,12 +159,6 @@ impl Driver {
         let timeout = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        // The riding decisions' traces are linked as well.
-        let txids: Vec<Txid> = batch
-            .iter()
-            .map(|it| it.req.txid)
-            .chain(decisions.iter().map(|it| it.txid))
-            .collect();
         let mut req = tonic::Request::new(pb::PrepareManyRequest {
             items: batch.into_iter().map(|it| it.req).collect(),
             decisions,
@@ -187,7 +175,8 @@ impl Driver {
             decisions = d,
             trace_id = tracing::field::Empty,
         );
-        self.mark_group_call(&span, &txids, &mut req);
+        // The riding decisions' traces are linked as well.
+        super::mark_group_call(&span, traces, &mut req);
         let mut client = self.ctx.participant_over(ch);
         match tokio::time::timeout(timeout, client.prepare_many(req))
             .instrument(span)
@@ -195,19 +184,17 @@ impl Driver {
         {
             Err(_) => every(format!("no answer within {} ms", timeout.as_millis())),
             Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
-                if self.state.prepare_groups.remember_single_calls(addr) {
-                    info!(
-                        address = %addr,
-                        "participant does not serve PrepareMany (an older SDK): it gets one Prepare call per prepare"
-                    );
-                }
+                self.mailbox.tell(Msg::SingleCalls {
+                    kind: Kind::Prepares,
+                    addr: addr.to_string(),
+                });
                 let votes = (0..n).map(|_| Answer::SendAlone).collect();
                 (votes, Ridden::Answered((0..d).map(|_| Answer::SendAlone).collect()))
             }
             Ok(Err(s)) => {
                 if matches!(DeliveryError::from_status(&s), DeliveryError::Refused { .. }) {
-                    // The participant answered (issue 39, item 7).
-                    self.state.note_answered(addr);
+                    // The participant answered (the give-up rule spares it, ADR 0041).
+                    self.note_answered(addr);
                 }
                 // As a failed ApplyDecisions: each decision's attempt failed
                 // the way the status says.
@@ -220,8 +207,8 @@ impl Driver {
                 (votes, Ridden::Answered(decided))
             }
             Ok(Ok(r)) => {
-                // The participant answered (issue 39, item 7).
-                self.state.note_answered(addr);
+                // The participant answered (the give-up rule spares it, ADR 0041).
+                self.note_answered(addr);
                 let r = r.into_inner();
                 if r.results.len() != n || !(r.decision_results.len() == d || r.decision_results.is_empty()) {
                     return every(format!(
@@ -237,7 +224,7 @@ impl Driver {
                     Ridden::Answered(
                         r.decision_results
                             .into_iter()
-                            .map(|r| Answer::Done(super::phase_two::item_result(r)))
+                            .map(|r| Answer::Done(DeliveryError::of_item(r)))
                             .collect(),
                     )
                 };

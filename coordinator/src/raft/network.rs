@@ -7,9 +7,9 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use dtx_proto::channel::Channel;
 use dtx_proto::v1::raft_transport_client::RaftTransportClient;
 use dtx_proto::v1::RaftMessage;
+use dtx_transport::channel::Channel;
 use openraft::error::InstallSnapshotError;
 use openraft::error::NetworkError;
 use openraft::error::RPCError;
@@ -34,11 +34,11 @@ use super::NodeInfo;
 use super::TypeConfig;
 use crate::codec;
 
-pub use dtx_proto::channel::channel;
-pub use dtx_proto::channel::ChannelCache;
 /// Metadata keys on every Raft call.
 pub use dtx_proto::metadata::CLUSTER_ID_HEADER;
 pub use dtx_proto::metadata::FROM_NODE_HEADER;
+pub use dtx_transport::channel::channel;
+pub use dtx_transport::channel::ChannelCache;
 
 #[derive(Clone)]
 pub struct NetworkSettings {
@@ -49,7 +49,7 @@ pub struct NetworkSettings {
     pub max_message_bytes: usize,
     pub connect_timeout: Duration,
     /// TLS (with this node's certificate) for calls to other nodes.
-    pub tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    pub tls: Option<std::sync::Arc<dtx_tls::ClientTls>>,
     /// This node's Raft log: the commit index told to followers never
     /// passes what it has on disk (`raft::log_durability`, rule 2).
     pub log_durability: std::sync::Arc<super::log_durability::LogDurability>,

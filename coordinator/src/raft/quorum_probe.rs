@@ -24,7 +24,7 @@
 //! Safety does not depend on any of this: switching elections off never lets
 //! two leaders exist or a decision change; it can only delay an election. A
 //! node that reaches a quorum always gets its elections back, so a majority
-//! side still elects a leader (DESIGN invariant 6); with all voters healthy
+//! side still elects a leader (invariant 6); with all voters healthy
 //! elections stay on, and a leader crash is handled exactly as without the
 //! probe. `raft.quorum_probe_interval_ms = 0` switches the probe off.
 //!
@@ -38,9 +38,9 @@ use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use dtx_proto::channel::Channel;
 use dtx_proto::v1::raft_transport_client::RaftTransportClient;
 use dtx_proto::v1::ProbeRequest;
+use dtx_transport::channel::Channel;
 use tokio::time::Instant;
 use tracing::info;
 use tracing::warn;
@@ -58,7 +58,7 @@ use crate::config::Config;
 pub fn spawn(
     raft: Raft,
     config: &Config,
-    tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    tls: Option<std::sync::Arc<dtx_tls::ClientTls>>,
     contacts: PeerContacts,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let interval = Duration::from_millis(config.raft.quorum_probe_interval_ms);
@@ -93,7 +93,7 @@ struct Probe {
     /// How long a quorum must have answered before elections come back.
     grace: Duration,
     channels: HashMap<String, Channel>,
-    tls: Option<std::sync::Arc<dtx_proto::tls::ClientTls>>,
+    tls: Option<std::sync::Arc<dtx_tls::ClientTls>>,
     /// When each voter last answered.
     contacts: PeerContacts,
 }
@@ -213,7 +213,7 @@ impl Probe {
         }
         // The same source address as Raft's own traffic, so a partition
         // that cuts Raft off cuts the probe off too.
-        let c = dtx_proto::channel::channel_with(addr, self.local_ip, connect_timeout, self.tls.as_ref()).ok()?;
+        let c = dtx_transport::channel::channel_with(addr, self.local_ip, connect_timeout, self.tls.as_ref()).ok()?;
         self.channels.insert(addr.to_string(), c.clone());
         Some(c)
     }

@@ -1,9 +1,9 @@
-//! The guard of ADR 0031's read-safety argument (issue 38, defect 5).
+//! The guard of ADR 0031's read-safety argument.
 //!
 //! ADR 0031 lets a replication connection answer an AppendEntries without
 //! entries itself (`raft::deferred_commit`), and openraft takes such an
 //! answer as the follower's acknowledgement. Linearizable reads
-//! (`ensure_linearizable`, DESIGN invariant 7) stay safe only because
+//! (`ensure_linearizable`, invariant 7) stay safe only because
 //! openraft 0.9.25's read-index round
 //! (`RaftCore::handle_check_is_leader_request`) asks the network factory
 //! for a new client per follower per round, and a new [`Connection`] has
@@ -208,7 +208,7 @@ impl Cluster {
             let server = tokio::spawn(async move {
                 tonic::transport::Server::builder()
                     .add_service(RaftTransportServer::new(service))
-                    .serve_with_incoming(dtx_proto::endpoint::incoming(listener))
+                    .serve_with_incoming(dtx_transport::incoming(listener))
                     .await
                     .unwrap();
             });
@@ -383,7 +383,7 @@ async fn a_leader_cut_off_refuses_reads_though_its_transport_answers_its_heartbe
         other => panic!(
             "a leader cut off from both followers confirmed its leadership for a read: {other:?}; \
              the transport answered the read-index round's heartbeats (ADR 0031) and reads are not \
-             linearizable (DESIGN invariant 7)"
+             linearizable (invariant 7)"
         ),
     }
     let tried = increase(&before, &cluster.appends());

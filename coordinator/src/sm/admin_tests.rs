@@ -1,4 +1,4 @@
-//! Unit tests of the operator's commands on records (issue 13, `operator`):
+//! Unit tests of the operator's commands on records (`operator`):
 //! `DropParticipant`, `ForgetByOperator`, `DeclareLost` and
 //! `TxTable::list`. Named after the invariant they guard where one applies
 //! (numbered as in docs/protocol.md, "Invariants and the mechanisms that
@@ -548,7 +548,7 @@ fn lost_cmd(txid: Txid, id: &str, outcome: Outcome) -> Command {
     }
 }
 
-/// Issue 39, item 8 (invariants 1 and 3): a one-phase commit whose one
+/// Invariants 1 and 3 (ADR 0039): a one-phase commit whose one
 /// participant is gone for good gets the operator's heuristic decision,
 /// shown as such and never as the participant's answer: the participant is
 /// dropped, not acked, so nothing is delivered to it and no one reads its

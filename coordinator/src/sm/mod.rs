@@ -15,9 +15,9 @@
 //! too; the driver decides by it, and the reaper's ABORT is held to its
 //! deadline rule here.
 //!
-//! `operator`: what an operator does to records (issue 13): drop a
-//! participant gone for good from phase two, forget a transaction before
-//! its retention, and the filtered listing of records.
+//! `operator`: what an operator does to records: drop a participant gone for
+//! good from phase two, forget a transaction before its retention, and the
+//! filtered listing of records.
 //!
 //! `settlement`: an operator's settlement of another incarnation's txid
 //! (ADR 0040), kept beside the table like `incarnation`.
@@ -71,7 +71,7 @@ pub enum DecisionSource {
     Reaper,
     Operator,
     /// An operator declared the one participant of a one-phase commit lost
-    /// and chose the outcome (`Command::DeclareLost`, issue 39): a
+    /// and chose the outcome (`Command::DeclareLost`, ADR 0039): a
     /// heuristic decision, the operator's, never the participant's answer.
     /// Appended last: older records keep their encoding.
     OperatorHeuristic,
@@ -240,7 +240,7 @@ pub enum Command {
         note: String,
     },
     /// `command` on behalf of the authenticated application `caller`
-    /// (issue 12, ADR 0016): a transaction it creates (Begin,
+    /// (ADR 0016): a transaction it creates (Begin,
     /// BeginAndCommit, BeginAndDecide) records `caller` as its owner, whom
     /// the API then holds later calls on it to. Other commands are applied
     /// as they are. Appended last: older log entries keep their encoding.
@@ -251,8 +251,8 @@ pub enum Command {
     /// leader's clock), the record itself unchanged. Refused (as
     /// `CommandOk::OperatorRefused`) for an unknown or undecided
     /// transaction, a participant not enlisted, or one that acked; a
-    /// second drop keeps the first one's note and time. Issue 13.
-    /// Appended last: older log entries keep their encoding.
+    /// second drop keeps the first one's note and time. Appended last: older
+    /// log entries keep their encoding.
     DropParticipant {
         txid: Txid,
         participant_id: String,
@@ -263,12 +263,12 @@ pub enum Command {
     /// retention: only when every participant acked or was dropped, and not
     /// for a COMMIT with a dropped participant that never acked (invariant
     /// 10). `note` says who and why (logged by every node that applies it).
-    /// A txid with no record is answered "nothing forgotten". Issue 13.
-    /// Appended last: older log entries keep their encoding.
-    ForgetByOperator { txid: Txid, note: String },
-    /// A write to the saga journal (issue 14): applied by `saga::SagaBook`,
-    /// beside the transaction table, never to a transaction. Appended last:
+    /// A txid with no record is answered "nothing forgotten". Appended last:
     /// older log entries keep their encoding.
+    ForgetByOperator { txid: Txid, note: String },
+    /// A write to the saga journal: applied by `saga::SagaBook`, beside the
+    /// transaction table, never to a transaction. Appended last: older log
+    /// entries keep their encoding.
     Saga(saga::SagaCommand),
     /// The proposing leader opens a new cluster incarnation (ADR 0033):
     /// every txid and saga id handed out from the next ones on belongs to
@@ -284,7 +284,7 @@ pub enum Command {
     /// only its answer could decide a one-phase commit, and it will never
     /// give one. A decision already recorded stays (write-once). Refused
     /// for a transaction that is not a one-phase commit and for another
-    /// participant. Issue 39, item 8. Appended last: older log entries keep
+    /// participant (ADR 0039). Appended last: older log entries keep
     /// their encoding.
     DeclareLost {
         txid: Txid,
@@ -303,7 +303,7 @@ pub enum Command {
     /// (invariant 5). Applied by the store to `settlement::Settlements`,
     /// beside the table. Write-once (a later one reads the first back);
     /// refused for incarnation 0 and for a txid of this cluster's own
-    /// history. Issue 38's known gap, ADR 0040. Appended last: older log
+    /// history. ADR 0040. Appended last: older log
     /// entries keep their encoding.
     SettleOther {
         incarnation: u64,
@@ -1336,10 +1336,10 @@ impl TxTable {
     /// True while `participant_id` is enlisted in `txid`, its decision is
     /// recorded and that participant's ack is not: the leader will still
     /// deliver the decision to it. A participant keeps its log record while
-    /// this holds, since only the record makes a redelivered COMMIT a
-    /// repeat (acked) rather than a commit without prepare (refused): issue
-    /// 8, defect 2. False for an unknown (forgotten) transaction, and for a
-    /// participant an operator dropped (nothing more is delivered to it).
+    /// this holds, since only the record makes a redelivered COMMIT a repeat
+    /// (acked) rather than a commit without prepare (refused). False for an
+    /// unknown (forgotten) transaction, and for a participant an operator
+    /// dropped (nothing more is delivered to it).
     pub fn awaiting_ack(&self, txid: Txid, participant_id: &str) -> bool {
         self.txs.get(&txid).is_some_and(|r| {
             r.decision().is_some()
@@ -1357,7 +1357,7 @@ fn wrapped_after(set: &BTreeSet<Txid>, cursor: Txid) -> impl Iterator<Item = Txi
         .copied()
 }
 
-/// Membership memory: node ids that must never be used again (issue 8).
+/// Membership memory: node ids that must never be used again.
 /// Kept in the same replicated table so it travels in the same snapshots.
 impl TxTable {
     fn retire_node_id(&mut self, node_id: u64, effects: &mut Vec<Effect>) -> CommandResult {

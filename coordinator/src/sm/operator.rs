@@ -1,5 +1,5 @@
-//! What an operator does to transaction records (issue 13), pure like the
-//! rest of the state machine:
+//! What an operator does to transaction records, pure like the rest of the
+//! state machine:
 //! - `DropParticipant`: stop phase two to a participant that is gone for
 //!   good. The decision must then be reconciled there by hand, and the
 //!   record is kept (the leader loop does not forget it) until an operator

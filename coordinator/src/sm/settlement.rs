@@ -1,5 +1,5 @@
-//! Settlements of another incarnation's transactions (issue 38's known
-//! gap; docs/adr/0040-settling-another-incarnations-txid.md).
+//! Settlements of another incarnation's transactions
+//! (docs/adr/0040-settling-another-incarnations-txid.md).
 //!
 //! After a restore, a participant may hold an in-doubt YES vote (and its
 //! locks) for a txid the OLD cluster handed out after the backup. The

@@ -199,7 +199,7 @@ pub fn tally(voters: &[&str], votes: &[(&str, Vote)], deadline_ms: u64, now_ms: 
     }
 }
 
-/// The note an ABORT from a tally records (issue 39, item 13): the reason,
+/// The note an ABORT from a tally records (ADR 0039): the reason,
 /// then every other voter's part, so an operator reading `txn show` sees
 /// each participant's vote or why none came, not only the first refusal.
 /// `voters` and `votes` as given to [`tally`]; voters are named in voter

@@ -692,10 +692,10 @@ fn inv2_voters_mismatch_does_not_block_a_later_abort() {
     assert_eq!(eff, vec![Effect::Put(txid), Effect::Decided(txid, Outcome::Abort)]);
 }
 
-/// Issue 8, defect 5: an operator's COMMIT of a transaction that never had a
-/// prepare round recorded (ACTIVE) is refused, even with the exact voter
-/// set: no participant can hold a YES vote, so the others would commit and
-/// the one that never prepared would refuse (a split, invariants 2 and 3).
+/// An operator's COMMIT of a transaction that never had a prepare round
+/// recorded (ACTIVE) is refused, even with the exact voter set: no
+/// participant can hold a YES vote, so the others would commit and the one
+/// that never prepared would refuse (a split, invariants 2 and 3).
 /// From PREPARING it is accepted (the leader has asked every participant for
 /// its durable YES first); ABORT stays allowed from ACTIVE.
 #[test]
@@ -1709,11 +1709,10 @@ fn one_phase_answer_is_the_decision_and_the_ack() {
 
 // ---------------------------------------------------------------- awaiting_ack
 
-/// Invariant 10 at participants (issue 8, defect 2): `awaiting_ack` tells a
-/// participant whether the cluster still owes it the decision, so it keeps
-/// its log record: true only once decided, only for an enlisted
-/// participant, and no longer once that participant's ack is recorded or
-/// the transaction is forgotten.
+/// Invariant 10 at participants: `awaiting_ack` tells a participant whether
+/// the cluster still owes it the decision, so it keeps its log record: true
+/// only once decided, only for an enlisted participant, and no longer once
+/// that participant's ack is recorded or the transaction is forgotten.
 #[test]
 fn inv10_awaiting_ack_is_true_only_between_the_decision_and_that_participants_ack() {
     let mut t = TxTable::new();
@@ -1751,7 +1750,7 @@ fn inv10_awaiting_ack_is_true_only_between_the_decision_and_that_participants_ac
     assert!(!t.awaiting_ack(aborted, "p1"));
 }
 
-// ------------------------------------------------ retired node ids (issue 8)
+// ------------------------------------------------ retired node ids
 
 #[test]
 fn retire_node_id_is_remembered_idempotent_and_touches_no_transaction() {
@@ -1826,7 +1825,7 @@ fn older_commands_keep_their_encoding_after_retire_node_id_was_added() {
     );
 }
 
-// ---------------------------------------------------------------- owners (issue 12)
+// ---------------------------------------------------------------- owners
 
 fn as_app(caller: &str, cmd: Command) -> Command {
     Command::As {

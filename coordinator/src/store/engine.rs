@@ -12,9 +12,8 @@ use std::time::Instant;
 /// `write_batch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Space {
-    /// Raft log entries, key = log index (big-endian u64).
-    Log,
-    /// Raft vote, committed log id, last purged log id.
+    /// Raft vote, committed log id, last purged log id (the entries are in
+    /// the log files, `log_store`).
     RaftMeta,
     /// Transaction records and state-machine metadata.
     StateMachine,
@@ -25,17 +24,10 @@ pub enum Space {
 }
 
 impl Space {
-    pub const ALL: [Space; 5] = [
-        Space::Log,
-        Space::RaftMeta,
-        Space::StateMachine,
-        Space::Snapshot,
-        Space::NodeMeta,
-    ];
+    pub const ALL: [Space; 4] = [Space::RaftMeta, Space::StateMachine, Space::Snapshot, Space::NodeMeta];
 
     pub fn name(self) -> &'static str {
         match self {
-            Space::Log => "log",
             Space::RaftMeta => "raft_meta",
             Space::StateMachine => "sm",
             Space::Snapshot => "snapshot",
@@ -553,22 +545,22 @@ mod tests {
         };
         {
             let e = SledEngine::open(dir.path()).unwrap();
-            e.write_batch(Space::Log, one(b"a", Some(b"1"))).unwrap();
-            e.write_batch(Space::Log, one(b"b", Some(b"2"))).unwrap();
-            e.write_batch(Space::Log, one(b"a", Some(b"3"))).unwrap();
-            e.write_batch(Space::Log, one(b"b", None)).unwrap();
+            e.write_batch(Space::StateMachine, one(b"a", Some(b"1"))).unwrap();
+            e.write_batch(Space::StateMachine, one(b"b", Some(b"2"))).unwrap();
+            e.write_batch(Space::StateMachine, one(b"a", Some(b"3"))).unwrap();
+            e.write_batch(Space::StateMachine, one(b"b", None)).unwrap();
             // A key in another space is not touched by these.
             e.write_batch(Space::RaftMeta, one(b"b", Some(b"9"))).unwrap();
             // Deleting a key that is not there is not an error.
-            e.write_batch(Space::Log, one(b"zz", None)).unwrap();
+            e.write_batch(Space::StateMachine, one(b"zz", None)).unwrap();
             let mut two = WriteBatch::default();
             two.put(b"c".to_vec(), b"4".to_vec());
             two.put(b"d".to_vec(), b"5".to_vec());
-            e.write_batch(Space::Log, two).unwrap();
+            e.write_batch(Space::StateMachine, two).unwrap();
             e.flush().unwrap();
         }
         let e = SledEngine::open(dir.path()).unwrap();
-        let log = e.scan(Space::Log, b"", None).unwrap();
+        let log = e.scan(Space::StateMachine, b"", None).unwrap();
         let want: Vec<KvPair> = [(b"a", b"3"), (b"c", b"4"), (b"d", b"5")]
             .iter()
             .map(|(k, v)| (k.to_vec(), v.to_vec()))

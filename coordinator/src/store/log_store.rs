@@ -19,9 +19,10 @@
 //! the committed index saved and sent is clamped to it), and a restarted
 //! leader does not resume its term (`open_for_node`).
 //!
-//! Data directories written before the log files existed keep their
-//! entries in the engine's `Log` space; opening moves them into the files
-//! (`migrate_engine_log`).
+//! Every stored value carries its format version: the log files their
+//! header's (`dtx_durable::wal`), each entry and each metadata value the
+//! codec's. Reading dispatches on it and names what it refuses
+//! (docs/adr/0042-storage-engines.md).
 
 use std::fmt::Debug;
 use std::ops::Bound;
@@ -61,14 +62,23 @@ pub(crate) const VOTE_KEY: &[u8] = b"vote";
 const COMMITTED_KEY: &[u8] = b"committed";
 const PURGED_KEY: &[u8] = b"purged";
 
-fn index_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
+/// What a metadata key holds, for messages.
+fn meta_name(key: &[u8]) -> &'static str {
+    match key {
+        VOTE_KEY => "raft vote",
+        COMMITTED_KEY => "raft committed log id",
+        PURGED_KEY => "raft purged log id",
+        _ => "raft metadata",
+    }
 }
 
+/// What starts the log's error messages and log lines.
+pub const WAL_NAME: &str = "raft log";
+
 /// Opens (creating) the log files of the node whose data directory is
-/// `data_dir`; "raft log" starts their error messages and log lines.
+/// `data_dir`.
 pub fn open_wal(data_dir: &std::path::Path) -> Result<Wal, WalError> {
-    Wal::open(&data_dir.join(WAL_DIR), "raft log", WAL_SEGMENT_BYTES_MAX)
+    Wal::open(&data_dir.join(WAL_DIR), WAL_NAME, WAL_SEGMENT_BYTES_MAX)
 }
 
 /// Log store handle; cheap to clone (it is also its own log reader).
@@ -89,8 +99,10 @@ pub enum LogOpenError {
     Wal(#[from] WalError),
     #[error(transparent)]
     Engine(#[from] EngineError),
-    #[error("raft log: {0}")]
-    Meta(String),
+    /// A stored value does not decode: named, with the format version
+    /// found and the one this build reads when that is why.
+    #[error(transparent)]
+    Decode(#[from] codec::NamedCodecError),
 }
 
 impl LogOpenError {
@@ -98,7 +110,7 @@ impl LogOpenError {
         match self {
             LogOpenError::Wal(e) => e.is_no_space(),
             LogOpenError::Engine(e) => e.is_no_space(),
-            LogOpenError::Meta(_) => false,
+            LogOpenError::Decode(_) => false,
         }
     }
 }
@@ -139,7 +151,7 @@ fn run_flusher(
         // only: t53); the log's own files stay as they are.
         let res = if dtx_failpoint::refused("raft_log_sync_no_space") {
             Err(WalError::NoSpace {
-                name: "raft log",
+                name: WAL_NAME,
                 path: wal.dir().display().to_string(),
                 detail: "failpoint raft_log_sync_no_space: no space left on device at fsync".to_string(),
             })
@@ -166,14 +178,10 @@ fn run_flusher(
 impl LogStore {
     /// Opens the log of the node whose data directory is `data_dir` and
     /// whose engine is `engine` (opened on that directory, so its lock is
-    /// held): moves entries an older version kept in the engine into the
-    /// log files, and forgets the ones a purge covered.
+    /// held), and forgets the entries a purge covered.
     pub fn open(engine: Arc<dyn KvEngine>, data_dir: &std::path::Path) -> Result<Self, LogOpenError> {
         let wal = Arc::new(open_wal(data_dir)?);
-        migrate_engine_log(engine.as_ref(), &wal)?;
-        let purged: Option<LogId> = read_meta_of(engine.as_ref(), PURGED_KEY)
-            .map_err(|e| LogOpenError::Meta(e.to_string()))?
-            .flatten();
+        let purged: Option<LogId> = load_meta(engine.as_ref(), PURGED_KEY)?.flatten();
         if let Some(p) = purged {
             wal.purge_upto(p.index)?;
         }
@@ -181,9 +189,8 @@ impl LogStore {
         // process killed before its sync leaves writes the disk may still
         // lose).
         wal.sync()?;
-        let last = last_log_id(&wal, purged).map_err(|e| LogOpenError::Meta(e.to_string()))?;
-        let vote: Option<Vote> =
-            read_meta_of(engine.as_ref(), VOTE_KEY).map_err(|e| LogOpenError::Meta(e.to_string()))?;
+        let last = load_last_log_id(&wal, purged)?;
+        let vote: Option<Vote> = load_meta(engine.as_ref(), VOTE_KEY)?;
         let durability = Arc::new(LogDurability::new(last, vote));
         let (flusher, rx) = std::sync::mpsc::channel();
         let (w, d) = (wal.clone(), durability.clone());
@@ -276,11 +283,15 @@ impl RaftLogReader<TypeConfig> for LogStore {
         if start >= end {
             return Ok(Vec::new());
         }
+        // The index of the first record read, to name one that does not
+        // decode.
+        let first = self.wal.range().map_or(start, |(first, _)| first.max(start));
         self.wal
             .read(start, end)
             .map_err(|e| StorageIOError::read_logs(AnyError::new(&e)))?
             .into_iter()
-            .map(|v| codec::decode::<Entry>(&v).map_err(|e| StorageIOError::read_logs(AnyError::new(&e)).into()))
+            .zip(first..)
+            .map(|(v, index)| decode_entry(index, &v).map_err(|e| StorageIOError::read_logs(AnyError::new(&e)).into()))
             .collect()
     }
 }
@@ -406,72 +417,38 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 }
 
+/// Decodes the log entry at `index`, naming it in the error.
+fn decode_entry(index: u64, bytes: &[u8]) -> Result<Entry, codec::NamedCodecError> {
+    codec::decode(bytes).map_err(|e| e.named(format!("raft log entry {index}")))
+}
+
 /// The id of the last entry the log holds, or the purge point when it holds
 /// none.
-fn last_log_id(wal: &Wal, purged: Option<LogId>) -> Result<Option<LogId>, StorageError> {
+fn load_last_log_id(wal: &Wal, purged: Option<LogId>) -> Result<Option<LogId>, LogOpenError> {
     let Some((_, last)) = wal.range() else {
         return Ok(purged);
     };
-    let bytes = wal
-        .read(last, last + 1)
-        .map_err(|e| StorageIOError::read_logs(AnyError::new(&e)))?;
-    match bytes.first() {
-        Some(b) => codec::decode::<Entry>(b)
-            .map(|e| Some(*e.get_log_id()))
-            .map_err(|e| StorageIOError::read_logs(AnyError::new(&e)).into()),
+    match wal.read(last, last + 1)?.first() {
+        Some(b) => Ok(Some(*decode_entry(last, b)?.get_log_id())),
         None => Ok(purged),
     }
 }
 
-fn read_meta_of<T: serde::de::DeserializeOwned>(engine: &dyn KvEngine, key: &[u8]) -> Result<Option<T>, StorageError> {
-    let bytes = engine
-        .get(Space::RaftMeta, key)
-        .map_err(|e| StorageIOError::read(AnyError::new(&e)))?;
-    match bytes {
+fn last_log_id(wal: &Wal, purged: Option<LogId>) -> Result<Option<LogId>, StorageError> {
+    load_last_log_id(wal, purged).map_err(|e| StorageIOError::read_logs(AnyError::new(&e)).into())
+}
+
+/// The metadata value under `key` (`None`: not written yet), decoded and
+/// named.
+fn load_meta<T: serde::de::DeserializeOwned>(engine: &dyn KvEngine, key: &[u8]) -> Result<Option<T>, LogOpenError> {
+    match engine.get(Space::RaftMeta, key)? {
         None => Ok(None),
-        Some(b) => codec::decode(&b)
-            .map(Some)
-            .map_err(|e| StorageIOError::read(AnyError::new(&e)).into()),
+        Some(b) => Ok(Some(codec::decode(&b).map_err(|e| e.named(meta_name(key)))?)),
     }
 }
 
-/// Entries per append when moving an old engine log into the log files.
-const MIGRATE_ENTRIES_MAX: usize = 1024;
-
-/// A data directory of an older version keeps its Raft log in the engine's
-/// `Log` space. Moves it into the log files: whatever the files hold is
-/// replaced (a move cut short by a crash is done again, since the engine's
-/// copy goes only after the files are synced), then the engine's copy is
-/// deleted and the engine flushed. Returns how many entries moved.
-pub fn migrate_engine_log(engine: &dyn KvEngine, wal: &Wal) -> Result<usize, LogOpenError> {
-    let pairs = engine.scan(Space::Log, b"", None)?;
-    if pairs.is_empty() {
-        return Ok(0);
-    }
-    wal.truncate_from(0)?;
-    let mut moved = 0usize;
-    for chunk in pairs.chunks(MIGRATE_ENTRIES_MAX) {
-        let mut batch = Vec::with_capacity(chunk.len());
-        for (k, v) in chunk {
-            let index = u64::from_be_bytes(
-                k[..]
-                    .try_into()
-                    .map_err(|_| LogOpenError::Meta(format!("engine log key of {} bytes", k.len())))?,
-            );
-            batch.push((index, v.clone()));
-        }
-        wal.append(&batch)?;
-        moved += batch.len();
-    }
-    wal.sync()?;
-    engine.delete_range(Space::Log, &index_key(0), None)?;
-    engine.flush()?;
-    tracing::info!(
-        entries = moved,
-        "moved the Raft log from the engine into the log files ({})",
-        WAL_DIR
-    );
-    Ok(moved)
+fn read_meta_of<T: serde::de::DeserializeOwned>(engine: &dyn KvEngine, key: &[u8]) -> Result<Option<T>, StorageError> {
+    load_meta(engine, key).map_err(|e| StorageIOError::read(AnyError::new(&e)).into())
 }
 
 #[cfg(test)]
@@ -484,16 +461,6 @@ mod tests {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Blank,
         }
-    }
-
-    /// Writes entries where versions before the log files kept them.
-    fn put_old_log(engine: &dyn KvEngine, range: std::ops::RangeInclusive<u64>) {
-        let mut b = WriteBatch::default();
-        for i in range {
-            b.put(index_key(i).to_vec(), codec::encode(&entry(i)).unwrap());
-        }
-        engine.write_batch(Space::Log, b).unwrap();
-        engine.flush().unwrap();
     }
 
     /// Writes entries to the log files without openraft's callback (which
@@ -510,38 +477,6 @@ mod tests {
             .iter()
             .map(|e| e.log_id.index)
             .collect()
-    }
-
-    #[tokio::test]
-    async fn an_old_engine_log_moves_into_the_log_files_once() {
-        let d = tempfile::tempdir().unwrap();
-        let engine = crate::store::open_data_dir(d.path(), "c", 1).unwrap();
-        put_old_log(engine.as_ref(), 5..=9);
-        let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
-        assert_eq!(indexes(&mut log).await, vec![5, 6, 7, 8, 9]);
-        assert!(engine.first(Space::Log).unwrap().is_none(), "the engine's copy is gone");
-        let state = log.get_log_state().await.unwrap();
-        assert_eq!(state.last_log_id.map(|l| l.index), Some(9));
-        drop(log);
-        let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
-        assert_eq!(indexes(&mut log).await, vec![5, 6, 7, 8, 9]);
-    }
-
-    /// A move cut short by a crash (files written, the engine's copy still
-    /// there) is done again from the engine's copy, which is complete.
-    #[tokio::test]
-    async fn a_move_cut_short_is_done_again() {
-        let d = tempfile::tempdir().unwrap();
-        let engine = crate::store::open_data_dir(d.path(), "c", 1).unwrap();
-        {
-            let wal = open_wal(d.path()).unwrap();
-            let half: Vec<(u64, Vec<u8>)> = (1..=2).map(|i| (i, codec::encode(&entry(i)).unwrap())).collect();
-            wal.append(&half).unwrap();
-            wal.sync().unwrap();
-        }
-        put_old_log(engine.as_ref(), 1..=4);
-        let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
-        assert_eq!(indexes(&mut log).await, vec![1, 2, 3, 4]);
     }
 
     /// The purged record is read at open: entries up to it are never
@@ -630,5 +565,99 @@ mod tests {
             log.durability.durable(),
             crate::raft::log_durability::Durable::UpTo(Some(entry(3).log_id))
         );
+    }
+    /// A log this build wrote reads back after a reopen: its files, its
+    /// entries and its metadata, each in this build's format version.
+    #[tokio::test]
+    async fn a_log_written_by_this_version_reads_back() {
+        let d = tempfile::tempdir().unwrap();
+        let engine = crate::store::open_data_dir(d.path(), "c", 1).unwrap();
+        let log = LogStore::open(engine.clone(), d.path()).unwrap();
+        write_entries(&log, 1..=5);
+        log.wal.sync().unwrap();
+        drop(log);
+        // Reopened: what the files hold counts as durable.
+        let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
+        log.save_vote(&Vote::new(4, 2)).await.unwrap();
+        log.save_committed(Some(entry(3).log_id)).await.unwrap();
+        drop(log);
+        let mut log = LogStore::open(engine.clone(), d.path()).unwrap();
+        assert_eq!(indexes(&mut log).await, vec![1, 2, 3, 4, 5]);
+        assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(4, 2)));
+        assert_eq!(log.read_committed().await.unwrap(), Some(entry(3).log_id));
+        let vote = engine.get(Space::RaftMeta, VOTE_KEY).unwrap().unwrap();
+        assert_eq!(vote[0], codec::FORMAT_VERSION);
+        let file = std::fs::read(d.path().join(WAL_DIR).join(format!("{:020}.wal", 1))).unwrap();
+        assert_eq!(
+            dtx_durable::format::read_file_header(dtx_durable::wal::WAL_FILE_MAGIC, &file),
+            Some(dtx_durable::wal::WAL_FORMAT_VERSION)
+        );
+    }
+
+    /// What a newer build wrote is refused at open, named, with the format
+    /// version found and the one this build reads: a log file, an entry,
+    /// the vote.
+    #[tokio::test]
+    async fn values_of_a_newer_format_version_are_refused_by_name() {
+        let newer = codec::FORMAT_VERSION + 1;
+        let refusal = |what: &str| {
+            format!(
+                "{what} format version {newer} is newer than this build reads ({}): upgrade the binary",
+                codec::FORMAT_VERSION
+            )
+        };
+        let written = || {
+            let d = tempfile::tempdir().unwrap();
+            let engine = crate::store::open_data_dir(d.path(), "c", 1).unwrap();
+            let log = LogStore::open(engine.clone(), d.path()).unwrap();
+            write_entries(&log, 1..=2);
+            log.wal.sync().unwrap();
+            (d, engine, log)
+        };
+
+        // An entry.
+        let (d, engine, log) = written();
+        let mut bytes = codec::encode(&entry(3)).unwrap();
+        bytes[0] = newer;
+        log.wal.append(&[(3, bytes)]).unwrap();
+        log.wal.sync().unwrap();
+        drop(log);
+        let err = LogStore::open(engine.clone(), d.path()).err().expect("refused");
+        assert_eq!(err.to_string(), refusal("raft log entry 3"));
+        assert!(!err.is_no_space());
+
+        // The vote.
+        let (d, engine, mut log) = written();
+        log.save_vote(&Vote::new(2, 1)).await.unwrap();
+        drop(log);
+        let mut vote = engine.get(Space::RaftMeta, VOTE_KEY).unwrap().unwrap();
+        vote[0] = newer;
+        let mut b = WriteBatch::default();
+        b.put(VOTE_KEY.to_vec(), vote);
+        engine.write_batch(Space::RaftMeta, b).unwrap();
+        let err = LogStore::open(engine.clone(), d.path()).err().expect("refused");
+        assert_eq!(err.to_string(), refusal("raft vote"));
+
+        // A log file.
+        let (d, engine, log) = written();
+        drop(log);
+        let path = d.path().join(WAL_DIR).join(format!("{:020}.wal", 1));
+        let mut file = std::fs::read(&path).unwrap();
+        let wal_newer = dtx_durable::wal::WAL_FORMAT_VERSION + 1;
+        file[..dtx_durable::wal::WAL_FILE_HEADER_BYTES].copy_from_slice(&dtx_durable::format::file_header(
+            dtx_durable::wal::WAL_FILE_MAGIC,
+            wal_newer,
+        ));
+        std::fs::write(&path, &file).unwrap();
+        let err = LogStore::open(engine.clone(), d.path()).err().expect("refused");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "raft log file {} format version {wal_newer} is newer than this build reads ({}): upgrade the binary",
+                path.display(),
+                dtx_durable::wal::WAL_FORMAT_VERSION
+            )
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), file, "left as it was");
     }
 }

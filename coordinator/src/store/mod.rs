@@ -1,6 +1,9 @@
-//! Durable storage: the `KvEngine` trait (sled behind it), the Raft log store
-//! and the state-machine store, both implementing openraft's storage-v2
-//! traits on top of the engine.
+//! Durable storage: the Raft log store (entries in the log files of
+//! `dtx_durable::wal`, its vote and log ids in the engine) and the
+//! state-machine store (in the engine), both implementing openraft's
+//! storage-v2 traits; the `KvEngine` trait with sled behind it. Every stored
+//! value and file carries a format version, read by one rule
+//! (docs/adr/0042-storage-engines.md).
 
 pub mod engine;
 pub mod log_store;
@@ -49,8 +52,19 @@ pub enum OpenError {
     NotDataDir { dir: String },
     #[error("data directory {dir} is in use by another process (its lock is held); stop that process first")]
     InUse { dir: String },
-    #[error("data directory {dir} was written in format version {found}, which this build cannot read (it reads version {supported}); run the build that wrote it, or start this one on a new data directory")]
+    /// Written in another format version: a newer build's (upgrade the
+    /// binary) or a pre-release layout (start on a new data directory).
+    /// Nothing in the directory is changed.
+    #[error("data directory {dir}: {}; it was left as it was", other_format_advice(*found, *supported))]
     OtherFormat { dir: String, found: u8, supported: u8 },
+    /// A file of the directory is in a format version this build does not
+    /// read (its Raft log files: `log_store::WAL_DIR`), named. Nothing in
+    /// the directory is changed.
+    #[error("data directory {dir}: {error}; it was left as it was")]
+    FileFormat {
+        dir: String,
+        error: dtx_durable::format::VersionError,
+    },
     #[error("data directory {dir} is damaged: {message}; the node does not start on it and never resets or repairs it: copy it aside and keep it for inspection")]
     Damaged { dir: String, message: String },
     /// Not damage: the directory is intact, and the node starts once there
@@ -82,6 +96,16 @@ impl From<EngineError> for OpenError {
             EngineError::Locked { path, .. } => OpenError::InUse { dir: path },
             e => OpenError::Engine(e),
         }
+    }
+}
+
+/// What `OpenError::OtherFormat` says of the version found.
+fn other_format_advice(found: u8, supported: u8) -> String {
+    let description = dtx_durable::format::describe(found.into(), supported.into());
+    if found > supported {
+        description
+    } else {
+        format!("{description}: start this build on a new data directory")
     }
 }
 
@@ -122,7 +146,7 @@ fn remove_incomplete_snapshots(dir: &Path, when: &str) -> Result<(), OpenError> 
 }
 
 /// The identity record is the first thing read from a data directory, so
-/// an older or newer format shows there first.
+/// a newer format or a pre-release one shows there first.
 fn identity_unreadable(dir: &str, e: codec::CodecError) -> OpenError {
     match e {
         codec::CodecError::Version { found } => OpenError::OtherFormat {
@@ -214,8 +238,7 @@ pub fn open_data_dir(dir: &Path, cluster_id: &str, node_id: u64) -> Result<Arc<d
             }
         }
         None => {
-            let has_data = engine.last(Space::Log)?.is_some()
-                || dtx_durable::wal::has_entry_files(&dir.join(log_store::WAL_DIR))
+            let has_data = dtx_durable::wal::has_entry_files(&dir.join(log_store::WAL_DIR))
                 || engine.last(Space::StateMachine)?.is_some()
                 || engine.get(Space::RaftMeta, log_store::VOTE_KEY)?.is_some();
             if has_data {
@@ -230,7 +253,24 @@ pub fn open_data_dir(dir: &Path, cluster_id: &str, node_id: u64) -> Result<Arc<d
             engine.flush()?;
         }
     }
+    // The Raft log's files carry a format version of their own: one this
+    // build does not read is said here, before anything opens them.
+    check_log_format(dir, &dir_s)?;
     Ok(Arc::new(engine))
+}
+
+/// `OpenError::FileFormat` when a Raft log file in the data directory
+/// `dir` (named `dir_s` in messages) is in a format version this build
+/// does not read. Anything else wrong with the files is for the log store
+/// to find when it opens them.
+fn check_log_format(dir: &Path, dir_s: &str) -> Result<(), OpenError> {
+    match dtx_durable::wal::check_format(&dir.join(log_store::WAL_DIR), log_store::WAL_NAME) {
+        Err(dtx_durable::wal::WalError::Format(error)) => Err(OpenError::FileFormat {
+            dir: dir_s.to_string(),
+            error,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A directory of `inspect`'s own under TMPDIR, removed with everything in
@@ -285,6 +325,9 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
     }
     let lock_wait = Duration::from_millis(engine::OPEN_LOCK_WAIT_MS);
     let lock = engine::DirLock::acquire(dir, true, lock_wait).map_err(|e| lock_error(&dir_s, e))?;
+    // What a node would refuse, refused in the same words (this reads the
+    // log files' first bytes only).
+    check_log_format(dir, &dir_s)?;
     let needed = engine::tree_bytes(dir).unwrap_or(0);
     let scratch_err = |e: std::io::Error| {
         let base = std::env::temp_dir();
@@ -327,8 +370,7 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
         Some(b) => Some(codec::decode(&b).map_err(|e| identity_unreadable(&dir_s, e))?),
         None => None,
     };
-    // The log as a node opening the copy would see it (entries of an
-    // older version moved out of the engine, a torn tail cut).
+    // The log as a node opening the copy would see it (a torn tail cut).
     let log = LogStore::open(engine.clone(), &copy).map_err(|e| damaged(e.to_string()))?;
     let bounds = log.bounds();
     drop(log);
@@ -422,6 +464,38 @@ mod tests {
         assert_eq!(engine.get(Space::NodeMeta, IDENTITY_KEY).unwrap(), Some(identity));
     }
 
+    /// A data directory of this build's format version opens again; one a
+    /// newer build wrote is refused with the version found, the one this
+    /// build reads and what to do, and left as it was.
+    #[test]
+    fn a_newer_format_version_is_refused_by_name_and_this_one_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open_data_dir(dir.path(), "c", 1).unwrap());
+        let engine = open_data_dir(dir.path(), "c", 1).expect("this build's directory reopens");
+        let mut identity = engine.get(Space::NodeMeta, IDENTITY_KEY).unwrap().unwrap();
+        assert_eq!(identity[0], codec::FORMAT_VERSION);
+        identity[0] = codec::FORMAT_VERSION + 4;
+        let mut b = engine::WriteBatch::default();
+        b.put(IDENTITY_KEY.to_vec(), identity.clone());
+        engine.write_batch(Space::NodeMeta, b).unwrap();
+        engine.flush().unwrap();
+        drop(engine);
+
+        let err = open_data_dir(dir.path(), "c", 1).err().expect("refused");
+        assert!(matches!(err, OpenError::OtherFormat { .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "data directory {}: format version {} is newer than this build reads ({}): upgrade the binary; it was left as it was",
+                dir.path().display(),
+                codec::FORMAT_VERSION + 4,
+                codec::FORMAT_VERSION
+            )
+        );
+        let engine = SledEngine::open(dir.path()).unwrap();
+        assert_eq!(engine.get(Space::NodeMeta, IDENTITY_KEY).unwrap(), Some(identity));
+    }
+
     fn digest(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         let mut out = Vec::new();
         for e in std::fs::read_dir(dir).unwrap() {
@@ -483,7 +557,7 @@ mod tests {
         }
     }
 
-    /// Defect 9 of issue 8 (invariant 4: a node must come back with what it
+    /// Invariant 4 (a node must come back with what it
     /// acknowledged): an empty `.generating` file made sled refuse the
     /// directory as corrupt forever. Start-up removes it, and only it.
     #[test]

@@ -7,10 +7,15 @@
 //!
 //! Beside each record, under keys of their own, live its owner (`o<txid>`)
 //! and the participants an operator dropped from it (`d<txid>`): written
-//! with the record, deleted with it, absent in data directories written
-//! before they existed. Settlements of another incarnation's txids
-//! (`x<incarnation><txid>`, ADR 0040) live beside the incarnations, never
-//! deleted.
+//! with the record, deleted with it, absent when there are none.
+//! Settlements of another incarnation's txids (`x<incarnation><txid>`,
+//! ADR 0040) live beside the incarnations, never deleted.
+//!
+//! Every stored value (records, the `m/...` metadata, the snapshot and its
+//! meta) is a codec value: its format version byte dispatches, and one of
+//! another version is refused, named (`SmOpenError`, `install_snapshot`;
+//! docs/adr/0042-storage-engines.md). A snapshot has one layout
+//! (`SnapshotData`).
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -19,7 +24,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::RwLock;
 
-use dtx_proto::tls::logtext::Clean;
+use dtx_tls::logtext::Clean;
 use openraft::storage::RaftStateMachine;
 use openraft::AnyError;
 use openraft::EntryPayload;
@@ -65,33 +70,29 @@ const RECORD_PREFIX: &[u8] = b"t";
 const NEXT_TXID_KEY: &[u8] = b"m/next_txid";
 const APPLIED_KEY: &[u8] = b"m/applied";
 const MEMBERSHIP_KEY: &[u8] = b"m/membership";
-/// The retired node ids (`Command::RetireNodeId`). A key of its own, absent
-/// in data directories written before it existed: absent = none retired.
+/// The retired node ids (`Command::RetireNodeId`), a key of its own,
+/// written when they change: absent = none retired.
 const RETIRED_NODE_IDS_KEY: &[u8] = b"m/retired_node_ids";
-/// The owner of a transaction (`Command::As`), beside its record; absent
-/// in data directories written before owners existed: absent = no owner.
+/// The owner of a transaction (`Command::As`), beside its record: absent =
+/// no owner.
 const OWNER_PREFIX: &[u8] = b"o";
 /// The participants an operator dropped from a transaction
-/// (`Command::DropParticipant`), beside its record; absent in data
-/// directories written before drops existed: absent = none dropped.
+/// (`Command::DropParticipant`), beside its record: absent = none dropped.
 const DROPS_PREFIX: &[u8] = b"d";
 /// Saga records (`s<saga id>`), definitions (`g<name>\0<version>`) and the
-/// next saga id (issue 14); absent in data directories written before
-/// sagas existed: absent = none.
+/// next saga id: absent = none.
 const SAGA_PREFIX: &[u8] = b"s";
 const DEFINITION_PREFIX: &[u8] = b"g";
 const NEXT_SAGA_ID_KEY: &[u8] = b"m/next_saga_id";
 /// A saga's count of status queries failed in a row
-/// (`JournalEvent::QueryFailed`), beside its record while not 0; absent in
-/// data directories written before it existed: absent = 0.
+/// (`JournalEvent::QueryFailed`), beside its record while not 0: absent = 0.
 const QUERY_FAILURES_PREFIX: &[u8] = b"q";
-/// The history of cluster incarnations (ADR 0033); absent in data
-/// directories written before it existed: absent = none opened yet.
+/// The history of cluster incarnations (ADR 0033), written when it
+/// changes: absent = none opened yet.
 const INCARNATIONS_KEY: &[u8] = b"m/incarnations";
 /// An operator's settlement of another incarnation's txid
 /// (`Command::SettleOther`, ADR 0040), under `x<incarnation><txid>` (both
-/// big-endian); absent in data directories written before they existed:
-/// absent = none settled.
+/// big-endian): absent = none settled.
 const SETTLEMENT_PREFIX: &[u8] = b"x";
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
@@ -172,7 +173,7 @@ fn txid_after(prefix: &[u8], k: &[u8]) -> Option<Txid> {
 #[derive(Debug, Default)]
 pub struct SmState {
     pub table: TxTable,
-    /// Saga definitions and journals (issue 14).
+    /// Saga definitions and journals.
     pub sagas: SagaBook,
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
@@ -182,232 +183,27 @@ pub struct SmState {
     pub settlements: Settlements,
 }
 
-/// The encoded form of a snapshot.
+/// The encoded form of a snapshot: its one layout in the codec's format
+/// version (`decode_snapshot`).
 #[derive(Serialize, Deserialize)]
 struct SnapshotData {
     next_txid: Txid,
     records: Vec<TxRecord>,
     last_applied: Option<LogId>,
     membership: StoredMembership,
-    /// Added after the fields above (last, so the layout before it is a
-    /// prefix of this one); see `decode_snapshot`.
     retired_node_ids: BTreeSet<u64>,
-    /// Added after `retired_node_ids`, in the same way.
     owners: BTreeMap<Txid, String>,
-    /// Added after `owners`, in the same way.
     drops: BTreeMap<Txid, Drops>,
-    /// Added after `drops`, in the same way (issue 14).
     sagas: SagaBookData,
-    /// Added after `sagas`, in the same way (ADR 0033).
     incarnations: Incarnations,
-    /// Added after `incarnations`, in the same way (ADR 0040).
     settlements: Settlements,
 }
 
-/// The layout of snapshots built before settlements were recorded.
-#[derive(Serialize, Deserialize)]
-struct SnapshotDataWithoutSettlements {
-    next_txid: Txid,
-    records: Vec<TxRecord>,
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    retired_node_ids: BTreeSet<u64>,
-    owners: BTreeMap<Txid, String>,
-    drops: BTreeMap<Txid, Drops>,
-    sagas: SagaBookData,
-    incarnations: Incarnations,
-}
-
-/// The layout of snapshots built before incarnations were recorded.
-#[derive(Serialize, Deserialize)]
-struct SnapshotDataWithoutIncarnations {
-    next_txid: Txid,
-    records: Vec<TxRecord>,
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    retired_node_ids: BTreeSet<u64>,
-    owners: BTreeMap<Txid, String>,
-    drops: BTreeMap<Txid, Drops>,
-    sagas: SagaBookData,
-}
-
-/// The layout of snapshots built before the sagas' counts of failed status
-/// queries were recorded (the last field of `SagaBookData`).
-#[derive(Serialize, Deserialize)]
-struct SnapshotDataWithoutQueryFailures {
-    next_txid: Txid,
-    records: Vec<TxRecord>,
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    retired_node_ids: BTreeSet<u64>,
-    owners: BTreeMap<Txid, String>,
-    drops: BTreeMap<Txid, Drops>,
-    sagas: SagaBookDataWithoutQueryFailures,
-}
-
-#[derive(Serialize, Deserialize)]
-struct SagaBookDataWithoutQueryFailures {
-    next_saga_id: SagaId,
-    definitions: Vec<Definition>,
-    sagas: Vec<SagaRecord>,
-}
-
-/// The layout of snapshots built before sagas were recorded.
-#[derive(Serialize, Deserialize)]
-struct SnapshotDataWithoutSagas {
-    next_txid: Txid,
-    records: Vec<TxRecord>,
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    retired_node_ids: BTreeSet<u64>,
-    owners: BTreeMap<Txid, String>,
-    drops: BTreeMap<Txid, Drops>,
-}
-
-/// The layout of snapshots built before drops were recorded.
-#[derive(Serialize, Deserialize)]
-struct SnapshotDataWithoutDrops {
-    next_txid: Txid,
-    records: Vec<TxRecord>,
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    retired_node_ids: BTreeSet<u64>,
-    owners: BTreeMap<Txid, String>,
-}
-
-/// The layout of snapshots built before owners were recorded.
-#[derive(Serialize, Deserialize)]
-struct SnapshotDataWithoutOwners {
-    next_txid: Txid,
-    records: Vec<TxRecord>,
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    retired_node_ids: BTreeSet<u64>,
-}
-
-/// The layout of snapshots built before retired node ids were recorded.
-#[derive(Serialize, Deserialize)]
-struct SnapshotDataWithoutRetiredIds {
-    next_txid: Txid,
-    records: Vec<TxRecord>,
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-}
-
-/// Decodes a snapshot of either layout. The encoding is not self-describing:
-/// an older snapshot is exactly the current layout without its last field,
-/// so the current decode fails on it at the end of input (never succeeds
-/// wrongly), and the older layout is tried then. A current snapshot decoded
-/// as the older layout would leave trailing bytes, which the codec refuses.
+/// Decodes a snapshot's bytes. The codec dispatches on their format
+/// version: this build's decodes, any other is refused
+/// (`codec::CodecError::Version`).
 fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
-    let current = match codec::decode::<SnapshotData>(bytes) {
-        Ok(d) => return Ok(d),
-        Err(e) => e,
-    };
-    if let Ok(old) = codec::decode::<SnapshotDataWithoutSettlements>(bytes) {
-        return Ok(SnapshotData {
-            next_txid: old.next_txid,
-            records: old.records,
-            last_applied: old.last_applied,
-            membership: old.membership,
-            retired_node_ids: old.retired_node_ids,
-            owners: old.owners,
-            drops: old.drops,
-            sagas: old.sagas,
-            incarnations: old.incarnations,
-            settlements: Settlements::default(),
-        });
-    }
-    if let Ok(old) = codec::decode::<SnapshotDataWithoutIncarnations>(bytes) {
-        return Ok(SnapshotData {
-            next_txid: old.next_txid,
-            records: old.records,
-            last_applied: old.last_applied,
-            membership: old.membership,
-            retired_node_ids: old.retired_node_ids,
-            owners: old.owners,
-            drops: old.drops,
-            sagas: old.sagas,
-            incarnations: Incarnations::default(),
-            settlements: Settlements::default(),
-        });
-    }
-    if let Ok(old) = codec::decode::<SnapshotDataWithoutQueryFailures>(bytes) {
-        return Ok(SnapshotData {
-            next_txid: old.next_txid,
-            records: old.records,
-            last_applied: old.last_applied,
-            membership: old.membership,
-            retired_node_ids: old.retired_node_ids,
-            owners: old.owners,
-            drops: old.drops,
-            sagas: SagaBookData {
-                next_saga_id: old.sagas.next_saga_id,
-                definitions: old.sagas.definitions,
-                sagas: old.sagas.sagas,
-                query_failures: Vec::new(),
-            },
-            incarnations: Incarnations::default(),
-            settlements: Settlements::default(),
-        });
-    }
-    if let Ok(old) = codec::decode::<SnapshotDataWithoutSagas>(bytes) {
-        return Ok(SnapshotData {
-            next_txid: old.next_txid,
-            records: old.records,
-            last_applied: old.last_applied,
-            membership: old.membership,
-            retired_node_ids: old.retired_node_ids,
-            owners: old.owners,
-            drops: old.drops,
-            sagas: SagaBookData::default(),
-            incarnations: Incarnations::default(),
-            settlements: Settlements::default(),
-        });
-    }
-    if let Ok(old) = codec::decode::<SnapshotDataWithoutDrops>(bytes) {
-        return Ok(SnapshotData {
-            next_txid: old.next_txid,
-            records: old.records,
-            last_applied: old.last_applied,
-            membership: old.membership,
-            retired_node_ids: old.retired_node_ids,
-            owners: old.owners,
-            drops: BTreeMap::new(),
-            sagas: SagaBookData::default(),
-            incarnations: Incarnations::default(),
-            settlements: Settlements::default(),
-        });
-    }
-    if let Ok(old) = codec::decode::<SnapshotDataWithoutOwners>(bytes) {
-        return Ok(SnapshotData {
-            next_txid: old.next_txid,
-            records: old.records,
-            last_applied: old.last_applied,
-            membership: old.membership,
-            retired_node_ids: old.retired_node_ids,
-            owners: BTreeMap::new(),
-            drops: BTreeMap::new(),
-            sagas: SagaBookData::default(),
-            incarnations: Incarnations::default(),
-            settlements: Settlements::default(),
-        });
-    }
-    match codec::decode::<SnapshotDataWithoutRetiredIds>(bytes) {
-        Ok(old) => Ok(SnapshotData {
-            next_txid: old.next_txid,
-            records: old.records,
-            last_applied: old.last_applied,
-            membership: old.membership,
-            retired_node_ids: BTreeSet::new(),
-            owners: BTreeMap::new(),
-            drops: BTreeMap::new(),
-            sagas: SagaBookData::default(),
-            incarnations: Incarnations::default(),
-            settlements: Settlements::default(),
-        }),
-        Err(_) => Err(current),
-    }
+    codec::decode(bytes)
 }
 
 #[derive(Clone)]
@@ -543,9 +339,27 @@ pub enum SmOpenError {
     /// (`EngineError::NoSpace`).
     #[error("{0}")]
     Engine(#[from] super::engine::EngineError),
-    /// A stored value does not decode: the data directory is damaged.
-    #[error("a stored state-machine value does not decode: {0}")]
-    Decode(#[from] codec::CodecError),
+    /// A stored value does not decode, named: written in another format
+    /// version (the versions are said), or damaged.
+    #[error("{0}")]
+    Decode(#[from] codec::NamedCodecError),
+}
+
+/// A state-machine key as messages show it: as text when it is (the
+/// `m/...` metadata), else its prefix and the rest in hex.
+fn key_text(k: &[u8]) -> String {
+    if k.iter().all(|b| b.is_ascii_graphic()) {
+        return String::from_utf8_lossy(k).into_owned();
+    }
+    let (prefix, rest) = k.split_at(k.len().min(1));
+    let hex: String = rest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}{hex}", String::from_utf8_lossy(prefix))
+}
+
+/// Decodes the state-machine value stored under `key`, naming it when it
+/// does not decode.
+fn decode_value<T: serde::de::DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, SmOpenError> {
+    Ok(codec::decode(bytes).map_err(|e| e.named(format!("state-machine value {}", key_text(key))))?)
 }
 
 impl SmOpenError {
@@ -576,64 +390,64 @@ impl StateMachineStore {
     /// Loads the persisted state machine (empty on a new data directory).
     pub fn open(engine: Arc<dyn KvEngine>) -> Result<Self, SmOpenError> {
         let mut records = Vec::new();
-        for (_, v) in engine.scan_prefix(Space::StateMachine, RECORD_PREFIX)? {
-            records.push(codec::decode::<TxRecord>(&v)?);
+        for (k, v) in engine.scan_prefix(Space::StateMachine, RECORD_PREFIX)? {
+            records.push(decode_value::<TxRecord>(&k, &v)?);
         }
-        let get = |key: &[u8]| engine.get(Space::StateMachine, key);
+        let get = |key: &[u8]| -> Result<Option<Vec<u8>>, SmOpenError> { Ok(engine.get(Space::StateMachine, key)?) };
         let next_txid: Txid = match get(NEXT_TXID_KEY)? {
-            Some(b) => codec::decode(&b)?,
+            Some(b) => decode_value(NEXT_TXID_KEY, &b)?,
             None => 1,
         };
         let last_applied: Option<LogId> = match get(APPLIED_KEY)? {
-            Some(b) => codec::decode(&b)?,
+            Some(b) => decode_value(APPLIED_KEY, &b)?,
             None => None,
         };
         let membership: StoredMembership = match get(MEMBERSHIP_KEY)? {
-            Some(b) => codec::decode(&b)?,
+            Some(b) => decode_value(MEMBERSHIP_KEY, &b)?,
             None => StoredMembership::default(),
         };
         let retired: BTreeSet<u64> = match get(RETIRED_NODE_IDS_KEY)? {
-            Some(b) => codec::decode(&b)?,
+            Some(b) => decode_value(RETIRED_NODE_IDS_KEY, &b)?,
             None => BTreeSet::new(),
         };
         let mut owners = Vec::new();
         for (k, v) in engine.scan_prefix(Space::StateMachine, OWNER_PREFIX)? {
             if let Some(t) = txid_of_owner_key(&k) {
-                owners.push((t, codec::decode::<String>(&v)?));
+                owners.push((t, decode_value::<String>(&k, &v)?));
             }
         }
         let mut drops = Vec::new();
         for (k, v) in engine.scan_prefix(Space::StateMachine, DROPS_PREFIX)? {
             if let Some(t) = txid_after(DROPS_PREFIX, &k) {
-                drops.push((t, codec::decode::<Drops>(&v)?));
+                drops.push((t, decode_value::<Drops>(&k, &v)?));
             }
         }
         let mut sagas = Vec::new();
-        for (_, v) in engine.scan_prefix(Space::StateMachine, SAGA_PREFIX)? {
-            sagas.push(codec::decode::<SagaRecord>(&v)?);
+        for (k, v) in engine.scan_prefix(Space::StateMachine, SAGA_PREFIX)? {
+            sagas.push(decode_value::<SagaRecord>(&k, &v)?);
         }
         let mut definitions = Vec::new();
-        for (_, v) in engine.scan_prefix(Space::StateMachine, DEFINITION_PREFIX)? {
-            definitions.push(codec::decode::<Definition>(&v)?);
+        for (k, v) in engine.scan_prefix(Space::StateMachine, DEFINITION_PREFIX)? {
+            definitions.push(decode_value::<Definition>(&k, &v)?);
         }
         let next_saga_id: SagaId = match get(NEXT_SAGA_ID_KEY)? {
-            Some(b) => codec::decode(&b)?,
+            Some(b) => decode_value(NEXT_SAGA_ID_KEY, &b)?,
             None => 1,
         };
         let mut query_failures = Vec::new();
         for (k, v) in engine.scan_prefix(Space::StateMachine, QUERY_FAILURES_PREFIX)? {
             if let Some(id) = txid_after(QUERY_FAILURES_PREFIX, &k) {
-                query_failures.push((id, codec::decode::<u32>(&v)?));
+                query_failures.push((id, decode_value::<u32>(&k, &v)?));
             }
         }
         let incarnations: Incarnations = match get(INCARNATIONS_KEY)? {
-            Some(b) => codec::decode(&b)?,
+            Some(b) => decode_value(INCARNATIONS_KEY, &b)?,
             None => Incarnations::default(),
         };
         let mut settlements = Vec::new();
         for (k, v) in engine.scan_prefix(Space::StateMachine, SETTLEMENT_PREFIX)? {
             if let Some(id) = settlement_of_key(&k) {
-                settlements.push((id, codec::decode::<Settlement>(&v)?));
+                settlements.push((id, decode_value::<Settlement>(&k, &v)?));
             }
         }
         let state = SmState {
@@ -1005,7 +819,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
         let data: SnapshotData = decode_snapshot(&bytes)
-            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e)))?;
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e.named("snapshot"))))?;
         let mut st = self.state.write().expect("state machine lock poisoned");
         // What waits to be written belongs to the state being replaced;
         // what the writer has yet to write must land before the
@@ -1086,7 +900,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let data = self.engine.get(Space::Snapshot, SNAPSHOT_DATA_KEY).map_err(read_err)?;
         match (meta, data) {
             (Some(m), Some(d)) => Ok(Some(Snapshot {
-                meta: codec::decode(&m).map_err(read_err)?,
+                meta: codec::decode_named("snapshot meta", &m).map_err(read_err)?,
                 snapshot: Box::new(Cursor::new(d)),
             })),
             _ => Ok(None),
@@ -1094,7 +908,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 }
 
-/// For backups (issue 13): the snapshot of the state applied now, encoded
+/// For backups: the snapshot of the state applied now, encoded
 /// exactly as `build_snapshot` encodes it, WITHOUT saving it as this node's
 /// current snapshot (openraft keeps track of that one).
 impl StateMachineStore {
@@ -1103,8 +917,8 @@ impl StateMachineStore {
     }
 }
 
-/// For backups (issue 13): the table a snapshot's bytes hold, decoded as
-/// `install_snapshot` decodes them (older layouts included).
+/// For backups: the table a snapshot's bytes hold, decoded as
+/// `install_snapshot` decodes them.
 pub fn decode_snapshot_table(bytes: &[u8]) -> Result<TxTable, codec::CodecError> {
     let data = decode_snapshot(bytes)?;
     Ok(TxTable::from_parts(data.next_txid, data.records)
@@ -1113,21 +927,21 @@ pub fn decode_snapshot_table(bytes: &[u8]) -> Result<TxTable, codec::CodecError>
         .with_drops(data.drops))
 }
 
-/// The incarnations a snapshot's bytes hold (older layouts: none).
+/// The incarnations a snapshot's bytes hold.
 pub fn decode_snapshot_incarnations(bytes: &[u8]) -> Result<Incarnations, codec::CodecError> {
     Ok(decode_snapshot(bytes)?.incarnations)
 }
 
-/// The settlements a snapshot's bytes hold (older layouts: none).
+/// The settlements a snapshot's bytes hold.
 pub fn decode_snapshot_settlements(bytes: &[u8]) -> Result<Settlements, codec::CodecError> {
     Ok(decode_snapshot(bytes)?.settlements)
 }
 
-/// For restores (issues 13 and 38): a snapshot's bytes with its next txid
+/// For restores: a snapshot's bytes with its next txid
 /// raised to at least `next_txid` and its open incarnation ended where the
 /// backup's ids end (ADR 0033: the restored cluster's first leader opens a
 /// new one, so no id it hands out is taken for one the old cluster handed
-/// out after the backup), re-encoded in the current layout.
+/// out after the backup), re-encoded.
 pub fn snapshot_for_restore(bytes: &[u8], next_txid: Txid) -> Result<Vec<u8>, codec::CodecError> {
     let mut data = decode_snapshot(bytes)?;
     data.incarnations.close(data.next_txid, data.sagas.next_saga_id);
@@ -1136,7 +950,7 @@ pub fn snapshot_for_restore(bytes: &[u8], next_txid: Txid) -> Result<Vec<u8>, co
 }
 
 /// Every node logs the operator's changes to transactions when it applies
-/// them (issue 13): who and why are in the note.
+/// them: who and why are in the note.
 fn log_operator_change(cmd: &Command, result: &CommandResult) {
     match (cmd, result) {
         (
@@ -1253,7 +1067,7 @@ mod tests {
     }
 
     /// Retired node ids are persisted with the apply that records them, and
-    /// are there after a restart (issue 8: ids are never reused).
+    /// are there after a restart (ids are never reused).
     #[tokio::test]
     async fn retired_node_ids_survive_a_restart() {
         let (_dir, engine, mut sm) = fresh();
@@ -1458,8 +1272,7 @@ mod tests {
     /// txids handed out from then on; a snapshot made for a restore ends it
     /// where the backup's txids end, so the old cluster's later txids are
     /// another incarnation's; the restored cluster's next incarnation
-    /// starts there; the layout from before incarnations still installs
-    /// (everything incarnation 0, none open).
+    /// starts there.
     #[tokio::test]
     async fn inv10_incarnations_survive_restarts_snapshots_and_end_at_a_restore() {
         let (_d1, e1, mut sm) = fresh();
@@ -1559,41 +1372,15 @@ mod tests {
                 "txid 10 of the old cluster is not the restored cluster's txid 10"
             );
         }
-
-        // A snapshot of the layout before incarnations.
-        let old_bytes = {
-            let st = sm.state();
-            codec::encode(&SnapshotDataWithoutIncarnations {
-                next_txid: st.table.next_txid(),
-                records: st.table.records().cloned().collect(),
-                last_applied: st.last_applied,
-                membership: st.membership.clone(),
-                retired_node_ids: st.table.retired_node_ids().clone(),
-                owners: st.table.owners().clone(),
-                drops: st.table.drops().clone(),
-                sagas: st.sagas.data(),
-            })
-            .unwrap()
-        };
-        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
-        let (_d4, _e4, mut older) = fresh();
-        older
-            .install_snapshot(&snap.meta, Box::new(Cursor::new(old_bytes)))
-            .await
-            .unwrap();
-        assert_eq!(older.state().incarnations.current(), None);
-        assert_eq!(older.state().incarnations.of_txid(2), Some(0));
-        assert_eq!(older.state().table.len(), 2);
     }
 
     /// ADR 0040 (invariants 1, 5 and 10): an operator's settlement of
     /// another incarnation's txid is applied beside the table (refusals
     /// and write-once as `Settlements::settle`), persisted with its apply,
     /// there after a restart, carried by snapshots and by the re-encoding a
-    /// restore makes of a backup; a snapshot (or backup) of the layout from
-    /// before settlements still installs and restores, with none.
+    /// restore makes of a backup.
     #[tokio::test]
-    async fn invariant_5_settlements_survive_restarts_snapshots_and_restores_and_older_layouts_still_install() {
+    async fn invariant_5_settlements_survive_restarts_snapshots_and_restores() {
         use crate::sm::settlement::SettlementRefusal;
         use crate::sm::Outcome;
         let settle = |incarnation: u64, txid: Txid, outcome: Outcome, note: &str| Command::SettleOther {
@@ -1706,110 +1493,6 @@ mod tests {
             .await
             .unwrap();
         check(&r, "restored");
-
-        // The layout from before settlements: installs and restores with
-        // none (and replaces the ones a node had, on disk too).
-        let old_bytes = {
-            let st = sm.state();
-            codec::encode(&SnapshotDataWithoutSettlements {
-                next_txid: st.table.next_txid(),
-                records: st.table.records().cloned().collect(),
-                last_applied: st.last_applied,
-                membership: st.membership.clone(),
-                retired_node_ids: st.table.retired_node_ids().clone(),
-                owners: st.table.owners().clone(),
-                drops: st.table.drops().clone(),
-                sagas: st.sagas.data(),
-                incarnations: st.incarnations.clone(),
-            })
-            .unwrap()
-        };
-        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
-        assert!(codec::decode::<SnapshotDataWithoutSettlements>(&bytes).is_err());
-        assert!(decode_snapshot_settlements(&old_bytes).unwrap().is_empty());
-        let (_d4, e4, mut older) = fresh();
-        older
-            .install_snapshot(&snap.meta, Box::new(Cursor::new(bytes.clone())))
-            .await
-            .unwrap();
-        older
-            .install_snapshot(&snap.meta, Box::new(Cursor::new(old_bytes.clone())))
-            .await
-            .unwrap();
-        let none = |sm: &StateMachineStore, what: &str| {
-            let st = sm.state();
-            assert!(st.settlements.is_empty(), "{what}");
-            assert_eq!(
-                st.incarnations,
-                sm_incarnations(&bytes),
-                "{what}: the incarnations installed"
-            );
-            assert_eq!(st.table.len(), 1, "{what}");
-        };
-        none(&older, "older layout installed");
-        drop(older);
-        none(
-            &StateMachineStore::open(e4).unwrap(),
-            "older layout installed and reopened",
-        );
-        let restored_old = snapshot_for_restore(&old_bytes, 0).unwrap();
-        assert!(decode_snapshot_settlements(&restored_old).unwrap().is_empty());
-    }
-
-    fn sm_incarnations(bytes: &[u8]) -> Incarnations {
-        decode_snapshot_incarnations(bytes).unwrap()
-    }
-
-    /// A snapshot built before retired ids were recorded (the older layout)
-    /// still installs, with none retired; a data directory written before
-    /// (no retired-ids key) opens with none retired.
-    #[tokio::test]
-    async fn snapshot_of_the_older_layout_still_installs() {
-        let (_d1, _e1, mut leader) = fresh();
-        leader
-            .apply(vec![entry(
-                1,
-                vec![Command::Begin {
-                    idempotency_key: "k".into(),
-                    fingerprint: [1; 32],
-                    now_ms: 1,
-                    timeout_ms: 1_000,
-                }],
-            )])
-            .await
-            .unwrap();
-        let (meta, _) = StateMachineStore::build_snapshot_bytes(&leader.state()).unwrap();
-        let old_bytes = {
-            let st = leader.state();
-            codec::encode(&SnapshotDataWithoutRetiredIds {
-                next_txid: st.table.next_txid(),
-                records: st.table.records().cloned().collect(),
-                last_applied: st.last_applied,
-                membership: st.membership.clone(),
-            })
-            .unwrap()
-        };
-        // The current decode alone refuses it; the fallback takes it.
-        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
-        let (_d2, e2, mut follower) = fresh();
-        follower
-            .install_snapshot(&meta, Box::new(Cursor::new(old_bytes)))
-            .await
-            .unwrap();
-        assert_eq!(follower.state().table.len(), 1);
-        assert!(follower.state().table.retired_node_ids().is_empty());
-        // And the current layout is never taken for the older one.
-        let (_, new_bytes) = StateMachineStore::build_snapshot_bytes(&leader.state()).unwrap();
-        assert!(codec::decode::<SnapshotDataWithoutRetiredIds>(&new_bytes).is_err());
-
-        // An older data directory: no retired-ids key at all.
-        let mut b = WriteBatch::default();
-        b.delete(RETIRED_NODE_IDS_KEY.to_vec());
-        e2.write_batch(Space::StateMachine, b).unwrap();
-        drop(follower);
-        let reopened = StateMachineStore::open(e2).unwrap();
-        assert_eq!(reopened.state().table.len(), 1);
-        assert!(reopened.state().table.retired_node_ids().is_empty());
     }
 
     fn begin_as(caller: &str, key: &str) -> Command {
@@ -1826,7 +1509,7 @@ mod tests {
 
     /// The owner of a transaction begun on behalf of an application is
     /// persisted with the record, carried by snapshots, and removed with
-    /// the record (issue 12).
+    /// the record.
     #[tokio::test]
     async fn owners_survive_restarts_and_snapshots_and_go_with_their_record() {
         let (_d1, e1, mut leader) = fresh();
@@ -1946,7 +1629,7 @@ mod tests {
         .unwrap();
     }
 
-    /// The participants an operator dropped (issue 13) are persisted with
+    /// The participants an operator dropped are persisted with
     /// the apply that records them, carried by snapshots, there after a
     /// restart (so a dropped participant is still owed no delivery, and the
     /// record still awaits an operator), and removed with their record.
@@ -2008,86 +1691,12 @@ mod tests {
         assert_eq!(st.table.next_txid(), 3, "a forgotten txid is never handed out again");
     }
 
-    /// A snapshot of the layout before drops (with owners) installs, with
-    /// none dropped; the current layout is never taken for it.
-    #[tokio::test]
-    async fn snapshot_without_drops_still_installs() {
-        let (_d1, _e1, mut leader) = fresh();
-        two_with_drops(&mut leader).await;
-        leader
-            .apply(vec![entry(3, vec![begin_as("shop", "k3")])])
-            .await
-            .unwrap();
-        let (meta, new_bytes) = StateMachineStore::build_snapshot_bytes(&leader.state()).unwrap();
-        let old_bytes = {
-            let st = leader.state();
-            codec::encode(&SnapshotDataWithoutDrops {
-                next_txid: st.table.next_txid(),
-                records: st.table.records().cloned().collect(),
-                last_applied: st.last_applied,
-                membership: st.membership.clone(),
-                retired_node_ids: BTreeSet::from([7]),
-                owners: st.table.owners().clone(),
-            })
-            .unwrap()
-        };
-        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
-        assert!(codec::decode::<SnapshotDataWithoutDrops>(&new_bytes).is_err());
-        let (_d2, _e2, mut follower) = fresh();
-        follower
-            .install_snapshot(&meta, Box::new(Cursor::new(old_bytes)))
-            .await
-            .unwrap();
-        let st = follower.state();
-        assert_eq!(st.table.len(), 3);
-        assert!(st.table.is_retired_node_id(7));
-        assert_eq!(st.table.owner(3), Some("shop"));
-        assert!(st.table.drops().is_empty());
-        assert_eq!(
-            st.table.undelivered(10),
-            vec![1, 2],
-            "without drops both owe b a delivery"
-        );
-    }
-
-    /// A snapshot of the layout before owners (with retired ids) installs,
-    /// with no owners; the current layout is never taken for it.
-    #[tokio::test]
-    async fn snapshot_without_owners_still_installs() {
-        let (_d1, _e1, mut leader) = fresh();
-        leader.apply(vec![entry(1, vec![begin_as("shop", "k")])]).await.unwrap();
-        let (meta, new_bytes) = StateMachineStore::build_snapshot_bytes(&leader.state()).unwrap();
-        let old_bytes = {
-            let st = leader.state();
-            codec::encode(&SnapshotDataWithoutOwners {
-                next_txid: st.table.next_txid(),
-                records: st.table.records().cloned().collect(),
-                last_applied: st.last_applied,
-                membership: st.membership.clone(),
-                retired_node_ids: BTreeSet::from([7]),
-            })
-            .unwrap()
-        };
-        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
-        assert!(codec::decode::<SnapshotDataWithoutOwners>(&new_bytes).is_err());
-        let (_d2, _e2, mut follower) = fresh();
-        follower
-            .install_snapshot(&meta, Box::new(Cursor::new(old_bytes)))
-            .await
-            .unwrap();
-        assert_eq!(follower.state().table.len(), 1);
-        assert!(follower.state().table.is_retired_node_id(7));
-        assert_eq!(follower.state().table.owner(1), None);
-    }
-
-    /// Sagas (issue 14): the journal is persisted with the apply that
+    /// Sagas: the journal is persisted with the apply that
     /// writes it and is there after re-opening the store from its engine; a
     /// snapshot carries definitions, journals and the next saga id (build,
-    /// install, re-open); a snapshot of the layout before sagas still
-    /// installs, with none (replacing the sagas the node had, on disk too),
-    /// and the current layout is never taken for it.
+    /// install, re-open).
     #[tokio::test]
-    async fn sagas_survive_restarts_and_snapshots_and_the_layout_without_sagas_still_installs() {
+    async fn sagas_survive_restarts_and_snapshots() {
         use crate::sm::saga::CallOutcome;
         use crate::sm::saga::JournalEvent;
         use crate::sm::saga::Reply;
@@ -2262,55 +1871,14 @@ mod tests {
                 state: SagaState::Running
             }))]
         );
-
-        // The layout before sagas.
-        let (meta, new_bytes) = StateMachineStore::build_snapshot_bytes(&leader.state()).unwrap();
-        let old_bytes = {
-            let st = leader.state();
-            codec::encode(&SnapshotDataWithoutSagas {
-                next_txid: st.table.next_txid(),
-                records: st.table.records().cloned().collect(),
-                last_applied: st.last_applied,
-                membership: st.membership.clone(),
-                retired_node_ids: BTreeSet::from([7]),
-                owners: st.table.owners().clone(),
-                drops: st.table.drops().clone(),
-            })
-            .unwrap()
-        };
-        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
-        assert!(codec::decode::<SnapshotDataWithoutSagas>(&new_bytes).is_err());
-        // Installed on the follower, which has sagas: it has none after.
-        follower
-            .install_snapshot(&meta, Box::new(Cursor::new(old_bytes)))
-            .await
-            .unwrap();
-        let no_sagas = |sm: &StateMachineStore, what: &str| {
-            let st = sm.state();
-            assert_eq!(st.table.len(), 1, "{what}");
-            assert!(st.table.is_retired_node_id(7), "{what}");
-            assert_eq!(st.sagas.sagas().count(), 0, "{what}");
-            assert_eq!(st.sagas.definitions().count(), 0, "{what}");
-            assert_eq!(st.sagas.next_saga_id(), 1, "{what}");
-        };
-        no_sagas(&follower, "old layout installed");
-        drop(follower);
-        let reopened = StateMachineStore::open(e2.clone()).unwrap();
-        no_sagas(&reopened, "old layout installed and reopened");
-        assert!(e2.get(Space::StateMachine, &saga_key(1)).unwrap().is_none());
-        assert!(e2
-            .get(Space::StateMachine, &definition_key("shop", 1))
-            .unwrap()
-            .is_none());
     }
 
     /// The count of failed status queries of a saga
     /// (`JournalEvent::QueryFailed`) is kept beside its record (`q<id>`):
-    /// it survives a restart and a snapshot, its key goes when another
-    /// write resets it, and a snapshot of the layout before it installs
-    /// with every count 0.
+    /// it survives a restart and a snapshot, and its key goes when another
+    /// write resets it.
     #[tokio::test]
-    async fn query_failure_counts_survive_restarts_and_snapshots_and_the_layout_before_them_installs() {
+    async fn query_failure_counts_survive_restarts_and_snapshots() {
         use crate::sm::saga::CallOutcome;
         use crate::sm::saga::JournalEvent;
         use crate::sm::saga::Reply;
@@ -2395,41 +1963,6 @@ mod tests {
         let follower = StateMachineStore::open(e2.clone()).unwrap();
         assert_eq!(follower.state().sagas.query_failures(1), 3, "installed and reopened");
 
-        // The layout before the counts: installs, every count 0.
-        let (meta, new_bytes) = StateMachineStore::build_snapshot_bytes(&sm.state()).unwrap();
-        let old_bytes = {
-            let st = sm.state();
-            let data = st.sagas.data();
-            codec::encode(&SnapshotDataWithoutQueryFailures {
-                next_txid: st.table.next_txid(),
-                records: st.table.records().cloned().collect(),
-                last_applied: st.last_applied,
-                membership: st.membership.clone(),
-                retired_node_ids: BTreeSet::new(),
-                owners: st.table.owners().clone(),
-                drops: st.table.drops().clone(),
-                sagas: SagaBookDataWithoutQueryFailures {
-                    next_saga_id: data.next_saga_id,
-                    definitions: data.definitions,
-                    sagas: data.sagas,
-                },
-            })
-            .unwrap()
-        };
-        assert!(codec::decode::<SnapshotData>(&old_bytes).is_err());
-        assert!(codec::decode::<SnapshotDataWithoutQueryFailures>(&new_bytes).is_err());
-        let (_d3, e3, mut old) = fresh();
-        old.install_snapshot(&meta, Box::new(Cursor::new(old_bytes)))
-            .await
-            .unwrap();
-        assert_eq!(old.state().sagas.query_failures(1), 0);
-        assert_eq!(
-            old.state().sagas.get(1),
-            sm.state().sagas.get(1),
-            "the saga itself installed"
-        );
-        assert!(e3.get(Space::StateMachine, &query_failures_key(1)).unwrap().is_none());
-
         // Another write resets the count, and its key goes.
         assert!(e1.get(Space::StateMachine, &query_failures_key(1)).unwrap().is_some());
         sm.apply(vec![entry(
@@ -2447,5 +1980,87 @@ mod tests {
         assert_eq!(sm.state().sagas.query_failures(1), 0);
         sm.write_pending().unwrap();
         assert!(e1.get(Space::StateMachine, &query_failures_key(1)).unwrap().is_none());
+    }
+    /// docs/adr/0042-storage-engines.md: a state this build wrote reads
+    /// back (records, metadata, the snapshot and its meta, in this build's
+    /// format version); what a newer build wrote is refused, named, with
+    /// the version found and the one this build reads, and nothing of it is
+    /// installed.
+    #[tokio::test]
+    async fn this_versions_state_reads_back_and_a_newer_format_version_is_refused_by_name() {
+        let (_d1, e1, mut sm) = fresh();
+        sm.apply(vec![entry(1, vec![begin("k"), Command::RetireNodeId { node_id: 5 }])])
+            .await
+            .unwrap();
+        let snap = sm.build_snapshot().await.unwrap();
+        let bytes = snap.snapshot.into_inner();
+        assert_eq!(bytes[0], codec::FORMAT_VERSION);
+        drop(sm);
+        let mut sm = StateMachineStore::open(e1.clone()).unwrap();
+        assert_eq!(sm.state().table.len(), 1);
+        assert!(sm.state().table.is_retired_node_id(5));
+        assert_eq!(sm.state().last_applied.map(|l| l.index), Some(1));
+        let current = sm.get_current_snapshot().await.unwrap().expect("saved");
+        assert_eq!(current.meta, snap.meta);
+        assert_eq!(current.snapshot.into_inner(), bytes);
+        let (_d2, _e2, mut follower) = fresh();
+        follower
+            .install_snapshot(&snap.meta, Box::new(Cursor::new(bytes.clone())))
+            .await
+            .unwrap();
+        assert_eq!(follower.state().table.len(), 1);
+        assert!(follower.state().table.is_retired_node_id(5));
+
+        let newer = codec::FORMAT_VERSION + 4;
+        let refusal = |what: &str| {
+            format!(
+                "{what} format version {newer} is newer than this build reads ({}): upgrade the binary",
+                codec::FORMAT_VERSION
+            )
+        };
+        let put = |space: Space, key: &[u8], value: Vec<u8>| {
+            let mut b = WriteBatch::default();
+            b.put(key.to_vec(), value);
+            e1.write_batch(space, b).unwrap();
+        };
+
+        // A snapshot (from a leader, or a backup's).
+        let mut future = bytes.clone();
+        future[0] = newer;
+        let (_d3, _e3, mut other) = fresh();
+        let err = other
+            .install_snapshot(&snap.meta, Box::new(Cursor::new(future.clone())))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains(&refusal("snapshot")), "{err}");
+        assert_eq!(other.state().table.len(), 0, "nothing installed");
+        assert!(matches!(
+            decode_snapshot_table(&future),
+            Err(codec::CodecError::Version { found }) if found == newer
+        ));
+
+        // The saved snapshot's meta.
+        let mut meta = e1.get(Space::Snapshot, SNAPSHOT_META_KEY).unwrap().unwrap();
+        meta[0] = newer;
+        put(Space::Snapshot, SNAPSHOT_META_KEY, meta);
+        let err = sm.get_current_snapshot().await.expect_err("refused");
+        assert!(err.to_string().contains(&refusal("snapshot meta")), "{err}");
+        drop(sm);
+
+        // State-machine metadata and records, at open.
+        for (key, what) in [
+            (APPLIED_KEY.to_vec(), "state-machine value m/applied".to_string()),
+            (record_key(1), format!("state-machine value t{:016x}", 1)),
+        ] {
+            let good = e1.get(Space::StateMachine, &key).unwrap().unwrap();
+            let mut bad = good.clone();
+            bad[0] = newer;
+            put(Space::StateMachine, &key, bad);
+            let err = StateMachineStore::open(e1.clone()).err().expect("refused");
+            assert!(matches!(err, SmOpenError::Decode(_)), "{err}");
+            assert_eq!(err.to_string(), refusal(&what));
+            put(Space::StateMachine, &key, good);
+        }
+        assert_eq!(StateMachineStore::open(e1).unwrap().state().table.len(), 1);
     }
 }

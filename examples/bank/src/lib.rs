@@ -259,7 +259,7 @@ pub struct BankServeArgs {
     pub tls: dtx_tls::args::TlsArgs,
 }
 
-/// `coordinator bank-serve`: one bank participant service until SIGTERM.
+/// `dtx-dev bank-serve`: one bank participant service until SIGTERM.
 ///
 /// If its store stops (a write failed: the disk is full, say), the service
 /// stops too and returns the store's message (the process exits non-zero

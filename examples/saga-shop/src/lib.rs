@@ -1,7 +1,6 @@
-//! The order saga's step services (issue 14, item 8; docs/sagas.md, "The
-//! order saga"): three services on the participant SDK's saga module
-//! ([`participant_sdk::saga`]), one process each, all reading the same
-//! input, an [`OrderInput`] as JSON:
+//! The order saga's step services (docs/sagas.md, "The order saga"): three
+//! services on the participant SDK's saga module ([`participant_sdk::saga`]),
+//! one process each, all reading the same input, an [`OrderInput`] as JSON:
 //! `{"order":"o-17","sku":"sku-3","qty":2,"customer":"c-5","amount":1200}`.
 //!
 //! - **inventory** ([`services::Inventory`]): [`RESERVE`] takes `qty` of
@@ -26,7 +25,7 @@
 //!   the time before sending anything; status query [`EMAIL_STATUS`].
 //!
 //! The payment provider and the e-mail sender are the outside world
-//! ([`outside`]): separate processes (`coordinator outside-serve --role
+//! ([`outside`]): separate processes (`dtx-dev outside-serve --role
 //! payment|email`) with idempotency keys, a status query that can fence a
 //! key, replies lost at a given percentage, and records in a checksummed
 //! append-only log; [`outside::outside_audit`] counts each charge and
@@ -38,10 +37,10 @@
 //! was applied more than once per order (`duplicate_forward_actions`, must
 //! be 0). Seeded when the data directory is new ([`Seed`]).
 //!
-//! The commands: `coordinator saga-step-serve` ([`StepServeArgs`],
-//! [`serve`]), `coordinator saga-step-audit` ([`StepAuditArgs`]),
-//! `coordinator outside-serve` ([`OutsideServeArgs`], [`serve_outside`])
-//! and `coordinator outside-audit` ([`OutsideAuditArgs`]).
+//! The commands: `dtx-dev saga-step-serve` ([`StepServeArgs`],
+//! [`serve`]), `dtx-dev saga-step-audit` ([`StepAuditArgs`]),
+//! `dtx-dev outside-serve` ([`OutsideServeArgs`], [`serve_outside`])
+//! and `dtx-dev outside-audit` ([`OutsideAuditArgs`]).
 
 pub mod outside;
 pub mod services;
@@ -216,7 +215,7 @@ impl Default for Seed {
     }
 }
 
-/// `coordinator saga-step-serve`: one step service of the order saga until
+/// `dtx-dev saga-step-serve`: one step service of the order saga until
 /// SIGTERM.
 #[derive(clap::Args, Clone, Debug)]
 pub struct StepServeArgs {
@@ -280,7 +279,7 @@ impl StepServeArgs {
     }
 }
 
-/// `coordinator saga-step-audit`: the [`Audit`] of a stopped service's data
+/// `dtx-dev saga-step-audit`: the [`Audit`] of a stopped service's data
 /// directory, as JSON.
 #[derive(clap::Args, Clone, Debug)]
 pub struct StepAuditArgs {
@@ -615,7 +614,7 @@ async fn open_store<H: ShopService>(data: &Path, handler: H, seed: &Seed) -> any
     Ok(store)
 }
 
-/// `coordinator saga-step-serve`: binds `--listen`, then [`serve_listener`].
+/// `dtx-dev saga-step-serve`: binds `--listen`, then [`serve_listener`].
 pub async fn serve(a: StepServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await

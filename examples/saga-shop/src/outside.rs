@@ -1,6 +1,6 @@
-//! The order saga's outside world (issue 38, ADR 0034): the payment
+//! The order saga's outside world (ADR 0034): the payment
 //! provider that charges cards and the e-mail sender that sends the
-//! confirmations, each its own process (`coordinator outside-serve --role
+//! confirmations, each its own process (`dtx-dev outside-serve --role
 //! payment|email`), beside the step services that call them
 //! (`saga-step-serve --role payment --provider ADDR`, `--role email
 //! --sender ADDR`). They stand for systems the shop does not run: the
@@ -330,7 +330,7 @@ impl Ledger {
     }
 }
 
-/// `coordinator outside-serve`: one outside system until SIGTERM.
+/// `dtx-dev outside-serve`: one outside system until SIGTERM.
 #[derive(clap::Args, Clone, Debug)]
 pub struct OutsideServeArgs {
     #[arg(long, value_enum)]
@@ -366,7 +366,7 @@ impl OutsideServeArgs {
     }
 }
 
-/// `coordinator outside-audit`: the [`outside_audit`] of a stopped outside
+/// `dtx-dev outside-audit`: the [`outside_audit`] of a stopped outside
 /// process's data directory, as JSON.
 #[derive(clap::Args, Clone, Debug)]
 pub struct OutsideAuditArgs {
@@ -473,7 +473,7 @@ fn answered(a: OutsideAnswer) -> WireReply {
     }
 }
 
-/// `coordinator outside-serve`: binds `--listen`, then
+/// `dtx-dev outside-serve`: binds `--listen`, then
 /// [`serve_outside_listener`].
 pub async fn serve_outside(a: OutsideServeArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&a.listen)
@@ -765,12 +765,12 @@ mod tests {
         assert_eq!(OutsideAnswer::from_json(&a.to_json()).unwrap(), a);
     }
 
-    /// The issue's torn line, `3586\tconfirmation for3586\tconfirmation
-    /// for order o-c3-769`: a record cut by a crash (or a full disk) in
-    /// the middle, then the same work done again. Here the cut record is
-    /// a torn tail (nothing in it was answered), cut off at the next open;
-    /// the work done again is recorded once, and the audit reads every
-    /// record whole and counts each e-mail once.
+    /// A torn line, `3586\tconfirmation for3586\tconfirmation for order
+    /// o-c3-769`: a record cut by a crash (or a full disk) in the middle,
+    /// then the same work done again. Here the cut record is a torn tail
+    /// (nothing in it was answered), cut off at the next open; the work
+    /// done again is recorded once, and the audit reads every record whole
+    /// and counts each e-mail once.
     #[test]
     fn a_torn_tail_is_cut_at_open_and_work_done_again_is_counted_once() {
         let dir = tempfile::tempdir().unwrap();

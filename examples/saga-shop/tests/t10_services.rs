@@ -1,19 +1,17 @@
-//! Issue 14, item 8: the order saga's three step services, each served on
-//! 127.0.0.1 as `saga-step-serve` runs it, driven through their gRPC API
-//! directly (no cluster): reserve, charge and send for one order; reserve
-//! then release for another; a release on a stale version; a payment API
-//! that loses every reply, reconciled through Status; a mail server that
-//! is busy half of the time, retried under new operation ids; then the
-//! audit of each stopped service. The payment provider and the e-mail
-//! sender (the outside world the payment and e-mail services call, ADR
-//! 0034) are served in-process on their own sockets, as `outside-serve`
-//! runs them; a provider that loses every reply never turns a charge into
-//! FAILED.
+//! The order saga's three step services, each served on 127.0.0.1 as
+//! `saga-step-serve` runs it, driven through their gRPC API directly (no
+//! cluster): reserve, charge and send for one order; reserve then release for
+//! another; a release on a stale version; a payment API that loses every
+//! reply, reconciled through Status; a mail server that is busy half of the
+//! time, retried under new operation ids; then the audit of each stopped
+//! service. The payment provider and the e-mail sender (the outside world the
+//! payment and e-mail services call, ADR 0034) are served in-process on their
+//! own sockets, as `outside-serve` runs them; a provider that loses every
+//! reply never turns a charge into FAILED.
 
 use std::path::Path;
 use std::time::Duration;
 
-use dtx_proto::channel::Channel;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
 use dtx_saga_shop::OrderInput;
@@ -21,6 +19,7 @@ use dtx_saga_shop::OutsideRole;
 use dtx_saga_shop::OutsideServeArgs;
 use dtx_saga_shop::Role;
 use dtx_saga_shop::StepServeArgs;
+use dtx_transport::channel::Channel;
 
 /// An outside process, in-process on its own socket.
 struct World {
@@ -83,7 +82,7 @@ impl Svc {
         let served = tokio::spawn(dtx_saga_shop::serve_listener(args, listener, async {
             let _ = stopped.await;
         }));
-        let ch = dtx_proto::channel::channel_with(&addr, None, Duration::from_secs(2), None).unwrap();
+        let ch = dtx_transport::channel::channel_with(&addr, None, Duration::from_secs(2), None).unwrap();
         Svc {
             client: SagaStepServiceClient::new(ch),
             query,
@@ -344,14 +343,14 @@ async fn the_three_services_run_the_order_saga_steps_once_and_audit_clean() {
     assert_eq!(a.confirmations.len(), 1);
 }
 
-/// Issue 38, defect 6, at the payment service: the provider charges and
-/// every reply to the payment service is lost. The charge stays in flight
-/// (UNAVAILABLE, UNKNOWN to the orchestrator), however often it is sent;
-/// the fence the orchestrator sends after its last attempt asks the
+/// The lost reply of ADR 0034, at the payment service: the provider charges
+/// and every reply to the payment service is lost. The charge stays in
+/// flight (UNAVAILABLE, UNKNOWN to the orchestrator), however often it is
+/// sent; the fence the orchestrator sends after its last attempt asks the
 /// provider and answers OK: the card is charged once, the step never
 /// FAILED. A charge that never reached a provider that was down is fenced
-/// only after the provider voided its key; a provider whose log is
-/// reopened (a restart) answers the same.
+/// only after the provider voided its key; a provider whose log is reopened
+/// (a restart) answers the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_that_loses_every_reply_never_turns_a_charge_into_failed() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@
 //! (`participant_sdk::postgres`): its handler does the order's SQL inside
 //! the PostgreSQL transaction that Prepare ends with `PREPARE TRANSACTION`,
 //! and refuses (votes NO, with the reason) when the stock or the balance
-//! is short. `coordinator demo --postgres` runs the three services against
+//! is short. `dtx-dev demo --postgres` runs the three services against
 //! a three-node cluster under leader kills and service kill -9, then
 //! audits the three databases ([`audit`]).
 //!
@@ -412,7 +412,7 @@ pub async fn place_order(
     }
 }
 
-/// The arguments of `coordinator shop-serve` for `role` listening on
+/// The arguments of `dtx-dev shop-serve` for `role` listening on
 /// `addr`, on the database of `pg_conn`, recovering through `cluster`.
 pub fn serve_args(role: Role, addr: &str, pg_conn: &str, cluster: &[String]) -> Vec<std::ffi::OsString> {
     [
@@ -464,7 +464,7 @@ pub struct ShopServeArgs {
     pub tls: dtx_tls::args::TlsArgs,
 }
 
-/// `coordinator shop-serve`: one shop service on its PostgreSQL database
+/// `dtx-dev shop-serve`: one shop service on its PostgreSQL database
 /// until SIGTERM: creates its tables (and initial rows) when missing,
 /// checks PostgreSQL at start (see `PgParticipant::connect`), runs
 /// recovery (which also resolves prepared transactions a crash left

@@ -1,6 +1,6 @@
-//! The saga workload's checker (`--workload saga`, issue 14): reads the
-//! starts, the final journals (ListSagas after the settle wait) and the
-//! step services' audits out of a history and decides:
+//! The saga workload's checker (`--workload saga`): reads the starts, the
+//! final journals (ListSagas after the settle wait) and the step services'
+//! audits out of a history and decides:
 //!
 //! - duplicate forward actions: the audits' `duplicate_forward_actions`
 //!   plus every order with more than one reserve, charge or confirmation
@@ -16,7 +16,7 @@
 //!   and no confirmation; an order meant to fail (out of stock, unpayable)
 //!   never COMPLETED; no order the audits know holds anything without a
 //!   saga; the audits found no problem (stock and money conserved).
-//! - the outside world (issue 38, ADR 0034), from the payment provider's
+//! - the outside world (ADR 0034), from the payment provider's
 //!   and the e-mail sender's own records (their audits, roles
 //!   `payment-provider` and `email-sender`): no card charged and no e-mail
 //!   sent twice for one order; a COMPLETED order's card charged once (its
@@ -92,7 +92,7 @@ pub struct SagaReport {
     /// The audits' `problems`, prefixed with the role.
     pub audit_problems: Vec<String>,
     /// COMPENSATED orders whose card the payment provider charged (the
-    /// anomaly of issue 38, defect 6): must be empty.
+    /// anomaly of ADR 0034): must be empty.
     #[serde(default)]
     pub compensated_but_charged: Vec<String>,
     /// Cards charged and e-mails sent, from the outside world's records;
@@ -795,7 +795,7 @@ mod tests {
         ]
     }
 
-    /// Issue 38, defect 6: the payment service recorded no charge (its
+    /// The anomaly of ADR 0034: the payment service recorded no charge (its
     /// call's reply was lost, it was fenced FAILED), the saga compensated,
     /// but the provider's own records hold the charge: INVALID.
     #[test]

@@ -1,4 +1,4 @@
-//! Unit tests of the participant log logic, named after DESIGN invariants.
+//! Unit tests of the participant log logic, named after the invariants of docs/design.md.
 
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -270,9 +270,9 @@ fn inv9_prepare_or_one_phase_of_an_unknown_txid_below_the_term_floor_is_refused(
     assert_eq!(step(Some(&e), Message::Commit { term: 3 }, 9).1, Action::CommitResource);
 }
 
-/// The double apply of issue 38 defect 2 at the participant: a one-phase
-/// commit applied at term T+1, its record forgotten by GC, and the deposed
-/// leader of term T re-sending it.
+/// A double apply at the participant: a one-phase commit applied at term
+/// T+1, its record forgotten by GC, and the deposed leader of term T
+/// re-sending it.
 #[test]
 fn inv9_one_phase_commit_resent_by_a_deposed_leader_after_gc_is_not_applied_again() {
     let (e, a) = step(None, Message::CommitOnePhase { term: 8 }, 0);

@@ -28,14 +28,19 @@
 //! - [`OutsideStatus::Unknown`]: an error, the record stays in flight;
 //!   never FAILED, never fenced.
 
-use super::put_str;
-use super::take;
-use super::take_str;
-use super::take_u64;
-use super::Authorization;
-use super::CallKind;
-use super::StepCall;
-use super::StepRecord;
+use super::codec::put_str;
+use super::codec::take;
+use super::codec::take_str;
+use super::codec::take_u64;
+use super::rules::check_repeat_only;
+use super::rules::FENCED_OUTSIDE_REASON;
+use super::types::Authorization;
+use super::types::CallKind;
+use super::types::StepCall;
+use super::types::StepError;
+use super::types::StepRecord;
+use super::types::StepResult;
+use crate::store::unix_ms;
 
 /// The format byte of an in-flight record (an answered one's is
 /// `RECORD_FORMAT`, 1): both live under the operation id's inbox key.
@@ -248,18 +253,33 @@ pub(crate) fn in_flight_message(op: &str, f: &InFlight, why: &str) -> String {
 
 /// A repeated call of an in-flight operation: refused when it was the
 /// other kind of call, or carries another fingerprint (as
-/// [`super::check_repeat`] refuses a repeat of an answered one).
-pub(crate) fn check_resend(kind: CallKind, call: &StepCall, f: &InFlight) -> Result<(), super::StepError> {
+/// [`check_repeat`](super::rules::check_repeat) refuses a repeat of an
+/// answered one).
+pub(crate) fn check_resend(kind: CallKind, call: &StepCall, f: &InFlight) -> Result<(), StepError> {
     let rec = StepRecord {
         kind: f.kind,
-        result: super::StepResult::failed(""),
+        result: StepResult::failed(""),
         at_ms: f.since_ms,
         saga_id: f.call.saga_id,
         step: f.call.step,
         action: f.call.action.clone(),
         fingerprint: f.call.fingerprint.clone(),
     };
-    super::check_repeat_only(kind, call, &rec)
+    check_repeat_only(kind, call, &rec)
+}
+
+/// The record that fences in-flight operation `f` after its outside
+/// system said it never happened (and now refuses its key).
+pub(crate) fn fenced_in_flight(f: &InFlight) -> StepRecord {
+    StepRecord {
+        kind: f.kind,
+        result: StepResult::failed(format!("{FENCED_OUTSIDE_REASON} ({})", f.system)),
+        at_ms: unix_ms(),
+        saga_id: f.call.saga_id,
+        step: f.call.step,
+        action: f.call.action.clone(),
+        fingerprint: f.call.fingerprint.clone(),
+    }
 }
 
 /// Counts an outside call or status question by what it found
@@ -309,7 +329,7 @@ mod tests {
         longer.push(0);
         assert!(InFlight::decode(&longer).is_err());
         // An answered record still decodes as one.
-        let rec = super::super::fence_record(3, 2);
+        let rec = super::super::rules::fence_record(3, 2);
         assert_eq!(InboxEntry::decode(&rec.encode()), Ok(InboxEntry::Answered(rec)));
     }
 }

@@ -1,6 +1,5 @@
-//! Saga definitions (issue 14, item 1): ordered steps, each COMPENSABLE,
-//! PIVOT or RETRIABLE, and the rules a definition must keep to be
-//! registered. Pure: no I/O.
+//! Saga definitions: ordered steps, each COMPENSABLE, PIVOT or RETRIABLE, and
+//! the rules a definition must keep to be registered. Pure: no I/O.
 //!
 //! The rules (a definition breaking one is refused with the reason):
 //! - at least one step, at most `limits::SAGA_STEPS_MAX`;
@@ -40,7 +39,7 @@ impl StepKind {
 }
 
 /// What the orchestrator may do about a failed step: only these, and only
-/// those the step's definition registered (the policy boundary, item 6).
+/// those the step's definition registered (the policy boundary).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Recovery {
     /// Run the forward action again (a new attempt).

@@ -473,8 +473,8 @@ pub struct SagaBookData {
     pub next_saga_id: SagaId,
     pub definitions: Vec<Definition>,
     pub sagas: Vec<SagaRecord>,
-    /// Added after `sagas` (last, so snapshots built before it are a prefix
-    /// of this layout; see `store::sm_store::decode_snapshot`).
+    /// Each saga's count of status queries failed in a row
+    /// (`JournalEvent::QueryFailed`), where it is not 0.
     pub query_failures: Vec<(SagaId, u32)>,
 }
 

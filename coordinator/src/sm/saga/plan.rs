@@ -34,9 +34,9 @@ pub enum Move {
 }
 
 /// Ranks the registered recovery options of a failed step (the policy
-/// boundary, issue 14 item 6): it may order them and say why, never add
-/// one. The orchestrator takes the first option the journal admits; the
-/// state machine refuses an option the definition did not register.
+/// boundary): it may order them and say why, never add one. The orchestrator
+/// takes the first option the journal admits; the state machine refuses an
+/// option the definition did not register.
 pub trait RecoveryPolicy: Send + Sync {
     fn rank(&self, saga: &SagaRecord, step: u32, registered: &[Recovery]) -> Vec<Recovery>;
 
