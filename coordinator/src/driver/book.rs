@@ -17,11 +17,11 @@ use dtx_tls::logtext::clean;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::answer::truncate_utf8;
+use super::answer::DeliveryError;
 use super::group::Groups;
 use super::health;
-use super::truncate_utf8;
 use super::txids::FastBook;
-use super::DeliveryError;
 use crate::ctx::ApiError;
 use crate::sm::tally::Vote;
 use crate::sm::Command;

@@ -28,6 +28,7 @@ use rand::Rng;
 use tracing::warn;
 use tracing::Instrument;
 
+use super::answer::DeliveryError;
 use super::book::doing;
 use super::book::Attempt;
 use super::book::ErrorClass;
@@ -37,7 +38,6 @@ use super::health;
 use super::owner::DeliveryMark;
 use super::owner::Msg;
 use super::txn_span;
-use super::DeliveryError;
 use super::Driver;
 use crate::sm::Outcome;
 use crate::sm::Participant;

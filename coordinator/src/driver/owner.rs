@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use tracing::info;
 use tracing::warn;
 
+use super::answer::DeliveryError;
 use super::book::AckReply;
 use super::book::Attempt;
 use super::book::Book;
@@ -43,7 +44,6 @@ use super::health;
 use super::txids::Begin;
 use super::txids::InFlightView;
 use super::txids::Reserve;
-use super::DeliveryError;
 use crate::ctx::now_ms;
 use crate::sm::tally::Vote;
 use crate::sm::Command;

@@ -38,12 +38,12 @@ use dtx_common::trace::TraceContext;
 use dtx_proto::v1 as pb;
 use tracing::Instrument;
 
+use super::answer::DeliveryError;
 use super::group::Answer;
 use super::owner::DecisionBatch;
 use super::owner::Kind;
 use super::owner::Msg;
 use super::owner::SenderMark;
-use super::DeliveryError;
 use super::Driver;
 use crate::sm::Outcome;
 use crate::sm::Participant;

@@ -32,6 +32,7 @@ use dtx_proto::v1 as pb;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::answer::DeliveryError;
 use super::book::PrepareItem;
 use super::group::Answer;
 use super::group::Waiting;
@@ -39,7 +40,6 @@ use super::owner::Kind;
 use super::owner::Msg;
 use super::owner::PrepareBatch;
 use super::owner::SenderMark;
-use super::DeliveryError;
 use super::Driver;
 use crate::sm::tally::Vote;
 use crate::sm::Txid;
