@@ -1500,8 +1500,9 @@ async fn read_decisions(
     Ok(out)
 }
 
-/// Checks done before anything starts: binary, addresses, tools.
-pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
+/// The node's and the development binary exist (every workload's first
+/// check), with how to build them when they do not.
+pub fn check_binaries(o: &RunOptions) -> anyhow::Result<()> {
     anyhow::ensure!(
         o.coordinator_bin.is_file(),
         "coordinator binary not found at {}; build it with `cargo build --release -p dtx-cli --features failpoints` \
@@ -1514,6 +1515,12 @@ pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
          (scripts/jepsen does) or pass --tools-bin",
         o.tools_bin.display()
     );
+    Ok(())
+}
+
+/// Checks done before anything starts: binaries, addresses, tools.
+pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
+    check_binaries(o)?;
     anyhow::ensure!(o.banks >= 2, "--banks must be at least 2 (transfers cross banks)");
     anyhow::ensure!(o.accounts >= 2, "--accounts must be at least 2");
     anyhow::ensure!(o.clients >= 1, "--clients must be at least 1");

@@ -1046,18 +1046,7 @@ fn audit(bin: &std::path::Path, role: &str, data: &std::path::Path) -> Result<dt
 }
 
 pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
-    anyhow::ensure!(
-        o.coordinator_bin.is_file(),
-        "coordinator binary not found at {}; build it with `cargo build --release -p dtx-cli --features failpoints` \
-         (scripts/jepsen does) or pass --coordinator-bin",
-        o.coordinator_bin.display()
-    );
-    anyhow::ensure!(
-        o.tools_bin.is_file(),
-        "development binary not found at {}; build it with `cargo build --release -p dtx-devtools --features failpoints` \
-         (scripts/jepsen does) or pass --tools-bin",
-        o.tools_bin.display()
-    );
+    crate::runner::check_binaries(&o)?;
     anyhow::ensure!(o.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(o.time_s >= 1, "--time must be at least 1 second");
     let node_addrs: Vec<(String, u16)> = crate::runner::addrs(&o).into_iter().take(6).collect();

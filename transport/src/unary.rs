@@ -231,7 +231,7 @@ pub fn nothing_sent(status: &tonic::Status) -> bool {
 /// A `grpc-timeout` header's duration (at most 8 digits and a unit: H, M,
 /// S, m, u, n); `None` when it is malformed (then, as in tonic, no
 /// deadline is applied here; the server refuses or ignores it).
-fn grpc_timeout(v: &http::HeaderValue) -> Option<Duration> {
+pub fn grpc_timeout(v: &http::HeaderValue) -> Option<Duration> {
     let s = v.to_str().ok()?;
     let (digits, unit) = s.split_at(s.len().checked_sub(1)?);
     if digits.is_empty() || digits.len() > 8 {

@@ -29,20 +29,10 @@ struct Failing {
     begins: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
-/// The timeout a request carries (`grpc-timeout`: digits and a unit).
+/// The timeout a request carries (its `grpc-timeout` header).
 fn request_timeout<T>(r: &Request<T>) -> Option<Duration> {
-    let v = r.metadata().get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n * 3600),
-        "M" => Duration::from_secs(n * 60),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
+    let headers = r.metadata().clone().into_headers();
+    dtx_transport::unary::grpc_timeout(headers.get("grpc-timeout")?)
 }
 
 fn internal_not_applied() -> Status {
