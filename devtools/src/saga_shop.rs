@@ -6,7 +6,7 @@
 /// One step service (`--role inventory|payment|email`) until SIGTERM or
 /// Ctrl-C; logs to stderr.
 pub async fn serve(a: dtx_saga_shop::StepServeArgs) -> anyhow::Result<()> {
-    dtx_saga_shop::serve(a, crate::shutdown_signal()).await
+    dtx_saga_shop::serve(a, dtx_cli::shutdown_signal()).await
 }
 
 /// Prints the audit of a stopped service's data directory as JSON on
@@ -23,7 +23,7 @@ pub fn audit(a: dtx_saga_shop::StepAuditArgs) -> anyhow::Result<()> {
 /// disk): a supervisor starts it again and the next start cuts a torn
 /// tail.
 pub async fn serve_outside(a: dtx_saga_shop::OutsideServeArgs) -> anyhow::Result<()> {
-    dtx_saga_shop::serve_outside(a, crate::shutdown_signal()).await
+    dtx_saga_shop::serve_outside(a, dtx_cli::shutdown_signal()).await
 }
 
 /// Prints the audit of a stopped outside process's log as JSON on stdout

@@ -4,13 +4,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::client::ClientTls;
 use crate::client::ClientTlsFiles;
+use crate::error::TlsError;
 use crate::files::KeyPairFiles;
+use crate::server::ClientAuth;
+use crate::server::ServerTls;
 use crate::server::ServerTlsFiles;
-use crate::ClientAuth;
-use crate::ClientTls;
-use crate::ServerTls;
-use crate::TlsError;
 
 /// TLS settings from the command line. With `--tls-ca`, calls go over TLS
 /// to servers certified by that authority; with `--tls-cert` and
@@ -96,11 +96,11 @@ impl TlsArgs {
     }
 
     /// The node tokens of `--accept-node-token-sha256` (empty without it).
-    pub fn node_tokens(&self) -> Result<crate::Tokens, TlsError> {
+    pub fn node_tokens(&self) -> Result<crate::identity::Tokens, TlsError> {
         match &self.accept_node_token_sha256 {
-            None => Ok(crate::Tokens::default()),
-            Some(h) => crate::TokenEntry::new(crate::Role::Node, "cluster", h)
-                .map(|e| crate::Tokens::new(vec![e]))
+            None => Ok(crate::identity::Tokens::default()),
+            Some(h) => crate::identity::TokenEntry::new(crate::identity::Role::Node, "cluster", h)
+                .map(|e| crate::identity::Tokens::new(vec![e]))
                 .map_err(|e| TlsError::Config(format!("--accept-node-token-sha256: {e}"))),
         }
     }

@@ -20,10 +20,10 @@ use rustls::ClientConfig;
 use tokio::net::TcpSocket;
 use tokio::net::TcpStream;
 
+use crate::error::TlsError;
 use crate::files::load_certified_key_checking;
 use crate::files::load_roots;
 use crate::files::KeyPairFiles;
-use crate::TlsError;
 
 /// What a client's TLS is made of: the authority servers must be
 /// certified by, this process's own certificate for mutual TLS (when
@@ -69,7 +69,7 @@ impl rustls::client::ResolvesClientCert for OwnCert {
 
 fn build_client_config(files: &ClientTlsFiles, own_validity: bool) -> Result<ClientConfig, TlsError> {
     let roots = load_roots(&files.ca)?;
-    let builder = ClientConfig::builder_with_provider(crate::provider())
+    let builder = ClientConfig::builder_with_provider(crate::crypto::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?
         .with_root_certificates(roots);
@@ -79,7 +79,7 @@ fn build_client_config(files: &ClientTlsFiles, own_validity: bool) -> Result<Cli
         }
         None => builder.with_no_client_auth(),
     };
-    cfg.alpn_protocols = vec![crate::ALPN_H2.to_vec()];
+    cfg.alpn_protocols = vec![crate::crypto::ALPN_H2.to_vec()];
     Ok(cfg)
 }
 

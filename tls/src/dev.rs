@@ -28,11 +28,11 @@ use rcgen::KeyUsagePurpose;
 use rcgen::SanType;
 use time::OffsetDateTime;
 
+use crate::error::TlsError;
 use crate::files::KeyPairFiles;
 use crate::identity::check_identity;
 use crate::identity::Identity;
 use crate::identity::Role;
-use crate::TlsError;
 
 fn dev_err(e: impl std::fmt::Display) -> TlsError {
     TlsError::Dev(e.to_string())

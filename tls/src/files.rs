@@ -14,7 +14,7 @@ use rustls::pki_types::PrivateKeyDer;
 use rustls::sign::CertifiedKey;
 use rustls::RootCertStore;
 
-use crate::TlsError;
+use crate::error::TlsError;
 
 /// Paths of one process's own certificate chain and private key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,7 +138,7 @@ pub(crate) fn load_certified_key_checking(files: &KeyPairFiles, validity: bool) 
         check_validity("certificate", &files.cert, c, now)?;
     }
     let key = load_key(&files.key)?;
-    let signing = crate::provider()
+    let signing = crate::crypto::provider()
         .key_provider
         .load_private_key(key)
         .map_err(|e| TlsError::Invalid {

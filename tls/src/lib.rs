@@ -32,9 +32,11 @@ pub mod admission;
 #[cfg(feature = "cli")]
 pub mod args;
 pub mod client;
+mod crypto;
 pub mod described;
 pub mod dev;
 pub mod edge;
+mod error;
 pub mod files;
 pub mod identity;
 pub mod logtext;
@@ -48,6 +50,7 @@ pub use edge::AuthPolicy;
 pub use edge::EdgeLayer;
 pub use edge::NodeCheck;
 pub use edge::RateLimit;
+pub use error::TlsError;
 pub use identity::Identity;
 pub use identity::Role;
 pub use identity::TokenEntry;
@@ -57,57 +60,3 @@ pub use server::incoming_with;
 pub use server::ClientAuth;
 pub use server::PeerInfo;
 pub use server::ServerTls;
-
-use std::path::PathBuf;
-
-/// Everything that can go wrong setting TLS up; each message names the
-/// file and what was wrong with it.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("cannot read {what} {path}: {source}")]
-    Read {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{what} {path} holds no PEM {expected} ({detail})")]
-    Empty {
-        what: &'static str,
-        path: PathBuf,
-        expected: &'static str,
-        detail: String,
-    },
-    #[error("{what} {path}: {detail}")]
-    Invalid {
-        what: &'static str,
-        path: PathBuf,
-        detail: String,
-    },
-    #[error("certificate {path} ({subject}) expired at {not_after}; renew it (dtx-dev dev --tls makes new ones for development)")]
-    Expired {
-        path: PathBuf,
-        subject: String,
-        not_after: String,
-    },
-    #[error("certificate {path} ({subject}) is not valid before {not_before}; check the clocks or the certificate")]
-    NotYetValid {
-        path: PathBuf,
-        subject: String,
-        not_before: String,
-    },
-    #[error("the private key {key} does not match the certificate {cert}")]
-    KeyMismatch { cert: PathBuf, key: PathBuf },
-    #[error("TLS settings refused: {0}")]
-    Config(String),
-    #[error("cannot make development certificates: {0}")]
-    Dev(String),
-}
-
-/// The crypto provider every config here is built with.
-pub(crate) fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
-    std::sync::Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// HTTP/2 is what gRPC speaks; both sides announce it with ALPN.
-pub(crate) const ALPN_H2: &[u8] = b"h2";

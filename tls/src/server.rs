@@ -39,12 +39,12 @@ use crate::admission::AdmissionLimits;
 use crate::admission::Refusal;
 use crate::admission::Ticket;
 use crate::admission::HTTP2_PREFACE;
+use crate::error::TlsError;
 use crate::files::load_certified_key;
 use crate::files::load_roots;
 use crate::files::KeyPairFiles;
 use crate::identity::identity_of_cert;
 use crate::identity::Identity;
-use crate::TlsError;
 
 /// Whether a TLS server asks callers for a certificate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,16 +101,16 @@ struct Built {
 fn build_server_config(files: &ServerTlsFiles) -> Result<Built, TlsError> {
     let key = load_certified_key(&files.own)?;
     let roots = load_roots(&files.ca)?;
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots, crate::provider())
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, crate::crypto::provider())
         .allow_unauthenticated()
         .build()
         .map_err(|e| TlsError::Config(format!("client certificate verifier: {e}")))?;
-    let mut cfg = ServerConfig::builder_with_provider(crate::provider())
+    let mut cfg = ServerConfig::builder_with_provider(crate::crypto::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?
         .with_client_cert_verifier(Arc::new(JudgedLater(verifier.clone())))
         .with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(key)));
-    cfg.alpn_protocols = vec![crate::ALPN_H2.to_vec()];
+    cfg.alpn_protocols = vec![crate::crypto::ALPN_H2.to_vec()];
     Ok(Built {
         config: Arc::new(cfg),
         verifier,
@@ -622,7 +622,7 @@ mod tests {
     use crate::dev::DevCa;
     use crate::dev::DEV_LIFETIME;
     use crate::files::KeyPairFiles;
-    use crate::Role;
+    use crate::identity::Role;
 
     /// A throwaway authority `name` in `dir`, and a node's server TLS from
     /// it asking for client certificates as `client_auth` says.

@@ -1,10 +1,12 @@
 //! What a participant's answer to one call means for the driver: a
-//! delivery's failure sorted by code and refusal kind (never by text), and
-//! the cutting of texts to their limits. A leaf: the pure book and the
+//! Prepare's vote, a delivery's failure sorted by code and refusal kind
+//! (never by text), and the cutting of texts to their limits. A leaf: the pure book and the
 //! async shell both use it.
 
 use dtx_proto::metadata::RefusalKind;
 use dtx_proto::v1 as pb;
+
+use crate::sm::tally::Vote;
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
 pub(crate) fn truncate_utf8(s: &mut String, max: usize) {
@@ -68,6 +70,17 @@ impl DeliveryError {
             dtx_proto::metadata::set_refusal(&mut s, kind);
         }
         Err(DeliveryError::from_status(&s))
+    }
+}
+
+/// What a Prepare call's answer means as a vote (anything but a vote counts
+/// as no vote).
+pub(super) fn vote_of(vote: i32, reason: String) -> Vote {
+    match pb::Vote::try_from(vote) {
+        Ok(pb::Vote::Yes) => Vote::Yes,
+        Ok(pb::Vote::ReadOnly) => Vote::ReadOnly,
+        Ok(pb::Vote::No) => Vote::No(reason),
+        _ => Vote::Failed(format!("malformed vote value {vote}")),
     }
 }
 

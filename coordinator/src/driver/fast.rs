@@ -57,7 +57,7 @@ use crate::sm::Participant;
 use crate::sm::Txid;
 
 /// What the fast path made of a BeginAndCommit.
-pub(super) enum FastOutcome {
+enum FastOutcome {
     Done(BegunAndDecided),
     /// The idempotency key belongs to a recorded transaction (or did by
     /// the time the write was applied): the recorded one answers, through
@@ -192,10 +192,30 @@ impl Driver {
         ))
     }
 
-    /// BeginAndCommit on the fast path. The drive runs in its own task, so
-    /// a client that goes away does not stop it between the Prepares and
-    /// the one write.
+    /// BeginAndCommit on the fast path: its answer, or `None` when the
+    /// idempotency key belongs to a recorded transaction, which the
+    /// two-write path answers ([`FastOutcome::KeyKnown`]).
     pub(super) async fn fast_begin_and_commit(
+        self: &Arc<Self>,
+        idempotency_key: String,
+        fingerprint: [u8; 32],
+        timeout_ms: u64,
+        participants: Vec<Enlistment>,
+        app: Option<String>,
+    ) -> Result<Option<BegunAndDecided>, ApiError> {
+        let outcome = self
+            .fast_outcome(idempotency_key, fingerprint, timeout_ms, participants, app)
+            .await?;
+        Ok(match outcome {
+            FastOutcome::Done(done) => Some(done),
+            FastOutcome::KeyKnown => None,
+        })
+    }
+
+    /// The fast path's work. The drive runs in its own task, so a client
+    /// that goes away does not stop it between the Prepares and the one
+    /// write.
+    async fn fast_outcome(
         self: &Arc<Self>,
         idempotency_key: String,
         fingerprint: [u8; 32],

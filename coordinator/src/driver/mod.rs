@@ -376,7 +376,7 @@ impl Driver {
             Ok(Ok(r)) => {
                 self.note_answered(&p.address);
                 let r = r.into_inner();
-                prepare_group::vote_of(r.vote, r.reason)
+                answer::vote_of(r.vote, r.reason)
             }
         }
     }
@@ -405,7 +405,7 @@ impl Driver {
         if self.fast_path_applies(participants.len()) {
             // One Raft write between the votes and the answer (ADR 0012).
             // A key that is known already is answered below, by its record.
-            let fast = self
+            let answered = self
                 .fast_begin_and_commit(
                     idempotency_key.clone(),
                     fingerprint,
@@ -414,7 +414,7 @@ impl Driver {
                     app.map(str::to_string),
                 )
                 .await?;
-            if let fast::FastOutcome::Done(done) = fast {
+            if let Some(done) = answered {
                 return Ok(done);
             }
         }

@@ -32,6 +32,7 @@ use dtx_proto::v1 as pb;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::answer::vote_of;
 use super::answer::DeliveryError;
 use super::book::PrepareItem;
 use super::group::Answer;
@@ -241,17 +242,6 @@ enum Ridden {
     /// The participant answered the prepares and no decision: it does not
     /// know the field (an SDK from before ADR 0030).
     Ignored,
-}
-
-/// What a Prepare call's answer means as a vote (anything but a vote counts
-/// as no vote).
-pub(super) fn vote_of(vote: i32, reason: String) -> Vote {
-    match pb::Vote::try_from(vote) {
-        Ok(pb::Vote::Yes) => Vote::Yes,
-        Ok(pb::Vote::ReadOnly) => Vote::ReadOnly,
-        Ok(pb::Vote::No) => Vote::No(reason),
-        _ => Vote::Failed(format!("malformed vote value {vote}")),
-    }
 }
 
 /// One item's result as the vote its own Prepare would have given: its

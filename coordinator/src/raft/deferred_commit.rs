@@ -36,7 +36,7 @@
 //! - openraft's read-index rounds (`ensure_linearizable`) ask for a new
 //!   client each time; a new connection has no accepted request, so their
 //!   requests always leave and linearizable reads keep a real quorum. That
-//!   is an openraft 0.9.25 detail, guarded by `raft::read_index_rounds`
+//!   is an openraft 0.9.25 detail, guarded by `store::read_index_rounds`
 //!   (ADR 0001, "Upgrading openraft").
 
 use std::time::Duration;

@@ -6,8 +6,6 @@ pub mod deferred_commit;
 pub mod log_durability;
 pub mod network;
 pub mod quorum_probe;
-#[cfg(test)]
-mod read_index_rounds;
 pub mod service;
 pub mod serving;
 

@@ -8,6 +8,10 @@
 pub mod engine;
 pub mod log_store;
 pub mod sm_store;
+// Stands on the stores and on the Raft transport, so it lives here, above
+// `raft`, not inside it.
+#[cfg(test)]
+mod read_index_rounds;
 
 use std::path::Path;
 use std::path::PathBuf;

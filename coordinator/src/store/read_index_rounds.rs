@@ -40,19 +40,19 @@ use tonic::Request;
 use tonic::Response;
 use tonic::Status;
 
-use super::log_durability::LogDurability;
-use super::network::Connection;
-use super::network::Network;
-use super::network::NetworkSettings;
-use super::service::RaftService;
-use super::Batch;
-use super::NodeId;
-use super::NodeInfo;
-use super::Raft;
-use super::TypeConfig;
-use crate::store::open_data_dir;
-use crate::store::LogStore;
-use crate::store::StateMachineStore;
+use super::open_data_dir;
+use super::LogStore;
+use super::StateMachineStore;
+use crate::raft::log_durability::LogDurability;
+use crate::raft::network::Connection;
+use crate::raft::network::Network;
+use crate::raft::network::NetworkSettings;
+use crate::raft::service::RaftService;
+use crate::raft::Batch;
+use crate::raft::NodeId;
+use crate::raft::NodeInfo;
+use crate::raft::Raft;
+use crate::raft::TypeConfig;
 
 /// The openraft release whose read-index rounds these tests were checked
 /// against. Another release must be checked again (ADR 0001, "Upgrading
@@ -409,6 +409,6 @@ fn openraft_is_the_release_adr_0031_was_checked_against() {
         vec![OPENRAFT_CHECKED],
         "Cargo.lock pins openraft {versions:?}, not {OPENRAFT_CHECKED}: re-check ADR 0031's read-index \
          assumption (see ADR 0001, \"Upgrading openraft\") before changing openraft, then update \
-         OPENRAFT_CHECKED in coordinator/src/raft/read_index_rounds.rs"
+         OPENRAFT_CHECKED in coordinator/src/store/read_index_rounds.rs"
     );
 }
