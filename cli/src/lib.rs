@@ -34,6 +34,16 @@ use anyhow::Context;
 use clap::Subcommand;
 use coordinator::config::Config;
 
+/// What `--version` prints after the binary's name: the package version and,
+/// in a build with crash points (the `failpoints` feature, for the
+/// fault-injection harness), `dtx_failpoint::VERSION_MARK`, which the
+/// harness looks for before it trusts a binary with its crash points.
+pub const VERSION: &str = if dtx_failpoint::COMPILED {
+    concat!(env!("CARGO_PKG_VERSION"), " (with crash points)")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 /// Options every command of both binaries takes.
 #[derive(clap::Args)]
 pub struct GlobalArgs {
@@ -241,5 +251,22 @@ async fn run_node(cmd: NodeCmd) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&v)?);
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_version_says_whether_crash_points_are_compiled_in() {
+        // The mark is spelled twice (concat! takes only literals): here the
+        // two spellings must agree, and the mark must follow the version
+        // exactly when this build has crash points.
+        assert_eq!(
+            super::VERSION.ends_with(dtx_failpoint::VERSION_MARK),
+            dtx_failpoint::COMPILED,
+            "{}",
+            super::VERSION
+        );
+        assert!(super::VERSION.starts_with(env!("CARGO_PKG_VERSION")));
     }
 }

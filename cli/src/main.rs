@@ -13,7 +13,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(
     name = "coordinator",
-    version,
+    version = dtx_cli::VERSION,
     about = "dtx: a two-phase-commit coordinator replicated by Raft"
 )]
 struct Cli {

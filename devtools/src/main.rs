@@ -29,7 +29,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(
     name = "dtx-dev",
-    version,
+    version = dtx_cli::VERSION,
     about = "dtx: a two-phase-commit coordinator replicated by Raft (the node's commands, and the development tools)"
 )]
 struct Cli {

@@ -31,6 +31,16 @@
 #[cfg(feature = "disk")]
 pub mod disk;
 
+/// Whether this build carries crash points (the `failpoints` feature). One
+/// answer for a whole binary: every crate's `failpoints` feature turns on
+/// this crate's.
+pub const COMPILED: bool = cfg!(feature = "failpoints");
+
+/// What a binary built with crash points says after its version number in
+/// `--version`, so that the fault-injection harness can refuse a binary in
+/// which its crash points would never fire.
+pub const VERSION_MARK: &str = "(with crash points)";
+
 /// Aborts the process here if `DTX_FAILPOINT` names this point (only in
 /// builds with the `failpoints` feature of dtx-failpoint, which the coordinator's and the SDK's `failpoints` features turn on).
 #[macro_export]

@@ -1500,21 +1500,35 @@ async fn read_decisions(
     Ok(out)
 }
 
-/// The node's and the development binary exist (every workload's first
-/// check), with how to build them when they do not.
+/// The node's and the development binary exist and carry crash points
+/// (every workload's first check), with how to build them when they do not.
+/// A binary without crash points would run a valid-looking run in which no
+/// crash point ever fired; its `--version` says which it is
+/// (`dtx_failpoint::VERSION_MARK`).
 pub fn check_binaries(o: &RunOptions) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        o.coordinator_bin.is_file(),
-        "coordinator binary not found at {}; build it with `cargo build --release -p dtx-cli --features failpoints` \
-         (scripts/jepsen does) or pass --coordinator-bin",
-        o.coordinator_bin.display()
-    );
-    anyhow::ensure!(
-        o.tools_bin.is_file(),
-        "development binary not found at {}; build it with `cargo build --release -p dtx-devtools --features failpoints` \
-         (scripts/jepsen does) or pass --tools-bin",
-        o.tools_bin.display()
-    );
+    let wanted = [
+        (&o.coordinator_bin, "coordinator", "dtx-cli", "--coordinator-bin"),
+        (&o.tools_bin, "development", "dtx-devtools", "--tools-bin"),
+    ];
+    for (bin, what, package, flag) in wanted {
+        let build = format!(
+            "build it with `cargo build --release -p {package} --features failpoints` \
+             (scripts/jepsen does) or pass {flag}"
+        );
+        anyhow::ensure!(bin.is_file(), "{what} binary not found at {}; {build}", bin.display());
+        let out = std::process::Command::new(bin)
+            .arg("--version")
+            .output()
+            .with_context(|| format!("cannot run the {what} binary {} --version", bin.display()))?;
+        let says = String::from_utf8_lossy(&out.stdout);
+        anyhow::ensure!(
+            out.status.success() && says.contains(dtx_failpoint::VERSION_MARK),
+            "the {what} binary at {} has no crash points (its --version says {:?}, without {:?}); {build}",
+            bin.display(),
+            says.trim(),
+            dtx_failpoint::VERSION_MARK
+        );
+    }
     Ok(())
 }
 

@@ -149,7 +149,16 @@ async fn t111_service_dies_after_committing_before_its_reply() {
     assert!(shop.restarts >= 1);
     assert_eq!(sagas::state(&v), pb::SagaState::Completed, "{v:#?}");
     let charge = v.steps[1].forward.as_ref().unwrap();
-    assert_eq!((charge.attempts, charge.reconciliations), (1, 1), "{v:#?}");
+    // The call that died was settled by a status query, never called
+    // again past it. Usually that is the only call: (1, 1). On a loaded
+    // machine an earlier attempt can outlast the call timeout before the
+    // service commits it; its status query then says "not applied" and a
+    // new attempt goes out under the same operation id, so each attempt
+    // after the first follows a query (seen: (2, 2), the second attempt
+    // the one that died). What may never happen is a call after the
+    // committed one without a query, or a second charge.
+    assert!(charge.reconciliations >= 1, "{v:#?}");
+    assert!(charge.attempts <= charge.reconciliations + 1, "{v:#?}");
     let audits = shop.audit_all();
     assert_eq!(audits[1].charges[&o.order].charges_applied, 1);
 }
