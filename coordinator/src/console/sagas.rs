@@ -6,13 +6,14 @@
 
 use std::fmt::Write as _;
 
+use dtx_common::view::span;
+use dtx_common::view::utc;
 use dtx_proto::v1 as pb;
 
-use super::esc;
-use super::page;
-use super::span;
-use super::utc;
-use super::Frame;
+use super::html::esc;
+use super::html::page;
+use super::html::pct_decode;
+use super::html::Frame;
 use crate::sm::saga::SagaBook;
 use crate::sm::saga::SagaState;
 
@@ -67,7 +68,7 @@ pub fn parse_query(query: &str) -> Result<SagaQuery, String> {
                 q.state = Some(STATES.iter().find(|(w, _)| *w == v).map(|(_, s)| *s).ok_or_else(|| {
                     format!(
                         "state={:?} is not one of running, compensating, completed, compensated, parked",
-                        super::pct_decode(v).unwrap_or_else(|_| v.to_string())
+                        pct_decode(v).unwrap_or_else(|_| v.to_string())
                     )
                 })?)
             }
@@ -79,7 +80,7 @@ pub fn parse_query(query: &str) -> Result<SagaQuery, String> {
             other => {
                 return Err(format!(
                     "{:?} is not a filter of the saga list (state, after)",
-                    super::pct_decode(other).unwrap_or_else(|_| other.to_string())
+                    pct_decode(other).unwrap_or_else(|_| other.to_string())
                 ))
             }
         }
