@@ -500,7 +500,16 @@ async fn t110_a_saga_at_a_dead_step_service_parks_though_leaders_change() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(kills, 3, "one kill per failure counted before the park: {v:#?}");
+    // Usually one kill per failure counted before the park (3). The new
+    // leader asks again 200 ms, then 400 ms after its election: a loaded
+    // machine can be slower than that to see the count, kill the leader and
+    // restart it, and then one leader counts two failures (seen: 2, with
+    // six tests at a time). Either way the four failures spanned at least
+    // three leaders, and the loop above saw the count never go back.
+    assert!(
+        (2..=3).contains(&kills),
+        "one kill per failure counted before the park, or two: {kills} {v:#?}"
+    );
     assert_eq!(v.current_step, 1, "{v:#?}");
     assert!(
         v.parked_reason.contains("status query failed 4 times in a row"),
