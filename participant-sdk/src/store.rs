@@ -68,15 +68,6 @@ const DATA_PREFIX: u8 = b'd';
 const GC_PREFIX: u8 = b'g';
 const DOUBT_PREFIX: u8 = b'i';
 const FLOOR_PREFIX: u8 = b't';
-/// Present once the in-doubt index covers every record (stores written
-/// before the index existed get it built on open).
-const DOUBT_INDEX_READY_KEY: &[u8] = b"mdoubt-index-v1";
-/// Present once every READ_ONLY record is in the GC index (stores written
-/// before READ_ONLY records were collected get them added on open).
-const READ_ONLY_GC_READY_KEY: &[u8] = b"mgc-read-only-v1";
-/// Present once every incarnation's term floor covers its records (stores
-/// written before the floor existed get it from their records on open).
-const TERM_FLOOR_READY_KEY: &[u8] = b"mterm-floor-v1";
 /// The format version of an encoded log record (`encode_entry`): the one
 /// this build writes and the only one it reads.
 const ENTRY_FORMAT: u8 = 1;
@@ -746,23 +737,7 @@ impl<R: Resource> ParticipantStore<R> {
             checkpoint_thread: Some(checkpoint_thread),
             _lock: lock,
         });
-        let opened = store
-            .ensure_doubt_index()
-            .and_then(|_| store.ensure_read_only_gc_index())
-            .and_then(|_| store.ensure_term_floors());
-        match (opened, store.failure()) {
-            (Ok(()), _) => Ok(store),
-            (Err(_), Some(f)) => Err(StoreError::Open {
-                path: f.path.clone(),
-                message: if f.disk_full {
-                    format!("the disk is full ({}); start again once space is freed", f.detail)
-                } else {
-                    format!("a write failed ({})", f.detail)
-                },
-                disk_full: f.disk_full,
-            }),
-            (Err(e), None) => Err(e),
-        }
+        Ok(store)
     }
 
     pub fn resource(&self) -> &R {
@@ -911,66 +886,6 @@ impl<R: Resource> ParticipantStore<R> {
                 "participant log inconsistent (reported before): {what}"
             );
         }
-    }
-
-    /// Builds the in-doubt index of a store written before it existed: one
-    /// pass over the log, once.
-    fn ensure_doubt_index(&self) -> Result<(), StoreError> {
-        if self.tree.contains_key(DOUBT_INDEX_READY_KEY) {
-            return Ok(());
-        }
-        let mut batch = KvBatch::new();
-        for (txid, e) in self.entries()? {
-            if crate::log::in_doubt(&e) {
-                batch.push((doubt_key(txid), Some(Vec::new())));
-            }
-        }
-        batch.push((DOUBT_INDEX_READY_KEY.to_vec(), Some(Vec::new())));
-        self.write_synced(batch)?;
-        Ok(())
-    }
-
-    /// Adds the READ_ONLY records of a store written before they were
-    /// collected to the GC index (as if voted now): one pass over the log,
-    /// once.
-    fn ensure_read_only_gc_index(&self) -> Result<(), StoreError> {
-        if self.tree.contains_key(READ_ONLY_GC_READY_KEY) {
-            return Ok(());
-        }
-        let now = unix_ms();
-        let mut batch = KvBatch::new();
-        for (txid, e) in self.entries()? {
-            if e.state == (LocalState::Prepared { vote: Vote::ReadOnly }) {
-                batch.push((gc_key(now, txid), Some(Vec::new())));
-            }
-        }
-        batch.push((READ_ONLY_GC_READY_KEY.to_vec(), Some(Vec::new())));
-        self.write_synced(batch)?;
-        Ok(())
-    }
-
-    /// Sets the term floor of each incarnation of a store written before
-    /// floors existed to the highest term of its records: one pass over
-    /// the log, once (records collected before then are not known; their
-    /// terms were at most the highest one left, in practice).
-    fn ensure_term_floors(&self) -> Result<(), StoreError> {
-        if self.tree.contains_key(TERM_FLOOR_READY_KEY) {
-            return Ok(());
-        }
-        let mut highest: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
-        for (txid, e) in self.entries()? {
-            let h = highest.entry(txid.incarnation).or_insert(0);
-            *h = (*h).max(e.term);
-        }
-        let mut batch = KvBatch::new();
-        for (incarnation, term) in highest {
-            if term > self.term_floor(incarnation) {
-                batch.push((floor_key(incarnation).to_vec(), Some(term.to_be_bytes().to_vec())));
-            }
-        }
-        batch.push((TERM_FLOOR_READY_KEY.to_vec(), Some(Vec::new())));
-        self.write_synced(batch)?;
-        Ok(())
     }
 
     /// In-doubt transactions whose YES vote is at least `age_min` old (every
@@ -1627,13 +1542,6 @@ impl<R: Resource> ParticipantStore<R> {
     /// so, until space is freed.
     pub async fn stopped(&self) -> StoreFailure {
         self.latch.stopped().await
-    }
-
-    /// Writes `batch` and waits for its sync (outside the store's
-    /// serialisation: for opening).
-    fn write_synced(&self, batch: KvBatch) -> Result<(), StoreError> {
-        self.tree.apply(batch).map_err(|e| self.fail(&e))?;
-        self.tree.sync().map_err(|e| self.fail(&e))
     }
 
     /// For tests and tools: the store's keys and values as written,

@@ -475,32 +475,3 @@ fn gc_is_never_safe_for_another_incarnations_txid() {
     assert!(gc_safe(&answer(DecisionRead::UnknownPresumedAbort)));
     assert!(gc_safe(&answer(DecisionRead::Committed)));
 }
-
-/// A store written before term floors gets each incarnation's floor from
-/// its records when it is opened.
-#[tokio::test]
-async fn inv9_a_store_from_before_term_floors_gets_them_from_its_records() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let s = ParticipantStore::open(dir.path(), Probe::default()).unwrap();
-        s.handle(1, Message::Prepare { term: 6 }, b"a").await.unwrap();
-        s.handle(g(A, 1), Message::Prepare { term: 2 }, b"a").await.unwrap();
-        // As written before floors: no floor keys, no marker.
-        let raw = s.raw();
-        let gone: Vec<(Vec<u8>, Option<Vec<u8>>)> = raw
-            .dump()
-            .into_iter()
-            .filter(|(k, _)| k[0] == b't' || k.as_slice() == b"mterm-floor-v1")
-            .map(|(k, _)| (k, None))
-            .collect();
-        assert_eq!(gone.len(), 3, "two floors and the marker");
-        raw.write(gone).unwrap();
-    }
-    let s = ParticipantStore::open(dir.path(), Probe::default()).unwrap();
-    assert_eq!((s.term_floor(0), s.term_floor(A)), (6, 2));
-    let err = s.handle(2, Message::Prepare { term: 5 }, b"b").await.unwrap_err();
-    assert!(matches!(
-        err,
-        StoreError::Refused(Refusal::StaleTerm { got: 5, seen: 6 })
-    ));
-}
