@@ -39,9 +39,9 @@ use crate::ctx::now_ms;
 use crate::driver::Driver;
 use crate::limits;
 use crate::raft::serving::Monitor;
-use crate::sm::ListFilter;
+use crate::sm::operator::ListFilter;
+use crate::sm::operator::StateFilter;
 use crate::sm::Phase;
-use crate::sm::StateFilter;
 use crate::sm::TxTable;
 
 mod html;

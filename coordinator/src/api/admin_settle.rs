@@ -42,9 +42,9 @@ use crate::driver::Driver;
 use crate::limits;
 use crate::sm::settlement::judge_evidence;
 use crate::sm::settlement::Held;
-use crate::sm::settlement::Settlement;
 use crate::sm::Command;
 use crate::sm::CommandOk;
+use crate::sm::Settlement;
 
 /// `SettleOther`, served by the leader.
 pub(crate) async fn settle_other(

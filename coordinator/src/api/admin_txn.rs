@@ -29,11 +29,11 @@ use super::serve_or_forward;
 use crate::ctx::now_ms;
 use crate::driver::Driver;
 use crate::limits;
+use crate::sm::operator::ListFilter;
+use crate::sm::operator::StateFilter;
 use crate::sm::Command;
 use crate::sm::CommandOk;
-use crate::sm::ListFilter;
 use crate::sm::OperatorRefusal;
-use crate::sm::StateFilter;
 
 /// `ListTransactions`, served by the leader.
 pub(crate) async fn list_transactions(

@@ -4,6 +4,9 @@
 //! (numbered as in docs/protocol.md, "Invariants and the mechanisms that
 //! keep them").
 
+use super::operator::ListFilter;
+use super::operator::ListPage;
+use super::operator::StateFilter;
 use super::*;
 
 fn run(t: &mut TxTable, cmd: Command) -> (CommandResult, Vec<Effect>) {

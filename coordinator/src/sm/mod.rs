@@ -36,12 +36,6 @@ use std::fmt;
 use serde::Deserialize;
 use serde::Serialize;
 
-pub use self::operator::Dropped;
-pub use self::operator::Drops;
-pub use self::operator::ListFilter;
-pub use self::operator::ListPage;
-pub use self::operator::OperatorRefusal;
-pub use self::operator::StateFilter;
 use self::tally::deadline_passed;
 use crate::limits;
 
@@ -404,7 +398,7 @@ pub enum CommandOk {
     /// `SettleOther`: the settlement standing after the command; `recorded`
     /// is false when one stood before (it stays, whatever this one asked).
     Settled {
-        settlement: settlement::Settlement,
+        settlement: Settlement,
         recorded: bool,
     },
 }
@@ -453,7 +447,7 @@ pub enum CommandError {
     Saga(saga::SagaError),
     /// A `Command::SettleOther` refused; nothing changed.
     #[error("{0}")]
-    SettlementRefused(settlement::SettlementRefusal),
+    SettlementRefused(SettlementRefusal),
 }
 
 pub type CommandResult = Result<CommandOk, CommandError>;
@@ -504,6 +498,127 @@ pub struct TxTable {
     /// (`Command::DropParticipant`), per transaction; kept (also after a
     /// dropped participant acks) until the record is removed.
     dropped: BTreeMap<Txid, Drops>,
+}
+
+/// An operator's drop of one participant from phase two.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    /// Who and why: "operator <name>: <reason>".
+    pub note: String,
+    /// The proposing leader's clock, ms since the Unix epoch.
+    pub dropped_ms: u64,
+}
+
+/// The drops of one transaction, by participant id.
+pub type Drops = BTreeMap<String, Dropped>;
+
+/// Why an operator's `DropParticipant` or `ForgetByOperator` is refused.
+/// The messages are the ones the operator sees.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OperatorRefusal {
+    #[error(
+        "transaction {txid} not found: never begun here, or forgotten (it may have been forgotten already, after \
+         every participant acked or by an operator)"
+    )]
+    UnknownTransaction { txid: Txid },
+    #[error("transaction {txid} is not decided; resolve it first (admin txn resolve)")]
+    NotDecided { txid: Txid },
+    #[error("participant {participant_id:?} is not enlisted in transaction {txid}; its participants are {enlisted:?}")]
+    NotEnlisted {
+        txid: Txid,
+        participant_id: String,
+        enlisted: Vec<String>,
+    },
+    #[error(
+        "participant {participant_id:?} acked the {outcome} of transaction {txid}: it has the decision, so there is \
+         nothing to drop"
+    )]
+    AlreadyAcked {
+        txid: Txid,
+        participant_id: String,
+        outcome: Outcome,
+    },
+    #[error(
+        "transaction {txid} is still being delivered: {pending:?} did not ack its decision yet; forget it once they \
+         ack, or drop those that are gone for good first (admin txn drop-participant)"
+    )]
+    StillDelivering { txid: Txid, pending: Vec<String> },
+    #[error(
+        "transaction {txid} was decided COMMIT and its dropped participants {dropped:?} never acked: if one of them \
+         came back, the cluster would answer \"unknown: presumed abort\" for a forgotten transaction and it would \
+         abort while the others committed, breaking atomicity (invariants 3 and 10, docs/protocol.md); the record is kept so \
+         that it learns COMMIT"
+    )]
+    CommitWithDroppedUnacked { txid: Txid, dropped: Vec<String> },
+    #[error(
+        "transaction {txid} is not a one-phase commit: declaring its participant lost is only for a one-phase \
+         commit, which only its participant could decide; resolve it instead (admin txn resolve --abort, or \
+         --commit when every participant holds a YES), then drop the participants that are gone"
+    )]
+    NotOnePhase { txid: Txid },
+}
+
+impl OperatorRefusal {
+    /// NOT_FOUND (the transaction or the participant does not exist);
+    /// otherwise FAILED_PRECONDITION.
+    pub fn not_found(&self) -> bool {
+        matches!(
+            self,
+            OperatorRefusal::UnknownTransaction { .. } | OperatorRefusal::NotEnlisted { .. }
+        )
+    }
+}
+
+/// True when `r` is decided and a participant that is not in `drops` has
+/// not acked: the leader owes it phase two.
+fn owes_delivery(r: &TxRecord, drops: Option<&Drops>) -> bool {
+    r.decision().is_some()
+        && r.participants
+            .iter()
+            .any(|p| !p.acked && !drops.is_some_and(|d| d.contains_key(&p.id)))
+}
+
+/// An operator's settlement of one txid of another incarnation.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    pub outcome: Outcome,
+    /// Who and why, with the evidence the leader saw:
+    /// "operator <name>: <reason> (evidence: ...)".
+    pub note: String,
+    /// The proposing leader's clock, ms since the Unix epoch.
+    pub settled_ms: u64,
+    /// The proposing leader's term.
+    pub term: u64,
+}
+
+impl Settlement {
+    /// What a participant is told with the outcome (and logs):
+    /// `GetDecisionResponse.settled_by`.
+    pub fn describe(&self) -> String {
+        format!(
+            "settled {} by an operator of the cluster (admin txn settle-other) in term {} at {} ms since the Unix \
+             epoch: {}",
+            self.outcome, self.term, self.settled_ms, self.note
+        )
+    }
+}
+
+/// Why a settlement is refused (nothing recorded). The messages are the
+/// ones the operator sees.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SettlementRefusal {
+    #[error(
+        "incarnation 0 means \"before incarnations\": a participant asking about txid {txid} with incarnation 0 is \
+         answered from this cluster's own transaction table, so a settlement would never be read; give the \
+         incarnation the participant lists for it (admin participant --address P --in-doubt)"
+    )]
+    IncarnationZero { txid: Txid },
+    #[error(
+        "txid {txid} of incarnation {incarnation:016x} was handed out by this cluster (or will be, in its open \
+         incarnation): participants are answered from its transaction table, not from settlements; see admin txn \
+         show {txid}, and resolve it there (admin txn resolve) if it is undecided"
+    )]
+    OwnTxid { incarnation: u64, txid: Txid },
 }
 
 /// What a reader learns about a decision (linearizable reads return this).
@@ -564,7 +679,7 @@ impl TxTable {
                 Some(d) if r.all_acked() => {
                     self.done.insert((d.decided_ms, txid));
                 }
-                Some(_) if operator::owes_delivery(r, self.dropped.get(&txid)) => {
+                Some(_) if owes_delivery(r, self.dropped.get(&txid)) => {
                     self.undelivered.insert(txid);
                 }
                 // Every participant left to ack was dropped by an operator:

@@ -19,100 +19,21 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use serde::Deserialize;
-use serde::Serialize;
-
 use super::check_id;
 use super::check_len;
 use super::CommandOk;
 use super::CommandResult;
 use super::Decision;
 use super::DecisionSource;
+use super::Dropped;
+use super::Drops;
 use super::Effect;
+use super::OperatorRefusal;
 use super::Outcome;
 use super::Phase;
-use super::TxRecord;
 use super::TxTable;
 use super::Txid;
 use crate::limits;
-
-/// An operator's drop of one participant from phase two.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Dropped {
-    /// Who and why: "operator <name>: <reason>".
-    pub note: String,
-    /// The proposing leader's clock, ms since the Unix epoch.
-    pub dropped_ms: u64,
-}
-
-/// The drops of one transaction, by participant id.
-pub type Drops = BTreeMap<String, Dropped>;
-
-/// Why an operator's `DropParticipant` or `ForgetByOperator` is refused.
-/// The messages are the ones the operator sees.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum OperatorRefusal {
-    #[error(
-        "transaction {txid} not found: never begun here, or forgotten (it may have been forgotten already, after \
-         every participant acked or by an operator)"
-    )]
-    UnknownTransaction { txid: Txid },
-    #[error("transaction {txid} is not decided; resolve it first (admin txn resolve)")]
-    NotDecided { txid: Txid },
-    #[error("participant {participant_id:?} is not enlisted in transaction {txid}; its participants are {enlisted:?}")]
-    NotEnlisted {
-        txid: Txid,
-        participant_id: String,
-        enlisted: Vec<String>,
-    },
-    #[error(
-        "participant {participant_id:?} acked the {outcome} of transaction {txid}: it has the decision, so there is \
-         nothing to drop"
-    )]
-    AlreadyAcked {
-        txid: Txid,
-        participant_id: String,
-        outcome: Outcome,
-    },
-    #[error(
-        "transaction {txid} is still being delivered: {pending:?} did not ack its decision yet; forget it once they \
-         ack, or drop those that are gone for good first (admin txn drop-participant)"
-    )]
-    StillDelivering { txid: Txid, pending: Vec<String> },
-    #[error(
-        "transaction {txid} was decided COMMIT and its dropped participants {dropped:?} never acked: if one of them \
-         came back, the cluster would answer \"unknown: presumed abort\" for a forgotten transaction and it would \
-         abort while the others committed, breaking atomicity (invariants 3 and 10, docs/protocol.md); the record is kept so \
-         that it learns COMMIT"
-    )]
-    CommitWithDroppedUnacked { txid: Txid, dropped: Vec<String> },
-    #[error(
-        "transaction {txid} is not a one-phase commit: declaring its participant lost is only for a one-phase \
-         commit, which only its participant could decide; resolve it instead (admin txn resolve --abort, or \
-         --commit when every participant holds a YES), then drop the participants that are gone"
-    )]
-    NotOnePhase { txid: Txid },
-}
-
-impl OperatorRefusal {
-    /// NOT_FOUND (the transaction or the participant does not exist);
-    /// otherwise FAILED_PRECONDITION.
-    pub fn not_found(&self) -> bool {
-        matches!(
-            self,
-            OperatorRefusal::UnknownTransaction { .. } | OperatorRefusal::NotEnlisted { .. }
-        )
-    }
-}
-
-/// True when `r` is decided and a participant that is not in `drops` has
-/// not acked: the leader owes it phase two.
-pub(super) fn owes_delivery(r: &TxRecord, drops: Option<&Drops>) -> bool {
-    r.decision().is_some()
-        && r.participants
-            .iter()
-            .any(|p| !p.acked && !drops.is_some_and(|d| d.contains_key(&p.id)))
-}
 
 /// Only transactions in this phase (`ListTransactions.state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -44,51 +44,10 @@ use super::CommandError;
 use super::CommandOk;
 use super::CommandResult;
 use super::Outcome;
+use super::Settlement;
+use super::SettlementRefusal;
 use super::Txid;
 use crate::limits;
-
-/// An operator's settlement of one txid of another incarnation.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Settlement {
-    pub outcome: Outcome,
-    /// Who and why, with the evidence the leader saw:
-    /// "operator <name>: <reason> (evidence: ...)".
-    pub note: String,
-    /// The proposing leader's clock, ms since the Unix epoch.
-    pub settled_ms: u64,
-    /// The proposing leader's term.
-    pub term: u64,
-}
-
-impl Settlement {
-    /// What a participant is told with the outcome (and logs):
-    /// `GetDecisionResponse.settled_by`.
-    pub fn describe(&self) -> String {
-        format!(
-            "settled {} by an operator of the cluster (admin txn settle-other) in term {} at {} ms since the Unix \
-             epoch: {}",
-            self.outcome, self.term, self.settled_ms, self.note
-        )
-    }
-}
-
-/// Why a settlement is refused (nothing recorded). The messages are the
-/// ones the operator sees.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SettlementRefusal {
-    #[error(
-        "incarnation 0 means \"before incarnations\": a participant asking about txid {txid} with incarnation 0 is \
-         answered from this cluster's own transaction table, so a settlement would never be read; give the \
-         incarnation the participant lists for it (admin participant --address P --in-doubt)"
-    )]
-    IncarnationZero { txid: Txid },
-    #[error(
-        "txid {txid} of incarnation {incarnation:016x} was handed out by this cluster (or will be, in its open \
-         incarnation): participants are answered from its transaction table, not from settlements; see admin txn \
-         show {txid}, and resolve it there (admin txn resolve) if it is undecided"
-    )]
-    OwnTxid { incarnation: u64, txid: Txid },
-}
 
 /// Every settlement, by (incarnation, txid). Part of the state machine,
 /// its snapshots and backups.

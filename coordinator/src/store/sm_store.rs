@@ -54,7 +54,6 @@ use crate::sm::saga::SagaBookData;
 use crate::sm::saga::SagaEffect;
 use crate::sm::saga::SagaId;
 use crate::sm::saga::SagaRecord;
-use crate::sm::settlement::Settlement;
 use crate::sm::settlement::Settlements;
 use crate::sm::Command;
 use crate::sm::CommandError;
@@ -62,6 +61,7 @@ use crate::sm::CommandOk;
 use crate::sm::CommandResult;
 use crate::sm::Drops;
 use crate::sm::Effect;
+use crate::sm::Settlement;
 use crate::sm::TxRecord;
 use crate::sm::TxTable;
 use crate::sm::Txid;
@@ -1381,8 +1381,8 @@ mod tests {
     /// restore makes of a backup.
     #[tokio::test]
     async fn invariant_5_settlements_survive_restarts_snapshots_and_restores() {
-        use crate::sm::settlement::SettlementRefusal;
         use crate::sm::Outcome;
+        use crate::sm::SettlementRefusal;
         let settle = |incarnation: u64, txid: Txid, outcome: Outcome, note: &str| Command::SettleOther {
             incarnation,
             txid,
@@ -1414,7 +1414,7 @@ mod tests {
             )])
             .await
             .unwrap();
-        let first = crate::sm::settlement::Settlement {
+        let first = crate::sm::Settlement {
             outcome: Outcome::Abort,
             note: "operator o: bank-b alone, held never voted".into(),
             settled_ms: 99,
