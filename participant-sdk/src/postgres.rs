@@ -98,7 +98,10 @@
 //!   whatever `synchronous_commit` the role or the handler set (`off` is
 //!   raised to `on` per session and per transaction).
 //! - No free prepared-transaction slot (SQLSTATE 53200) is a NO vote naming
-//!   `max_prepared_transactions`; COMMIT / ROLLBACK PREPARED of another
+//!   `max_prepared_transactions`. A handler that did what PostgreSQL cannot
+//!   prepare (a temporary table, LISTEN/UNLISTEN/NOTIFY, a cursor WITH
+//!   HOLD, an exported snapshot: SQLSTATE 0A000 at PREPARE TRANSACTION) is
+//!   a NO vote naming the restriction, recorded like any NO. COMMIT / ROLLBACK PREPARED of another
 //!   role's transaction (SQLSTATE 42501, a rotated role) runs as that role
 //!   when this one is a member of it, else fails saying how to fix it (the
 //!   decision is delivered again).
@@ -1201,7 +1204,7 @@ impl<H: PgHandler> PgParticipant<H> {
             }
         }
         if let Some(e) = refused {
-            let Some(reason) = self.no_slot(txid, &e) else {
+            let Some(reason) = self.no_slot(txid, &e).or_else(|| self.not_preparable(txid, &e)) else {
                 return Err(pg_err("PREPARE TRANSACTION", &e));
             };
             // A firm NO, recorded so that a repeat answers the same.
@@ -1388,6 +1391,30 @@ impl<H: PgHandler> PgParticipant<H> {
             db.message(),
             db.code().code()
         ))
+    }
+
+    /// A failed PREPARE TRANSACTION because the handler's transaction did
+    /// something PostgreSQL cannot prepare (SQLSTATE 0A000: a temporary
+    /// table, LISTEN/UNLISTEN/NOTIFY, a cursor WITH HOLD, an exported
+    /// snapshot): the NO vote's reason, naming what to change in the
+    /// handler, logged and counted. The same handler would fail the same
+    /// way on every attempt, so it is a firm NO, not a failure to retry.
+    /// `None` for other errors.
+    fn not_preparable(&self, txid: GlobalTxid, e: &tokio_postgres::Error) -> Option<String> {
+        let db = e
+            .as_db_error()
+            .filter(|d| d.code() == &SqlState::FEATURE_NOT_SUPPORTED)?;
+        metrics::counter!("dtx_participant_pg_not_preparable_total", "participant" => self.id.clone()).increment(1);
+        let reason = format!(
+            "transaction {txid} not prepared here: PostgreSQL at {} cannot prepare what the handler did: {} (SQLSTATE \
+             0A000). A handler's transaction must not use temporary tables, LISTEN, UNLISTEN or NOTIFY, cursors WITH \
+             HOLD or exported snapshots: PREPARE TRANSACTION refuses them. Do that work outside the handler's \
+             transaction (a NOTIFY after the decision, for example)",
+            self.target,
+            db.message()
+        );
+        tracing::warn!("{reason}");
+        Some(reason)
     }
 
     /// A failed PREPARE TRANSACTION for want of a slot (SQLSTATE 53200):

@@ -42,6 +42,19 @@ impl PgHandler for Accounts {
     async fn prepare(&self, tx: &Transaction<'_>, _txid: GlobalTxid, payload: &[u8]) -> Result<Verdict, HandlerError> {
         let text = std::str::from_utf8(payload)?;
         let (name, amount) = text.split_once(':').ok_or("bad payload")?;
+        if name == "unpreparable" {
+            // Work PostgreSQL refuses to prepare, then a YES.
+            let sql = match amount {
+                "temp" => "CREATE TEMP TABLE scratch (x int)",
+                "notify" => "NOTIFY balances",
+                "hold" => "DECLARE held CURSOR WITH HOLD FOR SELECT id FROM accounts",
+                other => return Err(format!("no such case {other}").into()),
+            };
+            tx.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 'carol'")
+                .await?;
+            tx.batch_execute(sql).await?;
+            return Ok(Verdict::yes());
+        }
         if name == "read" {
             tx.query_one("SELECT balance FROM accounts WHERE id = $1", &[&amount])
                 .await?;
@@ -314,6 +327,49 @@ async fn no_vote_carries_the_handlers_reason() {
         refusal(p.handle(5.into(), Message::Commit { term: 1 }, b"").await),
         Refusal::CommitAfterAbort
     );
+}
+
+/// What PostgreSQL cannot prepare (a temporary table, NOTIFY, a cursor
+/// WITH HOLD) is a firm NO naming the restriction, not an error the
+/// coordinator would retry until the deadline: nothing stays prepared, the
+/// handler's other work is rolled back, a repeat votes NO again.
+#[tokio::test]
+async fn what_postgres_cannot_prepare_is_a_no_vote_naming_the_restriction() {
+    let Some((_s, p)) = setup().await else { return };
+    for (txid, case, says) in [
+        (20u64, "temp", "temporary"),
+        (21, "notify", "NOTIFY"),
+        (22, "hold", "WITH HOLD"),
+    ] {
+        let payload = format!("unpreparable:{case}");
+        let a = p
+            .handle(txid.into(), Message::Prepare { term: 1 }, payload.as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(a.reply, Reply::Vote(Vote::No), "{case}: {a:?}");
+        assert!(
+            a.reason.contains("cannot prepare what the handler did"),
+            "{case}: {a:?}"
+        );
+        assert!(a.reason.contains(says), "{case}: {a:?}");
+        assert!(a.reason.contains("SQLSTATE 0A000"), "{case}: {a:?}");
+        assert!(gids(&p).await.is_empty(), "{case}: nothing prepared");
+        assert_eq!(
+            balance(&p, "carol").await,
+            50,
+            "{case}: the handler's update rolled back"
+        );
+        let again = p
+            .handle(txid.into(), Message::Prepare { term: 1 }, payload.as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(again.reply, Reply::Vote(Vote::No), "{case}: a repeat votes NO");
+        assert_eq!(
+            refusal(p.handle(txid.into(), Message::Commit { term: 1 }, b"").await),
+            Refusal::CommitAfterAbort,
+            "{case}"
+        );
+    }
 }
 
 #[tokio::test]
