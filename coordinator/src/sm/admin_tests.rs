@@ -375,8 +375,9 @@ fn invariant_10_operator_forget_is_refused_while_a_participant_is_unacked_and_no
     ));
 }
 
-/// Raft log entries and snapshots written before these commands existed
-/// decode the same: both are appended after every older variant.
+/// A command's variant index (the byte after the format version) is part of
+/// the stored format: these commands come after every older variant, and
+/// moving one would need a new `codec::FORMAT_VERSION` (ADR 0042).
 #[test]
 fn operator_commands_are_appended_so_older_commands_keep_their_encoding() {
     let v = crate::codec::FORMAT_VERSION;

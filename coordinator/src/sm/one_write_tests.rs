@@ -313,9 +313,9 @@ fn begin_and_decide_refuses_bad_participant_sets_and_notes_without_effect() {
 
 #[test]
 fn the_new_commands_keep_the_older_commands_encoding() {
-    // Appended last: every older variant keeps its index (the first byte
-    // after the format version), so log entries written before decode the
-    // same, and the new ones take the next indexes.
+    // A variant index (the first byte after the format version) is part of
+    // the stored format: these take the indexes after every older variant,
+    // and moving one would need a new `codec::FORMAT_VERSION` (ADR 0042).
     let retire = crate::codec::encode(&Command::RetireNodeId { node_id: 4 }).unwrap();
     assert_eq!(retire, vec![crate::codec::FORMAT_VERSION, 8, 4]);
     let reserve = crate::codec::encode(&Command::ReserveTxids { count: 4 }).unwrap();

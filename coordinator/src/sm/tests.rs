@@ -1812,9 +1812,9 @@ fn retired_node_ids_are_deterministic_and_kept_when_rebuilt() {
 
 #[test]
 fn older_commands_keep_their_encoding_after_retire_node_id_was_added() {
-    // Raft log entries written before RetireNodeId existed must decode the
-    // same: the new variant is appended, so existing variant indexes (the
-    // first byte after the format version) are unchanged.
+    // A variant index (the first byte after the format version) is part of
+    // the stored format: RetireNodeId comes after Forget, and moving either
+    // would need a new `codec::FORMAT_VERSION` (ADR 0042).
     let forget = crate::codec::encode(&Command::Forget { txid: 5 }).unwrap();
     assert_eq!(forget, vec![crate::codec::FORMAT_VERSION, 7, 5]);
     let retire = crate::codec::encode(&Command::RetireNodeId { node_id: 4 }).unwrap();
