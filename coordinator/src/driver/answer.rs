@@ -1,7 +1,7 @@
 //! What a participant's answer to one call means for the driver: a
 //! Prepare's vote, a delivery's failure sorted by code and refusal kind
-//! (never by text), and the cutting of texts to their limits. A leaf: the pure book and the
-//! async shell both use it.
+//! (never by text), and the cutting of texts to their limits. A leaf: the
+//! pure book and the async shell both use it.
 
 use dtx_proto::metadata::RefusalKind;
 use dtx_proto::v1 as pb;

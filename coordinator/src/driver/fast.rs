@@ -56,15 +56,6 @@ use crate::sm::Enlistment;
 use crate::sm::Participant;
 use crate::sm::Txid;
 
-/// What the fast path made of a BeginAndCommit.
-enum FastOutcome {
-    Done(BegunAndDecided),
-    /// The idempotency key belongs to a recorded transaction (or did by
-    /// the time the write was applied): the recorded one answers, through
-    /// the two-write path, which finds it by its key.
-    KeyKnown,
-}
-
 impl Driver {
     /// Whether a BeginAndCommit of `participants` participants takes the
     /// fast path: on unless `txn.one_write_commit` is off, and not for a
@@ -193,8 +184,11 @@ impl Driver {
     }
 
     /// BeginAndCommit on the fast path: its answer, or `None` when the
-    /// idempotency key belongs to a recorded transaction, which the
-    /// two-write path answers ([`FastOutcome::KeyKnown`]).
+    /// idempotency key belongs to a recorded transaction (or did by the
+    /// time the write was applied): the recorded one answers, through the
+    /// two-write path, which finds it by its key. The drive runs in its own
+    /// task, so a client that goes away does not stop it between the
+    /// Prepares and the one write.
     pub(super) async fn fast_begin_and_commit(
         self: &Arc<Self>,
         idempotency_key: String,
@@ -203,28 +197,8 @@ impl Driver {
         participants: Vec<Enlistment>,
         app: Option<String>,
     ) -> Result<Option<BegunAndDecided>, ApiError> {
-        let outcome = self
-            .fast_outcome(idempotency_key, fingerprint, timeout_ms, participants, app)
-            .await?;
-        Ok(match outcome {
-            FastOutcome::Done(done) => Some(done),
-            FastOutcome::KeyKnown => None,
-        })
-    }
-
-    /// The fast path's work. The drive runs in its own task, so a client
-    /// that goes away does not stop it between the Prepares and the one
-    /// write.
-    async fn fast_outcome(
-        self: &Arc<Self>,
-        idempotency_key: String,
-        fingerprint: [u8; 32],
-        timeout_ms: u64,
-        participants: Vec<Enlistment>,
-        app: Option<String>,
-    ) -> Result<FastOutcome, ApiError> {
         if self.ctx.sm.state().table.txid_of_key(&idempotency_key).is_some() {
-            return Ok(FastOutcome::KeyKnown);
+            return Ok(None);
         }
         if !self.ctx.is_leader() {
             // Certainly not proposed: the caller's error says where to go
@@ -268,7 +242,7 @@ impl Driver {
                 // The same request is being committed here: its outcome
                 // answers.
                 let _ = done.changed().await;
-                return Ok(FastOutcome::KeyKnown);
+                return Ok(None);
             }
             Begun::NoTxid => unreachable!("fast_begin reserves"),
         };
@@ -298,8 +272,13 @@ impl Driver {
     /// the txid stays in flight (a decision read answers PENDING): `mark`
     /// keeps it there when the result is not known (the write may still
     /// be applied in this term; the leader loop drops it once recorded or
-    /// the term is over).
-    async fn fast_drive(self: &Arc<Self>, mut mark: FastMark, drive: FastDrive) -> Result<FastOutcome, ApiError> {
+    /// the term is over). `None`, as for `fast_begin_and_commit`: another
+    /// call holds the key, and its record answers.
+    async fn fast_drive(
+        self: &Arc<Self>,
+        mut mark: FastMark,
+        drive: FastDrive,
+    ) -> Result<Option<BegunAndDecided>, ApiError> {
         let FastDrive {
             key,
             fingerprint,
@@ -371,8 +350,8 @@ impl Driver {
                 }
                 self.spawn_delivery(txid);
                 Ok(match key_holder {
-                    Some(_) => FastOutcome::KeyKnown,
-                    None => FastOutcome::Done(BegunAndDecided {
+                    Some(_) => None,
+                    None => Some(BegunAndDecided {
                         txid,
                         existing: false,
                         decision,
