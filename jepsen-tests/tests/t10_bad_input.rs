@@ -22,7 +22,9 @@ fn fake_binary(name: &str, version: &str) -> std::path::PathBuf {
     // write a `coordinator` that says different things.
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("jepsen-fake-bin-{}-{n}", std::process::id()));
+    // Under the build's own scratch folder (target/tmp), which goes with
+    // the build, not under /tmp, where every run would leave its scripts.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-bin-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, format!("#!/bin/sh\necho '{name} {version}'\n")).unwrap();
