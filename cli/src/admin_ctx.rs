@@ -27,6 +27,7 @@ impl From<ClientError> for Failure {
             | ClientError::NotFound(_)
             | ClientError::AlreadyExists(_)
             | ClientError::FailedPrecondition(_)
+            | ClientError::BranchRefused { .. }
             | ClientError::Unimplemented(_)
             | ClientError::Unauthenticated(_)
             | ClientError::PermissionDenied(_)

@@ -122,6 +122,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use dtx_proto::v1 as pb;
+pub use dtx_proto::metadata::BranchRefusalKind;
 use dtx_proto::v1::admin_client::AdminClient;
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
 use dtx_transport::channel::Channel;
@@ -243,7 +244,19 @@ pub enum ClientError {
     Unauthenticated(String),
     /// This client's identity may not make the call; nothing happened.
     #[error("permission denied: {0}")]
-    PermissionDenied(String),
+    PermissionDenied(String),    /// The cluster refused a branch's registration
+    /// ([`Client::register_branch`]); nothing was recorded.
+    /// [`BranchRefusalKind::must_roll_back`] says whether the branch must
+    /// roll its prepared work back (the participant set is frozen without
+    /// it, or it was fenced out) or conflicts with its own earlier
+    /// registration, which stands.
+    #[error("branch refused ({}): {message}", kind.as_str())]
+    BranchRefused {
+        /// Which refusal (`x-dtx-branch-refusal`).
+        kind: BranchRefusalKind,
+        /// The cluster's words.
+        message: String,
+    },
 }
 
 /// Outcome of commit/abort as a caller sees it.
@@ -294,6 +307,65 @@ pub struct DecisionAnswer {
     /// is that settlement's, and this says who settled it, why, with what
     /// evidence and when (a participant logs it).
     pub settled_by: String,
+}
+
+/// A branch's vote ([`Client::register_branch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchVote {
+    /// Its work is prepared durably where it ran.
+    Yes,
+    /// It cannot commit (its work is rolled back): the transaction aborts.
+    No,
+    /// It changed nothing: it needs no phase two.
+    ReadOnly,
+}
+
+impl BranchVote {
+    fn to_pb(self) -> i32 {
+        (match self {
+            BranchVote::Yes => pb::BranchVote::Yes,
+            BranchVote::No => pb::BranchVote::No,
+            BranchVote::ReadOnly => pb::BranchVote::ReadOnly,
+        }) as i32
+    }
+}
+
+/// What [`Client::register_branch`] learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BranchRegistration {
+    /// The term of the leader that recorded the registration: the
+    /// branch's term floor for the txid (older phase-two messages are
+    /// refused).
+    pub term: u64,
+    /// The incarnation that handed out the txid: the branch keeps its
+    /// work under (incarnation, txid).
+    pub incarnation: u64,
+    /// True when the same registration was recorded before (a retry).
+    pub existing: bool,
+    /// The transaction's deadline, ms since the Unix epoch.
+    pub deadline_unix_ms: u64,
+}
+
+/// What a branch does with its work prepared for a transaction
+/// ([`Client::branch_decision`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchDecision {
+    /// A member of a transaction decided COMMIT: commit the prepared work.
+    Commit,
+    /// Roll the prepared work back: the transaction aborted, or the branch
+    /// is not a member (`member` false: it never registered before the set
+    /// was frozen, and was fenced out if the transaction is still open).
+    Abort {
+        /// The branch is in the transaction's participant set.
+        member: bool,
+    },
+    /// A member of an undecided transaction: keep the work prepared and
+    /// ask again.
+    Pending,
+    /// Asked with an incarnation that did not hand out this txid here:
+    /// nothing is known and nothing may be presumed (as
+    /// [`DecisionRead::OtherIncarnation`]).
+    OtherIncarnation,
 }
 
 impl DecisionRead {
@@ -556,7 +628,15 @@ impl Client {
                 Code::InvalidArgument => return Err(ClientError::InvalidArgument(status.message().into())),
                 Code::NotFound => return Err(ClientError::NotFound(status.message().into())),
                 Code::AlreadyExists => return Err(ClientError::AlreadyExists(status.message().into())),
-                Code::FailedPrecondition => return Err(ClientError::FailedPrecondition(status.message().into())),
+                Code::FailedPrecondition => {
+                    return Err(match dtx_proto::metadata::branch_refusal(&status) {
+                        Some(kind) => ClientError::BranchRefused {
+                            kind,
+                            message: status.message().into(),
+                        },
+                        None => ClientError::FailedPrecondition(status.message().into()),
+                    })
+                }
                 Code::Unimplemented => return Err(ClientError::Unimplemented(status.message().into())),
                 // Refused before anything ran: definite, and asking again
                 // with the same credentials would be refused again.
@@ -673,6 +753,86 @@ impl Client {
             )
             .await?;
         Ok(r.participant_count)
+    }
+
+    /// Registers `participant_id`, reachable at `address` for phase two,
+    /// as a branch of `txid` that prepared where it ran, with its `vote`
+    /// (`reason` for a NO), in one Raft write (docs/protocol.md,
+    /// "Branches"). Idempotent: the same registration again answers the
+    /// same ([`BranchRegistration::existing`]), so retrying is safe.
+    ///
+    /// Errors: [`ClientError::BranchRefused`] when the set is frozen
+    /// without the branch, it was fenced out, or it registered otherwise
+    /// before; [`ClientError::NotFound`] for a txid never begun here;
+    /// [`ClientError::Unknown`] when no definite answer came: the
+    /// registration may or may not be recorded: register again, or ask
+    /// [`Client::branch_decision`] (which settles it).
+    pub async fn register_branch(
+        &self,
+        txid: u64,
+        participant_id: &str,
+        address: &str,
+        vote: BranchVote,
+        reason: &str,
+    ) -> Result<BranchRegistration, ClientError> {
+        let req = pb::RegisterBranchRequest {
+            txid,
+            participant_id: participant_id.to_string(),
+            address: address.to_string(),
+            vote: vote.to_pb(),
+            reason: reason.to_string(),
+        };
+        let r = self
+            .in_trace(
+                txid,
+                self.call(Kind::Write, |ch, t| {
+                    let rq = self.request(req.clone(), t);
+                    async move { CoordinatorClient::new(ch).register_branch(rq).await }
+                }),
+            )
+            .await?;
+        Ok(BranchRegistration {
+            term: r.term,
+            incarnation: r.incarnation,
+            existing: r.existing,
+            deadline_unix_ms: r.deadline_unix_ms,
+        })
+    }
+
+    /// What branch `participant_id` does with its work prepared for `txid`
+    /// (received with `incarnation`; 0 when the branch never learned it).
+    /// A member follows the transaction's decision; a branch that is not
+    /// one is fenced out of an open transaction (a write, so this call is
+    /// retried like one) and told to abort, also when the transaction
+    /// committed without it. An error means no answer: keep the work
+    /// prepared and ask again.
+    pub async fn branch_decision(
+        &self,
+        txid: u64,
+        participant_id: &str,
+        incarnation: u64,
+    ) -> Result<BranchDecision, ClientError> {
+        let req = pb::GetBranchDecisionRequest {
+            txid,
+            participant_id: participant_id.to_string(),
+            incarnation,
+        };
+        let r = self
+            .call(Kind::Write, |ch, t| {
+                let rq = self.request(req.clone(), t);
+                async move { CoordinatorClient::new(ch).get_branch_decision(rq).await }
+            })
+            .await?;
+        match pb::Outcome::try_from(r.outcome) {
+            Ok(pb::Outcome::Commit) if r.member => Ok(BranchDecision::Commit),
+            Ok(pb::Outcome::Abort) => Ok(BranchDecision::Abort { member: r.member }),
+            Ok(pb::Outcome::Pending) if r.member => Ok(BranchDecision::Pending),
+            Ok(pb::Outcome::OtherIncarnation) => Ok(BranchDecision::OtherIncarnation),
+            _ => Err(ClientError::Internal(format!(
+                "the server sent outcome value {} (member {}) for branch {participant_id:?} of txid {txid}",
+                r.outcome, r.member
+            ))),
+        }
     }
 
     /// Begins a transaction with every participant and commits it in one

@@ -86,6 +86,12 @@
 //! #     async fn get_decisions(&self, _: Request<pb::GetDecisionsRequest>) -> Result<Response<pb::GetDecisionsResponse>, Status> {
 //! #         Err(Status::unimplemented("fake"))
 //! #     }
+//! #     async fn register_branch(&self, _: Request<pb::RegisterBranchRequest>) -> Result<Response<pb::RegisterBranchResponse>, Status> {
+//! #         Err(Status::unimplemented("fake"))
+//! #     }
+//! #     async fn get_branch_decision(&self, _: Request<pb::GetBranchDecisionRequest>) -> Result<Response<pb::GetBranchDecisionResponse>, Status> {
+//! #         Err(Status::unimplemented("fake"))
+//! #     }
 //! # }
 //!
 //! /// The inventory service: each call reserves stock under the caller's

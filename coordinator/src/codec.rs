@@ -17,7 +17,8 @@ use crate::limits::DECODE_BYTES_MAX;
 /// decodes. Bumped whenever an encoded type changes incompatibly; the
 /// decoder of the previous version is not kept. 3: one layout per type
 /// (the snapshot's earlier layouts, which version 2 shared, are not read).
-pub const FORMAT_VERSION: u8 = 3;
+/// 4: the snapshot carries the branches of each transaction (ADR 0046).
+pub const FORMAT_VERSION: u8 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

@@ -46,6 +46,13 @@ pub enum ApiError {
     AlreadyExists(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A branch's registration refused (FAILED_PRECONDITION with the kind
+    /// under `x-dtx-branch-refusal`); nothing was recorded.
+    #[error("{message}")]
+    BranchRefused {
+        kind: dtx_proto::metadata::BranchRefusalKind,
+        message: String,
+    },
     /// The authenticated application may not act on this transaction (it
     /// belongs to another); nothing was changed.
     #[error("{0}")]
@@ -114,7 +121,8 @@ impl From<CommandError> for ApiError {
             | CommandError::UnknownParticipant { .. }
             | CommandError::OnePhaseOnly { .. }
             | CommandError::OperatorCommitNotPrepared { .. }
-            | CommandError::SettlementRefused(_) => ApiError::FailedPrecondition(m),
+            | CommandError::SettlementRefused(_)
+            | CommandError::Fenced { .. } => ApiError::FailedPrecondition(m),
             CommandError::Saga(e) => ApiError::from(e),
         }
     }

@@ -261,7 +261,9 @@ pub fn api_policy(path: &str) -> Access {
     };
     Access::Roles(match (service, method) {
         ("dtx.v1.Coordinator", "Begin" | "BeginAndCommit" | "Commit" | "Abort") => APP,
-        ("dtx.v1.Coordinator", "Enlist") => ENLIST,
+        // A branch registers itself (ADR 0046) and asks what to do with
+        // its prepared work: who may enlist may do both.
+        ("dtx.v1.Coordinator", "Enlist" | "RegisterBranch" | "GetBranchDecision") => ENLIST,
         ("dtx.v1.Coordinator", "GetDecision" | "GetDecisions") => READ,
         ("dtx.v1.Coordinator", "Status") => STATUS,
         (
@@ -335,6 +337,9 @@ mod tests {
             ("/dtx.v1.Coordinator/Begin", Role::Operator, false),
             ("/dtx.v1.Coordinator/Enlist", Role::Participant, true),
             ("/dtx.v1.Coordinator/GetDecisions", Role::Participant, true),
+            ("/dtx.v1.Coordinator/RegisterBranch", Role::Participant, true),
+            ("/dtx.v1.Coordinator/RegisterBranch", Role::Operator, false),
+            ("/dtx.v1.Coordinator/GetBranchDecision", Role::Participant, true),
             ("/dtx.v1.Coordinator/Status", Role::Participant, false),
             ("/dtx.v1.Admin/Resolve", Role::Operator, true),
             ("/dtx.v1.Admin/Resolve", Role::Application, false),

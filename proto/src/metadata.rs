@@ -118,6 +118,73 @@ pub fn refusal(status: &Status) -> Option<RefusalKind> {
         .and_then(RefusalKind::parse)
 }
 
+/// On a refusal of `RegisterBranch` (FAILED_PRECONDITION): what kind of
+/// refusal it is (`BranchRefusalKind::as_str`). Programs read this key,
+/// never the text.
+pub const BRANCH_REFUSAL_HEADER: &str = "x-dtx-branch-refusal";
+
+/// Why the cluster refused a branch's registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BranchRefusalKind {
+    /// The transaction is PREPARING, decided, forgotten or past its
+    /// deadline: the participant set is frozen without the branch, which
+    /// must roll its prepared work back.
+    TooLate,
+    /// The branch was fenced out of the transaction (its decision was
+    /// asked before it registered): it must roll its prepared work back.
+    Fenced,
+    /// The branch registered before with another vote, or another
+    /// address: the recorded registration stands.
+    Conflict,
+}
+
+impl BranchRefusalKind {
+    /// Every kind, for tests and documentation.
+    pub const ALL: [BranchRefusalKind; 3] = [
+        BranchRefusalKind::TooLate,
+        BranchRefusalKind::Fenced,
+        BranchRefusalKind::Conflict,
+    ];
+
+    /// The value carried under `BRANCH_REFUSAL_HEADER`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BranchRefusalKind::TooLate => "too-late",
+            BranchRefusalKind::Fenced => "fenced",
+            BranchRefusalKind::Conflict => "conflict",
+        }
+    }
+
+    /// The kind `as_str` names; `None` for any other value.
+    pub fn parse(s: &str) -> Option<BranchRefusalKind> {
+        BranchRefusalKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// True when the branch is certainly not a member and must roll its
+    /// prepared work back.
+    pub fn must_roll_back(self) -> bool {
+        matches!(self, BranchRefusalKind::TooLate | BranchRefusalKind::Fenced)
+    }
+}
+
+/// Marks `status` as a branch refusal of `kind`.
+pub fn set_branch_refusal(status: &mut Status, kind: BranchRefusalKind) {
+    status.metadata_mut().insert(
+        BRANCH_REFUSAL_HEADER,
+        tonic::metadata::MetadataValue::from_static(kind.as_str()),
+    );
+}
+
+/// The kind of branch refusal `status` carries, if it names one this build
+/// knows.
+pub fn branch_refusal(status: &Status) -> Option<BranchRefusalKind> {
+    status
+        .metadata()
+        .get(BRANCH_REFUSAL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(BranchRefusalKind::parse)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +209,22 @@ mod tests {
             assert_eq!(refusal(&s), Some(kind));
             assert_eq!(s.message(), "any text at all", "the text stays for humans");
         }
+    }
+
+    #[test]
+    fn branch_refusal_kinds_round_trip_and_only_the_header_counts() {
+        let names: Vec<&str> = BranchRefusalKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["too-late", "fenced", "conflict"], "the names are part of the wire contract");
+        for kind in BranchRefusalKind::ALL {
+            let mut s = Status::failed_precondition("text");
+            set_branch_refusal(&mut s, kind);
+            assert_eq!(branch_refusal(&s), Some(kind));
+            assert_eq!(refusal(&s), None, "not a participant refusal");
+        }
+        assert!(BranchRefusalKind::TooLate.must_roll_back());
+        assert!(BranchRefusalKind::Fenced.must_roll_back());
+        assert!(!BranchRefusalKind::Conflict.must_roll_back());
+        assert_eq!(branch_refusal(&Status::failed_precondition("too-late")), None);
     }
 
     #[test]

@@ -25,6 +25,9 @@ use crate::driver::Driver;
 use crate::limits;
 use crate::participant_policy::AddressPolicy;
 use crate::sm::incarnation::Belonging;
+use crate::sm::BranchRefusal;
+use crate::sm::BranchView;
+use crate::sm::BranchVote;
 use crate::sm::Command;
 use crate::sm::CommandOk;
 use crate::sm::Decision;
@@ -505,6 +508,157 @@ impl CoordinatorService {
         Ok(status)
     }
 
+    /// A branch that prepared where it ran joins the transaction with its
+    /// vote (ADR 0046): one Raft write. Who may register is who may
+    /// enlist: a participant identity only itself, in a transaction its
+    /// owner allowed it to join; an application only in its own.
+    async fn register_branch(
+        &self,
+        req: pb::RegisterBranchRequest,
+        caller: Option<&dtx_tls::Identity>,
+    ) -> Result<pb::RegisterBranchResponse, ApiError> {
+        check_participant(&req.participant_id, &req.address, b"", self.tls(), &self.policy)?;
+        check_len("reason", req.reason.len(), limits::REASON_BYTES_MAX)?;
+        let vote = match pb::BranchVote::try_from(req.vote) {
+            Ok(pb::BranchVote::Yes) => BranchVote::Yes,
+            Ok(pb::BranchVote::No) => BranchVote::No,
+            Ok(pb::BranchVote::ReadOnly) => BranchVote::ReadOnly,
+            _ => {
+                return Err(ApiError::InvalidArgument(format!(
+                    "vote {} is not a branch vote: give BRANCH_VOTE_YES (1), BRANCH_VOTE_NO (2) or \
+                     BRANCH_VOTE_READ_ONLY (3)",
+                    req.vote
+                )))
+            }
+        };
+        match caller {
+            Some(id) if id.role == dtx_tls::Role::Participant => {
+                self.check_self_enlist(req.txid, &id.name, &req.participant_id).await?
+            }
+            Some(id) if id.role == dtx_tls::Role::Application => {
+                self.ctx().check_owner(req.txid, Some(&id.name)).await?
+            }
+            _ => {}
+        }
+        let txid = req.txid;
+        let cmd = Command::RegisterBranch {
+            txid,
+            participant_id: req.participant_id.clone(),
+            address: req.address,
+            vote,
+            reason: req.reason,
+            now_ms: now_ms(),
+        };
+        match self.ctx().propose(cmd).await? {
+            CommandOk::BranchRegistered {
+                term,
+                existing,
+                deadline_ms,
+                participant_count,
+                decision,
+            } => {
+                if !existing {
+                    metrics::counter!("dtx_branch_registrations_total", "vote" => vote.to_string()).increment(1);
+                }
+                if decision.is_some() {
+                    // A NO decided ABORT: the other branches learn it now,
+                    // not when the client gets round to it.
+                    self.driver.spawn_delivery(txid);
+                }
+                Ok(pb::RegisterBranchResponse {
+                    term,
+                    incarnation: self.ctx().incarnation_of(txid),
+                    existing,
+                    deadline_unix_ms: deadline_ms,
+                    participant_count,
+                })
+            }
+            CommandOk::BranchRefused(r) => {
+                use dtx_proto::metadata::BranchRefusalKind as Kind;
+                let kind = match &r {
+                    BranchRefusal::Fenced { .. } => Kind::Fenced,
+                    BranchRefusal::VoteConflict { .. } | BranchRefusal::AddressConflict { .. } => Kind::Conflict,
+                    BranchRefusal::TooLate { .. } | BranchRefusal::PastDeadline { .. } | BranchRefusal::Forgotten { .. } => {
+                        Kind::TooLate
+                    }
+                };
+                metrics::counter!("dtx_branch_refusals_total", "kind" => kind.as_str()).increment(1);
+                Err(ApiError::BranchRefused {
+                    kind,
+                    message: r.to_string(),
+                })
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// What the branch `participant_id` does with its work prepared for
+    /// `txid` (ADR 0046): a member follows the transaction's decision; a
+    /// branch that is not a member is fenced out of an ACTIVE transaction
+    /// first (a replicated write), then told ABORT, also when the
+    /// transaction committed without it. The read is linearizable; the
+    /// fence is a Raft write, so a leader cut off from its quorum answers
+    /// neither.
+    async fn get_branch_decision(
+        &self,
+        req: pb::GetBranchDecisionRequest,
+        caller: Option<&dtx_tls::Identity>,
+    ) -> Result<pb::GetBranchDecisionResponse, ApiError> {
+        check_id("participant_id", &req.participant_id)?;
+        if let Some(id) = caller.filter(|id| id.role == dtx_tls::Role::Participant) {
+            if id.name != req.participant_id {
+                return Err(ApiError::PermissionDenied(format!(
+                    "participant/{} may ask only about its own branches (participant id {:?}), not participant id {:?}",
+                    id.name, id.name, req.participant_id
+                )));
+            }
+        }
+        let (txid, pid, incarnation) = (req.txid, req.participant_id, req.incarnation);
+        let (other, view) = self
+            .ctx()
+            .read_linearizable(|st| {
+                (
+                    st.incarnations.belonging(incarnation, txid) == Belonging::Other,
+                    st.table.branch_view(txid, &pid),
+                )
+            })
+            .await?;
+        let answer = |outcome: pb::Outcome, member: bool, fenced_now: bool| pb::GetBranchDecisionResponse {
+            txid,
+            outcome: outcome as i32,
+            member,
+            fenced_now,
+        };
+        if other {
+            // Another incarnation's txid: nothing here says what it was.
+            return Ok(answer(pb::Outcome::OtherIncarnation, false, false));
+        }
+        match view {
+            BranchView::Member(v) => Ok(answer(view_pb(&v), true, false)),
+            BranchView::Outside => Ok(answer(pb::Outcome::Abort, false, false)),
+            BranchView::Unfenced => {
+                let cmd = Command::ExcludeBranch {
+                    txid,
+                    participant_id: pid,
+                };
+                match self.ctx().propose(cmd).await? {
+                    CommandOk::BranchExcluded {
+                        member,
+                        decided,
+                        fenced_now,
+                    } => {
+                        if fenced_now {
+                            metrics::counter!("dtx_branch_fences_total").increment(1);
+                        }
+                        let outcome = decided.map(outcome_pb).unwrap_or(pb::Outcome::Pending);
+                        Ok(answer(outcome, member, fenced_now))
+                    }
+                    other => Err(unexpected(other)),
+                }
+            }
+        }
+    }
+
     /// The decisions of `txids`; with a `participant_id` (not empty), also
     /// whether the cluster still awaits that participant's ack of each, so
     /// the participant keeps its log record until then (invariant 10).
@@ -659,6 +813,34 @@ impl Coordinator for CoordinatorService {
                 v.pop().ok_or_else(|| ApiError::Internal("empty decision read".into()))
             },
             |ch, r| async move { CoordinatorClient::new(ch).get_decision(r).await },
+        )
+        .await
+    }
+
+    async fn register_branch(
+        &self,
+        req: Request<pb::RegisterBranchRequest>,
+    ) -> Result<Response<pb::RegisterBranchResponse>, Status> {
+        let caller = crate::security::caller(&req);
+        serve_or_forward(
+            self.ctx(),
+            req,
+            |r| async move { self.register_branch(r, caller.as_ref()).await },
+            |ch, r| async move { CoordinatorClient::new(ch).register_branch(r).await },
+        )
+        .await
+    }
+
+    async fn get_branch_decision(
+        &self,
+        req: Request<pb::GetBranchDecisionRequest>,
+    ) -> Result<Response<pb::GetBranchDecisionResponse>, Status> {
+        let caller = crate::security::caller(&req);
+        serve_or_forward(
+            self.ctx(),
+            req,
+            |r| async move { self.get_branch_decision(r, caller.as_ref()).await },
+            |ch, r| async move { CoordinatorClient::new(ch).get_branch_decision(r).await },
         )
         .await
     }

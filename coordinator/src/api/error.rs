@@ -19,7 +19,7 @@ impl From<ApiError> for Status {
             ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::NotFound(_) => Code::NotFound,
             ApiError::AlreadyExists(_) => Code::AlreadyExists,
-            ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
+            ApiError::FailedPrecondition(_) | ApiError::BranchRefused { .. } => Code::FailedPrecondition,
             ApiError::PermissionDenied(_) => Code::PermissionDenied,
             ApiError::NotLeader { .. } | ApiError::NoLeader(_) | ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::Unknown(_) => Code::DeadlineExceeded,
@@ -34,12 +34,16 @@ impl From<ApiError> for Status {
                 | ApiError::NotFound(_)
                 | ApiError::AlreadyExists(_)
                 | ApiError::FailedPrecondition(_)
+                | ApiError::BranchRefused { .. }
                 | ApiError::PermissionDenied(_)
         );
         if not_applied {
             status
                 .metadata_mut()
                 .insert(NOT_APPLIED_HEADER, MetadataValue::from_static("1"));
+        }
+        if let ApiError::BranchRefused { kind, .. } = &e {
+            dtx_proto::metadata::set_branch_refusal(&mut status, *kind);
         }
         if let ApiError::NotLeader {
             leader_id,

@@ -311,7 +311,7 @@ impl Driver {
             note,
             read_only,
         } = self
-            .prepare_round(txid, term, &participants, deadline_ms, begun_ms, wait_ms)
+            .prepare_round(txid, term, (&participants, &[]), deadline_ms, begun_ms, wait_ms)
             .await?;
         super::debug_assert_commit_voters(txid, outcome, &decided_voters, &participants);
         dtx_failpoint::failpoint!("coordinator_votes_in_before_decide");

@@ -72,6 +72,7 @@
 
 mod answer;
 mod book;
+mod branches;
 mod deliver;
 mod fast;
 mod group;
@@ -558,6 +559,10 @@ impl Driver {
     }
 
     async fn drive_commit_inner(self: &Arc<Self>, txid: Txid) -> Result<Decision, ApiError> {
+        // Every participant registered its vote as a branch: one write.
+        if let Some(d) = self.commit_registered(txid).await? {
+            return Ok(d);
+        }
         let request = if self.ctx.config.txn.one_phase_commit {
             Command::RequestCommitOnePhase { txid }
         } else {
@@ -708,13 +713,17 @@ impl Driver {
             // No voters: nothing to ask.
             Tally::Commit { .. } => 0,
         };
+        // Branches that registered their votes get no Prepare (ADR 0046).
+        // The set is frozen (PREPARING), so no registration comes after
+        // this read.
+        let registered = branches::registered_votes(&self.ctx.sm.state().table, txid, &participants);
         let RoundResult {
             outcome,
             voters: decided_voters,
             note,
             read_only,
         } = self
-            .prepare_round(txid, term, &participants, deadline_ms, round_started_ms, wait_ms)
+            .prepare_round(txid, term, (&participants, &registered), deadline_ms, round_started_ms, wait_ms)
             .await?;
         debug_assert_commit_voters(txid, outcome, &decided_voters, &participants);
         // READ_ONLY voters need no phase two, whatever the decision: their
@@ -742,15 +751,20 @@ impl Driver {
         self: &Arc<Self>,
         txid: Txid,
         term: u64,
-        participants: &[Participant],
+        (participants, known): (&[Participant], &[(String, Vote)]),
         deadline_ms: u64,
         round_started_ms: u64,
         wait_ms: u64,
     ) -> Result<RoundResult, ApiError> {
         let voters: Vec<&str> = participants.iter().map(|p| p.id.as_str()).collect();
+        // Those with a known vote (a branch's registration) are not asked.
+        let asked: Vec<&Participant> = participants
+            .iter()
+            .filter(|p| !known.iter().any(|(id, _)| *id == p.id))
+            .collect();
         let timeout = Duration::from_millis(wait_ms.min(self.ctx.config.txn.prepare_timeout_ms).max(1));
         dtx_failpoint::failpoint!("coordinator_before_prepare");
-        let votes = futures::future::join_all(participants.iter().enumerate().map(|(i, p)| async move {
+        let votes = futures::future::join_all(asked.iter().enumerate().map(|(i, p)| async move {
             let v = self.prepare_one(txid, term, p, timeout).await;
             if i == 0 {
                 dtx_failpoint::failpoint!("coordinator_mid_prepare");
@@ -758,7 +772,7 @@ impl Driver {
             v
         }))
         .await;
-        for (p, v) in participants.iter().zip(&votes) {
+        for (p, v) in asked.iter().zip(&votes) {
             if let Vote::Failed(why) = v {
                 metrics::counter!("dtx_prepare_failures_total", "participant" => crate::metrics::participant_label(&p.id))
                     .increment(1);
@@ -779,14 +793,15 @@ impl Driver {
         // The decision's note is replicated and shown by the application's
         // Status: a failed vote says no more than that (ADR 0041);
         // its error is in the line above (and `dtx_prepare_failures_total`).
-        let votes: Vec<(&str, Vote)> = voters
+        let votes: Vec<(&str, Vote)> = asked
             .iter()
-            .copied()
+            .map(|p| p.id.as_str())
             .zip(votes)
             .map(|(id, v)| match v {
                 Vote::Failed(_) => (id, Vote::Failed(FAILED_VOTE_NOTE.to_string())),
                 v => (id, v),
             })
+            .chain(known.iter().map(|(id, v)| (id.as_str(), v.clone())))
             .collect();
         // Every voter has its vote now. Each wait above ended by the
         // deadline, so a vote not in by then is already a failure (counted

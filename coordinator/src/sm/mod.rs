@@ -19,9 +19,14 @@
 //! good from phase two, forget a transaction before its retention, and the
 //! filtered listing of records.
 //!
+//! `branch`: branches that prepare where they run (ADR 0046): a branch's
+//! registration with its vote, and the fence that keeps a branch that did
+//! not register out of the decision.
+//!
 //! `settlement`: an operator's settlement of another incarnation's txid
 //! (ADR 0040), kept beside the table like `incarnation`.
 
+pub mod branch;
 pub mod incarnation;
 pub mod operator;
 pub mod saga;
@@ -307,6 +312,148 @@ pub enum Command {
         now_ms: u64,
         note: String,
     },
+    /// A branch that prepared where it ran joins the ACTIVE `txid` with
+    /// its vote (ADR 0046): enlisted (or found enlisted) at `address`, its
+    /// vote recorded write-once, so the driver sends it no Prepare. A NO
+    /// decides ABORT in the same command (`reason` in the note). `now_ms`
+    /// is the proposing leader's clock, checked against the deadline.
+    /// Refused (`CommandOk::BranchRefused`) once the participant set is
+    /// frozen, past the deadline, or for a fenced branch. The term it
+    /// answers is the entry's. Appended last: older log entries keep their
+    /// encoding.
+    RegisterBranch {
+        txid: Txid,
+        participant_id: String,
+        address: String,
+        vote: BranchVote,
+        reason: String,
+        now_ms: u64,
+    },
+    /// Fences `participant_id` out of the ACTIVE `txid` when it is not a
+    /// member, so no later registration can make it one: asked by a
+    /// branch that prepared and does not know whether it registered. A
+    /// member, or a transaction no longer ACTIVE, is left unchanged; the
+    /// answer is what the branch does either way (`BranchView`). Appended
+    /// last: older log entries keep their encoding.
+    ExcludeBranch { txid: Txid, participant_id: String },
+}
+
+/// A branch's vote (`Command::RegisterBranch`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BranchVote {
+    /// Prepared durably where it ran.
+    Yes,
+    /// Cannot commit: its work is rolled back, the transaction aborts.
+    No,
+    /// Changed nothing: acked with the decision.
+    ReadOnly,
+}
+
+impl fmt::Display for BranchVote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BranchVote::Yes => "YES",
+            BranchVote::No => "NO",
+            BranchVote::ReadOnly => "READ_ONLY",
+        })
+    }
+}
+
+/// One branch's registration: write-once per (txid, participant id).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Registration {
+    pub vote: BranchVote,
+    /// The term of the entry that recorded it: the branch's term floor.
+    pub term: u64,
+    /// The proposing leader's clock, ms since the Unix epoch.
+    pub registered_ms: u64,
+}
+
+/// The branches of one transaction: who registered with which vote, and
+/// who was fenced out. Kept beside the record (like drops), removed with
+/// it, so the encoding of `TxRecord` and `Participant` is unchanged.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Branches {
+    pub registered: BTreeMap<String, Registration>,
+    /// Participant ids fenced out while the transaction was ACTIVE: never
+    /// members of it (`Command::ExcludeBranch`).
+    pub fenced: BTreeSet<String>,
+}
+
+/// Why a branch's registration is refused (nothing recorded). The
+/// messages are the ones the branch's service logs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BranchRefusal {
+    #[error(
+        "transaction {txid} is {phase}: its participant set is frozen without participant {participant_id:?}, \
+         which must roll its prepared work back"
+    )]
+    TooLate {
+        txid: Txid,
+        participant_id: String,
+        phase: String,
+    },
+    #[error(
+        "transaction {txid} passed its deadline ({deadline_ms} ms since the Unix epoch, now {now_ms}): \
+         participant {participant_id:?} must roll its prepared work back"
+    )]
+    PastDeadline {
+        txid: Txid,
+        participant_id: String,
+        deadline_ms: u64,
+        now_ms: u64,
+    },
+    #[error(
+        "transaction {txid} is not known here any more (forgotten after its decision): participant \
+         {participant_id:?} was not in it and must roll its prepared work back"
+    )]
+    Forgotten { txid: Txid, participant_id: String },
+    #[error(
+        "participant {participant_id:?} was fenced out of transaction {txid} (its decision was asked before it \
+         registered): it must roll its prepared work back"
+    )]
+    Fenced { txid: Txid, participant_id: String },
+    #[error("participant {participant_id:?} registered in transaction {txid} with vote {recorded} before; that vote stands")]
+    VoteConflict {
+        txid: Txid,
+        participant_id: String,
+        recorded: BranchVote,
+    },
+    #[error(
+        "participant {participant_id:?} is in transaction {txid} with address {recorded:?}, not {asked:?}; the \
+         recorded address stands"
+    )]
+    AddressConflict {
+        txid: Txid,
+        participant_id: String,
+        recorded: String,
+        asked: String,
+    },
+}
+
+impl BranchRefusal {
+    /// True when the branch is certainly not a member and must roll its
+    /// prepared work back (as opposed to a conflict with its own earlier
+    /// registration).
+    pub fn must_roll_back(&self) -> bool {
+        !matches!(
+            self,
+            BranchRefusal::VoteConflict { .. } | BranchRefusal::AddressConflict { .. }
+        )
+    }
+}
+
+/// What a branch does with its prepared work, by (txid, participant id).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BranchView {
+    /// A member: the transaction's decision, or PENDING.
+    Member(DecisionView),
+    /// Not a member of an ACTIVE transaction and not fenced yet: fence it
+    /// (`Command::ExcludeBranch`) before answering ABORT.
+    Unfenced,
+    /// Not a member, and never to be one: ABORT, whatever the
+    /// transaction's own decision.
+    Outside,
 }
 
 /// One participant named at BeginAndCommit.
@@ -400,6 +547,27 @@ pub enum CommandOk {
     Settled {
         settlement: Settlement,
         recorded: bool,
+    },    /// `RegisterBranch`: the registration standing after the command
+    /// (`existing` when it was recorded before), in the entry term `term`;
+    /// `decision` is the ABORT a NO registration recorded (or found).
+    BranchRegistered {
+        term: u64,
+        existing: bool,
+        deadline_ms: u64,
+        participant_count: u32,
+        decision: Option<Decision>,
+    },
+    /// `RegisterBranch` refused by the state it met at apply; nothing
+    /// changed. A result rather than a `CommandError`: the API answers it
+    /// with its own refusal kind (`x-dtx-branch-refusal`).
+    BranchRefused(BranchRefusal),
+    /// `ExcludeBranch`: what the branch does now. A member follows the
+    /// transaction (`decided` None: PENDING); a branch that is not one
+    /// aborts (`decided` ABORT). `fenced_now` when this command fenced it.
+    BranchExcluded {
+        member: bool,
+        decided: Option<Outcome>,
+        fenced_now: bool,
     },
 }
 
@@ -447,7 +615,10 @@ pub enum CommandError {
     Saga(saga::SagaError),
     /// A `Command::SettleOther` refused; nothing changed.
     #[error("{0}")]
-    SettlementRefused(SettlementRefusal),
+    SettlementRefused(SettlementRefusal),    /// An Enlist of a participant fenced out of the transaction
+    /// (`Command::ExcludeBranch`). Appended last.
+    #[error("participant {participant_id:?} was fenced out of transaction {txid}: it cannot join it any more")]
+    Fenced { txid: Txid, participant_id: String },
 }
 
 pub type CommandResult = Result<CommandOk, CommandError>;
@@ -498,6 +669,9 @@ pub struct TxTable {
     /// (`Command::DropParticipant`), per transaction; kept (also after a
     /// dropped participant acks) until the record is removed.
     dropped: BTreeMap<Txid, Drops>,
+    /// The branches of each transaction that has any (`sm::branch`); kept
+    /// until the record is removed.
+    branches: BTreeMap<Txid, Branches>,
 }
 
 /// An operator's drop of one participant from phase two.
@@ -650,6 +824,7 @@ impl TxTable {
             retired_node_ids: BTreeSet::new(),
             owners: BTreeMap::new(),
             dropped: BTreeMap::new(),
+            branches: BTreeMap::new(),
         }
     }
 
@@ -970,6 +1145,22 @@ impl TxTable {
                 };
                 self.declare_lost(*txid, participant_id, decision, effects)
             }
+            Command::RegisterBranch {
+                txid,
+                participant_id,
+                address,
+                vote,
+                reason,
+                now_ms,
+            } => self.register_branch(
+                entry_term,
+                *txid,
+                (participant_id, address),
+                (*vote, reason),
+                *now_ms,
+                effects,
+            ),
+            Command::ExcludeBranch { txid, participant_id } => self.exclude_branch(*txid, participant_id, effects),
             // The store applies saga commands to its `SagaBook`.
             Command::Saga(_) => Err(CommandError::Invalid(
                 "a saga command is applied to the saga journal, not to the transaction table".to_string(),
@@ -1075,6 +1266,12 @@ impl TxTable {
         check_id("participant_id", participant_id)?;
         check_len("address", address.len(), limits::ADDRESS_BYTES_MAX)?;
         check_len("payload", payload.len(), limits::PAYLOAD_BYTES_MAX)?;
+        if self.is_fenced(txid, participant_id) {
+            return Err(CommandError::Fenced {
+                txid,
+                participant_id: participant_id.to_string(),
+            });
+        }
         let r = self.txs.get_mut(&txid).ok_or(CommandError::NotFound { txid })?;
         if let Some(p) = r.participants.iter().find(|p| p.id == participant_id) {
             if p.address == address && p.payload == payload {
@@ -1112,10 +1309,13 @@ impl TxTable {
     }
 
     fn request_commit(&mut self, txid: Txid, one_phase_allowed: bool, effects: &mut Vec<Effect>) -> CommandResult {
+        // A branch that registered has voted: its commit needs no Prepare,
+        // so never one phase.
+        let any_registered = self.branches.get(&txid).is_some_and(|b| !b.registered.is_empty());
         let r = self.txs.get_mut(&txid).ok_or(CommandError::NotFound { txid })?;
         if r.phase == Phase::Active {
             r.phase = Phase::Preparing;
-            r.one_phase = one_phase_allowed && r.participants.len() == 1;
+            r.one_phase = one_phase_allowed && r.participants.len() == 1 && !any_registered;
             effects.push(Effect::Put(txid));
         }
         Ok(CommandOk::CommitRequested {
@@ -1436,12 +1636,13 @@ impl TxTable {
     }
 
     /// Removes the record of `txid` with everything kept beside it (key,
-    /// owner, drops). `next_txid` is untouched: the id is never handed out
+    /// owner, drops, branches). `next_txid` is untouched: the id is never handed out
     /// again (invariant 10).
     fn remove_record(&mut self, txid: Txid, effects: &mut Vec<Effect>) {
         let Some(r) = self.txs.remove(&txid) else { return };
         self.owners.remove(&txid);
         self.dropped.remove(&txid);
+        self.branches.remove(&txid);
         if self.keys.get(&r.idempotency_key) == Some(&txid) {
             self.keys.remove(&r.idempotency_key);
         }
@@ -1521,7 +1722,9 @@ fn command_txid(cmd: &Command) -> Option<Txid> {
         | Command::Forget { txid }
         | Command::DropParticipant { txid, .. }
         | Command::ForgetByOperator { txid, .. }
-        | Command::DeclareLost { txid, .. } => Some(*txid),
+        | Command::DeclareLost { txid, .. }
+        | Command::RegisterBranch { txid, .. }
+        | Command::ExcludeBranch { txid, .. } => Some(*txid),
         // A settlement's txid is another incarnation's, never a record here.
         Command::Saga(_) | Command::OpenIncarnation { .. } | Command::SettleOther { .. } => None,
     }
@@ -1602,6 +1805,8 @@ pub fn check_len(field: &str, len: usize, max: usize) -> Result<(), CommandError
 
 #[cfg(test)]
 mod admin_tests;
+#[cfg(test)]
+mod branch_tests;
 #[cfg(test)]
 mod one_write_tests;
 #[cfg(test)]

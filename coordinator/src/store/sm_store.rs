@@ -55,6 +55,7 @@ use crate::sm::saga::SagaEffect;
 use crate::sm::saga::SagaId;
 use crate::sm::saga::SagaRecord;
 use crate::sm::settlement::Settlements;
+use crate::sm::Branches;
 use crate::sm::Command;
 use crate::sm::CommandError;
 use crate::sm::CommandOk;
@@ -79,6 +80,10 @@ const OWNER_PREFIX: &[u8] = b"o";
 /// The participants an operator dropped from a transaction
 /// (`Command::DropParticipant`), beside its record: absent = none dropped.
 const DROPS_PREFIX: &[u8] = b"d";
+/// The branches of a transaction: registrations and fences
+/// (`Command::RegisterBranch`, `Command::ExcludeBranch`, ADR 0046), beside
+/// its record: absent = none.
+const BRANCHES_PREFIX: &[u8] = b"b";
 /// Saga records (`s<saga id>`), definitions (`g<name>\0<version>`) and the
 /// next saga id: absent = none.
 const SAGA_PREFIX: &[u8] = b"s";
@@ -124,6 +129,12 @@ fn txid_of_owner_key(k: &[u8]) -> Option<Txid> {
 
 fn drops_key(txid: Txid) -> Vec<u8> {
     let mut k = DROPS_PREFIX.to_vec();
+    k.extend_from_slice(&txid.to_be_bytes());
+    k
+}
+
+fn branches_key(txid: Txid) -> Vec<u8> {
+    let mut k = BRANCHES_PREFIX.to_vec();
     k.extend_from_slice(&txid.to_be_bytes());
     k
 }
@@ -194,6 +205,7 @@ struct SnapshotData {
     retired_node_ids: BTreeSet<u64>,
     owners: BTreeMap<Txid, String>,
     drops: BTreeMap<Txid, Drops>,
+    branches: BTreeMap<Txid, Branches>,
     sagas: SagaBookData,
     incarnations: Incarnations,
     settlements: Settlements,
@@ -422,6 +434,12 @@ impl StateMachineStore {
                 drops.push((t, decode_value::<Drops>(&k, &v)?));
             }
         }
+        let mut branches = Vec::new();
+        for (k, v) in engine.scan_prefix(Space::StateMachine, BRANCHES_PREFIX)? {
+            if let Some(t) = txid_after(BRANCHES_PREFIX, &k) {
+                branches.push((t, decode_value::<Branches>(&k, &v)?));
+            }
+        }
         let mut sagas = Vec::new();
         for (k, v) in engine.scan_prefix(Space::StateMachine, SAGA_PREFIX)? {
             sagas.push(decode_value::<SagaRecord>(&k, &v)?);
@@ -454,7 +472,8 @@ impl StateMachineStore {
             table: TxTable::from_parts(next_txid, records)
                 .with_retired_node_ids(retired)
                 .with_owners(owners)
-                .with_drops(drops),
+                .with_drops(drops)
+                .with_branches(branches),
             sagas: SagaBook::from_parts(next_saga_id, definitions, sagas).with_query_failures(query_failures),
             last_applied,
             membership,
@@ -551,6 +570,7 @@ impl StateMachineStore {
             retired_node_ids: st.table.retired_node_ids().clone(),
             owners: st.table.owners().clone(),
             drops: st.table.drops().clone(),
+            branches: st.table.branches().clone(),
             sagas: st.sagas.data(),
             incarnations: st.incarnations.clone(),
             settlements: st.settlements.clone(),
@@ -709,11 +729,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         if let Some(d) = st.table.dropped(*txid) {
                             b.put(drops_key(*txid), codec::encode(d).map_err(write_err)?);
                         }
+                        if let Some(br) = st.table.branches_of(*txid) {
+                            b.put(branches_key(*txid), codec::encode(br).map_err(write_err)?);
+                        }
                     }
                     None => {
                         b.delete(record_key(*txid));
                         b.delete(owner_key(*txid));
                         b.delete(drops_key(*txid));
+                        b.delete(branches_key(*txid));
                     }
                 },
                 _ => {}
@@ -840,6 +864,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         for (t, d) in &data.drops {
             b.put(drops_key(*t), codec::encode(d).map_err(write_err)?);
         }
+        for (t, br) in &data.branches {
+            b.put(branches_key(*t), codec::encode(br).map_err(write_err)?);
+        }
         for r in &data.sagas.sagas {
             b.put(saga_key(r.id), codec::encode(r).map_err(write_err)?);
         }
@@ -884,7 +911,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         st.table = TxTable::from_parts(data.next_txid, data.records)
             .with_retired_node_ids(data.retired_node_ids)
             .with_owners(data.owners)
-            .with_drops(data.drops);
+            .with_drops(data.drops)
+            .with_branches(data.branches);
         st.sagas = SagaBook::from_data(data.sagas);
         st.incarnations = data.incarnations;
         st.settlements = data.settlements;
@@ -924,7 +952,8 @@ pub fn decode_snapshot_table(bytes: &[u8]) -> Result<TxTable, codec::CodecError>
     Ok(TxTable::from_parts(data.next_txid, data.records)
         .with_retired_node_ids(data.retired_node_ids)
         .with_owners(data.owners)
-        .with_drops(data.drops))
+        .with_drops(data.drops)
+        .with_branches(data.branches))
 }
 
 /// The incarnations a snapshot's bytes hold.
@@ -1627,6 +1656,86 @@ mod tests {
         )])
         .await
         .unwrap();
+    }
+
+    /// Branch registrations and fences (ADR 0046) are persisted with the
+    /// apply that records them, carried by snapshots, there after a
+    /// restart (a fenced branch stays fenced, a registered vote stays
+    /// counted), and removed with their record (invariant 10).
+    #[tokio::test]
+    async fn invariant_10_branches_survive_restarts_and_snapshots_and_go_with_their_record() {
+        use crate::sm::BranchVote;
+        let (_d1, e1, mut leader) = fresh();
+        let begin = |key: &str| Command::Begin {
+            idempotency_key: key.into(),
+            fingerprint: [1; 32],
+            now_ms: 1,
+            timeout_ms: 1_000,
+        };
+        let register = |txid: Txid, id: &str, vote: BranchVote| Command::RegisterBranch {
+            txid,
+            participant_id: id.into(),
+            address: "127.0.0.1:7000".into(),
+            vote,
+            reason: String::new(),
+            now_ms: 2,
+        };
+        leader
+            .apply(vec![entry(
+                1,
+                vec![
+                    begin("k1"),
+                    register(1, "pay", BranchVote::Yes),
+                    Command::ExcludeBranch {
+                        txid: 1,
+                        participant_id: "stock".into(),
+                    },
+                    begin("k2"),
+                    register(2, "pay", BranchVote::ReadOnly),
+                ],
+            )])
+            .await
+            .unwrap();
+        let check = |sm: &StateMachineStore, what: &str| {
+            let st = sm.state();
+            assert_eq!(st.table.registered_vote(1, "pay"), Some(BranchVote::Yes), "{what}");
+            assert!(st.table.is_fenced(1, "stock"), "{what}");
+            assert_eq!(st.table.registered_vote(2, "pay"), Some(BranchVote::ReadOnly), "{what}");
+        };
+        check(&leader, "applied");
+        let snap = leader.build_snapshot().await.unwrap();
+        drop(leader);
+        let leader = StateMachineStore::open(e1).unwrap();
+        check(&leader, "reopened");
+        let (_d2, e2, mut follower) = fresh();
+        follower.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+        check(&follower, "installed");
+        // Transaction 2 decided, acked and forgotten: its branches go.
+        let decide = Command::Decide {
+            txid: 2,
+            outcome: crate::sm::Outcome::Commit,
+            voters: vec!["pay".into()],
+            source: crate::sm::DecisionSource::Driver,
+            term: 1,
+            now_ms: 3,
+            note: String::new(),
+        };
+        let ack = Command::Ack {
+            txid: 2,
+            participant_id: "pay".into(),
+        };
+        follower
+            .apply(vec![entry(2, vec![decide, ack, Command::Forget { txid: 2 }])])
+            .await
+            .unwrap();
+        follower.write_pending().unwrap();
+        assert!(e2.get(Space::StateMachine, &branches_key(2)).unwrap().is_none());
+        assert!(e2.get(Space::StateMachine, &branches_key(1)).unwrap().is_some());
+        drop(follower);
+        let reopened = StateMachineStore::open(e2).unwrap();
+        let st = reopened.state();
+        assert!(st.table.branches_of(2).is_none());
+        assert!(st.table.is_fenced(1, "stock"));
     }
 
     /// The participants an operator dropped are persisted with

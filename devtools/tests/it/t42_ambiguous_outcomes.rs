@@ -43,6 +43,18 @@ fn internal_not_applied() -> Status {
 
 #[tonic::async_trait]
 impl Coordinator for Failing {
+    async fn register_branch(
+        &self,
+        _r: Request<pb::RegisterBranchRequest>,
+    ) -> Result<Response<pb::RegisterBranchResponse>, Status> {
+        Err(Status::unimplemented("not in this stand-in"))
+    }
+    async fn get_branch_decision(
+        &self,
+        _r: Request<pb::GetBranchDecisionRequest>,
+    ) -> Result<Response<pb::GetBranchDecisionResponse>, Status> {
+        Err(Status::unimplemented("not in this stand-in"))
+    }
     async fn begin(&self, _r: Request<pb::BeginRequest>) -> Result<Response<pb::BeginResponse>, Status> {
         self.begins.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Err(internal_not_applied())

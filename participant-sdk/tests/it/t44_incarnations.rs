@@ -329,6 +329,18 @@ type Res<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
 impl Coordinator for Served {
+    async fn register_branch(
+        &self,
+        _r: Request<pb::RegisterBranchRequest>,
+    ) -> Result<Response<pb::RegisterBranchResponse>, Status> {
+        Err(Status::unimplemented("not in this stand-in"))
+    }
+    async fn get_branch_decision(
+        &self,
+        _r: Request<pb::GetBranchDecisionRequest>,
+    ) -> Result<Response<pb::GetBranchDecisionResponse>, Status> {
+        Err(Status::unimplemented("not in this stand-in"))
+    }
     async fn get_decisions(&self, r: Request<pb::GetDecisionsRequest>) -> Res<pb::GetDecisionsResponse> {
         let r = r.into_inner();
         self.0
