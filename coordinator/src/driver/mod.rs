@@ -723,7 +723,14 @@ impl Driver {
             note,
             read_only,
         } = self
-            .prepare_round(txid, term, (&participants, &registered), deadline_ms, round_started_ms, wait_ms)
+            .prepare_round(
+                txid,
+                term,
+                (&participants, &registered),
+                deadline_ms,
+                round_started_ms,
+                wait_ms,
+            )
             .await?;
         debug_assert_commit_voters(txid, outcome, &decided_voters, &participants);
         // READ_ONLY voters need no phase two, whatever the decision: their

@@ -154,7 +154,10 @@ fn inv1_a_registration_is_write_once_per_participant() {
             recorded: BranchVote::Yes
         }
     );
-    assert!(!r.must_roll_back(), "its own earlier YES stands: the branch keeps its work");
+    assert!(
+        !r.must_roll_back(),
+        "its own earlier YES stands: the branch keeps its work"
+    );
     let mut other_addr = register(txid, "stock", BranchVote::Yes);
     if let Command::RegisterBranch { address, .. } = &mut other_addr {
         *address = "127.0.0.1:9".into();
@@ -163,7 +166,11 @@ fn inv1_a_registration_is_write_once_per_participant() {
         refused(run(&mut t, other_addr)),
         BranchRefusal::AddressConflict { recorded, .. } if recorded == addr("stock")
     ));
-    assert_eq!(t.get(txid).unwrap().phase, Phase::Active, "a refused NO decided nothing");
+    assert_eq!(
+        t.get(txid).unwrap().phase,
+        Phase::Active,
+        "a refused NO decided nothing"
+    );
     assert_eq!(t.registered_vote(txid, "stock"), Some(BranchVote::Yes));
 }
 
@@ -179,7 +186,11 @@ fn inv1_a_no_registration_decides_abort_in_the_same_command() {
     let d = decision.expect("a NO records the decision");
     assert_eq!(d.outcome, Outcome::Abort);
     assert_eq!(d.term, TERM);
-    assert!(d.note.contains("stock") && d.note.contains("out of stock"), "{}", d.note);
+    assert!(
+        d.note.contains("stock") && d.note.contains("out of stock"),
+        "{}",
+        d.note
+    );
     assert!(effects.contains(&Effect::Decided(txid, Outcome::Abort)), "{effects:?}");
     assert_eq!(t.decision_view(txid), DecisionView::Decided(Outcome::Abort));
     assert_eq!(t.undelivered(10), vec![txid], "the YES branch is owed its ABORT");
@@ -251,7 +262,10 @@ fn inv2_a_registration_racing_the_commit_is_either_counted_or_refused() {
         Err(CommandError::VotersMismatch { .. })
     ));
     match run(&mut t, decide(first, Outcome::Commit, &["pay", "stock"])) {
-        Ok(CommandOk::Decided { decision, recorded: true }) => assert_eq!(decision.outcome, Outcome::Commit),
+        Ok(CommandOk::Decided {
+            decision,
+            recorded: true,
+        }) => assert_eq!(decision.outcome, Outcome::Commit),
         other => panic!("{other:?}"),
     }
     let second = begin(&mut t, "b");
@@ -299,7 +313,10 @@ fn inv7_a_fenced_branch_never_becomes_a_member() {
     ));
     run(&mut t, decide(txid, Outcome::Commit, &["pay"])).unwrap();
     assert_eq!(t.branch_view(txid, "stock"), BranchView::Outside);
-    assert_eq!(t.branch_view(txid, "pay"), BranchView::Member(DecisionView::Decided(Outcome::Commit)));
+    assert_eq!(
+        t.branch_view(txid, "pay"),
+        BranchView::Member(DecisionView::Decided(Outcome::Commit))
+    );
 }
 
 /// A fence leaves a member alone: it follows the transaction's decision.
@@ -312,7 +329,10 @@ fn inv3_excluding_a_member_changes_nothing_and_answers_its_decision() {
     assert_eq!(excluded(res), (true, None, false));
     assert!(effects.is_empty());
     run(&mut t, decide(txid, Outcome::Commit, &["pay"])).unwrap();
-    assert_eq!(excluded(run(&mut t, exclude(txid, "pay"))), (true, Some(Outcome::Commit), false));
+    assert_eq!(
+        excluded(run(&mut t, exclude(txid, "pay"))),
+        (true, Some(Outcome::Commit), false)
+    );
     // Not ACTIVE: a stranger is told ABORT without a fence.
     let (res, effects) = run_in(&mut t, TERM, exclude(txid, "stranger"));
     assert_eq!(excluded(res), (false, Some(Outcome::Abort), false));
@@ -352,7 +372,11 @@ fn a_branch_its_client_enlisted_registers_at_the_same_address_only() {
     let r = t.get(txid).unwrap();
     assert_eq!(r.participants.len(), 2, "found, not added again");
     assert_eq!(r.participants[1].payload, b"debit 5");
-    assert_eq!(t.registered_vote(txid, "legacy"), None, "the Prepare-driven one has no vote yet");
+    assert_eq!(
+        t.registered_vote(txid, "legacy"),
+        None,
+        "the Prepare-driven one has no vote yet"
+    );
 }
 
 /// A registered branch has voted: its commit never runs in one phase

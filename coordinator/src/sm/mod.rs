@@ -413,7 +413,9 @@ pub enum BranchRefusal {
          registered): it must roll its prepared work back"
     )]
     Fenced { txid: Txid, participant_id: String },
-    #[error("participant {participant_id:?} registered in transaction {txid} with vote {recorded} before; that vote stands")]
+    #[error(
+        "participant {participant_id:?} registered in transaction {txid} with vote {recorded} before; that vote stands"
+    )]
     VoteConflict {
         txid: Txid,
         participant_id: String,
@@ -547,7 +549,8 @@ pub enum CommandOk {
     Settled {
         settlement: Settlement,
         recorded: bool,
-    },    /// `RegisterBranch`: the registration standing after the command
+    },
+    /// `RegisterBranch`: the registration standing after the command
     /// (`existing` when it was recorded before), in the entry term `term`;
     /// `decision` is the ABORT a NO registration recorded (or found).
     BranchRegistered {
@@ -615,7 +618,8 @@ pub enum CommandError {
     Saga(saga::SagaError),
     /// A `Command::SettleOther` refused; nothing changed.
     #[error("{0}")]
-    SettlementRefused(SettlementRefusal),    /// An Enlist of a participant fenced out of the transaction
+    SettlementRefused(SettlementRefusal),
+    /// An Enlist of a participant fenced out of the transaction
     /// (`Command::ExcludeBranch`). Appended last.
     #[error("participant {participant_id:?} was fenced out of transaction {txid}: it cannot join it any more")]
     Fenced { txid: Txid, participant_id: String },
