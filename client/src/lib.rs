@@ -121,8 +121,8 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use dtx_proto::v1 as pb;
 pub use dtx_proto::metadata::BranchRefusalKind;
+use dtx_proto::v1 as pb;
 use dtx_proto::v1::admin_client::AdminClient;
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
 use dtx_transport::channel::Channel;
@@ -244,7 +244,8 @@ pub enum ClientError {
     Unauthenticated(String),
     /// This client's identity may not make the call; nothing happened.
     #[error("permission denied: {0}")]
-    PermissionDenied(String),    /// The cluster refused a branch's registration
+    PermissionDenied(String),
+    /// The cluster refused a branch's registration
     /// ([`Client::register_branch`]); nothing was recorded.
     /// [`BranchRefusalKind::must_roll_back`] says whether the branch must
     /// roll its prepared work back (the participant set is frozen without
@@ -410,6 +411,10 @@ pub struct Began {
     /// When the cluster aborts the transaction if commit was not asked for
     /// (ms since the Unix epoch).
     pub deadline_unix_ms: u64,
+    /// The cluster incarnation that handed out `txid`: pass it on with
+    /// the txid ([`propagate::scope_in`]) to services that join as
+    /// branches.
+    pub incarnation: u64,
 }
 
 /// A participant for `begin_and_commit`.
@@ -723,6 +728,7 @@ impl Client {
             txid: r.txid,
             existing: r.existing,
             deadline_unix_ms: r.deadline_unix_ms,
+            incarnation: r.incarnation,
         })
     }
 
@@ -756,7 +762,8 @@ impl Client {
     }
 
     /// Registers `participant_id`, reachable at `address` for phase two,
-    /// as a branch of `txid` that prepared where it ran, with its `vote`
+    /// as a branch of `txid` that prepared where it ran (under
+    /// `incarnation`, which the cluster checks unless it is 0), with its `vote`
     /// (`reason` for a NO), in one Raft write (docs/protocol.md,
     /// "Branches"). Idempotent: the same registration again answers the
     /// same ([`BranchRegistration::existing`]), so retrying is safe.
@@ -769,13 +776,14 @@ impl Client {
     /// [`Client::branch_decision`] (which settles it).
     pub async fn register_branch(
         &self,
-        txid: u64,
+        (incarnation, txid): (u64, u64),
         participant_id: &str,
         address: &str,
         vote: BranchVote,
         reason: &str,
     ) -> Result<BranchRegistration, ClientError> {
         let req = pb::RegisterBranchRequest {
+            incarnation,
             txid,
             participant_id: participant_id.to_string(),
             address: address.to_string(),

@@ -199,6 +199,7 @@ use std::future::Future;
 use std::task::Context;
 use std::task::Poll;
 
+use dtx_proto::INCARNATION_METADATA_KEY;
 use dtx_proto::TXID_METADATA_KEY;
 use tokio::task::futures::TaskLocalFuture;
 use tower_layer::Layer;
@@ -210,20 +211,60 @@ pub use crate::trace::TraceContext;
 
 tokio::task_local! {
     /// The transaction the running code works for (`None`: explicitly none).
-    static CURRENT: Option<u64>;
+    static CURRENT: Option<Current>;
+}
+
+/// The current transaction: its txid and, when known, the incarnation
+/// that handed it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Current {
+    /// The transaction id.
+    pub txid: u64,
+    /// The cluster incarnation that handed it out, when the code that
+    /// began it passed it on (`x-dtx-incarnation`).
+    pub incarnation: Option<u64>,
 }
 
 /// Runs `fut` with `txid` as its current transaction ([`current`]): calls
 /// it makes through wrapped channels carry `txid`. Scopes nest: the
 /// innermost wins.
 pub async fn scope<F: Future>(txid: u64, fut: F) -> F::Output {
-    CURRENT.scope(Some(txid), fut).await
+    CURRENT
+        .scope(
+            Some(Current {
+                txid,
+                incarnation: None,
+            }),
+            fut,
+        )
+        .await
+}
+
+/// [`scope`] with the incarnation that handed `txid` out
+/// (`Began::incarnation`): calls carry both, so a service that joins as a
+/// branch keeps its work under the name the cluster's phase-two messages
+/// use.
+pub async fn scope_in<F: Future>(txid: u64, incarnation: u64, fut: F) -> F::Output {
+    CURRENT
+        .scope(
+            Some(Current {
+                txid,
+                incarnation: Some(incarnation),
+            }),
+            fut,
+        )
+        .await
 }
 
 /// The current transaction: set by [`scope`], by [`with_current`], or by
 /// [`InboundTxidLayer`] for a handler serving a call that carried a txid.
 /// `None` outside any of them.
 pub fn current() -> Option<u64> {
+    current_tx().map(|c| c.txid)
+}
+
+/// The current transaction with its incarnation, if known.
+pub fn current_tx() -> Option<Current> {
     CURRENT.try_with(|t| *t).ok().flatten()
 }
 
@@ -231,7 +272,7 @@ pub fn current() -> Option<u64> {
 /// wherever it is later polled: for `tokio::spawn(with_current(fut))`, since
 /// a spawned task does not inherit the spawner's current transaction.
 pub fn with_current<F: Future>(fut: F) -> impl Future<Output = F::Output> {
-    CURRENT.scope(current(), fut)
+    CURRENT.scope(current_tx(), fut)
 }
 
 /// The transaction id a request carries, as [`InboundTxidLayer`] puts it
@@ -249,10 +290,26 @@ pub fn request_txid<T>(req: &tonic::Request<T>) -> Option<u64> {
         .or_else(|| dtx_proto::txid_of(req))
 }
 
-/// The txid in raw HTTP headers, parsed as [`dtx_proto::txid_of`] does.
-fn header_txid(headers: &http::HeaderMap) -> Option<u64> {
+/// The incarnation a request carries beside its txid: the
+/// [`Incarnation`] extension that [`InboundTxidLayer`] set, else the
+/// request's metadata, else none.
+pub fn request_incarnation<T>(req: &tonic::Request<T>) -> Option<u64> {
+    req.extensions()
+        .get::<Incarnation>()
+        .map(|t| t.0)
+        .or_else(|| dtx_proto::incarnation_of(req))
+}
+
+/// The incarnation a request carries beside its txid, as
+/// [`InboundTxidLayer`] puts it into the request's extensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Incarnation(pub u64);
+
+/// A number in raw HTTP headers under `key`, parsed as
+/// [`dtx_proto::txid_of`] does.
+fn header_number(headers: &http::HeaderMap, key: &str) -> Option<u64> {
     headers
-        .get(TXID_METADATA_KEY)
+        .get(key)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.parse().ok())
 }
@@ -260,10 +317,16 @@ fn header_txid(headers: &http::HeaderMap) -> Option<u64> {
 /// Puts the current transaction and trace context into outgoing headers,
 /// unless the request already names its own.
 fn add_current(headers: &mut http::HeaderMap) {
-    if let Some(txid) = current() {
+    if let Some(c) = current_tx() {
+        let named_own = headers.contains_key(TXID_METADATA_KEY);
         headers
             .entry(TXID_METADATA_KEY)
-            .or_insert_with(|| http::HeaderValue::from(txid));
+            .or_insert_with(|| http::HeaderValue::from(c.txid));
+        if let (Some(i), false) = (c.incarnation, named_own) {
+            headers
+                .entry(INCARNATION_METADATA_KEY)
+                .or_insert_with(|| http::HeaderValue::from(i));
+        }
     }
     if !headers.contains_key(dtx_proto::trace::TRACEPARENT_HEADER) {
         if let Some(ctx) = crate::trace::current() {
@@ -382,7 +445,7 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = Instrumented<TaskLocalFuture<Option<TraceContext>, TaskLocalFuture<Option<u64>, S::Future>>>;
+    type Future = Instrumented<TaskLocalFuture<Option<TraceContext>, TaskLocalFuture<Option<Current>, S::Future>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -391,10 +454,15 @@ where
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         // A request without a txid (or a trace) runs with none, whatever
         // the serving task had.
-        let txid = header_txid(req.headers());
+        let txid = header_number(req.headers(), TXID_METADATA_KEY);
+        let incarnation = txid.and(header_number(req.headers(), INCARNATION_METADATA_KEY));
         if let Some(t) = txid {
             req.extensions_mut().insert(Txid(t));
         }
+        if let Some(i) = incarnation {
+            req.extensions_mut().insert(Incarnation(i));
+        }
+        let current = txid.map(|txid| Current { txid, incarnation });
         let remote = TraceContext::from_headers(req.headers());
         let (span, trace) = if txid.is_some() || remote.is_some() {
             let span = tracing::info_span!(
@@ -414,9 +482,10 @@ where
             (tracing::Span::none(), None)
         };
         let inner = &mut self.inner;
-        let fut = span
-            .in_scope(|| crate::trace::sync_scope_opt(trace.clone(), || CURRENT.sync_scope(txid, || inner.call(req))));
-        crate::trace::scope_opt(trace, CURRENT.scope(txid, fut)).instrument(span)
+        let fut = span.in_scope(|| {
+            crate::trace::sync_scope_opt(trace.clone(), || CURRENT.sync_scope(current, || inner.call(req)))
+        });
+        crate::trace::scope_opt(trace, CURRENT.scope(current, fut)).instrument(span)
     }
 }
 

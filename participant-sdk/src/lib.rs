@@ -204,6 +204,8 @@
 //! }
 //! ```
 
+/// Branches that prepare where they run (docs/protocol.md, "Branches").
+pub mod branch;
 mod kv;
 pub mod log;
 pub use log::GlobalTxid;

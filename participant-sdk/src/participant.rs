@@ -343,6 +343,24 @@ pub trait Participant: Send + Sync + 'static {
     /// nothing more for them (`server::collect_decided` checks).
     fn forget_records(&self, records: &[(u64, GlobalTxid)]) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
+    /// Branches that prepared here and whose registration with the
+    /// cluster is not known to be recorded (docs/protocol.md,
+    /// "Branches"), with their participant ids, leaving out those whose
+    /// flow runs in this process now. Recovery asks the cluster about each
+    /// by (txid, participant) and never by the txid alone, whose decision
+    /// may be a COMMIT without the branch. None by default.
+    fn unregistered_branches(&self) -> impl Future<Output = Result<Vec<(GlobalTxid, String)>, StoreError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
+    /// The branch of `txid` is settled with the cluster (a member, whose
+    /// decision then comes as any participant's, or resolved here): its
+    /// mark goes. Nothing by default.
+    fn unmark_branch(&self, txid: GlobalTxid) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = txid;
+        async { Ok(()) }
+    }
+
     /// Why the participant stopped taking requests for good (a store that
     /// can no longer write), if it has: recovery then stops too, and the
     /// service is expected to exit and be restarted. `None` by default.
@@ -418,6 +436,14 @@ impl<P: Participant> Participant for std::sync::Arc<P> {
 
     fn forget_records(&self, records: &[(u64, GlobalTxid)]) -> impl Future<Output = Result<usize, StoreError>> + Send {
         P::forget_records(self, records)
+    }
+
+    fn unregistered_branches(&self) -> impl Future<Output = Result<Vec<(GlobalTxid, String)>, StoreError>> + Send {
+        P::unregistered_branches(self)
+    }
+
+    fn unmark_branch(&self, txid: GlobalTxid) -> impl Future<Output = Result<(), StoreError>> + Send {
+        P::unmark_branch(self, txid)
     }
 
     fn stopped_because(&self) -> Option<String> {

@@ -30,6 +30,9 @@
 //! (garbage collection leaves it), so a Prepare or CommitOnePhase of a
 //! transaction without a record from an older term is refused
 //! (`log::step`, invariant 9). `m` + name -> store metadata.
+//! `r` + transaction -> participant id: a branch that prepared here and
+//! whose registration with the cluster is not known to be recorded
+//! (`prepare_branch`, written with its YES record, removed once settled).
 
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -329,6 +332,9 @@ pub struct ParticipantStore<R: Resource> {
     /// number at every read (deriving it from `now` at each read rounded
     /// differently from one read to the next).
     opened_unix_ms: u64,
+    /// Branches whose handler flow runs in this process now (prepared,
+    /// registration under way): recovery leaves them to it.
+    branches_running: Mutex<std::collections::HashSet<GlobalTxid>>,
     /// In-doubt index entries already reported as inconsistent.
     inconsistent: Mutex<std::collections::HashSet<Vec<u8>>>,
     /// `None` only while dropping.
@@ -371,6 +377,25 @@ fn log_key(txid: GlobalTxid) -> Vec<u8> {
 
 fn doubt_key(txid: GlobalTxid) -> Vec<u8> {
     tx_key(DOUBT_PREFIX, txid)
+}
+
+/// `r` + transaction -> the participant id of a branch prepared here
+/// whose registration is not known to be recorded (`prepare_branch`).
+const BRANCH_PREFIX: &[u8] = b"r";
+
+fn branch_key(txid: GlobalTxid) -> Vec<u8> {
+    let mut k = BRANCH_PREFIX.to_vec();
+    k.extend_from_slice(&txid.key_bytes());
+    k
+}
+
+/// What `ParticipantStore::prepare_branch` did.
+#[derive(Debug)]
+pub enum BranchPrepare {
+    /// Prepared now: the vote (a YES is marked unregistered).
+    Answered(Answer),
+    /// The transaction has a record here already: nothing was done.
+    Exists(LogEntry),
 }
 
 fn floor_key(incarnation: u64) -> [u8; 9] {
@@ -730,6 +755,7 @@ impl<R: Resource> ParticipantStore<R> {
             prepared_at: Mutex::new(HashMap::new()),
             opened: std::time::Instant::now(),
             opened_unix_ms: unix_ms(),
+            branches_running: Mutex::new(std::collections::HashSet::new()),
             inconsistent: Mutex::new(Default::default()),
             flusher: Some(flusher),
             flusher_thread: Some(thread),
@@ -1118,12 +1144,97 @@ impl<R: Resource> ParticipantStore<R> {
         msg: Message,
         payload: &[u8],
     ) -> Result<Answer, StoreError> {
-        let txid = txid.into();
+        match self.handle_inner(txid.into(), msg, payload, None).await? {
+            BranchPrepare::Answered(a) => Ok(a),
+            BranchPrepare::Exists(_) => Err(StoreError::Io("a branch answer to a message".into())),
+        }
+    }
+
+    /// A branch that prepares where it runs (docs/protocol.md,
+    /// "Branches"): the resource prepares `payload` for `txid` as it would
+    /// for a Prepare, and a YES is written with a mark that the branch
+    /// `participant_id` has not registered yet, in the same atomic write
+    /// (fsynced before this returns). Recovery asks the cluster about a
+    /// marked branch by (txid, participant), never by the txid alone: the
+    /// transaction may commit without it. `Exists` when `txid` has a
+    /// record here already (nothing done).
+    pub async fn prepare_branch(
+        &self,
+        txid: GlobalTxid,
+        participant_id: &str,
+        payload: &[u8],
+    ) -> Result<BranchPrepare, StoreError> {
+        let floor = self.term_floor(txid.incarnation);
+        let res = self
+            .handle_inner(txid, Message::Prepare { term: floor }, payload, Some(participant_id))
+            .await?;
+        if let BranchPrepare::Answered(Answer {
+            reply: Reply::Vote(Vote::Yes),
+            ..
+        }) = &res
+        {
+            self.branches_running.lock().expect("branches lock").insert(txid);
+        }
+        Ok(res)
+    }
+
+    /// The branch flow of `txid` in this process ended: `settled` when the
+    /// cluster's answer is known (registered, or refused and rolled back
+    /// here), so its mark goes; otherwise the mark stays for recovery.
+    pub fn finish_branch(&self, txid: GlobalTxid, settled: bool) -> Result<(), StoreError> {
+        self.branches_running.lock().expect("branches lock").remove(&txid);
+        if settled {
+            self.unmark_branch(txid)?;
+        }
+        Ok(())
+    }
+
+    /// The branches prepared here whose registration is not known to be
+    /// recorded and whose flow does not run in this process now:
+    /// (transaction, participant id), for recovery.
+    pub fn unregistered_branches(&self) -> Result<Vec<(GlobalTxid, String)>, StoreError> {
+        let running = self.branches_running.lock().expect("branches lock").clone();
+        let mut out = Vec::new();
+        for (k, v) in self.tree.scan_prefix(BRANCH_PREFIX) {
+            let txid = GlobalTxid::from_key_bytes(&k[BRANCH_PREFIX.len()..]).ok_or_else(|| StoreError::Damaged {
+                txid: GlobalTxid::default(),
+                message: format!("branch mark key of {} bytes", k.len()),
+            })?;
+            let id = String::from_utf8(v).map_err(|_| StoreError::Damaged {
+                txid,
+                message: "branch mark holds no UTF-8 participant id".into(),
+            })?;
+            if !running.contains(&txid) {
+                out.push((txid, id));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The branch of `txid` is settled with the cluster (registered, or
+    /// resolved): its mark goes. Not synced: a mark that comes back after
+    /// a crash makes recovery ask again, which gives the same answer.
+    pub fn unmark_branch(&self, txid: GlobalTxid) -> Result<(), StoreError> {
+        let mut batch = KvBatch::default();
+        batch.push((branch_key(txid), None));
+        self.tree.apply(batch).map_err(|e| self.fail(&e))
+    }
+
+    async fn handle_inner(
+        &self,
+        txid: GlobalTxid,
+        msg: Message,
+        payload: &[u8],
+        branch: Option<&str>,
+    ) -> Result<BranchPrepare, StoreError> {
         self.check_running()?;
         let mut reason = String::new();
         let (reply, wrote) = {
             let _serial = self.serial.lock().expect("participant store lock");
             let before = self.entry(txid)?;
+            if let (Some(_), Some(e)) = (branch, before) {
+                return Ok(BranchPrepare::Exists(e));
+            }
             let floor = self.term_floor(txid.incarnation);
             let (after, action) = step(before.as_ref(), msg, floor);
             // The record as last written (the one-phase path writes twice).
@@ -1205,6 +1316,9 @@ impl<R: Resource> ParticipantStore<R> {
                 if let Some(e) = record {
                     put_record(&mut batch, txid, prior.as_ref(), &e, floor);
                 }
+                if let (Some(id), Reply::Vote(Vote::Yes)) = (branch, reply) {
+                    batch.push((branch_key(txid), Some(id.as_bytes().to_vec())));
+                }
                 self.tree.apply(batch).map_err(|e| self.fail(&e))?;
                 let mut at = self.prepared_at.lock().expect("prepared_at lock");
                 match record {
@@ -1238,7 +1352,7 @@ impl<R: Resource> ParticipantStore<R> {
         if reply == Reply::Vote(Vote::No) && reason.is_empty() {
             reason = ABORTED_HERE_BEFORE.into();
         }
-        Ok(Answer { reply, reason })
+        Ok(BranchPrepare::Answered(Answer { reply, reason }))
     }
 
     /// Applies many phase-two messages (one item per transaction's
@@ -1558,6 +1672,14 @@ impl<R: Resource> ParticipantStore<R> {
 impl<R: Resource> Participant for ParticipantStore<R> {
     async fn handle(&self, txid: GlobalTxid, msg: Message, payload: &[u8]) -> Result<Answer, StoreError> {
         self.handle_answer(txid, msg, payload).await
+    }
+
+    async fn unregistered_branches(&self) -> Result<Vec<(GlobalTxid, String)>, StoreError> {
+        ParticipantStore::unregistered_branches(self)
+    }
+
+    async fn unmark_branch(&self, txid: GlobalTxid) -> Result<(), StoreError> {
+        ParticipantStore::unmark_branch(self, txid)
     }
 
     async fn prepare_many(

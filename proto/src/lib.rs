@@ -35,6 +35,9 @@ pub mod trace;
 
 pub use endpoint::endpoint;
 pub use endpoint::ADDRESS_FORMS;
+pub use metadata::attach_incarnation;
 pub use metadata::attach_txid;
+pub use metadata::incarnation_of;
 pub use metadata::txid_of;
+pub use metadata::INCARNATION_METADATA_KEY;
 pub use metadata::TXID_METADATA_KEY;

@@ -21,6 +21,25 @@ pub fn txid_of<T>(req: &tonic::Request<T>) -> Option<u64> {
         .and_then(|s| s.parse().ok())
 }
 
+/// gRPC metadata key that carries, beside `x-dtx-txid`, the cluster
+/// incarnation that handed the txid out (`BeginResponse.incarnation`): a
+/// branch that prepares where it runs keeps its work under (incarnation,
+/// txid), the name the cluster's phase-two messages will use.
+pub const INCARNATION_METADATA_KEY: &str = "x-dtx-incarnation";
+
+/// Puts `incarnation` into a request's metadata.
+pub fn attach_incarnation<T>(req: &mut tonic::Request<T>, incarnation: u64) {
+    req.metadata_mut().insert(INCARNATION_METADATA_KEY, incarnation.into());
+}
+
+/// The incarnation a request carries, if any (and if well-formed).
+pub fn incarnation_of<T>(req: &tonic::Request<T>) -> Option<u64> {
+    req.metadata()
+        .get(INCARNATION_METADATA_KEY)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse().ok())
+}
+
 /// On a refusal by a follower: the id of the leader it knows.
 pub const LEADER_ID_HEADER: &str = "x-dtx-leader-id";
 /// On a refusal by a follower, and on an answer a follower forwarded from
@@ -214,7 +233,11 @@ mod tests {
     #[test]
     fn branch_refusal_kinds_round_trip_and_only_the_header_counts() {
         let names: Vec<&str> = BranchRefusalKind::ALL.iter().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["too-late", "fenced", "conflict"], "the names are part of the wire contract");
+        assert_eq!(
+            names,
+            ["too-late", "fenced", "conflict"],
+            "the names are part of the wire contract"
+        );
         for kind in BranchRefusalKind::ALL {
             let mut s = Status::failed_precondition("text");
             set_branch_refusal(&mut s, kind);

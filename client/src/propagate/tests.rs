@@ -43,7 +43,7 @@ impl Service<http::Request<()>> for Recorder {
 
     fn call(&mut self, req: http::Request<()>) -> BoxFut {
         let mut seen = Seen {
-            header: header_txid(req.headers()),
+            header: header_number(req.headers(), TXID_METADATA_KEY),
             extension: req.extensions().get::<Txid>().map(|t| t.0),
             current_at_call: current(),
             current_in_future: None,
@@ -329,4 +329,32 @@ mod trace_context {
         let md = out.metadata();
         assert_eq!(md.get("traceparent").unwrap().to_str().unwrap(), sent);
     }
+}
+
+/// The incarnation travels beside the txid when the scope knows it, and
+/// never beside a txid the request named itself (it would be another
+/// transaction's).
+#[tokio::test]
+async fn the_incarnation_travels_beside_the_txid_and_only_with_it() {
+    let mut both = http::HeaderMap::new();
+    scope_in(7, 42, async { add_current(&mut both) }).await;
+    assert_eq!(header_number(&both, TXID_METADATA_KEY), Some(7));
+    assert_eq!(header_number(&both, INCARNATION_METADATA_KEY), Some(42));
+    let mut txid_only = http::HeaderMap::new();
+    scope(7, async { add_current(&mut txid_only) }).await;
+    assert_eq!(header_number(&txid_only, TXID_METADATA_KEY), Some(7));
+    assert_eq!(header_number(&txid_only, INCARNATION_METADATA_KEY), None);
+    let mut own = http::HeaderMap::new();
+    own.insert(TXID_METADATA_KEY, http::HeaderValue::from(9u64));
+    scope_in(7, 42, async { add_current(&mut own) }).await;
+    assert_eq!(header_number(&own, TXID_METADATA_KEY), Some(9));
+    assert_eq!(header_number(&own, INCARNATION_METADATA_KEY), None);
+    assert_eq!(
+        scope_in(7, 42, async { current_tx() }).await,
+        Some(Current {
+            txid: 7,
+            incarnation: Some(42)
+        })
+    );
+    assert_eq!(with_current(async { current_tx() }).await, None);
 }

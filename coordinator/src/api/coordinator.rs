@@ -332,6 +332,7 @@ impl CoordinatorService {
                     txid,
                     existing,
                     deadline_unix_ms: deadline_ms,
+                    incarnation: self.ctx().incarnation_of(txid),
                 })
             }
             other => Err(unexpected(other)),
@@ -541,6 +542,20 @@ impl CoordinatorService {
             _ => {}
         }
         let txid = req.txid;
+        // Which incarnation handed out a txid never changes once it is
+        // handed out; this node is the leader here, which applied the
+        // Begin before anyone could learn the txid.
+        if self.ctx().sm.state().incarnations.belonging(req.incarnation, txid) == Belonging::Other {
+            metrics::counter!("dtx_branch_refusals_total", "kind" => "too-late").increment(1);
+            return Err(ApiError::BranchRefused {
+                kind: dtx_proto::metadata::BranchRefusalKind::TooLate,
+                message: format!(
+                    "txid {txid} was not handed out by incarnation {:016x} here: participant {:?} prepared work for \
+                     another cluster's transaction and must roll it back",
+                    req.incarnation, req.participant_id
+                ),
+            });
+        }
         let cmd = Command::RegisterBranch {
             txid,
             participant_id: req.participant_id.clone(),
@@ -578,9 +593,9 @@ impl CoordinatorService {
                 let kind = match &r {
                     BranchRefusal::Fenced { .. } => Kind::Fenced,
                     BranchRefusal::VoteConflict { .. } | BranchRefusal::AddressConflict { .. } => Kind::Conflict,
-                    BranchRefusal::TooLate { .. } | BranchRefusal::PastDeadline { .. } | BranchRefusal::Forgotten { .. } => {
-                        Kind::TooLate
-                    }
+                    BranchRefusal::TooLate { .. }
+                    | BranchRefusal::PastDeadline { .. }
+                    | BranchRefusal::Forgotten { .. } => Kind::TooLate,
                 };
                 metrics::counter!("dtx_branch_refusals_total", "kind" => kind.as_str()).increment(1);
                 Err(ApiError::BranchRefused {

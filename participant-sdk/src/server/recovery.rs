@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dtx_client::BranchDecision;
 use dtx_client::Client;
 use dtx_client::DecisionRead;
 use tracing::error;
@@ -52,12 +53,125 @@ pub async fn recover_with<P: Participant>(
     age_min: Duration,
     opts: &RecoveryOptions,
 ) -> Result<usize, String> {
-    let in_doubt = store.in_doubt_older_than(age_min).await.map_err(|e| e.to_string())?;
-    if in_doubt.is_empty() {
+    let (in_doubt, branches) = list_in_doubt(store, age_min).await.map_err(|e| e.to_string())?;
+    if in_doubt.is_empty() && branches.is_empty() {
         return Ok(0);
     }
     let client = opts.client(endpoints)?;
-    resolve_in_doubt(store, &in_doubt, &client).await
+    let settled = resolve_branches(store, &branches, &client).await?;
+    Ok(settled + resolve_in_doubt(store, &in_doubt, &client).await?)
+}
+
+/// The in-doubt transactions whose vote is at least `age_min` old, and,
+/// apart, the branches whose registration is not known to be recorded
+/// (left out of the first list: their transaction's decision is not
+/// theirs to apply unless they are members).
+async fn list_in_doubt<P: Participant>(
+    store: &P,
+    age_min: Duration,
+) -> Result<(Vec<(GlobalTxid, LogEntry)>, Vec<(GlobalTxid, String)>), crate::participant::StoreError> {
+    let branches = store.unregistered_branches().await?;
+    let mut in_doubt = store.in_doubt_older_than(age_min).await?;
+    if !branches.is_empty() {
+        let marked: std::collections::HashSet<GlobalTxid> = branches.iter().map(|(t, _)| *t).collect();
+        in_doubt.retain(|(t, _)| !marked.contains(t));
+    }
+    Ok((in_doubt, branches))
+}
+
+/// Settles branches that prepared here and whose registration is not
+/// known to be recorded, asking the cluster by (txid, participant)
+/// (`Client::branch_decision`): a member of a decided transaction applies
+/// its decision; a member of an undecided one becomes an ordinary in-doubt
+/// vote (its mark goes); a branch that is not a member rolls back, also
+/// when the transaction committed without it (the cluster fences it out of
+/// an open one first). Another incarnation's txid keeps its work and mark.
+/// Returns how many were settled; an error once the others are done if the
+/// cluster could not be asked about some.
+async fn resolve_branches<P: Participant>(
+    store: &P,
+    branches: &[(GlobalTxid, String)],
+    client: &Client,
+) -> Result<usize, String> {
+    let mut settled = 0;
+    let mut failed = None;
+    for (txid, participant_id) in branches {
+        let answer = match client
+            .branch_decision(txid.txid, participant_id, txid.incarnation)
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                failed = Some(format!("branch {participant_id} of {txid}: {e}"));
+                continue;
+            }
+        };
+        let term = match store.durable_entry(*txid).await {
+            Ok(Some(e)) => e.term,
+            // A mark without a record: nothing is held.
+            Ok(None) => {
+                let _ = store.unmark_branch(*txid).await;
+                continue;
+            }
+            Err(e) => {
+                failed = Some(e.to_string());
+                continue;
+            }
+        };
+        let msg = match answer {
+            BranchDecision::Commit => Message::Commit { term },
+            BranchDecision::Abort { member } => {
+                if !member {
+                    info!(
+                        txid = txid.txid,
+                        incarnation = txid.incarnation,
+                        participant = %dtx_tls::logtext::Clean(participant_id),
+                        "branch not in its transaction's participant set: rolling its prepared work back"
+                    );
+                }
+                Message::Abort { term }
+            }
+            BranchDecision::Pending => {
+                // A member: its decision comes in phase two, or from the
+                // in-doubt pass.
+                if let Err(e) = store.unmark_branch(*txid).await {
+                    failed = Some(e.to_string());
+                }
+                continue;
+            }
+            BranchDecision::OtherIncarnation => {
+                warn!(
+                    txid = txid.txid,
+                    incarnation = format!("{:016x}", txid.incarnation),
+                    "branch of a transaction the cluster did not hand out in this incarnation: its work and locks \
+                     are kept; resolve it with the cluster that handed it out"
+                );
+                continue;
+            }
+        };
+        match store.handle(*txid, msg, b"").await {
+            Ok(_) => {
+                info!(
+                    txid = txid.txid,
+                    incarnation = txid.incarnation,
+                    "branch settled by recovery: {msg:?}"
+                );
+                settled += 1;
+                if let Err(e) = store.unmark_branch(*txid).await {
+                    failed = Some(e.to_string());
+                }
+            }
+            Err(e) => warn!(
+                txid = txid.txid,
+                incarnation = txid.incarnation,
+                "recovery could not apply {msg:?} to a branch: {e}"
+            ),
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(settled),
+    }
 }
 
 /// Asks the cluster about `in_doubt` and applies the known decisions:
@@ -268,7 +382,7 @@ pub fn spawn_recovery_with<P: Participant>(
                     Err(e) => tracing::debug!("in-doubt gauges not updated: {e}"),
                 }
             }
-            let in_doubt = match store.in_doubt_older_than(age_min).await {
+            let (in_doubt, branches) = match list_in_doubt(store.as_ref(), age_min).await {
                 Ok(v) => v,
                 Err(e) => {
                     // Never taken as "nothing in doubt": said, counted and
@@ -279,6 +393,20 @@ pub fn spawn_recovery_with<P: Participant>(
                     continue;
                 }
             };
+            if !branches.is_empty() {
+                let pass = match &client {
+                    Ok(c) => resolve_branches(store.as_ref(), &branches, c).await,
+                    Err(e) => Err(e.clone()),
+                };
+                match pass {
+                    Ok(n) if n > 0 => info!(settled = n, branches = branches.len(), "recovery pass over branches"),
+                    Ok(_) => {}
+                    Err(e) => warn!(
+                        branches = branches.len(),
+                        "cluster not answering about branches; holding their work and waiting: {e}"
+                    ),
+                }
+            }
             let doubt = in_doubt.len();
             if doubt > 0 {
                 let pass = match &client {
