@@ -1165,17 +1165,24 @@ impl<R: Resource> ParticipantStore<R> {
         payload: &[u8],
     ) -> Result<BranchPrepare, StoreError> {
         let floor = self.term_floor(txid.incarnation);
+        // Running before the mark is written, so a recovery pass never
+        // sees the mark of a branch whose flow has not asked the cluster
+        // yet (it would fence the branch out of its transaction).
+        let fresh = self.branches_running.lock().expect("branches lock").insert(txid);
         let res = self
             .handle_inner(txid, Message::Prepare { term: floor }, payload, Some(participant_id))
-            .await?;
-        if let BranchPrepare::Answered(Answer {
-            reply: Reply::Vote(Vote::Yes),
-            ..
-        }) = &res
-        {
-            self.branches_running.lock().expect("branches lock").insert(txid);
+            .await;
+        let held = matches!(
+            &res,
+            Ok(BranchPrepare::Answered(Answer {
+                reply: Reply::Vote(Vote::Yes),
+                ..
+            }))
+        );
+        if fresh && !held {
+            self.branches_running.lock().expect("branches lock").remove(&txid);
         }
-        Ok(res)
+        res
     }
 
     /// The branch flow of `txid` in this process ended: `settled` when the
@@ -1215,8 +1222,7 @@ impl<R: Resource> ParticipantStore<R> {
     /// resolved): its mark goes. Not synced: a mark that comes back after
     /// a crash makes recovery ask again, which gives the same answer.
     pub fn unmark_branch(&self, txid: GlobalTxid) -> Result<(), StoreError> {
-        let mut batch = KvBatch::default();
-        batch.push((branch_key(txid), None));
+        let batch: KvBatch = vec![(branch_key(txid), None)];
         self.tree.apply(batch).map_err(|e| self.fail(&e))
     }
 

@@ -27,6 +27,7 @@ use participant_sdk::store::View;
 use participant_sdk::GlobalTxid;
 use rand::Rng;
 
+pub mod branch;
 pub mod pg;
 
 pub struct Bank;
@@ -255,6 +256,11 @@ pub struct BankServeArgs {
     /// `participant_sdk::metrics::METRICS`.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve the bank's own API (`bank.v1.Bank`, branch::BankApi) on this
+    /// address: callers change balances inside their transactions and the
+    /// bank joins them from its handler, as a branch. Not with --postgres.
+    #[arg(long, conflicts_with = "postgres")]
+    pub app_listen: Option<String>,
     #[command(flatten)]
     pub tls: dtx_tls::args::TlsArgs,
 }
@@ -321,13 +327,53 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
             }
         }
     };
-    participant_sdk::server::serve_guarded(store.clone(), &a.id, listener, a.cluster.clone(), opts, guard, stop)
-        .await?;
+    let app = match &a.app_listen {
+        Some(addr) => Some(serve_app(&a, addr, store.clone(), &opts, guard.tls.clone()).await?),
+        None => None,
+    };
+    let served =
+        participant_sdk::server::serve_guarded(store.clone(), &a.id, listener, a.cluster.clone(), opts, guard, stop)
+            .await;
+    if let Some(app) = app {
+        app.abort();
+    }
+    served?;
     if let Some(f) = store.failure() {
         anyhow::bail!("{f}");
     }
     store.flush().await?;
     Ok(())
+}
+
+/// Starts the bank's own API (`bank.v1.Bank`) on `addr`, registering
+/// branches with the cluster through a client of the recovery settings
+/// `opts` (the same TLS and token); the task serves until aborted.
+async fn serve_app(
+    a: &BankServeArgs,
+    addr: &str,
+    store: Arc<ParticipantStore<Bank>>,
+    opts: &participant_sdk::server::RecoveryOptions,
+    tls: Option<Arc<dtx_tls::ServerTls>>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let client = Client::new(opts.client_config(a.cluster.clone())).context("the client that registers branches")?;
+    let who = participant_sdk::branch::BranchIdentity {
+        participant_id: a.id.clone(),
+        address: a.listen.clone(),
+    };
+    let api = branch::BankApi::new(store, Arc::new(client), who);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (--app-listen)"))?;
+    tracing::info!(id = %a.id, app_listen = %addr, "bank API started");
+    let server = tonic::transport::Server::builder()
+        .layer(dtx_client::propagate::InboundTxidLayer)
+        .add_service(branch::pb::bank_server::BankServer::new(api))
+        .serve_with_incoming(dtx_tls::incoming(listener, tls));
+    Ok(tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!("bank API stopped: {e}");
+        }
+    }))
 }
 
 /// A connection to PostgreSQL (its connection task spawned).

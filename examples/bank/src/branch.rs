@@ -1,0 +1,160 @@
+//! The bank's own API, `bank.v1.Bank` (proto/bank/v1/bank.proto): a
+//! caller changes balances inside its transaction and gets the new
+//! balances back; the bank joins the transaction from the request handler,
+//! as a branch (docs/protocol.md, "Branches"), so the coordinator sends it
+//! no Prepare at commit time.
+//!
+//! `bank-serve --app-listen ADDR` serves it beside the participant
+//! service (which the cluster calls for the decision).
+
+use std::sync::Arc;
+
+use dtx_client::Client;
+use participant_sdk::branch::BranchError;
+use participant_sdk::branch::BranchIdentity;
+use participant_sdk::log::Vote;
+use participant_sdk::store::ParticipantStore;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+
+use crate::Bank;
+
+/// The generated code of `bank.v1`.
+pub mod pb {
+    tonic::include_proto!("bank.v1");
+}
+
+/// Most changes one call may carry.
+pub const CHANGES_PER_CALL_MAX: usize = 64;
+
+/// The `bank.v1.Bank` service over a bank's store.
+pub struct BankApi {
+    store: Arc<ParticipantStore<Bank>>,
+    cluster: Arc<Client>,
+    who: BranchIdentity,
+}
+
+impl BankApi {
+    /// The API of the bank on `store`, which is participant `who` and
+    /// registers through `cluster`.
+    pub fn new(store: Arc<ParticipantStore<Bank>>, cluster: Arc<Client>, who: BranchIdentity) -> BankApi {
+        BankApi { store, cluster, who }
+    }
+}
+
+/// The changes as the bank's prepared-work payload (`account:delta` items
+/// separated by `;`, what `Bank::prepare` reads), or what is wrong with
+/// them.
+pub fn work_of(changes: &[pb::AccountChange]) -> Result<Vec<u8>, String> {
+    if changes.is_empty() {
+        return Err("no changes: give at least one account and delta".into());
+    }
+    if changes.len() > CHANGES_PER_CALL_MAX {
+        return Err(format!(
+            "{} changes in one call; at most {CHANGES_PER_CALL_MAX}",
+            changes.len()
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = String::new();
+    for c in changes {
+        let ok_name = !c.account.is_empty()
+            && c.account.len() <= 64
+            && c.account
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_');
+        if !ok_name {
+            return Err(format!(
+                "account name {:?}: use 1 to 64 letters, digits, '-' or '_'",
+                c.account
+            ));
+        }
+        if c.delta == 0 {
+            return Err(format!("account {:?}: a change of 0 changes nothing", c.account));
+        }
+        if !seen.insert(c.account.as_str()) {
+            return Err(format!("account {:?} appears twice; give each account once", c.account));
+        }
+        out.push_str(&format!("{}:{};", c.account, c.delta));
+    }
+    Ok(out.into_bytes())
+}
+
+/// The gRPC status a branch that did not join answers its caller with.
+fn status_of(e: BranchError) -> Status {
+    match e {
+        BranchError::NoTransaction(_) => Status::invalid_argument(e.to_string()),
+        BranchError::RolledBack { .. } => Status::aborted(e.to_string()),
+        BranchError::AlreadyPrepared { .. } => Status::already_exists(e.to_string()),
+        BranchError::Unknown { .. } => Status::unknown(e.to_string()),
+        BranchError::Store(_) => Status::internal(e.to_string()),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::bank_server::Bank for BankApi {
+    async fn change(&self, req: Request<pb::ChangeRequest>) -> Result<Response<pb::ChangeReply>, Status> {
+        let txid = participant_sdk::branch::transaction_of(&req).map_err(status_of)?;
+        let changes = req.into_inner().changes;
+        let work = work_of(&changes).map_err(Status::invalid_argument)?;
+        let joined = participant_sdk::branch::join(&self.store, &self.cluster, &self.who, txid, &work)
+            .await
+            .map_err(status_of)?;
+        match joined.vote {
+            Vote::Yes => {}
+            // Registered as NO: the transaction aborts.
+            Vote::No | Vote::ReadOnly => {
+                return Err(Status::failed_precondition(format!(
+                    "{} refused the change: {}",
+                    self.who.participant_id, joined.reason
+                )))
+            }
+        }
+        // The accounts are held by the transaction until its decision, so
+        // the balance read now plus the change is the committed balance.
+        let view = self.store.view();
+        let balances = changes
+            .iter()
+            .map(|c| pb::AccountBalance {
+                account: c.account.clone(),
+                balance_if_committed: crate::balance(&view, &c.account).unwrap_or(0) + c.delta,
+            })
+            .collect();
+        Ok(Response::new(pb::ChangeReply { balances }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ch(account: &str, delta: i64) -> pb::AccountChange {
+        pb::AccountChange {
+            account: account.into(),
+            delta,
+        }
+    }
+
+    #[test]
+    fn changes_become_the_prepared_work_and_bad_ones_say_what_is_wrong() {
+        assert_eq!(work_of(&[ch("a1", -5), ch("a2", 5)]).unwrap(), b"a1:-5;a2:5;".to_vec());
+        assert_eq!(
+            crate::parse_work(&work_of(&[ch("a1", -5)]).unwrap()),
+            Some(vec![("a1".to_string(), -5)])
+        );
+        let cases: [(&[pb::AccountChange], &str); 5] = [
+            (&[], "no changes"),
+            (&[ch("a;1", 1)], "account name"),
+            (&[ch("", 1)], "account name"),
+            (&[ch("a1", 0)], "changes nothing"),
+            (&[ch("a1", 1), ch("a1", 2)], "appears twice"),
+        ];
+        for (changes, want) in cases {
+            let err = work_of(changes).unwrap_err();
+            assert!(err.contains(want), "{changes:?}: {err}");
+        }
+        let many: Vec<_> = (0..=CHANGES_PER_CALL_MAX).map(|i| ch(&format!("a{i}"), 1)).collect();
+        assert!(work_of(&many).unwrap_err().contains("at most"));
+    }
+}
