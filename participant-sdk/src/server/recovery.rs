@@ -19,8 +19,10 @@ use super::cluster::RecoveryOptions;
 use super::gc::collect_with;
 use super::gc::GcCursor;
 use crate::log::GlobalTxid;
+use crate::log::LocalState;
 use crate::log::LogEntry;
 use crate::log::Message;
+use crate::log::Vote;
 use crate::participant::Participant;
 
 /// Asks the cluster (any node of `endpoints`; reads are linearizable and
@@ -96,6 +98,23 @@ async fn resolve_branches<P: Participant>(
     let mut settled = 0;
     let mut failed = None;
     for (txid, participant_id) in branches {
+        // The local record first: a mark whose work is already decided
+        // here (phase two reached it before this pass, or the mark's
+        // removal was lost in a crash) asks nothing; asking would fence,
+        // and an ABORT for a committed record would be refused forever.
+        let term = match store.durable_entry(*txid).await {
+            Ok(Some(e)) if e.state == LocalState::Prepared { vote: Vote::Yes } => e.term,
+            Ok(_) => {
+                if let Err(e) = store.unmark_branch(*txid).await {
+                    failed = Some(e.to_string());
+                }
+                continue;
+            }
+            Err(e) => {
+                failed = Some(e.to_string());
+                continue;
+            }
+        };
         let answer = match client
             .branch_decision(txid.txid, participant_id, txid.incarnation)
             .await
@@ -103,18 +122,6 @@ async fn resolve_branches<P: Participant>(
             Ok(a) => a,
             Err(e) => {
                 failed = Some(format!("branch {participant_id} of {txid}: {e}"));
-                continue;
-            }
-        };
-        let term = match store.durable_entry(*txid).await {
-            Ok(Some(e)) => e.term,
-            // A mark without a record: nothing is held.
-            Ok(None) => {
-                let _ = store.unmark_branch(*txid).await;
-                continue;
-            }
-            Err(e) => {
-                failed = Some(e.to_string());
                 continue;
             }
         };

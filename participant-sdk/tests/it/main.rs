@@ -28,6 +28,7 @@ mod t41_prepare_many;
 mod t42_no_reason;
 mod t43_inspect;
 mod t44_incarnations;
+mod t45_branch_marks;
 mod t50_postgres;
 mod t52_pg_settings;
 mod t53_pg_tls;
