@@ -179,7 +179,7 @@ pub async fn join<R: Resource>(
 /// begun, a request the cluster refused before anything ran, or one that
 /// reached no node. A conflict with an earlier registration of this
 /// participant, an unknown outcome or an internal error are not.
-fn certainly_out(e: &ClientError) -> bool {
+pub(crate) fn certainly_out(e: &ClientError) -> bool {
     match e {
         ClientError::BranchRefused { kind, .. } => kind.must_roll_back(),
         ClientError::NotFound(_)

@@ -149,6 +149,12 @@ use crate::store::StoreError;
 /// The log table's name (transactions of incarnation 0).
 pub const LOG_TABLE: &str = "dtx_participant_log";
 
+/// Branches prepared here whose registration is not known to be recorded
+/// (docs/protocol.md, "Branches"; [`branch`]).
+pub const BRANCH_TABLE: &str = "dtx_participant_branch";
+
+pub mod branch;
+
 /// The log table of transactions of every other incarnation.
 pub const LOG_INC_TABLE: &str = "dtx_participant_log_inc";
 
@@ -606,6 +612,9 @@ pub struct PgParticipant<H: PgHandler> {
     lock_timeout: Duration,
     /// `host:port/dbname`, for messages.
     target: String,
+    /// Branches whose flow runs in this process now ([`branch`]):
+    /// recovery leaves their marks alone.
+    branches_running: Mutex<std::collections::HashSet<GlobalTxid>>,
 }
 
 // The step store opens its pool through these.
@@ -719,11 +728,20 @@ impl<H: PgHandler> PgParticipant<H> {
                  term bigint NOT NULL,
                  PRIMARY KEY (participant, incarnation));"
         );
+        let ddl_branch = format!(
+            "CREATE TABLE IF NOT EXISTS {BRANCH_TABLE} (
+                 participant text NOT NULL,
+                 incarnation bigint NOT NULL,
+                 txid bigint NOT NULL,
+                 marked_ms bigint NOT NULL,
+                 PRIMARY KEY (participant, incarnation, txid));"
+        );
         let mut started_ms = 0;
         for (table, ddl) in [
             (LOG_TABLE, &ddl_log),
             (LOG_INC_TABLE, &ddl_inc),
             (FLOOR_TABLE, &ddl_floor),
+            (BRANCH_TABLE, &ddl_branch),
         ] {
             let rights_hint = format!(
                 "the role {user} needs CREATE on the schema to create {table} (or an owner creates it and grants \
@@ -794,6 +812,7 @@ impl<H: PgHandler> PgParticipant<H> {
             started_ms,
             lock_timeout: opts.lock_timeout,
             target,
+            branches_running: Mutex::new(std::collections::HashSet::new()),
         };
         participant
             .init_legacy_floor(&client)
@@ -1117,9 +1136,32 @@ impl<H: PgHandler> PgParticipant<H> {
             tx.rollback().await.map_err(|e| pg_err("ROLLBACK", &e))?;
             return Ok((verdict, None));
         }
-        // The marker, in the transaction: visible when (and only if) the
-        // work commits. A tombstone written concurrently makes it a unique
-        // violation (then NO); a wait on it is bounded.
+        match self.insert_marker(&tx, txid, term).await {
+            Ok(true) => Ok((verdict, Some(tx))),
+            Ok(false) => {
+                let _ = tx.rollback().await;
+                Ok((
+                    Verdict::no(format!(
+                        "transaction {txid} was aborted here concurrently (its Abort came first)"
+                    )),
+                    None,
+                ))
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Inserts the `committed` marker of `txid` in `tx`, the transaction
+    /// that will be prepared: visible when (and only if) the work commits.
+    /// False when a tombstone written concurrently is in the way (an
+    /// Abort came first: the vote must be NO); the caller rolls `tx` back
+    /// on anything but true.
+    async fn insert_marker(&self, tx: &Transaction<'_>, txid: GlobalTxid, term: u64) -> Result<bool, StoreError> {
+        // A tombstone written concurrently makes it a unique violation; a
+        // wait on it is bounded.
         // With `synchronous_commit` back on if the handler turned it off:
         // the commit (one-phase) is acknowledged, so it must be flushed.
         let set = format!(
@@ -1137,27 +1179,15 @@ impl<H: PgHandler> PgParticipant<H> {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
             [&self.id, &txid_i, &inc_i, &st::COMMITTED, &term_i, &at_ms];
         let (set_done, inserted) = tokio::join!(tx.batch_execute(&set), tx.execute(&insert, &params));
-        if let Err(e) = set_done {
-            let _ = tx.rollback().await;
-            return Err(pg_err("SET LOCAL", &e));
-        }
+        set_done.map_err(|e| pg_err("SET LOCAL", &e))?;
         match inserted {
-            Ok(_) => Ok((verdict, Some(tx))),
+            Ok(_) => Ok(true),
             Err(e)
                 if e.code() == Some(&SqlState::UNIQUE_VIOLATION) || e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) =>
             {
-                let _ = tx.rollback().await;
-                Ok((
-                    Verdict::no(format!(
-                        "transaction {txid} was aborted here concurrently (its Abort came first)"
-                    )),
-                    None,
-                ))
+                Ok(false)
             }
-            Err(e) => {
-                let _ = tx.rollback().await;
-                Err(pg_err("writing the commit marker", &e))
-            }
+            Err(e) => Err(pg_err("writing the commit marker", &e)),
         }
     }
 
@@ -1660,6 +1690,14 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
         )
         .await;
         Ok(results)
+    }
+
+    async fn unregistered_branches(&self) -> Result<Vec<(GlobalTxid, String)>, StoreError> {
+        self.branch_marks().await
+    }
+
+    async fn unmark_branch(&self, txid: GlobalTxid) -> Result<(), StoreError> {
+        self.drop_mark(txid).await
     }
 
     async fn durable_entry(&self, txid: GlobalTxid) -> Result<Option<LogEntry>, StoreError> {

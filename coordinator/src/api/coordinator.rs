@@ -572,6 +572,8 @@ impl CoordinatorService {
                 participant_count,
                 decision,
             } => {
+                // Recorded, not answered: the branch's reply is lost.
+                dtx_failpoint::failpoint!("coordinator_branch_registered_before_reply");
                 if !existing {
                     metrics::counter!("dtx_branch_registrations_total", "vote" => vote.to_string()).increment(1);
                 }

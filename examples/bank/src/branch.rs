@@ -5,19 +5,26 @@
 //! no Prepare at commit time.
 //!
 //! `bank-serve --app-listen ADDR` serves it beside the participant
-//! service (which the cluster calls for the decision).
+//! service (which the cluster calls for the decision), on the own store
+//! or on PostgreSQL (`--postgres`: the change is SQL in the branch's
+//! PostgreSQL transaction, ended by `PREPARE TRANSACTION`).
 
 use std::sync::Arc;
 
 use dtx_client::Client;
 use participant_sdk::branch::BranchError;
 use participant_sdk::branch::BranchIdentity;
+use participant_sdk::branch::Joined;
 use participant_sdk::log::Vote;
+use participant_sdk::postgres::PgHandler;
+use participant_sdk::postgres::PgParticipant;
 use participant_sdk::store::ParticipantStore;
+use participant_sdk::store::StoreError;
 use tonic::Request;
 use tonic::Response;
 use tonic::Status;
 
+use crate::pg::PgBank;
 use crate::Bank;
 
 /// The generated code of `bank.v1`.
@@ -28,18 +35,87 @@ pub mod pb {
 /// Most changes one call may carry.
 pub const CHANGES_PER_CALL_MAX: usize = 64;
 
-/// The `bank.v1.Bank` service over a bank's store.
+/// Where a bank keeps its accounts.
+pub enum Accounts {
+    /// The participant's own store (`bank-serve --data-dir`).
+    Store(Arc<ParticipantStore<Bank>>),
+    /// PostgreSQL (`bank-serve --postgres`): the change runs as SQL in
+    /// the branch's PostgreSQL transaction, prepared with `PREPARE
+    /// TRANSACTION`.
+    Postgres(Arc<PgParticipant<PgBank>>),
+}
+
+/// The `bank.v1.Bank` service over a bank's accounts.
 pub struct BankApi {
-    store: Arc<ParticipantStore<Bank>>,
+    accounts: Accounts,
     cluster: Arc<Client>,
     who: BranchIdentity,
 }
 
 impl BankApi {
-    /// The API of the bank on `store`, which is participant `who` and
+    /// The API of the bank on `accounts`, which is participant `who` and
     /// registers through `cluster`.
-    pub fn new(store: Arc<ParticipantStore<Bank>>, cluster: Arc<Client>, who: BranchIdentity) -> BankApi {
-        BankApi { store, cluster, who }
+    pub fn new(accounts: Accounts, cluster: Arc<Client>, who: BranchIdentity) -> BankApi {
+        BankApi { accounts, cluster, who }
+    }
+
+    /// The change on the own store: the resource's prepare, then the
+    /// balances the change leaves (the accounts are held by the
+    /// transaction until its decision, so they are exact).
+    async fn on_store(
+        &self,
+        store: &ParticipantStore<Bank>,
+        txid: participant_sdk::GlobalTxid,
+        changes: &[pb::AccountChange],
+        work: &[u8],
+    ) -> Result<(Joined, Vec<pb::AccountBalance>), BranchError> {
+        let joined = participant_sdk::branch::join(store, &self.cluster, &self.who, txid, work).await?;
+        let view = store.view();
+        let balances = changes
+            .iter()
+            .map(|c| pb::AccountBalance {
+                account: c.account.clone(),
+                balance_if_committed: crate::balance(&view, &c.account).unwrap_or(0) + c.delta,
+            })
+            .collect();
+        Ok((joined, balances))
+    }
+
+    /// The change on PostgreSQL: the bank's SQL in the branch's
+    /// transaction, the balances read in it (after the change), then
+    /// PREPARE TRANSACTION and the registration.
+    async fn on_postgres(
+        &self,
+        pg: &PgParticipant<PgBank>,
+        txid: participant_sdk::GlobalTxid,
+        changes: &[pb::AccountChange],
+        work: &[u8],
+    ) -> Result<(Joined, Vec<pb::AccountBalance>), BranchError> {
+        let mut conn = pg.branch_connection().await?;
+        let branch = pg.begin_branch(&mut conn, txid).await?;
+        let failed = |e: &dyn std::fmt::Display| StoreError::Io(format!("the bank's SQL failed: {e}"));
+        let verdict = PgBank.prepare(branch.tx(), txid, work).await.map_err(|e| failed(&e))?;
+        let mut balances = Vec::new();
+        if verdict.vote == Vote::Yes {
+            let read = branch
+                .tx()
+                .prepare_cached("SELECT balance FROM accounts WHERE name = $1")
+                .await
+                .map_err(|e| failed(&e))?;
+            for c in changes {
+                let row = branch
+                    .tx()
+                    .query_one(&read, &[&c.account])
+                    .await
+                    .map_err(|e| failed(&e))?;
+                balances.push(pb::AccountBalance {
+                    account: c.account.clone(),
+                    balance_if_committed: row.get(0),
+                });
+            }
+        }
+        let joined = branch.join(verdict, &self.cluster, &self.who).await?;
+        Ok((joined, balances))
     }
 }
 
@@ -98,9 +174,11 @@ impl pb::bank_server::Bank for BankApi {
         let txid = participant_sdk::branch::transaction_of(&req).map_err(status_of)?;
         let changes = req.into_inner().changes;
         let work = work_of(&changes).map_err(Status::invalid_argument)?;
-        let joined = participant_sdk::branch::join(&self.store, &self.cluster, &self.who, txid, &work)
-            .await
-            .map_err(status_of)?;
+        let (joined, balances) = match &self.accounts {
+            Accounts::Store(store) => self.on_store(store, txid, &changes, &work).await,
+            Accounts::Postgres(pg) => self.on_postgres(pg, txid, &changes, &work).await,
+        }
+        .map_err(status_of)?;
         match joined.vote {
             Vote::Yes => {}
             // Registered as NO: the transaction aborts.
@@ -111,16 +189,6 @@ impl pb::bank_server::Bank for BankApi {
                 )))
             }
         }
-        // The accounts are held by the transaction until its decision, so
-        // the balance read now plus the change is the committed balance.
-        let view = self.store.view();
-        let balances = changes
-            .iter()
-            .map(|c| pb::AccountBalance {
-                account: c.account.clone(),
-                balance_if_committed: crate::balance(&view, &c.account).unwrap_or(0) + c.delta,
-            })
-            .collect();
         Ok(Response::new(pb::ChangeReply { balances }))
     }
 }

@@ -258,8 +258,8 @@ pub struct BankServeArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Serve the bank's own API (`bank.v1.Bank`, branch::BankApi) on this
     /// address: callers change balances inside their transactions and the
-    /// bank joins them from its handler, as a branch. Not with --postgres.
-    #[arg(long, conflicts_with = "postgres")]
+    /// bank joins them from its handler, as a branch.
+    #[arg(long)]
     pub app_listen: Option<String>,
     #[command(flatten)]
     pub tls: dtx_tls::args::TlsArgs,
@@ -303,8 +303,22 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
             .await
             .with_context(|| format!("{}: PostgreSQL participant", a.id))?;
         tracing::info!(id = %a.id, listen = %a.listen, "bank service started on PostgreSQL");
-        participant_sdk::server::serve_guarded(
-            Arc::new(participant),
+        let participant = Arc::new(participant);
+        let app = match &a.app_listen {
+            Some(addr) => Some(
+                serve_app(
+                    &a,
+                    addr,
+                    branch::Accounts::Postgres(participant.clone()),
+                    &opts,
+                    guard.tls.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        let served = participant_sdk::server::serve_guarded(
+            participant,
             &a.id,
             listener,
             a.cluster.clone(),
@@ -312,7 +326,11 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
             guard,
             shutdown,
         )
-        .await?;
+        .await;
+        if let Some(app) = app {
+            app.abort();
+        }
+        served?;
         return Ok(());
     }
     let data_dir = a.data_dir.clone().context("--data-dir or --postgres is required")?;
@@ -328,7 +346,16 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
         }
     };
     let app = match &a.app_listen {
-        Some(addr) => Some(serve_app(&a, addr, store.clone(), &opts, guard.tls.clone()).await?),
+        Some(addr) => Some(
+            serve_app(
+                &a,
+                addr,
+                branch::Accounts::Store(store.clone()),
+                &opts,
+                guard.tls.clone(),
+            )
+            .await?,
+        ),
         None => None,
     };
     let served =
@@ -351,7 +378,7 @@ pub async fn serve(a: BankServeArgs, shutdown: impl std::future::Future<Output =
 async fn serve_app(
     a: &BankServeArgs,
     addr: &str,
-    store: Arc<ParticipantStore<Bank>>,
+    accounts: branch::Accounts,
     opts: &participant_sdk::server::RecoveryOptions,
     tls: Option<Arc<dtx_tls::ServerTls>>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
@@ -360,7 +387,7 @@ async fn serve_app(
         participant_id: a.id.clone(),
         address: a.listen.clone(),
     };
-    let api = branch::BankApi::new(store, Arc::new(client), who);
+    let api = branch::BankApi::new(accounts, Arc::new(client), who);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} (--app-listen)"))?;
