@@ -44,6 +44,13 @@ pub struct DemoArgs {
     /// server binaries (Debian: apt-get install postgresql).
     #[arg(long)]
     pub postgres: bool,
+    /// With --postgres: the shop as the coordinator's callees (clients
+    /// enlist the three services with the order as payload and commit;
+    /// the coordinator sends Prepare) instead of as branches (clients call
+    /// the order service, which calls the others inside its transaction;
+    /// each prepares in its own request handler).
+    #[arg(long, requires = "postgres")]
+    pub prepare_driven: bool,
     /// TLS and identities on every link: a throwaway certificate authority
     /// in the working directory, a certificate per node and bank, the
     /// clients as an application (`dtx://application/demo`).

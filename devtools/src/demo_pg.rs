@@ -7,6 +7,13 @@
 //! and charging a customer together or not at all, while the leader and
 //! the services are killed with SIGKILL; then the audit of `dtx_shop::audit`
 //! runs on the three databases. Exits non-zero if the audit fails.
+//!
+//! By default the shop runs as branches (`dtx_shop::branches`): clients
+//! call the order service's `PlaceOrder`, which begins the transaction,
+//! calls the inventory and payment services with its txid, records the
+//! order, and commits; each service prepares in its own request handler.
+//! With `--prepare-driven`, clients enlist the three services with the
+//! order as payload and the coordinator sends them Prepare.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
@@ -38,6 +45,9 @@ use crate::demo_kit::LeaderKills;
 struct Told {
     definite: BTreeMap<String, bool>,
     unknown: BTreeMap<u64, String>,
+    /// Orders placed through the order service whose call got no answer
+    /// and no txid (as branches).
+    unknown_orders: Vec<String>,
 }
 
 fn start_service(
@@ -46,10 +56,14 @@ fn start_service(
     role: Role,
     pg_conn: &str,
     cluster: &[String],
+    apps: Option<&dtx_shop::AppAddrs>,
 ) -> anyhow::Result<ServiceProcess> {
     let port = dtx_testkit::cluster::free_port("127.0.0.1")?;
     let addr = format!("127.0.0.1:{port}");
-    let args = dtx_shop::serve_args(role, &addr, pg_conn, cluster);
+    let mut args = dtx_shop::serve_args(role, &addr, pg_conn, cluster);
+    if let Some(apps) = apps {
+        args.extend(apps.args(role));
+    }
     let mut s = ServiceProcess::new(bin, dir, role.id(), &addr, args);
     s.start(&[])?;
     Ok(s)
@@ -92,13 +106,29 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     let mut cluster = ProcessCluster::new(&bin, &dir.join("cluster"), "dtx-demo", plans, |_| {})?;
     cluster.start_all()?;
     let api = cluster.api_addrs();
+    let free =
+        || -> anyhow::Result<String> { Ok(format!("127.0.0.1:{}", dtx_testkit::cluster::free_port("127.0.0.1")?)) };
+    let apps = if a.prepare_driven {
+        None
+    } else {
+        Some(dtx_shop::AppAddrs {
+            orders: free()?,
+            inventory: free()?,
+            payment: free()?,
+        })
+    };
     let mut services: Vec<ServiceProcess> = Vec::new();
     for role in Role::ALL {
-        services.push(start_service(&bin, &dir, role, &conns[&role], &api)?);
+        services.push(start_service(&bin, &dir, role, &conns[&role], &api, apps.as_ref())?);
     }
     println!(
-        "dtx demo --postgres: PostgreSQL on 127.0.0.1:{}, 3 coordinator nodes, 3 shop services, {} clients, {} s",
+        "dtx demo --postgres: PostgreSQL on 127.0.0.1:{}, 3 coordinator nodes, 3 shop services ({}), {} clients, {} s",
         pg.port(),
+        if apps.is_some() {
+            "as branches: clients call the order service, each service prepares in its own handler"
+        } else {
+            "Prepare-driven: clients enlist the services with the order as payload"
+        },
         a.clients,
         a.seconds
     );
@@ -127,14 +157,23 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     let counts = Arc::new(Counts::default());
     let told: Arc<Mutex<Told>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
+    let orders_api = match &apps {
+        Some(apps) => Some(
+            tonic::transport::Endpoint::from_shared(format!("http://{}", apps.orders))?
+                .connect_timeout(Duration::from_millis(500))
+                .connect_lazy(),
+        ),
+        None => None,
+    };
     let mut workers = Vec::new();
     for w in 0..a.clients {
-        let (counts, told, stop, endpoints, api) = (
+        let (counts, told, stop, endpoints, api, orders_api) = (
             counts.clone(),
             told.clone(),
             stop.clone(),
             endpoints.clone(),
             api.clone(),
+            orders_api.clone(),
         );
         workers.push(tokio::spawn(async move {
             let mut cfg = ClientConfig::new(api);
@@ -144,7 +183,29 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
             while !stop.load(Ordering::Relaxed) {
                 let order = Order::random(format!("o-{w}-{i}"), &seed);
                 i += 1;
-                let (txid, res) = dtx_shop::place_order(&client, &order.id, &order, &endpoints).await;
+                let (txid, res) = match &orders_api {
+                    Some(ch) => {
+                        // PlaceOrder is idempotent by order id: an answer
+                        // that did not come (the order service killed, a
+                        // leader change) is asked for again with the same
+                        // order, which answers its decision once it has one.
+                        let (mut txid, mut outcome, _) = dtx_shop::place_order_via_api(ch, &order).await;
+                        while outcome == TxOutcome::Unknown && !stop.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                            let again = dtx_shop::place_order_via_api(ch, &order).await;
+                            txid = again.0.or(txid);
+                            outcome = again.1;
+                        }
+                        if txid.is_none() && outcome == TxOutcome::Unknown {
+                            // No txid learned: found again by the order id.
+                            told.lock().expect("lock").unknown_orders.push(order.id.clone());
+                            counts.unknown.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        (txid, Ok(outcome))
+                    }
+                    None => dtx_shop::place_order(&client, &order.id, &order, &endpoints).await,
+                };
                 let mut t = told.lock().expect("lock");
                 match (txid, res) {
                     (_, Ok(TxOutcome::Committed)) => {
@@ -219,6 +280,29 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
             told.lock().expect("lock").definite.insert(order, committed);
         }
     }
+    // The order id is the transaction's idempotency key: the same Begin
+    // (same key, timeout and description) finds the transaction if the
+    // order service began one; if it had not, this begins one that
+    // nobody commits, and the cluster aborts it at its deadline.
+    let lost: Vec<String> = std::mem::take(&mut told.lock().expect("lock").unknown_orders);
+    let check = Arc::new(check);
+    let mut finding = Vec::new();
+    for order in lost {
+        let (check, told) = (check.clone(), told.clone());
+        finding.push(tokio::spawn(async move {
+            let began = check
+                .begin(&order, dtx_shop::branches::ORDER_TIMEOUT_MS, b"order")
+                .await
+                .with_context(|| format!("finding order {order}'s transaction"))?;
+            if let Some(committed) = decision_eventually(&check, began.txid).await {
+                told.lock().expect("lock").definite.insert(order, committed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for f in finding {
+        f.await??;
+    }
 
     if a.keep_serving {
         println!("orders stopped; everything keeps serving until Ctrl-C");
@@ -276,6 +360,10 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
             println!("  problem: {p}");
         }
         println!("audit: FAILED");
-        anyhow::bail!("the audit failed; logs are in {}", dir.display())
+        anyhow::bail!(
+            "the audit failed ({}); logs are in {}",
+            report.problems.join("; "),
+            dir.display()
+        )
     }
 }

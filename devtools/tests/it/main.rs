@@ -37,6 +37,7 @@ mod t117_heuristic_one_phase;
 mod t118_participant_addresses;
 mod t120_branches;
 mod t121_postgres_branches;
+mod t122_shop_demo;
 mod t20_leader_failover;
 mod t21_full_restart;
 mod t22_crash_loop;

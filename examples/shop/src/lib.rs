@@ -31,6 +31,7 @@ use participant_sdk::postgres::PgHandler;
 use participant_sdk::postgres::PgOptions;
 use participant_sdk::postgres::PgParticipant;
 use participant_sdk::postgres::Transaction;
+use tonic::transport::Channel;
 
 /// One of the three services.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -92,7 +93,15 @@ impl Default for Seed {
     }
 }
 
-/// An order: the payload every participant of its transaction gets.
+/// The shop's own APIs and its typed payload (`proto/shop/v1/shop.proto`).
+pub mod pb {
+    tonic::include_proto!("shop.v1");
+}
+
+pub mod branches;
+
+/// An order: what every service of its transaction gets (as a protobuf
+/// message, [`Order::payload`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Order {
     pub id: String,
@@ -104,50 +113,62 @@ pub struct Order {
 }
 
 impl Order {
-    /// `order=<id>;customer=<c>;sku=<s>;qty=<n>;price=<p>`.
+    /// The order as the shop's protobuf message (`shop.v1.Order`).
+    pub fn to_pb(&self) -> pb::Order {
+        pb::Order {
+            order_id: self.id.clone(),
+            customer: self.customer.clone(),
+            sku: self.sku.clone(),
+            qty: self.qty,
+            price: self.price,
+        }
+    }
+
+    /// Checks a `shop.v1.Order`; the error says what is wrong with it.
+    pub fn from_pb(o: pb::Order) -> Result<Order, String> {
+        let id_ok = !o.order_id.is_empty()
+            && o.order_id.len() <= 64
+            && o.order_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !id_ok {
+            return Err(format!(
+                "order id {:?}: use 1 to 64 letters, digits, '-' or '_'",
+                o.order_id
+            ));
+        }
+        for (what, v) in [("customer", &o.customer), ("sku", &o.sku)] {
+            if v.is_empty() || v.len() > 64 {
+                return Err(format!("order {}: {what} {v:?} must be 1 to 64 bytes", o.order_id));
+            }
+        }
+        if o.qty <= 0 || o.price < 0 {
+            return Err(format!(
+                "order {} has qty {} and price {}; qty must be > 0, price >= 0",
+                o.order_id, o.qty, o.price
+            ));
+        }
+        Ok(Order {
+            id: o.order_id,
+            customer: o.customer,
+            sku: o.sku,
+            qty: o.qty,
+            price: o.price,
+        })
+    }
+
+    /// The payload a Prepare-driven participant gets: the order encoded as
+    /// `shop.v1.Order`.
     pub fn payload(&self) -> Vec<u8> {
-        format!(
-            "order={};customer={};sku={};qty={};price={}",
-            self.id, self.customer, self.sku, self.qty, self.price
-        )
-        .into_bytes()
+        use prost::Message;
+        self.to_pb().encode_to_vec()
     }
 
     /// Reads a payload; the error says what is wrong with it.
     pub fn parse(payload: &[u8]) -> Result<Order, String> {
-        let text = std::str::from_utf8(payload).map_err(|_| "the order payload is not UTF-8".to_string())?;
-        let mut fields: BTreeMap<&str, &str> = BTreeMap::new();
-        for item in text.split(';').filter(|i| !i.is_empty()) {
-            let (k, v) = item
-                .split_once('=')
-                .ok_or_else(|| format!("order payload item {item:?} is not key=value"))?;
-            fields.insert(k, v);
-        }
-        let get = |k: &str| {
-            fields
-                .get(k)
-                .copied()
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| format!("order payload has no {k}"))
-        };
-        let qty: i32 = get("qty")?
-            .parse()
-            .map_err(|_| format!("order payload qty {:?} is not a number", fields["qty"]))?;
-        let price: i64 = get("price")?
-            .parse()
-            .map_err(|_| format!("order payload price {:?} is not a number", fields["price"]))?;
-        if qty <= 0 || price < 0 {
-            return Err(format!(
-                "order payload has qty {qty} and price {price}; qty must be > 0, price >= 0"
-            ));
-        }
-        Ok(Order {
-            id: get("order")?.to_string(),
-            customer: get("customer")?.to_string(),
-            sku: get("sku")?.to_string(),
-            qty,
-            price,
-        })
+        use prost::Message;
+        let o = pb::Order::decode(payload).map_err(|e| format!("the payload is not a shop.v1.Order: {e}"))?;
+        Order::from_pb(o)
     }
 
     /// A random order of `qty` 1..=3 units at 10..=40 each.
@@ -263,10 +284,21 @@ pub async fn prepare(
     txid: u64,
     payload: &[u8],
 ) -> Result<Verdict, tokio_postgres::Error> {
-    let order = match Order::parse(payload) {
-        Ok(o) => o,
-        Err(why) => return Ok(Verdict::no(why)),
-    };
+    match Order::parse(payload) {
+        Ok(order) => prepare_order(role, tx, txid, &order).await,
+        Err(why) => Ok(Verdict::no(why)),
+    }
+}
+
+/// [`prepare`] for an order already read: the SQL of `role`'s part, the
+/// same in both shapes (a Prepare's handler, or a branch's request
+/// handler, [`branches`]).
+pub async fn prepare_order(
+    role: Role,
+    tx: &Transaction<'_>,
+    txid: u64,
+    order: &Order,
+) -> Result<Verdict, tokio_postgres::Error> {
     let txid = txid as i64;
     match role {
         Role::Orders => {
@@ -431,6 +463,64 @@ pub fn serve_args(role: Role, addr: &str, pg_conn: &str, cluster: &[String]) -> 
     .collect()
 }
 
+/// Where the shop written as branches serves its own APIs.
+#[derive(Clone, Debug)]
+pub struct AppAddrs {
+    pub orders: String,
+    pub inventory: String,
+    pub payment: String,
+}
+
+impl AppAddrs {
+    /// The API address of `role`.
+    pub fn of(&self, role: Role) -> &str {
+        match role {
+            Role::Orders => &self.orders,
+            Role::Inventory => &self.inventory,
+            Role::Payment => &self.payment,
+        }
+    }
+
+    /// The extra `shop-serve` arguments of `role` serving its API (the
+    /// order service also names the other two).
+    pub fn args(&self, role: Role) -> Vec<std::ffi::OsString> {
+        let mut v: Vec<std::ffi::OsString> = vec!["--app-listen".into(), self.of(role).into()];
+        if role == Role::Orders {
+            v.extend([
+                "--inventory-api".into(),
+                self.inventory.clone().into(),
+                "--payment-api".into(),
+                self.payment.clone().into(),
+            ]);
+        }
+        v
+    }
+}
+
+/// Places `order` through the order service's API at `orders_api` (the
+/// shop written as branches): the txid if the service began one, and the
+/// outcome (UNKNOWN when the call got no answer: the order may still
+/// commit, ask again by its id).
+pub async fn place_order_via_api(orders_api: &Channel, order: &Order) -> (Option<u64>, TxOutcome, String) {
+    let mut api = pb::order_service_client::OrderServiceClient::new(orders_api.clone());
+    let mut req = tonic::Request::new(pb::PlaceOrderRequest {
+        order: Some(order.to_pb()),
+    });
+    req.set_timeout(Duration::from_secs(20));
+    match api.place_order(req).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            let outcome = match r.outcome() {
+                pb::OrderOutcome::Committed => TxOutcome::Committed,
+                pb::OrderOutcome::Aborted => TxOutcome::Aborted,
+                pb::OrderOutcome::Unknown | pb::OrderOutcome::Unspecified => TxOutcome::Unknown,
+            };
+            ((r.txid != 0).then_some(r.txid), outcome, r.reason)
+        }
+        Err(s) => (None, TxOutcome::Unknown, format!("{}: {}", s.code(), s.message())),
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct ShopServeArgs {
     /// Which service this is.
@@ -460,6 +550,19 @@ pub struct ShopServeArgs {
     pub customers: usize,
     #[arg(long, default_value_t = Seed::default().balance)]
     pub balance: i64,
+    /// Serve the shop's own API on this address (the shop written as
+    /// branches, [`branches`]): the role's `shop.v1` service
+    /// (OrderService, InventoryService or PaymentService), plain text.
+    #[arg(long)]
+    pub app_listen: Option<String>,
+    /// With --role orders and --app-listen: the inventory service's API
+    /// address.
+    #[arg(long, requires = "app_listen")]
+    pub inventory_api: Option<String>,
+    /// With --role orders and --app-listen: the payment service's API
+    /// address.
+    #[arg(long, requires = "app_listen")]
+    pub payment_api: Option<String>,
     #[command(flatten)]
     pub tls: dtx_tls::args::TlsArgs,
 }
@@ -502,10 +605,62 @@ pub async fn serve(a: ShopServeArgs, shutdown: impl std::future::Future<Output =
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
+    let app = match &a.app_listen {
+        Some(addr) => Some(serve_app(&a, addr, participant.clone(), &recovery).await?),
+        None => None,
+    };
     tracing::info!(id, listen = %a.listen, "shop service started");
-    participant_sdk::server::serve_guarded(participant, id, listener, a.cluster.clone(), recovery, guard, shutdown)
-        .await?;
+    let served =
+        participant_sdk::server::serve_guarded(participant, id, listener, a.cluster.clone(), recovery, guard, shutdown)
+            .await;
+    if let Some(app) = app {
+        app.abort();
+    }
+    served?;
     Ok(())
+}
+
+/// Starts the role's `shop.v1` API on `addr` (the shop written as
+/// branches), registering through a client of the recovery settings'
+/// TLS and token with an order's deadlines; it serves until aborted.
+async fn serve_app(
+    a: &ShopServeArgs,
+    addr: &str,
+    participant: Arc<PgParticipant<ShopHandler>>,
+    recovery: &participant_sdk::server::RecoveryOptions,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut cfg = recovery.client_config(a.cluster.clone());
+    cfg.call_deadline = Duration::from_secs(8);
+    cfg.attempt_timeout = Duration::from_secs(4);
+    let cluster = Arc::new(Client::new(cfg).context("the client of the shop's API")?);
+    let api = branches::ServiceApi::new(a.role, participant, cluster, &a.listen);
+    let router = match a.role {
+        Role::Inventory => tonic::transport::Server::builder()
+            .layer(dtx_client::propagate::InboundTxidLayer)
+            .add_service(pb::inventory_service_server::InventoryServiceServer::new(api)),
+        Role::Payment => tonic::transport::Server::builder()
+            .layer(dtx_client::propagate::InboundTxidLayer)
+            .add_service(pb::payment_service_server::PaymentServiceServer::new(api)),
+        Role::Orders => {
+            let (Some(inventory), Some(payment)) = (&a.inventory_api, &a.payment_api) else {
+                anyhow::bail!("--role orders with --app-listen needs --inventory-api and --payment-api");
+            };
+            let orders = branches::OrdersApi::new(api, inventory, payment)?;
+            tonic::transport::Server::builder()
+                .layer(dtx_client::propagate::InboundTxidLayer)
+                .add_service(pb::order_service_server::OrderServiceServer::new(orders))
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (--app-listen)"))?;
+    tracing::info!(role = %a.role, app_listen = %addr, "shop API started");
+    let server = router.serve_with_incoming(dtx_tls::incoming(listener, None));
+    Ok(tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!("shop API stopped: {e}");
+        }
+    }))
 }
 
 /// A row read `FOR UPDATE NOWAIT`.
@@ -690,17 +845,23 @@ mod tests {
 
     #[test]
     fn a_bad_payload_is_refused_with_what_is_wrong() {
-        assert_eq!(
-            Order::parse(b"order=o;customer=c;sku=s;qty=x;price=1"),
-            Err("order payload qty \"x\" is not a number".into())
-        );
-        assert_eq!(
-            Order::parse(b"order=o;customer=c;qty=1;price=1"),
-            Err("order payload has no sku".into())
-        );
-        assert!(Order::parse(b"order=o;customer=c;sku=s;qty=0;price=1")
-            .unwrap_err()
-            .contains("qty must be > 0"));
-        assert!(Order::parse(&[0xff]).unwrap_err().contains("UTF-8"));
+        let good = Order {
+            id: "o".into(),
+            customer: "c".into(),
+            sku: "s".into(),
+            qty: 1,
+            price: 1,
+        };
+        let with = |f: &dyn Fn(&mut pb::Order)| {
+            let mut o = good.to_pb();
+            f(&mut o);
+            use prost::Message;
+            Order::parse(&o.encode_to_vec()).unwrap_err()
+        };
+        assert!(with(&|o| o.qty = 0).contains("qty must be > 0"));
+        assert!(with(&|o| o.price = -1).contains("price >= 0"));
+        assert!(with(&|o| o.sku.clear()).contains("sku"));
+        assert!(with(&|o| o.order_id = "a;b".into()).contains("order id"));
+        assert!(Order::parse(&[0xff, 0xff]).unwrap_err().contains("not a shop.v1.Order"));
     }
 }
