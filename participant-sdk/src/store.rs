@@ -202,6 +202,26 @@ impl Staged {
         self.ops.push((key.to_vec(), None));
     }
 
+    /// What this batch wrote last for `key` so far: `Some(Some(v))` set,
+    /// `Some(None)` removed, `None` untouched (the outbox and inbox read
+    /// their own writes of the same call through it).
+    pub(crate) fn latest(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.ops.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_deref())
+    }
+
+    /// Adds `other`'s writes after this batch's.
+    pub(crate) fn extend(&mut self, other: Staged) {
+        self.ops.extend(other.ops);
+    }
+
+    /// How many keys starting with `prefix` this batch sets so far.
+    pub(crate) fn count_set_with_prefix(&self, prefix: &[u8]) -> usize {
+        self.ops
+            .iter()
+            .filter(|(k, v)| v.is_some() && k.starts_with(prefix))
+            .count()
+    }
+
     /// Adds the staged writes, on the resource's key space, to `overlay`.
     fn into_overlay(self, overlay: &mut Overlay) {
         for (k, v) in self.ops {
@@ -1215,8 +1235,7 @@ impl<R: Resource> ParticipantStore<R> {
     /// resolved): its mark goes. Not synced: a mark that comes back after
     /// a crash makes recovery ask again, which gives the same answer.
     pub fn unmark_branch(&self, txid: GlobalTxid) -> Result<(), StoreError> {
-        let mut batch = KvBatch::default();
-        batch.push((branch_key(txid), None));
+        let batch: KvBatch = vec![(branch_key(txid), None)];
         self.tree.apply(batch).map_err(|e| self.fail(&e))
     }
 
