@@ -5,7 +5,9 @@
 //! aggregate's messages in version order; repeated failures dead-letter a
 //! message and block its aggregate until it is requeued or discarded; the
 //! inbox skips redelivered and concurrent copies and is pruned by
-//! retention; the oldest-unpublished age and its gauge move. Time is a
+//! retention; the oldest-unpublished age and its gauge move; a
+//! PostgreSQL participant's handler writes messages that follow the
+//! transaction's decision. Time is a
 //! `ManualClock`: nothing waits on a timer.
 //!
 //! Without the PostgreSQL server binaries each test prints a loud message
@@ -22,6 +24,8 @@ use std::sync::Mutex;
 
 use dtx_pg_server::PgServer;
 use dtx_pg_server::PgServerOptions;
+use participant_sdk::log::Message;
+use participant_sdk::log::Vote;
 use participant_sdk::outbox::pg::PgInbox;
 use participant_sdk::outbox::pg::PgOutbox;
 use participant_sdk::outbox::pg::PgRelay;
@@ -32,6 +36,15 @@ use participant_sdk::outbox::Publisher;
 use participant_sdk::outbox::Received;
 use participant_sdk::outbox::RelayPass;
 use participant_sdk::outbox::RelaySettings;
+use participant_sdk::participant::Participant;
+use participant_sdk::participant::Verdict;
+use participant_sdk::postgres::HandlerError;
+use participant_sdk::postgres::PgHandler;
+use participant_sdk::postgres::PgOptions;
+use participant_sdk::postgres::PgParticipant;
+use participant_sdk::postgres::Transaction;
+use participant_sdk::store::Reply;
+use participant_sdk::GlobalTxid;
 use tokio_postgres::Client;
 
 const DB: &str = "shop";
@@ -500,4 +513,70 @@ async fn t70_the_oldest_unpublished_age_and_its_gauge_move() {
     ] {
         assert!(text.contains(line), "{line:?} missing from {text}");
     }
+}
+
+/// A PostgreSQL participant's handler: the payload `order:event` records
+/// the event and writes its message in the handler's transaction; the
+/// event `no` votes NO.
+struct OrderEvents {
+    outbox: PgOutbox,
+}
+
+impl PgHandler for OrderEvents {
+    async fn prepare(&self, tx: &Transaction<'_>, txid: GlobalTxid, payload: &[u8]) -> Result<Verdict, HandlerError> {
+        let (order, event) = std::str::from_utf8(payload)?.split_once(':').ok_or("bad payload")?;
+        tx.execute("INSERT INTO effects VALUES ($1, $2)", &[&txid.to_string(), &event])
+            .await?;
+        // The handler's transaction dereferences to tokio-postgres's.
+        self.outbox
+            .write(tx, &OutboxMessage::new(order, "orders", event.as_bytes()))
+            .await?;
+        if event == "no" {
+            return Ok(Verdict::no("refused"));
+        }
+        Ok(Verdict::yes())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t70_a_pg_participant_s_messages_follow_its_decision() {
+    let Some(s) = server("t70_outbox_postgres") else { return };
+    let clock = ManualClock::new(T0);
+    let ob = outbox(&s, &clock).await;
+    let mut o = PgOptions::new("orders", s.conn_string(DB));
+    o.concurrency = 4;
+    let p = PgParticipant::connect(o, OrderEvents { outbox: ob.clone() })
+        .await
+        .unwrap();
+    let rec = Arc::new(Recorder::default());
+    let mut relay = PgRelay::new(ob.clone(), connect(&s).await, rec.clone(), settings());
+    let vote = |v| Reply::Vote(v);
+    let prepare = |txid: u64, payload: &'static str| {
+        let p = &p;
+        async move {
+            p.handle(txid.into(), Message::Prepare { term: 1 }, payload.as_bytes())
+                .await
+                .unwrap()
+                .reply
+        }
+    };
+
+    assert_eq!(prepare(1, "o1:placed").await, vote(Vote::Yes));
+    assert_eq!(prepare(2, "o2:placed").await, vote(Vote::Yes));
+    assert_eq!(prepare(3, "o3:no").await, vote(Vote::No));
+    // Prepared (PREPARE TRANSACTION): not published yet.
+    assert_eq!(relay.run_once().await.unwrap(), pass(0, 0, 0, 0));
+
+    p.handle(1.into(), Message::Commit { term: 1 }, b"").await.unwrap();
+    p.handle(2.into(), Message::Abort { term: 1 }, b"").await.unwrap();
+    assert_eq!(relay.run_once().await.unwrap(), pass(1, 1, 0, 0));
+    assert_eq!(relay.run_once().await.unwrap(), pass(0, 0, 0, 0));
+    assert_eq!(rec.published(), vec![triple("o1", 1, "placed")]);
+    let db = connect(&s).await;
+    let rows: i64 = db
+        .query_one("SELECT count(*) FROM shop_outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "the aborted and the refused transactions' messages are gone");
 }
