@@ -232,7 +232,9 @@ impl Clock for ManualClock {
 async fn publish_within<P: Publisher>(publisher: &P, msg: &Envelope, settings: &RelaySettings) -> Result<(), String> {
     let timeout = std::time::Duration::from_millis(settings.publish_timeout_ms);
     match tokio::time::timeout(timeout, publisher.publish(msg)).await {
-        Ok(r) => r,
+        Ok(Ok(())) => Ok(()),
+        // Kept as the message's last error and logged: escaped and bounded.
+        Ok(Err(reason)) => Err(dtx_tls::logtext::clean(&reason)),
         Err(_) => Err(format!("timed out after {} ms", settings.publish_timeout_ms)),
     }
 }
@@ -285,7 +287,9 @@ pub fn spawn_relay<R: RelayOnce>(mut relay: R) -> tokio::task::JoinHandle<()> {
             match relay.run_once().await {
                 Ok(p) if p.claimed > 0 => continue,
                 Ok(_) => {}
-                Err(e) => tracing::warn!(outbox = %relay.settings().name, "outbox relay pass failed: {e}"),
+                Err(e) => {
+                    tracing::warn!(outbox = %dtx_tls::logtext::Clean(&relay.settings().name), "outbox relay pass failed: {}", dtx_tls::logtext::Clean(&e))
+                }
             }
             tokio::time::sleep(idle).await;
         }

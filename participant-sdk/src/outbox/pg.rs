@@ -30,6 +30,8 @@ use std::sync::Arc;
 use tokio_postgres::Client;
 use tokio_postgres::Transaction;
 
+use dtx_tls::logtext::Clean;
+
 use super::publish_within;
 use super::report_duplicate;
 use super::report_pass;
@@ -351,7 +353,7 @@ impl<P: Publisher> PgRelay<P> {
                     let attempts = msg.attempts + 1;
                     let state = if attempts >= self.settings.max_attempts {
                         pass.dead_lettered += 1;
-                        tracing::warn!(outbox = %self.settings.name, aggregate = %msg.aggregate, version = msg.version,
+                        tracing::warn!(outbox = %self.settings.name, aggregate = %Clean(&msg.aggregate), version = msg.version,
                             "outbox message dead-lettered after {attempts} attempts: {reason}");
                         DEAD
                     } else {

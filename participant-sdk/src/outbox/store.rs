@@ -40,6 +40,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 
+use dtx_tls::logtext::Clean;
+
 use super::publish_within;
 use super::report_duplicate;
 use super::report_pass;
@@ -589,7 +591,7 @@ impl<R: Resource, P: Publisher> StoreRelay<R, P> {
                             let attempts = c.record.attempts + 1;
                             let state = if attempts >= self.settings.max_attempts {
                                 pass.dead_lettered += 1;
-                                tracing::warn!(outbox = %self.settings.name, aggregate = %c.msg.aggregate,
+                                tracing::warn!(outbox = %self.settings.name, aggregate = %Clean(&c.msg.aggregate),
                                     version = c.msg.version, "outbox message dead-lettered after {attempts} attempts: {reason}");
                                 DEAD
                             } else {
