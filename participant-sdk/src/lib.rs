@@ -210,6 +210,8 @@ mod kv;
 pub mod log;
 pub use log::GlobalTxid;
 pub mod metrics;
+/// An outbox and an inbox for any service (docs/outbox.md).
+pub mod outbox;
 pub mod participant;
 // The PostgreSQL participant's and step store's pools, sessions and TLS
 // (ADR 0035).

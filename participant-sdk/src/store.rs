@@ -202,6 +202,26 @@ impl Staged {
         self.ops.push((key.to_vec(), None));
     }
 
+    /// What this batch wrote last for `key` so far: `Some(Some(v))` set,
+    /// `Some(None)` removed, `None` untouched (the outbox and inbox read
+    /// their own writes of the same call through it).
+    pub(crate) fn latest(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.ops.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_deref())
+    }
+
+    /// Adds `other`'s writes after this batch's.
+    pub(crate) fn extend(&mut self, other: Staged) {
+        self.ops.extend(other.ops);
+    }
+
+    /// How many keys starting with `prefix` this batch sets so far.
+    pub(crate) fn count_set_with_prefix(&self, prefix: &[u8]) -> usize {
+        self.ops
+            .iter()
+            .filter(|(k, v)| v.is_some() && k.starts_with(prefix))
+            .count()
+    }
+
     /// Adds the staged writes, on the resource's key space, to `overlay`.
     fn into_overlay(self, overlay: &mut Overlay) {
         for (k, v) in self.ops {

@@ -5,7 +5,7 @@
 //!
 //! Run one module's tests with a filter on its module path, e.g.
 //! `cargo test -p participant-sdk --test it -- t10_store::`. The PostgreSQL
-//! modules (t50, t52, t53, t61) are compiled with the `postgres` feature
+//! modules (t50, t52, t53, t61, t70) are compiled with the `postgres` feature
 //! only (`--all-features`); the crash test of t60 with `failpoints`. The
 //! tests that re-run this binary as a child process (t20, t60) name their
 //! child test by its full path (`t20_store_crash::child_worker`).
@@ -35,3 +35,5 @@ mod t53_pg_tls;
 mod t60_saga_steps;
 mod t61_saga_steps_postgres;
 mod t62_saga_outside_calls;
+mod t70_outbox_postgres;
+mod t71_outbox_store;
