@@ -385,6 +385,7 @@ async fn client(
             idempotency_key: order.order.clone(),
             input: order.to_json(),
             authorization: None,
+            deadline_ms: 0,
         };
         let started = nodes
             .call(|mut c| {

@@ -418,6 +418,7 @@ mod tests {
                     },
                     owner: None,
                     now_ms: 1_000,
+                    deadline_ms: 0,
                 },
             );
         }

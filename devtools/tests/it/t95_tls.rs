@@ -799,6 +799,7 @@ async fn t95_an_application_sees_and_starts_only_its_own_sagas() {
         }
         .to_json(),
         authorization: None,
+        deadline_ms: 0,
     };
     let mine = shop.start_saga(start("t95h-1")).await.unwrap().into_inner().saga_id;
     let theirs = billing.start_saga(start("t95h-2")).await.unwrap().into_inner().saga_id;
