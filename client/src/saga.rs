@@ -434,16 +434,17 @@ impl Client {
         match res {
             Err(ClientError::FailedPrecondition(refusal)) => {
                 // Our own earlier attempt (its answer lost) may be what
-                // the saga's state now refuses a repeat of.
-                let v = self.saga(saga_id).await?;
-                let ours = v
-                    .operator_actions
-                    .last()
-                    .is_some_and(|a| a.action == action.journal_name() && a.why == why);
-                if ours {
+                // the saga's state now refuses a repeat of. A read that
+                // fails tells nothing: the refusal stands.
+                match self.saga(saga_id).await {
                     Ok(v)
-                } else {
-                    Err(ClientError::FailedPrecondition(refusal))
+                        if v.operator_actions
+                            .last()
+                            .is_some_and(|a| a.action == action.journal_name() && a.why == why) =>
+                    {
+                        Ok(v)
+                    }
+                    _ => Err(ClientError::FailedPrecondition(refusal)),
                 }
             }
             other => other,

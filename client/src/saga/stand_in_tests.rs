@@ -40,6 +40,8 @@ struct Node {
     /// Every OperateSaga is answered UNAVAILABLE after it was recorded,
     /// this many times.
     operate_lost: AtomicU32,
+    /// GetSaga is refused (PERMISSION_DENIED).
+    get_refused: std::sync::atomic::AtomicBool,
 }
 
 struct Served(Arc<Node>);
@@ -95,6 +97,9 @@ impl SagaService for Served {
 
     async fn get_saga(&self, _: Request<pb::GetSagaRequest>) -> Res<pb::SagaView> {
         self.gate()?;
+        if self.0.get_refused.load(Ordering::SeqCst) {
+            return Err(Status::permission_denied("not yours"));
+        }
         let n = self.0.gets.fetch_add(1, Ordering::SeqCst);
         let state = if n < self.0.running_for.load(Ordering::SeqCst) {
             pb::SagaState::Running
@@ -267,4 +272,11 @@ async fn an_action_whose_answer_was_lost_is_found_in_the_journal() {
     assert!(matches!(e, ClientError::FailedPrecondition(_)), "{e}");
     let e = c.cancel_saga(7, "service is back").await.unwrap_err();
     assert!(matches!(e, ClientError::FailedPrecondition(_)), "not a cancel: {e}");
+    // The saga cannot be read: the refusal stands, not the read's error.
+    node.get_refused.store(true, Ordering::SeqCst);
+    let e = c
+        .operate_saga(7, SagaAction::Retry, "bob", "service is back")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::FailedPrecondition(_)), "{e}");
 }
