@@ -331,7 +331,7 @@ fn application<T>(req: &Request<T>) -> Option<String> {
 fn check_saga_owner(id: SagaId, owner: Option<&str>, app: Option<&str>) -> Result<(), ApiError> {
     match (owner, app) {
         (Some(o), Some(me)) if o != me => Err(ApiError::PermissionDenied(format!(
-            "saga {id} belongs to application {o}; application {me} may not see or start it"
+            "saga {id} belongs to application {o}; application {me} may not see, start or cancel it"
         ))),
         _ => Ok(()),
     }
