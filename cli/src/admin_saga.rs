@@ -87,6 +87,10 @@ pub(crate) enum SagaCmd {
     Compensate(OperateArgs),
     /// A parked saga: end it as COMPLETED (you finished it by hand).
     Complete(OperateArgs),
+    /// A RUNNING saga (or one parked while running): stop going forward
+    /// and compensate its done steps, newest first (refused past the
+    /// pivot).
+    Cancel(OperateArgs),
     /// Register a saga definition from a file: TOML (.toml) or JSON (.json).
     /// Registering the identical definition again changes nothing.
     Register { file: PathBuf },
@@ -120,6 +124,10 @@ pub(crate) enum SagaCmd {
         /// The policy the step services check calls against.
         #[arg(long)]
         policy: Option<String>,
+        /// The saga's deadline, in ms after its start: past it, a saga
+        /// before its pivot is compensated as if cancelled.
+        #[arg(long)]
+        deadline_ms: Option<u64>,
     },
 }
 
@@ -506,6 +514,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: SagaCmd) -> Outcome {
         SagaCmd::Skip(a) => operate(ctx, a, pb::SagaOperatorAction::Skip, "skip").await,
         SagaCmd::Compensate(a) => operate(ctx, a, pb::SagaOperatorAction::Compensate, "compensate").await,
         SagaCmd::Complete(a) => operate(ctx, a, pb::SagaOperatorAction::MarkComplete, "complete").await,
+        SagaCmd::Cancel(a) => operate(ctx, a, pb::SagaOperatorAction::Cancel, "cancel").await,
         SagaCmd::Register { file } => {
             let text =
                 std::fs::read_to_string(&file).map_err(|e| failure(EXIT_ERROR, format!("{}: {e}", file.display())))?;
@@ -570,6 +579,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: SagaCmd) -> Outcome {
             tenant,
             expires_at_ms,
             policy,
+            deadline_ms,
         } => {
             if key.is_empty() {
                 return Err(failure(EXIT_USAGE, "--key must not be empty"));
@@ -590,6 +600,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: SagaCmd) -> Outcome {
                 idempotency_key: key.clone(),
                 input,
                 authorization,
+                deadline_ms: deadline_ms.unwrap_or(0),
             };
             let unknown = format!("start it again with the same --key {key}: it answers the same saga");
             let r = call(ctx, Kind::Write, &unknown, |mut c, t| {
@@ -888,12 +899,13 @@ on_failure = ["retry", "park"]
             let r = rq.into_inner();
             let a = r.authorization.unwrap_or_default();
             self.note(format!(
-                "start {}@{} {} {} {}",
+                "start {}@{} {} {} {} {}",
                 r.definition,
                 r.version,
                 r.idempotency_key,
                 String::from_utf8_lossy(&r.input),
-                a.principal
+                a.principal,
+                r.deadline_ms
             ));
             Ok(tonic::Response::new(pb::StartSagaResponse {
                 saga_id: 5,
@@ -1036,8 +1048,10 @@ on_failure = ["retry", "park"]
             tenant: None,
             expires_at_ms: None,
             policy: None,
+            deadline_ms: Some(30_000),
         };
         assert_eq!(exit(run(&ctx, start).await), 0);
+        assert_eq!(exit(run(&ctx, SagaCmd::Cancel(operate_args(42))).await), 0);
         let asked = fake.asked.lock().unwrap().clone();
         assert_eq!(
             asked,
@@ -1048,7 +1062,8 @@ on_failure = ["retry", "park"]
                 "list [5, 1] order 0 10",
                 "list [5, 1] order 1 10",
                 "register order@3 3",
-                "start order@3 order-7 {\"order\":7} alice",
+                "start order@3 order-7 {\"order\":7} alice 30000",
+                "operate 42 5 card service restarted alice",
             ]
         );
 

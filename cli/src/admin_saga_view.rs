@@ -124,6 +124,8 @@ pub fn saga_json(s: &pb::SagaView) -> Value {
         "past_pivot": s.past_pivot,
         "journal_seq": s.journal_seq,
         "query_failures": s.query_failures,
+        "deadline_at_ms": s.deadline_at_ms,
+        "cancel_reason": s.cancel_reason,
         "idempotency_key": s.idempotency_key,
         "input": std::str::from_utf8(&s.input).ok(),
         "steps": s.steps.iter().map(step_json).collect::<Vec<_>>(),
@@ -305,7 +307,13 @@ pub fn show_text(s: &pb::SagaView) -> String {
         "past pivot",
         if s.past_pivot { "yes (only goes forward)" } else { "no" }.into(),
     );
+    if !s.cancel_reason.is_empty() {
+        field("stopped", truncate(&s.cancel_reason, 400));
+    }
     field("started", utc(s.started_at_ms));
+    if s.deadline_at_ms != 0 {
+        field("deadline", utc(s.deadline_at_ms));
+    }
     field("ended", utc(s.ended_at_ms));
     field("authorization", authorization_line(s.authorization.as_ref()));
     field("owner", or_dash(&s.owner));
@@ -489,6 +497,8 @@ pub(crate) mod tests {
             past_pivot: false,
             journal_seq: 17,
             query_failures: 0,
+            deadline_at_ms: 0,
+            cancel_reason: String::new(),
         }
     }
 

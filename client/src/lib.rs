@@ -29,6 +29,10 @@
 //!   SDK's recovery does this. A service that learns the txid from its
 //!   caller enlists itself ([`enlist`]); [`propagate`] carries the txid
 //!   across gRPC calls without hand work.
+//! - **Sagas.** [`saga`]: register a definition, start a saga by
+//!   idempotency key, read it, wait for its end, list, cancel and the
+//!   operator's actions, under the same rules (leader hints, retries,
+//!   deadlines, UNKNOWN kept apart from failure).
 //! - **Tracing.** Each transaction has one W3C trace ([`trace`]): begun in
 //!   the application's current trace or a new one, and carried in
 //!   `traceparent` on every call about the transaction.
@@ -106,6 +110,7 @@
 
 pub mod enlist;
 pub mod propagate;
+pub mod saga;
 
 // The trace context, the backoff formula and the operators' words live in
 // dtx-common, which the node uses too (docs/adr/0044-crate-lines.md); here
@@ -578,7 +583,16 @@ impl Client {
         F: Fn(Channel, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let deadline = Instant::now() + self.cfg.call_deadline;
+        self.call_until(kind, Instant::now() + self.cfg.call_deadline, f).await
+    }
+
+    /// [`Client::call`] with the overall deadline `deadline` (a caller's
+    /// wait that ends before the call deadline would).
+    async fn call_until<T, F, Fut>(&self, kind: Kind, deadline: Instant, f: F) -> Result<T, ClientError>
+    where
+        F: Fn(Channel, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
         let mut maybe_applied = false;
         // A node answered that the write was not applied (rather than no
         // node being reached at all).

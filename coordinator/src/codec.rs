@@ -18,7 +18,9 @@ use crate::limits::DECODE_BYTES_MAX;
 /// decoder of the previous version is not kept. 3: one layout per type
 /// (the snapshot's earlier layouts, which version 2 shared, are not read).
 /// 4: the snapshot carries the branches of each transaction (ADR 0046).
-pub const FORMAT_VERSION: u8 = 4;
+/// 5: a saga's record carries its deadline and why it was cancelled, and
+/// its Start command the deadline (docs/sagas.md, "Cancel and deadline").
+pub const FORMAT_VERSION: u8 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

@@ -402,6 +402,7 @@ impl Orchestrator {
                 JournalEvent::Park { reason } => Some(reason.clone()),
                 _ => None,
             };
+            let deadline = matches!(ev, JournalEvent::DeadlinePassed { .. });
             match self.journal(&r, ev).await {
                 Ok(()) => {
                     t.refusals = 0;
@@ -416,6 +417,13 @@ impl Orchestrator {
                     if let Some(reason) = parked {
                         metrics::counter!("dtx_saga_parked_total").increment(1);
                         warn!(saga = id, step = r.current, reason = %dtx_tls::logtext::Clean(&reason), "saga parked for an operator");
+                    }
+                    if deadline {
+                        info!(
+                            saga = id,
+                            step = r.current,
+                            "the saga's deadline passed before its point of no return: it is compensated"
+                        );
                     }
                     if pivot_passed {
                         dtx_failpoint::failpoint!("saga_after_pivot");

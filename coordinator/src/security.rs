@@ -276,7 +276,9 @@ pub fn api_policy(path: &str) -> Access {
         ("dtx.v1.SagaService", "RegisterDefinition" | "StartSaga" | "GetSaga" | "ListSagas" | "ListDefinitions") => {
             SAGA
         }
-        ("dtx.v1.SagaService", "OperateSaga") => ADMIN,
+        // Operators act on any saga; an application may only cancel its
+        // own (the handler refuses it every other action).
+        ("dtx.v1.SagaService", "OperateSaga") => SAGA,
         // Server reflection (the API's own descriptors, for grpcurl and
         // the like): any authenticated caller.
         (

@@ -24,7 +24,6 @@ use std::path::Path;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -32,17 +31,20 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Context;
+use dtx_client::saga::SagaEnd;
+use dtx_client::saga::SagaFilter;
+use dtx_client::saga::SagaWait;
+use dtx_client::saga::StartSaga;
+use dtx_client::Client;
+use dtx_client::ClientConfig;
+use dtx_client::ClientError;
 use dtx_proto::v1 as pb;
-use dtx_proto::v1::saga_service_client::SagaServiceClient;
 use dtx_saga_shop::Audit;
 use dtx_saga_shop::OrderInput;
 use dtx_saga_shop::OutsideRole;
 use dtx_saga_shop::Role;
 use dtx_testkit::cluster::ProcessCluster;
 use dtx_testkit::cluster::ServiceProcess;
-use dtx_transport::channel::Channel;
-use tonic::Code;
-use tonic::Status;
 
 use crate::demo_kit::DemoArgs;
 use crate::demo_kit::LeaderKills;
@@ -58,8 +60,11 @@ const CUSTOMERS: u32 = 10;
 const BALANCE: u64 = 10_000_000;
 /// How long the end waits for the sagas still running.
 const END_WAIT: Duration = Duration::from_secs(60);
-/// How long one client call (a start, a read) keeps trying the nodes.
+/// How long a start keeps being asked again (with its key) while its
+/// answer is UNKNOWN.
 const CALL_BUDGET: Duration = Duration::from_secs(30);
+/// One call of the saga client, retries within it included.
+const CALL_DEADLINE: Duration = Duration::from_secs(10);
 
 const ROLES: [Role; 3] = [Role::Inventory, Role::Payment, Role::Email];
 
@@ -114,109 +119,32 @@ impl Kind {
     }
 }
 
-/// A `SagaService` client over every node: a call goes to the node that
-/// answered last, and on to the next one while the answer says "not here
-/// or not now" (a dead node, an election, a connection cut by a kill, an
-/// unknown outcome). Only for calls that may be repeated: reads, and starts
-/// (idempotent by their key).
-struct Nodes {
-    addrs: Vec<String>,
-    nodes: Vec<Channel>,
-    /// The index of the node to ask first.
-    next: AtomicUsize,
+/// The saga client over every node (`dtx_client::saga`): it follows the
+/// leader's hints, retries what may be retried, and keeps UNKNOWN apart
+/// from failure.
+fn saga_client(addrs: &[String]) -> anyhow::Result<Client> {
+    let mut cfg = ClientConfig::new(addrs.to_vec());
+    cfg.call_deadline = CALL_DEADLINE;
+    cfg.attempt_timeout = Duration::from_secs(5);
+    cfg.connect_timeout = Duration::from_millis(500);
+    Ok(Client::new(cfg)?)
 }
 
-impl Nodes {
-    fn new(addrs: &[String]) -> anyhow::Result<Nodes> {
-        let mut nodes = Vec::new();
-        for a in addrs {
-            nodes.push(
-                dtx_transport::channel::channel_with(a, None, Duration::from_millis(500), None)
-                    .map_err(|e| anyhow::anyhow!("{a}: {e}"))?,
-            );
-        }
-        Ok(Nodes {
-            addrs: addrs.to_vec(),
-            nodes,
-            next: AtomicUsize::new(0),
-        })
-    }
-
-    /// `f`'s answer, and how many attempts failed before it.
-    async fn call<T, F, Fut>(&self, f: F) -> Result<(T, u64), Status>
-    where
-        F: Fn(SagaServiceClient<Channel>) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
-    {
-        let until = Instant::now() + CALL_BUDGET;
-        let mut failed = 0;
-        loop {
-            let i = self.next.load(Ordering::Relaxed) % self.nodes.len();
-            let answer = tokio::time::timeout(Duration::from_secs(5), f(SagaServiceClient::new(self.nodes[i].clone())))
-                .await
-                .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer within 5 s")));
-            match answer {
-                Ok(r) => return Ok((r.into_inner(), failed)),
-                Err(s)
-                    if matches!(
-                        s.code(),
-                        Code::Unavailable
-                            | Code::DeadlineExceeded
-                            | Code::Unknown
-                            | Code::Cancelled
-                            | Code::Internal
-                            | Code::ResourceExhausted
-                    ) =>
-                {
-                    tracing::debug!(node = %self.addrs[i], "saga call: {s}");
-                    failed += 1;
-                    // The leader a follower names, else the next node (unless
-                    // another call moved on already).
-                    let hinted = dtx_proto::metadata::leader_hint(&s)
-                        .and_then(|l| self.addrs.iter().position(|a| *a == l))
-                        .filter(|h| *h != i);
-                    let to = hinted.unwrap_or((i + 1) % self.nodes.len());
-                    let _ = self.next.compare_exchange(i, to, Ordering::Relaxed, Ordering::Relaxed);
-                    if Instant::now() >= until {
-                        return Err(s);
-                    }
-                    if failed % self.nodes.len() as u64 == 0 {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
-                Err(s) => return Err(s),
-            }
-        }
-    }
-
-    async fn get(&self, saga_id: u64) -> Result<pb::SagaView, Status> {
-        self.call(|mut c| async move { c.get_saga(pb::GetSagaRequest { saga_id }).await })
-            .await
-            .map(|(v, _)| v)
-    }
-
-    /// Every order saga in `states` (every one when empty).
-    async fn list(&self, states: &[pb::SagaState]) -> Result<Vec<pb::SagaView>, Status> {
-        let mut out = Vec::new();
-        let mut after = 0;
-        loop {
-            let req = pb::ListSagasRequest {
-                states: states.iter().map(|s| *s as i32).collect(),
-                definition: dtx_saga_shop::ORDER_SAGA.into(),
-                after_saga_id: after,
-                limit: 200,
-            };
-            let (page, _) = self
-                .call(|mut c| {
-                    let r = req.clone();
-                    async move { c.list_sagas(r).await }
-                })
-                .await?;
-            out.extend(page.sagas);
-            if page.next_after_saga_id == 0 {
-                return Ok(out);
-            }
-            after = page.next_after_saga_id;
+/// Every order saga in `states` (every one when empty).
+async fn list(client: &Client, states: &[pb::SagaState]) -> Result<Vec<pb::SagaView>, ClientError> {
+    let mut out = Vec::new();
+    let mut filter = SagaFilter {
+        states: states.to_vec(),
+        definition: dtx_saga_shop::ORDER_SAGA.into(),
+        after_saga_id: 0,
+        limit: 200,
+    };
+    loop {
+        let page = client.list_sagas(&filter).await?;
+        out.extend(page.sagas);
+        match page.next_after_saga_id {
+            Some(n) => filter.after_saga_id = n,
+            None => return Ok(out),
         }
     }
 }
@@ -370,7 +298,7 @@ impl ServiceKills {
 /// or `stop`, then the next.
 async fn client(
     w: usize,
-    nodes: Arc<Nodes>,
+    sagas: Arc<Client>,
     counts: Arc<Counts>,
     told: Arc<Mutex<Vec<(u64, String)>>>,
     stop: Arc<AtomicBool>,
@@ -379,23 +307,31 @@ async fn client(
     while !stop.load(Ordering::Relaxed) {
         let order = Kind::random().order(format!("o-{w}-{i}"));
         i += 1;
-        let req = pb::StartSagaRequest {
-            definition: dtx_saga_shop::ORDER_SAGA.into(),
-            version: dtx_saga_shop::ORDER_SAGA_VERSION,
-            idempotency_key: order.order.clone(),
-            input: order.to_json(),
-            authorization: None,
+        let start = StartSaga::new(
+            dtx_saga_shop::ORDER_SAGA,
+            dtx_saga_shop::ORDER_SAGA_VERSION,
+            &order.order,
+            order.to_json(),
+        );
+        // No definite answer (UNKNOWN, or no node reached): ask again with
+        // the same key, which finds the saga if the first call started it.
+        let until = Instant::now() + CALL_BUDGET;
+        let mut asked_again = false;
+        let started = loop {
+            match sagas.start_saga(&start).await {
+                Err(e @ (ClientError::Unknown(_) | ClientError::Unavailable(_) | ClientError::NotApplied(_)))
+                    if Instant::now() < until =>
+                {
+                    tracing::debug!(order = %order.order, "start asked again: {e}");
+                    asked_again = true;
+                }
+                other => break other,
+            }
         };
-        let started = nodes
-            .call(|mut c| {
-                let r = req.clone();
-                async move { c.start_saga(r).await }
-            })
-            .await;
         let id = match started {
-            Ok((r, failed)) => {
+            Ok(r) => {
                 counts.started.fetch_add(1, Ordering::Relaxed);
-                if failed > 0 {
+                if asked_again {
                     counts.start_retried.fetch_add(1, Ordering::Relaxed);
                     if !r.created {
                         counts.start_found.fetch_add(1, Ordering::Relaxed);
@@ -404,22 +340,23 @@ async fn client(
                 told.lock().expect("lock").push((r.saga_id, order.order.clone()));
                 r.saga_id
             }
-            Err(s) => {
+            Err(e) => {
                 // Still unknown after the whole budget: the end lists the
                 // cluster's sagas, so one that did start is counted there.
-                tracing::warn!(order = %order.order, "start not answered: {s}");
+                tracing::warn!(order = %order.order, "start not answered: {e}");
                 counts.not_started.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
         };
         while !stop.load(Ordering::Relaxed) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let Ok(v) = nodes.get(id).await else { continue };
-            let c = match state(&v) {
-                pb::SagaState::Completed => &counts.completed,
-                pb::SagaState::Compensated => &counts.compensated,
-                pb::SagaState::Parked => &counts.parked,
-                _ => continue,
+            // A wait that runs out says "still running", never failed.
+            let Ok(SagaWait::Ended { end, .. }) = sagas.wait_saga(id, Duration::from_secs(1)).await else {
+                continue;
+            };
+            let c = match end {
+                SagaEnd::Completed => &counts.completed,
+                SagaEnd::Compensated => &counts.compensated,
+                SagaEnd::Parked => &counts.parked,
             };
             c.fetch_add(1, Ordering::Relaxed);
             break;
@@ -648,16 +585,10 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     for s in &services {
         s.wait_started().await?;
     }
-    let nodes = Arc::new(Nodes::new(&api)?);
+    let sagas = Arc::new(saga_client(&api)?);
     let definition = dtx_saga_shop::order_saga_definition(&services[0].addr, &services[1].addr, &services[2].addr);
-    nodes
-        .call(|mut c| {
-            let d = definition.clone();
-            async move {
-                c.register_definition(pb::RegisterSagaDefinitionRequest { definition: Some(d) })
-                    .await
-            }
-        })
+    sagas
+        .register_saga_definition(&definition)
         .await
         .context("registering the order saga")?;
     println!(
@@ -674,7 +605,7 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     let told: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..a.clients)
-        .map(|w| tokio::spawn(client(w, nodes.clone(), counts.clone(), told.clone(), stop.clone())))
+        .map(|w| tokio::spawn(client(w, sagas.clone(), counts.clone(), told.clone(), stop.clone())))
         .collect();
 
     let started = Instant::now();
@@ -702,8 +633,7 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     let waited = Instant::now();
     let mut last_said = Instant::now();
     loop {
-        let open = nodes
-            .list(&[pb::SagaState::Running, pb::SagaState::Compensating])
+        let open = list(&sagas, &[pb::SagaState::Running, pb::SagaState::Compensating])
             .await
             .map(|v| v.len())
             .unwrap_or(usize::MAX);
@@ -729,7 +659,7 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     // The journals (read after --keep-serving: an operator may have acted
     // meanwhile); then the services stop (their stores are then free to
     // read) and are audited.
-    let sagas = nodes.list(&[]).await.context("listing the sagas")?;
+    let sagas = list(&sagas, &[]).await.context("listing the sagas")?;
     for s in services.iter_mut().chain(world.iter_mut()) {
         s.stop(Duration::from_secs(5));
     }

@@ -899,6 +899,7 @@ async fn client_loop(
             idempotency_key: input.order.clone(),
             input: input.to_json(),
             authorization: None,
+            deadline_ms: 0,
         };
         let mut started = None;
         for attempt in 1..=START_TRIES {

@@ -272,6 +272,8 @@ pub fn view_pb(r: &SagaRecord, book: &saga::SagaBook) -> pb::SagaView {
         idempotency_key: r.idempotency_key.clone(),
         past_pivot: r.past_pivot,
         journal_seq: r.seq,
+        deadline_at_ms: r.deadline_at_ms,
+        cancel_reason: r.cancel_reason.clone(),
     }
 }
 
@@ -289,6 +291,12 @@ fn start_fingerprint(r: &pb::StartSagaRequest) -> [u8; 32] {
             h.update(f.as_bytes());
         }
         h.update(a.expires_at_ms.to_be_bytes());
+    }
+    // Only when set, so a request without one keeps the fingerprint it had
+    // before deadlines existed.
+    if r.deadline_ms != 0 {
+        h.update(b"deadline");
+        h.update(r.deadline_ms.to_be_bytes());
     }
     h.finalize().into()
 }
@@ -323,7 +331,7 @@ fn application<T>(req: &Request<T>) -> Option<String> {
 fn check_saga_owner(id: SagaId, owner: Option<&str>, app: Option<&str>) -> Result<(), ApiError> {
     match (owner, app) {
         (Some(o), Some(me)) if o != me => Err(ApiError::PermissionDenied(format!(
-            "saga {id} belongs to application {o}; application {me} may not see or start it"
+            "saga {id} belongs to application {o}; application {me} may not see, start or cancel it"
         ))),
         _ => Ok(()),
     }
@@ -360,6 +368,7 @@ async fn start(
         },
         owner,
         now_ms: now_ms(),
+        deadline_ms: r.deadline_ms,
     };
     match propose(ctx, cmd).await? {
         SagaOk::Started { saga_id, created } => {
@@ -418,19 +427,39 @@ async fn list(ctx: &NodeCtx, r: pb::ListSagasRequest, app: Option<String>) -> Re
     .await
 }
 
-async fn operate(ctx: &NodeCtx, r: pb::OperateSagaRequest, who: String) -> Result<pb::SagaView, ApiError> {
+/// `app`: the caller is this authenticated application (not an
+/// operator): it may only cancel, and only its own sagas.
+async fn operate(
+    ctx: &NodeCtx,
+    r: pb::OperateSagaRequest,
+    who: String,
+    app: Option<String>,
+) -> Result<pb::SagaView, ApiError> {
     let action = match pb::SagaOperatorAction::try_from(r.action) {
         Ok(pb::SagaOperatorAction::Retry) => saga::OperatorAction::Retry,
         Ok(pb::SagaOperatorAction::Skip) => saga::OperatorAction::Skip,
         Ok(pb::SagaOperatorAction::Compensate) => saga::OperatorAction::Compensate,
         Ok(pb::SagaOperatorAction::MarkComplete) => saga::OperatorAction::MarkComplete,
+        Ok(pb::SagaOperatorAction::Cancel) => saga::OperatorAction::Cancel,
         _ => {
             return Err(ApiError::InvalidArgument(format!(
-                "action {} is not RETRY, SKIP, COMPENSATE or MARK_COMPLETE",
+                "action {} is not RETRY, SKIP, COMPENSATE, MARK_COMPLETE or CANCEL",
                 r.action
             )))
         }
     };
+    if let Some(me) = app.as_deref() {
+        if action != saga::OperatorAction::Cancel {
+            return Err(ApiError::PermissionDenied(format!(
+                "application {me} may cancel its own sagas; {} is an operator's action",
+                action.name()
+            )));
+        }
+        // The owner is applied here (the leader serves this), so the local
+        // state answers; a saga that does not exist is refused below.
+        let owner = ctx.sm.state().sagas.get(r.saga_id).and_then(|s| s.owner.clone());
+        check_saga_owner(r.saga_id, owner.as_deref(), Some(me))?;
+    }
     if r.why.is_empty() {
         return Err(ApiError::InvalidArgument(
             "why must not be empty: say why (it is recorded)".into(),
@@ -521,10 +550,11 @@ impl SagaService for SagaApi {
             None if req.get_ref().operator.is_empty() => "operator".to_string(),
             None => req.get_ref().operator.clone(),
         };
+        let app = application(&req);
         let out = serve_or_forward(
             ctx,
             req,
-            |r| async move { operate(ctx, r, who).await },
+            |r| async move { operate(ctx, r, who, app).await },
             |ch, r| async move { SagaServiceClient::new(ch).operate_saga(r).await },
         )
         .await;

@@ -254,6 +254,9 @@ pub fn render_saga(f: &Frame, v: &pb::SagaView) -> String {
     if !v.parked_reason.is_empty() {
         let _ = write!(b, "<p id=\"parked\" class=\"bad\">{}</p>", esc(&v.parked_reason));
     }
+    if !v.cancel_reason.is_empty() {
+        let _ = write!(b, "<p id=\"stopped\">stopped: {}</p>", esc(&v.cancel_reason));
+    }
     b.push_str("<table id=\"saga\">");
     let auth = v.authorization.clone().unwrap_or_default();
     let expiry = if auth.expires_at_ms == 0 {
@@ -265,6 +268,14 @@ pub fn render_saga(f: &Frame, v: &pb::SagaView) -> String {
         ("definition", format!("{}@{}", esc(&v.definition), v.version)),
         ("idempotency key", esc(&v.idempotency_key)),
         ("started", utc(v.started_at_ms)),
+        (
+            "deadline",
+            if v.deadline_at_ms == 0 {
+                "-".into()
+            } else {
+                utc(v.deadline_at_ms)
+            },
+        ),
         (
             "ended",
             if v.ended_at_ms == 0 {
@@ -418,6 +429,7 @@ mod tests {
                     },
                     owner: None,
                     now_ms: 1_000,
+                    deadline_ms: 0,
                 },
             );
         }
@@ -550,7 +562,23 @@ mod tests {
         ] {
             assert!(html.contains(want), "{want:?} missing: {html}");
         }
+        assert!(!html.contains("id=\"stopped\""), "not cancelled: {html}");
         let html = render_not_found(&frame(), 99);
         assert!(html.contains("saga 99 not found"), "{html}");
+    }
+
+    #[test]
+    fn a_cancelled_saga_page_says_why_it_stopped_escaped() {
+        let b = book(EVIL);
+        let mut v = crate::api::saga::view_pb(b.get(2).unwrap(), &b);
+        v.cancel_reason = format!("cancelled by shop: {EVIL}");
+        v.deadline_at_ms = 1_700_000_000_000;
+        let html = render_saga(&frame(), &v);
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(
+            html.contains("<p id=\"stopped\">stopped: cancelled by shop: &lt;script&gt;"),
+            "{html}"
+        );
+        assert!(html.contains(&utc(1_700_000_000_000)), "the deadline: {html}");
     }
 }

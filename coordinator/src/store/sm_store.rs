@@ -1847,6 +1847,7 @@ mod tests {
                 authorization: Default::default(),
                 owner: Some("shop-app".into()),
                 now_ms: 5,
+                deadline_ms: 0,
             })
         };
         let journal = |saga_id: SagaId, seq: u64, event: JournalEvent| {
@@ -2042,6 +2043,7 @@ mod tests {
                     authorization: Default::default(),
                     owner: None,
                     now_ms: 5,
+                    deadline_ms: 0,
                 }),
                 journal(0, JournalEvent::ForwardIntent { step: 0 }),
                 journal(

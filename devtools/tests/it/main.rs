@@ -35,6 +35,7 @@ mod t115_operator_drill;
 mod t116_bounded_logs_and_labels;
 mod t117_heuristic_one_phase;
 mod t118_participant_addresses;
+mod t119_saga_api;
 mod t120_branches;
 mod t121_postgres_branches;
 mod t122_shop_demo;

@@ -546,6 +546,7 @@ async fn t102_sagas_survive_a_backup_and_restore() {
         idempotency_key: good.order.clone(),
         input: good.to_json(),
         authorization: None,
+        deadline_ms: 0,
     };
     let r = sagas::call(&new, Duration::from_secs(30), |mut cl| {
         let r = again.clone();

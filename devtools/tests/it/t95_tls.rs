@@ -799,6 +799,7 @@ async fn t95_an_application_sees_and_starts_only_its_own_sagas() {
         }
         .to_json(),
         authorization: None,
+        deadline_ms: 0,
     };
     let mine = shop.start_saga(start("t95h-1")).await.unwrap().into_inner().saga_id;
     let theirs = billing.start_saga(start("t95h-2")).await.unwrap().into_inner().saga_id;
@@ -854,4 +855,53 @@ async fn t95_an_application_sees_and_starts_only_its_own_sagas() {
         "billing"
     );
     assert_eq!(ops.get_saga(get(mine)).await.unwrap().into_inner().owner, "shop");
+
+    // Acting on a saga: an application may cancel its own, and do nothing
+    // else (the operator's actions stay the operators').
+    let act = |id, action: pb::SagaOperatorAction| pb::OperateSagaRequest {
+        saga_id: id,
+        action: action as i32,
+        why: "t95 called it off".into(),
+        operator: "someone-else".into(),
+    };
+    denied(
+        billing
+            .operate_saga(act(mine, pb::SagaOperatorAction::Cancel))
+            .await
+            .map(|_| ()),
+        "cancel another application's saga",
+    );
+    denied(
+        billing_via_follower
+            .operate_saga(act(mine, pb::SagaOperatorAction::Cancel))
+            .await
+            .map(|_| ()),
+        "cancel another application's saga through a follower",
+    );
+    for action in [
+        pb::SagaOperatorAction::Retry,
+        pb::SagaOperatorAction::Skip,
+        pb::SagaOperatorAction::Compensate,
+        pb::SagaOperatorAction::MarkComplete,
+    ] {
+        let s = shop.operate_saga(act(mine, action)).await.unwrap_err();
+        assert_eq!(s.code(), tonic::Code::PermissionDenied, "{action:?}: {s:?}");
+        assert!(s.message().contains("operator's action"), "{action:?}: {}", s.message());
+    }
+    let v = shop
+        .operate_saga(act(mine, pb::SagaOperatorAction::Cancel))
+        .await
+        .expect("an application cancels its own saga")
+        .into_inner();
+    assert_eq!(
+        v.cancel_reason, "cancelled by shop: t95 called it off",
+        "recorded as the authenticated application, not as the name it gave"
+    );
+    let state = pb::SagaState::try_from(v.state).unwrap();
+    assert!(
+        matches!(state, pb::SagaState::Compensating | pb::SagaState::Compensated),
+        "{v:#?}"
+    );
+    let theirs_now = ops.get_saga(get(theirs)).await.unwrap().into_inner();
+    assert!(theirs_now.cancel_reason.is_empty(), "the other saga is untouched");
 }

@@ -11,6 +11,8 @@
 //!             └──> COMPENSATING ──every done step undone───> COMPENSATED
 //! RUNNING / COMPENSATING ──limit reached, stale version, expired rights──> PARKED
 //! PARKED ──operator: retry | skip | compensate | mark complete──> ...
+//! RUNNING (or PARKED from it) ──cancel, or past its deadline, before the
+//!     point of no return──> COMPENSATING
 //! ```
 //! The rules the journal keeps (docs/sagas.md): a call's intent (with the
 //! compensation it would need) is journaled before the call; its outcome
@@ -240,6 +242,11 @@ pub enum OperatorAction {
     Skip,
     Compensate,
     MarkComplete,
+    /// Stop a RUNNING saga (or one PARKED from RUNNING) before its point
+    /// of no return and compensate what it did, newest first. Also the
+    /// application's own (it started the saga). Appended last: older log
+    /// entries keep their encoding.
+    Cancel,
 }
 
 impl OperatorAction {
@@ -249,6 +256,7 @@ impl OperatorAction {
             OperatorAction::Skip => "skip",
             OperatorAction::Compensate => "compensate",
             OperatorAction::MarkComplete => "mark-complete",
+            OperatorAction::Cancel => "cancel",
         }
     }
 }
@@ -285,11 +293,22 @@ pub struct SagaRecord {
     /// Journal writes applied so far: the fence of the next one.
     pub seq: u64,
     pub past_pivot: bool,
+    /// Unix ms past which the saga, unless beyond its point of no return,
+    /// is compensated as if cancelled; 0: no deadline.
+    pub deadline_at_ms: u64,
+    /// Why it stopped going forward, when a cancel or its deadline made
+    /// it compensate; empty otherwise.
+    pub cancel_reason: String,
 }
 
 impl SagaRecord {
     pub fn step(&self, i: u32) -> Option<&StepJournal> {
         self.steps.get(i as usize)
+    }
+
+    /// Its deadline passed at `now_ms`.
+    pub fn past_deadline(&self, now_ms: u64) -> bool {
+        self.deadline_at_ms != 0 && now_ms >= self.deadline_at_ms
     }
 }
 
@@ -352,6 +371,12 @@ pub enum JournalEvent {
     /// operator action, so the limit of failures in a row holds across
     /// leaders (a new leader's orchestrator continues the count).
     QueryFailed { step: u32, error: String },
+    /// The saga's deadline passed before its point of no return: it stops
+    /// going forward and compensates what it did, as a cancel does
+    /// (`reason` is recorded as its `cancel_reason`). Refused before the
+    /// deadline (by the write's `now_ms`) and past the point of no return.
+    /// Appended last: older log entries keep their encoding.
+    DeadlinePassed { reason: String },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -368,6 +393,8 @@ pub enum SagaCommand {
         authorization: Authorization,
         owner: Option<String>,
         now_ms: u64,
+        /// The saga's deadline, in ms after `now_ms`; 0: none.
+        deadline_ms: u64,
     },
     Journal {
         saga_id: SagaId,
@@ -601,6 +628,7 @@ impl SagaBook {
                 authorization,
                 owner,
                 now_ms,
+                deadline_ms,
             } => self.start(
                 idempotency_key,
                 fingerprint,
@@ -608,7 +636,7 @@ impl SagaBook {
                 input,
                 authorization,
                 owner.clone(),
-                *now_ms,
+                (*now_ms, *deadline_ms),
                 effects,
             ),
             SagaCommand::Journal {
@@ -708,7 +736,7 @@ impl SagaBook {
         input: &[u8],
         authorization: &Authorization,
         owner: Option<String>,
-        now_ms: u64,
+        (now_ms, deadline_ms): (u64, u64),
         effects: &mut Vec<SagaEffect>,
     ) -> Result<SagaOk, SagaError> {
         if key.is_empty() || key.len() > limits::ID_BYTES_MAX {
@@ -777,6 +805,12 @@ impl SagaBook {
             operator_actions: Vec::new(),
             seq: 0,
             past_pivot: false,
+            deadline_at_ms: if deadline_ms == 0 {
+                0
+            } else {
+                now_ms.saturating_add(deadline_ms)
+            },
+            cancel_reason: String::new(),
         };
         self.next_saga_id = id + 1;
         self.keys.insert(key.to_string(), id);
@@ -848,6 +882,9 @@ impl SagaBook {
             return Err(SagaError::Invalid(
                 "an operator's action records who and why: both must be given".into(),
             ));
+        }
+        if action == OperatorAction::Cancel {
+            return self.cancel(id, who, why, now_ms, effects);
         }
         if rec.state != SagaState::Parked {
             return Err(SagaError::WrongState {
@@ -930,6 +967,7 @@ impl SagaBook {
                 r.state = SagaState::Compensating;
                 next_compensation(&mut r, &def, Some(step), now_ms);
             }
+            OperatorAction::Cancel => unreachable!("a cancel is handled above"),
             OperatorAction::MarkComplete => {
                 // Finished by hand: forward (COMPLETED), or the undoing
                 // (COMPENSATED) when it parked while compensating.
@@ -957,6 +995,81 @@ impl SagaBook {
         effects.push(SagaEffect::Put(id));
         Ok(SagaOk::Operated { state })
     }
+}
+
+impl SagaBook {
+    /// A cancel: a RUNNING saga (or one PARKED while running) before its
+    /// point of no return starts compensating from its current step (whose
+    /// forward call, if it may have happened, is asked about and fenced
+    /// before anything is undone, as for every compensation). A saga
+    /// already cancelled answers as it is and changes nothing (a repeated
+    /// cancel, a client's retry).
+    fn cancel(
+        &mut self,
+        id: SagaId,
+        who: &str,
+        why: &str,
+        now_ms: u64,
+        effects: &mut Vec<SagaEffect>,
+    ) -> Result<SagaOk, SagaError> {
+        let rec = &self.sagas[&id];
+        let from = match rec.state {
+            SagaState::Parked => rec.parked_from.unwrap_or(SagaState::Running),
+            s => s,
+        };
+        // Stopped already (by a cancel or its deadline): what was asked
+        // for is under way or done.
+        if !rec.cancel_reason.is_empty() && from != SagaState::Running {
+            return Ok(SagaOk::Operated { state: rec.state });
+        }
+        if from != SagaState::Running {
+            let state = if rec.state == SagaState::Parked {
+                "PARKED while compensating".to_string()
+            } else {
+                rec.state.name().to_string()
+            };
+            return Err(SagaError::WrongState {
+                saga_id: id,
+                state,
+                what: "only a RUNNING saga (or one PARKED while running) can be cancelled".into(),
+            });
+        }
+        let def = self.definition_of(rec)?;
+        if let Some(state) = beyond_return(rec, &def) {
+            return Err(SagaError::WrongState {
+                saga_id: id,
+                state,
+                what: "a saga past its point of no return cannot be cancelled: it only goes forward".into(),
+            });
+        }
+        let mut r = rec.clone();
+        let step = r.current;
+        r.parked_reason.clear();
+        r.parked_from = None;
+        r.cancel_reason = format!("cancelled by {who}: {why}");
+        r.state = SagaState::Compensating;
+        next_compensation(&mut r, &def, Some(step), now_ms);
+        r.operator_actions.push(OperatorEntry {
+            action: OperatorAction::Cancel,
+            who: who.to_string(),
+            why: why.to_string(),
+            at_ms: now_ms,
+            step,
+        });
+        r.seq += 1;
+        let state = r.state;
+        self.sagas.insert(id, r);
+        self.query_failures.remove(&id);
+        effects.push(SagaEffect::Put(id));
+        Ok(SagaOk::Operated { state })
+    }
+}
+
+/// Why saga `r` may no longer be compensated (it passed its point of no
+/// return), if it may not; `None`: a cancel or its deadline may still
+/// turn it back.
+pub fn point_of_no_return(r: &SagaRecord, def: &Definition) -> Option<String> {
+    beyond_return(r, def)
 }
 
 fn refused(r: &SagaRecord, step: u32, what: impl fmt::Display) -> SagaError {
@@ -1214,6 +1327,38 @@ fn apply_event(r: &mut SagaRecord, def: &Definition, now_ms: u64, ev: &JournalEv
                 return Err(SagaError::Invalid("a saga parks with its reason".into()));
             }
             park(r, reason);
+        }
+        JournalEvent::DeadlinePassed { reason } => {
+            if r.state != SagaState::Running {
+                return Err(SagaError::WrongState {
+                    saga_id: id,
+                    state: r.state.name().into(),
+                    what: "only a RUNNING saga is stopped by its deadline".into(),
+                });
+            }
+            if !r.past_deadline(now_ms) {
+                return Err(refused(
+                    r,
+                    r.current,
+                    format!("its deadline is {} ms, not passed at {now_ms} ms", r.deadline_at_ms),
+                ));
+            }
+            if let Some(why) = beyond_return(r, def) {
+                return Err(refused(
+                    r,
+                    r.current,
+                    format!("its deadline passed, but it is {why}: it only goes forward"),
+                ));
+            }
+            if reason.is_empty() || reason.len() > limits::REASON_BYTES_MAX {
+                return Err(SagaError::Invalid(format!(
+                    "a deadline's reason must be 1 to {} bytes",
+                    limits::REASON_BYTES_MAX
+                )));
+            }
+            r.cancel_reason = reason.clone();
+            r.state = SagaState::Compensating;
+            next_compensation(r, def, Some(r.current), now_ms);
         }
         JournalEvent::QueryFailed { step, error } => {
             if *step != r.current {

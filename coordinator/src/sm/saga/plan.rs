@@ -66,6 +66,18 @@ pub fn next(r: &SagaRecord, def: &Definition, fresh: bool, now_ms: u64, policy: 
     let step = r.current;
     let sd = &def.steps[step as usize];
     let j = &r.steps[step as usize];
+    // Past its deadline and still before its point of no return: stop
+    // going forward, compensate what may have happened (the current
+    // step's forward call is asked about and fenced first, as for every
+    // compensation).
+    if r.state == SagaState::Running && r.past_deadline(now_ms) && super::point_of_no_return(r, def).is_none() {
+        return Move::Journal(JournalEvent::DeadlinePassed {
+            reason: format!(
+                "its deadline passed at {} ms with step {step} ({:?}) next: compensated as if cancelled",
+                r.deadline_at_ms, sd.name
+            ),
+        });
+    }
     match r.state {
         SagaState::Running => match j.forward.as_ref().map(|c| (c.outcome(), c.attempts)) {
             None => Move::Journal(JournalEvent::ForwardIntent { step }),

@@ -168,6 +168,7 @@ impl H {
             authorization: a,
             owner: Some("app".to_string()),
             now_ms: self.now,
+            deadline_ms: 0,
         }
     }
 
@@ -2440,4 +2441,296 @@ fn a_list_page_stops_at_its_limit_and_names_where_to_go_on() {
     assert_eq!(h.book.list(ids[2], 2, all).1, 0);
     let (page, _) = h.book.list(0, 10, |s| s.state == SagaState::Compensated);
     assert_eq!(page.iter().map(|s| s.id).collect::<Vec<_>>(), vec![ids[1]]);
+}
+
+// ------------------------------------------------- cancel and deadline
+
+/// The cancel of saga `id` by alice, through `apply` (a repeat changes
+/// nothing and so does not fit `H::operate`'s checks).
+fn cancel_cmd(h: &H, id: SagaId) -> SagaCommand {
+    SagaCommand::Operate {
+        saga_id: id,
+        action: OperatorAction::Cancel,
+        who: "alice".into(),
+        why: "the customer called it off".into(),
+        now_ms: h.now,
+    }
+}
+
+#[test]
+fn a_cancel_before_the_pivot_compensates_done_steps_newest_first_and_asks_about_the_step_in_flight() {
+    let d = def_of(&[C, C, P, R]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.ok(id, fi(1));
+    let planned = h.rec(id).seq;
+    let res = h.operate(id, OperatorAction::Cancel, "alice", "the customer called it off");
+    assert_eq!(
+        res,
+        Ok(SagaOk::Operated {
+            state: SagaState::Compensating
+        })
+    );
+    let r = h.rec(id);
+    assert_eq!(
+        r.current, 1,
+        "the step in flight may have happened: it is settled first"
+    );
+    assert_eq!(r.cancel_reason, "cancelled by alice: the customer called it off");
+    let last = r.operator_actions.last().unwrap();
+    assert_eq!(
+        (last.action, last.who.as_str(), last.step),
+        (OperatorAction::Cancel, "alice", 1)
+    );
+    assert_eq!(
+        fwd(&r, 1).outcome(),
+        CallOutcome::Intended,
+        "the forward call in flight is not taken as failed"
+    );
+    // The orchestrator's outcome of the call in flight, planned before the
+    // cancel, is refused: the journal moved on.
+    let e = h.write_at(id, planned, fo(1, CallOutcome::Ok)).unwrap_err();
+    assert!(matches!(e, SagaError::StaleJournal { .. }), "{e}");
+    // Nothing goes forward: the compensation of step 1 asks first
+    // (fencing the forward operation), then step 0 is undone.
+    assert_eq!(h.plan(id, false), Move::Journal(ci(1)));
+    h.ok(id, ci(1));
+    assert_eq!(h.plan(id, true), Move::AskThenCompensate { step: 1 });
+    h.ok(id, co(1, CallOutcome::Noop));
+    assert_eq!(h.rec(id).current, 0);
+    assert_eq!(h.compensate(id, 0, CallOutcome::Ok), SagaState::Compensated);
+    let r = h.rec(id);
+    assert!(
+        r.steps[2].forward.is_none() && r.steps[3].forward.is_none(),
+        "nothing ran past the cancel"
+    );
+    assert_eq!(r.cancel_reason, "cancelled by alice: the customer called it off");
+}
+
+#[test]
+fn a_cancel_keeps_an_unknown_forward_unknown_and_settles_it_by_asking() {
+    let d = def_of(&[C, P]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Unknown);
+    h.operate(id, OperatorAction::Cancel, "alice", "too slow").unwrap();
+    let r = h.rec(id);
+    assert_eq!((r.state, r.current), (SagaState::Compensating, 0));
+    assert_eq!(fwd(&r, 0).outcome(), CallOutcome::Unknown, "UNKNOWN is never FAILED");
+    h.ok(id, ci(0));
+    // Asked (and fenced) before anything is undone.
+    assert_eq!(h.plan(id, true), Move::AskThenCompensate { step: 0 });
+    // The status query found it applied: undone.
+    h.ok(id, co(0, CallOutcome::Ok));
+    assert_eq!(h.rec(id).state, SagaState::Compensated);
+}
+
+#[test]
+fn a_cancel_before_any_call_ends_compensated_with_nothing_to_undo() {
+    let d = def_of(&[C, P]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    let res = h.operate(id, OperatorAction::Cancel, "alice", "changed my mind");
+    assert_eq!(
+        res,
+        Ok(SagaOk::Operated {
+            state: SagaState::Compensated
+        })
+    );
+    let r = h.rec(id);
+    assert!(r.steps[0].forward.is_none() && r.steps[0].compensation.is_none());
+    assert_eq!(r.ended_at_ms, r.operator_actions[0].at_ms);
+}
+
+#[test]
+fn a_cancel_is_refused_past_the_point_of_no_return() {
+    let d = def_of(&[C, P, R]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    // The pivot's call may be in flight: it may have happened.
+    h.ok(id, fi(1));
+    let e = refused_with(
+        h.operate(id, OperatorAction::Cancel, "alice", "late"),
+        "point of no return",
+    );
+    assert!(e.to_string().contains("cannot be cancelled"), "{e}");
+    assert!(e.to_string().contains("PIVOT"), "{e}");
+    h.ok(id, fo(1, CallOutcome::Ok));
+    let e = refused_with(
+        h.operate(id, OperatorAction::Cancel, "alice", "later"),
+        "past its pivot",
+    );
+    assert!(matches!(e, SagaError::WrongState { .. }), "{e}");
+    assert_eq!(h.rec(id).state, SagaState::Running);
+    assert!(h.rec(id).cancel_reason.is_empty());
+    // A saga without a pivot whose forward-only step may have happened.
+    let d2 = Definition {
+        name: "no-pivot".into(),
+        ..def_of(&[C, R, R])
+    };
+    let mut h = H::new(&[&d2]);
+    let id = h.start(&d2, "k2");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.forward(id, 1, CallOutcome::Unknown);
+    refused_with(h.operate(id, OperatorAction::Cancel, "alice", "x"), "RETRIABLE");
+}
+
+#[test]
+fn a_repeated_cancel_changes_nothing_and_other_states_refuse_one() {
+    let d = def_of(&[C, C, P]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.operate(id, OperatorAction::Cancel, "alice", "first").unwrap();
+    let before = h.book.clone();
+    let (res, effects) = h.apply(cancel_cmd(&h, id));
+    assert_eq!(
+        res,
+        Ok(SagaOk::Operated {
+            state: SagaState::Compensating
+        })
+    );
+    assert!(effects.is_empty());
+    assert_eq!(h.book, before, "a repeated cancel is no write");
+    // Parked while compensating the cancel: a repeat still answers.
+    h.ok(id, park("the compensation keeps failing"));
+    let (res, effects) = h.apply(cancel_cmd(&h, id));
+    assert_eq!(
+        res,
+        Ok(SagaOk::Operated {
+            state: SagaState::Parked
+        })
+    );
+    assert!(effects.is_empty());
+
+    // Compensating because a step failed (not cancelled): refused.
+    let id2 = h.start(&d, "k2");
+    h.forward(id2, 0, CallOutcome::Ok);
+    h.forward(id2, 1, CallOutcome::Failed);
+    h.ok(id2, recover(1, Recovery::Compensate));
+    assert_eq!(h.rec(id2).state, SagaState::Compensating);
+    refused_with(
+        h.operate(id2, OperatorAction::Cancel, "alice", "x"),
+        "only a RUNNING saga",
+    );
+    // Ended: refused.
+    let id3 = h.start(&d, "k3");
+    h.forward(id3, 0, CallOutcome::Ok);
+    h.forward(id3, 1, CallOutcome::Ok);
+    h.forward(id3, 2, CallOutcome::Ok);
+    assert_eq!(h.rec(id3).state, SagaState::Completed);
+    refused_with(h.operate(id3, OperatorAction::Cancel, "alice", "x"), "COMPLETED");
+    // Who and why are required, as for every operator's action.
+    let id4 = h.start(&d, "k4");
+    assert!(matches!(
+        h.operate(id4, OperatorAction::Cancel, "alice", ""),
+        Err(SagaError::Invalid(_))
+    ));
+    // Parked while running: a cancel compensates from the parked step.
+    h.forward(id4, 0, CallOutcome::Ok);
+    h.ok(id4, fi(1));
+    h.ok(id4, park("status query keeps failing"));
+    let res = h.operate(id4, OperatorAction::Cancel, "alice", "give up");
+    assert_eq!(
+        res,
+        Ok(SagaOk::Operated {
+            state: SagaState::Compensating
+        })
+    );
+    let r = h.rec(id4);
+    assert_eq!((r.current, r.parked_reason.as_str(), r.parked_from), (1, "", None));
+}
+
+/// Saga "k" of `d` started at 1 000 ms with a deadline of 500 ms.
+fn start_with_deadline(h: &mut H, d: &Definition, key: &str) -> SagaId {
+    let mut cmd = h.start_cmd(d, key, 1, b"order-42", auth(0));
+    if let SagaCommand::Start { deadline_ms, .. } = &mut cmd {
+        *deadline_ms = 500;
+    }
+    match h.apply(cmd) {
+        (Ok(SagaOk::Started { saga_id, created: true }), _) => saga_id,
+        other => panic!("start refused: {other:?}"),
+    }
+}
+
+#[test]
+fn past_its_deadline_a_saga_before_its_pivot_is_compensated_as_if_cancelled() {
+    let d = def_of(&[C, C, P, R]);
+    let mut h = H::new(&[&d]);
+    h.now = 1_000;
+    let id = start_with_deadline(&mut h, &d, "k");
+    assert_eq!(h.rec(id).deadline_at_ms, 1_500);
+    h.forward(id, 0, CallOutcome::Ok);
+    assert_eq!(
+        h.plan(id, false),
+        Move::Journal(fi(1)),
+        "before its deadline it goes on"
+    );
+    // Written before the deadline (by its own clock): refused.
+    let early = JournalEvent::DeadlinePassed { reason: "early".into() };
+    refused_with(h.write(id, early), "not passed");
+    h.now = 1_500;
+    let Move::Journal(ev @ JournalEvent::DeadlinePassed { .. }) = h.plan(id, false) else {
+        panic!("the plan past the deadline: {:?}", h.plan(id, false))
+    };
+    let JournalEvent::DeadlinePassed { reason } = &ev else {
+        unreachable!()
+    };
+    assert!(
+        reason.contains("deadline passed at 1500 ms") && reason.contains("\"s1\""),
+        "{reason}"
+    );
+    assert_eq!(h.ok(id, ev.clone()), SagaState::Compensating);
+    let r = h.rec(id);
+    assert_eq!(r.current, 0, "step 1 never started: only step 0 is undone");
+    assert_eq!(&r.cancel_reason, reason, "the journal records why it stopped");
+    assert_eq!(h.compensate(id, 0, CallOutcome::Ok), SagaState::Compensated);
+    // A cancel after it answers as it is.
+    let (res, effects) = h.apply(cancel_cmd(&h, id));
+    assert_eq!(
+        res,
+        Ok(SagaOk::Operated {
+            state: SagaState::Compensated
+        })
+    );
+    assert!(effects.is_empty());
+}
+
+#[test]
+fn past_its_deadline_a_saga_beyond_its_pivot_goes_on_forward() {
+    let d = def_of(&[C, P, R]);
+    let mut h = H::new(&[&d]);
+    h.now = 1_000;
+    let id = start_with_deadline(&mut h, &d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.ok(id, fi(1));
+    h.now = 5_000;
+    // The pivot's call may have happened: no deadline turns it back.
+    assert_eq!(h.plan(id, false), Move::QueryForward { step: 1 });
+    let ev = JournalEvent::DeadlinePassed { reason: "late".into() };
+    refused_with(h.write(id, ev.clone()), "only goes forward");
+    h.ok(id, fo(1, CallOutcome::Ok));
+    assert_eq!(h.plan(id, false), Move::Journal(fi(2)));
+    refused_with(h.write(id, ev), "past its pivot");
+    // Without a deadline, no time is too late.
+    let id2 = h.start(&d, "k2");
+    h.now = u64::MAX / 2;
+    assert_eq!(h.rec(id2).deadline_at_ms, 0);
+    assert_eq!(h.plan(id2, false), Move::Journal(fi(0)));
+}
+
+#[test]
+fn a_deadline_and_a_cancel_reason_round_trip_through_the_snapshot_data() {
+    let d = def_of(&[C, P]);
+    let mut h = H::new(&[&d]);
+    let a = start_with_deadline(&mut h, &d, "a");
+    let b = h.start(&d, "b");
+    h.forward(b, 0, CallOutcome::Ok);
+    h.operate(b, OperatorAction::Cancel, "alice", "stop").unwrap();
+    let back = SagaBook::from_data(h.book.data());
+    assert_eq!(back, h.book);
+    assert_eq!(back.get(a).unwrap().deadline_at_ms, 1_500);
+    assert_eq!(back.get(b).unwrap().cancel_reason, "cancelled by alice: stop");
 }

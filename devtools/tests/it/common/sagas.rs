@@ -308,6 +308,7 @@ pub async fn start(c: &TestCluster, definition: &str, input: &OrderInput, auth: 
         idempotency_key: input.order.clone(),
         input: input.to_json(),
         authorization: auth,
+        deadline_ms: 0,
     };
     call(c, Duration::from_secs(30), |mut cl| {
         let r = req.clone();
