@@ -121,6 +121,13 @@ pub struct BenchArgs {
     /// transfers of the same run (the cost of TLS).
     #[arg(long)]
     pub tls: bool,
+    /// After the transfers, measure them again on the same cluster and
+    /// banks as branches (the client begins, calls each bank's
+    /// `bank.v1.Bank.Change` with the txid, which prepares and registers
+    /// with its vote, then commits), at the transfer client counts: the
+    /// table puts them beside the coordinator-driven transfers of the run.
+    #[arg(long)]
+    pub branches: bool,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -220,6 +227,8 @@ struct Outcome {
     postgres: Option<crate::pgbench::PgReport>,
     /// With `--tls`: the transfers over TLS.
     tls: Option<Vec<TransferPoint>>,
+    /// With `--branches`: the transfers as branches.
+    branches: Option<Vec<TransferPoint>>,
     /// What the machine was when the run started (`crate::machine`).
     machine: crate::machine::Machine,
 }
@@ -535,12 +544,26 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
     // two runs in the background). 10,000 accounts per bank keep lock
     // conflicts rare.
     let mut transfer_rows = Vec::new();
+    let mut branch_rows = None;
     if !a.transfer_clients.is_empty() {
         let api = cluster.api_addrs();
-        let banks = vec![
-            dtx_testkit::cluster::start_bank(&bin, &dir, "bank-a", "a", &api, 10_000, 1_000_000)?,
-            dtx_testkit::cluster::start_bank(&bin, &dir, "bank-b", "b", &api, 10_000, 1_000_000)?,
-        ];
+        // Each bank also serves its own API (for --branches).
+        let mut apps = Vec::new();
+        let mut banks = Vec::new();
+        for (id, prefix) in [("bank-a", "a"), ("bank-b", "b")] {
+            let app = format!("127.0.0.1:{}", dtx_testkit::cluster::free_port("127.0.0.1")?);
+            banks.push(dtx_testkit::cluster::start_bank_with(
+                &bin,
+                &dir,
+                id,
+                prefix,
+                &api,
+                10_000,
+                1_000_000,
+                |_| vec!["--app-listen".to_string(), app.clone()],
+            )?);
+            apps.push((prefix, app));
+        }
         for b in &banks {
             b.wait_started().await?;
         }
@@ -561,6 +584,28 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
             "xfer",
         )
         .await;
+        if a.branches {
+            let list = apps
+                .iter()
+                .map(|(prefix, app)| dtx_bank::branch::BranchBank::new(prefix, app))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            branch_rows = Some(
+                measure_transfers(
+                    &watch,
+                    None,
+                    std::sync::Arc::new(crate::closed_loop::Shape::Branches(list)),
+                    &meter,
+                    &a.transfer_clients,
+                    Duration::ZERO,
+                    measured,
+                    a.rounds,
+                    raw.per_sec,
+                    "transfers as branches",
+                    "branch",
+                )
+                .await,
+            );
+        }
     }
     // PostgreSQL participants beside pgbench, on the same cluster.
     let postgres = if a.postgres {
@@ -616,6 +661,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         checks,
         postgres,
         tls,
+        branches: branch_rows,
         machine,
     };
     let text = results_text(&a, &outcome);
@@ -909,6 +955,10 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
         t.push('\n');
         t.push_str(&crate::tlsbench::results_text(&o.summary.transfers, tls));
     }
+    if let Some(branches) = &o.branches {
+        t.push('\n');
+        t.push_str(&branches_text(&o.summary.transfers, branches));
+    }
     t.push_str("\ncorrectness checks (UNKNOWN outcomes are neither successes nor failures):\n");
     for c in &o.checks {
         t.push_str(&format!("- {}\n", c.summary()));
@@ -923,6 +973,32 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     t.push_str(&format!(
         "UNKNOWN outcomes in measured phases: {unknown} (not counted in any rate or latency)\n"
     ));
+    t
+}
+
+/// The transfers as branches beside the coordinator-driven ones of the
+/// same run, and the issue's goal line: a lower p50 at one client.
+fn branches_text(prepared: &[TransferPoint], branches: &[TransferPoint]) -> String {
+    let mut t = crate::report::beside_text(
+        "transfers as branches (Begin, each bank's Change with the txid: prepared in its handler and \
+         registered with its vote, then Commit: no Prepare) beside coordinator-driven transfers (one \
+         BeginAndCommit: Prepare to both banks, then the decision); same cluster and banks, same run; CPU = \
+         all processes per committed transfer",
+        ("Prepare", prepared),
+        ("branches", branches),
+    );
+    let one = |v: &[TransferPoint]| v.iter().find(|p| p.clients == 1).map(|p| p.stats.p50_us);
+    if let (Some(p), Some(b)) = (one(prepared), one(branches)) {
+        t.push_str(&format!(
+            "goal check: one-client p50 as branches {} vs coordinator-driven {} ({:.2} x; goal: lower) {}\n",
+            crate::report::ms(b),
+            crate::report::ms(p),
+            b as f64 / p.max(1) as f64,
+            if b < p { "MET" } else { "NOT MET" }
+        ));
+    }
+    let unknown: u64 = branches.iter().map(|s| s.unknown).sum();
+    t.push_str(&format!("UNKNOWN outcomes as branches: {unknown}\n"));
     t
 }
 
@@ -1052,6 +1128,7 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
             }),
         }),
         "tls": o.tls.as_ref().map(|tls| crate::tlsbench::json(&o.summary.transfers, tls)),
+        "branches": o.branches.as_ref().map(|b| crate::report::beside_json(&o.summary.transfers, b, "branches_over_prepare")),
         "checks": o.checks,
     });
     let json = serde_json::to_string_pretty(&v)?;
@@ -1098,6 +1175,30 @@ fn client_counts_or_none(s: &str) -> Result<Vec<usize>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn point(clients: usize, p50_us: u64) -> TransferPoint {
+        TransferPoint {
+            clients,
+            stats: crate::report::stats(vec![p50_us; 10], Duration::from_secs(1)),
+            aborted: 0,
+            unknown: 0,
+            cpu_us_per_committed_transfer: 1000,
+            cpu_split: None,
+            leader_change: None,
+            leader_work: None,
+        }
+    }
+
+    #[test]
+    fn branches_sit_beside_the_prepare_driven_transfers_with_the_one_client_goal() {
+        let prepared = [point(1, 1500), point(16, 3000)];
+        let t = branches_text(&prepared, &[point(1, 1200), point(16, 3300)]);
+        assert!(t.contains("| 1 | 10 | 10 | 1.00 | 1.50 ms | 1.20 ms |"), "{t}");
+        assert!(t.contains("| 16 |"), "{t}");
+        assert!(t.contains("(0.80 x; goal: lower) MET"), "{t}");
+        let t = branches_text(&prepared, &[point(1, 1600)]);
+        assert!(t.contains("NOT MET"), "{t}");
+    }
 
     #[derive(clap::Parser)]
     struct Cmd {

@@ -46,9 +46,31 @@ pub fn clients_with(endpoints: &[String], n: usize, tls: Option<&Arc<dtx_tls::Cl
         .collect()
 }
 
-/// Banks as `measure_transfers` takes them: (participant id, address,
-/// account prefix) each.
-pub type BankList = Arc<Vec<(String, String, String)>>;
+/// How a transfer phase's banks take part.
+pub enum Shape {
+    /// Enlisted by the client with their work as payload, prepared by the
+    /// coordinator (`dtx_bank::transfer`, one BeginAndCommit): (participant
+    /// id, address, account prefix) each.
+    Enlisted(Vec<(String, String, String)>),
+    /// Called by the client inside its transaction, each preparing in its
+    /// own request handler and registering with its vote
+    /// (`dtx_bank::branch::transfer_as_branches`: Begin, the two calls,
+    /// Commit).
+    Branches(Vec<dtx_bank::branch::BranchBank>),
+}
+
+impl Shape {
+    /// One transfer under `key` between accounts of 10,000 per bank.
+    async fn transfer(&self, c: &Client, key: &str) -> (Option<u64>, Result<TxOutcome, ClientError>) {
+        match self {
+            Shape::Enlisted(banks) => dtx_bank::transfer(c, key, banks, 10_000).await,
+            Shape::Branches(banks) => dtx_bank::branch::transfer_as_branches(c, key, banks, 10_000).await,
+        }
+    }
+}
+
+/// Banks as `measure_transfers` takes them.
+pub type BankList = Arc<Shape>;
 
 /// Started banks as `measure_transfers` takes them, and a CPU meter over
 /// `nodes`, the banks and this process (every process of a transfer),
@@ -57,7 +79,7 @@ pub fn banks_and_meter(
     banks: &[dtx_testkit::cluster::BankProcess],
     nodes: &[dtx_testkit::cluster::NodeProc],
 ) -> (BankList, CpuMeter) {
-    let list = banks.iter().map(|b| b.spec()).collect();
+    let list = Shape::Enlisted(banks.iter().map(|b| b.spec()).collect());
     let pids = nodes
         .iter()
         .filter_map(|n| Some((Part::Node(n.plan.id), n.pid()?)))
@@ -181,7 +203,7 @@ pub fn round_label(r: u64, rounds: u64) -> String {
 pub async fn measure_transfers(
     watch: &LeaderWatch,
     client_tls: Option<&Arc<dtx_tls::ClientTls>>,
-    bank_list: Arc<Vec<(String, String, String)>>,
+    bank_list: BankList,
     meter: &CpuMeter,
     counts: &[usize],
     warmup: Duration,
@@ -204,7 +226,7 @@ pub async fn measure_transfers(
                     let bl = bl.clone();
                     async move {
                         let key = format!("{key_prefix}-warm-{n}-{r}-{w}-{i}");
-                        match dtx_bank::transfer(&c, &key, &bl, 10_000).await {
+                        match bl.transfer(&c, &key).await {
                             (_, Ok(_)) => Step::Done,
                             (_, Err(e)) => Step::Error(e.to_string()),
                         }
@@ -221,7 +243,7 @@ pub async fn measure_transfers(
                 let (bl, ab, co) = (bl.clone(), ab.clone(), co.clone());
                 async move {
                     let key = format!("{key_prefix}-{n}-{r}-{w}-{i}");
-                    match dtx_bank::transfer(&c, &key, &bl, 10_000).await {
+                    match bl.transfer(&c, &key).await {
                         (_, Ok(TxOutcome::Committed)) => {
                             co.fetch_add(1, Ordering::Relaxed);
                             Step::Done

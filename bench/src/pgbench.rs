@@ -231,7 +231,7 @@ pub(crate) async fn run(env: Env<'_>, checks: &mut Vec<Check>) -> anyhow::Result
     // phase, read 2.5 s after it (the pooled backends report their
     // statistics when idle, at most once a second).
     let stats_db = dtx_bank::connect_pg(&server.conn_string("postgres")).await?;
-    let bank_list = Arc::new(bank_list);
+    let bank_list = Arc::new(crate::closed_loop::Shape::Enlisted(bank_list));
     let watch = crate::leader_watch::LeaderWatch::new(env.api.clone(), None);
     let mut ours = Vec::new();
     let mut ours_syncs = Vec::new();

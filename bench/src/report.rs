@@ -532,6 +532,73 @@ pub fn comparison_text(s: &Summary) -> String {
     t
 }
 
+fn show(r: Option<f64>) -> String {
+    r.map(|r| format!("{r:.2}")).unwrap_or_else(|| "-".into())
+}
+
+/// A table of the transfer points `b` beside `a` at the same client
+/// counts (throughput, p50, p99 and CPU per committed transfer, with the
+/// ratios `b ÷ a`), under `title`; the columns are named by the two names.
+pub fn beside_text(
+    title: &str,
+    (a_name, a): (&str, &[TransferPoint]),
+    (b_name, b): (&str, &[TransferPoint]),
+) -> String {
+    let mut t = format!(
+        "{title}\n\n\
+         | clients | {a_name} /s | {b_name} /s | {b_name} ÷ {a_name} | {a_name} p50 | {b_name} p50 | {a_name} p99 | \
+         {b_name} p99 | {a_name} CPU | {b_name} CPU | CPU ratio |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for s in b {
+        let Some(p) = a.iter().find(|p| p.clients == s.clients) else {
+            continue;
+        };
+        t.push_str(&format!(
+            "| {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {:.2} ms | {:.2} ms | {} |\n",
+            s.clients,
+            p.stats.per_sec,
+            s.stats.per_sec,
+            show(ratio(s.stats.per_sec, p.stats.per_sec)),
+            ms(p.stats.p50_us),
+            ms(s.stats.p50_us),
+            ms(p.stats.p99_us),
+            ms(s.stats.p99_us),
+            p.cpu_us_per_committed_transfer as f64 / 1000.0,
+            s.cpu_us_per_committed_transfer as f64 / 1000.0,
+            show(ratio(
+                s.cpu_us_per_committed_transfer as f64,
+                p.cpu_us_per_committed_transfer as f64
+            )),
+        ));
+    }
+    t
+}
+
+/// The points `b` as JSON, each with the ratios to `a` at its client
+/// count: `throughput_<suffix>`, `p50_<suffix>` and `cpu_<suffix>`.
+pub fn beside_json(a: &[TransferPoint], b: &[TransferPoint], suffix: &str) -> serde_json::Value {
+    serde_json::json!(b
+        .iter()
+        .map(|s| {
+            let p = a.iter().find(|p| p.clients == s.clients);
+            let mut v = serde_json::json!({
+                "clients": s.clients, "stats": s.stats, "aborted": s.aborted, "unknown": s.unknown,
+                "cpu_us_per_committed_transfer": s.cpu_us_per_committed_transfer,
+            });
+            v[format!("throughput_{suffix}")] =
+                serde_json::json!(p.and_then(|p| ratio(s.stats.per_sec, p.stats.per_sec)));
+            v[format!("p50_{suffix}")] =
+                serde_json::json!(p.and_then(|p| ratio(s.stats.p50_us as f64, p.stats.p50_us as f64)));
+            v[format!("cpu_{suffix}")] = serde_json::json!(p.and_then(|p| ratio(
+                s.cpu_us_per_committed_transfer as f64,
+                p.cpu_us_per_committed_transfer as f64,
+            )));
+            v
+        })
+        .collect::<Vec<_>>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,6 @@ use std::time::Duration;
 use anyhow::Context;
 use dtx_tls::Role;
 
-use crate::report::ms;
 use crate::report::TransferPoint;
 use dtx_testkit::cluster::ProcessCluster;
 use dtx_testkit::pki::DevPki;
@@ -80,45 +79,14 @@ pub async fn run(env: Env<'_>) -> anyhow::Result<Vec<TransferPoint>> {
     Ok(rows)
 }
 
-/// `tls ÷ plain`, or None when plain is 0.
-fn ratio(tls: f64, plain: f64) -> Option<f64> {
-    (plain > 0.0).then(|| tls / plain)
-}
-
-fn show(r: Option<f64>) -> String {
-    r.map(|r| format!("{r:.2}")).unwrap_or_else(|| "-".into())
-}
-
 /// The table of the TLS transfers beside the plain-text ones.
 pub fn results_text(plain: &[TransferPoint], tls: &[TransferPoint]) -> String {
-    let mut t = String::from(
+    let mut t = crate::report::beside_text(
         "transfers with mutual TLS on every link beside plain text (same run; a second cluster and banks, \
-         the plain-text one stopped; CPU = all processes per committed transfer)\n\n\
-         | clients | plain /s | TLS /s | TLS ÷ plain | plain p50 | TLS p50 | plain p99 | TLS p99 | plain CPU | TLS CPU | CPU ratio |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         the plain-text one stopped; CPU = all processes per committed transfer)",
+        ("plain", plain),
+        ("TLS", tls),
     );
-    for s in tls {
-        let Some(p) = plain.iter().find(|p| p.clients == s.clients) else {
-            continue;
-        };
-        t.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {:.2} ms | {:.2} ms | {} |\n",
-            s.clients,
-            p.stats.per_sec,
-            s.stats.per_sec,
-            show(ratio(s.stats.per_sec, p.stats.per_sec)),
-            ms(p.stats.p50_us),
-            ms(s.stats.p50_us),
-            ms(p.stats.p99_us),
-            ms(s.stats.p99_us),
-            p.cpu_us_per_committed_transfer as f64 / 1000.0,
-            s.cpu_us_per_committed_transfer as f64 / 1000.0,
-            show(ratio(
-                s.cpu_us_per_committed_transfer as f64,
-                p.cpu_us_per_committed_transfer as f64
-            )),
-        ));
-    }
     let unknown: u64 = tls.iter().map(|s| s.unknown).sum();
     t.push_str(&format!("\nUNKNOWN outcomes over TLS: {unknown}\n"));
     t
@@ -126,21 +94,7 @@ pub fn results_text(plain: &[TransferPoint], tls: &[TransferPoint]) -> String {
 
 /// The same as JSON.
 pub fn json(plain: &[TransferPoint], tls: &[TransferPoint]) -> serde_json::Value {
-    serde_json::json!(tls
-        .iter()
-        .map(|s| {
-            let p = plain.iter().find(|p| p.clients == s.clients);
-            serde_json::json!({
-                "clients": s.clients, "stats": s.stats, "aborted": s.aborted, "unknown": s.unknown,
-                "cpu_us_per_committed_transfer": s.cpu_us_per_committed_transfer,
-                "throughput_tls_over_plain": p.and_then(|p| ratio(s.stats.per_sec, p.stats.per_sec)),
-                "cpu_tls_over_plain": p.and_then(|p| ratio(
-                    s.cpu_us_per_committed_transfer as f64,
-                    p.cpu_us_per_committed_transfer as f64,
-                )),
-            })
-        })
-        .collect::<Vec<_>>())
+    crate::report::beside_json(plain, tls, "tls_over_plain")
 }
 
 #[cfg(test)]
@@ -171,6 +125,6 @@ mod tests {
         assert!(t.contains("| 0.60 ms | 1.20 |"), "{t}");
         let j = json(&plain, &tls);
         assert_eq!(j[1]["throughput_tls_over_plain"], 0.9);
-        assert_eq!(ratio(1.0, 0.0), None);
+        assert_eq!(crate::report::ratio(1.0, 0.0), None);
     }
 }

@@ -193,6 +193,76 @@ impl pb::bank_server::Bank for BankApi {
     }
 }
 
+/// A bank as a caller of [`transfer_as_branches`] reaches it: its account
+/// prefix and its `bank.v1.Bank` API.
+#[derive(Clone, Debug)]
+pub struct BranchBank {
+    pub prefix: String,
+    pub api: tonic::transport::Channel,
+}
+
+impl BranchBank {
+    /// The bank with accounts `prefix..` whose API listens on `addr`
+    /// (connected at the first call).
+    pub fn new(prefix: &str, addr: &str) -> anyhow::Result<BranchBank> {
+        let api = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(std::time::Duration::from_millis(500))
+            .connect_lazy();
+        Ok(BranchBank {
+            prefix: prefix.to_string(),
+            api,
+        })
+    }
+}
+
+/// One transfer of a random amount between random accounts of two of
+/// `banks`, as branches: `begin` under `key`, then `Change` at both banks
+/// at once with the txid (each prepares and registers with its vote),
+/// then `commit` when both answered, `abort` otherwise. The txid if one
+/// is known and the outcome: a commit or abort without a definite answer
+/// is UNKNOWN, never a failure.
+pub async fn transfer_as_branches(
+    client: &Client,
+    key: &str,
+    banks: &[BranchBank],
+    accounts: usize,
+) -> (Option<u64>, Result<dtx_client::TxOutcome, dtx_client::ClientError>) {
+    use rand::Rng;
+    let (from, to, amount, fa, ta) = {
+        let mut rng = rand::rng();
+        let f = rng.random_range(0..banks.len());
+        (
+            f,
+            (f + 1) % banks.len(),
+            rng.random_range(1..=50i64),
+            rng.random_range(0..accounts),
+            rng.random_range(0..accounts),
+        )
+    };
+    let began = match client.begin(key, 10_000, b"transfer").await {
+        Ok(b) => b,
+        Err(e) => return (None, Err(e)),
+    };
+    let change = |bank: &BranchBank, account: String, delta: i64| {
+        let mut api = pb::bank_client::BankClient::new(bank.api.clone());
+        let mut req = Request::new(pb::ChangeRequest {
+            changes: vec![pb::AccountChange { account, delta }],
+        });
+        dtx_proto::attach_txid(&mut req, began.txid);
+        dtx_proto::attach_incarnation(&mut req, began.incarnation);
+        async move { api.change(req).await }
+    };
+    let (debit, credit) = tokio::join!(
+        change(&banks[from], format!("{}{fa}", banks[from].prefix), -amount),
+        change(&banks[to], format!("{}{ta}", banks[to].prefix), amount),
+    );
+    let outcome = match (debit, credit) {
+        (Ok(_), Ok(_)) => client.commit(began.txid).await,
+        (Err(s), _) | (_, Err(s)) => client.abort(began.txid, s.message()).await,
+    };
+    (Some(began.txid), outcome)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
