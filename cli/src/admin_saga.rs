@@ -200,6 +200,8 @@ pub(crate) enum KindFile {
     Compensable,
     Pivot,
     Retriable,
+    #[serde(rename = "read_only")]
+    ReadOnly,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -262,6 +264,7 @@ impl DefinitionFile {
                         KindFile::Compensable => pb::StepKind::Compensable,
                         KindFile::Pivot => pb::StepKind::Pivot,
                         KindFile::Retriable => pb::StepKind::Retriable,
+                        KindFile::ReadOnly => pb::StepKind::ReadOnly,
                     } as i32,
                     service: s.service.clone(),
                     action: s.action.clone(),

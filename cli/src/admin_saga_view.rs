@@ -38,6 +38,7 @@ pub fn kind_file_name(v: i32) -> &'static str {
         Ok(pb::StepKind::Compensable) => "compensable",
         Ok(pb::StepKind::Pivot) => "pivot",
         Ok(pb::StepKind::Retriable) => "retriable",
+        Ok(pb::StepKind::ReadOnly) => "read_only",
         Ok(pb::StepKind::Unspecified) | Err(_) => "unspecified",
     }
 }

@@ -17,12 +17,13 @@ pub fn saga_state(v: i32) -> Option<&'static str> {
     }
 }
 
-/// COMPENSABLE, PIVOT or RETRIABLE.
+/// COMPENSABLE, PIVOT, RETRIABLE or READ_ONLY.
 pub fn step_kind(v: i32) -> Option<&'static str> {
     match pb::StepKind::try_from(v).ok()? {
         pb::StepKind::Compensable => Some("COMPENSABLE"),
         pb::StepKind::Pivot => Some("PIVOT"),
         pb::StepKind::Retriable => Some("RETRIABLE"),
+        pb::StepKind::ReadOnly => Some("READ_ONLY"),
         pb::StepKind::Unspecified => None,
     }
 }

@@ -64,7 +64,8 @@ fn kind_of(k: i32) -> Result<saga::StepKind, String> {
         Ok(pb::StepKind::Compensable) => Ok(saga::StepKind::Compensable),
         Ok(pb::StepKind::Pivot) => Ok(saga::StepKind::Pivot),
         Ok(pb::StepKind::Retriable) => Ok(saga::StepKind::Retriable),
-        _ => Err(format!("kind {k} is not COMPENSABLE, PIVOT or RETRIABLE")),
+        Ok(pb::StepKind::ReadOnly) => Ok(saga::StepKind::ReadOnly),
+        _ => Err(format!("kind {k} is not COMPENSABLE, PIVOT, RETRIABLE or READ_ONLY")),
     }
 }
 
@@ -73,6 +74,7 @@ fn kind_pb(k: saga::StepKind) -> pb::StepKind {
         saga::StepKind::Compensable => pb::StepKind::Compensable,
         saga::StepKind::Pivot => pb::StepKind::Pivot,
         saga::StepKind::Retriable => pb::StepKind::Retriable,
+        saga::StepKind::ReadOnly => pb::StepKind::ReadOnly,
     }
 }
 

@@ -6,9 +6,10 @@
 //! - the kinds run COMPENSABLE* PIVOT? RETRIABLE*: at most one pivot, no
 //!   RETRIABLE step before the pivot (it could not be undone if a later
 //!   step before the pivot failed), and past the pivot only RETRIABLE
-//!   steps (the saga only goes forward there);
-//! - a COMPENSABLE step names its compensation; a PIVOT or RETRIABLE step
-//!   names none (nothing would ever run it);
+//!   steps (the saga only goes forward there); READ_ONLY steps (they
+//!   change nothing) may stand anywhere among them;
+//! - a COMPENSABLE step names its compensation; a PIVOT, RETRIABLE or
+//!   READ_ONLY step names none (nothing would ever run it);
 //! - every step names its service, its forward action and its status
 //!   query (the query that turns an UNKNOWN outcome into a known one);
 //! - the registered recovery options fit the kind: COMPENSATE only before
@@ -26,6 +27,9 @@ pub enum StepKind {
     Compensable,
     Pivot,
     Retriable,
+    /// Changes nothing: never compensated, never a point of no return
+    /// (appended: the encoding of the others is unchanged).
+    ReadOnly,
 }
 
 impl StepKind {
@@ -34,6 +38,7 @@ impl StepKind {
             StepKind::Compensable => "COMPENSABLE",
             StepKind::Pivot => "PIVOT",
             StepKind::Retriable => "RETRIABLE",
+            StepKind::ReadOnly => "READ_ONLY",
         }
     }
 }
@@ -110,15 +115,15 @@ pub struct StepDef {
 
 impl StepDef {
     /// The recovery options registered for this step: its own list, or the
-    /// kind's default (COMPENSABLE and PIVOT: compensate; RETRIABLE: retry,
-    /// then park).
+    /// kind's default (COMPENSABLE and PIVOT: compensate; RETRIABLE and
+    /// READ_ONLY: retry, then park).
     pub fn recovery(&self) -> Vec<Recovery> {
         if !self.on_failure.is_empty() {
             return self.on_failure.clone();
         }
         match self.kind {
             StepKind::Compensable | StepKind::Pivot => vec![Recovery::Compensate],
-            StepKind::Retriable => vec![Recovery::Retry, Recovery::Park],
+            StepKind::Retriable | StepKind::ReadOnly => vec![Recovery::Retry, Recovery::Park],
         }
     }
 }
@@ -224,6 +229,8 @@ impl Definition {
                 StepKind::Retriable => {
                     seen_retriable.get_or_insert(&s.name);
                 }
+                // Reads nothing back and undoes nothing: anywhere.
+                StepKind::ReadOnly => {}
             }
             if s.retry.max_attempts == 0 {
                 return Err(format!("{at}: retry.max_attempts must be at least 1"));
@@ -243,6 +250,13 @@ impl Definition {
                     return Err(format!(
                         "{at}: COMPENSATE is not a recovery option of a RETRIABLE step (it comes after the pivot, or after steps that cannot be undone)"
                     ));
+                }
+                if *o == Recovery::Compensate && s.kind == StepKind::ReadOnly {
+                    if let Some(past) = seen_pivot.or(seen_retriable) {
+                        return Err(format!(
+                            "{at}: COMPENSATE is not a recovery option of a READ_ONLY step after {past:?} (the saga only goes forward there)"
+                        ));
+                    }
                 }
             }
         }

@@ -1089,7 +1089,8 @@ fn beyond_return(r: &SagaRecord, def: &Definition) -> Option<String> {
         return Some("past its pivot".into());
     }
     for (i, (sd, j)) in def.steps.iter().zip(&r.steps).enumerate() {
-        if sd.kind == StepKind::Compensable {
+        // Undoable, or nothing to undo.
+        if matches!(sd.kind, StepKind::Compensable | StepKind::ReadOnly) {
             continue;
         }
         if let Some(c) = j.forward.as_ref().filter(|c| c.outcome().may_have_happened()) {

@@ -20,6 +20,7 @@ use super::*;
 const C: StepKind = StepKind::Compensable;
 const P: StepKind = StepKind::Pivot;
 const R: StepKind = StepKind::Retriable;
+const RO: StepKind = StepKind::ReadOnly;
 
 /// A valid step of `kind` named `name`: a COMPENSABLE step names its
 /// compensation, the others none; the kind's default recovery.
@@ -2733,4 +2734,90 @@ fn a_deadline_and_a_cancel_reason_round_trip_through_the_snapshot_data() {
     assert_eq!(back, h.book);
     assert_eq!(back.get(a).unwrap().deadline_at_ms, 1_500);
     assert_eq!(back.get(b).unwrap().cancel_reason, "cancelled by alice: stop");
+}
+
+// ------------------------------------------------------ READ_ONLY steps
+
+#[test]
+fn read_only_steps_stand_anywhere_and_name_no_compensation() {
+    for kinds in [
+        vec![RO, C, P, R],
+        vec![C, RO, P, R],
+        vec![C, P, RO, R],
+        vec![C, P, R, RO],
+        vec![RO],
+        vec![RO, RO, P],
+    ] {
+        assert_eq!(def_of(&kinds).validate(), Ok(()), "{kinds:?}");
+    }
+    let d = with_step(def_of(&[C, RO, P]), 1, |s| s.compensation = Some("undo".into()));
+    assert_eq!(
+        refusal(&d),
+        format!(
+            "{}: a READ_ONLY step cannot have a compensation (it is never undone)",
+            at(1, "s1")
+        )
+    );
+    assert_eq!(step("a", RO).recovery(), vec![Recovery::Retry, Recovery::Park]);
+}
+
+#[test]
+fn compensate_option_on_a_read_only_step_only_before_the_point_of_no_return() {
+    let before = with_step(def_of(&[C, RO, P]), 1, |s| s.on_failure = vec![Recovery::Compensate]);
+    assert_eq!(before.validate(), Ok(()));
+    for kinds in [[C, P, RO], [C, R, RO]] {
+        let d = with_step(def_of(&kinds), 2, |s| s.on_failure = vec![Recovery::Compensate]);
+        let e = refusal(&d);
+        assert!(
+            e.starts_with(&format!(
+                "{}: COMPENSATE is not a recovery option of a READ_ONLY step after",
+                at(2, "s2")
+            )),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn a_read_only_check_that_says_no_compensates_the_steps_before_it_and_nothing_of_its_own() {
+    // reserve (C), check (RO, COMPENSATE registered), charge (P).
+    let d = with_step(def_of(&[C, RO, P]), 1, |s| s.on_failure = vec![Recovery::Compensate]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.forward(id, 1, CallOutcome::Failed);
+    assert_eq!(
+        h.plan(id, false),
+        Move::Journal(recover(1, Recovery::Compensate)).with_reason("said FAILED")
+    );
+    assert_eq!(h.ok(id, recover(1, Recovery::Compensate)), SagaState::Compensating);
+    // Straight to the COMPENSABLE step: the check has nothing to undo.
+    assert_eq!(h.rec(id).current, 0);
+    assert_eq!(h.compensate(id, 0, CallOutcome::Ok), SagaState::Compensated);
+    assert!(h.rec(id).steps[1].compensation.is_none());
+}
+
+#[test]
+fn a_read_only_step_done_is_no_point_of_no_return() {
+    // A saga without a pivot: a READ_ONLY step that ran does not stop a
+    // cancel from compensating, where a RETRIABLE one would.
+    let d = def_of(&[C, RO, C]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.forward(id, 1, CallOutcome::Ok);
+    assert_eq!(
+        h.operate(id, OperatorAction::Cancel, "alice", "customer asked")
+            .map(|_| h.rec(id).state),
+        Ok(SagaState::Compensating)
+    );
+    let d = def_of(&[C, R, R]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.forward(id, 1, CallOutcome::Ok);
+    refused_with(
+        h.operate(id, OperatorAction::Cancel, "alice", "customer asked"),
+        "point of no return",
+    );
 }
