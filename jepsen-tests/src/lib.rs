@@ -14,7 +14,9 @@
 //! - `disk`: the small filesystems the `disk-full` nemesis fills.
 //! - `power`: the lossy FUSE filesystems (`dtx-lossyfs`) on every data
 //!   directory that the `power-cut` nemesis cuts.
-//! - `runner`: one run: start, workload + nemesis, heal, final reads, check.
+//! - `runner`: one run: start, workload + nemesis, heal, final reads, check;
+//!   the transfer workloads `sled`, `postgres` and `branches` (transfers
+//!   made of branches: Begin, the banks' own `Change`, Commit or Abort).
 //! - `saga`: the same for the saga workload (`--workload saga`): the order
 //!   saga's step services instead of banks; checked by `checker::saga`.
 

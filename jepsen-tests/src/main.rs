@@ -49,7 +49,10 @@ enum Cmd {
         /// What the banks keep their accounts in: sled (their own store) or
         /// postgres (one PostgreSQL server started by the run, a database
         /// per bank); or saga: no banks, the order saga over its three
-        /// step services (see docs/jepsen.md, "Saga workload").
+        /// step services (see docs/jepsen.md, "Saga workload"); or
+        /// branches: the sled banks joined as branches through their own
+        /// API, `bank.v1.Bank.Change` (see docs/jepsen.md, "Branch
+        /// workload").
         #[arg(long, value_enum, default_value_t = runner::Workload::Sled)]
         workload: runner::Workload,
         /// Seed of the fault schedule and the clients' choices.

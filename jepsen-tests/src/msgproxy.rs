@@ -71,6 +71,12 @@ pub struct Chaos {
     pub delayed: AtomicU64,
     pub duplicated: AtomicU64,
     pub replayed_late: AtomicU64,
+    /// The branch workload's `Change` calls (clients to the banks' own
+    /// API, made by the clients themselves while the fault is on):
+    /// delayed, sent twice at once, sent again late.
+    pub changes_delayed: AtomicU64,
+    pub changes_duplicated: AtomicU64,
+    pub changes_late: AtomicU64,
 }
 
 impl Chaos {
@@ -78,14 +84,28 @@ impl Chaos {
         self.on.store(on, Ordering::SeqCst);
     }
 
+    /// Whether the fault is on.
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::SeqCst)
+    }
+
     /// "delayed D, duplicated U, late L" since the start of the run.
     pub fn summary(&self) -> String {
-        format!(
+        let mut s = format!(
             "delayed {}, duplicated {}, late {}",
             self.delayed.load(Ordering::Relaxed),
             self.duplicated.load(Ordering::Relaxed),
             self.replayed_late.load(Ordering::Relaxed)
-        )
+        );
+        let changes =
+            [&self.changes_delayed, &self.changes_duplicated, &self.changes_late].map(|c| c.load(Ordering::Relaxed));
+        if changes.iter().any(|c| *c > 0) {
+            s.push_str(&format!(
+                "; Change calls delayed {}, duplicated {}, late {}",
+                changes[0], changes[1], changes[2]
+            ));
+        }
+        s
     }
 }
 

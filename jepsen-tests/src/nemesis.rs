@@ -146,6 +146,26 @@ pub const COORDINATOR_POINTS: [&str; 7] = [
     "coordinator_mid_delivery",
 ];
 
+/// The branch workload's crash points (`--workload branches`): the banks
+/// join as branches from their `Change` handlers, so no Prepare reaches
+/// them and the Prepare-path points (`participant_before_durable_prepare`,
+/// `participant_after_prepare_before_reply`, `coordinator_before_prepare`,
+/// `coordinator_mid_prepare`, the one-write commit's) are not on its path.
+/// Its participant points: a branch prepared and marked, not yet
+/// registered; registered, its caller not yet answered; a decision applied,
+/// not yet acked. Its coordinator points: a Begin recorded, not answered; a
+/// registration recorded, not answered; midway through delivery.
+pub const BRANCH_PARTICIPANT_POINTS: [&str; 3] = [
+    "participant_branch_prepared_before_register",
+    "participant_branch_registered_before_answer",
+    "participant_after_decision_before_ack",
+];
+pub const BRANCH_COORDINATOR_POINTS: [&str; 3] = [
+    "coordinator_after_begin",
+    "coordinator_branch_registered_before_reply",
+    "coordinator_mid_delivery",
+];
+
 /// The saga workload's crash points: the leader's orchestrator ones fire in
 /// nodes, the step ones in step services. The points above sit on the 2PC
 /// paths, which that workload does not take.
@@ -245,6 +265,19 @@ impl Schedule {
         p
     }
 
+    /// The next crash point of the branch workload: (point, true if it
+    /// fires in a participant).
+    pub fn next_branch_crash_point(&mut self) -> (&'static str, bool) {
+        let all: Vec<(&'static str, bool)> = BRANCH_PARTICIPANT_POINTS
+            .iter()
+            .map(|p| (*p, true))
+            .chain(BRANCH_COORDINATOR_POINTS.iter().map(|p| (*p, false)))
+            .collect();
+        let p = all[self.next_point % all.len()];
+        self.next_point += 1;
+        p
+    }
+
     /// The next crash point of the saga workload: (point, true if it
     /// fires in a step service).
     pub fn next_saga_crash_point(&mut self) -> (&'static str, bool) {
@@ -317,6 +350,26 @@ mod tests {
         seen.dedup();
         assert_eq!(seen.len(), 10);
         assert!(seen.contains(&"coordinator_after_reserve"));
+    }
+
+    #[test]
+    fn branch_crash_points_rotate_through_all_six_with_the_branch_windows() {
+        let mut s = Schedule::new(1, &[Fault::CrashPoint]);
+        let seen: Vec<(&str, bool)> = (0..6).map(|_| s.next_branch_crash_point()).collect();
+        let mut names: Vec<&str> = seen.iter().map(|p| p.0).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), 6);
+        for p in [
+            "participant_branch_prepared_before_register",
+            "participant_branch_registered_before_answer",
+            "coordinator_branch_registered_before_reply",
+        ] {
+            assert!(names.contains(&p), "{p} is armed in the branch workload");
+        }
+        assert_eq!(seen.iter().filter(|p| p.1).count(), 3, "three fire in banks");
+        // The Prepare path's points are not on the branch path.
+        assert!(!names.contains(&"participant_before_durable_prepare"));
     }
 
     #[test]

@@ -72,6 +72,11 @@ pub enum Workload {
     /// payment, email), sagas started by the clients and driven by the
     /// leader's orchestrator (see `crate::saga`).
     Saga,
+    /// The sled banks joined as branches: each transfer is a Begin, a
+    /// `bank.v1.Bank.Change` at each bank with the txid and incarnation
+    /// (the bank prepares and registers itself with its vote from its
+    /// handler, `bank-serve --app-listen`), then Commit or Abort.
+    Branches,
 }
 
 impl Workload {
@@ -80,6 +85,7 @@ impl Workload {
             Workload::Sled => "sled",
             Workload::Postgres => "postgres",
             Workload::Saga => "saga",
+            Workload::Branches => "branches",
         }
     }
 
@@ -91,6 +97,9 @@ impl Workload {
     pub fn faults(self, faults: &[Fault]) -> (Vec<Fault>, Vec<String>) {
         let skip = |f: Fault| match (self, f) {
             (Workload::Sled, Fault::KillPostgres) => Some("the sled workload has no PostgreSQL server"),
+            (Workload::Branches, Fault::KillPostgres | Fault::PartitionPostgres) => {
+                Some("the branch workload has no PostgreSQL server (its banks are on their own stores)")
+            }
             (Workload::Saga, Fault::KillPostgres) => Some("the saga workload has no PostgreSQL server"),
             (Workload::Sled, Fault::PartitionPostgres) => Some("the sled workload has no PostgreSQL server"),
             (Workload::Saga, Fault::PartitionPostgres) => Some("the saga workload has no PostgreSQL server"),
@@ -203,6 +212,11 @@ struct World {
     banks: Vec<BankProc>,
     /// Where clients tell the coordinator each bank is: its message proxy.
     proxy_addrs: Vec<String>,
+    /// The branch workload: each bank's own API (`--app-listen`), where
+    /// the clients call `Change`; empty otherwise.
+    app_addrs: Vec<String>,
+    /// How transfers are made (`BeginAndCommit`, or branches).
+    via: Via,
     chaos: Arc<msgproxy::Chaos>,
     net: Option<Net>,
     node_ips: Vec<String>,
@@ -427,13 +441,14 @@ impl World {
         Ok(())
     }
 
-    /// The transfer clients' view of bank `i`: (id, proxy address, prefix).
+    /// The transfer clients' view of bank `i`: (id, proxy address, prefix);
+    /// in the branch workload the address is the bank's own API.
     fn bank_entry(&self, i: usize) -> (String, String, String) {
-        (
-            self.banks[i].id.clone(),
-            self.proxy_addrs[i].clone(),
-            self.banks[i].prefix.clone(),
-        )
+        let addr = match self.via {
+            Via::Coordinator => self.proxy_addrs[i].clone(),
+            Via::Branches(_) => self.app_addrs[i].clone(),
+        };
+        (self.banks[i].id.clone(), addr, self.banks[i].prefix.clone())
     }
 }
 
@@ -611,7 +626,10 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             (format!("n{random_node} {skew_s:+}s"), Undo::Unskew(random_node))
         }
         Fault::CrashPoint => {
-            let (point, in_bank) = s.next_crash_point();
+            let (point, in_bank) = match w.via {
+                Via::Coordinator => s.next_crash_point(),
+                Via::Branches(_) => s.next_branch_crash_point(),
+            };
             let file = if in_bank {
                 w.fp_banks.clone()
             } else {
@@ -622,7 +640,13 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
         }
         Fault::MessageChaos => {
             w.chaos.set(true);
-            ("coordinator -> banks".to_string(), Undo::ChaosOff)
+            let target = match w.via {
+                Via::Coordinator => "coordinator -> banks",
+                // A branch registered the bank's own address: the
+                // coordinator's Commit and Abort to it bypass the proxies.
+                Via::Branches(_) => "clients' Change calls -> banks",
+            };
+            (target.to_string(), Undo::ChaosOff)
         }
         Fault::KillPostgres => {
             let pg =
@@ -936,6 +960,186 @@ fn account(w: &World, bank: usize, acct: usize) -> Account {
     }
 }
 
+/// How a transfer is made.
+#[derive(Clone)]
+enum Via {
+    /// One `BeginAndCommit` naming both banks (their message proxies): the
+    /// coordinator prepares them (the sled and postgres workloads).
+    Coordinator,
+    /// Branches (the branch workload): `Begin`, then `bank.v1.Bank.Change`
+    /// at each bank's own API with the txid and incarnation, then Commit if
+    /// every Change answered OK, else Abort.
+    Branches(Arc<BankApis>),
+}
+
+/// The branch workload's calls to the banks' own APIs: one channel per
+/// bank address (shared by the clients; it reconnects after a bank
+/// restart), and `message-chaos`, which the clients apply to their own
+/// `Change` calls (the coordinator's messages to a branch go to the
+/// address it registered, the bank's own, not through its proxy).
+pub(crate) struct BankApis {
+    chaos: Arc<msgproxy::Chaos>,
+    channels: Mutex<BTreeMap<String, tonic::transport::Channel>>,
+}
+
+impl BankApis {
+    fn new(chaos: Arc<msgproxy::Chaos>) -> BankApis {
+        BankApis {
+            chaos,
+            channels: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn channel(&self, addr: &str) -> Result<tonic::transport::Channel, String> {
+        let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ch) = map.get(addr) {
+            return Ok(ch.clone());
+        }
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("bank API address {addr}: {e}"))?
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(BRANCH_CHANGE_TIMEOUT)
+            .connect_lazy();
+        map.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+}
+
+/// How long a client waits for a bank's `Change` (its prepare and its
+/// registration through the cluster) before it aborts the transfer.
+const BRANCH_CHANGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The transaction deadline of a branch transfer (as `BeginAndCommit`'s).
+const BRANCH_TX_TIMEOUT_MS: u64 = 10_000;
+
+/// One `Change` call to a bank's own API inside transaction
+/// (`incarnation`, `txid`). With `message-chaos` on, the call is delayed
+/// (0-250 ms, half the time), also sent twice at once (a quarter) and sent
+/// again 1-4 s later (one in six); the copies' answers are dropped.
+async fn change_call(
+    apis: &Arc<BankApis>,
+    addr: &str,
+    (incarnation, txid): (u64, u64),
+    changes: Vec<(String, i64)>,
+    rng: &mut StdRng,
+) -> Result<(), tonic::Status> {
+    use dtx_bank::branch::pb;
+    use std::sync::atomic::Ordering;
+    let channel = apis.channel(addr).map_err(tonic::Status::internal)?;
+    let request = move || {
+        let mut req = tonic::Request::new(pb::ChangeRequest {
+            changes: changes
+                .iter()
+                .map(|(account, delta)| pb::AccountChange {
+                    account: account.clone(),
+                    delta: *delta,
+                })
+                .collect(),
+        });
+        dtx_proto::attach_txid(&mut req, txid);
+        dtx_proto::attach_incarnation(&mut req, incarnation);
+        req
+    };
+    let chaos = &apis.chaos;
+    if chaos.is_on() {
+        if rng.random_bool(0.5) {
+            chaos.changes_delayed.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..=250))).await;
+        }
+        if rng.random_ratio(1, 4) {
+            chaos.changes_duplicated.fetch_add(1, Ordering::Relaxed);
+            let (ch, req) = (channel.clone(), request());
+            tokio::spawn(async move {
+                let _ = pb::bank_client::BankClient::new(ch).change(req).await;
+            });
+        }
+        if rng.random_ratio(1, 6) {
+            chaos.changes_late.fetch_add(1, Ordering::Relaxed);
+            let (ch, req) = (channel.clone(), request());
+            let late = Duration::from_millis(rng.random_range(1_000..=4_000));
+            tokio::spawn(async move {
+                tokio::time::sleep(late).await;
+                let _ = pb::bank_client::BankClient::new(ch).change(req).await;
+            });
+        }
+    }
+    pb::bank_client::BankClient::new(channel)
+        .change(request())
+        .await
+        .map(drop)
+}
+
+/// One bank's part of a branch transfer: (bank id, its API's address,
+/// the account changes asked of it).
+type Leg = (String, String, Vec<(String, i64)>);
+
+/// A transfer made of branches: `Begin` under `key`, then `Change` at the
+/// debit bank and at the credit bank in parallel (one `Change` of both
+/// accounts when they are at one bank), then `Commit` if every `Change`
+/// answered OK, else `Abort`. The completion is what the Commit or Abort
+/// answered: COMMITTED `ok`, ABORTED `fail`, UNKNOWN or no answer `info`
+/// (a Begin refused as invalid: `fail`, nothing began; any other Begin
+/// error: `info`). Returns the completion's type.
+#[allow(clippy::too_many_arguments)]
+async fn branch_transfer(
+    rec: &Recorder,
+    process: &str,
+    client: &Client,
+    apis: &Arc<BankApis>,
+    key: &str,
+    legs: Vec<Leg>,
+    body: Body,
+) -> OpType {
+    rec.record(process, OpType::Invoke, None, body.clone(), None);
+    let began = match client.begin(key, BRANCH_TX_TIMEOUT_MS, b"jepsen-branches").await {
+        Ok(b) => b,
+        Err(e @ ClientError::InvalidArgument(_)) => {
+            rec.record(process, OpType::Fail, None, body, Some(e.to_string()));
+            return OpType::Fail;
+        }
+        Err(e) => {
+            rec.record(process, OpType::Info, None, body, Some(format!("begin: {e}")));
+            return OpType::Info;
+        }
+    };
+    let g = (began.incarnation, began.txid);
+    let mut seed_of_key = 0xB4A2_C4E5u64;
+    for b in key.bytes() {
+        seed_of_key = seed_of_key.wrapping_mul(0x100_0000_01B3).wrapping_add(b as u64);
+    }
+    let calls = legs.into_iter().enumerate().map(|(i, (bank, addr, changes))| {
+        let mut rng = StdRng::seed_from_u64(seed_of_key ^ i as u64);
+        async move {
+            let r = change_call(apis, &addr, g, changes, &mut rng).await;
+            (bank, r)
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let refused: Vec<String> = answers
+        .iter()
+        .filter_map(|(bank, r)| {
+            r.as_ref()
+                .err()
+                .map(|st| format!("{bank}: {:?}: {}", st.code(), st.message()))
+        })
+        .collect();
+    let (res, asked) = if refused.is_empty() {
+        (client.commit(began.txid).await, "commit".to_string())
+    } else {
+        let reason = format!("a Change did not answer OK: {}", refused.join("; "));
+        (client.abort(began.txid, &reason).await, format!("abort ({reason})"))
+    };
+    let (kind, err) = match res {
+        Ok(TxOutcome::Committed) => (OpType::Ok, None),
+        Ok(TxOutcome::Aborted) => (OpType::Fail, (!refused.is_empty()).then_some(asked)),
+        Ok(TxOutcome::Unknown) => (OpType::Info, Some(format!("{asked}: outcome unknown"))),
+        // The Commit or Abort may or may not have been recorded.
+        Err(e) => (OpType::Info, Some(format!("{asked}: {e}"))),
+    };
+    rec.record(process, kind, Some(began.txid), body, err);
+    kind
+}
+
 /// One client: transfers until `stop`, each its own transaction with a
 /// unique key. 1 in 5 moves money between two accounts of one bank (a
 /// single participant: one-phase commit).
@@ -945,6 +1149,7 @@ async fn client_loop(
     seed: u64,
     rec: Recorder,
     client: Client,
+    via: Via,
     banks: Vec<(String, String, String)>,
     accounts: usize,
     gone: tokio::sync::watch::Receiver<Option<usize>>,
@@ -978,6 +1183,7 @@ async fn client_loop(
             &rec,
             &process,
             &client,
+            &via,
             &key,
             (&banks[fb], fa),
             (&banks[tb], ta),
@@ -997,10 +1203,14 @@ type BankEntry = (String, String, String);
 /// account `to.1` of bank `to.0`, as one transaction with idempotency key
 /// `key`: one participant (one-phase commit) when both are at one bank.
 /// Recorded as an invoke and its completion; returns the completion's type.
+/// In the branch workload (`via`), the same transfer made of branches
+/// (`branch_transfer`).
+#[allow(clippy::too_many_arguments)]
 async fn transfer(
     rec: &Recorder,
     process: &str,
     client: &Client,
+    via: &Via,
     key: &str,
     from: (&BankEntry, usize),
     to: (&BankEntry, usize),
@@ -1020,6 +1230,21 @@ async fn transfer(
         to: to.clone(),
         amount,
     };
+    if let Via::Branches(apis) = via {
+        let legs = if fb.0 == tb.0 {
+            vec![(
+                fb.0.clone(),
+                fb.1.clone(),
+                vec![(from.account.clone(), -amount), (to.account.clone(), amount)],
+            )]
+        } else {
+            vec![
+                (fb.0.clone(), fb.1.clone(), vec![(from.account.clone(), -amount)]),
+                (tb.0.clone(), tb.1.clone(), vec![(to.account.clone(), amount)]),
+            ]
+        };
+        return branch_transfer(rec, process, client, apis, key, legs, body).await;
+    }
     let parts: Vec<ParticipantSpec> = if fb.0 == tb.0 {
         vec![ParticipantSpec {
             participant_id: fb.0.clone(),
@@ -1073,6 +1298,7 @@ fn probe_client(w: &World) -> anyhow::Result<Client> {
 struct Prober {
     rec: Recorder,
     client: Client,
+    via: Via,
     from: BankEntry,
     to: BankEntry,
     accounts: usize,
@@ -1087,6 +1313,7 @@ impl Prober {
         Ok(Prober {
             rec: w.rec.clone(),
             client: probe_client(w)?,
+            via: w.via.clone(),
             from: w.bank_entry(bank),
             to: w.bank_entry(other),
             accounts: w.banks[bank].accounts,
@@ -1108,6 +1335,7 @@ impl Prober {
             &self.rec,
             "disk-probe",
             &self.client,
+            &self.via,
             &key,
             (&self.from, a),
             (&self.to, b),
@@ -1539,6 +1767,10 @@ pub fn preflight(o: &RunOptions) -> anyhow::Result<()> {
     anyhow::ensure!(o.accounts >= 2, "--accounts must be at least 2");
     anyhow::ensure!(o.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(o.time_s >= 1, "--time must be at least 1 second");
+    anyhow::ensure!(
+        !(o.tls && o.workload == Workload::Branches),
+        "--workload branches does not take --tls yet: its clients call the banks' own API in plain text"
+    );
     for (ip, port) in addrs(o) {
         check_bindable(&format!("{ip}:{port}"))?;
     }
@@ -1678,8 +1910,23 @@ pub(crate) fn addrs(o: &RunOptions) -> Vec<(String, u16)> {
     for i in 0..o.banks as u16 {
         v.push((format!("{}.{}", o.ip_prefix, 21 + i), o.base_port + 200 + i));
     }
+    // The branch workload: each bank's own API (`--app-listen`), on its
+    // IP, so the partitions that cut the bank cut it too.
+    if o.workload == Workload::Branches {
+        for i in 0..o.banks as u16 {
+            v.push((
+                format!("{}.{}", o.ip_prefix, 21 + i),
+                o.base_port + BANK_APP_PORT_OFFSET + i,
+            ));
+        }
+    }
     v
 }
+
+/// The branch workload's bank APIs listen on base port + this + i (the
+/// banks' participant ports are at +100, their proxies at +200, the saga
+/// workload's outside world at +300).
+pub(crate) const BANK_APP_PORT_OFFSET: u16 = 400;
 
 /// The outcome of a run.
 pub struct RunResult {
@@ -1773,7 +2020,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     }
     let mut pg_fs = None;
     let pg = match o.workload {
-        Workload::Sled | Workload::Saga => None,
+        Workload::Sled | Workload::Saga | Workload::Branches => None,
         Workload::Postgres => {
             let mut pg = PgServer::new(PgServerOptions {
                 max_prepared_transactions: 128,
@@ -1840,7 +2087,29 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             b.add_args(flags);
         }
     }
+    // The branch workload: every bank also serves its own API, where the
+    // clients call Change (its registrations go to the cluster from the
+    // bank's own address, as its recovery does).
+    let app_addrs: Vec<String> = if o.workload == Workload::Branches {
+        let at = 6 + 2 * o.banks;
+        banks
+            .iter_mut()
+            .enumerate()
+            .map(|(i, b)| {
+                let (ip, port) = a[at + i].clone();
+                let app = format!("{ip}:{port}");
+                b.add_args(["--app-listen".to_string(), app.clone()]);
+                app
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let chaos = Arc::new(msgproxy::Chaos::default());
+    let via = match o.workload {
+        Workload::Branches => Via::Branches(Arc::new(BankApis::new(chaos.clone()))),
+        _ => Via::Coordinator,
+    };
     let mut proxy_addrs = Vec::new();
     let mut proxies = Vec::new();
     for (i, b) in banks.iter().enumerate() {
@@ -1871,6 +2140,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         cluster,
         banks,
         proxy_addrs,
+        app_addrs,
+        via,
         chaos,
         net,
         node_ips,
@@ -1967,14 +2238,16 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         "the cluster elected no leader within 30 s (see {}/nodes/*.log)",
         dir.display()
     );
-    for b in &w.banks {
-        anyhow::ensure!(
-            wait_listening(&b.addr, Duration::from_secs(20)).await,
-            "{} is not listening on {} after 20 s (see {})",
-            b.id,
-            b.addr,
-            b.log_path.display()
-        );
+    for (i, b) in w.banks.iter().enumerate() {
+        for addr in std::iter::once(&b.addr).chain(w.app_addrs.get(i)) {
+            anyhow::ensure!(
+                wait_listening(addr, Duration::from_secs(20)).await,
+                "{} is not listening on {} after 20 s (see {})",
+                b.id,
+                addr,
+                b.log_path.display()
+            );
+        }
     }
     let mut setup = BTreeMap::new();
     for (bi, b) in w.banks.iter().enumerate() {
@@ -1998,12 +2271,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
 
     // Workload.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let bank_list: Vec<(String, String, String)> = w
-        .banks
-        .iter()
-        .zip(&w.proxy_addrs)
-        .map(|(b, proxy)| (b.id.clone(), proxy.clone(), b.prefix.clone()))
-        .collect();
+    let bank_list: Vec<(String, String, String)> = (0..w.banks.len()).map(|i| w.bank_entry(i)).collect();
     let mut tasks = Vec::new();
     for id in 0..o.clients {
         let mut cfg = ClientConfig::new(w.api_addrs());
@@ -2016,6 +2284,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             o.seed,
             rec.clone(),
             client,
+            w.via.clone(),
             bank_list.clone(),
             o.accounts,
             w.gone_tx.subscribe(),
@@ -2798,6 +3067,74 @@ fn write_results(
 mod tests {
     use super::*;
     use crate::nemesis::parse_list;
+
+    fn options(workload: Workload, ip_prefix: &str, base_port: u16) -> RunOptions {
+        RunOptions {
+            time_s: 60,
+            workload,
+            faults: Vec::new(),
+            seed: 1,
+            clients: 6,
+            coordinator_bin: PathBuf::from("coordinator"),
+            tools_bin: PathBuf::from("dtx-dev"),
+            out_dir: PathBuf::from("out"),
+            base_port,
+            ip_prefix: ip_prefix.to_string(),
+            banks: 3,
+            accounts: 5,
+            initial: 100,
+            fault_s: (3, 8),
+            quiet_s: (1, 3),
+            liveness_bound_ms: 3000,
+            settle_s: 30,
+            tls: false,
+            command: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_branch_workload_runs_every_nemesis_of_the_sled_workload() {
+        let all = parse_list("all").unwrap();
+        let (sled, _) = Workload::Sled.faults(&all);
+        let (branches, notes) = Workload::Branches.faults(&all);
+        assert_eq!(branches, sled);
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(
+            notes[0].starts_with("kill-postgres skipped: the branch workload"),
+            "{notes:?}"
+        );
+        assert!(notes[1].starts_with("partition-postgres skipped"), "{notes:?}");
+        assert_eq!(Workload::Branches.name(), "branches");
+        use clap::ValueEnum;
+        assert_eq!(Workload::from_str("branches", false), Ok(Workload::Branches));
+    }
+
+    #[test]
+    fn the_branch_workload_puts_each_bank_api_on_its_bank_ip() {
+        let sled = addrs(&options(Workload::Sled, "127.0.1", 27000));
+        let branches = addrs(&options(Workload::Branches, "127.0.1", 27000));
+        // The same addresses as the sled workload, then one API per bank.
+        assert_eq!(&branches[..sled.len()], &sled[..]);
+        let apps = &branches[sled.len()..];
+        assert_eq!(
+            apps,
+            &[
+                ("127.0.1.21".to_string(), 27400),
+                ("127.0.1.22".to_string(), 27401),
+                ("127.0.1.23".to_string(), 27402)
+            ]
+        );
+        // On the bank's own IP (so partitions of the bank cut it), on no
+        // port another process of the run uses.
+        let bank_ips: Vec<&String> = sled[6..9].iter().map(|(ip, _)| ip).collect();
+        for (i, (ip, _)) in apps.iter().enumerate() {
+            assert_eq!(ip, bank_ips[i]);
+        }
+        let mut all: Vec<&(String, u16)> = branches.iter().collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), branches.len(), "every address once: {branches:?}");
+    }
 
     #[test]
     fn workloads_leave_out_the_faults_they_cannot_inject_and_say_so() {
