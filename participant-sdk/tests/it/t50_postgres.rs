@@ -694,7 +694,7 @@ async fn startup_refuses_a_role_without_rights_on_the_log_table() {
     s.execute(
         DB,
         "GRANT SELECT, INSERT, UPDATE, DELETE ON dtx_participant_log, dtx_participant_log_inc,
-             dtx_participant_term_floor TO weak",
+             dtx_participant_term_floor, dtx_participant_branch TO weak",
     )
     .unwrap();
     PgParticipant::connect(weak(&s), Accounts).await.unwrap();
