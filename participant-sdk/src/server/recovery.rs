@@ -64,6 +64,36 @@ pub async fn recover_with<P: Participant>(
     Ok(settled + resolve_in_doubt(store, &in_doubt, &client).await?)
 }
 
+/// Applies the cluster's recorded decision `msg` (Commit or Abort, in
+/// the term the record had when it was listed). A leader's message that
+/// raised the record's term since makes that term stale; the decision is
+/// the cluster's all the same, so it is applied in the record's term now,
+/// once read again. True when it was applied by this call; false when the
+/// record was no longer held (phase two got there first: nothing to do).
+async fn apply_decided<P: Participant>(
+    store: &P,
+    txid: GlobalTxid,
+    msg: Message,
+) -> Result<bool, crate::participant::StoreError> {
+    match store.handle(txid, msg, b"").await {
+        Ok(_) => Ok(true),
+        Err(crate::participant::StoreError::Refused(crate::log::Refusal::StaleTerm { .. })) => {
+            let Some(entry) = store.durable_entry(txid).await? else {
+                return Ok(false);
+            };
+            if !matches!(entry.state, LocalState::Prepared { .. }) {
+                return Ok(false);
+            }
+            let again = match msg {
+                Message::Commit { .. } => Message::Commit { term: entry.term },
+                _ => Message::Abort { term: entry.term },
+            };
+            store.handle(txid, again, b"").await.map(|_| true)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The in-doubt transactions whose vote is at least `age_min` old, and,
 /// apart, the branches whose registration is not known to be recorded
 /// (left out of the first list: their transaction's decision is not
@@ -156,8 +186,13 @@ async fn resolve_branches<P: Participant>(
                 continue;
             }
         };
-        match store.handle(*txid, msg, b"").await {
-            Ok(_) => {
+        match apply_decided(store, *txid, msg).await {
+            Ok(false) => {
+                if let Err(e) = store.unmark_branch(*txid).await {
+                    failed = Some(e.to_string());
+                }
+            }
+            Ok(true) => {
                 info!(
                     txid = txid.txid,
                     incarnation = txid.incarnation,
@@ -274,8 +309,9 @@ async fn resolve_group<P: Participant>(
             }
         };
         metrics::counter!("dtx_participant_recovery_lookups_total", "outcome" => outcome).increment(1);
-        match store.handle(*txid, msg, b"").await {
-            Ok(_) => {
+        match apply_decided(store, *txid, msg).await {
+            Ok(false) => {}
+            Ok(true) => {
                 info!(
                     txid = txid.txid,
                     incarnation = txid.incarnation,
@@ -433,4 +469,64 @@ pub fn spawn_recovery_with<P: Participant>(
             tokio::time::sleep(opts.interval).await;
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::ParticipantStore;
+    use crate::store::Resource;
+    use crate::store::Staged;
+    use crate::store::View;
+
+    struct Stage;
+
+    impl Resource for Stage {
+        fn prepare(&self, _: &View<'_>, txid: GlobalTxid, payload: &[u8], staged: &mut Staged) -> Vote {
+            staged.put(format!("staged/{txid}").as_bytes(), payload);
+            Vote::Yes
+        }
+        fn commit(&self, _: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
+            staged.delete(format!("staged/{txid}").as_bytes());
+            staged.put(format!("applied/{txid}").as_bytes(), b"1");
+        }
+        fn abort(&self, _: &View<'_>, txid: GlobalTxid, staged: &mut Staged) {
+            staged.delete(format!("staged/{txid}").as_bytes());
+        }
+    }
+
+    /// Invariant 5 and 9: a decision recovery read from the cluster is
+    /// applied even when a newer leader's message raised the record's term
+    /// after recovery listed it (the listed term is then stale: the
+    /// decision goes in the record's term), and is not applied again once
+    /// the record is decided (before: a warning on every such race, the
+    /// record left for the next pass).
+    #[tokio::test]
+    async fn a_decision_listed_in_an_older_term_is_applied_in_the_records_term() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ParticipantStore::open(d.path(), Stage).unwrap();
+        let t = GlobalTxid::new(7, 1);
+        s.handle(t, Message::Prepare { term: 1 }, b"w").await.unwrap();
+        // A newer leader's Prepare again, after recovery listed the record
+        // at term 1.
+        s.handle(t, Message::Prepare { term: 3 }, b"w").await.unwrap();
+        assert_eq!(
+            s.handle(t, Message::Commit { term: 1 }, b"")
+                .await
+                .unwrap_err()
+                .to_string(),
+            crate::participant::StoreError::Refused(crate::log::Refusal::StaleTerm { got: 1, seen: 3 }).to_string()
+        );
+        assert!(apply_decided(s.as_ref(), t, Message::Commit { term: 1 }).await.unwrap());
+        let e = s.entry(t).unwrap().unwrap();
+        assert_eq!((e.state, e.term), (LocalState::Committed, 3));
+        assert!(s.view().get(format!("applied/{t}").as_bytes()).unwrap().is_some());
+        // Decided here already: nothing to apply, no error.
+        assert!(!apply_decided(s.as_ref(), t, Message::Commit { term: 1 }).await.unwrap());
+        // A refusal that is not about the term is still an error.
+        let fresh = GlobalTxid::new(7, 2);
+        assert!(apply_decided(s.as_ref(), fresh, Message::Commit { term: 1 })
+            .await
+            .is_err());
+    }
 }
