@@ -981,6 +981,23 @@ impl SagaBook {
                 r.ended_at_ms = now_ms;
             }
         }
+        Ok(self.record_operated(r, action, who, why, now_ms, step, effects))
+    }
+
+    /// Records an operator's action on `r` (its entry, the journal's next
+    /// sequence number) and stores the record: what every accepted action
+    /// ends with.
+    #[allow(clippy::too_many_arguments)]
+    fn record_operated(
+        &mut self,
+        mut r: SagaRecord,
+        action: OperatorAction,
+        who: &str,
+        why: &str,
+        now_ms: u64,
+        step: u32,
+        effects: &mut Vec<SagaEffect>,
+    ) -> SagaOk {
         r.operator_actions.push(OperatorEntry {
             action,
             who: who.to_string(),
@@ -989,11 +1006,12 @@ impl SagaBook {
             step,
         });
         r.seq += 1;
+        let id = r.id;
         let state = r.state;
         self.sagas.insert(id, r);
         self.query_failures.remove(&id);
         effects.push(SagaEffect::Put(id));
-        Ok(SagaOk::Operated { state })
+        SagaOk::Operated { state }
     }
 }
 
@@ -1049,19 +1067,7 @@ impl SagaBook {
         r.cancel_reason = format!("cancelled by {who}: {why}");
         r.state = SagaState::Compensating;
         next_compensation(&mut r, &def, Some(step), now_ms);
-        r.operator_actions.push(OperatorEntry {
-            action: OperatorAction::Cancel,
-            who: who.to_string(),
-            why: why.to_string(),
-            at_ms: now_ms,
-            step,
-        });
-        r.seq += 1;
-        let state = r.state;
-        self.sagas.insert(id, r);
-        self.query_failures.remove(&id);
-        effects.push(SagaEffect::Put(id));
-        Ok(SagaOk::Operated { state })
+        Ok(self.record_operated(r, OperatorAction::Cancel, who, why, now_ms, step, effects))
     }
 }
 
