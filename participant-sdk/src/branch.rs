@@ -87,6 +87,25 @@ pub enum BranchError {
     Store(#[from] StoreError),
 }
 
+/// What a handler answers its caller when its branch did not join (the
+/// table of docs/writing-a-service.md): INVALID_ARGUMENT without a
+/// transaction, ABORTED when rolled back, ALREADY_EXISTS, UNKNOWN (the
+/// caller should abort), UNAVAILABLE when the store's server cannot be
+/// reached now, INTERNAL for any other store failure.
+impl From<BranchError> for tonic::Status {
+    fn from(e: BranchError) -> tonic::Status {
+        let text = e.to_string();
+        match e {
+            BranchError::NoTransaction(_) => tonic::Status::invalid_argument(text),
+            BranchError::RolledBack { .. } => tonic::Status::aborted(text),
+            BranchError::AlreadyPrepared { .. } => tonic::Status::already_exists(text),
+            BranchError::Unknown { .. } => tonic::Status::unknown(text),
+            BranchError::Store(StoreError::Unavailable(_)) => tonic::Status::unavailable(text),
+            BranchError::Store(_) => tonic::Status::internal(text),
+        }
+    }
+}
+
 /// The transaction the handler serving `req` runs in: its txid and
 /// incarnation, from the metadata `dtx_client::propagate` carries.
 pub fn transaction_of<T>(req: &tonic::Request<T>) -> Result<GlobalTxid, BranchError> {

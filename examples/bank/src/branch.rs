@@ -157,28 +157,17 @@ pub fn work_of(changes: &[pb::AccountChange]) -> Result<Vec<u8>, String> {
     Ok(out.into_bytes())
 }
 
-/// The gRPC status a branch that did not join answers its caller with.
-fn status_of(e: BranchError) -> Status {
-    match e {
-        BranchError::NoTransaction(_) => Status::invalid_argument(e.to_string()),
-        BranchError::RolledBack { .. } => Status::aborted(e.to_string()),
-        BranchError::AlreadyPrepared { .. } => Status::already_exists(e.to_string()),
-        BranchError::Unknown { .. } => Status::unknown(e.to_string()),
-        BranchError::Store(_) => Status::internal(e.to_string()),
-    }
-}
-
 #[tonic::async_trait]
 impl pb::bank_server::Bank for BankApi {
     async fn change(&self, req: Request<pb::ChangeRequest>) -> Result<Response<pb::ChangeReply>, Status> {
-        let txid = participant_sdk::branch::transaction_of(&req).map_err(status_of)?;
+        let txid = participant_sdk::branch::transaction_of(&req).map_err(Status::from)?;
         let changes = req.into_inner().changes;
         let work = work_of(&changes).map_err(Status::invalid_argument)?;
         let (joined, balances) = match &self.accounts {
             Accounts::Store(store) => self.on_store(store, txid, &changes, &work).await,
             Accounts::Postgres(pg) => self.on_postgres(pg, txid, &changes, &work).await,
         }
-        .map_err(status_of)?;
+        .map_err(Status::from)?;
         match joined.vote {
             Vote::Yes => {}
             // Registered as NO: the transaction aborts.

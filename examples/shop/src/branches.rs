@@ -75,8 +75,12 @@ impl ServiceApi {
     /// for the payment service, 0 for the orders), the prepare and the
     /// registration. A refusal is FAILED_PRECONDITION with the reason.
     pub async fn run(&self, txid: GlobalTxid, order: &Order) -> Result<i64, Status> {
-        let mut conn = self.pg.branch_connection().await.map_err(|e| status_of(e.into()))?;
-        let branch = self.pg.begin_branch(&mut conn, txid).await.map_err(status_of)?;
+        let mut conn = self
+            .pg
+            .branch_connection()
+            .await
+            .map_err(|e| Status::from(BranchError::from(e)))?;
+        let branch = self.pg.begin_branch(&mut conn, txid).await.map_err(Status::from)?;
         let sql_failed =
             |e: tokio_postgres::Error| Status::internal(format!("{}: the order's SQL failed: {e}", self.role));
         let verdict = crate::prepare_order(self.role, branch.tx(), txid.txid, order)
@@ -101,7 +105,7 @@ impl ServiceApi {
         let joined = branch
             .join(verdict, &self.cluster, &self.who)
             .await
-            .map_err(status_of)?;
+            .map_err(Status::from)?;
         match joined.vote {
             Vote::Yes => Ok(left),
             Vote::No | Vote::ReadOnly => Err(Status::failed_precondition(format!(
@@ -112,23 +116,12 @@ impl ServiceApi {
     }
 
     async fn serve_call(&self, req: Request<Option<pb::Order>>) -> Result<i64, Status> {
-        let txid = participant_sdk::branch::transaction_of(&req).map_err(status_of)?;
+        let txid = participant_sdk::branch::transaction_of(&req).map_err(Status::from)?;
         let order = req
             .into_inner()
             .ok_or_else(|| Status::invalid_argument("the request has no order"))?;
         let order = Order::from_pb(order).map_err(Status::invalid_argument)?;
         self.run(txid, &order).await
-    }
-}
-
-/// The gRPC status a branch that did not join answers its caller with.
-fn status_of(e: BranchError) -> Status {
-    match e {
-        BranchError::NoTransaction(_) => Status::invalid_argument(e.to_string()),
-        BranchError::RolledBack { .. } => Status::aborted(e.to_string()),
-        BranchError::AlreadyPrepared { .. } => Status::already_exists(e.to_string()),
-        BranchError::Unknown { .. } => Status::unknown(e.to_string()),
-        BranchError::Store(_) => Status::unavailable(e.to_string()),
     }
 }
 
