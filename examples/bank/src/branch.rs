@@ -216,18 +216,13 @@ pub async fn transfer_as_branches(
     banks: &[BranchBank],
     accounts: usize,
 ) -> (Option<u64>, Result<dtx_client::TxOutcome, dtx_client::ClientError>) {
-    use rand::Rng;
-    let (from, to, amount, fa, ta) = {
-        let mut rng = rand::rng();
-        let f = rng.random_range(0..banks.len());
-        (
-            f,
-            (f + 1) % banks.len(),
-            rng.random_range(1..=50i64),
-            rng.random_range(0..accounts),
-            rng.random_range(0..accounts),
-        )
-    };
+    let crate::Pick {
+        from,
+        to,
+        amount,
+        fa,
+        ta,
+    } = crate::Pick::random(banks.len(), accounts);
     let began = match client.begin(key, 10_000, b"transfer").await {
         Ok(b) => b,
         Err(e) => return (None, Err(e)),

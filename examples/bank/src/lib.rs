@@ -410,6 +410,31 @@ pub async fn connect_pg(conn: &str) -> anyhow::Result<tokio_postgres::Client> {
         .with_context(|| format!("cannot connect to PostgreSQL ({conn})"))
 }
 
+/// A random transfer between two of `banks` banks: the debited bank and
+/// account, the credited bank (the next one) and account, and an amount of
+/// 1 to 50.
+pub(crate) struct Pick {
+    pub from: usize,
+    pub to: usize,
+    pub amount: i64,
+    pub fa: usize,
+    pub ta: usize,
+}
+
+impl Pick {
+    pub(crate) fn random(banks: usize, accounts: usize) -> Pick {
+        let mut rng = rand::rng();
+        let from = rng.random_range(0..banks);
+        Pick {
+            from,
+            to: (from + 1) % banks,
+            amount: rng.random_range(1..=50i64),
+            fa: rng.random_range(0..accounts),
+            ta: rng.random_range(0..accounts),
+        }
+    }
+}
+
 /// One transfer of a random amount between random accounts of two of
 /// `banks` (each `(participant id, address, account prefix)`), as one
 /// `BeginAndCommit` under `key`; returns the txid if one is known and the
@@ -420,16 +445,13 @@ pub async fn transfer(
     banks: &[(String, String, String)],
     accounts: usize,
 ) -> (Option<u64>, Result<TxOutcome, ClientError>) {
-    let (from, to, amount) = {
-        let mut rng = rand::rng();
-        let f = rng.random_range(0..banks.len());
-        let t = (f + 1) % banks.len();
-        (f, t, rng.random_range(1..=50i64))
-    };
-    let (fa, ta) = {
-        let mut rng = rand::rng();
-        (rng.random_range(0..accounts), rng.random_range(0..accounts))
-    };
+    let Pick {
+        from,
+        to,
+        amount,
+        fa,
+        ta,
+    } = Pick::random(banks.len(), accounts);
     let debit = format!("{}{fa}:-{amount}", banks[from].2);
     let credit = format!("{}{ta}:{amount}", banks[to].2);
     // Both participants are known up front: one BeginAndCommit call (one
