@@ -17,16 +17,16 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::branch_bank::commit_outcome;
+use common::branch_bank::BranchBank;
 use common::participants::Svc;
 use common::TestCluster;
 use dtx_bank::branch::pb;
 use dtx_client::BranchDecision;
 use dtx_client::BranchVote;
-use dtx_client::Client;
 use dtx_client::ClientError;
 use dtx_client::TxOutcome;
 use dtx_proto::metadata::BranchRefusalKind;
-use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use dtx_proto::v1::LocalRecord;
 use participant_sdk::branch::BranchError;
 use participant_sdk::branch::BranchIdentity;
@@ -298,145 +298,31 @@ async fn t120_late_fenced_and_repeated_registrations() {
     );
 }
 
-/// A bank process (`dtx-dev bank-serve`) serving its `bank.v1.Bank` API,
-/// optionally armed to abort once at a crash point.
-struct BankProc {
-    proc_: dtx_testkit::cluster::BankProcess,
-    app: String,
-    once: std::path::PathBuf,
-}
-
-impl BankProc {
-    fn new(c: &TestCluster, id: &str, prefix: &str) -> BankProc {
-        let port = dtx_testkit::cluster::free_port("127.0.0.1").unwrap();
-        let mut proc_ = dtx_testkit::cluster::BankProcess::new(
-            common::bin(),
-            c.dir.path(),
-            id,
-            prefix,
-            "127.0.0.1",
-            port,
-            c.procs.api_addrs(),
-            10,
-            1000,
-        );
-        let app = format!("127.0.0.1:{}", dtx_testkit::cluster::free_port("127.0.0.1").unwrap());
-        proc_.add_args(["--app-listen".to_string(), app.clone()]);
-        BankProc {
-            app,
-            once: c.dir.path().join(format!("{id}-fired")),
-            proc_,
-        }
-    }
-
-    async fn start(&mut self, armed_at: Option<&str>) {
-        let mut env = vec![("RUST_LOG".to_string(), "warn".to_string())];
-        if let Some(point) = armed_at {
-            env.push(("DTX_FAILPOINT".into(), point.into()));
-            env.push(("DTX_FAILPOINT_ONCE".into(), self.once.display().to_string()));
-        }
-        self.proc_.start(&env).unwrap();
-        for addr in [&self.proc_.addr, &self.app] {
-            let listening = dtx_testkit::cluster::wait_listening(addr, Duration::from_secs(10)).await;
-            assert!(listening, "{} did not start listening on {addr}", self.proc_.id);
-        }
-    }
-
-    /// The caller's side: `changes` at this bank inside transaction `g`.
-    async fn change(&self, g: GlobalTxid, changes: &[(&str, i64)]) -> Result<pb::ChangeReply, tonic::Status> {
-        let mut api = pb::bank_client::BankClient::connect(format!("http://{}", self.app))
-            .await
-            .unwrap();
-        let mut req = tonic::Request::new(pb::ChangeRequest {
-            changes: changes
-                .iter()
-                .map(|(a, d)| pb::AccountChange {
-                    account: a.to_string(),
-                    delta: *d,
-                })
-                .collect(),
-        });
-        dtx_proto::attach_txid(&mut req, g.txid);
-        dtx_proto::attach_incarnation(&mut req, g.incarnation);
-        api.change(req).await.map(|r| r.into_inner())
-    }
-
-    async fn wait_crashed(&mut self) {
-        let status = self.proc_.wait_for_exit(Duration::from_secs(30)).await;
-        let status = status.unwrap_or_else(|| panic!("{}: still running after its crash point", self.proc_.id));
-        assert!(!status.success());
-        assert!(self.once.exists(), "{}: crash point not reached", self.proc_.id);
-    }
-
-    /// What the running bank's log holds for `g` (its Inquire).
-    async fn record(&self, g: GlobalTxid) -> LocalRecord {
-        let mut p = ParticipantServiceClient::connect(format!("http://{}", self.proc_.addr))
-            .await
-            .unwrap();
-        let r = p
-            .inquire(dtx_proto::v1::InquireRequest {
-                txid: g.txid,
-                participant_id: self.proc_.id.clone(),
-                incarnation: g.incarnation,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        r.record()
-    }
-
-    async fn wait_record(&self, g: GlobalTxid, want: LocalRecord) {
-        let until = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let got = self.record(g).await;
-            if got == want {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < until,
-                "{}: record of {g} is {got:?}, not {want:?}",
-                self.proc_.id
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// The stopped bank: (balances, locked accounts, in doubt, what its
-    /// apply log says of `g`, branches still marked).
-    async fn audit(&mut self, g: GlobalTxid) -> (Vec<(String, i64)>, usize, usize, Vec<String>, usize) {
-        self.proc_.stop(Duration::from_secs(10));
-        let store = dtx_bank::open_bank(&self.proc_.data_dir, &self.proc_.prefix, 10, 1000)
-            .await
-            .unwrap();
-        let (_, _, locked) = dtx_bank::audit(&store).unwrap();
-        let applied = dtx_bank::apply_log_in(&store)
-            .unwrap()
-            .into_iter()
-            .filter(|(t, _)| *t == g)
-            .map(|(_, o)| o)
-            .collect();
-        (
-            dtx_bank::balances(&store).unwrap(),
-            locked,
-            store.in_doubt().unwrap().len(),
-            applied,
-            store.unregistered_branches().unwrap().len(),
-        )
-    }
+/// The stopped bank: (balances, locked accounts, in doubt, what its
+/// apply log says of `g`, branches still marked).
+async fn audit(b: &mut BranchBank, g: GlobalTxid) -> (Vec<(String, i64)>, usize, usize, Vec<String>, usize) {
+    b.proc_.stop(Duration::from_secs(10));
+    let store = dtx_bank::open_bank(&b.proc_.data_dir, &b.proc_.prefix, 10, 1000)
+        .await
+        .unwrap();
+    let (_, _, locked) = dtx_bank::audit(&store).unwrap();
+    let applied = dtx_bank::apply_log_in(&store)
+        .unwrap()
+        .into_iter()
+        .filter(|(t, _)| *t == g)
+        .map(|(_, o)| o)
+        .collect();
+    (
+        dtx_bank::balances(&store).unwrap(),
+        locked,
+        store.in_doubt().unwrap().len(),
+        applied,
+        store.unregistered_branches().unwrap().len(),
+    )
 }
 
 fn balance(balances: &[(String, i64)], account: &str) -> i64 {
     balances.iter().find(|(a, _)| a == account).unwrap().1
-}
-
-async fn commit_outcome(cl: &Client, txid: u64) -> TxOutcome {
-    for _ in 0..10 {
-        match cl.commit(txid).await {
-            Ok(TxOutcome::Unknown) | Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
-            Ok(o) => return o,
-        }
-    }
-    panic!("no decision for {txid}");
 }
 
 /// The bank's API answers the caller with the new balances; the branch
@@ -452,8 +338,8 @@ async fn t120_bank_killed_between_prepare_and_registration_rolls_back() {
     });
     c.leader().await;
     let cl = c.client();
-    let mut a = BankProc::new(&c, "bank-a", "a");
-    let mut b = BankProc::new(&c, "bank-b", "b");
+    let mut a = BranchBank::new(&c, "bank-a", "a", None);
+    let mut b = BranchBank::new(&c, "bank-b", "b", None);
     a.start(Some("participant_branch_prepared_before_register")).await;
     b.start(None).await;
 
@@ -483,14 +369,14 @@ async fn t120_bank_killed_between_prepare_and_registration_rolls_back() {
         ),
         "{late:?}"
     );
-    assert_eq!(commit_outcome(&cl, g.txid).await, TxOutcome::Committed);
+    assert_eq!(commit_outcome(&cl, g.txid, 10).await, TxOutcome::Committed);
     b.wait_record(g, LocalRecord::Committed).await;
 
-    let (bal, locked, doubt, log, marked) = a.audit(g).await;
+    let (bal, locked, doubt, log, marked) = audit(&mut a, g).await;
     assert_eq!(balance(&bal, "a0"), 1000, "bank-a's fenced work was applied");
     assert_eq!((locked, doubt, marked), (0, 0, 0));
     assert_eq!(log, ["ABORT"]);
-    let (bal, locked, doubt, log, _) = b.audit(g).await;
+    let (bal, locked, doubt, log, _) = audit(&mut b, g).await;
     assert_eq!(balance(&bal, "b0"), 1030);
     assert_eq!((locked, doubt), (0, 0));
     assert_eq!(log, ["COMMIT"]);
@@ -507,8 +393,8 @@ async fn t120_bank_killed_between_registration_and_answer_commits() {
     });
     c.leader().await;
     let cl = c.client();
-    let mut a = BankProc::new(&c, "bank-a", "a");
-    let mut b = BankProc::new(&c, "bank-b", "b");
+    let mut a = BranchBank::new(&c, "bank-a", "a", None);
+    let mut b = BranchBank::new(&c, "bank-b", "b", None);
     a.start(Some("participant_branch_registered_before_answer")).await;
     b.start(None).await;
 
@@ -530,7 +416,7 @@ async fn t120_bank_killed_between_registration_and_answer_commits() {
     let refused = b.change(g2, &[("b2", -5_000)]).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
     assert!(refused.message().contains("too little"), "{refused:?}");
-    assert_eq!(commit_outcome(&cl, g2.txid).await, TxOutcome::Aborted);
+    assert_eq!(commit_outcome(&cl, g2.txid, 10).await, TxOutcome::Aborted);
     // A call outside any transaction is refused and does nothing.
     let mut api = pb::bank_client::BankClient::connect(format!("http://{}", b.app))
         .await
@@ -551,16 +437,16 @@ async fn t120_bank_killed_between_registration_and_answer_commits() {
     assert!(lost.is_err(), "bank-a answered past its crash point: {lost:?}");
     a.wait_crashed().await;
     assert_eq!(member_ids(&cl.status(g1.txid).await.unwrap()), ["bank-b", "bank-a"]);
-    assert_eq!(commit_outcome(&cl, g1.txid).await, TxOutcome::Committed);
+    assert_eq!(commit_outcome(&cl, g1.txid, 10).await, TxOutcome::Committed);
     b.wait_record(g1, LocalRecord::Committed).await;
     a.start(None).await;
     a.wait_record(g1, LocalRecord::Committed).await;
 
-    let (bal, locked, doubt, log, marked) = a.audit(g1).await;
+    let (bal, locked, doubt, log, marked) = audit(&mut a, g1).await;
     assert_eq!(balance(&bal, "a1"), 1100);
     assert_eq!((locked, doubt, marked), (0, 0, 0));
     assert_eq!(log, ["COMMIT"], "applied once");
-    let (bal, locked, doubt, log, _) = b.audit(g1).await;
+    let (bal, locked, doubt, log, _) = audit(&mut b, g1).await;
     assert_eq!(balance(&bal, "b1"), 900);
     assert_eq!(balance(&bal, "b2"), 1000);
     assert_eq!((locked, doubt), (0, 0));

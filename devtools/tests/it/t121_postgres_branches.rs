@@ -16,26 +16,37 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::branch_bank::commit_outcome;
+use common::branch_bank::BranchBank;
 use common::shop::postgres_or_skip;
 use common::TestCluster;
-use dtx_bank::branch::pb;
 use dtx_client::BranchVote;
 use dtx_client::Client;
 use dtx_client::ClientError;
 use dtx_client::TxOutcome;
 use dtx_pg_server::PgServer;
 use dtx_proto::metadata::BranchRefusalKind;
-use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use dtx_proto::v1::LocalRecord;
 use participant_sdk::GlobalTxid;
 
-/// A bank on PostgreSQL serving `bank.v1.Bank`, optionally armed to abort
-/// once at a crash point.
+/// A bank on PostgreSQL serving `bank.v1.Bank` (common::branch_bank), with
+/// its database.
 struct PgBankProc {
-    proc_: dtx_testkit::cluster::BankProcess,
-    app: String,
-    once: std::path::PathBuf,
+    bank: BranchBank,
     conn: String,
+}
+
+impl std::ops::Deref for PgBankProc {
+    type Target = BranchBank;
+    fn deref(&self) -> &BranchBank {
+        &self.bank
+    }
+}
+
+impl std::ops::DerefMut for PgBankProc {
+    fn deref_mut(&mut self) -> &mut BranchBank {
+        &mut self.bank
+    }
 }
 
 impl PgBankProc {
@@ -43,93 +54,9 @@ impl PgBankProc {
         let db = format!("{test}_{prefix}");
         pg.create_database(&db).unwrap();
         let conn = pg.conn_string(&db);
-        let port = dtx_testkit::cluster::free_port("127.0.0.1").unwrap();
-        let mut proc_ = dtx_testkit::cluster::BankProcess::build(
-            common::bin(),
-            c.dir.path(),
-            id,
-            prefix,
-            "127.0.0.1",
-            port,
-            c.procs.api_addrs(),
-            10,
-            1000,
-            Some(conn.clone()),
-        );
-        let app = format!("127.0.0.1:{}", dtx_testkit::cluster::free_port("127.0.0.1").unwrap());
-        proc_.add_args(["--app-listen".to_string(), app.clone()]);
         PgBankProc {
-            app,
-            once: c.dir.path().join(format!("{id}-fired")),
-            proc_,
+            bank: BranchBank::new(c, id, prefix, Some(conn.clone())),
             conn,
-        }
-    }
-
-    fn id(&self) -> &str {
-        &self.proc_.id
-    }
-
-    async fn start(&mut self, armed_at: Option<&str>) {
-        let mut env = vec![("RUST_LOG".to_string(), "warn".to_string())];
-        if let Some(point) = armed_at {
-            env.push(("DTX_FAILPOINT".into(), point.into()));
-            env.push(("DTX_FAILPOINT_ONCE".into(), self.once.display().to_string()));
-        }
-        self.proc_.start(&env).unwrap();
-        for addr in [&self.proc_.addr, &self.app] {
-            let listening = dtx_testkit::cluster::wait_listening(addr, Duration::from_secs(20)).await;
-            assert!(listening, "{} did not start listening on {addr}", self.id());
-        }
-    }
-
-    async fn change(&self, g: GlobalTxid, account: &str, delta: i64) -> Result<pb::ChangeReply, tonic::Status> {
-        let mut api = pb::bank_client::BankClient::connect(format!("http://{}", self.app))
-            .await
-            .unwrap();
-        let mut req = tonic::Request::new(pb::ChangeRequest {
-            changes: vec![pb::AccountChange {
-                account: account.to_string(),
-                delta,
-            }],
-        });
-        dtx_proto::attach_txid(&mut req, g.txid);
-        dtx_proto::attach_incarnation(&mut req, g.incarnation);
-        api.change(req).await.map(|r| r.into_inner())
-    }
-
-    async fn wait_crashed(&mut self) {
-        let status = self.proc_.wait_for_exit(Duration::from_secs(30)).await;
-        let status = status.unwrap_or_else(|| panic!("{}: still running after its crash point", self.id()));
-        assert!(!status.success());
-        assert!(self.once.exists(), "{}: crash point not reached", self.id());
-    }
-
-    async fn wait_record(&self, g: GlobalTxid, want: LocalRecord) {
-        let until = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let mut p = ParticipantServiceClient::connect(format!("http://{}", self.proc_.addr))
-                .await
-                .unwrap();
-            let got = p
-                .inquire(dtx_proto::v1::InquireRequest {
-                    txid: g.txid,
-                    participant_id: self.id().to_string(),
-                    incarnation: g.incarnation,
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .record();
-            if got == want {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < until,
-                "{}: record of {g} is {got:?}, not {want:?}",
-                self.id()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -182,16 +109,6 @@ impl PgBankProc {
     }
 }
 
-async fn commit_outcome(cl: &Client, txid: u64) -> TxOutcome {
-    for _ in 0..20 {
-        match cl.commit(txid).await {
-            Ok(TxOutcome::Unknown) | Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
-            Ok(o) => return o,
-        }
-    }
-    panic!("no decision for {txid}");
-}
-
 async fn begin(cl: &Client, key: &str) -> GlobalTxid {
     let b = cl.begin(key, 60_000, b"").await.unwrap();
     GlobalTxid::new(b.incarnation, b.txid)
@@ -222,13 +139,13 @@ async fn t121_pg_branch_killed_between_prepare_and_registration_rolls_back() {
     b.start(None).await;
 
     let g = begin(&cl, "pg-crash-before-register").await;
-    let lost = a.change(g, "a0", -30).await;
+    let lost = a.change(g, &[("a0", -30)]).await;
     assert!(lost.is_err(), "bank-a answered past its crash point: {lost:?}");
     a.wait_crashed().await;
     // The window: prepared in PostgreSQL, marked, unknown to the cluster.
     let (a0, prepared, marks, _) = a.audit("a0", g.txid).await;
     assert_eq!((a0, prepared, marks), (1000, 1, 1));
-    let reply = b.change(g, "b0", 30).await.unwrap();
+    let reply = b.change(g, &[("b0", 30)]).await.unwrap();
     assert_eq!(reply.balances[0].balance_if_committed, 1030);
 
     a.start(None).await;
@@ -246,7 +163,7 @@ async fn t121_pg_branch_killed_between_prepare_and_registration_rolls_back() {
         ),
         "{late:?}"
     );
-    assert_eq!(commit_outcome(&cl, g.txid).await, TxOutcome::Committed);
+    assert_eq!(commit_outcome(&cl, g.txid, 20).await, TxOutcome::Committed);
     b.wait_record(g, LocalRecord::Committed).await;
     let st = cl.status(g.txid).await.unwrap();
     assert_eq!(
@@ -256,9 +173,9 @@ async fn t121_pg_branch_killed_between_prepare_and_registration_rolls_back() {
 
     // Racing the decision, and losing it: too late, rolled back here.
     let g2 = begin(&cl, "pg-too-late").await;
-    b.change(g2, "b1", -10).await.unwrap();
-    assert_eq!(commit_outcome(&cl, g2.txid).await, TxOutcome::Committed);
-    let late = a.change(g2, "a1", 10).await.unwrap_err();
+    b.change(g2, &[("b1", -10)]).await.unwrap();
+    assert_eq!(commit_outcome(&cl, g2.txid, 20).await, TxOutcome::Committed);
+    let late = a.change(g2, &[("a1", 10)]).await.unwrap_err();
     assert_eq!(late.code(), tonic::Code::Aborted, "{late:?}");
     a.wait_record(g2, LocalRecord::Aborted).await;
     b.wait_record(g2, LocalRecord::Committed).await;
@@ -292,22 +209,22 @@ async fn t121_pg_branch_killed_between_registration_and_answer_commits() {
     b.start(None).await;
 
     let g = begin(&cl, "pg-crash-after-register").await;
-    let reply = b.change(g, "b0", -100).await.unwrap();
+    let reply = b.change(g, &[("b0", -100)]).await.unwrap();
     assert_eq!(reply.balances[0].balance_if_committed, 900);
-    let lost = a.change(g, "a0", 100).await;
+    let lost = a.change(g, &[("a0", 100)]).await;
     assert!(lost.is_err(), "bank-a answered past its crash point: {lost:?}");
     a.wait_crashed().await;
-    assert_eq!(commit_outcome(&cl, g.txid).await, TxOutcome::Committed);
+    assert_eq!(commit_outcome(&cl, g.txid, 20).await, TxOutcome::Committed);
     b.wait_record(g, LocalRecord::Committed).await;
     a.start(None).await;
     a.wait_record(g, LocalRecord::Committed).await;
 
     let g2 = begin(&cl, "pg-refused").await;
-    b.change(g2, "b1", -10).await.unwrap();
-    let no = a.change(g2, "a1", -5_000).await.unwrap_err();
+    b.change(g2, &[("b1", -10)]).await.unwrap();
+    let no = a.change(g2, &[("a1", -5_000)]).await.unwrap_err();
     assert_eq!(no.code(), tonic::Code::FailedPrecondition, "{no:?}");
     assert!(no.message().contains("too little"), "{no:?}");
-    assert_eq!(commit_outcome(&cl, g2.txid).await, TxOutcome::Aborted);
+    assert_eq!(commit_outcome(&cl, g2.txid, 20).await, TxOutcome::Aborted);
     b.wait_record(g2, LocalRecord::Aborted).await;
 
     a.wait_marks_gone().await;
@@ -353,9 +270,9 @@ async fn t121_pg_branch_registration_reply_lost_commits_once() {
     let g = begin(&cl, "pg-lost-reply").await;
     // The first registration (whichever bank) crashes the leader after it
     // recorded it; the answer to the caller may then be an error.
-    let first = a.change(g, "a0", -40).await;
+    let first = a.change(g, &[("a0", -40)]).await;
     assert!(fired.exists(), "no node reached its crash point");
-    let second = b.change(g, "b0", 40).await;
+    let second = b.change(g, &[("b0", 40)]).await;
     let members: Vec<String> = cl
         .status(g.txid)
         .await
@@ -369,7 +286,7 @@ async fn t121_pg_branch_registration_reply_lost_commits_once() {
         "the registration recorded before the crash is lost: {members:?} ({first:?})"
     );
     assert!(second.is_ok(), "{second:?}");
-    assert_eq!(commit_outcome(&cl, g.txid).await, TxOutcome::Committed);
+    assert_eq!(commit_outcome(&cl, g.txid, 20).await, TxOutcome::Committed);
     a.wait_record(g, LocalRecord::Committed).await;
     b.wait_record(g, LocalRecord::Committed).await;
     a.wait_marks_gone().await;

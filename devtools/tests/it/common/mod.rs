@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod bank_run;
+pub mod branch_bank;
 pub mod participants;
 pub mod proxy;
 pub mod raw_codec;
