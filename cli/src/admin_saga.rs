@@ -91,6 +91,36 @@ pub(crate) enum SagaCmd {
     /// and compensate its done steps, newest first (refused past the
     /// pivot).
     Cancel(OperateArgs),
+    /// A saga parked for an approval (its next compensation is
+    /// high-impact): approve that compensation; it goes on compensating.
+    Approve(OperateArgs),
+    /// A step whose forward call answered PENDING (accepted, finished
+    /// later): complete it, OK with its output or FAILED, by its operation
+    /// id. The same completion again changes nothing.
+    CompleteStep {
+        /// The saga id.
+        id: u64,
+        /// The step's index.
+        #[arg(long)]
+        step: u32,
+        /// The forward call's operation id, as the step service received
+        /// it (`saga show` lists it).
+        #[arg(long)]
+        operation: String,
+        /// How it ended.
+        #[arg(long, value_parser = ["ok", "failed"])]
+        outcome: String,
+        /// OK: the step's output, JSON text or @FILE for a file's bytes.
+        #[arg(long)]
+        output: Option<String>,
+        /// Why (a FAILED's reason; recorded).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Your name, recorded (default: $USER). With authentication on,
+        /// the cluster records the authenticated identity instead.
+        #[arg(long, env = "USER", default_value = "")]
+        who: String,
+    },
     /// Register a saga definition from a file: TOML (.toml) or JSON (.json).
     /// Registering the identical definition again changes nothing.
     Register { file: PathBuf },
@@ -162,6 +192,7 @@ pub(crate) struct OperateArgs {
 /// versioned = false               # optional (default false)
 /// on_failure = ["retry", "compensate"]  # optional: retry | compensate | park
 /// retry = { max_attempts = 5, backoff_initial_ms = 100, backoff_max_ms = 5000 }  # optional
+/// high_impact = false             # optional: its compensation waits for an approval
 /// ```
 ///
 /// Unknown keys are refused (a misspelt key is an error, not a default).
@@ -192,6 +223,8 @@ pub(crate) struct StepFile {
     pub retry: Option<RetryFile>,
     #[serde(default)]
     pub on_failure: Vec<RecoveryFile>,
+    #[serde(default)]
+    pub high_impact: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -285,6 +318,7 @@ impl DefinitionFile {
                             RecoveryFile::Park => pb::RecoveryOption::Park as i32,
                         })
                         .collect(),
+                    high_impact: s.high_impact,
                 })
                 .collect(),
         }
@@ -302,13 +336,18 @@ fn line_col(text: &str, at: usize) -> String {
 /// The bytes of `--input`: `@FILE` reads the file as it is; anything else
 /// must be JSON text (so a quoting mistake in the shell is caught here).
 fn input_bytes(arg: &str) -> Result<Vec<u8>, Failure> {
+    bytes_arg("--input", arg)
+}
+
+/// The bytes of option `flag`'s `arg`, as [`input_bytes`] reads them.
+fn bytes_arg(flag: &str, arg: &str) -> Result<Vec<u8>, Failure> {
     if let Some(file) = arg.strip_prefix('@') {
-        return std::fs::read(file).map_err(|e| failure(EXIT_ERROR, format!("--input @{file}: {e}")));
+        return std::fs::read(file).map_err(|e| failure(EXIT_ERROR, format!("{flag} @{file}: {e}")));
     }
     serde_json::from_str::<serde_json::Value>(arg).map_err(|e| {
         failure(
             EXIT_USAGE,
-            format!("--input is not JSON ({e}); give JSON text, or @FILE for a file's bytes"),
+            format!("{flag} is not JSON ({e}); give JSON text, or @FILE for a file's bytes"),
         )
     })?;
     Ok(arg.as_bytes().to_vec())
@@ -518,6 +557,58 @@ pub(crate) async fn run(ctx: &Ctx, cmd: SagaCmd) -> Outcome {
         SagaCmd::Compensate(a) => operate(ctx, a, pb::SagaOperatorAction::Compensate, "compensate").await,
         SagaCmd::Complete(a) => operate(ctx, a, pb::SagaOperatorAction::MarkComplete, "complete").await,
         SagaCmd::Cancel(a) => operate(ctx, a, pb::SagaOperatorAction::Cancel, "cancel").await,
+        SagaCmd::Approve(a) => operate(ctx, a, pb::SagaOperatorAction::Approve, "approve").await,
+        SagaCmd::CompleteStep {
+            id,
+            step,
+            operation,
+            outcome,
+            output,
+            reason,
+            who,
+        } => {
+            let output = match &output {
+                Some(o) if outcome == "ok" => bytes_arg("--output", o)?,
+                Some(_) => return Err(failure(EXIT_USAGE, "--output goes with --outcome ok only")),
+                None => Vec::new(),
+            };
+            let req = pb::CompleteStepRequest {
+                saga_id: id,
+                step,
+                operation_id: operation,
+                outcome: if outcome == "ok" {
+                    pb::StepOutcome::Ok
+                } else {
+                    pb::StepOutcome::Failed
+                } as i32,
+                output,
+                reason,
+                resource_version: String::new(),
+                downstream_operation_id: String::new(),
+                who,
+            };
+            let unknown =
+                format!("saga show {id} shows whether step {step} completed; the same completion again is safe");
+            let s = call(ctx, Kind::Write, &unknown, |mut c, t| {
+                let rq = request(ctx, req.clone(), t);
+                async move { c.complete_step(rq).await }
+            })
+            .await
+            .map_err(|mut f| {
+                if f.code == EXIT_REFUSED {
+                    f.message = format!("saga {id}: completing step {step} refused: {}", f.message);
+                }
+                f
+            })?;
+            emit(ctx, view::saga_json(&s), || {
+                format!(
+                    "saga {id}: step {step} completed {}; now {}",
+                    outcome.to_uppercase(),
+                    view::saga_state_name(s.state)
+                )
+            });
+            Ok(())
+        }
         SagaCmd::Register { file } => {
             let text =
                 std::fs::read_to_string(&file).map_err(|e| failure(EXIT_ERROR, format!("{}: {e}", file.display())))?;
@@ -885,6 +976,22 @@ on_failure = ["retry", "park"]
 
     #[tonic::async_trait]
     impl pb::saga_service_server::SagaService for Fake {
+        async fn complete_step(
+            &self,
+            rq: tonic::Request<pb::CompleteStepRequest>,
+        ) -> Result<tonic::Response<pb::SagaView>, Status> {
+            let r = rq.into_inner();
+            self.note(format!(
+                "complete {} {} {} {} {} {}",
+                r.saga_id,
+                r.step,
+                r.operation_id,
+                r.outcome,
+                String::from_utf8_lossy(&r.output),
+                r.who
+            ));
+            Ok(tonic::Response::new(saga(r.saga_id, pb::SagaState::Running)))
+        }
         async fn register_definition(
             &self,
             rq: tonic::Request<pb::RegisterSagaDefinitionRequest>,
@@ -1055,6 +1162,21 @@ on_failure = ["retry", "park"]
         };
         assert_eq!(exit(run(&ctx, start).await), 0);
         assert_eq!(exit(run(&ctx, SagaCmd::Cancel(operate_args(42))).await), 0);
+        assert_eq!(exit(run(&ctx, SagaCmd::Approve(operate_args(42))).await), 0);
+        let complete = |outcome: &str, output: Option<&str>| SagaCmd::CompleteStep {
+            id: 42,
+            step: 1,
+            operation: "42.1.f1".into(),
+            outcome: outcome.into(),
+            output: output.map(Into::into),
+            reason: String::new(),
+            who: "approver".into(),
+        };
+        assert_eq!(exit(run(&ctx, complete("ok", Some(r#"{"ok":1}"#))).await), 0);
+        // Checked before anything is sent: an output with a FAILED, and
+        // an output that is not JSON.
+        assert_eq!(exit(run(&ctx, complete("failed", Some("{}"))).await), EXIT_USAGE);
+        assert_eq!(exit(run(&ctx, complete("ok", Some("not json"))).await), EXIT_USAGE);
         let asked = fake.asked.lock().unwrap().clone();
         assert_eq!(
             asked,
@@ -1067,6 +1189,8 @@ on_failure = ["retry", "park"]
                 "register order@3 3",
                 "start order@3 order-7 {\"order\":7} alice 30000",
                 "operate 42 5 card service restarted alice",
+                "operate 42 6 card service restarted alice",
+                "complete 42 1 42.1.f1 2 {\"ok\":1} approver",
             ]
         );
 

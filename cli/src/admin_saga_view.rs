@@ -84,6 +84,9 @@ fn call_json(c: &pb::StepCallView) -> Value {
         "unknown_ms": c.unknown_ms,
         "reconciliations": c.reconciliations,
         "unknown_since_ms": c.unknown_since_ms,
+        "output": std::str::from_utf8(&c.output).ok(),
+        "output_hex": if std::str::from_utf8(&c.output).is_ok() { None } else { Some(hex(&c.output)) },
+        "completed_by": c.completed_by,
     })
 }
 
@@ -98,6 +101,7 @@ fn step_json(s: &pb::StepJournalView) -> Value {
         "residual": s.residual,
         "compensation_ref": s.compensation_ref,
         "precondition": s.precondition,
+        "approved_by": s.approved_by,
     })
 }
 
@@ -127,6 +131,7 @@ pub fn saga_json(s: &pb::SagaView) -> Value {
         "query_failures": s.query_failures,
         "deadline_at_ms": s.deadline_at_ms,
         "cancel_reason": s.cancel_reason,
+        "awaiting_approval": s.awaiting_approval,
         "idempotency_key": s.idempotency_key,
         "input": std::str::from_utf8(&s.input).ok(),
         "steps": s.steps.iter().map(step_json).collect::<Vec<_>>(),
@@ -160,6 +165,7 @@ pub fn definition_json(d: &pb::SagaDefinition) -> Value {
                 "status_query": s.status_query,
                 "versioned": s.versioned,
                 "on_failure": s.on_failure.iter().map(|o| recovery_file_name(*o)).collect::<Vec<_>>(),
+                "high_impact": s.high_impact,
             });
             if let Some(r) = &s.retry {
                 v["retry"] = json!({
@@ -311,6 +317,16 @@ pub fn show_text(s: &pb::SagaView) -> String {
     if !s.cancel_reason.is_empty() {
         field("stopped", truncate(&s.cancel_reason, 400));
     }
+    if s.awaiting_approval {
+        field(
+            "approval",
+            format!(
+                "the compensation of step {} waits for an approval: saga approve {} --why ...",
+                step_cell(s),
+                s.saga_id
+            ),
+        );
+    }
     field("started", utc(s.started_at_ms));
     if s.deadline_at_ms != 0 {
         field("deadline", utc(s.deadline_at_ms));
@@ -343,6 +359,7 @@ pub fn show_text(s: &pb::SagaView) -> String {
         "RESIDUAL",
     ]);
     let mut reasons = Vec::new();
+    let mut outputs = Vec::new();
     for j in &s.steps {
         let (f, c) = (j.forward.as_ref(), j.compensation.as_ref());
         let cell = |c: Option<&pb::StepCallView>, get: &dyn Fn(&pb::StepCallView) -> String| c.map_or("-".into(), get);
@@ -365,6 +382,18 @@ pub fn show_text(s: &pb::SagaView) -> String {
                 truncate(&j.residual, 60)
             },
         ]);
+        if let Some(f) = f.filter(|f| !f.output.is_empty()) {
+            outputs.push(format!("  step {} {}: {}", j.step, j.name, input_line(&f.output)));
+        }
+        if let Some(by) = f.map(|f| f.completed_by.as_str()).filter(|b| !b.is_empty()) {
+            reasons.push(format!("  step {} {} forward completed by {by}", j.step, j.name));
+        }
+        if !j.approved_by.is_empty() {
+            reasons.push(format!(
+                "  step {} {} compensation approved by {}",
+                j.step, j.name, j.approved_by
+            ));
+        }
         for (what, call) in [("forward", f), ("compensation", c)] {
             if let Some(call) = call.filter(|c| !c.reason.is_empty()) {
                 reasons.push(format!(
@@ -386,6 +415,10 @@ pub fn show_text(s: &pb::SagaView) -> String {
     if !reasons.is_empty() {
         out.push_str("\n\nreasons:\n");
         out.push_str(&reasons.join("\n"));
+    }
+    if !outputs.is_empty() {
+        out.push_str("\n\noutputs:\n");
+        out.push_str(&outputs.join("\n"));
     }
 
     out.push_str("\n\noperator actions:\n");
@@ -459,12 +492,14 @@ pub(crate) mod tests {
                         outcome: pb::StepOutcome::Ok as i32,
                         resource_version: "v7".into(),
                         outcome_at_ms: 1_796_137_200_020,
+                        output: br#"{"reservation":"r-7"}"#.to_vec(),
                         ..Default::default()
                     }),
                     compensation: None,
                     residual: String::new(),
                     compensation_ref: "order@3:release".into(),
                     precondition: String::new(),
+                    approved_by: String::new(),
                 },
                 pb::StepJournalView {
                     step: 1,
@@ -484,6 +519,7 @@ pub(crate) mod tests {
                     residual: String::new(),
                     compensation_ref: String::new(),
                     precondition: String::new(),
+                    approved_by: String::new(),
                 },
             ],
             operator_actions: vec![pb::SagaOperatorActionView {
@@ -500,6 +536,7 @@ pub(crate) mod tests {
             query_failures: 0,
             deadline_at_ms: 0,
             cancel_reason: String::new(),
+            awaiting_approval: false,
         }
     }
 
@@ -600,6 +637,7 @@ pub(crate) mod tests {
             "dtx://operator/bob",
             "card service restarted",
             r#"{"order":7} (11 bytes)"#,
+            r#"step 0 reserve: {"reservation":"r-7"} (21 bytes)"#,
         ] {
             assert!(t.contains(want), "{want:?} missing from:\n{t}");
         }

@@ -215,6 +215,10 @@ pub enum SagaAction {
     /// A RUNNING saga (or one PARKED while running) stops going forward
     /// and compensates what it did, newest first ([`Client::cancel_saga`]).
     Cancel,
+    /// A saga PARKED for an approval (`awaiting_approval`: its next
+    /// compensation is high-impact) has that compensation approved and
+    /// goes on compensating.
+    Approve,
 }
 
 impl SagaAction {
@@ -225,6 +229,7 @@ impl SagaAction {
             SagaAction::Compensate => pb::SagaOperatorAction::Compensate,
             SagaAction::MarkComplete => pb::SagaOperatorAction::MarkComplete,
             SagaAction::Cancel => pb::SagaOperatorAction::Cancel,
+            SagaAction::Approve => pb::SagaOperatorAction::Approve,
         }
     }
 
@@ -236,8 +241,25 @@ impl SagaAction {
             SagaAction::Compensate => "compensate",
             SagaAction::MarkComplete => "mark-complete",
             SagaAction::Cancel => "cancel",
+            SagaAction::Approve => "approve",
         }
     }
+}
+
+/// How a PENDING step ended ([`Client::complete_step`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepEnd {
+    /// Done.
+    Ok {
+        /// The step's output, handed to the later steps (at most
+        /// `dtx_proto::limits::SAGA_STEP_OUTPUT_BYTES_MAX` bytes).
+        output: Vec<u8>,
+    },
+    /// Not done: the saga takes the step's recovery path.
+    Failed {
+        /// Why, recorded in the journal.
+        reason: String,
+    },
 }
 
 /// The first wait between two reads of [`Client::wait_saga`]; it doubles
@@ -401,6 +423,45 @@ impl Client {
     /// the cancel may or may not be recorded; cancel again.
     pub async fn cancel_saga(&self, saga_id: u64, why: &str) -> Result<pb::SagaView, ClientError> {
         self.operate_saga(saga_id, SagaAction::Cancel, CANCEL_WHO, why).await
+    }
+
+    /// Completes step `step` of saga `saga_id`, whose forward call
+    /// `operation_id` (as the step service received it) answered PENDING:
+    /// a callback arrived, a person decided. `who` is recorded (replaced by
+    /// the authenticated caller's name when the cluster authenticates).
+    /// Answers the saga's view. The same completion again answers the view
+    /// and changes nothing, so an [`ClientError::Unknown`] is retried
+    /// as is; another end for a completed call, or a completion the saga
+    /// no longer waits for (cancelled, past its deadline), is
+    /// [`ClientError::FailedPrecondition`] with what it found.
+    pub async fn complete_step(
+        &self,
+        saga_id: u64,
+        step: u32,
+        operation_id: &str,
+        end: StepEnd,
+        who: &str,
+    ) -> Result<pb::SagaView, ClientError> {
+        let (outcome, output, reason) = match end {
+            StepEnd::Ok { output } => (pb::StepOutcome::Ok, output, String::new()),
+            StepEnd::Failed { reason } => (pb::StepOutcome::Failed, Vec::new(), reason),
+        };
+        let req = pb::CompleteStepRequest {
+            saga_id,
+            step,
+            operation_id: operation_id.to_string(),
+            outcome: outcome as i32,
+            output,
+            reason,
+            resource_version: String::new(),
+            downstream_operation_id: String::new(),
+            who: who.to_string(),
+        };
+        self.call(Kind::Write, |ch, t| {
+            let rq = self.request(req.clone(), t);
+            async move { SagaServiceClient::new(ch).complete_step(rq).await }
+        })
+        .await
     }
 
     /// An action on saga `saga_id`, recorded with `operator` (replaced by

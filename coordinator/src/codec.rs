@@ -20,7 +20,11 @@ use crate::limits::DECODE_BYTES_MAX;
 /// 4: the snapshot carries the branches of each transaction (ADR 0046).
 /// 5: a saga's record carries its deadline and why it was cancelled, and
 /// its Start command the deadline (docs/sagas.md, "Cancel and deadline").
-pub const FORMAT_VERSION: u8 = 5;
+/// 6: a saga's step calls carry their output and who completed them, its
+/// steps who approved their compensation, a definition's steps whether
+/// they are high-impact; journal commands `Complete`, `AwaitApproval`
+/// (docs/sagas.md, "Outputs, pending steps and approvals").
+pub const FORMAT_VERSION: u8 = 6;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

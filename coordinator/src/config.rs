@@ -91,6 +91,13 @@ pub struct SagaConfig {
     /// leader forgets it (and its idempotency key). Parked sagas are never
     /// forgotten.
     pub retention_ms: u64,
+    /// The recovery policy's rules (`[[saga.policy_rules]]`, docs/sagas.md
+    /// "Recovery policy"): for a failed step, the order of its registered
+    /// recovery options and the words an escalation carries; for a
+    /// compensation, whether it waits for an approval. The first rule that
+    /// matches decides; none: the definition's registered order. A rule
+    /// never adds an option the definition did not register.
+    pub policy_rules: Vec<SagaPolicyRule>,
 }
 
 impl Default for SagaConfig {
@@ -100,9 +107,37 @@ impl Default for SagaConfig {
             scan_interval_ms: 200,
             sagas_in_flight_max: 256,
             retention_ms: 7 * 24 * 3_600_000,
+            policy_rules: Vec::new(),
         }
     }
 }
+
+/// One rule of the saga recovery policy. Empty match fields match
+/// everything.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct SagaPolicyRule {
+    /// The definition's name this rule is about; empty: every definition.
+    pub definition: String,
+    /// The step's name; empty: every step.
+    pub step: String,
+    /// Matches a failed step only when its failure's reason contains this
+    /// text; empty: any reason. (Compensation approvals ignore it.)
+    pub reason_contains: String,
+    /// The recovery options to try, in order: "RETRY", "COMPENSATE",
+    /// "PARK". Only those the step registered are ever taken. Empty: the
+    /// registered order.
+    pub recovery: Vec<String>,
+    /// The matching steps' compensations wait for an approval (as if their
+    /// definition marked them high-impact).
+    pub approve_compensation: bool,
+    /// Said first when a matching step's saga parks for an operator (whom
+    /// to call, what to check); empty: the orchestrator's words only.
+    pub escalation: String,
+}
+
+/// The recovery options a policy rule may name.
+pub const SAGA_RECOVERY_NAMES: [&str; 3] = ["RETRY", "COMPENSATE", "PARK"];
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -539,6 +574,21 @@ impl SagaConfig {
                 "saga.call_timeout_ms ({}), saga.scan_interval_ms ({}), saga.sagas_in_flight_max ({}) and saga.retention_ms ({}) must be > 0",
                 g.call_timeout_ms, g.scan_interval_ms, g.sagas_in_flight_max, g.retention_ms
             ));
+        }
+        for (i, r) in g.policy_rules.iter().enumerate() {
+            for o in &r.recovery {
+                if !SAGA_RECOVERY_NAMES.contains(&o.as_str()) {
+                    return bad(format!(
+                        "saga.policy_rules[{i}].recovery: {o:?} is not one of {}",
+                        SAGA_RECOVERY_NAMES.join(", ")
+                    ));
+                }
+            }
+            if r.recovery.is_empty() && !r.approve_compensation && r.escalation.is_empty() {
+                return bad(format!(
+                    "saga.policy_rules[{i}] changes nothing: give recovery, approve_compensation or escalation"
+                ));
+            }
         }
         Ok(())
     }

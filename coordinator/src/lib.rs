@@ -41,6 +41,8 @@
 //!   section at a time.
 //! - `participant_policy` the operators' participant address policy
 //!   (ADR 0041), checked by the API before an enlistment is proposed.
+//! - `saga_policy` the operators' saga recovery rules (`saga.policy_rules`),
+//!   the leader orchestrator's `RecoveryPolicy`.
 //! - `limits`   documented request limits (from `dtx_proto::limits`).
 
 // openraft's StorageError is large and is the error type its storage traits
@@ -61,6 +63,7 @@ pub mod node;
 pub mod orchestrator;
 pub mod participant_policy;
 pub mod raft;
+pub mod saga_policy;
 pub mod security;
 pub mod sm;
 pub mod store;

@@ -196,8 +196,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         ),
     });
     let driver = Driver::new(ctx.clone());
-    let (orchestrator, saga_scan) =
-        crate::orchestrator::Orchestrator::new(ctx.clone(), Arc::new(crate::sm::saga::plan::RegisteredOrder));
+    let policy = crate::saga_policy::RuleSet::new(config.saga.policy_rules.clone());
+    let (orchestrator, saga_scan) = crate::orchestrator::Orchestrator::new(ctx.clone(), Arc::new(policy));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 

@@ -476,7 +476,7 @@ impl Orchestrator {
         dtx_failpoint::failpoint!("saga_after_reply_before_journal");
         let reply = forward_reply(reply_of(a, false));
         self.outcome_metrics(Side::Forward, &reply);
-        JournalEvent::ForwardOutcome { step, reply }
+        forward_outcome(def, step, reply)
     }
 
     /// Settles a forward call that is UNKNOWN (or an intent found on
@@ -502,7 +502,7 @@ impl Orchestrator {
                 if s.applied {
                     self.settled_metrics(Side::Forward, &c);
                     let reply = forward_reply(reply_of(Answer::Reply(s.reply.unwrap_or_default()), true));
-                    JournalEvent::ForwardOutcome { step, reply }
+                    forward_outcome(def, step, reply)
                 } else if !last {
                     JournalEvent::ForwardIntent { step }
                 } else {
@@ -539,7 +539,15 @@ impl Orchestrator {
             )
             .await
         {
-            Ok(s) => s.applied && s.reply.as_ref().map(|x| x.outcome) == Some(pb::StepOutcome::Ok as i32),
+            // A PENDING forward call was accepted: it may complete, so
+            // it is undone (the compensation cancels it).
+            Ok(s) => {
+                s.applied
+                    && matches!(
+                        s.reply.as_ref().map(|x| pb::StepOutcome::try_from(x.outcome)),
+                        Some(Ok(pb::StepOutcome::Ok | pb::StepOutcome::Pending))
+                    )
+            }
             Err(e) => {
                 // The intent stays this task's (nothing was called): see
                 // `drive`, which keeps it fresh across a QueryFailed.
@@ -742,6 +750,7 @@ impl Orchestrator {
                 policy: r.authorization.policy.clone(),
             }),
             term: self.ctx.current_term(),
+            outputs: outputs_for(r, def, step, side),
         };
         let mut client = match self.client(&sd.service) {
             Ok(c) => c,
@@ -837,8 +846,50 @@ fn current_call(r: &SagaRecord) -> Option<(String, u32)> {
     Some((c.operation_id.clone(), c.attempts))
 }
 
-/// A forward call answers OK or FAILED; anything else (NOOP, STALE) is a
-/// service's mistake, journaled as FAILED with what it said.
+/// What a call of `step` is handed of the earlier steps' results: the
+/// output of every forward call before it that ended OK (a compensation:
+/// its own forward's too), in step order.
+fn outputs_for(r: &SagaRecord, def: &Definition, step: u32, side: Side) -> Vec<pb::StepOutput> {
+    let upto = match side {
+        Side::Forward => step as usize,
+        Side::Compensation => step as usize + 1,
+    };
+    r.steps
+        .iter()
+        .zip(&def.steps)
+        .take(upto)
+        .enumerate()
+        .filter_map(|(i, (j, sd))| {
+            let c = j.forward.as_ref().filter(|c| c.outcome() == CallOutcome::Ok)?;
+            Some(pb::StepOutput {
+                step: i as u32,
+                name: sd.name.clone(),
+                output: c.output.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The journal write for a forward call's answer: its outcome, or, for an
+/// OK whose output is over `limits::SAGA_STEP_OUTPUT_BYTES_MAX`, a park
+/// (the action happened but its result cannot be journaled: an operator
+/// decides; the call stays unsettled, so a compensation asks first).
+fn forward_outcome(def: &Definition, step: u32, reply: Reply) -> JournalEvent {
+    let max = crate::limits::SAGA_STEP_OUTPUT_BYTES_MAX;
+    if reply.output.len() > max {
+        return JournalEvent::Park {
+            reason: format!(
+                "step {step} ({:?}) answered OK with an output of {} bytes; the limit is saga_step_output_bytes_max = {max} bytes: not journaled (its action happened; skip the step or compensate)",
+                def.steps[step as usize].name,
+                reply.output.len()
+            ),
+        };
+    }
+    JournalEvent::ForwardOutcome { step, reply }
+}
+
+/// A forward call answers OK, FAILED or PENDING; anything else (NOOP,
+/// STALE) is a service's mistake, journaled as FAILED with what it said.
 fn forward_reply(mut r: Reply) -> Reply {
     if matches!(r.outcome, CallOutcome::Noop | CallOutcome::Stale | CallOutcome::Skipped) {
         r.reason = format!(
@@ -867,6 +918,7 @@ fn reply_of(a: Answer, reconciled: bool) -> Reply {
                 Ok(pb::StepOutcome::Failed) => CallOutcome::Failed,
                 Ok(pb::StepOutcome::Noop) => CallOutcome::Noop,
                 Ok(pb::StepOutcome::Stale) => CallOutcome::Stale,
+                Ok(pb::StepOutcome::Pending) => CallOutcome::Pending,
                 // A service that answers something else could not tell.
                 _ => CallOutcome::Unknown,
             };
@@ -888,6 +940,12 @@ fn reply_of(a: Answer, reconciled: bool) -> Reply {
                 resource_version: clip(r.resource_version),
                 residual: clip(r.residual),
                 reconciled,
+                // Only an OK carries one (checked by the journal).
+                output: if outcome == CallOutcome::Ok {
+                    r.output
+                } else {
+                    Vec::new()
+                },
             }
         }
     }

@@ -279,6 +279,9 @@ pub fn api_policy(path: &str) -> Access {
         // Operators act on any saga; an application may only cancel its
         // own (the handler refuses it every other action).
         ("dtx.v1.SagaService", "OperateSaga") => SAGA,
+        // A PENDING step is completed by whoever hears of its end: the
+        // application (its own sagas), the step service, an operator.
+        ("dtx.v1.SagaService", "CompleteStep") => ANY_ROLE,
         // Server reflection (the API's own descriptors, for grpcurl and
         // the like): any authenticated caller.
         (

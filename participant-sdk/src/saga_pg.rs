@@ -110,6 +110,7 @@ use crate::saga::outside::check_resend;
 use crate::saga::outside::count_outside;
 use crate::saga::outside::in_flight_message;
 use crate::saga::record_of;
+use crate::saga::vet;
 use crate::saga::CallKind;
 use crate::saga::InFlight;
 use crate::saga::InboxEntry;
@@ -526,7 +527,7 @@ impl<H: PgStepHandler> PgStepStore<H> {
                 .claim(&tx, &call.forward_operation_id, call.saga_id, call.step)
                 .await?
             {
-                Claim::Taken(InboxEntry::Answered(f)) if f.kind == CallKind::Forward && f.result.is_ok() => None,
+                Claim::Taken(InboxEntry::Answered(f)) if f.kind == CallKind::Forward && f.result.happened() => None,
                 Claim::Taken(InboxEntry::Answered(f)) => Some(noop_for(&call.forward_operation_id, Some(&f))),
                 Claim::Taken(InboxEntry::InFlight(f)) => {
                     // Settled above, in flight again: never NOOP (nor
@@ -597,8 +598,10 @@ impl<H: PgStepHandler> PgStepStore<H> {
                     })?,
                     Err(answer) => answer,
                 };
-                if !r.is_ok() {
-                    // Only an OK answer changes anything.
+                let r = vet(kind, r);
+                if !r.happened() {
+                    // Only an OK (or PENDING: accepted) answer changes
+                    // anything.
                     events.clear();
                     tx.batch_execute("ROLLBACK TO SAVEPOINT dtx_step_handler")
                         .await
@@ -704,7 +707,8 @@ impl<H: PgStepHandler> PgStepStore<H> {
             .finish_outside(&tx, f.kind, &f.call, answer, &mut events)
             .await
             .map_err(|e| StoreError::Io(format!("finishing outside call {op:?} failed: {e}")))?;
-        if !result.is_ok() {
+        let result = vet(f.kind, result);
+        if !result.happened() {
             events.clear();
             tx.batch_execute("ROLLBACK TO SAVEPOINT dtx_step_handler")
                 .await

@@ -54,6 +54,11 @@ pub const INSPECT_RECORDS_MAX: usize = 1000;
 pub const DECODE_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Steps in one saga definition.
 pub const SAGA_STEPS_MAX: usize = 32;
+/// A step's output (what its forward action answered with its OK, handed
+/// to every later step's calls and journaled): so one call carries at most
+/// `SAGA_STEPS_MAX` times this many bytes of earlier outputs (512 KiB),
+/// well under the 4 MiB a gRPC server decodes by default.
+pub const SAGA_STEP_OUTPUT_BYTES_MAX: usize = 16 * 1024;
 /// Sagas in one page of `ListSagas` when the request names no limit.
 pub const LIST_SAGAS_PAGE_DEFAULT: usize = 100;
 /// Sagas in one page of `ListSagas` at most.

@@ -28,7 +28,7 @@ pub fn step_kind(v: i32) -> Option<&'static str> {
     }
 }
 
-/// UNKNOWN, OK, FAILED, NOOP, STALE or SKIPPED.
+/// UNKNOWN, OK, FAILED, NOOP, STALE, SKIPPED or PENDING.
 pub fn step_outcome(v: i32) -> Option<&'static str> {
     match pb::StepOutcome::try_from(v).ok()? {
         pb::StepOutcome::Unknown => Some("UNKNOWN"),
@@ -37,6 +37,7 @@ pub fn step_outcome(v: i32) -> Option<&'static str> {
         pb::StepOutcome::Noop => Some("NOOP"),
         pb::StepOutcome::Stale => Some("STALE"),
         pb::StepOutcome::Skipped => Some("SKIPPED"),
+        pb::StepOutcome::Pending => Some("PENDING"),
         pb::StepOutcome::Unspecified => None,
     }
 }

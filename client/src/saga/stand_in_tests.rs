@@ -143,6 +143,10 @@ impl SagaService for Served {
     ) -> Res<pb::ListSagaDefinitionsResponse> {
         Err(Status::unimplemented("not in this stand-in"))
     }
+
+    async fn complete_step(&self, _: Request<pb::CompleteStepRequest>) -> Res<pb::SagaView> {
+        Err(Status::unimplemented("not in this stand-in"))
+    }
 }
 
 async fn serve(node: Arc<Node>) -> String {

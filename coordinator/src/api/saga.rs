@@ -125,6 +125,7 @@ pub fn definition_of(d: &pb::SagaDefinition) -> Result<saga::Definition, ApiErro
             versioned: s.versioned,
             retry,
             on_failure,
+            high_impact: s.high_impact,
         });
     }
     let def = saga::Definition {
@@ -158,6 +159,7 @@ pub fn definition_pb(d: &saga::Definition) -> pb::SagaDefinition {
                     backoff_max_ms: s.retry.backoff_max_ms,
                 }),
                 on_failure: s.on_failure.iter().map(|o| recovery_pb(*o) as i32).collect(),
+                high_impact: s.high_impact,
             })
             .collect(),
     }
@@ -195,6 +197,7 @@ pub fn outcome_pb(o: CallOutcome) -> pb::StepOutcome {
         CallOutcome::Noop => pb::StepOutcome::Noop,
         CallOutcome::Stale => pb::StepOutcome::Stale,
         CallOutcome::Skipped => pb::StepOutcome::Skipped,
+        CallOutcome::Pending => pb::StepOutcome::Pending,
     }
 }
 
@@ -211,6 +214,8 @@ fn call_pb(c: &saga::Call) -> pb::StepCallView {
         unknown_ms: c.unknown_ms,
         reconciliations: c.reconciliations,
         unknown_since_ms: c.unknown_since_ms,
+        output: c.output.clone(),
+        completed_by: c.completed_by.clone(),
     }
 }
 
@@ -256,6 +261,7 @@ pub fn view_pb(r: &SagaRecord, book: &saga::SagaBook) -> pb::SagaView {
                     residual: j.residual.clone(),
                     compensation_ref: j.compensation_ref.clone(),
                     precondition: j.precondition.clone(),
+                    approved_by: j.approved_by.clone(),
                 }
             })
             .collect(),
@@ -276,7 +282,19 @@ pub fn view_pb(r: &SagaRecord, book: &saga::SagaBook) -> pb::SagaView {
         journal_seq: r.seq,
         deadline_at_ms: r.deadline_at_ms,
         cancel_reason: r.cancel_reason.clone(),
+        awaiting_approval: r.awaiting_approval.is_some(),
     }
+}
+
+/// `v` without its steps' outputs: a page of sagas stays small (up to
+/// `SAGA_STEPS_MAX` outputs of 16 KiB each per saga); GetSaga has them.
+fn without_outputs(mut v: pb::SagaView) -> pb::SagaView {
+    for s in &mut v.steps {
+        for c in [s.forward.as_mut(), s.compensation.as_mut()].into_iter().flatten() {
+            c.output.clear();
+        }
+    }
+    v
 }
 
 /// The fingerprint of a StartSaga request: everything but the key.
@@ -422,7 +440,10 @@ async fn list(ctx: &NodeCtx, r: pb::ListSagasRequest, app: Option<String>) -> Re
                 && (app.is_none() || s.owner.as_deref() == app.as_deref())
         });
         pb::ListSagasResponse {
-            sagas: page.into_iter().map(|s| view_pb(s, &st.sagas)).collect(),
+            sagas: page
+                .into_iter()
+                .map(|s| without_outputs(view_pb(s, &st.sagas)))
+                .collect(),
             next_after_saga_id: next,
         }
     })
@@ -443,9 +464,10 @@ async fn operate(
         Ok(pb::SagaOperatorAction::Compensate) => saga::OperatorAction::Compensate,
         Ok(pb::SagaOperatorAction::MarkComplete) => saga::OperatorAction::MarkComplete,
         Ok(pb::SagaOperatorAction::Cancel) => saga::OperatorAction::Cancel,
+        Ok(pb::SagaOperatorAction::Approve) => saga::OperatorAction::Approve,
         _ => {
             return Err(ApiError::InvalidArgument(format!(
-                "action {} is not RETRY, SKIP, COMPENSATE, MARK_COMPLETE or CANCEL",
+                "action {} is not RETRY, SKIP, COMPENSATE, MARK_COMPLETE, CANCEL or APPROVE",
                 r.action
             )))
         }
@@ -485,8 +507,111 @@ async fn operate(
     Ok(view_pb(s, &st.sagas))
 }
 
+/// `CompleteStep`: the end of a PENDING forward call. `app`: the caller
+/// is this authenticated application (it may complete only its own
+/// sagas' steps).
+async fn complete(
+    ctx: &NodeCtx,
+    r: pb::CompleteStepRequest,
+    who: String,
+    app: Option<String>,
+) -> Result<pb::SagaView, ApiError> {
+    let outcome = match pb::StepOutcome::try_from(r.outcome) {
+        Ok(pb::StepOutcome::Ok) => CallOutcome::Ok,
+        Ok(pb::StepOutcome::Failed) => CallOutcome::Failed,
+        _ => {
+            return Err(ApiError::InvalidArgument(format!(
+                "outcome {} is not STEP_OUTCOME_OK or STEP_OUTCOME_FAILED: a step completes with its end",
+                r.outcome
+            )))
+        }
+    };
+    if outcome != CallOutcome::Ok && !r.output.is_empty() {
+        return Err(ApiError::InvalidArgument(
+            "only an OK completion carries an output".into(),
+        ));
+    }
+    check_len("output", r.output.len(), limits::SAGA_STEP_OUTPUT_BYTES_MAX)?;
+    for (f, v) in [
+        ("reason", &r.reason),
+        ("resource_version", &r.resource_version),
+        ("downstream_operation_id", &r.downstream_operation_id),
+    ] {
+        check_len(f, v.len(), limits::REASON_BYTES_MAX)?;
+    }
+    check_id("who", &who)?;
+    check_id("operation_id", &r.operation_id)?;
+    // The step service got the operation id with this cluster's
+    // incarnation appended (ADR 0033); the journal names it without.
+    let (operation_id, incarnation) = {
+        let st = ctx.sm.state();
+        let s = st
+            .sagas
+            .get(r.saga_id)
+            .ok_or_else(|| ApiError::NotFound(format!("saga {} does not exist", r.saga_id)))?;
+        check_saga_owner(r.saga_id, s.owner.as_deref(), app.as_deref())?;
+        let inc = st.incarnations.of_saga(r.saga_id).unwrap_or(0);
+        match r.operation_id.rsplit_once('@') {
+            Some((op, sfx)) => (op.to_string(), Some((sfx.to_string(), inc))),
+            None => (r.operation_id.clone(), None),
+        }
+    };
+    if let Some((sfx, inc)) = incarnation {
+        if sfx != format!("{inc:016x}") {
+            return Err(ApiError::FailedPrecondition(format!(
+                "operation {:?} belongs to another incarnation of saga {} (this cluster's is {inc:016x}): it is not this saga's call",
+                r.operation_id, r.saga_id
+            )));
+        }
+    }
+    let cmd = SagaCommand::Complete {
+        saga_id: r.saga_id,
+        step: r.step,
+        operation_id,
+        reply: saga::Reply {
+            outcome,
+            reason: r.reason.clone(),
+            downstream_operation_id: r.downstream_operation_id.clone(),
+            resource_version: r.resource_version.clone(),
+            residual: String::new(),
+            reconciled: false,
+            output: r.output.clone(),
+        },
+        who,
+        now_ms: now_ms(),
+    };
+    propose(ctx, cmd).await?;
+    let st = ctx.sm.state();
+    let s = st
+        .sagas
+        .get(r.saga_id)
+        .ok_or_else(|| ApiError::Internal(format!("saga {} vanished after a completion", r.saga_id)))?;
+    Ok(view_pb(s, &st.sagas))
+}
+
 #[tonic::async_trait]
 impl SagaService for SagaApi {
+    async fn complete_step(&self, req: Request<pb::CompleteStepRequest>) -> Result<Response<pb::SagaView>, Status> {
+        let ctx = &self.ctx;
+        let who = match crate::security::caller(&req) {
+            Some(id) => id.name,
+            None if req.get_ref().who.is_empty() => "anonymous".to_string(),
+            None => req.get_ref().who.clone(),
+        };
+        let app = application(&req);
+        let out = serve_or_forward(
+            ctx,
+            req,
+            |r| async move { complete(ctx, r, who, app).await },
+            |ch, r| async move { SagaServiceClient::new(ch).complete_step(r).await },
+        )
+        .await;
+        if out.is_ok() {
+            self.orchestrator.kick();
+        }
+        out
+    }
+
     async fn register_definition(
         &self,
         req: Request<pb::RegisterSagaDefinitionRequest>,

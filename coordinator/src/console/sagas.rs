@@ -400,6 +400,7 @@ mod tests {
             } else {
                 Vec::new()
             },
+            high_impact: false,
         }
     }
 

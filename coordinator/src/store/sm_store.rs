@@ -1827,6 +1827,7 @@ mod tests {
             versioned: true,
             retry: RetryPolicy::default(),
             on_failure: vec![],
+            high_impact: false,
         };
         let def = Definition {
             name: "shop".into(),
@@ -2010,6 +2011,7 @@ mod tests {
                 versioned: false,
                 retry: RetryPolicy::default(),
                 on_failure: vec![],
+                high_impact: false,
             }],
         };
         let journal = |seq: u64, event: JournalEvent| {

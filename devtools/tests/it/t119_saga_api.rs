@@ -9,6 +9,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::sagas;
+use common::sagas::ends;
+use common::sagas::wait_for;
 use common::sagas::SagaShop;
 use common::sagas::ShopFlags;
 use common::TestCluster;
@@ -16,7 +18,6 @@ use dtx_client::saga::SagaEnd;
 use dtx_client::saga::SagaFilter;
 use dtx_client::saga::SagaWait;
 use dtx_client::saga::StartSaga;
-use dtx_client::Client;
 use dtx_client::ClientError;
 use dtx_proto::v1 as pb;
 use dtx_saga_shop::OrderInput;
@@ -25,39 +26,6 @@ const ORDER: &str = dtx_saga_shop::ORDER_SAGA;
 
 fn start_of(definition: &str, o: &OrderInput) -> StartSaga {
     StartSaga::new(definition, 1, &o.order, o.to_json())
-}
-
-/// The view of saga `id` once `cond` holds of it; panics with the last view
-/// after `timeout`.
-async fn wait_for(
-    client: &Client,
-    id: u64,
-    timeout: Duration,
-    what: &str,
-    cond: impl Fn(&pb::SagaView) -> bool,
-) -> pb::SagaView {
-    let until = tokio::time::Instant::now() + timeout;
-    let mut last = None;
-    loop {
-        if let Ok(v) = client.saga(id).await {
-            if cond(&v) {
-                return v;
-            }
-            last = Some(v);
-        }
-        if tokio::time::Instant::now() >= until {
-            panic!("saga {id}: {what} not seen in {timeout:?}: {last:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Waits for the end of saga `id`; panics when it is not `want`.
-async fn ends(client: &Client, id: u64, want: SagaEnd) -> pb::SagaView {
-    match client.wait_saga(id, Duration::from_secs(90)).await {
-        Ok(SagaWait::Ended { end, view }) if end == want => view,
-        other => panic!("saga {id} should end {want:?}: {other:#?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

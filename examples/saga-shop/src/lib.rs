@@ -141,6 +141,7 @@ pub fn order_saga_definition(inventory: &str, payment: &str, email: &str) -> pb:
             versioned: kind == pb::StepKind::Compensable,
             retry,
             on_failure: vec![],
+            high_impact: false,
         }
     };
     pb::SagaDefinition {

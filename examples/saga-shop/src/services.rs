@@ -328,6 +328,7 @@ impl StepHandler for Payment {
                     resource_version: String::new(),
                     downstream_operation_id: charge_id,
                     residual: String::new(),
+                    output: Vec::new(),
                 }
             }
             Ok(OutsideAnswer::Declined { reason }) => StepResult::failed(format!("declined: {reason}")),
@@ -422,6 +423,7 @@ impl StepHandler for Email {
                     resource_version: String::new(),
                     downstream_operation_id: message_id,
                     residual: String::new(),
+                    output: Vec::new(),
                 }
             }
             Ok(OutsideAnswer::Voided) => {

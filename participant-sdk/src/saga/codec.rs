@@ -6,7 +6,11 @@ use super::types::CallKind;
 use super::types::StepRecord;
 use super::types::StepResult;
 
-const RECORD_FORMAT: u8 = 1;
+/// Records written before outputs existed (no output field); still read.
+const RECORD_FORMAT_V1: u8 = 1;
+/// The current record: format 1's fields, then the output. (2 is the
+/// in-flight record's format, `outside::IN_FLIGHT_FORMAT`.)
+const RECORD_FORMAT: u8 = 3;
 
 pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u32).to_be_bytes());
@@ -34,19 +38,26 @@ pub(super) fn take_str(b: &mut &[u8]) -> Result<String, String> {
 impl StepRecord {
     /// `format, kind, outcome, at_ms, saga_id (8 bytes BE each), step (4
     /// bytes BE)`, then the strings reason, resource version, downstream
-    /// operation id, residual, action and fingerprint, each as a 4-byte BE
-    /// length and its UTF-8 bytes.
+    /// operation id, residual, action and fingerprint, and the byte string
+    /// output, each as a 4-byte BE length and its bytes. (Format 1, still
+    /// read, has no output.)
     pub fn encode(&self) -> Vec<u8> {
-        let (outcome, reason, version, downstream, residual): (u8, &str, &str, &str, &str) = match &self.result {
-            StepResult::Ok {
-                resource_version,
-                downstream_operation_id,
-                residual,
-            } => (1, "", resource_version, downstream_operation_id, residual),
-            StepResult::Failed { reason } => (2, reason, "", "", ""),
-            StepResult::Noop { reason } => (3, reason, "", "", ""),
-            StepResult::Stale { reason, residual } => (4, reason, "", "", residual),
-        };
+        let (outcome, reason, version, downstream, residual, output): (u8, &str, &str, &str, &str, &[u8]) =
+            match &self.result {
+                StepResult::Ok {
+                    resource_version,
+                    downstream_operation_id,
+                    residual,
+                    output,
+                } => (1, "", resource_version, downstream_operation_id, residual, output),
+                StepResult::Failed { reason } => (2, reason, "", "", "", &[]),
+                StepResult::Noop { reason } => (3, reason, "", "", "", &[]),
+                StepResult::Stale { reason, residual } => (4, reason, "", "", residual, &[]),
+                StepResult::Pending {
+                    note,
+                    downstream_operation_id,
+                } => (5, note, "", downstream_operation_id, "", &[]),
+            };
         let mut out = vec![
             RECORD_FORMAT,
             match self.kind {
@@ -61,14 +72,17 @@ impl StepRecord {
         for s in [reason, version, downstream, residual, &self.action, &self.fingerprint] {
             put_str(&mut out, s);
         }
+        out.extend_from_slice(&(output.len() as u32).to_be_bytes());
+        out.extend_from_slice(output);
         out
     }
 
     pub fn decode(mut b: &[u8]) -> Result<StepRecord, String> {
         let b = &mut b;
         let head = take(b, 3)?;
-        if head[0] != RECORD_FORMAT {
-            return Err(format!("unknown record format {}", head[0]));
+        let format = head[0];
+        if format != RECORD_FORMAT && format != RECORD_FORMAT_V1 {
+            return Err(format!("unknown record format {format}"));
         }
         let kind = match head[1] {
             1 => CallKind::Forward,
@@ -84,15 +98,26 @@ impl StepRecord {
         let residual = take_str(b)?;
         let action = take_str(b)?;
         let fingerprint = take_str(b)?;
+        let output = if format == RECORD_FORMAT {
+            let n = u32::from_be_bytes(take(b, 4)?.try_into().expect("4 bytes")) as usize;
+            take(b, n)?.to_vec()
+        } else {
+            Vec::new()
+        };
         let result = match head[2] {
             1 => StepResult::Ok {
                 resource_version,
                 downstream_operation_id,
                 residual,
+                output,
             },
             2 => StepResult::Failed { reason },
             3 => StepResult::Noop { reason },
             4 => StepResult::Stale { reason, residual },
+            5 => StepResult::Pending {
+                note: reason,
+                downstream_operation_id,
+            },
             o => return Err(format!("unknown outcome {o}")),
         };
         Ok(StepRecord {
@@ -118,7 +143,9 @@ mod tests {
                 resource_version: "3".into(),
                 downstream_operation_id: "inv-9".into(),
                 residual: "r".into(),
+                output: b"reservation r-7".to_vec(),
             },
+            StepResult::pending("waiting for the approver"),
             StepResult::failed("out of stock"),
             StepResult::noop("never happened"),
             StepResult::Stale {
@@ -140,5 +167,22 @@ mod tests {
         }
         assert!(StepRecord::decode(&[9, 1, 1]).is_err());
         assert!(StepRecord::decode(&[RECORD_FORMAT, 1]).is_err());
+    }
+
+    #[test]
+    fn records_of_the_format_before_outputs_are_still_read() {
+        let rec = StepRecord {
+            kind: CallKind::Forward,
+            result: StepResult::ok("4"),
+            at_ms: 17,
+            saga_id: 5,
+            step: 2,
+            action: "reserve".into(),
+            fingerprint: "ab".into(),
+        };
+        let mut old = rec.encode();
+        old[0] = RECORD_FORMAT_V1;
+        old.truncate(old.len() - 4); // no output field
+        assert_eq!(StepRecord::decode(&old), Ok(rec));
     }
 }

@@ -113,6 +113,7 @@ pub use types::Authorization;
 pub use types::CallKind;
 pub use types::StepCall;
 pub use types::StepError;
+pub use types::StepOutput;
 pub use types::StepRecord;
 pub use types::StepResult;
 
@@ -123,5 +124,5 @@ pub(crate) use handler::check_query;
 pub(crate) use outside::fenced_in_flight;
 #[cfg(feature = "postgres")]
 pub(crate) use rules::{
-    check_call, check_repeat, count_call, count_fence, count_lookup, fence_record, noop_for, record_of,
+    check_call, check_repeat, count_call, count_fence, count_lookup, fence_record, noop_for, record_of, vet,
 };

@@ -38,6 +38,7 @@ use super::types::Authorization;
 use super::types::CallKind;
 use super::types::StepCall;
 use super::types::StepError;
+use super::types::StepOutput;
 use super::types::StepRecord;
 use super::types::StepResult;
 use crate::store::unix_ms;
@@ -120,7 +121,9 @@ impl InFlight {
     /// strings operation id, action, fingerprint, precondition, forward
     /// operation id, principal, tenant, policy and system, and the byte
     /// strings input and request, each as a 4-byte BE length and its
-    /// bytes.
+    /// bytes; then, when the call carries earlier steps' outputs, their
+    /// count (4 bytes BE) and each one's step (4 bytes BE), name and
+    /// output (records written before outputs existed end before it).
     pub fn encode(&self) -> Vec<u8> {
         let c = &self.call;
         let mut out = vec![
@@ -149,6 +152,14 @@ impl InFlight {
         }
         put_bytes(&mut out, &c.input);
         put_bytes(&mut out, &self.request);
+        if !c.outputs.is_empty() {
+            out.extend_from_slice(&(c.outputs.len() as u32).to_be_bytes());
+            for o in &c.outputs {
+                out.extend_from_slice(&o.step.to_be_bytes());
+                put_str(&mut out, &o.name);
+                put_bytes(&mut out, &o.output);
+            }
+        }
         out
     }
 
@@ -179,6 +190,16 @@ impl InFlight {
         let system = take_str(b)?;
         let input = take_bytes(b)?;
         let request = take_bytes(b)?;
+        let mut outputs = Vec::new();
+        if !b.is_empty() {
+            let n = u32::from_be_bytes(take(b, 4)?.try_into().expect("4 bytes"));
+            for _ in 0..n {
+                let step = u32::from_be_bytes(take(b, 4)?.try_into().expect("4 bytes"));
+                let name = take_str(b)?;
+                let output = take_bytes(b)?;
+                outputs.push(StepOutput { step, name, output });
+            }
+        }
         if !b.is_empty() {
             return Err(format!("{} bytes after the record", b.len()));
         }
@@ -200,6 +221,7 @@ impl InFlight {
                     policy,
                 },
                 term,
+                outputs,
             },
             system,
             request,
@@ -305,6 +327,11 @@ mod tests {
                 fingerprint: "fp".into(),
                 precondition: "v3".into(),
                 forward_operation_id: "7.1.f0@00ab".into(),
+                outputs: vec![StepOutput {
+                    step: 0,
+                    name: "reserve".into(),
+                    output: b"r-7".to_vec(),
+                }],
                 authorization: Authorization {
                     principal: "shop".into(),
                     tenant: "t".into(),
@@ -320,9 +347,16 @@ mod tests {
         let b = f.encode();
         assert_eq!(InFlight::decode(&b), Ok(f.clone()));
         assert_eq!(InboxEntry::decode(&b), Ok(InboxEntry::InFlight(f.clone())));
-        assert_eq!(InboxEntry::InFlight(f).action(), "refund");
-        // Cut anywhere, or with bytes after it: refused, never misread.
-        for n in 0..b.len() {
+        assert_eq!(InboxEntry::InFlight(f.clone()).action(), "refund");
+        // The same record without outputs is the format before outputs
+        // existed, and reads as such.
+        let mut old = f.clone();
+        old.call.outputs.clear();
+        let ob = old.encode();
+        assert!(b.starts_with(&ob));
+        assert_eq!(InFlight::decode(&ob), Ok(old));
+        // Cut anywhere else, or with bytes after it: refused, never misread.
+        for n in (0..b.len()).filter(|n| *n != ob.len()) {
             assert!(InFlight::decode(&b[..n]).is_err(), "cut at {n}");
         }
         let mut longer = b.clone();

@@ -103,14 +103,34 @@ pub(crate) fn check_repeat_only(kind: CallKind, call: &StepCall, rec: &StepRecor
     Ok(())
 }
 
-/// The inbox record of `call` answered `result` now; an OK without a
-/// downstream operation id gets the call's operation id.
+/// What a handler's answer stands for: an OK whose output is over
+/// `SAGA_STEP_OUTPUT_BYTES_MAX` is FAILED (the cluster could not journal
+/// it), and so is a compensation that answers PENDING (only a forward
+/// action completes later). Applied before the handler's writes are kept
+/// or dropped, so a FAILED here changes nothing.
+pub(crate) fn vet(kind: CallKind, result: StepResult) -> StepResult {
+    let max = dtx_proto::limits::SAGA_STEP_OUTPUT_BYTES_MAX;
+    match result {
+        StepResult::Ok { output, .. } if output.len() > max => StepResult::failed(format!(
+            "the step's output is {} bytes; the limit is saga_step_output_bytes_max = {max} bytes: answered FAILED, nothing changed",
+            output.len()
+        )),
+        StepResult::Pending { .. } if kind == CallKind::Compensate => StepResult::failed(
+            "the compensation answered PENDING: only a forward action completes later; nothing changed",
+        ),
+        other => other,
+    }
+}
+
+/// The inbox record of `call` answered `result` now (vetted: [`vet`]); an
+/// OK without a downstream operation id gets the call's operation id.
 pub(crate) fn record_of(kind: CallKind, call: &StepCall, result: StepResult) -> StepRecord {
-    let result = match result {
+    let result = match vet(kind, result) {
         StepResult::Ok {
             resource_version,
             downstream_operation_id,
             residual,
+            output,
         } => StepResult::Ok {
             resource_version,
             downstream_operation_id: if downstream_operation_id.is_empty() {
@@ -119,6 +139,7 @@ pub(crate) fn record_of(kind: CallKind, call: &StepCall, result: StepResult) -> 
                 downstream_operation_id
             },
             residual,
+            output,
         },
         other => other,
     };
@@ -145,6 +166,7 @@ pub(crate) fn noop_for(forward_operation_id: &str, forward: Option<&StepRecord>)
                 format!("answered {}: {reason}", f.result.label())
             }
             StepResult::Ok { .. } => "answered ok".to_string(),
+            StepResult::Pending { .. } => "is pending".to_string(),
         },
     };
     StepResult::noop(format!(

@@ -268,7 +268,7 @@ impl<H: StepHandler> StepStore<H> {
                 Err(answer) => answer,
             },
             CallKind::Compensate => match view.entry(&call.forward_operation_id)? {
-                Some(InboxEntry::Answered(f)) if f.kind == CallKind::Forward && f.result.is_ok() => {
+                Some(InboxEntry::Answered(f)) if f.kind == CallKind::Forward && f.result.happened() => {
                     match self.outside_plan(&view, kind, call)? {
                         Ok(Some(request)) => return self.start_outside(kind, call, request),
                         Ok(None) => self.handler.compensate(&view, call, &mut staged),
@@ -300,8 +300,8 @@ impl<H: StepHandler> StepStore<H> {
         }
         let record = record_of(kind, call, result);
         let result = record.result.clone();
-        if !result.is_ok() {
-            // Only an OK answer changes anything.
+        if !result.happened() {
+            // Only an OK (or PENDING: accepted) answer changes anything.
             staged = StepStaged::default();
         }
         let mut batch = sled::Batch::default();
@@ -407,7 +407,7 @@ impl<H: StepHandler> StepStore<H> {
                         return Err(StoreError::Io(format!("a read failed while finishing {op:?}: {e}")).into());
                     }
                     let record = record_of(f.kind, &f.call, result);
-                    if !record.result.is_ok() {
+                    if !record.result.happened() {
                         staged = StepStaged::default();
                     }
                     let mut batch = sled::Batch::default();

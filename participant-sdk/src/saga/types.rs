@@ -68,6 +68,19 @@ pub struct StepCall {
     pub authorization: Authorization,
     /// The orchestrating leader's Raft term (for logs).
     pub term: u64,
+    /// What the earlier steps' forward actions answered with their OK, in
+    /// step order (a compensation: its own forward's too), from the saga's
+    /// journal: [`StepCall::output_of`].
+    pub outputs: Vec<StepOutput>,
+}
+
+/// One earlier step's output (`dtx.v1.StepOutput`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepOutput {
+    pub step: u32,
+    /// The step's name in the saga's definition.
+    pub name: String,
+    pub output: Vec<u8>,
 }
 
 impl From<pb::StepCall> for StepCall {
@@ -83,6 +96,15 @@ impl From<pb::StepCall> for StepCall {
             forward_operation_id: c.forward_operation_id,
             authorization: c.authorization.map(Into::into).unwrap_or_default(),
             term: c.term,
+            outputs: c
+                .outputs
+                .into_iter()
+                .map(|o| StepOutput {
+                    step: o.step,
+                    name: o.name,
+                    output: o.output,
+                })
+                .collect(),
         }
     }
 }
@@ -100,11 +122,39 @@ impl From<StepCall> for pb::StepCall {
             forward_operation_id: c.forward_operation_id,
             authorization: Some(c.authorization.into()),
             term: c.term,
+            outputs: c
+                .outputs
+                .into_iter()
+                .map(|o| pb::StepOutput {
+                    step: o.step,
+                    name: o.name,
+                    output: o.output,
+                })
+                .collect(),
         }
     }
 }
 
 impl StepCall {
+    /// The output of the earlier step named `step` (its forward action's
+    /// result), if it ended OK with one.
+    ///
+    /// ```
+    /// # use participant_sdk::saga::{StepCall, StepOutput};
+    /// let call = StepCall {
+    ///     outputs: vec![StepOutput { step: 0, name: "reserve".into(), output: b"r-7".to_vec() }],
+    ///     ..StepCall::default()
+    /// };
+    /// assert_eq!(call.output_of("reserve"), Some(&b"r-7"[..]));
+    /// assert_eq!(call.output_of("charge"), None);
+    /// ```
+    pub fn output_of(&self, step: &str) -> Option<&[u8]> {
+        self.outputs
+            .iter()
+            .find(|o| o.name == step)
+            .map(|o| o.output.as_slice())
+    }
+
     /// The precondition rule of a compensation: `Err(Stale)` when the call
     /// carries a precondition (the version the forward action left) and
     /// the resource's `current_version` is another one (it moved on since:
@@ -143,6 +193,22 @@ pub enum StepResult {
         resource_version: String,
         downstream_operation_id: String,
         residual: String,
+        /// A forward action's result, handed to the saga's later steps
+        /// (`StepCall::outputs`) and journaled; at most
+        /// `dtx_proto::limits::SAGA_STEP_OUTPUT_BYTES_MAX` bytes (a larger
+        /// one is answered FAILED and nothing changes).
+        output: Vec<u8>,
+    },
+    /// A forward action accepted and completed later (a callback from an
+    /// outside system, a person's approval): its writes are kept, the saga
+    /// waits at the step until someone completes it with the cluster
+    /// (`SagaService.CompleteStep`, by the call's operation id). A
+    /// repeat answers PENDING again; a compensation of it runs (it may
+    /// complete, so it is undone: the compensation cancels it). Forward
+    /// calls only (a compensation that answers it is recorded FAILED).
+    Pending {
+        note: String,
+        downstream_operation_id: String,
     },
     /// Not done, and nothing changed.
     Failed { reason: String },
@@ -160,7 +226,32 @@ impl StepResult {
             resource_version: resource_version.into(),
             downstream_operation_id: String::new(),
             residual: String::new(),
+            output: Vec::new(),
         }
+    }
+
+    /// This OK with `output` as the step's result (no change to another
+    /// answer: only an OK carries one).
+    pub fn with_output(mut self, output: impl Into<Vec<u8>>) -> StepResult {
+        if let StepResult::Ok { output: o, .. } = &mut self {
+            *o = output.into();
+        }
+        self
+    }
+
+    /// Accepted, completed later (see [`StepResult::Pending`]).
+    pub fn pending(note: impl Into<String>) -> StepResult {
+        StepResult::Pending {
+            note: note.into(),
+            downstream_operation_id: String::new(),
+        }
+    }
+
+    /// The call's work happened here (OK) or was accepted and may still
+    /// complete (PENDING): its writes are kept, and a compensation of it
+    /// has something to undo.
+    pub fn happened(&self) -> bool {
+        matches!(self, StepResult::Ok { .. } | StepResult::Pending { .. })
     }
 
     pub fn failed(reason: impl Into<String>) -> StepResult {
@@ -181,6 +272,7 @@ impl StepResult {
             StepResult::Failed { .. } => pb::StepOutcome::Failed,
             StepResult::Noop { .. } => pb::StepOutcome::Noop,
             StepResult::Stale { .. } => pb::StepOutcome::Stale,
+            StepResult::Pending { .. } => pb::StepOutcome::Pending,
         }
     }
 
@@ -191,6 +283,7 @@ impl StepResult {
             StepResult::Failed { .. } => "failed",
             StepResult::Noop { .. } => "noop",
             StepResult::Stale { .. } => "stale",
+            StepResult::Pending { .. } => "pending",
         }
     }
 
@@ -204,10 +297,19 @@ impl StepResult {
                 resource_version,
                 downstream_operation_id,
                 residual,
+                output,
             } => {
                 r.resource_version = resource_version.clone();
                 r.downstream_operation_id = downstream_operation_id.clone();
                 r.residual = residual.clone();
+                r.output = output.clone();
+            }
+            StepResult::Pending {
+                note,
+                downstream_operation_id,
+            } => {
+                r.reason = note.clone();
+                r.downstream_operation_id = downstream_operation_id.clone();
             }
             StepResult::Failed { reason } | StepResult::Noop { reason } => r.reason = reason.clone(),
             StepResult::Stale { reason, residual } => {
@@ -226,6 +328,11 @@ impl StepResult {
                 resource_version: r.resource_version.clone(),
                 downstream_operation_id: r.downstream_operation_id.clone(),
                 residual: r.residual.clone(),
+                output: r.output.clone(),
+            },
+            pb::StepOutcome::Pending => StepResult::Pending {
+                note: r.reason.clone(),
+                downstream_operation_id: r.downstream_operation_id.clone(),
             },
             pb::StepOutcome::Failed => StepResult::failed(r.reason.clone()),
             pb::StepOutcome::Noop => StepResult::noop(r.reason.clone()),

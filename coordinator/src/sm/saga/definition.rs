@@ -15,7 +15,9 @@
 //! - the registered recovery options fit the kind: COMPENSATE only before
 //!   and at the pivot, and a step's options are each named once;
 //! - retry policy: at least one attempt, the initial backoff not above the
-//!   maximum.
+//!   maximum;
+//! - only a COMPENSABLE step is high-impact (its compensation waits for an
+//!   approval).
 
 use serde::Deserialize;
 use serde::Serialize;
@@ -111,6 +113,10 @@ pub struct StepDef {
     /// Registered recovery options, in the order the default policy tries
     /// them; empty means the kind's default (`StepDef::recovery`).
     pub on_failure: Vec<Recovery>,
+    /// Its compensation is high-impact: it runs only after someone
+    /// approved it (an operator's APPROVE, recorded with who and why).
+    /// COMPENSABLE steps only.
+    pub high_impact: bool,
 }
 
 impl StepDef {
@@ -199,6 +205,12 @@ impl Definition {
                     ))
                 }
                 (_, None) => {}
+            }
+            if s.high_impact && s.kind != StepKind::Compensable {
+                return Err(format!(
+                    "{at}: only a COMPENSABLE step can be high-impact (its compensation waits for an approval); a {} step has none",
+                    s.kind.name()
+                ));
             }
             match s.kind {
                 StepKind::Compensable => {

@@ -65,6 +65,12 @@ pub enum CallOutcome {
     Stale,
     /// An operator skipped it.
     Skipped,
+    /// The step service accepted the forward call and completes it later
+    /// (a callback, a person's approval): the saga waits at the step until
+    /// a `Complete` command journals its end (OK or FAILED), by operation
+    /// id. It may have happened (so a cancel compensates it). Appended
+    /// last: older log entries keep their encoding.
+    Pending,
 }
 
 impl CallOutcome {
@@ -77,12 +83,16 @@ impl CallOutcome {
             CallOutcome::Noop => "NOOP",
             CallOutcome::Stale => "STALE",
             CallOutcome::Skipped => "SKIPPED",
+            CallOutcome::Pending => "PENDING",
         }
     }
 
     /// The forward action may have happened (so it may need undoing).
     fn may_have_happened(self) -> bool {
-        matches!(self, CallOutcome::Intended | CallOutcome::Unknown | CallOutcome::Ok)
+        matches!(
+            self,
+            CallOutcome::Intended | CallOutcome::Unknown | CallOutcome::Ok | CallOutcome::Pending
+        )
     }
 
     fn unsettled(self) -> bool {
@@ -114,6 +124,13 @@ pub struct Call {
     pub reconciliations: u32,
     /// Start of the current UNKNOWN spell; 0 when not UNKNOWN.
     pub unknown_since_ms: u64,
+    /// What the call answered with its OK (a forward action's result,
+    /// handed to every later step's calls and to its own compensation);
+    /// at most `limits::SAGA_STEP_OUTPUT_BYTES_MAX` bytes.
+    pub output: Vec<u8>,
+    /// Who completed a PENDING call (`SagaCommand::Complete`); empty when
+    /// the call's own reply (or its status query) settled it.
+    pub completed_by: String,
 }
 
 impl Call {
@@ -165,9 +182,14 @@ impl Call {
         self.settle_unknown(now_ms, r.reconciled);
         self.outcome = Some(r.outcome);
         self.reason = r.reason.clone();
-        self.downstream_operation_id = r.downstream_operation_id.clone();
+        if !r.downstream_operation_id.is_empty() || r.outcome != CallOutcome::Ok {
+            self.downstream_operation_id = r.downstream_operation_id.clone();
+        }
         if !r.resource_version.is_empty() {
             self.resource_version = r.resource_version.clone();
+        }
+        if r.outcome == CallOutcome::Ok {
+            self.output = r.output.clone();
         }
         self.outcome_at_ms = now_ms;
     }
@@ -188,6 +210,9 @@ pub struct StepJournal {
     /// The precondition the compensation carries: the version the forward
     /// action left.
     pub precondition: String,
+    /// Who approved the compensation of this high-impact step (the
+    /// approval gate); empty while nobody has.
+    pub approved_by: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,6 +272,10 @@ pub enum OperatorAction {
     /// application's own (it started the saga). Appended last: older log
     /// entries keep their encoding.
     Cancel,
+    /// Approve the high-impact compensation a PARKED saga waits for
+    /// (`JournalEvent::AwaitApproval`): it goes on compensating. Appended
+    /// last.
+    Approve,
 }
 
 impl OperatorAction {
@@ -257,6 +286,7 @@ impl OperatorAction {
             OperatorAction::Compensate => "compensate",
             OperatorAction::MarkComplete => "mark-complete",
             OperatorAction::Cancel => "cancel",
+            OperatorAction::Approve => "approve",
         }
     }
 }
@@ -299,6 +329,9 @@ pub struct SagaRecord {
     /// Why it stopped going forward, when a cancel or its deadline made
     /// it compensate; empty otherwise.
     pub cancel_reason: String,
+    /// The step whose compensation the saga, PARKED, waits to have
+    /// approved (the approval gate, `JournalEvent::AwaitApproval`).
+    pub awaiting_approval: Option<u32>,
 }
 
 impl SagaRecord {
@@ -323,6 +356,8 @@ pub struct Reply {
     pub residual: String,
     /// Learnt from a status query, not from the call's own reply.
     pub reconciled: bool,
+    /// An OK forward call's result (see `Call::output`).
+    pub output: Vec<u8>,
 }
 
 impl Reply {
@@ -334,6 +369,7 @@ impl Reply {
             resource_version: String::new(),
             residual: String::new(),
             reconciled: false,
+            output: Vec::new(),
         }
     }
 }
@@ -377,6 +413,11 @@ pub enum JournalEvent {
     /// deadline (by the write's `now_ms`) and past the point of no return.
     /// Appended last: older log entries keep their encoding.
     DeadlinePassed { reason: String },
+    /// The next compensation, of `step`, is high-impact (its definition
+    /// says so, or the leader's recovery policy does): the saga parks
+    /// until someone approves it (`OperatorAction::Approve`) or decides
+    /// otherwise (skip it, mark the saga done). Appended last.
+    AwaitApproval { step: u32, reason: String },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -417,6 +458,22 @@ pub enum SagaCommand {
         saga_id: SagaId,
         ended_before_ms: u64,
     },
+    /// Completes the PENDING forward call `operation_id` of step `step`
+    /// (a callback arrived, a person approved): `reply` is its end, OK
+    /// (with its output) or FAILED, recorded with `who`. Also accepted
+    /// while the call is INTENDED or UNKNOWN (the completion may overtake
+    /// the call's own reply: it is the authoritative end). The same
+    /// completion again changes nothing; another one is refused, and so
+    /// is a completion of a call the saga no longer waits on (cancelled,
+    /// compensating, parked). Appended last.
+    Complete {
+        saga_id: SagaId,
+        step: u32,
+        operation_id: String,
+        reply: Reply,
+        who: String,
+        now_ms: u64,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -439,6 +496,12 @@ pub enum SagaOk {
     /// Removed (false: there was no such saga: nothing to do).
     Forgotten {
         removed: bool,
+    },
+    /// A PENDING call completed (`changed` false: this completion was
+    /// recorded before).
+    Completed {
+        state: SagaState,
+        changed: bool,
     },
 }
 
@@ -656,6 +719,14 @@ impl SagaBook {
                 saga_id,
                 ended_before_ms,
             } => self.forget(*saga_id, *ended_before_ms, effects),
+            SagaCommand::Complete {
+                saga_id,
+                step,
+                operation_id,
+                reply,
+                who,
+                now_ms,
+            } => self.complete(*saga_id, *step, operation_id, reply, who, *now_ms, effects),
         }
     }
 
@@ -811,6 +882,7 @@ impl SagaBook {
                 now_ms.saturating_add(deadline_ms)
             },
             cancel_reason: String::new(),
+            awaiting_approval: None,
         };
         self.next_saga_id = id + 1;
         self.keys.insert(key.to_string(), id);
@@ -897,7 +969,33 @@ impl SagaBook {
         let mut r = rec.clone();
         let from = r.parked_from.unwrap_or(SagaState::Running);
         let step = r.current;
+        // Whatever the operator does, the saga no longer waits for an
+        // approval (approving is one of the ways out).
+        let awaiting = r.awaiting_approval.take();
         match action {
+            OperatorAction::Approve => {
+                if awaiting != Some(step) {
+                    return Err(SagaError::WrongState {
+                        saga_id: id,
+                        state: "PARKED".into(),
+                        what: "it does not wait for an approval: approve is only for a high-impact compensation".into(),
+                    });
+                }
+                r.steps[step as usize].approved_by = who.to_string();
+                r.parked_reason.clear();
+                r.parked_from = None;
+                r.state = SagaState::Compensating;
+            }
+            OperatorAction::Retry if awaiting.is_some() => {
+                return Err(SagaError::WrongState {
+                    saga_id: id,
+                    state: "PARKED for an approval".into(),
+                    what: format!(
+                        "the compensation of step {step} ({:?}) waits for an approval: approve it, skip it, or mark the saga compensated",
+                        def.steps[step as usize].name
+                    ),
+                });
+            }
             OperatorAction::Retry => {
                 r.state = from;
                 r.parked_reason.clear();
@@ -982,6 +1080,106 @@ impl SagaBook {
             }
         }
         Ok(self.record_operated(r, action, who, why, now_ms, step, effects))
+    }
+
+    /// `SagaCommand::Complete`: the end of a PENDING forward call.
+    #[allow(clippy::too_many_arguments)]
+    fn complete(
+        &mut self,
+        id: SagaId,
+        step: u32,
+        operation_id: &str,
+        reply: &Reply,
+        who: &str,
+        now_ms: u64,
+        effects: &mut Vec<SagaEffect>,
+    ) -> Result<SagaOk, SagaError> {
+        let Some(rec) = self.sagas.get(&id) else {
+            return Err(SagaError::NotFound(id));
+        };
+        if who.is_empty() || who.len() > limits::ID_BYTES_MAX {
+            return Err(SagaError::Invalid(format!(
+                "a completion records who completed it: 1 to {} bytes",
+                limits::ID_BYTES_MAX
+            )));
+        }
+        if !matches!(reply.outcome, CallOutcome::Ok | CallOutcome::Failed) {
+            return Err(SagaError::Invalid(format!(
+                "a step completes OK or FAILED, not {}",
+                reply.outcome.name()
+            )));
+        }
+        check_reply(rec, step, reply, &[CallOutcome::Ok, CallOutcome::Failed])?;
+        let Some(fwd) = rec.step(step).and_then(|j| j.forward.as_ref()) else {
+            return Err(refused(rec, step, "no forward call of this step was made"));
+        };
+        if fwd.operation_id != operation_id {
+            return Err(refused(
+                rec,
+                step,
+                format!(
+                    "operation {operation_id:?} is not the step's forward call (that is {:?})",
+                    fwd.operation_id
+                ),
+            ));
+        }
+        // Completed before: the same completion again is answered as it
+        // was; another one cannot change what is journaled.
+        if !fwd.completed_by.is_empty() {
+            if fwd.outcome() == reply.outcome && fwd.output == reply.output {
+                return Ok(SagaOk::Completed {
+                    state: rec.state,
+                    changed: false,
+                });
+            }
+            return Err(refused(
+                rec,
+                step,
+                format!(
+                    "operation {operation_id:?} was completed {} by {} already",
+                    fwd.outcome().name(),
+                    fwd.completed_by
+                ),
+            ));
+        }
+        if rec.state != SagaState::Running || rec.current != step {
+            return Err(SagaError::WrongState {
+                saga_id: id,
+                state: rec.state.name().into(),
+                what: format!(
+                    "it no longer waits for step {step} (it is at step {}): the completion is refused and changes nothing",
+                    rec.current
+                ),
+            });
+        }
+        if !matches!(
+            fwd.outcome(),
+            CallOutcome::Pending | CallOutcome::Intended | CallOutcome::Unknown
+        ) {
+            return Err(refused(
+                rec,
+                step,
+                format!(
+                    "its forward call is {}: only a PENDING (or not yet answered) call is completed",
+                    fwd.outcome().name()
+                ),
+            ));
+        }
+        let def = self.definition_of(rec)?;
+        let mut r = rec.clone();
+        let c = r.steps[step as usize].forward.as_mut().expect("checked above");
+        c.record(reply, now_ms);
+        c.completed_by = who.to_string();
+        if reply.outcome == CallOutcome::Ok {
+            r.steps[step as usize].precondition = c.resource_version.clone();
+            advance(&mut r, &def, now_ms);
+        }
+        r.seq += 1;
+        let state = r.state;
+        self.sagas.insert(id, r);
+        self.query_failures.remove(&id);
+        effects.push(SagaEffect::Put(id));
+        Ok(SagaOk::Completed { state, changed: true })
     }
 
     /// Records an operator's action on `r` (its entry, the journal's next
@@ -1207,7 +1405,12 @@ fn apply_event(r: &mut SagaRecord, def: &Definition, now_ms: u64, ev: &JournalEv
                 r,
                 *step,
                 reply,
-                &[CallOutcome::Ok, CallOutcome::Failed, CallOutcome::Unknown],
+                &[
+                    CallOutcome::Ok,
+                    CallOutcome::Failed,
+                    CallOutcome::Unknown,
+                    CallOutcome::Pending,
+                ],
             )?;
             let j = &mut r.steps[*step as usize];
             let Some(c) = j.forward.as_mut().filter(|c| c.outcome().unsettled()) else {
@@ -1269,7 +1472,18 @@ fn apply_event(r: &mut SagaRecord, def: &Definition, now_ms: u64, ev: &JournalEv
         }
         JournalEvent::CompensationIntent { step } => {
             check_step(r, *step, SagaState::Compensating)?;
-            let max = def.steps[*step as usize].retry.max_attempts;
+            let sd = &def.steps[*step as usize];
+            if sd.high_impact && r.steps[*step as usize].approved_by.is_empty() {
+                return Err(refused(
+                    r,
+                    *step,
+                    format!(
+                        "the compensation of {:?} is high-impact: it runs only after an approval",
+                        sd.name
+                    ),
+                ));
+            }
+            let max = sd.retry.max_attempts;
             let j = &mut r.steps[*step as usize];
             match j.compensation.as_mut() {
                 None => j.compensation = Some(Call::new(id, *step, 'c', 1, 1, now_ms)),
@@ -1367,6 +1581,25 @@ fn apply_event(r: &mut SagaRecord, def: &Definition, now_ms: u64, ev: &JournalEv
             r.state = SagaState::Compensating;
             next_compensation(r, def, Some(r.current), now_ms);
         }
+        JournalEvent::AwaitApproval { step, reason } => {
+            check_step(r, *step, SagaState::Compensating)?;
+            let j = &r.steps[*step as usize];
+            if j.compensation.is_some() || !j.approved_by.is_empty() {
+                return Err(refused(
+                    r,
+                    *step,
+                    "its compensation was approved or started already: nothing to wait for",
+                ));
+            }
+            if reason.is_empty() || reason.len() > limits::REASON_BYTES_MAX {
+                return Err(SagaError::Invalid(format!(
+                    "an approval's reason must be 1 to {} bytes",
+                    limits::REASON_BYTES_MAX
+                )));
+            }
+            park(r, reason);
+            r.awaiting_approval = Some(*step);
+        }
         JournalEvent::QueryFailed { step, error } => {
             if *step != r.current {
                 return Err(refused(r, *step, format!("the saga is at step {}", r.current)));
@@ -1404,6 +1637,25 @@ fn check_reply(r: &SagaRecord, step: u32, reply: &Reply, allowed: &[CallOutcome]
                 limits::REASON_BYTES_MAX
             )));
         }
+    }
+    check_output(reply)
+}
+
+/// A reply's output fits `limits::SAGA_STEP_OUTPUT_BYTES_MAX`, and only
+/// an OK carries one.
+fn check_output(reply: &Reply) -> Result<(), SagaError> {
+    if reply.output.len() > limits::SAGA_STEP_OUTPUT_BYTES_MAX {
+        return Err(SagaError::Invalid(format!(
+            "the step's output is {} bytes; the limit is saga_step_output_bytes_max = {} bytes",
+            reply.output.len(),
+            limits::SAGA_STEP_OUTPUT_BYTES_MAX
+        )));
+    }
+    if !reply.output.is_empty() && reply.outcome != CallOutcome::Ok {
+        return Err(SagaError::Invalid(format!(
+            "only an OK carries an output, not {}",
+            reply.outcome.name()
+        )));
     }
     Ok(())
 }

@@ -38,14 +38,23 @@ pub enum Move {
 /// takes the first option the journal admits; the state machine refuses an
 /// option the definition did not register.
 pub trait RecoveryPolicy: Send + Sync {
-    fn rank(&self, saga: &SagaRecord, step: u32, registered: &[Recovery]) -> Vec<Recovery>;
+    fn rank(&self, saga: &SagaRecord, def: &Definition, step: u32, registered: &[Recovery]) -> Vec<Recovery>;
 
     /// The reason a failed step's saga parks with (an escalation to an
     /// operator), given the orchestrator's own; by default that one. A
     /// policy may say more (whom to call, what it tried); it changes only
     /// the words recorded, never what runs.
-    fn escalation_reason(&self, _saga: &SagaRecord, _step: u32, default: String) -> String {
+    fn escalation_reason(&self, _saga: &SagaRecord, _def: &Definition, _step: u32, default: String) -> String {
         default
+    }
+
+    /// Whether the compensation of `step` waits for an approval first,
+    /// given what the definition says (`high_impact`). A policy may add
+    /// the gate to a step, never take it away: the state machine refuses
+    /// a high-impact step's compensation without an approval whatever the
+    /// policy answers.
+    fn needs_approval(&self, _saga: &SagaRecord, _def: &Definition, _step: u32, definition_says: bool) -> bool {
+        definition_says
     }
 }
 
@@ -53,7 +62,7 @@ pub trait RecoveryPolicy: Send + Sync {
 pub struct RegisteredOrder;
 
 impl RecoveryPolicy for RegisteredOrder {
-    fn rank(&self, _: &SagaRecord, _: u32, registered: &[Recovery]) -> Vec<Recovery> {
+    fn rank(&self, _: &SagaRecord, _: &Definition, _: u32, registered: &[Recovery]) -> Vec<Recovery> {
         registered.to_vec()
     }
 }
@@ -82,11 +91,15 @@ pub fn next(r: &SagaRecord, def: &Definition, fresh: bool, now_ms: u64, policy: 
         SagaState::Running => match j.forward.as_ref().map(|c| (c.outcome(), c.attempts)) {
             None => Move::Journal(JournalEvent::ForwardIntent { step }),
             Some((CallOutcome::Intended, _)) if fresh => Move::CallForward { step },
+            // Accepted, completed later by operation id (`Complete`):
+            // nothing to do until then (a cancel or the deadline may still
+            // turn the saga back).
+            Some((CallOutcome::Pending, _)) => Move::Idle,
             Some((CallOutcome::Intended | CallOutcome::Unknown, _)) => Move::QueryForward { step },
             Some((CallOutcome::Failed, attempts)) => {
                 let registered = sd.recovery();
                 let reason = j.forward.as_ref().map(|c| c.reason.clone()).unwrap_or_default();
-                for o in policy.rank(r, step, &registered) {
+                for o in policy.rank(r, def, step, &registered) {
                     if !registered.contains(&o) {
                         continue;
                     }
@@ -99,6 +112,7 @@ pub fn next(r: &SagaRecord, def: &Definition, fresh: bool, now_ms: u64, policy: 
                         let why = match o {
                             Recovery::Park => policy.escalation_reason(
                                 r,
+                                def,
                                 step,
                                 format!("step {step} ({:?}) failed after {attempts} attempts: {reason}", sd.name),
                             ),
@@ -114,6 +128,7 @@ pub fn next(r: &SagaRecord, def: &Definition, fresh: bool, now_ms: u64, policy: 
                 Move::Journal(JournalEvent::Park {
                     reason: policy.escalation_reason(
                         r,
+                        def,
                         step,
                         format!(
                             "step {step} ({:?}) failed after {attempts} attempts and no registered recovery option is left: {reason}",
@@ -135,6 +150,15 @@ pub fn next(r: &SagaRecord, def: &Definition, fresh: bool, now_ms: u64, policy: 
                 });
             }
             match j.compensation.as_ref().map(|c| (c.outcome(), c.attempts)) {
+                None if j.approved_by.is_empty() && policy.needs_approval(r, def, step, sd.high_impact) => {
+                    Move::Journal(JournalEvent::AwaitApproval {
+                        step,
+                        reason: format!(
+                            "the compensation of step {step} ({:?}) is high-impact: it waits for an approval (saga approve), a skip, or the saga marked compensated",
+                            sd.name
+                        ),
+                    })
+                }
                 None => Move::Journal(JournalEvent::CompensationIntent { step }),
                 Some((CallOutcome::Intended, _)) if fresh => Move::AskThenCompensate { step },
                 Some((CallOutcome::Intended | CallOutcome::Unknown, _)) => Move::QueryCompensation { step },

@@ -35,6 +35,7 @@ fn step(name: &str, kind: StepKind) -> StepDef {
         versioned: false,
         retry: RetryPolicy::default(),
         on_failure: Vec::new(),
+        high_impact: false,
     }
 }
 
@@ -1226,7 +1227,7 @@ fn recover_compensate_past_the_pivot_is_refused() {
 struct Ranks(Vec<Recovery>);
 
 impl RecoveryPolicy for Ranks {
-    fn rank(&self, _: &SagaRecord, _: u32, _: &[Recovery]) -> Vec<Recovery> {
+    fn rank(&self, _: &SagaRecord, _: &Definition, _: u32, _: &[Recovery]) -> Vec<Recovery> {
         self.0.clone()
     }
 }
@@ -2360,13 +2361,13 @@ fn only_ended_sagas_past_their_retention_are_forgotten_and_their_ids_are_never_r
 struct Pager;
 
 impl RecoveryPolicy for Pager {
-    fn rank(&self, _: &SagaRecord, _: u32, registered: &[Recovery]) -> Vec<Recovery> {
+    fn rank(&self, _: &SagaRecord, _: &Definition, _: u32, registered: &[Recovery]) -> Vec<Recovery> {
         let mut v = registered.to_vec();
         v.sort_by_key(|o| *o != Recovery::Park);
         v
     }
 
-    fn escalation_reason(&self, saga: &SagaRecord, step: u32, default: String) -> String {
+    fn escalation_reason(&self, saga: &SagaRecord, _: &Definition, step: u32, default: String) -> String {
         format!("paged the payments on-call for saga {} step {step}: {default}", saga.id)
     }
 }
@@ -2819,5 +2820,301 @@ fn a_read_only_step_done_is_no_point_of_no_return() {
     refused_with(
         h.operate(id, OperatorAction::Cancel, "alice", "customer asked"),
         "point of no return",
+    );
+}
+
+// ------------------------- outputs, PENDING steps and approvals (issue 41)
+
+fn ok_with(output: &[u8]) -> Reply {
+    Reply {
+        output: output.to_vec(),
+        ..reply(CallOutcome::Ok)
+    }
+}
+
+impl H {
+    fn complete(&mut self, id: SagaId, step: u32, op: &str, reply: Reply, who: &str) -> Result<SagaOk, SagaError> {
+        let before = self.book.clone();
+        let (res, effects) = self.apply(SagaCommand::Complete {
+            saga_id: id,
+            step,
+            operation_id: op.to_string(),
+            reply,
+            who: who.to_string(),
+            now_ms: self.now,
+        });
+        match &res {
+            Ok(SagaOk::Completed { changed: true, state }) => {
+                assert_eq!(effects, vec![SagaEffect::Put(id)]);
+                assert_eq!(*state, self.rec(id).state);
+                assert_eq!(
+                    self.rec(id).seq,
+                    before.get(id).unwrap().seq + 1,
+                    "a completion is a write"
+                );
+            }
+            Ok(SagaOk::Completed { changed: false, .. }) | Err(_) => {
+                assert!(effects.is_empty(), "a repeated or refused completion emits nothing");
+                assert_eq!(self.book, before, "a repeated or refused completion changes nothing");
+            }
+            Ok(other) => panic!("a completion answered {other:?}"),
+        }
+        self.now += 10;
+        res
+    }
+}
+
+#[test]
+fn a_forward_output_is_journaled_with_its_ok_and_only_an_ok_carries_one() {
+    let d = def_of(&[C, P, R]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.ok(id, fi(0));
+    h.ok(
+        id,
+        JournalEvent::ForwardOutcome {
+            step: 0,
+            reply: ok_with(b"reservation r-7"),
+        },
+    );
+    assert_eq!(fwd(&h.rec(id), 0).output, b"reservation r-7");
+    // And it survives the book's snapshot data.
+    assert_eq!(
+        SagaBook::from_data(h.book.data()).get(id).unwrap().steps[0]
+            .forward
+            .as_ref()
+            .unwrap()
+            .output,
+        b"reservation r-7"
+    );
+    h.ok(id, fi(1));
+    let failed_with_output = JournalEvent::ForwardOutcome {
+        step: 1,
+        reply: Reply {
+            output: b"x".to_vec(),
+            ..reply(CallOutcome::Failed)
+        },
+    };
+    refused_with(h.write(id, failed_with_output), "only an OK carries an output");
+    let too_big = JournalEvent::ForwardOutcome {
+        step: 1,
+        reply: ok_with(&vec![7; limits::SAGA_STEP_OUTPUT_BYTES_MAX + 1]),
+    };
+    refused_with(h.write(id, too_big), "saga_step_output_bytes_max");
+    let at_limit = JournalEvent::ForwardOutcome {
+        step: 1,
+        reply: ok_with(&vec![7; limits::SAGA_STEP_OUTPUT_BYTES_MAX]),
+    };
+    h.ok(id, at_limit);
+    assert_eq!(fwd(&h.rec(id), 1).output.len(), limits::SAGA_STEP_OUTPUT_BYTES_MAX);
+}
+
+#[test]
+fn a_pending_step_waits_until_its_completion_and_the_plan_does_nothing_meanwhile() {
+    let d = def_of(&[C, P, R]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    assert_eq!(h.forward(id, 0, CallOutcome::Pending), SagaState::Running);
+    let r = h.rec(id);
+    assert_eq!((r.current, fwd(&r, 0).outcome()), (0, CallOutcome::Pending));
+    assert_eq!(
+        h.plan(id, false),
+        Move::Idle,
+        "nothing is asked or called while PENDING"
+    );
+    assert_eq!(h.plan(id, true), Move::Idle);
+    // A second reply for it (a duplicate) is refused: PENDING is settled.
+    refused_with(h.write(id, fo(0, CallOutcome::Ok)), "no forward call is waiting");
+    let op = fwd(&r, 0).operation_id;
+    refused_with(
+        h.complete(id, 0, "1.0.f9", ok_with(b"o"), "cb"),
+        "is not the step's forward call",
+    );
+    refused_with(
+        h.complete(id, 1, &op, ok_with(b"o"), "cb"),
+        "no forward call of this step",
+    );
+    refused_with(h.complete(id, 0, &op, reply(CallOutcome::Noop), "cb"), "OK or FAILED");
+    refused_with(h.complete(id, 0, &op, ok_with(b"o"), ""), "records who");
+    let seq = h.rec(id).seq;
+    assert!(matches!(
+        h.complete(id, 0, &op, ok_with(b"approved by ann"), "callback"),
+        Ok(SagaOk::Completed {
+            changed: true,
+            state: SagaState::Running
+        })
+    ));
+    let r = h.rec(id);
+    assert_eq!(r.current, 1, "the saga went on");
+    let c = fwd(&r, 0);
+    assert_eq!(
+        (c.outcome(), c.output.as_slice(), c.completed_by.as_str()),
+        (CallOutcome::Ok, &b"approved by ann"[..], "callback")
+    );
+    // A write planned before the completion is fenced by it.
+    refused_with(h.write_at(id, seq, fo(0, CallOutcome::Ok)), "planned on journal length");
+    // The same completion again: answered, nothing changes; another is refused.
+    assert!(matches!(
+        h.complete(id, 0, &op, ok_with(b"approved by ann"), "callback"),
+        Ok(SagaOk::Completed { changed: false, .. })
+    ));
+    refused_with(
+        h.complete(id, 0, &op, reply(CallOutcome::Failed), "callback"),
+        "was completed OK by callback already",
+    );
+}
+
+#[test]
+fn a_completion_may_overtake_the_calls_own_reply_and_a_failed_one_takes_the_recovery_path() {
+    let d = def_of(&[C, P, R]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.ok(id, fi(0));
+    let op = fwd(&h.rec(id), 0).operation_id;
+    // INTENDED: the callback arrived before the reply was journaled.
+    assert!(matches!(
+        h.complete(id, 0, &op, reply(CallOutcome::Failed), "callback"),
+        Ok(SagaOk::Completed { changed: true, .. })
+    ));
+    // The reply (PENDING) comes late: refused, nothing waits for it.
+    refused_with(h.write(id, fo(0, CallOutcome::Pending)), "no forward call is waiting");
+    // FAILED: the registered recovery (COMPENSATE: nothing before step 0).
+    assert_eq!(
+        h.plan(id, false),
+        Move::Journal(recover(0, Recovery::Compensate)).with_reason("said FAILED")
+    );
+}
+
+#[test]
+fn a_cancel_of_a_pending_step_compensates_it_and_a_late_completion_is_refused() {
+    let d = def_of(&[C, C, P]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.forward(id, 1, CallOutcome::Pending);
+    let op = fwd(&h.rec(id), 1).operation_id;
+    assert!(h
+        .operate(id, OperatorAction::Cancel, "app", "customer changed their mind")
+        .is_ok());
+    let r = h.rec(id);
+    assert_eq!(
+        (r.state, r.current),
+        (SagaState::Compensating, 1),
+        "the PENDING step may have happened: it is undone first"
+    );
+    assert_eq!(h.plan(id, false), Move::Journal(ci(1)));
+    refused_with(
+        h.complete(id, 1, &op, ok_with(b"late"), "callback"),
+        "no longer waits for step 1",
+    );
+    // A pending pivot is a point of no return: no cancel.
+    let d2 = def_of(&[C, P, R]);
+    let mut h2 = H::new(&[&d2]);
+    let id2 = h2.start(&d2, "k2");
+    h2.forward(id2, 0, CallOutcome::Ok);
+    h2.forward(id2, 1, CallOutcome::Pending);
+    refused_with(
+        h2.operate(id2, OperatorAction::Cancel, "app", "too late"),
+        "point of no return",
+    );
+}
+
+#[test]
+fn a_high_impact_compensation_waits_for_an_approval_and_the_journal_enforces_it() {
+    let d = with_step(def_of(&[C, C, P]), 0, |s| s.high_impact = true);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.forward(id, 1, CallOutcome::Failed);
+    h.ok(id, recover(1, Recovery::Compensate));
+    assert_eq!(h.rec(id).current, 0);
+    // The journal refuses the compensation without an approval, whoever plans it.
+    refused_with(h.write(id, ci(0)), "high-impact");
+    let Move::Journal(ev @ JournalEvent::AwaitApproval { step: 0, .. }) = h.plan(id, false) else {
+        panic!("the plan waits for an approval: {:?}", h.plan(id, false))
+    };
+    assert_eq!(h.ok(id, ev), SagaState::Parked);
+    let r = h.rec(id);
+    assert_eq!(r.awaiting_approval, Some(0));
+    assert!(r.parked_reason.contains("high-impact"), "{}", r.parked_reason);
+    // A retry would only ask again: refused with what to do.
+    refused_with(
+        h.operate(id, OperatorAction::Retry, "ops", "go"),
+        "waits for an approval",
+    );
+    assert!(h
+        .operate(id, OperatorAction::Approve, "ann", "refund checked with finance")
+        .is_ok());
+    let r = h.rec(id);
+    assert_eq!((r.state, r.awaiting_approval), (SagaState::Compensating, None));
+    assert_eq!(r.steps[0].approved_by, "ann");
+    assert_eq!(
+        r.operator_actions.last().map(|a| a.action),
+        Some(OperatorAction::Approve)
+    );
+    assert_eq!(h.plan(id, false), Move::Journal(ci(0)));
+    assert_eq!(h.compensate(id, 0, CallOutcome::Ok), SagaState::Compensated);
+    // Approve is only for a saga that waits for one.
+    let id2 = h.start(&d, "k2");
+    h.forward(id2, 0, CallOutcome::Ok);
+    h.ok(id2, park("stop"));
+    refused_with(
+        h.operate(id2, OperatorAction::Approve, "ann", "x"),
+        "does not wait for an approval",
+    );
+}
+
+#[test]
+fn skipping_an_awaited_approval_records_the_residual_and_goes_on() {
+    let d = with_step(def_of(&[C, C, P]), 0, |s| s.high_impact = true);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.forward(id, 1, CallOutcome::Failed);
+    h.ok(id, recover(1, Recovery::Compensate));
+    let Move::Journal(ev) = h.plan(id, false) else { panic!() };
+    h.ok(id, ev);
+    assert!(h.operate(id, OperatorAction::Skip, "ann", "refunded by hand").is_ok());
+    let r = h.rec(id);
+    assert_eq!((r.state, r.awaiting_approval), (SagaState::Compensated, None));
+    assert!(r.steps[0].residual.contains("skipped"), "{}", r.steps[0].residual);
+}
+
+/// Gates every compensation (as a configured rule may).
+struct GateAll;
+
+impl RecoveryPolicy for GateAll {
+    fn rank(&self, _: &SagaRecord, _: &Definition, _: u32, registered: &[Recovery]) -> Vec<Recovery> {
+        registered.to_vec()
+    }
+
+    fn needs_approval(&self, _: &SagaRecord, _: &Definition, _: u32, _: bool) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_policy_may_gate_a_compensation_the_definition_did_not_mark() {
+    let d = def_of(&[C, C, P]);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.forward(id, 1, CallOutcome::Failed);
+    h.ok(id, recover(1, Recovery::Compensate));
+    let r = h.rec(id);
+    assert!(matches!(
+        plan::next(&r, &d, false, h.now, &GateAll),
+        Move::Journal(JournalEvent::AwaitApproval { step: 0, .. })
+    ));
+    assert_eq!(plan::next(&r, &d, false, h.now, &RegisteredOrder), Move::Journal(ci(0)));
+}
+
+#[test]
+fn a_high_impact_mark_on_a_step_without_a_compensation_is_refused() {
+    let d = with_step(def_of(&[C, P, R]), 1, |s| s.high_impact = true);
+    assert!(
+        refusal(&d).contains("only a COMPENSABLE step can be high-impact"),
+        "{}",
+        refusal(&d)
     );
 }

@@ -10,6 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 use std::time::Instant;
 
+use dtx_client::saga::SagaEnd;
+use dtx_client::saga::SagaWait;
+use dtx_client::Client;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_service_client::SagaServiceClient;
 use dtx_saga_shop::OrderInput;
@@ -369,4 +372,37 @@ pub fn reconciliations(v: &pb::SagaView) -> u32 {
         .flatten()
         .map(|c| c.reconciliations)
         .sum()
+}
+
+/// The view of saga `id` once `cond` holds of it; panics with the last view
+/// after `timeout`.
+pub async fn wait_for(
+    client: &Client,
+    id: u64,
+    timeout: Duration,
+    what: &str,
+    cond: impl Fn(&pb::SagaView) -> bool,
+) -> pb::SagaView {
+    let until = tokio::time::Instant::now() + timeout;
+    let mut last = None;
+    loop {
+        if let Ok(v) = client.saga(id).await {
+            if cond(&v) {
+                return v;
+            }
+            last = Some(v);
+        }
+        if tokio::time::Instant::now() >= until {
+            panic!("saga {id}: {what} not seen in {timeout:?}: {last:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits for the end of saga `id`; panics when it is not `want`.
+pub async fn ends(client: &Client, id: u64, want: SagaEnd) -> pb::SagaView {
+    match client.wait_saga(id, Duration::from_secs(90)).await {
+        Ok(SagaWait::Ended { end, view }) if end == want => view,
+        other => panic!("saga {id} should end {want:?}: {other:#?}"),
+    }
 }
