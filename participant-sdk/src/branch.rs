@@ -82,6 +82,14 @@ pub enum BranchError {
     /// The call carried no transaction id (or no incarnation).
     #[error("the call carries no {0}: a branch runs only inside a transaction (dtx_client::propagate::scope_in)")]
     NoTransaction(&'static str),
+    /// The handler's SQL does what `PREPARE TRANSACTION` refuses (`what`:
+    /// NOTIFY, LISTEN, UNLISTEN, a temporary table, a cursor WITH HOLD, an
+    /// exported snapshot), so the branch could never vote YES; `why` says
+    /// why and what to do instead. Refused before the statement reaches
+    /// PostgreSQL, or found in the transaction before `PREPARE
+    /// TRANSACTION` (docs/protocol.md, "Branches"). Nothing is prepared.
+    #[error("{what} cannot be part of a branch's transaction: {why}")]
+    Unpreparable { what: String, why: String },
     /// The participant's store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -90,7 +98,8 @@ pub enum BranchError {
 /// What a handler answers its caller when its branch did not join (the
 /// table of docs/writing-a-service.md): INVALID_ARGUMENT without a
 /// transaction, ABORTED when rolled back, ALREADY_EXISTS, UNKNOWN (the
-/// caller should abort), UNAVAILABLE when the store's server cannot be
+/// caller should abort), FAILED_PRECONDITION for SQL a branch cannot
+/// prepare (as for a NO), UNAVAILABLE when the store's server cannot be
 /// reached now, INTERNAL for any other store failure.
 impl From<BranchError> for tonic::Status {
     fn from(e: BranchError) -> tonic::Status {
@@ -100,6 +109,7 @@ impl From<BranchError> for tonic::Status {
             BranchError::RolledBack { .. } => tonic::Status::aborted(text),
             BranchError::AlreadyPrepared { .. } => tonic::Status::already_exists(text),
             BranchError::Unknown { .. } => tonic::Status::unknown(text),
+            BranchError::Unpreparable { .. } => tonic::Status::failed_precondition(text),
             BranchError::Store(StoreError::Unavailable(_)) => tonic::Status::unavailable(text),
             BranchError::Store(_) => tonic::Status::internal(text),
         }

@@ -5,7 +5,7 @@
 //!
 //! Run one module's tests with a filter on its module path, e.g.
 //! `cargo test -p participant-sdk --test it -- t10_store::`. The PostgreSQL
-//! modules (t50, t52, t53, t61, t70) are compiled with the `postgres` feature
+//! modules (t50, t52, t53, t54, t61, t70) are compiled with the `postgres` feature
 //! only (`--all-features`); the crash test of t60 with `failpoints`. The
 //! tests that re-run this binary as a child process (t20, t60) name their
 //! child test by its full path (`t20_store_crash::child_worker`).
@@ -32,6 +32,7 @@ mod t45_branch_marks;
 mod t50_postgres;
 mod t52_pg_settings;
 mod t53_pg_tls;
+mod t54_pg_branch_restrictions;
 mod t60_saga_steps;
 mod t61_saga_steps_postgres;
 mod t62_saga_outside_calls;
