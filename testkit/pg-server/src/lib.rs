@@ -197,8 +197,28 @@ fn lookup_user(name: &str) -> Option<RunAs> {
     }
 }
 
-/// `dtx-pg`, created when absent.
+/// `dtx-pg`, created when absent. Test processes start servers at once
+/// (nextest runs every test in its own process), so the look-up and the
+/// creation happen under an exclusive lock on a file beside the servers'
+/// folders: no process sees the user while another's `useradd` is still
+/// writing the account files (an `initdb` started then failed with "could
+/// not look up effective user ID"). The lock goes when the file closes.
 fn service_user() -> Result<RunAs> {
+    use std::os::fd::AsRawFd;
+    let path = std::env::temp_dir().join("dtx-pg-useradd.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| failed(format!("open {}: {e}", path.display())))?;
+    // SAFETY: flock on a descriptor this function owns until it returns.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(failed(format!(
+            "lock {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
     if let Some(u) = lookup_user(SERVICE_USER) {
         return Ok(u);
     }
