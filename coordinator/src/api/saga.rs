@@ -347,6 +347,17 @@ fn application<T>(req: &Request<T>) -> Option<String> {
         .map(|id| id.name)
 }
 
+/// Who an action is recorded with: with authentication on, the
+/// authenticated caller; without it, the name the request gives
+/// (`given`), or `default` when it gives none.
+fn recorded_who<T>(req: &Request<T>, given: &str, default: &str) -> String {
+    match crate::security::caller(req) {
+        Some(id) => id.name,
+        None if given.is_empty() => default.to_string(),
+        None => given.to_string(),
+    }
+}
+
 /// Refuses application `app` a saga another application started.
 fn check_saga_owner(id: SagaId, owner: Option<&str>, app: Option<&str>) -> Result<(), ApiError> {
     match (owner, app) {
@@ -593,11 +604,7 @@ async fn complete(
 impl SagaService for SagaApi {
     async fn complete_step(&self, req: Request<pb::CompleteStepRequest>) -> Result<Response<pb::SagaView>, Status> {
         let ctx = &self.ctx;
-        let who = match crate::security::caller(&req) {
-            Some(id) => id.name,
-            None if req.get_ref().who.is_empty() => "anonymous".to_string(),
-            None => req.get_ref().who.clone(),
-        };
+        let who = recorded_who(&req, &req.get_ref().who, "anonymous");
         let app = application(&req);
         let out = serve_or_forward(
             ctx,
@@ -669,14 +676,7 @@ impl SagaService for SagaApi {
 
     async fn operate_saga(&self, req: Request<pb::OperateSagaRequest>) -> Result<Response<pb::SagaView>, Status> {
         let ctx = &self.ctx;
-        // With authentication on, the recorded operator is the
-        // authenticated caller; without it, the name the request gives
-        // ("operator" when it gives none).
-        let who = match crate::security::caller(&req) {
-            Some(id) => id.name,
-            None if req.get_ref().operator.is_empty() => "operator".to_string(),
-            None => req.get_ref().operator.clone(),
-        };
+        let who = recorded_who(&req, &req.get_ref().operator, "operator");
         let app = application(&req);
         let out = serve_or_forward(
             ctx,

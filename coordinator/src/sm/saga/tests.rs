@@ -3019,14 +3019,21 @@ fn a_cancel_of_a_pending_step_compensates_it_and_a_late_completion_is_refused() 
     );
 }
 
-#[test]
-fn a_high_impact_compensation_waits_for_an_approval_and_the_journal_enforces_it() {
-    let d = with_step(def_of(&[C, C, P]), 0, |s| s.high_impact = true);
-    let mut h = H::new(&[&d]);
-    let id = h.start(&d, "k");
+/// A saga of `d` (C, C, P) whose step 1 failed and that compensates:
+/// step 0's compensation comes next.
+fn compensating_from_step_1(d: &Definition) -> (H, SagaId) {
+    let mut h = H::new(&[d]);
+    let id = h.start(d, "k");
     h.forward(id, 0, CallOutcome::Ok);
     h.forward(id, 1, CallOutcome::Failed);
     h.ok(id, recover(1, Recovery::Compensate));
+    (h, id)
+}
+
+#[test]
+fn a_high_impact_compensation_waits_for_an_approval_and_the_journal_enforces_it() {
+    let d = with_step(def_of(&[C, C, P]), 0, |s| s.high_impact = true);
+    let (mut h, id) = compensating_from_step_1(&d);
     assert_eq!(h.rec(id).current, 0);
     // The journal refuses the compensation without an approval, whoever plans it.
     refused_with(h.write(id, ci(0)), "high-impact");
@@ -3067,11 +3074,7 @@ fn a_high_impact_compensation_waits_for_an_approval_and_the_journal_enforces_it(
 #[test]
 fn skipping_an_awaited_approval_records_the_residual_and_goes_on() {
     let d = with_step(def_of(&[C, C, P]), 0, |s| s.high_impact = true);
-    let mut h = H::new(&[&d]);
-    let id = h.start(&d, "k");
-    h.forward(id, 0, CallOutcome::Ok);
-    h.forward(id, 1, CallOutcome::Failed);
-    h.ok(id, recover(1, Recovery::Compensate));
+    let (mut h, id) = compensating_from_step_1(&d);
     let Move::Journal(ev) = h.plan(id, false) else { panic!() };
     h.ok(id, ev);
     assert!(h.operate(id, OperatorAction::Skip, "ann", "refunded by hand").is_ok());
@@ -3096,11 +3099,7 @@ impl RecoveryPolicy for GateAll {
 #[test]
 fn a_policy_may_gate_a_compensation_the_definition_did_not_mark() {
     let d = def_of(&[C, C, P]);
-    let mut h = H::new(&[&d]);
-    let id = h.start(&d, "k");
-    h.forward(id, 0, CallOutcome::Ok);
-    h.forward(id, 1, CallOutcome::Failed);
-    h.ok(id, recover(1, Recovery::Compensate));
+    let (h, id) = compensating_from_step_1(&d);
     let r = h.rec(id);
     assert!(matches!(
         plan::next(&r, &d, false, h.now, &GateAll),
