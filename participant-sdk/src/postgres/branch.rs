@@ -195,9 +195,17 @@ impl<H: PgHandler> PgParticipant<H> {
             .collect())
     }
 
-    /// Removes the mark of `txid`'s branch.
+    /// Removes the mark of `txid`'s branch (on a connection of its own).
     pub(super) async fn drop_mark(&self, txid: GlobalTxid) -> Result<(), StoreError> {
         let c = self.conn().await?;
+        self.drop_mark_on(&c, txid).await
+    }
+
+    /// Removes the mark of `txid`'s branch on `c`, a connection the caller
+    /// holds already (so one join never waits for a second connection of
+    /// the decisions pool while holding one: joins failing together could
+    /// otherwise exhaust it between them).
+    async fn drop_mark_on(&self, c: &Object, txid: GlobalTxid) -> Result<(), StoreError> {
         c.execute(
             &format!("DELETE FROM {BRANCH_TABLE} WHERE participant = $1 AND incarnation = $2 AND txid = $3"),
             &[&self.id, &(txid.incarnation as i64), &(txid.txid as i64)],
@@ -361,10 +369,10 @@ impl<'c, H: PgHandler> PgBranch<'c, H> {
                 Ok(()) => held = true,
                 Err(e) => {
                     let Some(reason) = p.no_slot(txid, &e).or_else(|| p.not_preparable(txid, &e)) else {
-                        p.drop_mark(txid).await?;
+                        p.drop_mark_on(&side, txid).await?;
                         return Err(pg_err("PREPARE TRANSACTION", &e).into());
                     };
-                    p.drop_mark(txid).await?;
+                    p.drop_mark_on(&side, txid).await?;
                     verdict = Verdict::no(reason);
                 }
             }
@@ -414,7 +422,7 @@ impl<'c, H: PgHandler> PgBranch<'c, H> {
                 if held {
                     let mut c = p.conn().await?;
                     p.on_abort(&mut c, txid, term).await?;
-                    p.drop_mark(txid).await?;
+                    p.drop_mark_on(&c, txid).await?;
                 }
                 Err(BranchError::RolledBack {
                     txid,
