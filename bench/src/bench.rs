@@ -122,10 +122,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub tls: bool,
     /// After the transfers, measure them again on the same cluster and
-    /// banks as branches (the client begins, calls each bank's
-    /// `bank.v1.Bank.Change` with the txid, which prepares and registers
-    /// with its vote, then commits), at the transfer client counts: the
-    /// table puts them beside the coordinator-driven transfers of the run.
+    /// banks in the client's own steps, twice: coordinator-driven (Begin,
+    /// both Enlists, Commit: the coordinator prepares) and as branches (the
+    /// client begins, calls each bank's `bank.v1.Bank.Change` with the
+    /// txid, which prepares and registers with its vote, then commits), at
+    /// the transfer client counts: the tables put branches beside both
+    /// coordinator-driven shapes of the run.
     #[arg(long)]
     pub branches: bool,
     /// Also write the results as JSON to this file.
@@ -227,8 +229,9 @@ struct Outcome {
     postgres: Option<crate::pgbench::PgReport>,
     /// With `--tls`: the transfers over TLS.
     tls: Option<Vec<TransferPoint>>,
-    /// With `--branches`: the transfers as branches.
-    branches: Option<Vec<TransferPoint>>,
+    /// With `--branches`: the transfers in the client's own steps,
+    /// coordinator-driven and as branches.
+    branches: Option<BranchRows>,
     /// What the machine was when the run started (`crate::machine`).
     machine: crate::machine::Machine,
 }
@@ -585,26 +588,40 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         )
         .await;
         if a.branches {
+            let specs = banks.iter().map(|b| b.spec()).collect();
+            let interactive = measure_transfers(
+                &watch,
+                None,
+                std::sync::Arc::new(crate::closed_loop::Shape::Interactive(specs)),
+                &meter,
+                &a.transfer_clients,
+                Duration::ZERO,
+                measured,
+                a.rounds,
+                raw.per_sec,
+                "transfers in the client's steps (Begin, Enlist, Commit)",
+                "steps",
+            )
+            .await;
             let list = apps
                 .iter()
                 .map(|(prefix, app)| dtx_bank::branch::BranchBank::new(prefix, app))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            branch_rows = Some(
-                measure_transfers(
-                    &watch,
-                    None,
-                    std::sync::Arc::new(crate::closed_loop::Shape::Branches(list)),
-                    &meter,
-                    &a.transfer_clients,
-                    Duration::ZERO,
-                    measured,
-                    a.rounds,
-                    raw.per_sec,
-                    "transfers as branches",
-                    "branch",
-                )
-                .await,
-            );
+            let branches = measure_transfers(
+                &watch,
+                None,
+                std::sync::Arc::new(crate::closed_loop::Shape::Branches(list)),
+                &meter,
+                &a.transfer_clients,
+                Duration::ZERO,
+                measured,
+                a.rounds,
+                raw.per_sec,
+                "transfers as branches",
+                "branch",
+            )
+            .await;
+            branch_rows = Some(BranchRows { interactive, branches });
         }
     }
     // PostgreSQL participants beside pgbench, on the same cluster.
@@ -976,29 +993,59 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     t
 }
 
-/// The transfers as branches beside the coordinator-driven ones of the
-/// same run, and the issue's goal line: a lower p50 at one client.
-fn branches_text(prepared: &[TransferPoint], branches: &[TransferPoint]) -> String {
-    let mut t = crate::report::beside_text(
-        "transfers as branches (Begin, each bank's Change with the txid: prepared in its handler and \
-         registered with its vote, then Commit: no Prepare) beside coordinator-driven transfers (one \
-         BeginAndCommit: Prepare to both banks, then the decision); same cluster and banks, same run; CPU = \
-         all processes per committed transfer",
-        ("Prepare", prepared),
-        ("branches", branches),
-    );
+/// The transfers a client makes in its own steps (`--branches`).
+pub struct BranchRows {
+    /// Begin, both Enlists, Commit: the coordinator prepares.
+    pub interactive: Vec<TransferPoint>,
+    /// Begin, each bank's Change (prepared there, registered), Commit.
+    pub branches: Vec<TransferPoint>,
+}
+
+/// The one-client goal line of branches beside `name`'s points.
+fn goal_line(name: &str, other: &[TransferPoint], branches: &[TransferPoint]) -> String {
     let one = |v: &[TransferPoint]| v.iter().find(|p| p.clients == 1).map(|p| p.stats.p50_us);
-    if let (Some(p), Some(b)) = (one(prepared), one(branches)) {
-        t.push_str(&format!(
-            "goal check: one-client p50 as branches {} vs coordinator-driven {} ({:.2} x; goal: lower) {}\n",
+    match (one(other), one(branches)) {
+        (Some(p), Some(b)) => format!(
+            "goal check: one-client p50 as branches {} vs {name} {} ({:.2} x; goal: lower) {}\n",
             crate::report::ms(b),
             crate::report::ms(p),
             b as f64 / p.max(1) as f64,
             if b < p { "MET" } else { "NOT MET" }
-        ));
+        ),
+        _ => String::new(),
     }
-    let unknown: u64 = branches.iter().map(|s| s.unknown).sum();
-    t.push_str(&format!("UNKNOWN outcomes as branches: {unknown}\n"));
+}
+
+/// The transfers as branches beside the coordinator-driven ones of the
+/// same run, in the client's own steps and as one BeginAndCommit, with
+/// the issue's goal line for each: a lower p50 at one client.
+fn branches_text(prepared: &[TransferPoint], rows: &BranchRows) -> String {
+    let branches = &rows.branches;
+    let mut t = crate::report::beside_text(
+        "transfers as branches (Begin, each bank's Change with the txid: prepared in its handler and \
+         registered with its vote, then Commit: no Prepare) beside coordinator-driven transfers in the \
+         client's own steps (Begin, both Enlists with their work, Commit: Prepare to both banks, then the \
+         decision); same cluster and banks, same run; CPU = all processes per committed transfer",
+        ("Prepare", &rows.interactive),
+        ("branches", branches),
+    );
+    t.push_str(&goal_line(
+        "coordinator-driven in the client's steps",
+        &rows.interactive,
+        branches,
+    ));
+    t.push('\n');
+    t.push_str(&crate::report::beside_text(
+        "the same branches beside one BeginAndCommit (Prepare to both banks, then the decision, in one \
+         write: the work fixed up front, nothing returned to the client)",
+        ("BeginAndCommit", prepared),
+        ("branches", branches),
+    ));
+    t.push_str(&goal_line("one BeginAndCommit", prepared, branches));
+    let unknown: u64 = branches.iter().chain(&rows.interactive).map(|s| s.unknown).sum();
+    t.push_str(&format!(
+        "UNKNOWN outcomes in the client's steps (both shapes): {unknown}\n"
+    ));
     t
 }
 
@@ -1128,7 +1175,11 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
             }),
         }),
         "tls": o.tls.as_ref().map(|tls| crate::tlsbench::json(&o.summary.transfers, tls)),
-        "branches": o.branches.as_ref().map(|b| crate::report::beside_json(&o.summary.transfers, b, "branches_over_prepare")),
+        "branches": o.branches.as_ref().map(|b| serde_json::json!({
+            "interactive": crate::report::beside_json(&o.summary.transfers, &b.interactive, "interactive_over_begin_and_commit"),
+            "branches": crate::report::beside_json(&b.interactive, &b.branches, "branches_over_interactive"),
+            "branches_beside_begin_and_commit": crate::report::beside_json(&o.summary.transfers, &b.branches, "branches_over_begin_and_commit"),
+        })),
         "checks": o.checks,
     });
     let json = serde_json::to_string_pretty(&v)?;
@@ -1192,12 +1243,25 @@ mod tests {
     #[test]
     fn branches_sit_beside_the_prepare_driven_transfers_with_the_one_client_goal() {
         let prepared = [point(1, 1500), point(16, 3000)];
-        let t = branches_text(&prepared, &[point(1, 1200), point(16, 3300)]);
+        let rows = |branches: Vec<TransferPoint>| BranchRows {
+            interactive: vec![point(1, 2400), point(16, 4000)],
+            branches,
+        };
+        let t = branches_text(&prepared, &rows(vec![point(1, 1200), point(16, 3300)]));
+        assert!(t.contains("| 1 | 10 | 10 | 1.00 | 2.40 ms | 1.20 ms |"), "{t}");
         assert!(t.contains("| 1 | 10 | 10 | 1.00 | 1.50 ms | 1.20 ms |"), "{t}");
         assert!(t.contains("| 16 |"), "{t}");
-        assert!(t.contains("(0.80 x; goal: lower) MET"), "{t}");
-        let t = branches_text(&prepared, &[point(1, 1600)]);
-        assert!(t.contains("NOT MET"), "{t}");
+        assert!(
+            t.contains("vs coordinator-driven in the client's steps 2.40 ms (0.50 x; goal: lower) MET"),
+            "{t}"
+        );
+        assert!(
+            t.contains("vs one BeginAndCommit 1.50 ms (0.80 x; goal: lower) MET"),
+            "{t}"
+        );
+        let t = branches_text(&prepared, &rows(vec![point(1, 1600)]));
+        assert!(t.contains("(0.67 x; goal: lower) MET"), "{t}");
+        assert!(t.contains("(1.07 x; goal: lower) NOT MET"), "{t}");
     }
 
     #[derive(clap::Parser)]

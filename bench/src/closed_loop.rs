@@ -52,6 +52,10 @@ pub enum Shape {
     /// coordinator (`dtx_bank::transfer`, one BeginAndCommit): (participant
     /// id, address, account prefix) each.
     Enlisted(Vec<(String, String, String)>),
+    /// Enlisted by the client in its own steps (`dtx_bank::transfer_interactive`:
+    /// Begin, both Enlists at once, Commit: the coordinator prepares both,
+    /// then decides): the shape branches replace.
+    Interactive(Vec<(String, String, String)>),
     /// Called by the client inside its transaction, each preparing in its
     /// own request handler and registering with its vote
     /// (`dtx_bank::branch::transfer_as_branches`: Begin, the two calls,
@@ -64,6 +68,7 @@ impl Shape {
     async fn transfer(&self, c: &Client, key: &str) -> (Option<u64>, Result<TxOutcome, ClientError>) {
         match self {
             Shape::Enlisted(banks) => dtx_bank::transfer(c, key, banks, 10_000).await,
+            Shape::Interactive(banks) => dtx_bank::transfer_interactive(c, key, banks, 10_000).await,
             Shape::Branches(banks) => dtx_bank::branch::transfer_as_branches(c, key, banks, 10_000).await,
         }
     }

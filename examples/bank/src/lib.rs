@@ -435,6 +435,44 @@ impl Pick {
     }
 }
 
+/// One transfer as [`transfer`] makes it, but in the client's own steps
+/// (the interactive coordinator-driven shape): `begin` under `key`, both
+/// banks enlisted at once with their work as payload, then `commit` (the
+/// coordinator prepares both, then decides), `abort` when an enlistment
+/// was refused. The txid if one is known and the outcome: a commit or
+/// abort without a definite answer is UNKNOWN, never a failure. The shape
+/// a branch transfer ([`branch::transfer_as_branches`]) replaces.
+pub async fn transfer_interactive(
+    client: &Client,
+    key: &str,
+    banks: &[(String, String, String)],
+    accounts: usize,
+) -> (Option<u64>, Result<TxOutcome, ClientError>) {
+    let Pick {
+        from,
+        to,
+        amount,
+        fa,
+        ta,
+    } = Pick::random(banks.len(), accounts);
+    let began = match client.begin(key, 10_000, b"transfer").await {
+        Ok(b) => b,
+        Err(e) => return (None, Err(e)),
+    };
+    let debit = format!("{}{fa}:-{amount}", banks[from].2);
+    let credit = format!("{}{ta}:{amount}", banks[to].2);
+    let enlist = |i: usize, payload: String| {
+        let (id, address) = (banks[i].0.clone(), banks[i].1.clone());
+        async move { client.enlist(began.txid, &id, &address, payload.as_bytes()).await }
+    };
+    let (d, c) = tokio::join!(enlist(from, debit), enlist(to, credit));
+    let outcome = match (d, c) {
+        (Ok(_), Ok(_)) => client.commit(began.txid).await,
+        (Err(e), _) | (_, Err(e)) => client.abort(began.txid, &e.to_string()).await,
+    };
+    (Some(began.txid), outcome)
+}
+
 /// One transfer of a random amount between random accounts of two of
 /// `banks` (each `(participant id, address, account prefix)`), as one
 /// `BeginAndCommit` under `key`; returns the txid if one is known and the
