@@ -14,8 +14,10 @@
 //! 2. opens a [`PgStepStore`] with [`PgStepOptions`] (a connection string
 //!    and the service's name; the tables are created when missing);
 //! 3. serves [`PgStepServer`] with [`crate::saga::serve_steps`] (or the
-//!    guarded variants), and runs [`crate::saga::spawn_outbox_relay`] on
-//!    the store when it emits events.
+//!    guarded variants), and, when it emits messages, runs relays of its
+//!    outbox ([`PgStepStore::relay`]: the general PostgreSQL outbox of
+//!    [`crate::outbox`], so several replicas relay at once, in order per
+//!    aggregate, with dead letters and the oldest-unpublished metric).
 //!
 //! # What one call does
 //!
@@ -36,8 +38,8 @@
 //! 4. runs the handler after a savepoint; any answer but OK rolls back to
 //!    the savepoint (only an OK answer changes anything) and drops the
 //!    events;
-//! 5. records the reply in the inbox and the events in the outbox, and
-//!    commits. The reply is sent only after the commit, which PostgreSQL
+//! 5. records the reply in the inbox and the messages in the outbox
+//!    ([`PgOutbox::write`]), and commits. The reply is sent only after the commit, which PostgreSQL
 //!    makes durable (with the default `synchronous_commit = on`).
 //!
 //! A handler error (`Err`) or a lost connection rolls everything back and
@@ -78,8 +80,10 @@
 //!   (service, operation_id))`: `kind` 0 while a call holds the placeholder
 //!   (never committed), 1 forward, 2 compensation, 3 in flight; `record`
 //!   is [`StepRecord::encode`] (kind 3: [`InFlight::encode`]).
-//! - `dtx_step_outbox(seq bigserial primary key, service text, event
-//!   bytea)`: pending events, removed once delivered.
+//! - the service's outbox: [`crate::outbox::pg`]'s tables under
+//!   [`PgStepOptions::outbox_prefix`] (by default `dtx_step_` and the
+//!   service's name in lowercase letters, digits and `_`: one outbox per
+//!   service, so a service's relays publish only its own messages).
 //! - `dtx_step_counters(service text, name text, value bigint, primary key
 //!   (service, name))`: repeated operation ids seen.
 
@@ -92,8 +96,12 @@ pub use deadpool_postgres::Transaction;
 use std::sync::Arc;
 use tracing::debug;
 
+use crate::outbox::pg::PgOutbox;
+use crate::outbox::pg::PgRelay;
+use crate::outbox::OutboxMessage;
+use crate::outbox::Publisher;
+use crate::outbox::RelaySettings;
 use crate::participant::StoreError;
-use crate::participant::StoreFailure;
 use crate::pg_tls::PgTls;
 use crate::postgres::open_pool;
 use crate::postgres::pg_err;
@@ -114,7 +122,6 @@ use crate::saga::vet;
 use crate::saga::CallKind;
 use crate::saga::InFlight;
 use crate::saga::InboxEntry;
-use crate::saga::Outbox;
 use crate::saga::OutsideStatus;
 use crate::saga::OutsideSystem;
 use crate::saga::StepBackend;
@@ -127,7 +134,6 @@ use crate::saga::StepStats;
 use crate::store::unix_ms;
 
 pub const INBOX_TABLE: &str = "dtx_step_inbox";
-pub const OUTBOX_TABLE: &str = "dtx_step_outbox";
 pub const COUNTERS_TABLE: &str = "dtx_step_counters";
 /// The longest service name.
 pub const SERVICE_NAME_BYTES_MAX: usize = 128;
@@ -143,7 +149,7 @@ pub trait PgStepHandler: Send + Sync + 'static {
         &self,
         tx: &Transaction<'_>,
         call: &StepCall,
-        events: &mut Vec<Vec<u8>>,
+        events: &mut Vec<OutboxMessage>,
     ) -> impl Future<Output = Result<StepResult, HandlerError>> + Send;
 
     /// Undoes the forward action `call.forward_operation_id` (which the
@@ -154,7 +160,7 @@ pub trait PgStepHandler: Send + Sync + 'static {
         &self,
         tx: &Transaction<'_>,
         call: &StepCall,
-        events: &mut Vec<Vec<u8>>,
+        events: &mut Vec<OutboxMessage>,
     ) -> impl Future<Output = Result<StepResult, HandlerError>> + Send;
 
     /// Whether the call's rights allow it (checked before every new call);
@@ -209,7 +215,7 @@ pub trait PgStepHandler: Send + Sync + 'static {
         kind: CallKind,
         call: &StepCall,
         _answer: &[u8],
-        _events: &mut Vec<Vec<u8>>,
+        _events: &mut Vec<OutboxMessage>,
     ) -> impl Future<Output = Result<StepResult, HandlerError>> + Send {
         let r = StepResult::failed(format!(
             "{} {:?} got an outside answer, but this service finishes no outside calls",
@@ -244,12 +250,35 @@ pub struct PgStepOptions {
     pub handler_lock_timeout_ms: u64,
     /// `statement_timeout` of a step's transaction; 0 = no limit.
     pub handler_statement_timeout_ms: u64,
+    /// The prefix of the service's outbox tables ([`PgOutbox::new`]);
+    /// by default [`default_outbox_prefix`] of the service's name. Two
+    /// services whose names give the same default share an outbox (and
+    /// publish each other's messages): give them their own.
+    pub outbox_prefix: String,
+}
+
+/// `dtx_step_` and the service's name in lowercase ASCII letters, digits
+/// and `_` (anything else becomes `_`), at most 40 characters.
+pub fn default_outbox_prefix(service: &str) -> String {
+    let mut p = String::from("dtx_step_");
+    p.extend(service.chars().map(|c| {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            c
+        } else {
+            '_'
+        }
+    }));
+    p.truncate(40);
+    p
 }
 
 impl PgStepOptions {
     pub fn new(service: impl Into<String>, conn_string: impl Into<String>) -> Self {
+        let service = service.into();
         PgStepOptions {
-            service: service.into(),
+            outbox_prefix: default_outbox_prefix(&service),
+            service,
             conn_string: conn_string.into(),
             concurrency: 16,
             connect_attempts: 8,
@@ -275,6 +304,11 @@ pub struct PgStepStore<H: PgStepHandler> {
     limits_sql: String,
     lock_timeout_ms: u64,
     statement_timeout_ms: u64,
+    /// The service's outbox (its messages are written in the step's
+    /// transaction).
+    outbox: PgOutbox,
+    /// For the relays' own connections.
+    conn_string: String,
 }
 
 /// What a step's transaction leaves to do once its connection is back.
@@ -309,7 +343,8 @@ impl<H: PgStepHandler> PgStepStore<H> {
                 "step service name {name:?} must be 1 to {SERVICE_NAME_BYTES_MAX} bytes without control characters"
             )));
         }
-        let (pool, client, at, tls) = open_pool(
+        let outbox = PgOutbox::new(&opts.outbox_prefix).map_err(StoreError::Io)?;
+        let (pool, mut client, at, tls) = open_pool(
             &opts.conn_string,
             opts.concurrency,
             &ConnectRetry {
@@ -333,11 +368,6 @@ impl<H: PgStepHandler> PgStepStore<H> {
                  record bytea NOT NULL,
                  recorded_ms bigint NOT NULL,
                  PRIMARY KEY (service, operation_id));
-             CREATE TABLE IF NOT EXISTS {OUTBOX_TABLE} (
-                 seq bigserial PRIMARY KEY,
-                 service text NOT NULL,
-                 event bytea NOT NULL);
-             CREATE INDEX IF NOT EXISTS {OUTBOX_TABLE}_service ON {OUTBOX_TABLE} (service, seq);
              CREATE TABLE IF NOT EXISTS {COUNTERS_TABLE} (
                  service text NOT NULL,
                  name text NOT NULL,
@@ -345,14 +375,15 @@ impl<H: PgStepHandler> PgStepStore<H> {
                  PRIMARY KEY (service, name));"
         );
         let hint = format!(
-            "the role {user} needs CREATE on the schema to create {INBOX_TABLE}, {OUTBOX_TABLE} and \
-             {COUNTERS_TABLE} (or an owner creates them and grants SELECT, INSERT, UPDATE, DELETE on them, and \
-             USAGE on the outbox's sequence, to {user})"
+            "the role {user} needs CREATE on the schema to create {INBOX_TABLE}, {COUNTERS_TABLE} and the \
+             outbox's tables {p}_outbox and {p}_outbox_versions (or an owner creates them and grants SELECT, \
+             INSERT, UPDATE, DELETE on them, and USAGE on the outbox's sequence, to {user})",
+            p = outbox.prefix()
         );
         let missing: bool = client
             .query_one(
-                "SELECT to_regclass($1) IS NULL OR to_regclass($2) IS NULL OR to_regclass($3) IS NULL",
-                &[&INBOX_TABLE, &OUTBOX_TABLE, &COUNTERS_TABLE],
+                "SELECT to_regclass($1) IS NULL OR to_regclass($2) IS NULL",
+                &[&INBOX_TABLE, &COUNTERS_TABLE],
             )
             .await
             .map_err(|e| open_err(format!("looking for the step tables: {e}")))?
@@ -373,12 +404,19 @@ impl<H: PgStepHandler> PgStepStore<H> {
                 }
             }
         }
+        outbox.create_schema(&mut client).await.map_err(|e| {
+            if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+                open_err(format!("cannot create the outbox's tables: {e}; {hint}"))
+            } else {
+                open_err(format!("creating the outbox's tables: {e}"))
+            }
+        })?;
         let allowed: bool = client
             .query_one(
                 "SELECT has_table_privilege($1, 'SELECT, INSERT, UPDATE, DELETE')
-                    AND has_table_privilege($2, 'SELECT, INSERT, DELETE')
-                    AND has_table_privilege($3, 'SELECT, INSERT, UPDATE')",
-                &[&INBOX_TABLE, &OUTBOX_TABLE, &COUNTERS_TABLE],
+                    AND has_table_privilege($2, 'SELECT, INSERT, UPDATE')
+                    AND has_table_privilege($3, 'SELECT, INSERT, UPDATE, DELETE')",
+                &[&INBOX_TABLE, &COUNTERS_TABLE, &format!("{}_outbox", outbox.prefix())],
             )
             .await
             .map_err(|e| open_err(format!("checking the rights on the step tables: {e}")))?
@@ -402,7 +440,29 @@ impl<H: PgStepHandler> PgStepStore<H> {
             limits_sql,
             lock_timeout_ms: opts.handler_lock_timeout_ms,
             statement_timeout_ms: opts.handler_statement_timeout_ms,
+            outbox,
+            conn_string: opts.conn_string,
         }))
+    }
+
+    /// The service's outbox (to administer: dead letters, requeue,
+    /// prune; [`PgOutbox`]).
+    pub fn outbox(&self) -> &PgOutbox {
+        &self.outbox
+    }
+
+    /// A relay of the service's outbox on a connection of its own, handing
+    /// messages to `publisher` (run it with
+    /// [`crate::outbox::spawn_relay`]). Any number of relays, in this
+    /// process or in the service's other replicas, may run at once: each
+    /// aggregate's messages go out one at a time, in version order.
+    pub async fn relay<P: Publisher>(
+        &self,
+        publisher: Arc<P>,
+        settings: RelaySettings,
+    ) -> Result<PgRelay<P>, StoreError> {
+        let client = crate::postgres::connect(&self.conn_string).await?;
+        Ok(PgRelay::new(self.outbox.clone(), client, publisher, settings))
     }
 
     pub fn handler(&self) -> &H {
@@ -632,19 +692,16 @@ impl<H: PgStepHandler> PgStepStore<H> {
         Ok(Next::Answer(record.result))
     }
 
-    /// Inserts the outbox events of a call in `tx`.
-    async fn write_events(&self, tx: &Transaction<'_>, events: &[Vec<u8>]) -> Result<(), StoreError> {
+    /// Writes the outbox messages of a call in `tx`.
+    async fn write_events(&self, tx: &Transaction<'_>, events: &[OutboxMessage]) -> Result<(), StoreError> {
         if events.is_empty() {
             return Ok(());
         }
-        let insert = tx
-            .prepare_cached(&format!("INSERT INTO {OUTBOX_TABLE} (service, event) VALUES ($1, $2)"))
-            .await
-            .map_err(|e| pg_err("preparing the outbox insert", &e))?;
-        for ev in events {
-            tx.execute(&insert, &[&self.service, ev])
+        for msg in events {
+            self.outbox
+                .write(tx, msg)
                 .await
-                .map_err(|e| pg_err("writing an outbox event", &e))?;
+                .map_err(|e| pg_err("writing an outbox message", &e))?;
         }
         Ok(())
     }
@@ -1042,7 +1099,6 @@ impl<H: PgStepHandler> PgStepStore<H> {
                                WHERE service = $1 AND name = 'duplicates-forward'),
                             (SELECT coalesce(max(value), 0) FROM {COUNTERS_TABLE}
                                WHERE service = $1 AND name = 'duplicates-compensate'),
-                            (SELECT count(*) FROM {OUTBOX_TABLE} WHERE service = $1),
                             (SELECT count(*) FROM {INBOX_TABLE} WHERE service = $1 AND kind = 3)"
                 ),
                 &[&self.service],
@@ -1050,55 +1106,19 @@ impl<H: PgStepHandler> PgStepStore<H> {
             .await
             .map_err(|e| pg_err("counting the inbox and outbox", &e))?;
         let n = |i: usize| row.get::<_, i64>(i).max(0) as u64;
+        let outbox_pending = self
+            .outbox
+            .pending_count(&c)
+            .await
+            .map_err(|e| pg_err("counting the outbox", &e))?;
         Ok(StepStats {
             forward_records: n(0),
             compensate_records: n(1),
             forward_duplicates: n(2),
             compensate_duplicates: n(3),
-            outbox_pending: n(4),
-            in_flight: n(5),
+            outbox_pending,
+            in_flight: n(4),
         })
-    }
-}
-
-#[tonic::async_trait]
-impl<H: PgStepHandler> Outbox for PgStepStore<H> {
-    async fn pending(&self, max: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-        let c = self.conn().await?;
-        let rows = c
-            .query(
-                &format!("SELECT seq, event FROM {OUTBOX_TABLE} WHERE service = $1 ORDER BY seq LIMIT $2"),
-                &[&self.service, &(max as i64)],
-            )
-            .await
-            .map_err(|e| pg_err("reading the outbox", &e))?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, Vec<u8>>(1)))
-            .collect())
-    }
-
-    /// Committed rows are durable already.
-    async fn make_durable(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn remove(&self, seqs: &[u64]) -> Result<(), StoreError> {
-        let c = self.conn().await?;
-        let seqs: Vec<i64> = seqs.iter().map(|s| *s as i64).collect();
-        c.execute(
-            &format!("DELETE FROM {OUTBOX_TABLE} WHERE service = $1 AND seq = ANY($2)"),
-            &[&self.service, &seqs],
-        )
-        .await
-        .map_err(|e| pg_err("removing delivered events", &e))?;
-        Ok(())
-    }
-
-    /// A PostgreSQL store does not stop by itself: a lost server makes
-    /// calls fail (UNKNOWN to the orchestrator) until it is back.
-    fn stopped_by(&self) -> Option<StoreFailure> {
-        None
     }
 }
 

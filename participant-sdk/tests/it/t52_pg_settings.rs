@@ -139,7 +139,7 @@ impl PgStepHandler for Steps {
         &self,
         tx: &Transaction<'_>,
         call: &StepCall,
-        _events: &mut Vec<Vec<u8>>,
+        _events: &mut Vec<participant_sdk::outbox::OutboxMessage>,
     ) -> Result<StepResult, HandlerError> {
         self.run(tx, call).await
     }
@@ -148,7 +148,7 @@ impl PgStepHandler for Steps {
         &self,
         _tx: &Transaction<'_>,
         _call: &StepCall,
-        _events: &mut Vec<Vec<u8>>,
+        _events: &mut Vec<participant_sdk::outbox::OutboxMessage>,
     ) -> Result<StepResult, HandlerError> {
         Ok(StepResult::failed("no compensation here"))
     }

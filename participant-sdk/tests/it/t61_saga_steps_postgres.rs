@@ -22,11 +22,14 @@ use dtx_pg_server::PgServer;
 use dtx_pg_server::PgServerOptions;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_step_service_client::SagaStepServiceClient;
+use participant_sdk::outbox::Envelope;
+use participant_sdk::outbox::OutboxMessage;
+use participant_sdk::outbox::Publisher;
+use participant_sdk::outbox::RelaySettings;
 use participant_sdk::postgres::HandlerError;
 use participant_sdk::saga::step_error_status;
 use participant_sdk::saga::Authorization;
 use participant_sdk::saga::CallKind;
-use participant_sdk::saga::OutboxSink;
 use participant_sdk::saga::OutsideSystem;
 use participant_sdk::saga::StepCall;
 use participant_sdk::saga::StepError;
@@ -58,7 +61,7 @@ impl PgStepHandler for Wallets {
         &self,
         tx: &Transaction<'_>,
         call: &StepCall,
-        events: &mut Vec<Vec<u8>>,
+        events: &mut Vec<OutboxMessage>,
     ) -> Result<StepResult, HandlerError> {
         let (who, amount) = parse(call)?;
         match call.action.as_str() {
@@ -76,7 +79,11 @@ impl PgStepHandler for Wallets {
                         "insufficient funds: {who} would have {balance}"
                     )));
                 }
-                events.push(format!("charged {who} {amount}").into_bytes());
+                events.push(OutboxMessage::new(
+                    format!("wallet/{who}"),
+                    "charged",
+                    format!("charged {who} {amount}"),
+                ));
                 Ok(StepResult::ok(version.to_string()))
             }
             "amend" => {
@@ -97,7 +104,7 @@ impl PgStepHandler for Wallets {
         &self,
         tx: &Transaction<'_>,
         call: &StepCall,
-        events: &mut Vec<Vec<u8>>,
+        events: &mut Vec<OutboxMessage>,
     ) -> Result<StepResult, HandlerError> {
         let (who, amount) = parse(call)?;
         let version: i64 = tx
@@ -114,7 +121,11 @@ impl PgStepHandler for Wallets {
             )
             .await?
             .get(0);
-        events.push(format!("refunded {who} {amount}").into_bytes());
+        events.push(OutboxMessage::new(
+            format!("wallet/{who}"),
+            "refunded",
+            format!("refunded {who} {amount}"),
+        ));
         Ok(StepResult::ok(v.to_string()))
     }
 
@@ -184,14 +195,19 @@ fn version_of(r: &StepResult) -> String {
     }
 }
 
+/// What a relay of the step store's outbox published, as
+/// `aggregate@version payload`.
 #[derive(Default)]
 struct Sink(std::sync::Mutex<Vec<String>>);
 
-#[tonic::async_trait]
-impl OutboxSink for Sink {
-    async fn deliver(&self, events: &[(u64, Vec<u8>)]) -> Result<(), String> {
-        let mut got = self.0.lock().unwrap();
-        got.extend(events.iter().map(|(_, e)| String::from_utf8_lossy(e).into_owned()));
+impl Publisher for Sink {
+    async fn publish(&self, m: &Envelope) -> Result<(), String> {
+        self.0.lock().unwrap().push(format!(
+            "{}@{} {}",
+            m.aggregate,
+            m.version,
+            String::from_utf8_lossy(&m.payload)
+        ));
         Ok(())
     }
 }
@@ -287,16 +303,34 @@ async fn t61_each_operation_runs_once_and_only_ok_changes_anything() {
     let stats = st.stats().await.unwrap();
     assert_eq!((stats.forward_records, stats.compensate_records), (4, 0), "{stats:?}");
     assert_eq!(stats.forward_duplicates, 1 + 7 + 1, "{stats:?}");
-    // The outbox: one event per OK call, delivered and removed.
+    // The outbox (the general one, crate::outbox): one message per OK
+    // call, published in order per aggregate (a wallet), then gone.
     assert_eq!(stats.outbox_pending, 3, "{stats:?}");
-    let sink = Sink::default();
-    assert_eq!(participant_sdk::saga::relay_once(st.as_ref(), &sink).await, Ok(3));
+    let sink = Arc::new(Sink::default());
+    let mut relay = st.relay(sink.clone(), RelaySettings::default()).await.unwrap();
+    let mut published = 0;
+    for _ in 0..4 {
+        published += relay.run_once().await.unwrap().published;
+    }
+    assert_eq!(published, 3);
+    let mut got = sink.0.lock().unwrap().clone();
+    let alice: Vec<&String> = got.iter().filter(|m| m.starts_with("wallet/alice")).collect();
     assert_eq!(
-        *sink.0.lock().unwrap(),
-        vec!["charged alice 30", "charged alice 10", "charged carol 5"]
+        alice,
+        ["wallet/alice@1 charged alice 30", "wallet/alice@2 charged alice 10"],
+        "in order per aggregate"
+    );
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "wallet/alice@1 charged alice 30",
+            "wallet/alice@2 charged alice 10",
+            "wallet/carol@1 charged carol 5"
+        ]
     );
     assert_eq!(st.stats().await.unwrap().outbox_pending, 0);
-    assert_eq!(participant_sdk::saga::relay_once(st.as_ref(), &sink).await, Ok(0));
+    assert_eq!(relay.run_once().await.unwrap().published, 0);
 }
 
 /// Compensation asks first: NOOP and a fence when the forward action never
@@ -471,7 +505,7 @@ impl PgStepHandler for PgCheckout {
         &self,
         _tx: &Transaction<'_>,
         call: &StepCall,
-        _events: &mut Vec<Vec<u8>>,
+        _events: &mut Vec<OutboxMessage>,
     ) -> Result<StepResult, HandlerError> {
         Ok(StepResult::failed(format!("no local action {:?}", call.action)))
     }
@@ -480,7 +514,7 @@ impl PgStepHandler for PgCheckout {
         &self,
         _tx: &Transaction<'_>,
         call: &StepCall,
-        _events: &mut Vec<Vec<u8>>,
+        _events: &mut Vec<OutboxMessage>,
     ) -> Result<StepResult, HandlerError> {
         Ok(StepResult::failed(format!("no compensation {:?}", call.action)))
     }
@@ -515,7 +549,7 @@ impl PgStepHandler for PgCheckout {
         _kind: CallKind,
         call: &StepCall,
         answer: &[u8],
-        events: &mut Vec<Vec<u8>>,
+        events: &mut Vec<OutboxMessage>,
     ) -> Result<StepResult, HandlerError> {
         let answer = String::from_utf8_lossy(answer).into_owned();
         if !answer.starts_with("charged:") {
@@ -526,7 +560,7 @@ impl PgStepHandler for PgCheckout {
             &[&call.operation_id, &answer],
         )
         .await?;
-        events.push(answer.into_bytes());
+        events.push(OutboxMessage::new(format!("saga/{}", call.saga_id), "charged", answer));
         Ok(StepResult::ok(""))
     }
 }
