@@ -37,6 +37,7 @@
 //! relay of the old process is gone, and its claims with it.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
 
@@ -61,6 +62,121 @@ use crate::store::Resource;
 use crate::store::Staged;
 use crate::store::StoreError;
 use crate::store::View;
+
+/// Reads of a store's business data, as the outbox and the inbox make
+/// them: the participant store's [`View`], the saga step store's
+/// `StepView`.
+pub trait DataRead {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Every (key, value) whose key starts with `prefix`, in key order.
+    fn scan(&self, prefix: &[u8]) -> Result<Vec<crate::store::KvPair>, StoreError>;
+}
+
+/// One call's staged writes of business data: the participant store's
+/// [`Staged`], the saga step store's `StepStaged`.
+pub trait DataWrite: Default + Send {
+    fn put(&mut self, key: &[u8], value: &[u8]);
+    fn delete(&mut self, key: &[u8]);
+    /// What this call wrote last for `key`: `Some(Some(v))` set,
+    /// `Some(None)` removed, `None` untouched.
+    fn latest(&self, key: &[u8]) -> Option<Option<&[u8]>>;
+    /// How many keys starting with `prefix` this call sets so far.
+    fn count_set_with_prefix(&self, prefix: &[u8]) -> usize;
+    /// Adds `other`'s writes after these.
+    fn extend(&mut self, other: Self);
+}
+
+/// A store whose business data an outbox and an inbox live in (the
+/// participant store, the saga step store): a view of it, and durable
+/// writes of it outside any transaction.
+pub trait DataStore: Send + Sync + 'static {
+    type View<'a>: DataRead
+    where
+        Self: 'a;
+    type Staged: DataWrite;
+    fn data_view(&self) -> Self::View<'_>;
+    /// Stages writes with `f` and makes them durable, atomically.
+    fn write_data_with<'s>(
+        &'s self,
+        f: impl FnOnce(&Self::View<'_>, &mut Self::Staged) + Send + 's,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 's;
+    /// Waits until every write made before is durable.
+    fn flush_data(&self) -> impl Future<Output = Result<(), StoreError>> + Send + '_;
+}
+
+impl DataRead for View<'_> {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        View::get(self, key)
+    }
+
+    fn scan(&self, prefix: &[u8]) -> Result<Vec<crate::store::KvPair>, StoreError> {
+        View::scan(self, prefix)
+    }
+}
+
+impl DataWrite for Staged {
+    fn put(&mut self, key: &[u8], value: &[u8]) {
+        Staged::put(self, key, value)
+    }
+
+    fn delete(&mut self, key: &[u8]) {
+        Staged::delete(self, key)
+    }
+
+    fn latest(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        Staged::latest(self, key)
+    }
+
+    fn count_set_with_prefix(&self, prefix: &[u8]) -> usize {
+        Staged::count_set_with_prefix(self, prefix)
+    }
+
+    fn extend(&mut self, other: Self) {
+        Staged::extend(self, other)
+    }
+}
+
+impl<R: Resource> DataStore for ParticipantStore<R> {
+    type View<'a> = View<'a>;
+    type Staged = Staged;
+
+    fn data_view(&self) -> View<'_> {
+        self.view()
+    }
+
+    fn write_data_with<'s>(
+        &'s self,
+        f: impl FnOnce(&View<'_>, &mut Staged) + Send + 's,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 's {
+        self.write_data(f)
+    }
+
+    fn flush_data(&self) -> impl Future<Output = Result<(), StoreError>> + Send + '_ {
+        self.flush()
+    }
+}
+
+/// A shared store is the store (so `&Arc<store>` passes where a store
+/// does).
+impl<T: DataStore> DataStore for Arc<T> {
+    type View<'a> = T::View<'a>;
+    type Staged = T::Staged;
+
+    fn data_view(&self) -> T::View<'_> {
+        T::data_view(self)
+    }
+
+    fn write_data_with<'s>(
+        &'s self,
+        f: impl FnOnce(&T::View<'_>, &mut T::Staged) + Send + 's,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 's {
+        T::write_data_with(self, f)
+    }
+
+    fn flush_data(&self) -> impl Future<Output = Result<(), StoreError>> + Send + '_ {
+        T::flush_data(self)
+    }
+}
 
 /// The outbox's keys start with this (in the resource's data space).
 pub const OUTBOX_KEY_PREFIX: &[u8] = b"\xffdtx.outbox/";
@@ -205,7 +321,7 @@ fn decode_message(b: &[u8]) -> Result<OutboxMessage, StoreError> {
 }
 
 /// Reads `key` as this call's staged writes and then the view show it.
-fn read(view: &View<'_>, staged: &Staged, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+fn read<V: DataRead, S: DataWrite>(view: &V, staged: &S, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
     match staged.latest(key) {
         Some(v) => Ok(v.map(<[u8]>::to_vec)),
         None => view.get(key),
@@ -261,7 +377,12 @@ impl StoreOutbox {
     /// `Resource::commit`, or `ParticipantStore::write_data`); returns the
     /// version it got. Several messages of one call get consecutive
     /// versions.
-    pub fn write(&self, view: &View<'_>, staged: &mut Staged, msg: &OutboxMessage) -> Result<u64, StoreError> {
+    pub fn write<V: DataRead, S: DataWrite>(
+        &self,
+        view: &V,
+        staged: &mut S,
+        msg: &OutboxMessage,
+    ) -> Result<u64, StoreError> {
         let vk = version_key(&msg.aggregate);
         let last = match read(view, staged, &vk)? {
             Some(b) => u64::from_be_bytes(
@@ -290,10 +411,10 @@ impl StoreOutbox {
     /// Stages `msg` with `txid`'s YES vote (in `Resource::prepare`): kept
     /// with the transaction and not published until
     /// [`release_prepared`](Self::release_prepared) runs in its commit.
-    pub fn write_prepared(
+    pub fn write_prepared<V: DataRead, S: DataWrite>(
         &self,
-        view: &View<'_>,
-        staged: &mut Staged,
+        view: &V,
+        staged: &mut S,
         txid: GlobalTxid,
         msg: &OutboxMessage,
     ) -> Result<(), StoreError> {
@@ -307,10 +428,10 @@ impl StoreOutbox {
 
     /// In `Resource::commit`: writes `txid`'s prepared messages into the
     /// outbox, in the order they were prepared; returns how many.
-    pub fn release_prepared(
+    pub fn release_prepared<V: DataRead, S: DataWrite>(
         &self,
-        view: &View<'_>,
-        staged: &mut Staged,
+        view: &V,
+        staged: &mut S,
         txid: GlobalTxid,
     ) -> Result<usize, StoreError> {
         let held = view.scan(&prepared_prefix(txid))?;
@@ -323,10 +444,10 @@ impl StoreOutbox {
 
     /// In `Resource::abort`: drops `txid`'s prepared messages; returns how
     /// many.
-    pub fn discard_prepared(
+    pub fn discard_prepared<V: DataRead, S: DataWrite>(
         &self,
-        view: &View<'_>,
-        staged: &mut Staged,
+        view: &V,
+        staged: &mut S,
         txid: GlobalTxid,
     ) -> Result<usize, StoreError> {
         let held = view.scan(&prepared_prefix(txid))?;
@@ -338,7 +459,7 @@ impl StoreOutbox {
 
     /// Every open message (pending or dead-lettered), by aggregate and
     /// version.
-    fn open(&self, view: &View<'_>) -> Result<Vec<(String, u64, Record)>, StoreError> {
+    fn open<V: DataRead>(&self, view: &V) -> Result<Vec<(String, u64, Record)>, StoreError> {
         let mut out = Vec::new();
         for (k, v) in view.scan(&key(b'm', &[]))? {
             let (agg, version) =
@@ -350,7 +471,7 @@ impl StoreOutbox {
 
     /// How long the oldest message not published yet (pending or
     /// dead-lettered) has waited; `None` when there is none.
-    pub fn oldest_unpublished_age_ms(&self, view: &View<'_>) -> Result<Option<u64>, StoreError> {
+    pub fn oldest_unpublished_age_ms<V: DataRead>(&self, view: &V) -> Result<Option<u64>, StoreError> {
         let now = self.now();
         Ok(self
             .open(view)?
@@ -361,12 +482,12 @@ impl StoreOutbox {
     }
 
     /// Messages pending (not dead-lettered).
-    pub fn pending_count(&self, view: &View<'_>) -> Result<usize, StoreError> {
+    pub fn pending_count<V: DataRead>(&self, view: &V) -> Result<usize, StoreError> {
         Ok(self.open(view)?.iter().filter(|(_, _, r)| r.state == PENDING).count())
     }
 
     /// The dead-lettered messages, by aggregate and version.
-    pub fn dead_letters(&self, view: &View<'_>) -> Result<Vec<DeadLetter>, StoreError> {
+    pub fn dead_letters<V: DataRead>(&self, view: &V) -> Result<Vec<DeadLetter>, StoreError> {
         Ok(self
             .open(view)?
             .into_iter()
@@ -385,9 +506,9 @@ impl StoreOutbox {
 
     /// Changes a dead-lettered message with `f` (staged in `staged`);
     /// false when it is not dead-lettered.
-    fn change_dead(
-        view: &View<'_>,
-        staged: &mut Staged,
+    fn change_dead<V: DataRead, S: DataWrite>(
+        view: &V,
+        staged: &mut S,
         aggregate: &str,
         version: u64,
         f: impl FnOnce(Record) -> Option<Record>,
@@ -409,16 +530,11 @@ impl StoreOutbox {
 
     /// Puts a dead-lettered message back to pending, due now, its attempts
     /// reset. False when it is not dead-lettered.
-    pub async fn requeue<R: Resource>(
-        &self,
-        store: &ParticipantStore<R>,
-        aggregate: &str,
-        version: u64,
-    ) -> Result<bool, StoreError> {
+    pub async fn requeue<H: DataStore>(&self, store: &H, aggregate: &str, version: u64) -> Result<bool, StoreError> {
         let now = self.now();
         let mut out = Ok(false);
         store
-            .write_data(|view, staged| {
+            .write_data_with(|view, staged| {
                 out = Self::change_dead(view, staged, aggregate, version, |r| {
                     Some(Record {
                         state: PENDING,
@@ -435,15 +551,10 @@ impl StoreOutbox {
     /// Gives up a dead-lettered message for good (deleted): the
     /// aggregate's later messages go on. False when it is not
     /// dead-lettered.
-    pub async fn discard<R: Resource>(
-        &self,
-        store: &ParticipantStore<R>,
-        aggregate: &str,
-        version: u64,
-    ) -> Result<bool, StoreError> {
+    pub async fn discard<H: DataStore>(&self, store: &H, aggregate: &str, version: u64) -> Result<bool, StoreError> {
         let mut out = Ok(false);
         store
-            .write_data(|view, staged| {
+            .write_data_with(|view, staged| {
                 out = Self::change_dead(view, staged, aggregate, version, |_| None);
             })
             .await?;
@@ -451,13 +562,13 @@ impl StoreOutbox {
     }
 
     /// A relay named `owner` over `store`'s outbox.
-    pub fn relay<R: Resource, P: Publisher>(
+    pub fn relay<H: DataStore, P: Publisher>(
         &self,
-        store: Arc<ParticipantStore<R>>,
+        store: Arc<H>,
         owner: impl Into<String>,
         publisher: Arc<P>,
         settings: RelaySettings,
-    ) -> StoreRelay<R, P> {
+    ) -> StoreRelay<H, P> {
         StoreRelay {
             outbox: self.clone(),
             store,
@@ -470,9 +581,9 @@ impl StoreOutbox {
 
 /// A relay over a [`StoreOutbox`] in one process (see the module's
 /// "Replicas").
-pub struct StoreRelay<R: Resource, P: Publisher> {
+pub struct StoreRelay<H: DataStore, P: Publisher> {
     outbox: StoreOutbox,
-    store: Arc<ParticipantStore<R>>,
+    store: Arc<H>,
     owner: String,
     publisher: Arc<P>,
     settings: RelaySettings,
@@ -484,14 +595,14 @@ struct Claim {
     record: Record,
 }
 
-impl<R: Resource, P: Publisher> StoreRelay<R, P> {
+impl<H: DataStore, P: Publisher> StoreRelay<H, P> {
     /// Takes leases on up to `batch_max` aggregates whose lowest open
     /// message is pending and due and that no other relay holds.
     fn claim(&self, now: u64) -> Result<Vec<Claim>, StoreError> {
         let mut leases = self.outbox.inner.leases.lock().expect("outbox leases");
         let mut out = Vec::new();
         let mut last: Option<String> = None;
-        for (agg, version, r) in self.outbox.open(&self.store.view())? {
+        for (agg, version, r) in self.outbox.open(&self.store.data_view())? {
             if last.as_deref() == Some(agg.as_str()) {
                 continue; // not the aggregate's lowest open version
             }
@@ -548,7 +659,7 @@ impl<R: Resource, P: Publisher> StoreRelay<R, P> {
         let res = self.publish_and_record(now, &claims).await;
         self.release(&claims);
         let pass = res?;
-        let age = self.outbox.oldest_unpublished_age_ms(&self.store.view())?;
+        let age = self.outbox.oldest_unpublished_age_ms(&self.store.data_view())?;
         report_pass(&self.settings.name, &pass, age);
         Ok(pass)
     }
@@ -561,14 +672,14 @@ impl<R: Resource, P: Publisher> StoreRelay<R, P> {
         if claims.is_empty() {
             return Ok(pass);
         }
-        self.store.flush().await?;
+        self.store.flush_data().await?;
         let mut outcomes = Vec::with_capacity(claims.len());
         for c in claims {
             outcomes.push(publish_within(self.publisher.as_ref(), &c.msg, &self.settings).await);
         }
         let mut err = None;
         self.store
-            .write_data(|view, staged| {
+            .write_data_with(|view, staged| {
                 for (c, outcome) in claims.iter().zip(&outcomes) {
                     let k = match message_key(&c.msg.aggregate, c.msg.version) {
                         Ok(k) => k,
@@ -618,7 +729,7 @@ impl<R: Resource, P: Publisher> StoreRelay<R, P> {
     }
 }
 
-impl<R: Resource, P: Publisher> RelayOnce for StoreRelay<R, P> {
+impl<H: DataStore, P: Publisher> RelayOnce for StoreRelay<H, P> {
     async fn run_once(&mut self) -> Result<RelayPass, String> {
         StoreRelay::run_once(self).await.map_err(|e| e.to_string())
     }
@@ -659,7 +770,12 @@ impl StoreInbox {
     /// Records `message_id` with the caller's staged writes: false when it
     /// is new (recorded now: the caller goes on, its effects durable with
     /// the id), true when it was recorded before (a duplicate: skip it).
-    pub fn seen(&self, view: &View<'_>, staged: &mut Staged, message_id: &str) -> Result<bool, StoreError> {
+    pub fn seen<V: DataRead, S: DataWrite>(
+        &self,
+        view: &V,
+        staged: &mut S,
+        message_id: &str,
+    ) -> Result<bool, StoreError> {
         let mut ik = self.prefix(b'i');
         ik.extend_from_slice(message_id.as_bytes());
         if read(view, staged, &ik)?.is_some() {
@@ -709,16 +825,12 @@ impl StoreInbox {
     /// Deletes the ids received more than `retention_ms` ago; returns how
     /// many. A message redelivered after that is handled again, so the
     /// retention must exceed the longest redelivery delay.
-    pub async fn prune<R: Resource>(
-        &self,
-        store: &ParticipantStore<R>,
-        retention_ms: u64,
-    ) -> Result<usize, StoreError> {
+    pub async fn prune<H: DataStore>(&self, store: &H, retention_ms: u64) -> Result<usize, StoreError> {
         let before = self.clock.now_ms().saturating_sub(retention_ms);
         let tp = self.prefix(b't');
         let mut n = 0;
         store
-            .write_data(|view, staged| {
+            .write_data_with(|view, staged| {
                 let Ok(all) = view.scan(&tp) else { return };
                 for (k, _) in all {
                     let Some(rest) = k.strip_prefix(&tp[..]) else { continue };

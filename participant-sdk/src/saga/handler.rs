@@ -14,6 +14,9 @@ use super::types::StepCall;
 use super::types::StepError;
 use super::types::StepRecord;
 use super::types::StepResult;
+use crate::outbox::store::DataRead;
+use crate::outbox::store::DataWrite;
+use crate::outbox::OutboxMessage;
 use crate::participant::StoreError;
 use crate::store::unix_ms;
 use crate::store::KvPair;
@@ -83,13 +86,13 @@ impl<'a> StepView<'a> {
     }
 }
 
-/// What a handler stages in one call: business writes and outbox events.
-/// They become durable with the call's inbox record, in one batch, and only
-/// when the call answers OK.
+/// What a handler stages in one call: business writes and outbox
+/// messages. They become durable with the call's inbox record, in one
+/// batch, and only when the call answers OK (or PENDING).
 #[derive(Default, Debug)]
 pub struct StepStaged {
     pub(super) ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    pub(super) events: Vec<Vec<u8>>,
+    pub(super) events: Vec<OutboxMessage>,
 }
 
 impl StepStaged {
@@ -101,10 +104,12 @@ impl StepStaged {
         self.ops.push((key.to_vec(), None));
     }
 
-    /// Adds an event to the outbox (delivered at least once, in order, by
-    /// [`spawn_outbox_relay`](super::spawn_outbox_relay)).
-    pub fn emit(&mut self, event: impl Into<Vec<u8>>) {
-        self.events.push(event.into());
+    /// Adds a message to the store's outbox (the general one,
+    /// [`crate::outbox`]): written with the call's answer, published at
+    /// least once by the store's relays ([`StepStore::relay`](super::StepStore::relay)),
+    /// in order per aggregate.
+    pub fn emit(&mut self, msg: OutboxMessage) {
+        self.events.push(msg);
     }
 
     /// What was staged for `key` so far: `None` when nothing, `Some(None)`
@@ -235,4 +240,40 @@ pub(crate) fn check_query(
     Err(StepError::Invalid(format!(
         "status query {query:?} does not answer for {action:?}, the action of operation {op:?}"
     )))
+}
+
+impl DataRead for StepView<'_> {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        StepView::get(self, key)
+    }
+
+    fn scan(&self, prefix: &[u8]) -> Result<Vec<KvPair>, StoreError> {
+        StepView::scan(self, prefix)
+    }
+}
+
+impl DataWrite for StepStaged {
+    fn put(&mut self, key: &[u8], value: &[u8]) {
+        StepStaged::put(self, key, value)
+    }
+
+    fn delete(&mut self, key: &[u8]) {
+        StepStaged::delete(self, key)
+    }
+
+    fn latest(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.staged(key)
+    }
+
+    fn count_set_with_prefix(&self, prefix: &[u8]) -> usize {
+        self.ops
+            .iter()
+            .filter(|(k, v)| v.is_some() && k.starts_with(prefix))
+            .count()
+    }
+
+    fn extend(&mut self, other: Self) {
+        self.ops.extend(other.ops);
+        self.events.extend(other.events);
+    }
 }

@@ -1,12 +1,10 @@
 //! The key layout of the sled step store's tree (see the module
-//! documentation of `saga`): the business data, the inbox, the outbox and
-//! the store's metadata, each under its own first byte.
+//! documentation of `saga`): the business data (the outbox's keys among
+//! them, `crate::outbox::store`), the inbox and the store's metadata,
+//! each under its own first byte.
 
 const DATA_PREFIX: u8 = b'd';
 pub(super) const INBOX_PREFIX: u8 = b'n';
-pub(super) const OUTBOX_PREFIX: u8 = b'o';
-/// The number the next outbox event gets (big-endian u64).
-pub(super) const OUTBOX_NEXT_KEY: &[u8] = b"moutbox-next";
 /// Repeated operation ids seen by Forward and Compensate (big-endian u64).
 pub(super) const DUPLICATES_FORWARD_KEY: &[u8] = b"mduplicates-forward";
 pub(super) const DUPLICATES_COMPENSATE_KEY: &[u8] = b"mduplicates-compensate";
@@ -24,12 +22,6 @@ pub(super) fn inbox_key(operation_id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(operation_id.len() + 1);
     k.push(INBOX_PREFIX);
     k.extend_from_slice(operation_id.as_bytes());
-    k
-}
-
-pub(super) fn outbox_key(seq: u64) -> [u8; 9] {
-    let mut k = [OUTBOX_PREFIX; 9];
-    k[1..].copy_from_slice(&seq.to_be_bytes());
     k
 }
 

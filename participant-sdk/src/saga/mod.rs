@@ -9,10 +9,11 @@
 //!    the saga's rights (by default: refused once they expired);
 //! 2. opens a [`StepStore`] on a directory of its own (or a sled tree):
 //!    the business data, the inbox of operation ids and the outbox of
-//!    events live there together;
+//!    messages live there together;
 //! 3. serves [`StepServer`] with [`serve_steps`] (or
 //!    [`serve_steps_guarded`]: TLS or node tokens, only the cluster's nodes
-//!    may call), and runs [`spawn_outbox_relay`] when it emits events.
+//!    may call), and runs relays of its outbox ([`StepStore::relay`], with
+//!    [`crate::outbox::spawn_relay`]) when it emits messages.
 //!
 //! # What the store guarantees
 //!
@@ -45,8 +46,11 @@
 //!   reconciles through Status once the service is back), and
 //!   [`StepStore::stopped`] completes so the service can exit and be
 //!   restarted.
-//! - **The outbox** is delivered at least once by [`spawn_outbox_relay`]:
-//!   an event is removed only after its sink accepted it.
+//! - **The outbox** is the SDK's general one ([`crate::outbox`], the same
+//!   pieces every service uses): messages staged with
+//!   [`StepStaged::emit`] are written with the call's answer (only an OK or
+//!   PENDING one) and published at least once by the store's relays, in
+//!   order per aggregate, dead-lettered after repeated failures.
 //! - **A call outside the service** (a payment provider, a mail sender:
 //!   [`StepHandler::outside_request`], [`OutsideSystem`], ADR 0034) is
 //!   recorded IN FLIGHT, durably, before it is made, with the operation id
@@ -63,22 +67,21 @@
 //! own. Status takes no lock.
 //!
 //! Key layout in the tree: `d` + key -> the business data (what
-//! [`StepView`] and [`StepStaged`] read and write); `n` + operation id ->
-//! the inbox record; `o` + sequence number (big-endian u64) -> a pending
-//! outbox event; `m` + name -> store metadata (the next event number, the
+//! [`StepView`] and [`StepStaged`] read and write, the outbox's keys
+//! among them, under `crate::outbox::store::OUTBOX_KEY_PREFIX`); `n` +
+//! operation id -> the inbox record; `m` + name -> store metadata (the
 //! duplicate counters).
 //!
 //! Its parts, each using only those listed before it: `types` (calls,
 //! answers, records), `codec` (their bytes), `rules` (what both step
 //! stores refuse and record), [`outside`] (calls to outside systems),
 //! `keys` (the tree's key layout), `handler` ([`StepHandler`], with
-//! [`StepView`] and [`StepStaged`]), `outbox` (the relay), `service` (the
+//! [`StepView`] and [`StepStaged`]), `service` (the
 //! gRPC service and serving it) and `store` ([`StepStore`]).
 
 mod codec;
 mod handler;
 mod keys;
-mod outbox;
 pub mod outside;
 mod rules;
 mod service;
@@ -90,10 +93,6 @@ pub use handler::StepHandler;
 pub use handler::StepStaged;
 pub use handler::StepView;
 pub use keys::STEP_TREE;
-pub use outbox::relay_once;
-pub use outbox::spawn_outbox_relay;
-pub use outbox::Outbox;
-pub use outbox::OutboxSink;
 pub use outside::InFlight;
 pub use outside::InboxEntry;
 pub use outside::OutsideStatus;

@@ -1,11 +1,13 @@
 //! The sled step store ([`StepStore`]): each call run once per operation
 //! id, its answer recorded in the inbox in one atomic, fsynced batch with
-//! the handler's writes and outbox events; outside calls recorded in
-//! flight and settled; the outbox read and emptied for the relay.
+//! the handler's writes and outbox messages; outside calls recorded in
+//! flight and settled. The outbox is the general one of the SDK's own
+//! store ([`crate::outbox::store::StoreOutbox`], in the business data's
+//! key space): relays with leases, order per aggregate, dead letters.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::Mutex;
 
 use tracing::debug;
 
@@ -15,15 +17,11 @@ use super::handler::StepStaged;
 use super::handler::StepView;
 use super::keys::data_key;
 use super::keys::inbox_key;
-use super::keys::outbox_key;
 use super::keys::read_u64;
 use super::keys::DUPLICATES_COMPENSATE_KEY;
 use super::keys::DUPLICATES_FORWARD_KEY;
 use super::keys::INBOX_PREFIX;
-use super::keys::OUTBOX_NEXT_KEY;
-use super::keys::OUTBOX_PREFIX;
 use super::keys::STEP_TREE;
-use super::outbox::Outbox;
 use super::outside::check_resend;
 use super::outside::count_outside;
 use super::outside::fenced_in_flight;
@@ -45,6 +43,11 @@ use super::types::StepCall;
 use super::types::StepError;
 use super::types::StepRecord;
 use super::types::StepResult;
+use crate::outbox::store::DataStore;
+use crate::outbox::store::StoreOutbox;
+use crate::outbox::store::StoreRelay;
+use crate::outbox::Publisher;
+use crate::outbox::RelaySettings;
 use crate::participant::StoreError;
 use crate::participant::StoreFailure;
 use crate::store::open_dir_sync;
@@ -63,7 +66,8 @@ pub struct StepStats {
     /// created (durable with the next fsync).
     pub forward_duplicates: u64,
     pub compensate_duplicates: u64,
-    /// Outbox events not yet delivered.
+    /// Outbox messages not published yet (pending; dead letters not
+    /// counted).
     pub outbox_pending: u64,
     /// Operations whose outside call is in flight (no answer recorded).
     pub in_flight: u64,
@@ -95,8 +99,9 @@ pub struct StepStore<H: StepHandler> {
     /// Serializes Forward and Compensate, from the inbox look-up to the
     /// batch (never held across the fsync).
     serial: tokio::sync::Mutex<()>,
-    /// The number of the next outbox event (written under `serial`).
-    next_event: Mutex<u64>,
+    /// The outbox the handlers' messages go to (its relays share its
+    /// leases).
+    outbox: StoreOutbox,
     /// Set by the first failed write; then every call is refused.
     latch: FailureLatch,
 }
@@ -133,17 +138,6 @@ impl<H: StepHandler> StepStore<H> {
         path: String,
         handler: H,
     ) -> Result<Arc<Self>, StoreError> {
-        let io = |e: sled::Error| StoreError::Io(e.to_string());
-        // The next event number: past the stored counter and past every
-        // pending event (whichever is larger).
-        let stored = read_u64(tree.get(OUTBOX_NEXT_KEY).map_err(io)?);
-        let last = match tree.scan_prefix([OUTBOX_PREFIX]).next_back() {
-            Some(r) => {
-                let (k, _) = r.map_err(io)?;
-                <[u8; 8]>::try_from(&k[1..]).map(u64::from_be_bytes).unwrap_or(0) + 1
-            }
-            None => 0,
-        };
         Ok(Arc::new(StepStore {
             _db: db,
             tree,
@@ -151,8 +145,26 @@ impl<H: StepHandler> StepStore<H> {
             latch: FailureLatch::new(path),
             handler,
             serial: tokio::sync::Mutex::new(()),
-            next_event: Mutex::new(stored.max(last).max(1)),
+            outbox: StoreOutbox::new(),
         }))
+    }
+
+    /// The store's outbox (dead letters, requeue, the oldest message's age).
+    pub fn outbox(&self) -> &StoreOutbox {
+        &self.outbox
+    }
+
+    /// A relay named `owner` of the store's outbox, publishing to
+    /// `publisher` (run it with [`crate::outbox::spawn_relay`]); the
+    /// relays of one store share its leases, so each aggregate's messages
+    /// go out one at a time, in order.
+    pub fn relay<P: Publisher>(
+        self: &Arc<Self>,
+        owner: impl Into<String>,
+        publisher: Arc<P>,
+        settings: RelaySettings,
+    ) -> StoreRelay<Self, P> {
+        self.outbox.relay(self.clone(), owner, publisher, settings)
     }
 
     pub fn handler(&self) -> &H {
@@ -305,13 +317,12 @@ impl<H: StepHandler> StepStore<H> {
             staged = StepStaged::default();
         }
         let mut batch = sled::Batch::default();
-        let next_event = self.stage_batch(&mut batch, staged);
+        self.stage_batch(&view, &mut batch, staged)?;
         batch.insert(inbox_key(&call.operation_id), record.encode());
         if let Some(f) = fence {
             batch.insert(inbox_key(&f), fence_record(call.saga_id, call.step).encode());
         }
         self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
-        *self.next_event.lock().expect("next_event lock") = next_event;
         Ok(Applied::Recorded(result))
     }
 
@@ -411,10 +422,9 @@ impl<H: StepHandler> StepStore<H> {
                         staged = StepStaged::default();
                     }
                     let mut batch = sled::Batch::default();
-                    let next_event = self.stage_batch(&mut batch, staged);
+                    self.stage_batch(&view, &mut batch, staged)?;
                     batch.insert(inbox_key(op), record.encode());
                     self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
-                    *self.next_event.lock().expect("next_event lock") = next_event;
                     record
                 }
             }
@@ -473,24 +483,25 @@ impl<H: StepHandler> StepStore<H> {
         }
     }
 
-    /// Adds `staged` (business writes, and outbox events under the next
-    /// numbers) to `batch`; returns the number the event after them gets.
-    fn stage_batch(&self, batch: &mut sled::Batch, staged: StepStaged) -> u64 {
+    /// Adds `staged` to `batch`: its business writes, and its outbox
+    /// messages written into the outbox (their versions read through
+    /// `view` and the writes before them).
+    fn stage_batch(
+        &self,
+        view: &StepView<'_>,
+        batch: &mut sled::Batch,
+        mut staged: StepStaged,
+    ) -> Result<(), StoreError> {
+        for msg in std::mem::take(&mut staged.events) {
+            self.outbox.write(view, &mut staged, &msg)?;
+        }
         for (k, v) in staged.ops {
             match v {
                 Some(v) => batch.insert(data_key(&k), v),
                 None => batch.remove(data_key(&k)),
             }
         }
-        let mut next_event = *self.next_event.lock().expect("next_event lock");
-        if !staged.events.is_empty() {
-            for ev in staged.events {
-                batch.insert(&outbox_key(next_event)[..], ev);
-                next_event += 1;
-            }
-            batch.insert(OUTBOX_NEXT_KEY, &next_event.to_be_bytes()[..]);
-        }
-        next_event
+        Ok(())
     }
 
     /// A repeated operation id: its recorded reply, once that is durable.
@@ -664,39 +675,12 @@ impl<H: StepHandler> StepStore<H> {
                 },
             }
         }
-        s.outbox_pending = self.tree.scan_prefix([OUTBOX_PREFIX]).keys().count() as u64;
+        s.outbox_pending = self.outbox.pending_count(&self.view())? as u64;
         Ok(s)
     }
 
-    /// Up to `max` outbox events not yet delivered, oldest first (number,
-    /// event), as written so far (the relay flushes before delivering).
-    pub fn pending_events(&self, max: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-        self.tree
-            .scan_prefix([OUTBOX_PREFIX])
-            .take(max)
-            .map(|r| {
-                let (k, v) = r.map_err(|e| StoreError::Io(e.to_string()))?;
-                let seq = <[u8; 8]>::try_from(&k[1..])
-                    .map(u64::from_be_bytes)
-                    .map_err(|_| StoreError::Io(format!("outbox key of {} bytes", k.len())))?;
-                Ok((seq, v.to_vec()))
-            })
-            .collect()
-    }
-
-    /// Removes delivered events from the outbox, durably.
-    pub async fn ack_events(&self, seqs: &[u64]) -> Result<(), StoreError> {
-        self.check_running()?;
-        let mut batch = sled::Batch::default();
-        for &s in seqs {
-            batch.remove(&outbox_key(s)[..]);
-        }
-        self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
-        self.flush().await
-    }
-
     /// Writes business data outside any call (for example a new service's
-    /// initial stock), atomically and durably; events it emits go to the
+    /// initial stock), atomically and durably; messages it emits go to the
     /// outbox too.
     pub async fn write_data(&self, f: impl FnOnce(&StepView<'_>, &mut StepStaged)) -> Result<(), StoreError> {
         self.check_running()?;
@@ -709,9 +693,11 @@ impl<H: StepHandler> StepStore<H> {
                 return Err(StoreError::Io(e));
             }
             let mut batch = sled::Batch::default();
-            let next_event = self.stage_batch(&mut batch, staged);
+            self.stage_batch(&view, &mut batch, staged)?;
+            if let Some(e) = view.take_error() {
+                return Err(StoreError::Io(e));
+            }
             self.tree.apply_batch(batch).map_err(|e| self.fail(&e))?;
-            *self.next_event.lock().expect("next_event lock") = next_event;
         }
         self.flush().await
     }
@@ -754,22 +740,24 @@ impl<H: StepHandler> StepStore<H> {
     }
 }
 
-#[tonic::async_trait]
-impl<H: StepHandler> Outbox for StepStore<H> {
-    async fn pending(&self, max: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-        self.pending_events(max)
+/// The outbox's home: the store's business data.
+impl<H: StepHandler> DataStore for StepStore<H> {
+    type View<'a> = StepView<'a>;
+    type Staged = StepStaged;
+
+    fn data_view(&self) -> StepView<'_> {
+        self.view()
     }
 
-    async fn make_durable(&self) -> Result<(), StoreError> {
-        self.flush().await
+    fn write_data_with<'s>(
+        &'s self,
+        f: impl FnOnce(&StepView<'_>, &mut StepStaged) + Send + 's,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 's {
+        self.write_data(f)
     }
 
-    async fn remove(&self, seqs: &[u64]) -> Result<(), StoreError> {
-        self.ack_events(seqs).await
-    }
-
-    fn stopped_by(&self) -> Option<StoreFailure> {
-        self.failure()
+    fn flush_data(&self) -> impl Future<Output = Result<(), StoreError>> + Send + '_ {
+        self.flush()
     }
 }
 

@@ -21,9 +21,12 @@ use dtx_tls::dev::Host;
 use dtx_tls::dev::DEV_LIFETIME;
 use dtx_tls::Role;
 use dtx_transport::channel::Channel;
-use participant_sdk::saga::spawn_outbox_relay;
+use participant_sdk::outbox::spawn_relay;
+use participant_sdk::outbox::Envelope;
+use participant_sdk::outbox::OutboxMessage;
+use participant_sdk::outbox::Publisher;
+use participant_sdk::outbox::RelaySettings;
 use participant_sdk::saga::Authorization;
-use participant_sdk::saga::OutboxSink;
 use participant_sdk::saga::StepCall;
 use participant_sdk::saga::StepHandler;
 use participant_sdk::saga::StepResult;
@@ -71,7 +74,11 @@ impl StepHandler for Stock {
                 put_num(staged, "stock", stock - qty);
                 put_num(staged, "version", version);
                 put_num(staged, &format!("taken/{}", call.operation_id), qty);
-                staged.emit(format!("took {qty} for {}", call.operation_id));
+                staged.emit(OutboxMessage::new(
+                    "stock",
+                    "took",
+                    format!("took {qty} for {}", call.operation_id),
+                ));
                 StepResult::ok(version.to_string())
             }
             "bump" => {
@@ -86,7 +93,7 @@ impl StepHandler for Stock {
         self.compensations.fetch_add(1, Ordering::SeqCst);
         let version = num(view, "version");
         if let Err(stale) = call.check_precondition(&version.to_string()) {
-            staged.emit("must not be kept");
+            staged.emit(OutboxMessage::new("stock", "stale", "must not be kept"));
             return stale;
         }
         let taken_key = format!("taken/{}", call.forward_operation_id);
@@ -240,7 +247,7 @@ async fn a_forward_action_runs_once_per_operation_id() {
     assert_eq!(s.forwards(), 1, "the handler ran once");
     assert_eq!(s.stock(), 7, "the business change happened once");
     assert_eq!(s.version(), 1);
-    assert_eq!(s.store.pending_events(10).unwrap().len(), 1, "one event");
+    assert_eq!(s.store.stats().unwrap().outbox_pending, 1, "one message");
     let stats = s.store.stats().unwrap();
     assert_eq!(stats.forward_records, 1);
     assert_eq!(stats.forward_duplicates, 4);
@@ -385,13 +392,13 @@ async fn a_resource_that_moved_on_answers_stale_and_nothing_changes() {
     let mut bump = take("4.5.f", 0);
     bump.action = "bump".into();
     assert_eq!(outcome(&s.forward(bump).await), pb::StepOutcome::Ok);
-    let events = s.store.pending_events(10).unwrap();
+    let messages = s.store.stats().unwrap().outbox_pending;
     let stale = s.compensate(give_back("4.0.c", "4.0.f", &fwd.resource_version)).await;
     assert_eq!(outcome(&stale), pb::StepOutcome::Stale, "{stale:?}");
     assert!(stale.reason.contains("moved on"), "{stale:?}");
     assert_eq!(s.stock(), 6, "nothing undone");
     assert_eq!(s.version(), 2);
-    assert_eq!(s.store.pending_events(10).unwrap(), events, "no event kept");
+    assert_eq!(s.store.stats().unwrap().outbox_pending, messages, "no message kept");
     assert_eq!(s.status("4.0.c").await.reply, Some(stale));
     s.stop().await;
 }
@@ -504,7 +511,8 @@ async fn status_tells_what_an_operation_id_did_and_changes_nothing() {
     s.stop().await;
 }
 
-/// Fails its first `fail_first` deliveries, then keeps what it gets.
+/// Fails its first `fail_first` publishes, then keeps what it gets
+/// (version, payload).
 #[derive(Default)]
 struct Sink {
     fail_first: usize,
@@ -512,11 +520,10 @@ struct Sink {
     seen: Mutex<Vec<(u64, Vec<u8>)>>,
 }
 
-#[tonic::async_trait]
-impl OutboxSink for Sink {
-    async fn deliver(&self, events: &[(u64, Vec<u8>)]) -> Result<(), String> {
+impl Publisher for Sink {
+    async fn publish(&self, m: &Envelope) -> Result<(), String> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
-        self.seen.lock().unwrap().extend_from_slice(events);
+        self.seen.lock().unwrap().push((m.version, m.payload.clone()));
         if n < self.fail_first {
             return Err("mail server busy".into());
         }
@@ -532,6 +539,20 @@ async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Relay settings that retry at once (tests wait for them).
+fn quick() -> RelaySettings {
+    RelaySettings {
+        name: "stock".into(),
+        retry_backoff_ms: 10,
+        retry_backoff_max_ms: 10,
+        idle_poll_ms: 10,
+        ..RelaySettings::default()
+    }
+}
+
+/// The step store's outbox is the SDK's general one (the same pieces as
+/// every service's): published at least once, in version order per
+/// aggregate, retried after a failure, removed once published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_outbox_is_delivered_at_least_once_and_removed_after_success() {
     let dir = tempfile::tempdir().unwrap();
@@ -542,34 +563,32 @@ async fn the_outbox_is_delivered_at_least_once_and_removed_after_success() {
             pb::StepOutcome::Ok
         );
     }
-    let pending = s.store.pending_events(10).unwrap();
-    assert_eq!(pending.len(), 3);
-    assert!(
-        pending.windows(2).all(|w| w[0].0 < w[1].0),
-        "increasing numbers: {pending:?}"
-    );
-    assert_eq!(pending[0].1, b"took 1 for 7.0.f".to_vec());
+    assert_eq!(s.store.stats().unwrap().outbox_pending, 3);
     let sink = Arc::new(Sink {
         fail_first: 2,
         ..Sink::default()
     });
-    let relay = spawn_outbox_relay(s.store.clone(), sink.clone(), Duration::from_millis(20));
-    wait_until("the outbox to drain", || s.store.pending_events(10).unwrap().is_empty()).await;
-    assert_eq!(sink.calls.load(Ordering::SeqCst), 3, "two errors, then success");
+    let relay = spawn_relay(s.store.relay("relay-1", sink.clone(), quick()));
+    wait_until("the outbox to drain", || s.store.stats().unwrap().outbox_pending == 0).await;
+    assert_eq!(sink.calls.load(Ordering::SeqCst), 5, "two errors, then three publishes");
     let seen = sink.seen.lock().unwrap().clone();
+    let took = |v: u64, op: &str| (v, format!("took 1 for {op}").into_bytes());
     assert_eq!(
         seen,
-        [pending.clone(), pending.clone(), pending.clone()].concat(),
-        "retried as they were"
+        [
+            took(1, "7.0.f"),
+            took(1, "7.0.f"),
+            took(1, "7.0.f"),
+            took(2, "7.1.f"),
+            took(3, "7.2.f")
+        ],
+        "the first retried as it was, then the rest in version order"
     );
-    // A later event gets a later number, and is delivered too.
+    // A later message gets the next version, and is published too.
     assert_eq!(outcome(&s.forward(take("7.9.f", 1)).await), pb::StepOutcome::Ok);
-    wait_until("the new event", || sink.seen.lock().unwrap().len() == 10).await;
-    let last = sink.seen.lock().unwrap().last().cloned().unwrap();
-    assert!(last.0 > pending[2].0);
-    assert_eq!(last.1, b"took 1 for 7.9.f".to_vec());
-    wait_until("the outbox to drain", || s.store.pending_events(10).unwrap().is_empty()).await;
-    assert_eq!(s.store.stats().unwrap().outbox_pending, 0);
+    wait_until("the new message", || sink.seen.lock().unwrap().len() == 6).await;
+    assert_eq!(sink.seen.lock().unwrap().last().cloned().unwrap(), took(4, "7.9.f"));
+    wait_until("the outbox to drain", || s.store.stats().unwrap().outbox_pending == 0).await;
     relay.abort();
     s.stop().await;
 }
@@ -581,9 +600,9 @@ async fn the_inbox_the_business_change_and_the_outbox_survive_reopening() {
         let mut s = Service::start(dir.path()).await;
         let fwd = s.forward(take("8.0.f", 3)).await;
         let failed = s.forward(take("8.1.f", 30)).await;
-        let seq = s.store.pending_events(10).unwrap()[0].0;
+        assert_eq!(s.store.stats().unwrap().outbox_pending, 1);
         s.stop().await;
-        (fwd, failed, seq)
+        (fwd, failed, 1u64)
     };
     // The server task is gone; the last handle of the store goes with `s`.
     let mut s = Service::start(dir.path()).await;
@@ -593,16 +612,14 @@ async fn the_inbox_the_business_change_and_the_outbox_survive_reopening() {
     assert_eq!(s.forward(take("8.1.f", 30)).await, failed);
     assert_eq!(s.forwards(), 0, "the handler did not run again");
     assert_eq!(s.stock(), 7);
-    let pending = s.store.pending_events(10).unwrap();
-    assert_eq!(pending.len(), 1, "the event survived");
-    let sink = Sink::default();
-    assert_eq!(participant_sdk::saga::relay_once(s.store.as_ref(), &sink).await, Ok(1));
+    assert_eq!(s.store.stats().unwrap().outbox_pending, 1, "the message survived");
+    let sink = Arc::new(Sink::default());
+    let mut relay = s.store.relay("relay-1", sink.clone(), quick());
+    assert_eq!(relay.run_once().await.unwrap().published, 1);
     assert_eq!(outcome(&s.forward(take("8.2.f", 1)).await), pb::StepOutcome::Ok);
-    let next = s.store.pending_events(10).unwrap();
-    assert!(
-        next[0].0 > seq,
-        "event numbers keep increasing across a reopen: {next:?} after {seq}"
-    );
+    assert_eq!(relay.run_once().await.unwrap().published, 1);
+    let versions: Vec<u64> = sink.seen.lock().unwrap().iter().map(|(v, _)| *v).collect();
+    assert_eq!(versions, [seq, seq + 1], "versions go on across a reopen");
     s.stop().await;
 }
 
