@@ -39,6 +39,7 @@ mod t119_saga_api;
 mod t120_branches;
 mod t121_postgres_branches;
 mod t122_shop_demo;
+mod t123_saga_inventory_postgres;
 mod t20_leader_failover;
 mod t21_full_restart;
 mod t22_crash_loop;
