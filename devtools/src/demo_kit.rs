@@ -64,6 +64,13 @@ pub struct DemoArgs {
     /// killed; the audit reads the three services' data.
     #[arg(long, conflicts_with_all = ["postgres", "tls"])]
     pub saga: bool,
+    /// With --saga: where the inventory service keeps its stock. `auto`
+    /// (the default): in a PostgreSQL database on a server the demo starts
+    /// (and kills with SIGKILL in turn with the services) when the
+    /// PostgreSQL server binaries are installed, else in its sled data
+    /// directory; `postgres` insists on PostgreSQL, `sled` never uses it.
+    #[arg(long, value_enum, default_value_t = crate::demo_saga::InventoryStore::Auto)]
+    pub inventory_store: crate::demo_saga::InventoryStore,
 }
 
 /// A demo's working directory, emptied (recreated) and made absolute, and

@@ -18,6 +18,15 @@
 //! once (at the provider and the sender too), every compensated order holding
 //! no stock and its card never charged, no forward action applied twice.
 //! Exits non-zero if the audit fails.
+//!
+//! The inventory keeps its stock in PostgreSQL (`saga-step-serve --postgres`,
+//! the SDK's `saga_pg` store) on a server the demo starts in a temporary
+//! folder, when the PostgreSQL server binaries are installed
+//! (`--inventory-store auto`, the default; `postgres` insists, `sled` keeps
+//! it in its data directory). PostgreSQL then takes its turn in the kills:
+//! SIGKILL of the postmaster and every backend, started again (crash
+//! recovery) a second later; meanwhile the inventory's calls fail, which the
+//! orchestrator takes as UNKNOWN and settles through Status once it is back.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,6 +47,7 @@ use dtx_client::saga::StartSaga;
 use dtx_client::Client;
 use dtx_client::ClientConfig;
 use dtx_client::ClientError;
+use dtx_pg_server::PgServer;
 use dtx_proto::v1 as pb;
 use dtx_saga_shop::Audit;
 use dtx_saga_shop::OrderInput;
@@ -67,6 +77,21 @@ const CALL_BUDGET: Duration = Duration::from_secs(30);
 const CALL_DEADLINE: Duration = Duration::from_secs(10);
 
 const ROLES: [Role; 3] = [Role::Inventory, Role::Payment, Role::Email];
+
+/// `demo --saga --inventory-store`: where the inventory keeps its stock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum InventoryStore {
+    /// PostgreSQL when its server binaries are installed, else sled.
+    Auto,
+    /// Its sled data directory (the SDK's `saga` store).
+    Sled,
+    /// A PostgreSQL database (the SDK's `saga_pg` store) on a server the
+    /// demo starts; an error when the binaries are missing.
+    Postgres,
+}
+
+/// The database the inventory keeps its stock in.
+const INVENTORY_DB: &str = "inventory";
 
 /// What kind of order a client places.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -213,7 +238,15 @@ fn outside(bin: &Path, dir: &Path, role: OutsideRole) -> anyhow::Result<ServiceP
     Ok(s)
 }
 
-fn service(bin: &Path, dir: &Path, role: Role, outside: &[ServiceProcess]) -> anyhow::Result<ServiceProcess> {
+/// A step service; the inventory on PostgreSQL when `pg` names its
+/// database (a connection string).
+fn service(
+    bin: &Path,
+    dir: &Path,
+    role: Role,
+    outside: &[ServiceProcess],
+    pg: Option<&str>,
+) -> anyhow::Result<ServiceProcess> {
     let port = dtx_testkit::cluster::free_port("127.0.0.1")?;
     let addr = format!("127.0.0.1:{port}");
     let mut args: Vec<std::ffi::OsString> = vec![
@@ -222,9 +255,11 @@ fn service(bin: &Path, dir: &Path, role: Role, outside: &[ServiceProcess]) -> an
         role.as_str().into(),
         "--listen".into(),
         addr.clone().into(),
-        "--data".into(),
-        dir.join(role.as_str()).into(),
     ];
+    match (role, pg) {
+        (Role::Inventory, Some(conn)) => args.extend(["--postgres".into(), conn.into()]),
+        _ => args.extend(["--data".into(), dir.join(role.as_str()).into()]),
+    }
     let more: Vec<String> = match role {
         Role::Inventory => vec!["--skus".into(), SKUS.to_string(), "--stock".into(), STOCK.to_string()],
         Role::Payment => vec!["--provider".into(), outside[0].addr.clone()],
@@ -242,15 +277,38 @@ fn service(bin: &Path, dir: &Path, role: Role, outside: &[ServiceProcess]) -> an
 }
 
 /// Kills a step service with SIGKILL half-way between leader kills (each
-/// role in turn) and starts it again a second later, as a supervisor
-/// would: its inbox must answer the orchestrator's repeats and status
-/// queries after the restart.
+/// role in turn, then PostgreSQL when the inventory is on it) and starts
+/// it again a second later, as a supervisor would: its inbox must answer
+/// the orchestrator's repeats and status queries after the restart.
 struct ServiceKills {
     every: u64,
     next: u64,
     turn: usize,
+    /// The index killed (`ROLES.len()`: PostgreSQL) and when to restart it.
     restart_at: Option<(usize, Instant)>,
     kills: u64,
+    pg_kills: u64,
+}
+
+/// Starts what `ServiceKills` killed: a service, or PostgreSQL (crash
+/// recovery; the blocking restart waits until it accepts connections).
+fn restart_killed(services: &mut [ServiceProcess], pg: Option<&mut PgServer>, i: usize) -> anyhow::Result<String> {
+    match (services.get_mut(i), pg) {
+        (Some(s), _) => {
+            s.start(&[])?;
+            Ok(format!("step service {}", ROLES[i]))
+        }
+        (None, Some(pg)) => {
+            let t = Instant::now();
+            pg.restart()
+                .map_err(|e| anyhow::anyhow!("restarting PostgreSQL: {e}"))?;
+            Ok(format!(
+                "PostgreSQL (crash recovery, accepting connections after {} ms)",
+                t.elapsed().as_millis()
+            ))
+        }
+        (None, None) => Ok(String::new()),
+    }
 }
 
 impl ServiceKills {
@@ -261,34 +319,47 @@ impl ServiceKills {
             turn: 0,
             restart_at: None,
             kills: 0,
+            pg_kills: 0,
         }
     }
 
-    fn tick(&mut self, services: &mut [ServiceProcess], t: u64) -> anyhow::Result<()> {
+    fn tick(&mut self, services: &mut [ServiceProcess], mut pg: Option<&mut PgServer>, t: u64) -> anyhow::Result<()> {
         if let Some((i, at)) = self.restart_at {
             if Instant::now() >= at {
-                services[i].start(&[])?;
-                println!("  t={t:>3}s  step service {} restarted", ROLES[i]);
+                let what = restart_killed(services, pg.as_deref_mut(), i)?;
+                println!("  t={t:>3}s  {what} restarted");
                 self.restart_at = None;
             }
         }
         if t >= self.next && self.restart_at.is_none() {
-            let i = self.turn % services.len();
+            let targets = services.len() + usize::from(pg.is_some());
+            let i = self.turn % targets;
             self.turn += 1;
-            services[i].kill9();
-            self.kills += 1;
-            println!("  t={t:>3}s  kill -9 step service {}", ROLES[i]);
+            match (services.get_mut(i), pg) {
+                (Some(s), _) => {
+                    s.kill9();
+                    self.kills += 1;
+                    println!("  t={t:>3}s  kill -9 step service {}", ROLES[i]);
+                }
+                (None, Some(pg)) => {
+                    let pid = pg.pid().unwrap_or(0);
+                    pg.kill9();
+                    self.pg_kills += 1;
+                    println!("  t={t:>3}s  kill -9 PostgreSQL (pid {pid} and its backends)");
+                }
+                (None, None) => {}
+            }
             self.restart_at = Some((i, Instant::now() + Duration::from_secs(1)));
             self.next = t + self.every;
         }
         Ok(())
     }
 
-    /// Starts the service still down, if any.
-    fn finish(&mut self, services: &mut [ServiceProcess]) -> anyhow::Result<()> {
+    /// Starts what is still down, if anything.
+    fn finish(&mut self, services: &mut [ServiceProcess], pg: Option<&mut PgServer>) -> anyhow::Result<()> {
         if let Some((i, _)) = self.restart_at.take() {
-            services[i].start(&[])?;
-            println!("  step service {} restarted", ROLES[i]);
+            let what = restart_killed(services, pg, i)?;
+            println!("  {what} restarted");
         }
         Ok(())
     }
@@ -555,6 +626,29 @@ fn audit(sagas: &[pb::SagaView], told: &[(u64, String)], a: &Audits) -> Vec<Stri
 
 pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let (dir, bin) = crate::demo_kit::fresh_workdir(&a.dir)?;
+    let on_pg = match a.inventory_store {
+        InventoryStore::Sled => false,
+        InventoryStore::Postgres => true,
+        InventoryStore::Auto => {
+            let present = dtx_pg_server::binaries_present();
+            if !present {
+                println!(
+                    "dtx demo --saga: the PostgreSQL server binaries are not installed (Debian: apt-get install postgresql, or scripts/postgres-deps), so the inventory keeps its stock in its sled data directory"
+                );
+            }
+            present
+        }
+    };
+    let mut pg = if on_pg {
+        let pg = PgServer::start(dtx_pg_server::PgServerOptions::default())
+            .map_err(|e| anyhow::anyhow!("--inventory-store postgres: starting PostgreSQL: {e}"))?;
+        pg.create_database(INVENTORY_DB)
+            .map_err(|e| anyhow::anyhow!("creating database {INVENTORY_DB}: {e}"))?;
+        Some(pg)
+    } else {
+        None
+    };
+    let inventory_conn = pg.as_ref().map(|p| p.conn_string(INVENTORY_DB));
     let plans = ProcessCluster::plan_local("127.0.0.1", 3)?;
     // The audit reads every saga's journal at the end: none may be
     // forgotten before (saga.retention_ms).
@@ -574,13 +668,22 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     }
     let mut services = Vec::new();
     for role in ROLES {
-        services.push(service(&bin, &shop_dir, role, &world)?);
+        services.push(service(&bin, &shop_dir, role, &world, inventory_conn.as_deref())?);
     }
     println!(
         "dtx demo --saga: 3 coordinator nodes, 3 step services (inventory, payment, e-mail busy {FAIL_FIRST_PERCENT}% of the time) and the outside world they call (a payment provider losing {LOSE_REPLIES_PERCENT}% of its replies after charging, an e-mail sender), {} clients, {} s",
         a.clients, a.seconds
     );
     println!("  working directory: {}", dir.display());
+    match &pg {
+        Some(pg) => println!(
+            "  inventory on PostgreSQL: database {INVENTORY_DB} at 127.0.0.1:{} (pid {}, log {}); killed with SIGKILL in turn with the step services",
+            pg.port(),
+            pg.pid().unwrap_or(0),
+            pg.log_path().display()
+        ),
+        None => println!("  inventory on its sled data directory"),
+    }
     let leader = cluster.leader_within(Duration::from_secs(30)).await?;
     for s in &services {
         s.wait_started().await?;
@@ -615,7 +718,7 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         tokio::time::sleep(Duration::from_secs(1)).await;
         let t = started.elapsed().as_secs();
         kills.tick(&mut cluster, t).await?;
-        service_kills.tick(&mut services, t)?;
+        service_kills.tick(&mut services, pg.as_mut(), t)?;
         let leader = cluster.current_leader().await;
         println!("{}", counts.progress(t, leader));
     }
@@ -624,8 +727,9 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         let _ = w.await;
     }
     kills.finish(&mut cluster).await?;
-    service_kills.finish(&mut services)?;
+    service_kills.finish(&mut services, pg.as_mut())?;
     let kills = kills.kills;
+    let pg_kills = service_kills.pg_kills;
     let service_kills = service_kills.kills;
 
     // Every saga ends (or parks) by itself: the orchestrator of whichever
@@ -671,8 +775,15 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         dtx_saga_shop::outside_audit(role, &shop_dir.join(role.audit_role()))
             .with_context(|| format!("the audit of the {}", role.system_name()))
     };
+    let inv = match &inventory_conn {
+        Some(conn) => dtx_saga_shop::pg::audit_pg(conn)
+            .await
+            .context("the audit of inventory (PostgreSQL)")?,
+        None => step_audit(Role::Inventory)?,
+    };
+    drop(pg);
     let all = Audits {
-        inv: step_audit(Role::Inventory)?,
+        inv,
         pay: step_audit(Role::Payment)?,
         mail: step_audit(Role::Email)?,
         provider: outside_audit(OutsideRole::Payment)?,
@@ -693,8 +804,12 @@ pub async fn run(a: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     let forward_dups: u64 = audits.iter().map(|a| a.forward_duplicates_seen).sum();
     println!();
     println!(
-        "summary after {} s, {kills} leader kill(s), {service_kills} step service kill(s):",
+        "summary after {} s, {kills} leader kill(s), {service_kills} step service kill(s), {pg_kills} PostgreSQL kill(s):",
         a.seconds
+    );
+    println!(
+        "  inventory store           {}",
+        if inventory_conn.is_some() { "PostgreSQL" } else { "sled" }
     );
     println!(
         "  sagas started             {} (clients were told {}; {} start(s) not answered)",

@@ -52,10 +52,12 @@ enum Cmd {
     /// `demo --postgres`).
     ShopServe(dtx_shop::ShopServeArgs),
     /// Run one step service of the order saga (the saga example: inventory,
-    /// payment or email) until SIGTERM.
+    /// payment or email) until SIGTERM; the inventory on PostgreSQL with
+    /// --postgres.
     SagaStepServe(dtx_saga_shop::StepServeArgs),
-    /// Print what a stopped order-saga step service's data directory holds
-    /// (stock, charges, confirmations, duplicates), as JSON.
+    /// Print what a stopped order-saga step service's data directory (or
+    /// the inventory's PostgreSQL database, --postgres) holds (stock,
+    /// charges, confirmations, duplicates), as JSON.
     SagaStepAudit(dtx_saga_shop::StepAuditArgs),
     /// Run the order saga's outside world: the payment provider or the
     /// e-mail sender the step services call (idempotency keys, a status
@@ -107,7 +109,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::BankServe(a) => dtx_bank::serve(a, shutdown_signal()).await,
         Cmd::ShopServe(a) => dtx_shop::serve(a, shutdown_signal()).await,
         Cmd::SagaStepServe(a) => saga_shop::serve(a).await,
-        Cmd::SagaStepAudit(a) => saga_shop::audit(a),
+        Cmd::SagaStepAudit(a) => saga_shop::audit(a).await,
         Cmd::OutsideServe(a) => saga_shop::serve_outside(a).await,
         Cmd::OutsideAudit(a) => saga_shop::audit_outside(a),
         Cmd::BankAudit { postgres, json, .. } if !postgres.is_empty() => {

@@ -9,11 +9,23 @@ pub async fn serve(a: dtx_saga_shop::StepServeArgs) -> anyhow::Result<()> {
     dtx_saga_shop::serve(a, dtx_cli::shutdown_signal()).await
 }
 
-/// Prints the audit of a stopped service's data directory as JSON on
-/// stdout (its `problems` and `duplicate_forward_actions` say whether it
-/// is clean; the exit code only says whether it could be read).
-pub fn audit(a: dtx_saga_shop::StepAuditArgs) -> anyhow::Result<()> {
-    let audit = dtx_saga_shop::audit(a.role, &a.data)?;
+/// Prints the audit of a stopped service's data directory (or, with
+/// `--postgres`, of the inventory's PostgreSQL database) as JSON on stdout
+/// (its `problems` and `duplicate_forward_actions` say whether it is
+/// clean; the exit code only says whether it could be read).
+pub async fn audit(a: dtx_saga_shop::StepAuditArgs) -> anyhow::Result<()> {
+    let audit = match (&a.postgres, &a.data) {
+        (Some(conn), _) => {
+            anyhow::ensure!(
+                a.role == dtx_saga_shop::Role::Inventory,
+                "--postgres: only the inventory keeps its data in PostgreSQL (not --role {})",
+                a.role
+            );
+            dtx_saga_shop::pg::audit_pg(conn).await?
+        }
+        (None, Some(data)) => dtx_saga_shop::audit(a.role, data)?,
+        (None, None) => anyhow::bail!("--data or --postgres is required"),
+    };
     println!("{}", serde_json::to_string_pretty(&audit)?);
     Ok(())
 }

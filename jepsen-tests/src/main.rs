@@ -114,6 +114,12 @@ enum Cmd {
         /// certificates for the harness's own calls.
         #[arg(long)]
         tls: bool,
+        /// --workload saga: where the inventory service keeps its stock:
+        /// `postgres` (a database on a PostgreSQL server the run starts;
+        /// adds kill-postgres and partition-postgres) or `sled` (its data
+        /// directory, as the other step services).
+        #[arg(long, value_enum, default_value_t = runner::InventoryStore::Postgres)]
+        inventory_store: runner::InventoryStore,
     },
     /// Run the checkers on a history file (JSON lines) and print the
     /// summary (the saga checker for a saga workload's history).
@@ -186,9 +192,10 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
             liveness_bound_ms,
             settle_s,
             tls,
+            inventory_store,
         } => {
             let faults = nemesis::parse_list(&nemesis).map_err(anyhow::Error::msg)?;
-            let (faults, skipped) = workload.faults(&faults);
+            let (faults, skipped) = workload.faults_with(&faults, inventory_store);
             for note in skipped {
                 println!("jepsen: {note}");
             }
@@ -243,6 +250,7 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
                 liveness_bound_ms,
                 settle_s,
                 tls,
+                inventory_store,
                 command: std::env::args()
                     .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
                     .collect::<Vec<_>>()

@@ -79,6 +79,29 @@ pub enum Workload {
     Branches,
 }
 
+/// Where the saga workload's inventory service keeps its stock
+/// (`--inventory-store`; the other workloads ignore it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum InventoryStore {
+    /// A database on a PostgreSQL server the run starts (`saga-step-serve
+    /// --postgres`, the SDK's `saga_pg` store): the run takes
+    /// `kill-postgres` and `partition-postgres`.
+    #[default]
+    Postgres,
+    /// Its sled data directory (the SDK's `saga` store), as the payment
+    /// and e-mail services.
+    Sled,
+}
+
+impl InventoryStore {
+    pub fn name(self) -> &'static str {
+        match self {
+            InventoryStore::Postgres => "postgres",
+            InventoryStore::Sled => "sled",
+        }
+    }
+}
+
 impl Workload {
     pub fn name(self) -> &'static str {
         match self {
@@ -89,20 +112,33 @@ impl Workload {
         }
     }
 
+    /// The faults this workload can inject (the saga workload with its
+    /// inventory on PostgreSQL, the default), and a note for each one left
+    /// out; see [`Workload::faults_with`].
+    pub fn faults(self, faults: &[Fault]) -> (Vec<Fault>, Vec<String>) {
+        self.faults_with(faults, InventoryStore::default())
+    }
+
     /// The faults this workload can inject, and a note for each one left
     /// out: `kill-postgres` and `partition-postgres` need the PostgreSQL
-    /// server (only the PostgreSQL workload has one). `disk-full` fills a
-    /// node's disk and the disk of what keeps a participant's data: a
-    /// bank's store, or in the PostgreSQL workload the server's.
-    pub fn faults(self, faults: &[Fault]) -> (Vec<Fault>, Vec<String>) {
+    /// server (the PostgreSQL workload has one, and the saga workload when
+    /// its inventory is on PostgreSQL). `disk-full` fills a node's disk and
+    /// the disk of what keeps a participant's data: a bank's store, or in
+    /// the PostgreSQL workload the server's.
+    pub fn faults_with(self, faults: &[Fault], inventory: InventoryStore) -> (Vec<Fault>, Vec<String>) {
+        let saga_pg = inventory == InventoryStore::Postgres;
         let skip = |f: Fault| match (self, f) {
             (Workload::Sled, Fault::KillPostgres) => Some("the sled workload has no PostgreSQL server"),
             (Workload::Branches, Fault::KillPostgres | Fault::PartitionPostgres) => {
                 Some("the branch workload has no PostgreSQL server (its banks are on their own stores)")
             }
-            (Workload::Saga, Fault::KillPostgres) => Some("the saga workload has no PostgreSQL server"),
+            (Workload::Saga, Fault::KillPostgres) if !saga_pg => {
+                Some("the saga workload's inventory is on sled (--inventory-store sled): no PostgreSQL server")
+            }
             (Workload::Sled, Fault::PartitionPostgres) => Some("the sled workload has no PostgreSQL server"),
-            (Workload::Saga, Fault::PartitionPostgres) => Some("the saga workload has no PostgreSQL server"),
+            (Workload::Saga, Fault::PartitionPostgres) if !saga_pg => {
+                Some("the saga workload's inventory is on sled (--inventory-store sled): no PostgreSQL server")
+            }
             (Workload::Saga, Fault::PowerCut) => {
                 Some("the saga workload does not keep its nodes' and step services' data on lossy filesystems")
             }
@@ -148,6 +184,8 @@ pub struct RunOptions {
     /// run's folder, a certificate per node, bank, message proxy and
     /// harness client.
     pub tls: bool,
+    /// The saga workload: where the inventory keeps its stock.
+    pub inventory_store: InventoryStore,
     /// The command line, for the reproduce file.
     pub command: String,
 }
@@ -3088,6 +3126,7 @@ mod tests {
             liveness_bound_ms: 3000,
             settle_s: 30,
             tls: false,
+            inventory_store: InventoryStore::Postgres,
             command: String::new(),
         }
     }
@@ -3157,16 +3196,28 @@ mod tests {
         // Every nemesis: disk-full fills PostgreSQL's disk there.
         assert_eq!(pg, all, "the postgres workload runs every nemesis");
         assert!(notes.is_empty(), "{notes:?}");
-        // The saga workload runs every nemesis but the PostgreSQL ones and
-        // power-cut (its data is not on lossy filesystems).
+        // The saga workload runs every nemesis but power-cut (its data is
+        // not on lossy filesystems); with its inventory on sled, not the
+        // PostgreSQL ones either.
         let (saga, notes) = Workload::Saga.faults(&all);
-        assert!(!saga.contains(&Fault::KillPostgres));
-        assert!(!saga.contains(&Fault::PartitionPostgres));
+        assert!(saga.contains(&Fault::KillPostgres));
+        assert!(saga.contains(&Fault::PartitionPostgres));
         assert!(!saga.contains(&Fault::PowerCut));
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("power-cut skipped"), "{notes:?}");
+        assert_eq!(saga.len(), all.len() - 1);
+        let (saga_sled, notes) = Workload::Saga.faults_with(&all, InventoryStore::Sled);
+        assert!(!saga_sled.contains(&Fault::KillPostgres));
+        assert!(!saga_sled.contains(&Fault::PartitionPostgres));
         assert_eq!(notes.len(), 3);
         assert!(notes[0].starts_with("kill-postgres skipped"), "{notes:?}");
         assert!(notes[2].starts_with("power-cut skipped"), "{notes:?}");
-        assert_eq!(saga.len(), all.len() - 3);
+        assert_eq!(saga_sled.len(), all.len() - 3);
+        // The other workloads do not look at the inventory's store.
+        assert_eq!(
+            Workload::Sled.faults_with(&all, InventoryStore::Sled).0,
+            Workload::Sled.faults(&all).0
+        );
         for f in [
             Fault::CrashPoint,
             Fault::KillParticipant,

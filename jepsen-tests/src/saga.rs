@@ -20,6 +20,12 @@
 //! run meanwhile (see [`crate::runner::Workload::faults`] for those left
 //! out); `crash-point` rotates through the six saga crash points.
 //!
+//! The inventory keeps its stock in PostgreSQL by default
+//! (`--inventory-store postgres`: `saga-step-serve --postgres`, the SDK's
+//! `saga_pg` store, on a server the run starts as the PostgreSQL workload
+//! does), and the run then takes `kill-postgres` and `partition-postgres`
+//! too; `--inventory-store sled` keeps it in its data directory.
+//!
 //! After the workload: everything healed, a bounded wait (`--settle-s`)
 //! until every saga the cluster holds is COMPLETED, COMPENSATED or PARKED,
 //! the final journals (ListSagas), then the services stopped and audited
@@ -37,6 +43,8 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Context;
+use dtx_pg_server::PgServer;
+use dtx_pg_server::PgServerOptions;
 use dtx_proto::v1 as pb;
 use dtx_proto::v1::saga_service_client::SagaServiceClient;
 use dtx_saga_shop::OrderInput;
@@ -74,6 +82,7 @@ use crate::runner::node_cluster;
 use crate::runner::record_fault;
 use crate::runner::restart_node_with;
 use crate::runner::wait_majority_leader;
+use crate::runner::InventoryStore;
 use crate::runner::Recorder;
 use crate::runner::RunOptions;
 use crate::runner::RunResult;
@@ -131,6 +140,8 @@ struct Gone {
     slot: usize,
     process: ServiceProcess,
     data: PathBuf,
+    /// Its PostgreSQL database (an inventory on PostgreSQL).
+    pg_conn: Option<String>,
     /// Whether its replacement is registered (the definition's next version
     /// names it).
     replaced: bool,
@@ -193,6 +204,18 @@ struct World {
     rec: Recorder,
     /// Services found dead (a crash point) and started again.
     restarts: u64,
+    /// The PostgreSQL server the inventory keeps its stock on
+    /// (`--inventory-store postgres`), one database per inventory instance.
+    pg: Option<PgServer>,
+    /// Each slot's PostgreSQL database (a connection string), when it has
+    /// one.
+    svc_pg: Vec<Option<String>>,
+}
+
+/// The PostgreSQL database of step service instance `name` (`inventory`,
+/// `inventory-2`).
+fn database_of(name: &str) -> String {
+    name.replace('-', "_")
 }
 
 impl World {
@@ -263,6 +286,7 @@ impl World {
         if let Some(n) = &self.net {
             n.heal()?;
         }
+        self.restart_postgres()?;
         let _ = std::fs::remove_file(&self.fp_nodes);
         let _ = std::fs::remove_file(&self.fp_services);
         for id in 1..=3u64 {
@@ -284,18 +308,49 @@ impl World {
     /// A step service process (see [`service_process`]); with `--tls` it
     /// serves TLS with a participant certificate for `addr` (only nodes,
     /// and the proxies standing in for them, may call it).
-    fn step_service(&self, role: &str, name: &str, addr: &str) -> anyhow::Result<(ServiceProcess, PathBuf)> {
+    ///
+    /// The inventory, when the run has PostgreSQL, keeps its stock in a
+    /// database of its own there (created here): the third value.
+    fn step_service(
+        &self,
+        role: &str,
+        name: &str,
+        addr: &str,
+    ) -> anyhow::Result<(ServiceProcess, PathBuf, Option<String>)> {
         let outside = match role {
             "payment" => Some(("--provider", self.world[0].addr.as_str())),
             "email" => Some(("--sender", self.world[1].addr.as_str())),
             _ => None,
         };
-        let (mut process, data) = service_process(&self.bin, &self.svc_dir, role, name, addr, outside);
+        let pg_conn = match (&self.pg, role) {
+            (Some(pg), "inventory") => {
+                let db = database_of(name);
+                pg.create_database(&db)
+                    .map_err(|e| anyhow::anyhow!("creating database {db}: {e}"))?;
+                Some(pg.conn_string(&db))
+            }
+            _ => None,
+        };
+        let (mut process, data) =
+            service_process(&self.bin, &self.svc_dir, role, name, addr, outside, pg_conn.as_deref());
         if let Some(pki) = &self.pki {
             let files = pki.issue(Role::Participant, name, &[addr])?;
             process.add_args(pki.args(&files).to_flags());
         }
-        Ok((process, data))
+        Ok((process, data, pg_conn))
+    }
+
+    /// Starts PostgreSQL again when it is down (crash recovery); the time
+    /// it took to accept connections, or None when it was running.
+    fn restart_postgres(&mut self) -> anyhow::Result<Option<Duration>> {
+        let Some(pg) = self.pg.as_mut() else { return Ok(None) };
+        if pg.is_running() {
+            return Ok(None);
+        }
+        let t = Instant::now();
+        pg.restart()
+            .map_err(|e| anyhow::anyhow!("restarting PostgreSQL: {e}"))?;
+        Ok(Some(t.elapsed()))
     }
 
     /// The message proxy `n` on `listen` in front of the step service at
@@ -336,6 +391,7 @@ enum Undo {
     /// A step service gone for good: register its replacement.
     Replace,
     FreeDisk(Filled),
+    RestartPostgres,
 }
 
 async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Result<(String, Undo)> {
@@ -459,7 +515,29 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             let d = w.disk.as_ref().expect("fill_disk checked");
             (format!("n{} + {}", d.node, ROLES[d.slot]), Undo::FreeDisk(filled))
         }
-        Fault::KillPostgres | Fault::PartitionPostgres | Fault::PowerCut => {
+        Fault::KillPostgres => {
+            let pg = w.pg.as_mut().ok_or_else(|| {
+                anyhow::anyhow!("kill-postgres needs the inventory on PostgreSQL (--inventory-store postgres)")
+            })?;
+            let pid = pg.pid().unwrap_or(0);
+            pg.kill9();
+            (format!("postgres (pid {pid})"), Undo::RestartPostgres)
+        }
+        Fault::PartitionPostgres => {
+            let port = w
+                .pg
+                .as_ref()
+                .ok_or_else(|| {
+                    anyhow::anyhow!("partition-postgres needs the inventory on PostgreSQL (--inventory-store postgres)")
+                })?
+                .port();
+            w.net()?.cut_port(dtx_pg_server::HOST, port)?;
+            (
+                format!("postgres ({}:{port}) x inventory", dtx_pg_server::HOST),
+                Undo::HealNet,
+            )
+        }
+        Fault::PowerCut => {
             anyhow::bail!("{} is not part of the saga workload", f.name())
         }
     })
@@ -515,6 +593,15 @@ async fn stop_fault(w: &mut World, undo: Undo) -> anyhow::Result<String> {
         }
         Undo::Replace => replace_gone(w).await?,
         Undo::FreeDisk(filled) => free_disk(w, filled).await?,
+        Undo::RestartPostgres => {
+            // Crash recovery runs here (this blocks the nemesis, not the
+            // clients); an inventory that exited meanwhile (it gives up
+            // connecting at start after a while) is started again below.
+            match w.restart_postgres()? {
+                Some(t) => format!("restarted, accepting connections after {} ms", t.as_millis()),
+                None => "was running".to_string(),
+            }
+        }
     };
     // The supervisor: whatever died meanwhile (a crash point) is started
     // again.
@@ -605,21 +692,27 @@ fn service_process(
     name: &str,
     addr: &str,
     outside: Option<(&str, &str)>,
+    pg_conn: Option<&str>,
 ) -> (ServiceProcess, PathBuf) {
     let data = svc_dir.join(name);
+    let store: [std::ffi::OsString; 2] = match pg_conn {
+        Some(conn) => ["--postgres".into(), conn.into()],
+        None => ["--data".into(), data.clone().into()],
+    };
     let mut args: Vec<std::ffi::OsString> = vec![
         "saga-step-serve".into(),
         "--role".into(),
         role.into(),
         "--listen".into(),
         addr.into(),
-        "--data".into(),
-        data.clone().into(),
+    ];
+    args.extend(store);
+    args.extend([
         "--skus".into(),
         SKUS.to_string().into(),
         "--stock".into(),
         STOCK.to_string().into(),
-    ];
+    ]);
     if let Some((flag, to)) = outside {
         args.extend([flag.into(), to.into()]);
     }
@@ -673,25 +766,29 @@ fn outside_process(bin: &std::path::Path, dir: &std::path::Path, role: &str, add
 /// the same IP, behind a proxy of its own) starts at once, and is
 /// registered when the fault ends ([`replace_gone`]).
 async fn go_away(w: &mut World, slot: usize) -> anyhow::Result<()> {
-    w.services[slot].kill9();
-    w.proxies[slot].go_away();
     let role = ROLES[slot];
     let ip = w.svc_ips[slot].clone();
     let addr = format!("{ip}:{}", w.base_port + REPLACEMENT_SERVICE_PORT + slot as u16);
     let proxy_addr = format!("{ip}:{}", w.base_port + REPLACEMENT_PROXY_PORT + slot as u16);
     let name = format!("{role}-2");
-    let (process, data) = w.step_service(role, &name, &addr)?;
+    // First (it may create the replacement's database): a failure leaves
+    // the service as it was.
+    let (process, data, pg_conn) = w.step_service(role, &name, &addr)?;
+    w.services[slot].kill9();
+    w.proxies[slot].go_away();
     let seed = w.proxy_seed ^ 0x60_4E ^ slot as u64;
     // Replacements' proxies after the first ones' ids.
     let proxy = w.step_proxy(50 + slot as u64, &proxy_addr, &addr, seed).await?;
     let old = std::mem::replace(&mut w.services[slot], process);
     let old_data = std::mem::replace(&mut w.svc_data[slot], data);
+    let old_pg = std::mem::replace(&mut w.svc_pg[slot], pg_conn);
     w.proxies[slot] = proxy;
     w.proxy_addrs[slot] = proxy_addr;
     w.gone = Some(Gone {
         slot,
         process: old,
         data: old_data,
+        pg_conn: old_pg,
         replaced: false,
     });
     w.restart_services()
@@ -1029,13 +1126,22 @@ fn outside_audit(bin: &std::path::Path, role: &str, data: &std::path::Path) -> R
     serde_json::from_slice(&o.stdout).map_err(|e| format!("audit of the outside {role} unreadable: {e}"))
 }
 
-/// The audit of a stopped step service (`dtx-dev saga-step-audit`).
-fn audit(bin: &std::path::Path, role: &str, data: &std::path::Path) -> Result<dtx_saga_shop::Audit, String> {
-    let o = std::process::Command::new(bin)
-        .args(["saga-step-audit", "--role", role, "--data"])
-        .arg(data)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+/// The audit of a stopped step service (`dtx-dev saga-step-audit`): of
+/// its data directory, or of its PostgreSQL database when `pg_conn` names
+/// one.
+fn audit(
+    bin: &std::path::Path,
+    role: &str,
+    data: &std::path::Path,
+    pg_conn: Option<&str>,
+) -> Result<dtx_saga_shop::Audit, String> {
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(["saga-step-audit", "--role", role]);
+    match pg_conn {
+        Some(conn) => cmd.args(["--postgres", conn]),
+        None => cmd.arg("--data").arg(data),
+    };
+    let o = cmd.output().map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
     if !o.status.success() {
         return Err(format!(
             "saga-step-audit --role {role} failed ({}): {}",
@@ -1088,6 +1194,15 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             "clock-skew needs libfaketime at {LIBFAKETIME} (apt-get install faketime)"
         );
     }
+    let on_pg = o.inventory_store == InventoryStore::Postgres;
+    if on_pg {
+        dtx_pg_server::find_binaries().map_err(|e| {
+            anyhow::anyhow!(
+                "the saga workload keeps its inventory on PostgreSQL (--inventory-store postgres, the default) and \
+                 needs a PostgreSQL server: {e}; --inventory-store sled runs without it"
+            )
+        })?;
+    }
     let (interrupt_tx, interrupt) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
@@ -1138,6 +1253,25 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     };
     let svc_dir = dir.join("step-services");
     std::fs::create_dir_all(&svc_dir)?;
+    // The inventory's PostgreSQL server (its data directory in a temporary
+    // folder, its log copied into step-services/ at the end).
+    let pg = if on_pg {
+        let pg = PgServer::start(PgServerOptions {
+            max_connections: 200,
+            ..PgServerOptions::default()
+        })
+        .map_err(|e| anyhow::anyhow!("starting PostgreSQL: {e}"))?;
+        println!(
+            "jepsen: PostgreSQL on {}:{} (pid {}) for the inventory; log {}",
+            dtx_pg_server::HOST,
+            pg.port(),
+            pg.pid().unwrap_or(0),
+            pg.log_path().display()
+        );
+        Some(pg)
+    } else {
+        None
+    };
     let chaos = Arc::new(Chaos::default());
     let mut w = World {
         cluster,
@@ -1165,6 +1299,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         fp_services: dir.join("failpoint-services"),
         rec: rec.clone(),
         restarts: 0,
+        pg,
+        svc_pg: Vec::new(),
     };
     // The outside world first: the step services name it.
     let world_dir = dir.join("outside");
@@ -1176,11 +1312,12 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     }
     for (i, (role, (ip, port))) in ROLES.iter().zip(&svc_addrs).enumerate() {
         let addr = format!("{ip}:{port}");
-        let (process, data) = w.step_service(role, role, &addr)?;
+        let (process, data, pg_conn) = w.step_service(role, role, &addr)?;
         let listen = format!("{}:{}", proxy_addrs[i].0, proxy_addrs[i].1);
         let proxy = w.step_proxy(i as u64, &listen, &addr, w.proxy_seed ^ i as u64).await?;
         w.services.push(process);
         w.svc_data.push(data);
+        w.svc_pg.push(pg_conn);
         w.proxies.push(proxy);
     }
     if o.faults.contains(&Fault::DiskFull) {
@@ -1189,7 +1326,11 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         disk::unmount_stale(o.base_port);
         let mut rng = StdRng::seed_from_u64(o.seed ^ 0xD15C);
         let node = rng.random_range(1..=3u64);
-        let slot = rng.random_range(0..ROLES.len());
+        // A service with a data directory: not the inventory on
+        // PostgreSQL (whose disk is PostgreSQL's; the postgres workload
+        // fills that one).
+        let first = usize::from(w.svc_pg[0].is_some());
+        let slot = rng.random_range(first..ROLES.len());
         let node_dir = w.cluster.node(node).config.data_dir.clone();
         let node_fs = SmallFs::mount(&node_dir, o.base_port)?;
         let svc_fs = SmallFs::mount(&w.svc_data[slot], o.base_port)?;
@@ -1232,7 +1373,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         "jepsen: 3 nodes, step services {} (payment loses {LOSE_REPLIES_PERCENT}% of its replies, email fails \
          {FAIL_FIRST_PERCENT}% of first tries), outside world {} (the provider loses \
          {PROVIDER_LOSE_REPLIES_PERCENT}% of its replies after charging, the sender {SENDER_LOSE_REPLIES_PERCENT}%), \
-         {} clients, {} s, nemeses [{}], seed {}{}; results in {}",
+         inventory on {}, {} clients, {} s, nemeses [{}], seed {}{}; results in {}",
         w.services
             .iter()
             .zip(&w.proxy_addrs)
@@ -1244,6 +1385,7 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             .map(|s| format!("{}@{}", s.id, s.addr))
             .collect::<Vec<_>>()
             .join(", "),
+        if on_pg { "PostgreSQL" } else { "sled" },
         o.clients,
         o.time_s,
         o.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
@@ -1354,17 +1496,26 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
         s.stop(Duration::from_secs(5));
     }
     // Each slot's service, and the one gone for good (its disk outlived it).
-    let mut audited: Vec<(&str, PathBuf)> = ROLES.iter().copied().zip(w.svc_data.iter().cloned()).collect();
+    let mut audited: Vec<(&str, PathBuf, Option<String>)> = ROLES
+        .iter()
+        .copied()
+        .zip(w.svc_data.iter().cloned())
+        .zip(w.svc_pg.iter().cloned())
+        .map(|((r, d), p)| (r, d, p))
+        .collect();
     if let Some(g) = &w.gone {
-        audited.push((ROLES[g.slot], g.data.clone()));
+        audited.push((ROLES[g.slot], g.data.clone(), g.pg_conn.clone()));
         println!(
             "jepsen: {} gone for good (log {}); its data audited with its replacement's",
             g.process.id,
             g.process.log_path.display()
         );
     }
-    for (role, data) in audited {
-        let (a, error) = match audit(&o.tools_bin, role, &data) {
+    if let Err(e) = w.restart_postgres() {
+        eprintln!("jepsen: {e}");
+    }
+    for (role, data, pg_conn) in audited {
+        let (a, error) = match audit(&o.tools_bin, role, &data, pg_conn.as_deref()) {
             Ok(a) => (Some(a), None),
             Err(e) => {
                 eprintln!("jepsen: {e}");
@@ -1408,6 +1559,12 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
     w.cluster.stop_all(Duration::from_secs(5));
     if let Some(n) = &w.net {
         let _ = n.heal();
+    }
+    if let Some(mut pg) = w.pg.take() {
+        if let Err(e) = std::fs::copy(pg.log_path(), svc_dir.join("postgres.log")) {
+            eprintln!("jepsen: could not copy PostgreSQL's log: {e}");
+        }
+        pg.kill9();
     }
     if o.faults.contains(&Fault::MessageChaos) {
         println!("jepsen: message chaos on step calls: {}", chaos.summary());
@@ -1516,6 +1673,7 @@ fn write_results(
         "seed": o.seed,
         "time_s": o.time_s,
         "tls": o.tls,
+        "inventory_store": o.inventory_store.name(),
         "nemeses": o.faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
         "command": o.command,
         "crash_points": crash_notes,
@@ -1524,9 +1682,10 @@ fn write_results(
     });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&results)?)?;
     let mut summary = format!(
-        "dtx jepsen saga run: seed {}, {} s, nemeses [{}]{}{}\nreproduce: {}\n\n",
+        "dtx jepsen saga run: seed {}, {} s, inventory on {}, nemeses [{}]{}{}\nreproduce: {}\n\n",
         o.seed,
         o.time_s,
+        o.inventory_store.name(),
         o.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
         if o.tls { ", TLS" } else { "" },
         if interrupted { " (interrupted)" } else { "" },

@@ -37,12 +37,18 @@
 //! was applied more than once per order (`duplicate_forward_actions`, must
 //! be 0). Seeded when the data directory is new ([`Seed`]).
 //!
+//! The inventory can keep its stock in PostgreSQL instead ([`pg`], the
+//! SDK's [`participant_sdk::saga_pg`] store, ADR 0020): `saga-step-serve
+//! --role inventory --postgres CONN`, audited with `saga-step-audit --role
+//! inventory --postgres CONN` ([`pg::audit_pg`]) into the same [`Audit`].
+//!
 //! The commands: `dtx-dev saga-step-serve` ([`StepServeArgs`],
 //! [`serve`]), `dtx-dev saga-step-audit` ([`StepAuditArgs`]),
 //! `dtx-dev outside-serve` ([`OutsideServeArgs`], [`serve_outside`])
 //! and `dtx-dev outside-audit` ([`OutsideAuditArgs`]).
 
 pub mod outside;
+pub mod pg;
 pub mod services;
 
 pub use outside::outside_audit;
@@ -226,8 +232,14 @@ pub struct StepServeArgs {
     #[arg(long)]
     pub listen: String,
     /// The service's data directory (created and seeded when new).
-    #[arg(long)]
-    pub data: PathBuf,
+    #[arg(long, required_unless_present = "postgres")]
+    pub data: Option<PathBuf>,
+    /// inventory only: keep the stock in this PostgreSQL database instead
+    /// of a data directory (a tokio-postgres connection string; the tables
+    /// are created and seeded when missing). PostgreSQL out of reach makes
+    /// calls fail (UNKNOWN to the orchestrator), never FAILED.
+    #[arg(long, conflicts_with = "data")]
+    pub postgres: Option<String>,
     /// Lose this percentage of Forward and Compensate replies after
     /// applying the call durably (answering UNAVAILABLE "reply lost").
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
@@ -261,7 +273,8 @@ impl StepServeArgs {
         StepServeArgs {
             role,
             listen: listen.into(),
-            data: data.into(),
+            data: Some(data.into()),
+            postgres: None,
             lose_replies_percent: 0,
             fail_first_percent: 0,
             skus: seed.skus,
@@ -269,6 +282,15 @@ impl StepServeArgs {
             provider: None,
             sender: None,
             tls: Default::default(),
+        }
+    }
+
+    /// The inventory on PostgreSQL at `conn` (no data directory).
+    pub fn new_postgres(listen: &str, conn: &str) -> StepServeArgs {
+        StepServeArgs {
+            data: None,
+            postgres: Some(conn.into()),
+            ..StepServeArgs::new(Role::Inventory, listen, Path::new("-"))
         }
     }
 
@@ -286,8 +308,12 @@ impl StepServeArgs {
 pub struct StepAuditArgs {
     #[arg(long, value_enum)]
     pub role: Role,
-    #[arg(long)]
-    pub data: PathBuf,
+    #[arg(long, required_unless_present = "postgres")]
+    pub data: Option<PathBuf>,
+    /// inventory only: the PostgreSQL database the service keeps its stock
+    /// in (`saga-step-serve --postgres`).
+    #[arg(long, conflicts_with = "data")]
+    pub postgres: Option<String>,
 }
 
 /// A step service wrapper whose Forward and Compensate replies get lost
@@ -522,6 +548,10 @@ pub struct ConfirmationAudit {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Audit {
     pub role: String,
+    /// Where the service keeps its data: empty (its sled data directory)
+    /// or "postgres".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub store: String,
     /// Inbox records: operation ids answered, by kind.
     pub inbox_forward: u64,
     pub inbox_compensate: u64,
@@ -634,6 +664,14 @@ pub async fn serve_listener(
         addr.clone()
             .with_context(|| format!("--role {} needs {flag} (the {what}'s address, `outside-serve`)", a.role))
     };
+    if let Some(conn) = &a.postgres {
+        anyhow::ensure!(
+            a.role == Role::Inventory,
+            "--postgres: only the inventory keeps its data in PostgreSQL (not --role {})",
+            a.role
+        );
+        return run_pg(conn, &a, listener, shutdown).await;
+    }
     match a.role {
         Role::Inventory => run(Inventory, &a, listener, shutdown).await,
         Role::Payment => {
@@ -660,7 +698,11 @@ async fn run<H: ShopService>(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let store = open_store(&a.data, handler, &a.seed()).await?;
+    let data = a
+        .data
+        .as_deref()
+        .context("--data (the service's data directory) is required")?;
+    let store = open_store(data, handler, &a.seed()).await?;
     let guard = participant_sdk::server::Guard {
         tls: a.tls.server().context("TLS of the step service")?,
         node_tokens: a.tls.node_tokens()?,
@@ -678,7 +720,7 @@ async fn run<H: ShopService>(
     tracing::info!(
         role = %a.role,
         listen = %listener.local_addr().map(|x| x.to_string()).unwrap_or_default(),
-        data = %a.data.display(),
+        data = %data.display(),
         lose_replies_percent = a.lose_replies_percent,
         fail_first_percent = a.fail_first_percent,
         outside = a.provider.as_deref().or(a.sender.as_deref()).unwrap_or(""),
@@ -692,4 +734,34 @@ async fn run<H: ShopService>(
         Some(f) => Err(anyhow::anyhow!("{f}")),
         None => Ok(()),
     }
+}
+
+/// The inventory on PostgreSQL ([`pg`]) on `listener` until `shutdown`. A
+/// lost PostgreSQL does not stop it: calls fail (UNKNOWN to the
+/// orchestrator) until the server is back.
+async fn run_pg(
+    conn: &str,
+    a: &StepServeArgs,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let store = pg::open(conn, &a.seed()).await?;
+    let guard = participant_sdk::server::Guard {
+        tls: a.tls.server().context("TLS of the step service")?,
+        node_tokens: a.tls.node_tokens()?,
+    };
+    tracing::info!(
+        role = %a.role,
+        listen = %listener.local_addr().map(|x| x.to_string()).unwrap_or_default(),
+        postgres = %pg::redact(conn),
+        lose_replies_percent = a.lose_replies_percent,
+        "saga step service serving"
+    );
+    let service = LosingReplies::new(
+        participant_sdk::saga_pg::PgStepServer::new(store),
+        a.lose_replies_percent,
+    );
+    participant_sdk::saga::serve_steps_guarded(service, listener, guard, shutdown)
+        .await
+        .context("serving")
 }

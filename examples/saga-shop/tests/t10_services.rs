@@ -531,3 +531,175 @@ fn the_order_saga_definition() {
         (8, 50, 1000)
     );
 }
+
+/// The same inventory calls, in order: reserves (two skus, one out of
+/// stock, one unknown sku), a repeat, releases (OK, a repeat, NOOP for a
+/// released and a never-made reservation), an amend then a STALE release.
+async fn inventory_script(inv: &mut Svc) -> Vec<pb::StepReply> {
+    let o1 = order("o-1", 2, 100);
+    let o2 = OrderInput {
+        sku: "sku-4".into(),
+        ..order("o-2", 3, 100)
+    };
+    let o3 = order("o-3", 1, 100);
+    let mut out = Vec::new();
+    out.push(inv.forward(call("1.0.f", dtx_saga_shop::RESERVE, &o1)).await.unwrap());
+    out.push(inv.forward(call("1.0.f", dtx_saga_shop::RESERVE, &o1)).await.unwrap());
+    out.push(inv.forward(call("2.0.f", dtx_saga_shop::RESERVE, &o2)).await.unwrap());
+    out.push(
+        inv.forward(call("4.0.f", dtx_saga_shop::RESERVE, &order("o-4", 1_000, 1)))
+            .await
+            .unwrap(),
+    );
+    let unknown = OrderInput {
+        sku: "sku-99".into(),
+        ..order("o-5", 1, 1)
+    };
+    out.push(
+        inv.forward(call("5.0.f", dtx_saga_shop::RESERVE, &unknown))
+            .await
+            .unwrap(),
+    );
+    let v2 = out[2].resource_version.clone();
+    out.push(inv.compensate(release("2.0.c", "2.0.f", &v2, &o2)).await);
+    out.push(inv.compensate(release("2.0.c", "2.0.f", &v2, &o2)).await);
+    out.push(inv.compensate(release("2.0.c.2", "2.0.f", &v2, &o2)).await);
+    // A release of a reserve never made: NOOP, and the reserve is fenced.
+    out.push(inv.compensate(release("6.0.c", "6.0.f", "", &order("o-6", 1, 1))).await);
+    out.push(
+        inv.forward(call("6.0.f", dtx_saga_shop::RESERVE, &order("o-6", 1, 1)))
+            .await
+            .unwrap(),
+    );
+    out.push(inv.forward(call("3.0.f", dtx_saga_shop::RESERVE, &o3)).await.unwrap());
+    let v3 = out.last().unwrap().resource_version.clone();
+    out.push(
+        inv.forward(call("3.0.a", dtx_saga_shop::AMEND, &order("o-3", 2, 100)))
+            .await
+            .unwrap(),
+    );
+    out.push(inv.compensate(release("3.0.c", "3.0.f", &v3, &o3)).await);
+    out
+}
+
+/// What a reply says, without what differs between stores by design.
+fn said(r: &pb::StepReply) -> (pb::StepOutcome, String, String, String) {
+    (
+        outcome(r),
+        r.resource_version.clone(),
+        r.reason.clone(),
+        r.residual.clone(),
+    )
+}
+
+/// The inventory on PostgreSQL (`saga-step-serve --postgres`, the SDK's
+/// `saga_pg` store) answers every call as the sled one does, and its audit
+/// reads the same from its tables; PostgreSQL killed with SIGKILL makes a
+/// call an error (UNKNOWN to the orchestrator), never FAILED, and nothing
+/// is recorded until the server is back; the seed is written once. Without
+/// the PostgreSQL server binaries it says so and passes, unless
+/// `DTX_REQUIRE_POSTGRES=1` (CI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inventory_on_postgres_answers_as_the_sled_one_and_a_postgres_kill_is_unknown() {
+    let opts = dtx_pg_server::PgServerOptions {
+        kill_with_parent_thread: true,
+        ..dtx_pg_server::PgServerOptions::default()
+    };
+    let Some(mut pg) = dtx_pg_server::start_or_skip("t10 inventory on PostgreSQL", opts) else {
+        return;
+    };
+    pg.create_database("inventory").unwrap();
+    let conn = pg.conn_string("inventory");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("inv");
+    let mut sled = Svc::start(StepServeArgs::new(Role::Inventory, "-", &data)).await;
+    let on_sled = inventory_script(&mut sled).await;
+    sled.stop().await;
+    let mut inv = Svc::start(StepServeArgs::new_postgres("-", &conn)).await;
+    let on_pg = inventory_script(&mut inv).await;
+    assert_eq!(
+        on_pg.iter().map(said).collect::<Vec<_>>(),
+        on_sled.iter().map(said).collect::<Vec<_>>()
+    );
+    let expected = [
+        pb::StepOutcome::Ok,
+        pb::StepOutcome::Ok,
+        pb::StepOutcome::Ok,
+        pb::StepOutcome::Failed,
+        pb::StepOutcome::Failed,
+        pb::StepOutcome::Ok,
+        pb::StepOutcome::Ok,
+        pb::StepOutcome::Noop,
+        pb::StepOutcome::Noop,
+        pb::StepOutcome::Failed,
+        pb::StepOutcome::Ok,
+        pb::StepOutcome::Ok,
+        pb::StepOutcome::Stale,
+    ];
+    assert_eq!(on_pg.iter().map(outcome).collect::<Vec<_>>(), expected, "{on_pg:#?}");
+    assert_eq!(on_pg[3].reason, "out of stock");
+    assert!(on_pg[12].residual.contains("2 of sku-3"), "{:?}", on_pg[12]);
+
+    // PostgreSQL crashes: a call is an error, not an answer.
+    pg.kill9();
+    let o7 = order("o-7", 1, 1);
+    let st = inv
+        .forward(call("7.0.f", dtx_saga_shop::RESERVE, &o7))
+        .await
+        .expect_err("no answer without PostgreSQL");
+    assert_ne!(st.code(), tonic::Code::Ok);
+    pg.restart().unwrap();
+    let st = inv.status("7.0.f").await;
+    assert!(!st.applied, "nothing recorded while PostgreSQL was down: {st:?}");
+    let r = inv.forward(call("7.0.f", dtx_saga_shop::RESERVE, &o7)).await.unwrap();
+    assert_eq!(outcome(&r), pb::StepOutcome::Ok, "{r:?}");
+    inv.stop().await;
+
+    // Started again with another seed: the stock stays as it is.
+    let mut inv = Svc::start(StepServeArgs {
+        skus: 2,
+        stock: 5,
+        ..StepServeArgs::new_postgres("-", &conn)
+    })
+    .await;
+    assert_eq!(
+        inv.forward(call("7.0.f", dtx_saga_shop::RESERVE, &o7)).await.unwrap(),
+        r
+    );
+    inv.stop().await;
+
+    let a = dtx_saga_shop::pg::audit_pg(&conn).await.unwrap();
+    let s = dtx_saga_shop::audit(Role::Inventory, &data).unwrap();
+    assert_eq!(a.store, "postgres");
+    assert!(a.ok(), "{a:#?}");
+    assert_eq!(a.skus.len(), 10, "{a:#?}");
+    assert_eq!((a.skus["sku-3"].stock, a.skus["sku-3"].reserved), (100 - 2 - 2 - 1, 5));
+    assert!(a.skus.values().all(|s| s.conserved));
+    assert_eq!(a.reservations["o-1"], s.reservations["o-1"]);
+    assert_eq!(a.reservations["o-2"], s.reservations["o-2"]);
+    assert_eq!(a.reservations["o-3"], s.reservations["o-3"]);
+    assert_eq!(
+        (
+            a.reservations["o-2"].reserves_applied,
+            a.reservations["o-2"].releases_applied
+        ),
+        (1, 1)
+    );
+    assert_eq!(a.inbox_forward, s.inbox_forward + 1, "o-7's reserve as well");
+    // The repeats of the script (as on sled), and o-7's after the restart.
+    assert_eq!(a.forward_duplicates_seen, s.forward_duplicates_seen + 1);
+    assert_eq!(a.compensate_duplicates_seen, s.compensate_duplicates_seen);
+
+    // A second reserve of o-1 under another operation id (a broken
+    // orchestrator): applied, and the audit says so.
+    let mut inv = Svc::start(StepServeArgs::new_postgres("-", &conn)).await;
+    let r = inv
+        .forward(call("1.0.f.bis", dtx_saga_shop::RESERVE, &order("o-1", 2, 100)))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&r), pb::StepOutcome::Ok);
+    inv.stop().await;
+    let a = dtx_saga_shop::pg::audit_pg(&conn).await.unwrap();
+    assert_eq!((a.duplicate_forward_actions, a.problems.len()), (1, 0), "{a:#?}");
+    assert!(!a.ok());
+}

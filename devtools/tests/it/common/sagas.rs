@@ -39,6 +39,8 @@ pub struct SagaShop {
     pub env: Vec<Vec<(String, String)>>,
     /// Times a service was found dead and started again.
     pub restarts: usize,
+    /// The inventory's PostgreSQL database, when it keeps its stock there.
+    pub inventory_postgres: Option<String>,
 }
 
 /// Extra flags per role.
@@ -51,6 +53,9 @@ pub struct ShopFlags {
     pub fail_first_percent: u32,
     /// Start only these roles now (the rest with `start_role`).
     pub hold_back: Vec<&'static str>,
+    /// The inventory keeps its stock in this PostgreSQL database
+    /// (`saga-step-serve --postgres`) instead of its data directory.
+    pub inventory_postgres: Option<String>,
 }
 
 impl SagaShop {
@@ -89,9 +94,11 @@ impl SagaShop {
                 role.into(),
                 "--listen".into(),
                 addr.clone().into(),
-                "--data".into(),
-                dir.join(role).into(),
             ];
+            match (role, &flags.inventory_postgres) {
+                ("inventory", Some(conn)) => args.extend(["--postgres".into(), conn.into()]),
+                _ => args.extend(["--data".into(), dir.join(role).into()]),
+            }
             if role == "payment" {
                 args.push("--provider".into());
                 args.push(world[0].addr.clone().into());
@@ -116,6 +123,7 @@ impl SagaShop {
             world,
             env: vec![Vec::new(); 3],
             restarts: 0,
+            inventory_postgres: flags.inventory_postgres.clone(),
         };
         for role in ROLES {
             if !flags.hold_back.contains(&role) {
@@ -188,12 +196,13 @@ impl SagaShop {
     pub fn audit_all(&mut self) -> Vec<dtx_saga_shop::Audit> {
         let mut out = Vec::new();
         let run = |args: &[&str], data: PathBuf| -> dtx_saga_shop::Audit {
-            let o = std::process::Command::new(bin())
-                .args(args)
-                .arg("--data")
-                .arg(&data)
-                .output()
-                .unwrap();
+            let mut cmd = std::process::Command::new(bin());
+            cmd.args(args);
+            match (args.contains(&"inventory"), &self.inventory_postgres) {
+                (true, Some(conn)) => cmd.args(["--postgres", conn]),
+                _ => cmd.arg("--data").arg(&data),
+            };
+            let o = cmd.output().unwrap();
             assert!(o.status.success(), "{args:?}: {}", super::output_text(&o));
             let a: dtx_saga_shop::Audit = serde_json::from_slice(&o.stdout).unwrap();
             assert!(
