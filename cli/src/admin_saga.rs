@@ -193,6 +193,7 @@ pub(crate) struct OperateArgs {
 /// on_failure = ["retry", "compensate"]  # optional: retry | compensate | park
 /// retry = { max_attempts = 5, backoff_initial_ms = 100, backoff_max_ms = 5000 }  # optional
 /// high_impact = false             # optional: its compensation waits for an approval
+/// completion_timeout_ms = 0       # optional: a PENDING forward call parks the saga after this long
 /// ```
 ///
 /// Unknown keys are refused (a misspelt key is an error, not a default).
@@ -225,6 +226,8 @@ pub(crate) struct StepFile {
     pub on_failure: Vec<RecoveryFile>,
     #[serde(default)]
     pub high_impact: bool,
+    #[serde(default)]
+    pub completion_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -319,6 +322,7 @@ impl DefinitionFile {
                         })
                         .collect(),
                     high_impact: s.high_impact,
+                    completion_timeout_ms: s.completion_timeout_ms,
                 })
                 .collect(),
         }

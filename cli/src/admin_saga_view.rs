@@ -166,6 +166,7 @@ pub fn definition_json(d: &pb::SagaDefinition) -> Value {
                 "versioned": s.versioned,
                 "on_failure": s.on_failure.iter().map(|o| recovery_file_name(*o)).collect::<Vec<_>>(),
                 "high_impact": s.high_impact,
+                "completion_timeout_ms": s.completion_timeout_ms,
             });
             if let Some(r) = &s.retry {
                 v["retry"] = json!({

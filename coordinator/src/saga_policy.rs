@@ -114,6 +114,7 @@ mod tests {
             retry: Default::default(),
             on_failure: Vec::new(),
             high_impact: false,
+            completion_timeout_ms: 0,
         };
         Definition {
             name: name.into(),

@@ -126,6 +126,7 @@ pub fn definition_of(d: &pb::SagaDefinition) -> Result<saga::Definition, ApiErro
             retry,
             on_failure,
             high_impact: s.high_impact,
+            completion_timeout_ms: s.completion_timeout_ms,
         });
     }
     let def = saga::Definition {
@@ -160,6 +161,7 @@ pub fn definition_pb(d: &saga::Definition) -> pb::SagaDefinition {
                 }),
                 on_failure: s.on_failure.iter().map(|o| recovery_pb(*o) as i32).collect(),
                 high_impact: s.high_impact,
+                completion_timeout_ms: s.completion_timeout_ms,
             })
             .collect(),
     }

@@ -401,6 +401,7 @@ mod tests {
                 Vec::new()
             },
             high_impact: false,
+            completion_timeout_ms: 0,
         }
     }
 

@@ -1828,6 +1828,7 @@ mod tests {
             retry: RetryPolicy::default(),
             on_failure: vec![],
             high_impact: false,
+            completion_timeout_ms: 0,
         };
         let def = Definition {
             name: "shop".into(),
@@ -2012,6 +2013,7 @@ mod tests {
                 retry: RetryPolicy::default(),
                 on_failure: vec![],
                 high_impact: false,
+                completion_timeout_ms: 0,
             }],
         };
         let journal = |seq: u64, event: JournalEvent| {

@@ -7,7 +7,8 @@
 //! - a step that answers PENDING holds the saga, across a leader kill,
 //!   until it is completed by operation id (a wrong id refused, the same
 //!   completion again harmless); a cancel of a PENDING step compensates it
-//!   and a late completion is refused;
+//!   and a late completion is refused; past a step's completion timeout
+//!   the saga parks, and a late completion still ends the step;
 //! - a high-impact compensation waits for an operator's approval, and
 //!   nothing is undone before it;
 //! - the node's configured policy rules (`saga.policy_rules`): a failure
@@ -149,6 +150,7 @@ impl LabService {
             }),
             on_failure: vec![],
             high_impact: false,
+            completion_timeout_ms: 0,
         }
     }
 }
@@ -302,6 +304,52 @@ async fn t123_outputs_reach_later_steps_and_a_pending_step_waits_for_its_complet
         .await
         .unwrap_err();
     assert!(matches!(e, ClientError::FailedPrecondition(_)), "{e}");
+
+    // A completion timeout: past it the saga parks for an operator, and
+    // a late completion still ends the step.
+    let mut approval = lab.step("approval", Compensable, "withdraw");
+    approval.completion_timeout_ms = 500;
+    let timed = definition(
+        "timed",
+        vec![
+            lab.step("reserve", Compensable, "release"),
+            approval,
+            lab.step("charge", Pivot, ""),
+        ],
+    );
+    client.register_saga_definition(&timed).await.unwrap();
+    let t = client
+        .start_saga(&StartSaga::new("timed", 1, "timed-1", b"{}".to_vec()))
+        .await
+        .unwrap()
+        .saga_id;
+    let v = wait_for(&client, t, Duration::from_secs(30), "parked past its timeout", |v| {
+        sagas::state(v) == pb::SagaState::Parked
+    })
+    .await;
+    assert!(
+        v.parked_reason.contains("completion_timeout_ms = 500"),
+        "{}",
+        v.parked_reason
+    );
+    let op = lab.forward_operation(t, 1);
+    client
+        .complete_step(
+            t,
+            1,
+            &op,
+            StepEnd::Ok {
+                output: b"late".to_vec(),
+            },
+            "ann",
+        )
+        .await
+        .unwrap();
+    ends(&client, t, SagaEnd::Completed).await;
+    assert_eq!(
+        lab.get("charged", t).as_deref(),
+        Some(format!("0:reserve=r-{t};1:approval=late").as_str())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -148,6 +148,7 @@ pub fn order_saga_definition(inventory: &str, payment: &str, email: &str) -> pb:
             retry,
             on_failure: vec![],
             high_impact: false,
+            completion_timeout_ms: 0,
         }
     };
     pb::SagaDefinition {

@@ -117,6 +117,10 @@ pub struct StepDef {
     /// approved it (an operator's APPROVE, recorded with who and why).
     /// COMPENSABLE steps only.
     pub high_impact: bool,
+    /// How long a forward call that answered PENDING may wait for its
+    /// completion before the saga parks for an operator; 0: no limit (the
+    /// saga's deadline, if any, still applies before the pivot).
+    pub completion_timeout_ms: u64,
 }
 
 impl StepDef {

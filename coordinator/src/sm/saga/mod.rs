@@ -1015,6 +1015,11 @@ impl SagaBook {
                     } else {
                         c.attempts = 0;
                     }
+                    // A PENDING call waits again, its completion timeout
+                    // counted from now.
+                    if c.outcome() == CallOutcome::Pending {
+                        c.outcome_at_ms = now_ms;
+                    }
                 }
             }
             OperatorAction::Skip => {
@@ -1142,7 +1147,12 @@ impl SagaBook {
                 ),
             ));
         }
-        if rec.state != SagaState::Running || rec.current != step {
+        // Waiting at the step: RUNNING, or PARKED from running there (its
+        // completion timeout passed: a late completion still ends it).
+        let waiting = rec.current == step
+            && (rec.state == SagaState::Running
+                || (rec.state == SagaState::Parked && rec.parked_from == Some(SagaState::Running)));
+        if !waiting {
             return Err(SagaError::WrongState {
                 saga_id: id,
                 state: rec.state.name().into(),
@@ -1167,6 +1177,11 @@ impl SagaBook {
         }
         let def = self.definition_of(rec)?;
         let mut r = rec.clone();
+        if r.state == SagaState::Parked {
+            r.state = SagaState::Running;
+            r.parked_reason.clear();
+            r.parked_from = None;
+        }
         let c = r.steps[step as usize].forward.as_mut().expect("checked above");
         c.record(reply, now_ms);
         c.completed_by = who.to_string();

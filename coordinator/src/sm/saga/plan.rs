@@ -93,8 +93,22 @@ pub fn next(r: &SagaRecord, def: &Definition, fresh: bool, now_ms: u64, policy: 
             Some((CallOutcome::Intended, _)) if fresh => Move::CallForward { step },
             // Accepted, completed later by operation id (`Complete`):
             // nothing to do until then (a cancel or the deadline may still
-            // turn the saga back).
-            Some((CallOutcome::Pending, _)) => Move::Idle,
+            // turn the saga back), unless the step's completion timeout
+            // passed: then an operator decides.
+            Some((CallOutcome::Pending, _)) => {
+                let since = j.forward.as_ref().map_or(0, |c| c.outcome_at_ms);
+                let limit = sd.completion_timeout_ms;
+                if limit > 0 && now_ms >= since.saturating_add(limit) {
+                    Move::Journal(JournalEvent::Park {
+                        reason: format!(
+                            "step {step} ({:?}) answered PENDING at {since} ms and was not completed within completion_timeout_ms = {limit} ms: complete it (saga complete-step), cancel the saga, or retry to wait again",
+                            sd.name
+                        ),
+                    })
+                } else {
+                    Move::Idle
+                }
+            }
             Some((CallOutcome::Intended | CallOutcome::Unknown, _)) => Move::QueryForward { step },
             Some((CallOutcome::Failed, attempts)) => {
                 let registered = sd.recovery();

@@ -36,6 +36,7 @@ fn step(name: &str, kind: StepKind) -> StepDef {
         retry: RetryPolicy::default(),
         on_failure: Vec::new(),
         high_impact: false,
+        completion_timeout_ms: 0,
     }
 }
 
@@ -3116,4 +3117,57 @@ fn a_high_impact_mark_on_a_step_without_a_compensation_is_refused() {
         "{}",
         refusal(&d)
     );
+}
+
+#[test]
+fn a_pending_step_past_its_completion_timeout_parks_and_a_late_completion_still_ends_it() {
+    let d = with_step(def_of(&[C, C, P]), 1, |s| s.completion_timeout_ms = 5_000);
+    let mut h = H::new(&[&d]);
+    let id = h.start(&d, "k");
+    h.forward(id, 0, CallOutcome::Ok);
+    h.forward(id, 1, CallOutcome::Pending);
+    let since = fwd(&h.rec(id), 1).outcome_at_ms;
+    h.now = since + 4_999;
+    assert_eq!(h.plan(id, false), Move::Idle, "within its timeout it waits");
+    h.now = since + 5_000;
+    let Move::Journal(ev @ JournalEvent::Park { .. }) = h.plan(id, false) else {
+        panic!("past its timeout it parks: {:?}", h.plan(id, false))
+    };
+    assert_eq!(h.ok(id, ev), SagaState::Parked);
+    assert!(
+        h.rec(id).parked_reason.contains("completion_timeout_ms = 5000"),
+        "{}",
+        h.rec(id).parked_reason
+    );
+    // A retry waits again, the timeout counted from the retry.
+    assert!(h
+        .operate(id, OperatorAction::Retry, "ops", "the approver is back")
+        .is_ok());
+    let retried = h.rec(id);
+    assert_eq!(retried.state, SagaState::Running);
+    assert_eq!(fwd(&retried, 1).outcome(), CallOutcome::Pending);
+    assert_eq!(h.plan(id, false), Move::Idle);
+    // Parked by the timeout again, a late completion ends the wait and
+    // the saga goes on.
+    h.now += 5_000;
+    let Move::Journal(ev) = h.plan(id, false) else { panic!() };
+    h.ok(id, ev);
+    let op = fwd(&h.rec(id), 1).operation_id;
+    assert!(matches!(
+        h.complete(id, 1, &op, ok_with(b"approved late"), "ann"),
+        Ok(SagaOk::Completed {
+            changed: true,
+            state: SagaState::Running
+        })
+    ));
+    let r = h.rec(id);
+    assert_eq!((r.current, r.parked_reason.as_str(), r.parked_from), (2, "", None));
+    // Without a timeout a PENDING step waits however long it takes.
+    let d2 = def_of(&[C, C, P]);
+    let mut h2 = H::new(&[&d2]);
+    let id2 = h2.start(&d2, "k2");
+    h2.forward(id2, 0, CallOutcome::Ok);
+    h2.forward(id2, 1, CallOutcome::Pending);
+    h2.now += 365 * 24 * 3_600_000;
+    assert_eq!(h2.plan(id2, false), Move::Idle);
 }
