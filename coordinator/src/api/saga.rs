@@ -44,6 +44,15 @@ impl SagaApi {
     pub fn new(ctx: Arc<NodeCtx>, orchestrator: Arc<Orchestrator>) -> Self {
         SagaApi { ctx, orchestrator }
     }
+
+    /// `out`, after waking the orchestrator when it is a success (a saga
+    /// started, resumed or completed a step: no need to wait for a scan).
+    fn kicked<T>(&self, out: Result<T, Status>) -> Result<T, Status> {
+        if out.is_ok() {
+            self.orchestrator.kick();
+        }
+        out
+    }
 }
 
 fn unexpected(ok: CommandOk) -> ApiError {
@@ -615,10 +624,7 @@ impl SagaService for SagaApi {
             |ch, r| async move { SagaServiceClient::new(ch).complete_step(r).await },
         )
         .await;
-        if out.is_ok() {
-            self.orchestrator.kick();
-        }
-        out
+        self.kicked(out)
     }
 
     async fn register_definition(
@@ -646,10 +652,7 @@ impl SagaService for SagaApi {
             |ch, r| async move { SagaServiceClient::new(ch).start_saga(r).await },
         )
         .await;
-        if out.is_ok() {
-            self.orchestrator.kick();
-        }
-        out
+        self.kicked(out)
     }
 
     async fn get_saga(&self, req: Request<pb::GetSagaRequest>) -> Result<Response<pb::SagaView>, Status> {
@@ -687,10 +690,7 @@ impl SagaService for SagaApi {
             |ch, r| async move { SagaServiceClient::new(ch).operate_saga(r).await },
         )
         .await;
-        if out.is_ok() {
-            self.orchestrator.kick();
-        }
-        out
+        self.kicked(out)
     }
 
     async fn list_definitions(

@@ -433,6 +433,25 @@ impl Pick {
             ta: rng.random_range(0..accounts),
         }
     }
+
+    /// The two banks' indexes and their work as payloads (`account:delta`
+    /// on each bank's account prefix, `banks` as [`transfer`] takes
+    /// them): (from, to, debit, credit).
+    fn payloads(&self, banks: &[(String, String, String)]) -> (usize, usize, String, String) {
+        let Pick {
+            from,
+            to,
+            amount,
+            fa,
+            ta,
+        } = self;
+        (
+            *from,
+            *to,
+            format!("{}{fa}:-{amount}", banks[*from].2),
+            format!("{}{ta}:{amount}", banks[*to].2),
+        )
+    }
 }
 
 /// One transfer as [`transfer`] makes it, but in the client's own steps
@@ -448,19 +467,11 @@ pub async fn transfer_interactive(
     banks: &[(String, String, String)],
     accounts: usize,
 ) -> (Option<u64>, Result<TxOutcome, ClientError>) {
-    let Pick {
-        from,
-        to,
-        amount,
-        fa,
-        ta,
-    } = Pick::random(banks.len(), accounts);
+    let (from, to, debit, credit) = Pick::random(banks.len(), accounts).payloads(banks);
     let began = match client.begin(key, 10_000, b"transfer").await {
         Ok(b) => b,
         Err(e) => return (None, Err(e)),
     };
-    let debit = format!("{}{fa}:-{amount}", banks[from].2);
-    let credit = format!("{}{ta}:{amount}", banks[to].2);
     let enlist = |i: usize, payload: String| {
         let (id, address) = (banks[i].0.clone(), banks[i].1.clone());
         async move { client.enlist(began.txid, &id, &address, payload.as_bytes()).await }
@@ -483,15 +494,7 @@ pub async fn transfer(
     banks: &[(String, String, String)],
     accounts: usize,
 ) -> (Option<u64>, Result<TxOutcome, ClientError>) {
-    let Pick {
-        from,
-        to,
-        amount,
-        fa,
-        ta,
-    } = Pick::random(banks.len(), accounts);
-    let debit = format!("{}{fa}:-{amount}", banks[from].2);
-    let credit = format!("{}{ta}:{amount}", banks[to].2);
+    let (from, to, debit, credit) = Pick::random(banks.len(), accounts).payloads(banks);
     // Both participants are known up front: one BeginAndCommit call (one
     // Raft write for begin, enlistment and the commit request).
     let spec = |i: usize, payload: String| ParticipantSpec {
