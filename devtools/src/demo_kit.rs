@@ -69,8 +69,20 @@ pub struct DemoArgs {
     /// (and kills with SIGKILL in turn with the services) when the
     /// PostgreSQL server binaries are installed, else in its sled data
     /// directory; `postgres` insists on PostgreSQL, `sled` never uses it.
-    #[arg(long, value_enum, default_value_t = crate::demo_saga::InventoryStore::Auto)]
-    pub inventory_store: crate::demo_saga::InventoryStore,
+    #[arg(long, value_enum, default_value_t = InventoryStore::Auto)]
+    pub inventory_store: InventoryStore,
+}
+
+/// `demo --saga --inventory-store`: where the inventory keeps its stock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum InventoryStore {
+    /// PostgreSQL when its server binaries are installed, else sled.
+    Auto,
+    /// Its sled data directory (the SDK's `saga` store).
+    Sled,
+    /// A PostgreSQL database (the SDK's `saga_pg` store) on a server the
+    /// demo starts; an error when the binaries are missing.
+    Postgres,
 }
 
 /// A demo's working directory, emptied (recreated) and made absolute, and

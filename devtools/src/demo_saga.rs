@@ -57,6 +57,7 @@ use dtx_testkit::cluster::ProcessCluster;
 use dtx_testkit::cluster::ServiceProcess;
 
 use crate::demo_kit::DemoArgs;
+use crate::demo_kit::InventoryStore;
 use crate::demo_kit::LeaderKills;
 
 /// The payment provider loses this share of its replies (after charging).
@@ -77,18 +78,6 @@ const CALL_BUDGET: Duration = Duration::from_secs(30);
 const CALL_DEADLINE: Duration = Duration::from_secs(10);
 
 const ROLES: [Role; 3] = [Role::Inventory, Role::Payment, Role::Email];
-
-/// `demo --saga --inventory-store`: where the inventory keeps its stock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum InventoryStore {
-    /// PostgreSQL when its server binaries are installed, else sled.
-    Auto,
-    /// Its sled data directory (the SDK's `saga` store).
-    Sled,
-    /// A PostgreSQL database (the SDK's `saga_pg` store) on a server the
-    /// demo starts; an error when the binaries are missing.
-    Postgres,
-}
 
 /// The database the inventory keeps its stock in.
 const INVENTORY_DB: &str = "inventory";
