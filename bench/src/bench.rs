@@ -573,32 +573,27 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         // CPU time summed over every process of the run: the three nodes,
         // the two banks and this client.
         let (bank_list, meter) = crate::closed_loop::banks_and_meter(&banks, &cluster.nodes);
-        transfer_rows = measure_transfers(
-            &watch,
-            None,
-            bank_list,
-            &meter,
-            &a.transfer_clients,
-            Duration::ZERO,
-            measured,
-            a.rounds,
-            raw.per_sec,
-            "transfers",
-            "xfer",
-        )
-        .await;
-        if a.branches {
-            let specs = banks.iter().map(|b| b.spec()).collect();
-            let interactive = measure_transfers(
+        // Every shape on the same cluster, banks, meter and levels.
+        let measure = |shape: crate::closed_loop::BankList, label: &'static str, key_prefix: &'static str| {
+            measure_transfers(
                 &watch,
                 None,
-                std::sync::Arc::new(crate::closed_loop::Shape::Interactive(specs)),
+                shape,
                 &meter,
                 &a.transfer_clients,
                 Duration::ZERO,
                 measured,
                 a.rounds,
                 raw.per_sec,
+                label,
+                key_prefix,
+            )
+        };
+        transfer_rows = measure(bank_list, "transfers", "xfer").await;
+        if a.branches {
+            let specs = banks.iter().map(|b| b.spec()).collect();
+            let interactive = measure(
+                std::sync::Arc::new(crate::closed_loop::Shape::Interactive(specs)),
                 "transfers in the client's steps (Begin, Enlist, Commit)",
                 "steps",
             )
@@ -607,16 +602,8 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|(prefix, app)| dtx_bank::branch::BranchBank::new(prefix, app))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let branches = measure_transfers(
-                &watch,
-                None,
+            let branches = measure(
                 std::sync::Arc::new(crate::closed_loop::Shape::Branches(list)),
-                &meter,
-                &a.transfer_clients,
-                Duration::ZERO,
-                measured,
-                a.rounds,
-                raw.per_sec,
                 "transfers as branches",
                 "branch",
             )

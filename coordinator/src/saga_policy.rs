@@ -65,13 +65,12 @@ impl RuleSet {
     }
 }
 
+/// The option a rule names (`Recovery::name`; the configuration checked
+/// the names against `config::SAGA_RECOVERY_NAMES`).
 fn recovery_named(name: &str) -> Option<Recovery> {
-    match name {
-        "RETRY" => Some(Recovery::Retry),
-        "COMPENSATE" => Some(Recovery::Compensate),
-        "PARK" => Some(Recovery::Park),
-        _ => None,
-    }
+    [Recovery::Retry, Recovery::Compensate, Recovery::Park]
+        .into_iter()
+        .find(|r| r.name() == name)
 }
 
 impl RecoveryPolicy for RuleSet {

@@ -168,7 +168,7 @@ impl FailureLatch {
 /// durable together with the log record, or not at all.
 #[derive(Default, Debug)]
 pub struct Staged {
-    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ops: StagedOps,
     /// Why the resource votes NO (`refuse`).
     reason: Option<String>,
 }
@@ -206,7 +206,7 @@ impl Staged {
     /// `Some(None)` removed, `None` untouched (the outbox and inbox read
     /// their own writes of the same call through it).
     pub(crate) fn latest(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.ops.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_deref())
+        latest_in(&self.ops, key)
     }
 
     /// Adds `other`'s writes after this batch's.
@@ -216,10 +216,7 @@ impl Staged {
 
     /// How many keys starting with `prefix` this batch sets so far.
     pub(crate) fn count_set_with_prefix(&self, prefix: &[u8]) -> usize {
-        self.ops
-            .iter()
-            .filter(|(k, v)| v.is_some() && k.starts_with(prefix))
-            .count()
+        count_set_in(&self.ops, prefix)
     }
 
     /// Adds the staged writes, on the resource's key space, to `overlay`.
@@ -233,6 +230,21 @@ impl Staged {
     fn into_batch(self) -> KvBatch {
         self.ops.into_iter().map(|(k, v)| (data_key(&k), v)).collect()
     }
+}
+
+/// Staged writes in order: a key and its new value, `None` to remove it
+/// (the participant store's `Staged`, the saga step store's `StepStaged`).
+pub(crate) type StagedOps = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+/// What `ops` wrote last for `key`: `Some(Some(v))` set, `Some(None)`
+/// removed, `None` untouched.
+pub(crate) fn latest_in<'a>(ops: &'a StagedOps, key: &[u8]) -> Option<Option<&'a [u8]>> {
+    ops.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_deref())
+}
+
+/// How many keys starting with `prefix` `ops` sets.
+pub(crate) fn count_set_in(ops: &StagedOps, prefix: &[u8]) -> usize {
+    ops.iter().filter(|(k, v)| v.is_some() && k.starts_with(prefix)).count()
 }
 
 /// A key and its value.

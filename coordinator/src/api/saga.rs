@@ -348,6 +348,17 @@ async fn register(
     }
 }
 
+/// The view of saga `id` as applied here, after `what` (a write this
+/// leader proposed, so its record is applied here).
+fn view_after(ctx: &NodeCtx, id: SagaId, what: &str) -> Result<pb::SagaView, ApiError> {
+    let st = ctx.sm.state();
+    let s = st
+        .sagas
+        .get(id)
+        .ok_or_else(|| ApiError::Internal(format!("saga {id} vanished after {what}")))?;
+    Ok(view_pb(s, &st.sagas))
+}
+
 /// The caller's name when it is an authenticated application: it may see
 /// and start only its own sagas (their input and rights are its own).
 /// Operators and nodes see every saga; without authentication, everyone
@@ -521,12 +532,7 @@ async fn operate(
         now_ms: now_ms(),
     };
     propose(ctx, cmd).await?;
-    let st = ctx.sm.state();
-    let s = st
-        .sagas
-        .get(r.saga_id)
-        .ok_or_else(|| ApiError::Internal(format!("saga {} vanished after an operator's action", r.saga_id)))?;
-    Ok(view_pb(s, &st.sagas))
+    view_after(ctx, r.saga_id, "an operator's action")
 }
 
 /// `CompleteStep`: the end of a PENDING forward call. `app`: the caller
@@ -603,12 +609,7 @@ async fn complete(
         now_ms: now_ms(),
     };
     propose(ctx, cmd).await?;
-    let st = ctx.sm.state();
-    let s = st
-        .sagas
-        .get(r.saga_id)
-        .ok_or_else(|| ApiError::Internal(format!("saga {} vanished after a completion", r.saga_id)))?;
-    Ok(view_pb(s, &st.sagas))
+    view_after(ctx, r.saga_id, "a completion")
 }
 
 #[tonic::async_trait]

@@ -91,7 +91,7 @@ impl<'a> StepView<'a> {
 /// batch, and only when the call answers OK (or PENDING).
 #[derive(Default, Debug)]
 pub struct StepStaged {
-    pub(super) ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    pub(super) ops: crate::store::StagedOps,
     pub(super) events: Vec<OutboxMessage>,
 }
 
@@ -115,7 +115,7 @@ impl StepStaged {
     /// What was staged for `key` so far: `None` when nothing, `Some(None)`
     /// when deleted (a handler that writes a key twice reads its own write).
     pub fn staged(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.ops.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_deref())
+        crate::store::latest_in(&self.ops, key)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -266,10 +266,7 @@ impl DataWrite for StepStaged {
     }
 
     fn count_set_with_prefix(&self, prefix: &[u8]) -> usize {
-        self.ops
-            .iter()
-            .filter(|(k, v)| v.is_some() && k.starts_with(prefix))
-            .count()
+        crate::store::count_set_in(&self.ops, prefix)
     }
 
     fn extend(&mut self, other: Self) {
