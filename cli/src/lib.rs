@@ -23,6 +23,7 @@ mod admin_participant;
 mod admin_saga;
 mod admin_view;
 mod backup;
+pub mod conformance;
 mod exit_codes;
 mod log_levels;
 #[cfg(feature = "otel")]
@@ -74,6 +75,12 @@ pub enum NodeCmd {
     /// once per node (same backup, same members), then `serve` each node
     /// without --bootstrap. `--verify` only checks the file and shows it.
     Restore(backup::RestoreArgs),
+    /// The participant conformance kit (docs/conformance.md): drive a
+    /// participant service, in any language, through the protocol's rules
+    /// and report each. Exit codes: 0 every rule passed or was skipped, 1
+    /// one failed, 4 one went unanswered (unknown), 2 usage.
+    #[command(subcommand)]
+    Conformance(conformance::ConformanceCmd),
 }
 
 #[derive(clap::Args)]
@@ -232,6 +239,12 @@ pub fn run_node_command(cmd: NodeCmd) -> anyhow::Result<()> {
         rt.shutdown_timeout(std::time::Duration::from_secs(2));
         std::process::exit(code);
     }
+    if let NodeCmd::Conformance(c) = cmd {
+        let rt = runtime()?;
+        let code = rt.block_on(conformance::run(c));
+        rt.shutdown_timeout(std::time::Duration::from_secs(2));
+        std::process::exit(code);
+    }
     block_on(run_node(cmd))
 }
 
@@ -245,6 +258,7 @@ async fn run_node(cmd: NodeCmd) -> anyhow::Result<()> {
             coordinator::node::run(config, shutdown_signal()).await
         }
         NodeCmd::Admin(_) => unreachable!("admin runs in run_node_command, for its exit code"),
+        NodeCmd::Conformance(_) => unreachable!("conformance runs in run_node_command, for its exit code"),
         NodeCmd::Restore(a) => backup::restore(a).await,
         NodeCmd::Inspect { data_dir } => {
             let v = coordinator::store::inspect(&data_dir)?;

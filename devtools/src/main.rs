@@ -83,6 +83,17 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Print one account's committed balance, read from a running bank's
+    /// own API (`bank-serve --app-listen`): a number, for scripts (the
+    /// conformance kit's `--effect-command`).
+    BankBalance {
+        /// The bank's API address (its --app-listen).
+        #[arg(long)]
+        app: String,
+        /// The account, e.g. a0.
+        #[arg(long)]
+        account: String,
+    },
     /// Run a local three-node cluster on loopback until Ctrl-C.
     Dev(dev::DevArgs),
     /// Measure Decide throughput and latency on a local three-node cluster,
@@ -107,6 +118,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Demo(a) if a.saga => demo_saga::run(a, shutdown_signal()).await,
         Cmd::Demo(a) => demo::run(a, shutdown_signal()).await,
         Cmd::BankServe(a) => dtx_bank::serve(a, shutdown_signal()).await,
+        Cmd::BankBalance { app, account } => {
+            println!("{}", dtx_bank::branch::committed_balance(&app, &account).await?);
+            Ok(())
+        }
         Cmd::ShopServe(a) => dtx_shop::serve(a, shutdown_signal()).await,
         Cmd::SagaStepServe(a) => saga_shop::serve(a).await,
         Cmd::SagaStepAudit(a) => saga_shop::audit(a).await,

@@ -60,11 +60,13 @@
 //!
 //! # Fencing
 //!
-//! The term recorded for a transaction is the gid's while it is prepared
-//! and the row's once decided (raised by later accepted messages); a
-//! message from a lower term is refused ([`Refusal::StaleTerm`]). A Prepare
-//! repeated at a higher term while prepared answers YES but cannot raise
-//! the gid's term (a prepared transaction cannot be changed).
+//! The term recorded for a transaction is, while it is prepared, the gid's
+//! or the higher one a later accepted message raised it to (a prepared
+//! transaction cannot be renamed, so a Prepare repeated at a higher term
+//! writes that term to [`RAISED_TABLE`], kept in memory too, and the row
+//! goes once the decision is applied); once decided, the row's (raised by
+//! later accepted messages). A message from a lower term is refused
+//! ([`Refusal::StaleTerm`]).
 //!
 //! The term floor of an incarnation is the highest term of any message of
 //! it this participant took; a Prepare or CommitOnePhase of a txid with
@@ -160,6 +162,13 @@ pub const LOG_INC_TABLE: &str = "dtx_participant_log_inc";
 
 /// The term floors, one row per (participant, incarnation).
 pub const FLOOR_TABLE: &str = "dtx_participant_term_floor";
+
+/// Terms raised while prepared: a message of a later term than its gid's
+/// accepted for a prepared transaction (a new leader's repeated Prepare),
+/// one row per (participant, incarnation, txid) until the decision. The gid
+/// keeps the Prepare's term (a prepared transaction cannot be renamed), so
+/// the raised term lives here; fencing uses the higher of the two.
+pub const RAISED_TABLE: &str = "dtx_participant_raised_term";
 
 /// The longest participant id: the longest gid, `dtx:v2:`, the id, `:`,
 /// 16 hex digits, `:`, 20 digits, `:` and 20 digits (194 bytes), stays
@@ -437,7 +446,11 @@ impl Row {
 #[derive(Clone, Debug)]
 struct Prepared {
     gid: String,
+    /// The term fencing uses: the gid's, or a later one an accepted
+    /// message raised it to ([`RAISED_TABLE`]).
     term: u64,
+    /// The term in the gid (the Prepare's; the marker row's once committed).
+    gid_term: u64,
 }
 
 /// How PostgreSQL gave up a wait of a handler: its lock timeout (or
@@ -522,13 +535,15 @@ enum Finish {
     Pg(tokio_postgres::Error),
     /// Refused for lack of rights, with the message that says what to do.
     Refused(StoreError),
+    /// Finished, and then the bookkeeping after it failed.
+    Store(StoreError),
 }
 
 impl Finish {
     fn into_store(self, what: &str) -> StoreError {
         match self {
             Finish::Pg(e) => pg_err(what, &e),
-            Finish::Refused(e) => e,
+            Finish::Refused(e) | Finish::Store(e) => e,
         }
     }
 }
@@ -606,6 +621,10 @@ pub struct PgParticipant<H: PgHandler> {
     /// The term floor of each incarnation as last read or written (one
     /// process serves a participant id).
     floors: Mutex<HashMap<u64, u64>>,
+    /// Every row of [`RAISED_TABLE`] of this participant, read at start and
+    /// kept with each write (one process serves a participant id), so the
+    /// usual message reads nothing more.
+    raised: Mutex<HashMap<GlobalTxid, u64>>,
     /// The server's clock at start, in ms: votes prepared before it count as
     /// old for recovery.
     started_ms: i64,
@@ -728,6 +747,14 @@ impl<H: PgHandler> PgParticipant<H> {
                  term bigint NOT NULL,
                  PRIMARY KEY (participant, incarnation));"
         );
+        let ddl_raised = format!(
+            "CREATE TABLE IF NOT EXISTS {RAISED_TABLE} (
+                 participant text NOT NULL,
+                 incarnation bigint NOT NULL,
+                 txid bigint NOT NULL,
+                 term bigint NOT NULL,
+                 PRIMARY KEY (participant, incarnation, txid));"
+        );
         let ddl_branch = format!(
             "CREATE TABLE IF NOT EXISTS {BRANCH_TABLE} (
                  participant text NOT NULL,
@@ -742,6 +769,7 @@ impl<H: PgHandler> PgParticipant<H> {
             (LOG_INC_TABLE, &ddl_inc),
             (FLOOR_TABLE, &ddl_floor),
             (BRANCH_TABLE, &ddl_branch),
+            (RAISED_TABLE, &ddl_raised),
         ] {
             let rights_hint = format!(
                 "the role {user} needs CREATE on the schema to create {table} (or an owner creates it and grants \
@@ -792,6 +820,22 @@ impl<H: PgHandler> PgParticipant<H> {
             }
             started_ms = row.get(1);
         }
+        let raised: HashMap<GlobalTxid, u64> = client
+            .query(
+                &format!("SELECT incarnation, txid, term FROM {RAISED_TABLE} WHERE participant = $1"),
+                &[&opts.participant_id],
+            )
+            .await
+            .map_err(|e| open_err(format!("reading {RAISED_TABLE}: {e}")))?
+            .iter()
+            .map(|r| {
+                let txid = GlobalTxid {
+                    incarnation: r.get::<_, i64>(0) as u64,
+                    txid: r.get::<_, i64>(1) as u64,
+                };
+                (txid, r.get::<_, i64>(2) as u64)
+            })
+            .collect();
         let participant = PgParticipant {
             pool,
             decisions,
@@ -809,6 +853,7 @@ impl<H: PgHandler> PgParticipant<H> {
             id: opts.participant_id,
             locks: TxLocks::default(),
             floors: Mutex::new(HashMap::new()),
+            raised: Mutex::new(raised),
             started_ms,
             lock_timeout: opts.lock_timeout,
             target,
@@ -1030,14 +1075,70 @@ impl<H: PgHandler> PgParticipant<H> {
             let gid: String = r.get(0);
             match self.parse_gid(&gid) {
                 Some((t, term)) if t == txid => {
-                    if best.as_ref().is_none_or(|b| b.term < term) {
-                        best = Some(Prepared { gid, term });
+                    if best.as_ref().is_none_or(|b| b.gid_term < term) {
+                        best = Some(Prepared {
+                            gid,
+                            term,
+                            gid_term: term,
+                        });
                     }
                 }
                 _ => tracing::warn!("ignoring prepared transaction {gid:?}: not a gid of this participant"),
             }
         }
+        if let (Some(p), Some(raised)) = (best.as_mut(), self.raised_term(txid)) {
+            p.term = p.term.max(raised);
+        }
         Ok(best)
+    }
+
+    /// The term `txid` was raised to while prepared, if any.
+    fn raised_term(&self, txid: GlobalTxid) -> Option<u64> {
+        self.raised.lock().expect("raised").get(&txid).copied()
+    }
+
+    /// Raises the term of prepared `txid` to `term` (an accepted message of
+    /// a later term than its gid's), durably before the answer.
+    async fn raise_prepared(&self, c: &Client, txid: GlobalTxid, term: u64) -> Result<(), StoreError> {
+        let st = c
+            .prepare_cached(&format!(
+                "INSERT INTO {RAISED_TABLE} AS r (participant, incarnation, txid, term) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (participant, incarnation, txid) DO UPDATE SET term = GREATEST(r.term, EXCLUDED.term)"
+            ))
+            .await
+            .map_err(|e| pg_err("raising a prepared transaction's term", &e))?;
+        c.execute(
+            &st,
+            &[
+                &self.id,
+                &(txid.incarnation as i64),
+                &(txid.txid as i64),
+                &(term as i64),
+            ],
+        )
+        .await
+        .map_err(|e| pg_err("raising a prepared transaction's term", &e))?;
+        let mut raised = self.raised.lock().expect("raised");
+        let t = raised.entry(txid).or_insert(term);
+        *t = (*t).max(term);
+        Ok(())
+    }
+
+    /// Forgets the raised term of `txid` once its decision is applied (the
+    /// decided row carries the term from then on). A crash before this
+    /// leaves a row whose term no message below it may pass anyway.
+    async fn forget_raised(&self, c: &Client, txid: GlobalTxid) -> Result<(), StoreError> {
+        if self.raised_term(txid).is_none() {
+            return Ok(());
+        }
+        c.execute(
+            &format!("DELETE FROM {RAISED_TABLE} WHERE participant = $1 AND incarnation = $2 AND txid = $3"),
+            &[&self.id, &(txid.incarnation as i64), &(txid.txid as i64)],
+        )
+        .await
+        .map_err(|e| pg_err("forgetting a raised term", &e))?;
+        self.raised.lock().expect("raised").remove(&txid);
+        Ok(())
     }
 
     async fn row(&self, c: &Client, txid: GlobalTxid) -> Result<Option<Row>, StoreError> {
@@ -1204,6 +1305,9 @@ impl<H: PgHandler> PgParticipant<H> {
         let (prepared, row) = tokio::try_join!(self.prepared(c, txid), self.row(c, txid))?;
         if let Some(p) = prepared {
             stale(term, p.term)?;
+            if term > p.term {
+                self.raise_prepared(c, txid, term).await?;
+            }
             return Ok(Answer::new(Reply::Vote(Vote::Yes)));
         }
         if let Some(row) = row {
@@ -1279,7 +1383,11 @@ impl<H: PgHandler> PgParticipant<H> {
         // gid only, so this commits what the look-up below would find. If
         // there is no such gid (another term, already committed, never
         // prepared), PostgreSQL says so and nothing changed: the look-up
-        // decides, as before.
+        // decides, as before. A term raised while prepared fences first
+        // (the gid still carries the older term).
+        if let Some(raised) = self.raised_term(txid) {
+            stale(term, raised)?;
+        }
         match self.finish_prepared(c, txid, &self.gid(txid, term), true).await {
             Ok(()) => {
                 dtx_failpoint::failpoint!("participant_after_decision_before_ack");
@@ -1301,7 +1409,7 @@ impl<H: PgHandler> PgParticipant<H> {
             // The marker committed with the prepare's term; a Commit of a
             // later term raises it (the usual Commit has the same term: no
             // round trip).
-            if term > p.term {
+            if term > p.gid_term {
                 self.raise_term(c, txid, term).await?;
             }
             return Ok(Answer::new(Reply::Ack));
@@ -1484,6 +1592,19 @@ impl<H: PgHandler> PgParticipant<H> {
     /// logged and counted, and the message fails so that the decision is
     /// delivered again (it is never dropped).
     async fn finish_prepared(&self, c: &Client, txid: GlobalTxid, gid: &str, commit: bool) -> Result<(), Finish> {
+        self.finish_prepared_as_owner(c, txid, gid, commit).await?;
+        self.forget_raised(c, txid).await.map_err(Finish::Store)
+    }
+
+    /// COMMIT or ROLLBACK PREPARED `gid`, as the role that prepared it when
+    /// this one may not.
+    async fn finish_prepared_as_owner(
+        &self,
+        c: &Client,
+        txid: GlobalTxid,
+        gid: &str,
+        commit: bool,
+    ) -> Result<(), Finish> {
         let verb = if commit { "COMMIT PREPARED" } else { "ROLLBACK PREPARED" };
         let sql = format!("{verb} {}", literal(gid));
         let e = match c.batch_execute(&sql).await {
@@ -1868,11 +1989,11 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
                 prepared.insert(txid, (term, at, age));
             }
         }
-        let as_prepared = |txid: GlobalTxid, (term, at, _): (u64, i64, i64)| InspectedRecord {
+        let as_prepared = |txid: GlobalTxid, (gid_term, at, _): (u64, i64, i64)| InspectedRecord {
             txid,
             entry: Some(LogEntry {
                 state: LocalState::Prepared { vote: Vote::Yes },
-                term,
+                term: gid_term.max(self.raised_term(txid).unwrap_or(0)),
             }),
             recorded_unix_ms: u64::try_from(at).ok(),
         };

@@ -180,6 +180,59 @@ impl pb::bank_server::Bank for BankApi {
         }
         Ok(Response::new(pb::ChangeReply { balances }))
     }
+
+    async fn balances(&self, req: Request<pb::BalancesRequest>) -> Result<Response<pb::BalancesReply>, Status> {
+        let accounts = req.into_inner().accounts;
+        if accounts.is_empty() || accounts.len() > CHANGES_PER_CALL_MAX {
+            return Err(Status::invalid_argument(format!(
+                "{} accounts asked; ask for 1 to {CHANGES_PER_CALL_MAX}",
+                accounts.len()
+            )));
+        }
+        let mut balances = Vec::with_capacity(accounts.len());
+        for account in accounts {
+            let balance = match &self.accounts {
+                Accounts::Store(store) => crate::balance(&store.view(), &account),
+                Accounts::Postgres(pg) => {
+                    let conn = pg
+                        .pool()
+                        .get()
+                        .await
+                        .map_err(|e| Status::unavailable(format!("PostgreSQL: {e}")))?;
+                    conn.query_opt("SELECT balance FROM accounts WHERE name = $1", &[&account])
+                        .await
+                        .map_err(|e| Status::unavailable(format!("PostgreSQL: {e}")))?
+                        .map(|row| row.get(0))
+                }
+            };
+            let Some(balance) = balance else {
+                return Err(Status::not_found(format!(
+                    "no account {account:?} at {}",
+                    self.who.participant_id
+                )));
+            };
+            balances.push(pb::CommittedBalance { account, balance });
+        }
+        Ok(Response::new(pb::BalancesReply { balances }))
+    }
+}
+
+/// The committed balance of `account` at the bank whose API listens on
+/// `addr` (`bank.v1.Bank.Balances`).
+pub async fn committed_balance(addr: &str, account: &str) -> anyhow::Result<i64> {
+    let api = BranchBank::new("", addr)?.api;
+    let reply = pb::bank_client::BankClient::new(api)
+        .balances(pb::BalancesRequest {
+            accounts: vec![account.to_string()],
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{addr}: {:?}: {}", s.code(), s.message()))?;
+    reply
+        .into_inner()
+        .balances
+        .first()
+        .map(|b| b.balance)
+        .ok_or_else(|| anyhow::anyhow!("{addr} answered no balance for {account:?}"))
 }
 
 /// A bank as a caller of [`transfer_as_branches`] reaches it: its account

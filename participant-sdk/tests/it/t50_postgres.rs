@@ -306,6 +306,68 @@ async fn inv9_stale_term_commit_refused() {
     );
 }
 
+/// A Prepare repeated by a newer leader while prepared raises the term
+/// (the gid keeps the first Prepare's): older terms are refused from then
+/// on, also by a participant started again on the same database; the
+/// decision at the raised term applies once and the raised row goes with
+/// it (the conformance kit's rule `fence.raised`, docs/conformance.md).
+#[tokio::test]
+async fn inv9_a_term_raised_while_prepared_fences_and_survives_a_restart() {
+    use participant_sdk::participant::Participant;
+    let Some((s, p)) = setup().await else { return };
+    let db = participant_sdk::postgres::connect(&s.conn_string(DB)).await.unwrap();
+    let raised_rows = || async {
+        let n: i64 = db
+            .query_one("SELECT count(*) FROM dtx_participant_raised_term", &[])
+            .await
+            .unwrap()
+            .get(0);
+        n
+    };
+    let x: GlobalTxid = 4.into();
+    assert_eq!(
+        p.handle(x, Message::Prepare { term: 5 }, b"alice:+1").await.unwrap(),
+        yes()
+    );
+    assert_eq!(
+        p.handle(x, Message::Prepare { term: 7 }, b"alice:+1").await.unwrap(),
+        yes()
+    );
+    assert_eq!(
+        gids(&p).await,
+        vec![p.gid(4, 5)],
+        "the gid keeps the first Prepare's term"
+    );
+    assert_eq!(raised_rows().await, 1);
+    assert_eq!(
+        refusal(p.handle(x, Message::Commit { term: 6 }, b"").await),
+        Refusal::StaleTerm { got: 6, seen: 7 }
+    );
+    // The fast path's gid (term 5) exists, yet the raised term refuses it.
+    assert_eq!(
+        refusal(p.handle(x, Message::Commit { term: 5 }, b"").await),
+        Refusal::StaleTerm { got: 5, seen: 7 }
+    );
+    drop(p);
+    let p = PgParticipant::connect(opts(&s), Accounts).await.unwrap();
+    assert_eq!(
+        refusal(p.handle(x, Message::Abort { term: 6 }, b"").await),
+        Refusal::StaleTerm { got: 6, seen: 7 }
+    );
+    let entry = p.durable_entry(x).await.unwrap().unwrap();
+    assert_eq!(entry.term, 7, "Inquire shows the raised term");
+    assert_eq!(balance(&p, "alice").await, 100, "nothing applied by the refusals");
+    assert_eq!(p.handle(x, Message::Commit { term: 7 }, b"").await.unwrap(), ack());
+    assert_eq!(balance(&p, "alice").await, 101);
+    assert_eq!(raised_rows().await, 0, "the raised row goes with the decision");
+    assert_eq!(
+        refusal(p.handle(x, Message::Commit { term: 6 }, b"").await),
+        Refusal::StaleTerm { got: 6, seen: 7 }
+    );
+    assert_eq!(p.handle(x, Message::Commit { term: 7 }, b"").await.unwrap(), ack());
+    assert_eq!(balance(&p, "alice").await, 101, "applied once");
+}
+
 #[tokio::test]
 async fn no_vote_carries_the_handlers_reason() {
     let Some((_s, p)) = setup().await else { return };
@@ -694,7 +756,7 @@ async fn startup_refuses_a_role_without_rights_on_the_log_table() {
     s.execute(
         DB,
         "GRANT SELECT, INSERT, UPDATE, DELETE ON dtx_participant_log, dtx_participant_log_inc,
-             dtx_participant_term_floor, dtx_participant_branch TO weak",
+             dtx_participant_term_floor, dtx_participant_branch, dtx_participant_raised_term TO weak",
     )
     .unwrap();
     PgParticipant::connect(weak(&s), Accounts).await.unwrap();

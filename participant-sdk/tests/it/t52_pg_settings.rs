@@ -689,7 +689,7 @@ async fn a_decision_refused_after_a_role_rotation_says_how_to_fix_it_and_applies
         DB,
         "CREATE ROLE svc_v1 LOGIN; CREATE ROLE svc_v2 LOGIN;
          GRANT SELECT, INSERT, UPDATE, DELETE ON accounts, dtx_participant_log, dtx_participant_log_inc,
-             dtx_participant_term_floor, dtx_participant_branch TO svc_v1, svc_v2",
+             dtx_participant_term_floor, dtx_participant_branch, dtx_participant_raised_term TO svc_v1, svc_v2",
     )
     .unwrap();
     let old = PgParticipant::connect(opts_as(&s, DB, "svc_v1"), Work::new())

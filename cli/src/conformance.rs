@@ -1,0 +1,179 @@
+//! `coordinator conformance participant`: the participant conformance kit
+//! (crate dtx-conformance, docs/conformance.md) against a running
+//! participant service in any language. A report per rule, as text or
+//! JSON; the exit status is 0 when every rule passed or was skipped, 1
+//! when one failed, 4 when none failed but a call went unanswered
+//! (unknown), 2 for a wrong command line.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+/// `conformance`'s subcommands.
+#[derive(clap::Subcommand)]
+pub enum ConformanceCmd {
+    /// Drive a ParticipantService through the rules of docs/protocol.md.
+    /// It changes the service's data: run it against a test instance. Its
+    /// transactions are in incarnations of its own (one per rule), so no
+    /// cluster's transaction is touched.
+    Participant(ParticipantArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ParticipantArgs {
+    /// The participant service's address (host:port).
+    #[arg(long)]
+    address: String,
+    /// The participant id it serves as.
+    #[arg(long)]
+    participant_id: String,
+    /// A payload it votes YES on, again after each decision (for example
+    /// the bank's `a0:1`, a deposit of 1). Text; `hex:` for bytes.
+    #[arg(long, value_parser = parse_payload)]
+    yes_payload: Payload,
+    /// A payload it votes NO on (the NO rules are skipped without it).
+    #[arg(long, value_parser = parse_payload)]
+    no_payload: Option<Payload>,
+    /// A payload it votes READ_ONLY on (the READ_ONLY rules are skipped
+    /// without it).
+    #[arg(long, value_parser = parse_payload)]
+    read_only_payload: Option<Payload>,
+    /// A shell command printing, as the last line of its output, a number
+    /// each commit of the YES payload changes by --effect-per-commit (a
+    /// balance): the exactly-once rules read it (skipped without it).
+    #[arg(long)]
+    effect_command: Option<String>,
+    /// How much one commit of the YES payload changes the effect.
+    #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
+    effect_per_commit: i64,
+    /// Run only the rules whose id starts with one of these
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Print the report as one JSON document.
+    #[arg(long)]
+    json: bool,
+    /// How long one call may take before its outcome counts as unknown.
+    #[arg(long, default_value_t = 5_000)]
+    call_timeout_ms: u64,
+    /// TLS and token settings (a node's certificate or token: the kit
+    /// speaks as the coordinator does).
+    #[command(flatten)]
+    tls: dtx_tls::args::TlsArgs,
+}
+
+/// A payload's bytes.
+#[derive(Clone, Debug, PartialEq)]
+struct Payload(Vec<u8>);
+
+/// A payload as given on the command line: text, or `hex:` and hex digits.
+fn parse_payload(s: &str) -> Result<Payload, String> {
+    let Some(hex) = s.strip_prefix("hex:") else {
+        return Ok(Payload(s.as_bytes().to_vec()));
+    };
+    if hex.len() % 2 != 0 {
+        return Err(format!("{s:?}: an odd number of hex digits"));
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(|e| format!("{s:?} is not hex: {e}")))
+        .collect::<Result<Vec<u8>, String>>()
+        .map(Payload)
+}
+
+/// Runs the command; the process exit status.
+pub async fn run(cmd: ConformanceCmd) -> i32 {
+    match cmd {
+        ConformanceCmd::Participant(a) => match participant(a).await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                crate::exit_codes::EXIT_USAGE
+            }
+        },
+    }
+}
+
+async fn participant(a: ParticipantArgs) -> anyhow::Result<i32> {
+    let target = dtx_conformance::Target {
+        address: a.address.clone(),
+        participant_id: a.participant_id.clone(),
+        tls: a.tls.client().context("TLS settings")?,
+        token: a.tls.token().context("token")?,
+        call_timeout: Duration::from_millis(a.call_timeout_ms),
+    };
+    let effect = a.effect_command.map(|command| {
+        Arc::new(dtx_conformance::CommandEffect {
+            command,
+            timeout: Duration::from_secs(30),
+        }) as Arc<dyn dtx_conformance::Effect>
+    });
+    let profile = dtx_conformance::Profile {
+        yes_payload: a.yes_payload.0,
+        no_payload: a.no_payload.map(|p| p.0),
+        read_only_payload: a.read_only_payload.map(|p| p.0),
+        effect,
+        effect_per_commit: a.effect_per_commit,
+    };
+    let unknown: Vec<&String> = a
+        .only
+        .iter()
+        .filter(|o| !dtx_conformance::RULES.iter().any(|r| r.id.starts_with(o.as_str())))
+        .collect();
+    anyhow::ensure!(
+        unknown.is_empty(),
+        "--only {unknown:?} names no rule; the rules: {}",
+        dtx_conformance::RULES
+            .iter()
+            .map(|r| r.id)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let report = dtx_conformance::run(&target, &profile, &a.only).await;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(report.exit_status())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: ConformanceCmd,
+    }
+
+    #[test]
+    fn payloads_are_text_or_hex_and_bad_hex_says_why() {
+        assert_eq!(parse_payload("a0:1"), Ok(Payload(b"a0:1".to_vec())));
+        assert_eq!(parse_payload("hex:00ff"), Ok(Payload(vec![0, 255])));
+        assert!(parse_payload("hex:0").unwrap_err().contains("odd number"));
+        assert!(parse_payload("hex:zz").unwrap_err().contains("is not hex"));
+        let cli = Cli::try_parse_from([
+            "kit",
+            "participant",
+            "--address",
+            "127.0.0.1:1",
+            "--participant-id",
+            "p",
+            "--yes-payload",
+            "hex:01",
+            "--no-payload",
+            "no",
+            "--only",
+            "fence.,effect.",
+        ])
+        .unwrap();
+        let ConformanceCmd::Participant(a) = cli.cmd;
+        assert_eq!(a.yes_payload, Payload(vec![1]));
+        assert_eq!(a.no_payload, Some(Payload(b"no".to_vec())));
+        assert_eq!(a.only, vec!["fence.", "effect."]);
+    }
+}

@@ -1,0 +1,87 @@
+//! The participant conformance kit (docs/conformance.md): drives a running
+//! `dtx.v1.ParticipantService`, written in any language, through the rules
+//! of docs/protocol.md one by one, and reports each rule passed, failed
+//! (with every message sent and received), skipped (the participant does
+//! not serve an optional call, or the profile gives no payload for it) or
+//! unknown (a call got no answer in time: the kit never counts a timeout as
+//! a verdict).
+//!
+//! The kit speaks only the wire contract (no SDK code), in an incarnation
+//! of its own chosen at random per rule, so it touches no transaction of a
+//! real cluster and the rules do not see each other's records. What it
+//! needs to know of the service's business is in a `Profile`: a payload it
+//! votes YES on (and that is valid again after each decision), optionally
+//! one it votes NO on and one it votes READ_ONLY on, and optionally a probe
+//! that reads a number the YES payload's commit changes by a known amount,
+//! for the rules that count applied effects (exactly once).
+//!
+//! ```text
+//! coordinator conformance participant --address 127.0.0.1:7301 \
+//!     --participant-id bank-a --yes-payload a0:1 --no-payload nosuch:1 \
+//!     --effect-command 'dtx-dev bank-balance --app 127.0.0.1:7311 --account a0'
+//! ```
+
+pub mod effect;
+pub mod report;
+mod rules;
+pub mod wire;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use effect::CommandEffect;
+pub use effect::Effect;
+pub use report::Report;
+pub use report::RuleReport;
+pub use report::Verdict;
+pub use rules::RULES;
+
+/// Where the participant under test listens and how to reach it.
+#[derive(Clone)]
+pub struct Target {
+    /// Its `ParticipantService` address (host:port).
+    pub address: String,
+    /// The participant id it serves as (messages name it).
+    pub participant_id: String,
+    /// TLS settings when it serves TLS.
+    pub tls: Option<Arc<dtx_tls::ClientTls>>,
+    /// A bearer token (the node role) when it asks for one.
+    pub token: Option<String>,
+    /// How long one call may take before its outcome counts as unknown.
+    pub call_timeout: Duration,
+}
+
+/// What the kit needs to know of the service's business.
+#[derive(Clone)]
+pub struct Profile {
+    /// A payload the service votes YES on, and again after each decision
+    /// (a deposit of 1, say).
+    pub yes_payload: Vec<u8>,
+    /// A payload it votes NO on (the rules that need one are skipped
+    /// without it).
+    pub no_payload: Option<Vec<u8>>,
+    /// A payload it votes READ_ONLY on.
+    pub read_only_payload: Option<Vec<u8>>,
+    /// Reads the effect of committed YES payloads (the effect rules are
+    /// skipped without it).
+    pub effect: Option<Arc<dyn Effect>>,
+    /// How much one commit of `yes_payload` changes what `effect` reads.
+    pub effect_per_commit: i64,
+}
+
+/// Runs every rule (or those whose id starts with one of `only`, when
+/// given) against `target`, one after another.
+pub async fn run(target: &Target, profile: &Profile, only: &[String]) -> Report {
+    let mut rules = Vec::new();
+    for rule in RULES {
+        if !only.is_empty() && !only.iter().any(|o| rule.id.starts_with(o.as_str())) {
+            continue;
+        }
+        rules.push(rules::run_one(rule, target, profile).await);
+    }
+    Report {
+        address: target.address.clone(),
+        participant_id: target.participant_id.clone(),
+        rules,
+    }
+}

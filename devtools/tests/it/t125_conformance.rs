@@ -1,0 +1,120 @@
+//! The participant conformance kit (docs/conformance.md) against the real
+//! bank: `dtx-dev conformance participant` (the `coordinator` binary's
+//! command) drives a bank process, on its own store and on PostgreSQL,
+//! through every rule of docs/protocol.md's participant tables (the log,
+//! fencing and the term floor of invariant 9, one-phase commit, the
+//! grouped calls, Inspect) and counts the effects of repeated decisions
+//! through the bank's committed balance (exactly once, invariant 4). Every
+//! rule passes except the two READ_ONLY ones, skipped because the bank has
+//! no read-only work; the bank holds nothing in doubt afterwards. That the
+//! rules fail for a participant that breaks them: conformance/tests/kit.rs.
+
+use crate::common;
+
+use common::branch_bank::BranchBank;
+use common::shop::postgres_or_skip;
+use common::TestCluster;
+use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
+use serde_json::Value;
+
+/// Runs the kit against `bank` with the bank's profile; its JSON report.
+fn kit(bank: &BranchBank, args: &[&str]) -> (Option<i32>, String) {
+    let effect = format!(
+        "{} bank-balance --app {} --account a0",
+        common::bin().display(),
+        bank.app
+    );
+    let o = std::process::Command::new(common::bin())
+        .args(["conformance", "participant", "--address", &bank.proc_.addr])
+        .args([
+            "--participant-id",
+            bank.id(),
+            "--yes-payload",
+            "a0:1",
+            "--no-payload",
+            "nosuch:1",
+        ])
+        .args(["--effect-command", &effect])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run dtx-dev conformance");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.code(), text)
+}
+
+async fn conforms(bank: &BranchBank) {
+    let (code, out) = kit(bank, &["--json"]);
+    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    let verdicts: Vec<(String, String)> = report["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap().to_string(),
+                r["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let not_passed: Vec<&(String, String)> = verdicts.iter().filter(|(_, v)| v != "passed").collect();
+    assert_eq!(
+        not_passed,
+        vec![
+            &("read-only".to_string(), "skipped".to_string()),
+            &("one-phase.read-only".to_string(), "skipped".to_string())
+        ],
+        "{}",
+        serde_json::to_string_pretty(&report).unwrap()
+    );
+    assert_eq!(verdicts.len(), dtx_conformance::RULES.len());
+    assert_eq!(code, Some(0), "{out}");
+    // The text report says the same, one line per rule.
+    let (code, text) = kit(bank, &["--only", "effect.,fence."]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("0 failed"), "{text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("pass ")).count(), 7, "{text}");
+    // Nothing of the kit's is left in doubt (its locks released).
+    let mut p = ParticipantServiceClient::connect(format!("http://{}", bank.proc_.addr))
+        .await
+        .unwrap();
+    let seen = p
+        .inspect(dtx_proto::v1::InspectParticipantRequest {
+            in_doubt: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(seen.in_doubt_count, 0, "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t125_the_bank_on_its_own_store_passes_the_conformance_kit() {
+    let mut c = TestCluster::start("t125a");
+    c.leader().await;
+    let mut bank = BranchBank::new(&c, "bank-a", "a", None);
+    bank.start(None).await;
+    conforms(&bank).await;
+    // A wrong profile is the kit's usage error, not a verdict.
+    let (code, out) = kit(&bank, &["--only", "no-such-rule"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("names no rule"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t125_the_bank_on_postgresql_passes_the_conformance_kit() {
+    let Some(pg) = postgres_or_skip("t125 conformance of the PostgreSQL bank") else {
+        return;
+    };
+    let mut c = TestCluster::start("t125b");
+    c.leader().await;
+    pg.create_database("t125b_a").unwrap();
+    let mut bank = BranchBank::new(&c, "bank-a", "a", Some(pg.conn_string("t125b_a")));
+    bank.start(None).await;
+    conforms(&bank).await;
+}
