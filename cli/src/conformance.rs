@@ -18,13 +18,66 @@ pub enum ConformanceCmd {
     /// transactions are in incarnations of its own (one per rule), so no
     /// cluster's transaction is touched.
     Participant(ParticipantArgs),
+    /// Drive a saga step service (SagaStepService) through the step rules
+    /// of docs/sagas.md. It changes the service's data: run it against a
+    /// test instance; each rule uses a saga id of its own.
+    StepService(StepServiceArgs),
+}
+
+/// What every kind of run takes.
+#[derive(clap::Args)]
+struct Common {
+    /// The service's address (host:port).
+    #[arg(long)]
+    address: String,
+    /// Run only the rules whose id starts with one of these
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Print the report as one JSON document.
+    #[arg(long)]
+    json: bool,
+    /// How long one call may take before its outcome counts as unknown.
+    #[arg(long, default_value_t = 5_000)]
+    call_timeout_ms: u64,
+    /// TLS and token settings (a node's certificate or token: the kit
+    /// speaks as the coordinator does).
+    #[command(flatten)]
+    tls: dtx_tls::args::TlsArgs,
+}
+
+#[derive(clap::Args)]
+pub struct StepServiceArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The step's forward action (the inventory's `reserve`).
+    #[arg(long)]
+    forward_action: String,
+    /// Its compensation (`release`).
+    #[arg(long)]
+    compensate_action: String,
+    /// Its status query (`reservation`).
+    #[arg(long)]
+    status_query: String,
+    /// An input the forward action answers OK on, again for each new
+    /// operation; `{saga}` in it becomes the rule's saga id (so an order
+    /// id of its own: `{"order":"kit-{saga}","sku":"sku-0","qty":1,...}`).
+    #[arg(long)]
+    input: String,
+    /// An input it answers FAILED on (the FAILED rules are skipped
+    /// without it); `{saga}` as in --input.
+    #[arg(long)]
+    failed_input: Option<String>,
+    /// The compensation checks its precondition against the resource
+    /// version the forward action reported (answers STALE otherwise).
+    #[arg(long)]
+    versioned: bool,
 }
 
 #[derive(clap::Args)]
 pub struct ParticipantArgs {
-    /// The participant service's address (host:port).
-    #[arg(long)]
-    address: String,
+    #[command(flatten)]
+    common: Common,
     /// The participant id it serves as.
     #[arg(long)]
     participant_id: String,
@@ -47,20 +100,6 @@ pub struct ParticipantArgs {
     /// How much one commit of the YES payload changes the effect.
     #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
     effect_per_commit: i64,
-    /// Run only the rules whose id starts with one of these
-    /// (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    only: Vec<String>,
-    /// Print the report as one JSON document.
-    #[arg(long)]
-    json: bool,
-    /// How long one call may take before its outcome counts as unknown.
-    #[arg(long, default_value_t = 5_000)]
-    call_timeout_ms: u64,
-    /// TLS and token settings (a node's certificate or token: the kit
-    /// speaks as the coordinator does).
-    #[command(flatten)]
-    tls: dtx_tls::args::TlsArgs,
 }
 
 /// A payload's bytes.
@@ -84,25 +123,55 @@ fn parse_payload(s: &str) -> Result<Payload, String> {
 
 /// Runs the command; the process exit status.
 pub async fn run(cmd: ConformanceCmd) -> i32 {
-    match cmd {
-        ConformanceCmd::Participant(a) => match participant(a).await {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                crate::exit_codes::EXIT_USAGE
-            }
-        },
+    let done = match cmd {
+        ConformanceCmd::Participant(a) => participant(a).await,
+        ConformanceCmd::StepService(a) => step_service(a).await,
+    };
+    match done {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            crate::exit_codes::EXIT_USAGE
+        }
+    }
+}
+
+impl Common {
+    /// The target, after checking that `--only` names rules of `ids`.
+    fn target(&self, participant_id: &str, ids: &[&str]) -> anyhow::Result<dtx_conformance::Target> {
+        let unknown: Vec<&String> = self
+            .only
+            .iter()
+            .filter(|o| !ids.iter().any(|id| id.starts_with(o.as_str())))
+            .collect();
+        anyhow::ensure!(
+            unknown.is_empty(),
+            "--only {unknown:?} names no rule; the rules: {}",
+            ids.join(", ")
+        );
+        Ok(dtx_conformance::Target {
+            address: self.address.clone(),
+            participant_id: participant_id.to_string(),
+            tls: self.tls.client().context("TLS settings")?,
+            token: self.tls.token().context("token")?,
+            call_timeout: Duration::from_millis(self.call_timeout_ms),
+        })
+    }
+
+    /// Prints `report`; its exit status.
+    fn print(&self, report: &dtx_conformance::Report) -> anyhow::Result<i32> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+        } else {
+            print!("{}", report.to_text());
+        }
+        Ok(report.exit_status())
     }
 }
 
 async fn participant(a: ParticipantArgs) -> anyhow::Result<i32> {
-    let target = dtx_conformance::Target {
-        address: a.address.clone(),
-        participant_id: a.participant_id.clone(),
-        tls: a.tls.client().context("TLS settings")?,
-        token: a.tls.token().context("token")?,
-        call_timeout: Duration::from_millis(a.call_timeout_ms),
-    };
+    let ids: Vec<&str> = dtx_conformance::RULES.iter().map(|r| r.id).collect();
+    let target = a.common.target(&a.participant_id, &ids)?;
     let effect = a.effect_command.map(|command| {
         Arc::new(dtx_conformance::CommandEffect {
             command,
@@ -116,27 +185,23 @@ async fn participant(a: ParticipantArgs) -> anyhow::Result<i32> {
         effect,
         effect_per_commit: a.effect_per_commit,
     };
-    let unknown: Vec<&String> = a
-        .only
-        .iter()
-        .filter(|o| !dtx_conformance::RULES.iter().any(|r| r.id.starts_with(o.as_str())))
-        .collect();
-    anyhow::ensure!(
-        unknown.is_empty(),
-        "--only {unknown:?} names no rule; the rules: {}",
-        dtx_conformance::RULES
-            .iter()
-            .map(|r| r.id)
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    let report = dtx_conformance::run(&target, &profile, &a.only).await;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
-    } else {
-        print!("{}", report.to_text());
-    }
-    Ok(report.exit_status())
+    let report = dtx_conformance::run(&target, &profile, &a.common.only).await;
+    a.common.print(&report)
+}
+
+async fn step_service(a: StepServiceArgs) -> anyhow::Result<i32> {
+    let ids: Vec<&str> = dtx_conformance::STEP_RULES.iter().map(|r| r.id).collect();
+    let target = a.common.target("", &ids)?;
+    let profile = dtx_conformance::StepProfile {
+        forward_action: a.forward_action,
+        compensate_action: a.compensate_action,
+        status_query: a.status_query,
+        input: a.input,
+        failed_input: a.failed_input,
+        versioned: a.versioned,
+    };
+    let report = dtx_conformance::run_steps(&target, &profile, &a.common.only).await;
+    a.common.print(&report)
 }
 
 #[cfg(test)]
@@ -171,9 +236,11 @@ mod tests {
             "fence.,effect.",
         ])
         .unwrap();
-        let ConformanceCmd::Participant(a) = cli.cmd;
+        let ConformanceCmd::Participant(a) = cli.cmd else {
+            panic!("not the participant command")
+        };
         assert_eq!(a.yes_payload, Payload(vec![1]));
         assert_eq!(a.no_payload, Some(Payload(b"no".to_vec())));
-        assert_eq!(a.only, vec!["fence.", "effect."]);
+        assert_eq!(a.common.only, vec!["fence.", "effect."]);
     }
 }

@@ -24,6 +24,7 @@
 pub mod effect;
 pub mod report;
 mod rules;
+pub mod steps;
 pub mod wire;
 
 use std::sync::Arc;
@@ -35,6 +36,9 @@ pub use report::Report;
 pub use report::RuleReport;
 pub use report::Verdict;
 pub use rules::RULES;
+pub use steps::run_steps;
+pub use steps::StepProfile;
+pub use steps::STEP_RULES;
 
 /// Where the participant under test listens and how to reach it.
 #[derive(Clone)]

@@ -27,16 +27,17 @@ pub struct RuleReport {
     pub id: &'static str,
     /// What the rule asks, in one sentence.
     pub title: &'static str,
-    /// Where docs/protocol.md states it.
+    /// Where the docs state it (`protocol.md: Fencing`, ...).
     pub section: &'static str,
     pub verdict: Verdict,
     /// Why it failed, was skipped or is unknown (empty when passed).
     pub detail: String,
     /// Every message sent and what came back, in order.
     pub transcript: Vec<String>,
-    /// The kit's incarnation for this rule, in hex (to find its records
-    /// in the participant's log).
-    pub incarnation: String,
+    /// Where the rule's records are, to find them in the service's log:
+    /// the kit's incarnation for a participant rule (hex), the saga id for
+    /// a step-service rule.
+    pub scope: String,
 }
 
 /// The whole run.
@@ -92,9 +93,13 @@ impl Report {
     /// The report as text: one line per rule, and for every rule that did
     /// not pass, why and its transcript.
     pub fn to_text(&self) -> String {
+        let who = if self.participant_id.is_empty() {
+            "step service".to_string()
+        } else {
+            format!("participant {:?}", self.participant_id)
+        };
         let mut out = format!(
-            "participant {:?} at {}: {} passed, {} failed, {} skipped, {} unknown\n",
-            self.participant_id,
+            "{who} at {}: {} passed, {} failed, {} skipped, {} unknown\n",
             self.address,
             self.count(Verdict::Passed),
             self.count(Verdict::Failed),
@@ -116,10 +121,7 @@ impl Report {
             if r.verdict == Verdict::Skipped {
                 continue;
             }
-            out.push_str(&format!(
-                "        (protocol.md, \"{}\"; incarnation {})\n",
-                r.section, r.incarnation
-            ));
+            out.push_str(&format!("        ({}; {})\n", r.section, r.scope));
             for line in &r.transcript {
                 out.push_str(&format!("          {line}\n"));
             }

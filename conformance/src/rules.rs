@@ -32,12 +32,12 @@ pub struct Rule {
     pub section: &'static str,
 }
 
-const LOG: &str = "Participant log (per txid, at each participant)";
-const FENCING: &str = "Fencing";
-const ONE_PHASE: &str = "One-phase commit";
-const GROUPS_TWO: &str = "Phase two in groups";
-const GROUPS_ONE: &str = "Prepares in groups";
-const IDENTITY: &str = "Participant log (per txid, at each participant): Transaction identity";
+const LOG: &str = "protocol.md: Participant log (per txid, at each participant)";
+const FENCING: &str = "protocol.md: Fencing";
+const ONE_PHASE: &str = "protocol.md: One-phase commit";
+const GROUPS_TWO: &str = "protocol.md: Phase two in groups";
+const GROUPS_ONE: &str = "protocol.md: Prepares in groups";
+const IDENTITY: &str = "protocol.md: Participant log (per txid, at each participant): Transaction identity";
 
 /// Every rule, in the order the kit runs them.
 pub const RULES: &[Rule] = &[
@@ -61,7 +61,7 @@ pub const RULES: &[Rule] = &[
     Rule { id: "one-phase.read-only", title: "a one-phase commit of READ_ONLY work answers committed", section: ONE_PHASE },
     Rule { id: "apply-decisions", title: "ApplyDecisions answers each item as its own Commit or Abort would, in order (or UNIMPLEMENTED)", section: GROUPS_TWO },
     Rule { id: "prepare-many", title: "PrepareMany applies its decisions first, then answers each item as its own Prepare would (or UNIMPLEMENTED)", section: GROUPS_ONE },
-    Rule { id: "inspect", title: "Inspect shows each record's state, the in-doubt list and the participant id, and changes nothing (or UNIMPLEMENTED)", section: "Recovery at participants" },
+    Rule { id: "inspect", title: "Inspect shows each record's state, the in-doubt list and the participant id, and changes nothing (or UNIMPLEMENTED)", section: "protocol.md: Recovery at participants" },
     Rule { id: "effect.commit-once", title: "repeated Prepares and Commits apply the work exactly once", section: LOG },
     Rule { id: "effect.one-phase-once", title: "repeated one-phase commits apply the work exactly once", section: ONE_PHASE },
     Rule { id: "effect.abort-nothing", title: "aborted, tombstoned and refused work changes nothing", section: LOG },
@@ -77,9 +77,19 @@ const CLEANUP_TERM: u64 = 1_000_000;
 const OTHER_PAYLOAD: &[u8] = b"dtx-conformance: a payload that is not this transaction's";
 
 /// What a rule ended with when it did not stop early.
-enum Outcome2 {
+pub(crate) enum Done {
     Passed,
     Skipped(String),
+}
+
+/// The verdict and detail of a rule that ended with `result`.
+pub(crate) fn verdict(result: Step<Done>) -> (Verdict, String) {
+    match result {
+        Ok(Done::Passed) => (Verdict::Passed, String::new()),
+        Ok(Done::Skipped(why)) => (Verdict::Skipped, why),
+        Err(Stop::Broken(why)) => (Verdict::Failed, why),
+        Err(Stop::Unknown(why)) => (Verdict::Unknown, why),
+    }
 }
 
 struct Ctx<'a> {
@@ -215,7 +225,7 @@ impl Ctx<'_> {
 
 /// The answer, or the rule stops (a status breaks it, no answer is
 /// unknown).
-fn answer<T>(r: Reply<T>, what: &str) -> Step<T> {
+pub(crate) fn answer<T>(r: Reply<T>, what: &str) -> Step<T> {
     match r {
         Reply::Answer(a) => Ok(a),
         Reply::Status { code, refusal, message } => broken(format!(
@@ -254,7 +264,7 @@ fn acked(r: Reply<pb::ParticipantDecisionResponse>, what: &str, tx: Tx) -> Step<
 
 /// The call was refused with `code` and, when `kind` is not empty, the
 /// refusal kind `kind` under `x-dtx-refusal`.
-fn refused<T: std::fmt::Debug>(r: Reply<T>, code: Code, kind: &str, what: &str) -> Step<()> {
+pub(crate) fn refused<T: std::fmt::Debug>(r: Reply<T>, code: Code, kind: &str, what: &str) -> Step<()> {
     let asked = if kind.is_empty() {
         format!("{code:?}")
     } else {
@@ -289,7 +299,7 @@ pub async fn run_one(rule: &Rule, target: &Target, profile: &Profile) -> RuleRep
         verdict: Verdict::Unknown,
         detail: String::new(),
         transcript: Vec::new(),
-        incarnation: format!("{incarnation:016x}"),
+        scope: format!("incarnation {incarnation:016x}"),
     };
     let channel = match crate::wire::connect(target) {
         Ok(c) => c,
@@ -306,13 +316,8 @@ pub async fn run_one(rule: &Rule, target: &Target, profile: &Profile) -> RuleRep
         touched: Vec::new(),
     };
     let result = dispatch(rule.id, &mut cx).await;
-    report.transcript = std::mem::take(&mut cx.s.transcript);
-    (report.verdict, report.detail) = match result {
-        Ok(Outcome2::Passed) => (Verdict::Passed, String::new()),
-        Ok(Outcome2::Skipped(why)) => (Verdict::Skipped, why),
-        Err(Stop::Broken(why)) => (Verdict::Failed, why),
-        Err(Stop::Unknown(why)) => (Verdict::Unknown, why),
-    };
+    report.transcript = std::mem::take(&mut cx.s.rec.transcript);
+    (report.verdict, report.detail) = verdict(result);
     // Leave nothing prepared behind (outside the transcript).
     for tx in std::mem::take(&mut cx.touched) {
         let _ = cx.s.abort(tx, CLEANUP_TERM).await;
@@ -320,12 +325,11 @@ pub async fn run_one(rule: &Rule, target: &Target, profile: &Profile) -> RuleRep
     report
 }
 
-async fn dispatch(id: &str, cx: &mut Ctx<'_>) -> Step<Outcome2> {
-    let needs_no = || Outcome2::Skipped("the profile gives no payload the service votes NO on (--no-payload)".into());
-    let needs_ro = || {
-        Outcome2::Skipped("the profile gives no payload the service votes READ_ONLY on (--read-only-payload)".into())
-    };
-    let needs_effect = || Outcome2::Skipped("the profile gives no effect probe (--effect-command)".into());
+async fn dispatch(id: &str, cx: &mut Ctx<'_>) -> Step<Done> {
+    let needs_no = || Done::Skipped("the profile gives no payload the service votes NO on (--no-payload)".into());
+    let needs_ro =
+        || Done::Skipped("the profile gives no payload the service votes READ_ONLY on (--read-only-payload)".into());
+    let needs_effect = || Done::Skipped("the profile gives no effect probe (--effect-command)".into());
     let no = cx.p.no_payload.clone();
     let ro = cx.p.read_only_payload.clone();
     let has_effect = cx.p.effect.is_some();
@@ -372,17 +376,17 @@ async fn dispatch(id: &str, cx: &mut Ctx<'_>) -> Step<Outcome2> {
     }
 }
 
-async fn prepare_yes(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn prepare_yes(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.prepare_votes(tx, T, &yes, Vote::Yes).await?;
     cx.record(tx, Rec::PreparedYes, Some(T)).await?;
     cx.abort_acked(tx, T).await?;
     cx.record(tx, Rec::Aborted, Some(T)).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn prepare_repeat(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn prepare_repeat(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.prepare_votes(tx, T, &yes, Vote::Yes).await?;
@@ -393,10 +397,10 @@ async fn prepare_repeat(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     // After the decision the recorded vote still answers.
     cx.prepare_votes(tx, T, OTHER_PAYLOAD, Vote::Yes).await?;
     cx.record(tx, Rec::Committed, Some(T)).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn prepare_no(cx: &mut Ctx<'_>, no: &[u8]) -> Step<Outcome2> {
+async fn prepare_no(cx: &mut Ctx<'_>, no: &[u8]) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.prepare_votes(tx, T, no, Vote::No).await?;
@@ -405,10 +409,10 @@ async fn prepare_no(cx: &mut Ctx<'_>, no: &[u8]) -> Step<Outcome2> {
     cx.commit_refused(tx, T, "commit-after-abort").await?;
     cx.abort_acked(tx, T).await?;
     cx.record(tx, Rec::Aborted, None).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn abort_before_prepare(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn abort_before_prepare(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.abort_acked(tx, T).await?;
@@ -417,10 +421,10 @@ async fn abort_before_prepare(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.one_phase(tx, T, &yes, false).await?;
     cx.commit_refused(tx, T, "commit-after-abort").await?;
     cx.abort_acked(tx, T).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn commit_without_prepare(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn commit_without_prepare(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.commit_refused(tx, T, "commit-without-prepare").await?;
@@ -428,10 +432,10 @@ async fn commit_without_prepare(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     // Nothing was recorded: the transaction can still prepare.
     cx.prepare_votes(tx, T, &yes, Vote::Yes).await?;
     cx.abort_acked(tx, T).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn commit_repeat(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn commit_repeat(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.prepare_votes(tx, T, &yes, Vote::Yes).await?;
@@ -441,10 +445,10 @@ async fn commit_repeat(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.record(tx, Rec::Committed, Some(T)).await?;
     cx.abort_refused(tx, T, "abort-after-commit").await?;
     cx.record(tx, Rec::Committed, Some(T)).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn abort_repeat(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn abort_repeat(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.prepare_votes(tx, T, &yes, Vote::Yes).await?;
@@ -453,10 +457,10 @@ async fn abort_repeat(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.record(tx, Rec::Aborted, Some(T)).await?;
     cx.prepare_votes(tx, T, &yes, Vote::No).await?;
     cx.commit_refused(tx, T, "commit-after-abort").await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn read_only(cx: &mut Ctx<'_>, ro: &[u8]) -> Step<Outcome2> {
+async fn read_only(cx: &mut Ctx<'_>, ro: &[u8]) -> Step<Done> {
     let tx = cx.tx();
     cx.prepare_votes(tx, T, ro, Vote::ReadOnly).await?;
     cx.record(tx, Rec::PreparedReadOnly, None).await?;
@@ -464,10 +468,10 @@ async fn read_only(cx: &mut Ctx<'_>, ro: &[u8]) -> Step<Outcome2> {
     cx.commit_acked(tx, T).await?;
     cx.abort_acked(tx, T).await?;
     cx.record(tx, Rec::PreparedReadOnly, None).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn participant_id(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn participant_id(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let other = format!("{}-not-this-one", cx.s.participant_id());
     let msg = pb::PrepareRequest {
@@ -480,20 +484,20 @@ async fn participant_id(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     let r = cx.s.prepare_as(msg).await;
     refused(r, Code::InvalidArgument, "", &format!("Prepare addressed to {other:?}"))?;
     cx.record(tx, Rec::None, Some(0)).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn inquire_reads_only(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn inquire_reads_only(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.record(tx, Rec::None, Some(0)).await?;
     cx.record(tx, Rec::None, Some(0)).await?;
     cx.prepare_votes(tx, T, &yes, Vote::Yes).await?;
     cx.abort_acked(tx, T).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn incarnation_separate(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn incarnation_separate(cx: &mut Ctx<'_>) -> Step<Done> {
     let a = cx.tx();
     let b = Tx {
         incarnation: a.incarnation ^ 0x5a5a_5a5a_5a5a_5a5a,
@@ -509,10 +513,10 @@ async fn incarnation_separate(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.commit_acked(a, T).await?;
     cx.record(a, Rec::Committed, Some(T)).await?;
     cx.record(b, Rec::Tombstone, None).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn fence_phase_two(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn fence_phase_two(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.prepare_votes(tx, 5, &yes, Vote::Yes).await?;
@@ -522,10 +526,10 @@ async fn fence_phase_two(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.commit_acked(tx, 6).await?;
     cx.record(tx, Rec::Committed, Some(6)).await?;
     cx.abort_refused(tx, 5, "stale-term").await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn fence_raised(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn fence_raised(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.prepare_votes(tx, 5, &yes, Vote::Yes).await?;
@@ -542,10 +546,10 @@ async fn fence_raised(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.record(tx, Rec::PreparedYes, Some(7)).await?;
     cx.abort_acked(tx, 7).await?;
     cx.record(tx, Rec::Aborted, Some(7)).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn fence_term_floor(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn fence_term_floor(cx: &mut Ctx<'_>) -> Step<Done> {
     let first = cx.tx();
     let yes = cx.yes();
     cx.prepare_votes(first, 9, &yes, Vote::Yes).await?;
@@ -575,10 +579,10 @@ async fn fence_term_floor(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     // At the floor the new transaction prepares.
     cx.prepare_votes(late, 9, &yes, Vote::Yes).await?;
     cx.abort_acked(late, 9).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn one_phase_commit(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn one_phase_commit(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.one_phase(tx, T, &yes, true).await?;
@@ -586,33 +590,33 @@ async fn one_phase_commit(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.record(tx, Rec::Committed, Some(T)).await?;
     cx.abort_refused(tx, T, "abort-after-commit").await?;
     cx.commit_acked(tx, T).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn one_phase_no(cx: &mut Ctx<'_>, no: &[u8]) -> Step<Outcome2> {
+async fn one_phase_no(cx: &mut Ctx<'_>, no: &[u8]) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.one_phase(tx, T, no, false).await?;
     cx.record(tx, Rec::Aborted, None).await?;
     cx.one_phase(tx, T, &yes, false).await?;
     cx.commit_refused(tx, T, "commit-after-abort").await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn one_phase_after_prepare(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn one_phase_after_prepare(cx: &mut Ctx<'_>) -> Step<Done> {
     let tx = cx.tx();
     let yes = cx.yes();
     cx.prepare_votes(tx, T, &yes, Vote::Yes).await?;
     cx.one_phase(tx, T, &yes, true).await?;
     cx.record(tx, Rec::Committed, Some(T)).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn one_phase_read_only(cx: &mut Ctx<'_>, ro: &[u8]) -> Step<Outcome2> {
+async fn one_phase_read_only(cx: &mut Ctx<'_>, ro: &[u8]) -> Step<Done> {
     let tx = cx.tx();
     cx.one_phase(tx, T, ro, true).await?;
     cx.one_phase(tx, T, ro, true).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
 /// One ApplyDecisions item's result is an ack.
@@ -658,12 +662,12 @@ fn results_len<T>(got: &[T], want: usize, what: &str) -> Step<()> {
     Ok(())
 }
 
-async fn apply_decisions(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn apply_decisions(cx: &mut Ctx<'_>) -> Step<Done> {
     let inc = cx.incarnation;
     // An empty message tells whether the call is served at all.
     let r = cx.s.apply_decisions(inc, &[]).await;
     let Some(empty) = optional(r, "ApplyDecisions (empty)")? else {
-        return Ok(Outcome2::Skipped("the participant does not serve ApplyDecisions (UNIMPLEMENTED): the leader sends it Commit and Abort calls instead".into()));
+        return Ok(Done::Skipped("the participant does not serve ApplyDecisions (UNIMPLEMENTED): the leader sends it Commit and Abort calls instead".into()));
     };
     results_len(&empty.results, 0, "ApplyDecisions of no items")?;
     let yes = cx.yes();
@@ -707,14 +711,14 @@ async fn apply_decisions(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     )?;
     item_applied(&a.results[1], "item 2 (ABORT at the record's term)")?;
     cx.record(v, Rec::Aborted, Some(T)).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn prepare_many(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn prepare_many(cx: &mut Ctx<'_>) -> Step<Done> {
     let inc = cx.incarnation;
     let r = cx.s.prepare_many(inc, &[], Vec::new()).await;
     let Some(empty) = optional(r, "PrepareMany (empty)")? else {
-        return Ok(Outcome2::Skipped(
+        return Ok(Done::Skipped(
             "the participant does not serve PrepareMany (UNIMPLEMENTED): the leader sends it Prepare calls instead"
                 .into(),
         ));
@@ -759,17 +763,17 @@ async fn prepare_many(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.record(c, Rec::Committed, Some(T)).await?;
     cx.record(a, Rec::PreparedYes, Some(T)).await?;
     cx.abort_acked(a, T).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn inspect(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn inspect(cx: &mut Ctx<'_>) -> Step<Done> {
     let inc = cx.incarnation;
     let yes = cx.yes();
     let (q, r, p, u) = (cx.tx(), cx.tx(), cx.tx(), cx.tx());
     let asked = [p.txid, q.txid, r.txid, u.txid];
     let reply = cx.s.inspect(inc, &[u.txid]).await;
     if optional(reply, "Inspect")?.is_none() {
-        return Ok(Outcome2::Skipped(
+        return Ok(Done::Skipped(
             "the participant does not serve Inspect (UNIMPLEMENTED)".into(),
         ));
     }
@@ -821,10 +825,10 @@ async fn inspect(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.abort_acked(p, T).await?;
     cx.prepare_votes(u, T, &yes, Vote::Yes).await?;
     cx.abort_acked(u, T).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn effect_commit_once(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn effect_commit_once(cx: &mut Ctx<'_>) -> Step<Done> {
     let yes = cx.yes();
     let before = cx.effect().await?;
     let tx = cx.tx();
@@ -839,10 +843,10 @@ async fn effect_commit_once(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.prepare_votes(tx, T, &yes, Vote::Yes).await?;
     cx.commit_acked(tx, T + 1).await?;
     cx.effect_moved(before, 1).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn effect_one_phase_once(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn effect_one_phase_once(cx: &mut Ctx<'_>) -> Step<Done> {
     let yes = cx.yes();
     let before = cx.effect().await?;
     let tx = cx.tx();
@@ -851,10 +855,10 @@ async fn effect_one_phase_once(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     }
     cx.commit_acked(tx, T).await?;
     cx.effect_moved(before, 1).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn effect_abort_nothing(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn effect_abort_nothing(cx: &mut Ctx<'_>) -> Step<Done> {
     let yes = cx.yes();
     let before = cx.effect().await?;
     let aborted = cx.tx();
@@ -869,10 +873,10 @@ async fn effect_abort_nothing(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     let never = cx.tx();
     cx.commit_refused(never, T, "commit-without-prepare").await?;
     cx.effect_moved(before, 0).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
-async fn effect_stale_nothing(cx: &mut Ctx<'_>) -> Step<Outcome2> {
+async fn effect_stale_nothing(cx: &mut Ctx<'_>) -> Step<Done> {
     let yes = cx.yes();
     let before = cx.effect().await?;
     let tx = cx.tx();
@@ -882,7 +886,7 @@ async fn effect_stale_nothing(cx: &mut Ctx<'_>) -> Step<Outcome2> {
     cx.commit_acked(tx, 5).await?;
     cx.commit_refused(tx, 4, "stale-term").await?;
     cx.effect_moved(before, 1).await?;
-    Ok(Outcome2::Passed)
+    Ok(Done::Passed)
 }
 
 #[cfg(test)]

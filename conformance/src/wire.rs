@@ -58,34 +58,28 @@ pub struct Tx {
     pub txid: u64,
 }
 
-/// One rule's client of the participant and its transcript.
-pub struct Session {
-    client: ParticipantServiceClient<Channel>,
-    participant_id: String,
+/// Makes the calls of one rule and keeps its transcript: every call's
+/// request, with the token, bounded by the call timeout, and one line per
+/// call saying what was sent and what came back.
+pub struct Recorder {
     token: Option<String>,
     call_timeout: Duration,
     /// Every call so far: what was sent and what came back, one line each.
     pub transcript: Vec<String>,
 }
 
-impl Session {
-    /// A session on `target`'s connection.
-    pub fn new(target: &Target, channel: Channel) -> Session {
-        Session {
-            client: ParticipantServiceClient::new(channel),
-            participant_id: target.participant_id.clone(),
+impl Recorder {
+    /// A recorder for calls to `target`.
+    pub fn new(target: &Target) -> Recorder {
+        Recorder {
             token: target.token.clone(),
             call_timeout: target.call_timeout,
             transcript: Vec::new(),
         }
     }
 
-    /// The participant id the kit addresses.
-    pub fn participant_id(&self) -> &str {
-        &self.participant_id
-    }
-
-    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+    /// `msg` as a request, with the token when there is one.
+    pub fn request<T>(&self, msg: T) -> tonic::Request<T> {
         let mut rq = tonic::Request::new(msg);
         if let Some(v) = self.token.as_deref().and_then(|t| format!("Bearer {t}").parse().ok()) {
             rq.metadata_mut().insert("authorization", v);
@@ -93,7 +87,9 @@ impl Session {
         rq
     }
 
-    async fn call<T, F>(&mut self, sent: String, fut: F, show: impl Fn(&T) -> String) -> Reply<T>
+    /// Awaits `fut` within the call timeout and notes `sent` and what came
+    /// back (`show` for an answer).
+    pub async fn call<T, F>(&mut self, sent: String, fut: F, show: impl Fn(&T) -> String) -> Reply<T>
     where
         F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
@@ -119,6 +115,41 @@ impl Session {
         };
         self.transcript.push(format!("{sent} -> {got}"));
         reply
+    }
+}
+
+/// One rule's client of the participant and its transcript.
+pub struct Session {
+    client: ParticipantServiceClient<Channel>,
+    participant_id: String,
+    /// The calls and the transcript.
+    pub rec: Recorder,
+}
+
+impl Session {
+    /// A session on `target`'s connection.
+    pub fn new(target: &Target, channel: Channel) -> Session {
+        Session {
+            client: ParticipantServiceClient::new(channel),
+            participant_id: target.participant_id.clone(),
+            rec: Recorder::new(target),
+        }
+    }
+
+    /// The participant id the kit addresses.
+    pub fn participant_id(&self) -> &str {
+        &self.participant_id
+    }
+
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        self.rec.request(msg)
+    }
+
+    async fn call<T, F>(&mut self, sent: String, fut: F, show: impl Fn(&T) -> String) -> Reply<T>
+    where
+        F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.rec.call(sent, fut, show).await
     }
 
     fn prepare_request(&self, tx: Tx, term: u64, payload: &[u8]) -> pb::PrepareRequest {
@@ -316,7 +347,7 @@ impl Session {
 
     /// Notes a line in the transcript (an effect read, say).
     pub fn note(&mut self, line: String) {
-        self.transcript.push(line);
+        self.rec.transcript.push(line);
     }
 }
 
@@ -370,7 +401,8 @@ pub fn show_record(record: i32) -> String {
         .unwrap_or_else(|_| format!("record {record}"))
 }
 
-fn show_payload(p: &[u8]) -> String {
+/// A payload as the report shows it: short text as text, else its size.
+pub fn show_payload(p: &[u8]) -> String {
     match std::str::from_utf8(p) {
         Ok(s) if s.len() <= 64 && !s.chars().any(char::is_control) => format!("{s:?}"),
         _ => format!("{} bytes", p.len()),

@@ -275,12 +275,14 @@ pub trait Participant: Send + Sync + 'static {
     /// Decisions and prepares that came in one PrepareMany message (ADR
     /// 0030): the decisions' results as [`Participant::apply_decisions`]
     /// gives them, then the prepares' as [`Participant::prepare_many`].
-    /// The default makes the two calls at the same time (no
-    /// `apply_decisions` without decisions), so a participant whose writes are its resource's own (a
-    /// PostgreSQL `COMMIT PREPARED` and `PREPARE TRANSACTION`) never holds
-    /// the prepares behind the decisions; a participant that can write both
-    /// in one durable write should. The call fails as a whole when either
-    /// part does.
+    /// The decisions come first: a prepare of the message must find what a
+    /// decision of it frees already free (protocol.md; run at the same
+    /// time, a PostgreSQL prepare could find a row the riding `COMMIT
+    /// PREPARED` was about to free still held, and vote NO: the
+    /// conformance kit's rule `prepare-many` caught it). The default
+    /// applies them, then prepares (no `apply_decisions` without
+    /// decisions); a participant that can write both in one durable write
+    /// should. The call fails as a whole when either part does.
     fn apply_then_prepare(
         &self,
         decisions: &[(GlobalTxid, PhaseTwo)],
@@ -294,8 +296,8 @@ pub trait Participant: Send + Sync + 'static {
                     self.apply_decisions(decisions).await
                 }
             };
-            let (acks, votes) = tokio::join!(acks, self.prepare_many(prepares));
-            Ok((acks?, votes?))
+            let acks = acks.await?;
+            Ok((acks, self.prepare_many(prepares).await?))
         }
     }
 

@@ -6,12 +6,18 @@
 //! grouped calls, Inspect) and counts the effects of repeated decisions
 //! through the bank's committed balance (exactly once, invariant 4). Every
 //! rule passes except the two READ_ONLY ones, skipped because the bank has
-//! no read-only work; the bank holds nothing in doubt afterwards. That the
-//! rules fail for a participant that breaks them: conformance/tests/kit.rs.
+//! no read-only work; the bank holds nothing in doubt afterwards. Then
+//! `conformance step-service` against the order saga's inventory step
+//! service, on its own store and on PostgreSQL: every step rule passes
+//! (one business change per operation id, Status and Fence, fingerprints,
+//! NOOP and STALE compensations). That the rules fail for a participant
+//! that breaks them: conformance/tests/kit.rs.
 
 use crate::common;
 
 use common::branch_bank::BranchBank;
+use common::sagas::SagaShop;
+use common::sagas::ShopFlags;
 use common::shop::postgres_or_skip;
 use common::TestCluster;
 use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
@@ -117,4 +123,77 @@ async fn t125_the_bank_on_postgresql_passes_the_conformance_kit() {
     let mut bank = BranchBank::new(&c, "bank-a", "a", Some(pg.conn_string("t125b_a")));
     bank.start(None).await;
     conforms(&bank).await;
+}
+
+/// `conformance step-service` against the inventory at `addr`, with its
+/// profile; the exit status and the JSON report.
+fn step_kit(addr: &str) -> (Option<i32>, Value) {
+    let input = r#"{"order":"kit-{saga}","sku":"sku-0","qty":1,"customer":"c-0","amount":1}"#;
+    let failed = r#"{"order":"kit-{saga}","sku":"sku-0","qty":1000000,"customer":"c-0","amount":1}"#;
+    let o = std::process::Command::new(common::bin())
+        .args([
+            "conformance",
+            "step-service",
+            "--address",
+            addr,
+            "--json",
+            "--versioned",
+        ])
+        .args([
+            "--forward-action",
+            dtx_saga_shop::RESERVE,
+            "--compensate-action",
+            dtx_saga_shop::RELEASE,
+        ])
+        .args([
+            "--status-query",
+            dtx_saga_shop::RESERVATION,
+            "--input",
+            input,
+            "--failed-input",
+            failed,
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run dtx-dev conformance step-service");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let report = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {out}{}", String::from_utf8_lossy(&o.stderr)));
+    (o.status.code(), report)
+}
+
+fn every_step_rule_passes(code: Option<i32>, report: &Value) {
+    let rules = report["rules"].as_array().unwrap();
+    let not_passed: Vec<&Value> = rules.iter().filter(|r| r["verdict"] != "passed").collect();
+    assert!(
+        not_passed.is_empty(),
+        "{}",
+        serde_json::to_string_pretty(report).unwrap()
+    );
+    assert_eq!(rules.len(), dtx_conformance::STEP_RULES.len());
+    assert_eq!(code, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t125_the_inventory_step_service_passes_the_step_rules_on_both_stores() {
+    let dir = common::test_dir();
+    let shop = SagaShop::start(dir.path(), ShopFlags::default()).await;
+    let (code, report) = step_kit(&shop.addr("inventory"));
+    every_step_rule_passes(code, &report);
+
+    let Some(pg) = postgres_or_skip("t125 conformance of the PostgreSQL inventory") else {
+        return;
+    };
+    pg.create_database("t125_inventory").unwrap();
+    let dir = common::test_dir();
+    let shop = SagaShop::start(
+        dir.path(),
+        ShopFlags {
+            inventory_postgres: Some(pg.conn_string("t125_inventory")),
+            ..ShopFlags::default()
+        },
+    )
+    .await;
+    let (code, report) = step_kit(&shop.addr("inventory"));
+    every_step_rule_passes(code, &report);
 }
