@@ -100,6 +100,19 @@ pub struct ParticipantArgs {
     /// How much one commit of the YES payload changes the effect.
     #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
     effect_per_commit: i64,
+    /// Start the service with this shell command (it must listen on
+    /// --address, on data that survives it), and run the crash rules too:
+    /// kill -9 after an answer, during a call and during recovery, then
+    /// start it again on the same data. The kit kills it when it ends.
+    #[arg(long, value_name = "COMMAND")]
+    start: Option<String>,
+    /// How long a start may take to listen, in seconds.
+    #[arg(long, default_value_t = 30)]
+    start_timeout_s: u64,
+    /// Where the started service's output goes (appended); by default a
+    /// file in the temporary directory, named in the report.
+    #[arg(long)]
+    start_log: Option<std::path::PathBuf>,
 }
 
 /// A payload's bytes.
@@ -185,7 +198,27 @@ async fn participant(a: ParticipantArgs) -> anyhow::Result<i32> {
         effect,
         effect_per_commit: a.effect_per_commit,
     };
-    let report = dtx_conformance::run(&target, &profile, &a.common.only).await;
+    let service = match a.start {
+        Some(command) => {
+            let log = a
+                .start_log
+                .unwrap_or_else(|| std::env::temp_dir().join(format!("dtx-conformance-{}.log", std::process::id())));
+            let s = Arc::new(dtx_conformance::CommandService::new(
+                command,
+                target.address.clone(),
+                log.clone(),
+                Duration::from_secs(a.start_timeout_s),
+            ));
+            if let Err(e) = dtx_conformance::Service::start(s.as_ref()).await {
+                eprintln!("error: --start: {e}");
+                return Ok(crate::exit_codes::EXIT_ERROR);
+            }
+            eprintln!("started the service; its output: {}", log.display());
+            Some(s as Arc<dyn dtx_conformance::Service>)
+        }
+        None => None,
+    };
+    let report = dtx_conformance::run(&target, &profile, &a.common.only, service).await;
     a.common.print(&report)
 }
 

@@ -21,9 +21,11 @@
 //!     --effect-command 'dtx-dev bank-balance --app 127.0.0.1:7311 --account a0'
 //! ```
 
+mod crash;
 pub mod effect;
 pub mod report;
 mod rules;
+pub mod service;
 pub mod steps;
 pub mod wire;
 
@@ -36,6 +38,8 @@ pub use report::Report;
 pub use report::RuleReport;
 pub use report::Verdict;
 pub use rules::RULES;
+pub use service::CommandService;
+pub use service::Service;
 pub use steps::run_steps;
 pub use steps::StepProfile;
 pub use steps::STEP_RULES;
@@ -74,14 +78,16 @@ pub struct Profile {
 }
 
 /// Runs every rule (or those whose id starts with one of `only`, when
-/// given) against `target`, one after another.
-pub async fn run(target: &Target, profile: &Profile, only: &[String]) -> Report {
+/// given) against `target`, one after another. With `service` (the kit
+/// started it: `--start`) the `crash.` rules kill it with SIGKILL and
+/// start it again; without, they are skipped.
+pub async fn run(target: &Target, profile: &Profile, only: &[String], service: Option<Arc<dyn Service>>) -> Report {
     let mut rules = Vec::new();
     for rule in RULES {
         if !only.is_empty() && !only.iter().any(|o| rule.id.starts_with(o.as_str())) {
             continue;
         }
-        rules.push(rules::run_one(rule, target, profile).await);
+        rules.push(rules::run_one(rule, target, profile, service.clone()).await);
     }
     Report {
         address: target.address.clone(),

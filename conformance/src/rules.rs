@@ -14,6 +14,7 @@ use tonic::Code;
 
 use crate::report::RuleReport;
 use crate::report::Verdict;
+use crate::service::Service;
 use crate::wire::broken;
 use crate::wire::show_record;
 use crate::wire::show_vote;
@@ -24,6 +25,7 @@ use crate::wire::Stop;
 use crate::wire::Tx;
 use crate::Profile;
 use crate::Target;
+use std::sync::Arc;
 
 /// One rule: its id, what it asks and where protocol.md says so.
 pub struct Rule {
@@ -37,6 +39,7 @@ const FENCING: &str = "protocol.md: Fencing";
 const ONE_PHASE: &str = "protocol.md: One-phase commit";
 const GROUPS_TWO: &str = "protocol.md: Phase two in groups";
 const GROUPS_ONE: &str = "protocol.md: Prepares in groups";
+const CRASH: &str = "protocol.md: Crash points";
 const IDENTITY: &str = "protocol.md: Participant log (per txid, at each participant): Transaction identity";
 
 /// Every rule, in the order the kit runs them.
@@ -66,15 +69,24 @@ pub const RULES: &[Rule] = &[
     Rule { id: "effect.one-phase-once", title: "repeated one-phase commits apply the work exactly once", section: ONE_PHASE },
     Rule { id: "effect.abort-nothing", title: "aborted, tombstoned and refused work changes nothing", section: LOG },
     Rule { id: "effect.stale-nothing", title: "a refused stale-term Commit applies nothing; the current term's Commit applies once", section: FENCING },
+    Rule { id: "crash.after-yes", title: "a YES answered before a kill -9 is still PREPARED_YES after the restart, and commits once", section: CRASH },
+    Rule { id: "crash.in-prepare", title: "killed while preparing: after the restart the record is NONE or PREPARED_YES (YES if it answered YES), and the transaction still ends once", section: CRASH },
+    Rule { id: "crash.after-commit", title: "a Commit acked before a kill -9 is still COMMITTED after the restart; a redelivery acks and applies nothing", section: CRASH },
+    Rule { id: "crash.in-commit", title: "killed while committing: a redelivered Commit after the restart acks and the work is applied exactly once", section: CRASH },
+    Rule { id: "crash.after-abort", title: "a tombstone and an ABORTED record survive a kill -9: a late Prepare votes NO, a Commit is refused", section: CRASH },
+    Rule { id: "crash.floor", title: "the term floor survives a kill -9: a new transaction's Prepare from below it is refused", section: CRASH },
+    Rule { id: "crash.in-recovery", title: "killed again right after a restart (during its recovery), an in-doubt YES is still PREPARED_YES and commits once", section: CRASH },
 ];
 
 /// A term the rules use for ordinary messages.
-const T: u64 = 10;
+pub(crate) const T: u64 = 10;
+/// How long a failing effect read is tried again.
+const EFFECT_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 /// The term cleanup aborts use (above every term a rule sends).
 const CLEANUP_TERM: u64 = 1_000_000;
 /// A payload no service votes on by itself: what a repeated Prepare
 /// carries to show the work is not run again.
-const OTHER_PAYLOAD: &[u8] = b"dtx-conformance: a payload that is not this transaction's";
+pub(crate) const OTHER_PAYLOAD: &[u8] = b"dtx-conformance: a payload that is not this transaction's";
 
 /// What a rule ended with when it did not stop early.
 pub(crate) enum Done {
@@ -92,17 +104,20 @@ pub(crate) fn verdict(result: Step<Done>) -> (Verdict, String) {
     }
 }
 
-struct Ctx<'a> {
-    s: Session,
-    p: &'a Profile,
-    incarnation: u64,
+pub(crate) struct Ctx<'a> {
+    pub(crate) s: Session,
+    pub(crate) p: &'a Profile,
+    pub(crate) target: &'a Target,
+    /// The service as a process the kit may kill (with `--start`).
+    pub(crate) service: Option<Arc<dyn Service>>,
+    pub(crate) incarnation: u64,
     next_txid: u64,
     touched: Vec<Tx>,
 }
 
 impl Ctx<'_> {
     /// A new transaction of this rule.
-    fn tx(&mut self) -> Tx {
+    pub(crate) fn tx(&mut self) -> Tx {
         self.next_txid += 1;
         let tx = Tx {
             incarnation: self.incarnation,
@@ -112,11 +127,11 @@ impl Ctx<'_> {
         tx
     }
 
-    fn yes(&self) -> Vec<u8> {
+    pub(crate) fn yes(&self) -> Vec<u8> {
         self.p.yes_payload.clone()
     }
 
-    async fn prepare_votes(&mut self, tx: Tx, term: u64, payload: &[u8], want: Vote) -> Step<()> {
+    pub(crate) async fn prepare_votes(&mut self, tx: Tx, term: u64, payload: &[u8], want: Vote) -> Step<()> {
         let r = self.s.prepare(tx, term, payload).await;
         let a = answer(r, "Prepare")?;
         if a.vote != want as i32 {
@@ -130,7 +145,7 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    async fn one_phase(&mut self, tx: Tx, term: u64, payload: &[u8], committed: bool) -> Step<()> {
+    pub(crate) async fn one_phase(&mut self, tx: Tx, term: u64, payload: &[u8], committed: bool) -> Step<()> {
         let r = self.s.commit_one_phase(tx, term, payload).await;
         let a = answer(r, "CommitOnePhase")?;
         if a.committed != committed {
@@ -142,17 +157,17 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    async fn commit_acked(&mut self, tx: Tx, term: u64) -> Step<()> {
+    pub(crate) async fn commit_acked(&mut self, tx: Tx, term: u64) -> Step<()> {
         let r = self.s.commit(tx, term).await;
         acked(r, "Commit", tx)
     }
 
-    async fn abort_acked(&mut self, tx: Tx, term: u64) -> Step<()> {
+    pub(crate) async fn abort_acked(&mut self, tx: Tx, term: u64) -> Step<()> {
         let r = self.s.abort(tx, term).await;
         acked(r, "Abort", tx)
     }
 
-    async fn commit_refused(&mut self, tx: Tx, term: u64, kind: &str) -> Step<()> {
+    pub(crate) async fn commit_refused(&mut self, tx: Tx, term: u64, kind: &str) -> Step<()> {
         let r = self.s.commit(tx, term).await;
         refused(
             r,
@@ -162,7 +177,7 @@ impl Ctx<'_> {
         )
     }
 
-    async fn abort_refused(&mut self, tx: Tx, term: u64, kind: &str) -> Step<()> {
+    pub(crate) async fn abort_refused(&mut self, tx: Tx, term: u64, kind: &str) -> Step<()> {
         let r = self.s.abort(tx, term).await;
         refused(
             r,
@@ -173,7 +188,7 @@ impl Ctx<'_> {
     }
 
     /// Inquire shows `want` (and the term, when given).
-    async fn record(&mut self, tx: Tx, want: Rec, term: Option<u64>) -> Step<()> {
+    pub(crate) async fn record(&mut self, tx: Tx, want: Rec, term: Option<u64>) -> Step<()> {
         let r = self.s.inquire(tx).await;
         let a = answer(r, "Inquire")?;
         if a.record != want as i32 {
@@ -196,21 +211,30 @@ impl Ctx<'_> {
     }
 
     /// The effect's value now (`None` without a probe).
-    async fn effect(&mut self) -> Step<i64> {
+    pub(crate) async fn effect(&mut self) -> Step<i64> {
         let Some(e) = self.p.effect.clone() else {
             return Err(Stop::Unknown("no effect probe".into()));
         };
-        match e.read().await {
-            Ok(v) => {
-                self.s.note(format!("effect read: {v}"));
-                Ok(v)
+        // A service started again may answer its participant port before
+        // whatever the probe reads from: a failed read is tried again for
+        // a while before the rule's outcome is unknown.
+        let until = tokio::time::Instant::now() + EFFECT_RETRY;
+        loop {
+            match e.read().await {
+                Ok(v) => {
+                    self.s.note(format!("effect read: {v}"));
+                    return Ok(v);
+                }
+                Err(_) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(Stop::Unknown(format!("the effect could not be read: {e}"))),
             }
-            Err(e) => Err(Stop::Unknown(format!("the effect could not be read: {e}"))),
         }
     }
 
     /// The effect moved by `commits` commits since `before`.
-    async fn effect_moved(&mut self, before: i64, commits: i64) -> Step<()> {
+    pub(crate) async fn effect_moved(&mut self, before: i64, commits: i64) -> Step<()> {
         let now = self.effect().await?;
         let want = commits * self.p.effect_per_commit;
         if now - before != want {
@@ -285,7 +309,7 @@ pub(crate) fn refused<T: std::fmt::Debug>(r: Reply<T>, code: Code, kind: &str, w
 }
 
 /// Runs `rule` against `target` in an incarnation of its own.
-pub async fn run_one(rule: &Rule, target: &Target, profile: &Profile) -> RuleReport {
+pub async fn run_one(rule: &Rule, target: &Target, profile: &Profile, service: Option<Arc<dyn Service>>) -> RuleReport {
     let incarnation = loop {
         let i: u64 = rand::random();
         if i != 0 {
@@ -311,6 +335,8 @@ pub async fn run_one(rule: &Rule, target: &Target, profile: &Profile) -> RuleRep
     let mut cx = Ctx {
         s: Session::new(target, channel),
         p: profile,
+        target,
+        service,
         incarnation,
         next_txid: 0,
         touched: Vec::new(),
@@ -372,6 +398,10 @@ async fn dispatch(id: &str, cx: &mut Ctx<'_>) -> Step<Done> {
         "effect.abort-nothing" if has_effect => effect_abort_nothing(cx).await,
         "effect.stale-nothing" if has_effect => effect_stale_nothing(cx).await,
         _ if id.starts_with("effect.") => Ok(needs_effect()),
+        _ if id.starts_with("crash.") && cx.service.is_none() => Ok(Done::Skipped(
+            "the kit did not start the service (--start): it cannot crash it".into(),
+        )),
+        _ if id.starts_with("crash.") => crate::crash::dispatch(id, cx).await,
         _ => unreachable!("a rule without a body: {id}"),
     }
 }
@@ -900,7 +930,7 @@ mod tests {
         ids.dedup();
         assert_eq!(ids.len(), RULES.len(), "rule ids repeat");
         // `dispatch` panics on an id without a body; the names it knows:
-        let src = include_str!("rules.rs");
+        let src = [include_str!("rules.rs"), include_str!("crash.rs")].concat();
         for r in RULES {
             assert!(
                 src.contains(&format!("\"{}\" =>", r.id)) || src.contains(&format!("\"{}\" if", r.id)),

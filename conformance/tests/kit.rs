@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use dtx_conformance::service::Pending;
 use dtx_conformance::Effect;
 use dtx_conformance::Profile;
+use dtx_conformance::Service;
 use dtx_conformance::Target;
 use dtx_conformance::Verdict;
 use dtx_proto::v1 as pb;
@@ -37,6 +39,9 @@ struct Defects {
     reprepare: bool,
     /// Does not serve ApplyDecisions, PrepareMany or Inspect.
     minimal: bool,
+    /// Answers YES before the vote is on its disk (it gets there with
+    /// the next message).
+    vote_before_durable: bool,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -48,13 +53,14 @@ enum State {
     Tombstone,
 }
 
+#[derive(Clone)]
 struct Record {
     state: State,
     term: u64,
     delta: i64,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Log {
     records: HashMap<(u64, u64), Record>,
     floor: HashMap<u64, u64>,
@@ -62,8 +68,13 @@ struct Log {
     total: i64,
 }
 
+/// The participant: what it serves from (`log`) and what survives a
+/// crash (`disk`, a copy of `log` taken before each answer).
 struct Memory {
     log: Mutex<Log>,
+    disk: Mutex<Log>,
+    /// Killed: every call fails until it is started again.
+    dead: std::sync::atomic::AtomicBool,
     defects: Defects,
 }
 
@@ -95,8 +106,31 @@ impl Memory {
     fn new(defects: Defects) -> Memory {
         Memory {
             log: Mutex::new(Log::default()),
+            disk: Mutex::new(Log::default()),
+            dead: Default::default(),
             defects,
         }
+    }
+
+    /// Fails the call of a killed participant.
+    fn alive(&self) -> Result<(), Status> {
+        if self.dead.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::unavailable("killed"));
+        }
+        Ok(())
+    }
+
+    /// Writes what it serves to its disk (before answering).
+    fn persist(&self) {
+        let log = self.log.lock().unwrap();
+        *self.disk.lock().unwrap() = log.clone();
+    }
+
+    /// A crash: what was not on its disk is gone.
+    fn crash(&self) {
+        self.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut log = self.log.lock().unwrap();
+        *log = self.disk.lock().unwrap().clone();
     }
 
     /// Fencing: a message of `term` for the record `key` (or, without a
@@ -279,7 +313,11 @@ impl std::ops::Deref for Served {
 #[tonic::async_trait]
 impl ParticipantService for Served {
     async fn prepare(&self, req: Request<pb::PrepareRequest>) -> Result<Response<pb::PrepareResponse>, Status> {
+        self.alive()?;
         let vote = Memory::prepare(self, req.get_ref())?;
+        if !(self.defects.vote_before_durable && vote == pb::Vote::Yes) {
+            self.persist();
+        }
         Ok(Response::new(pb::PrepareResponse {
             vote: vote as i32,
             reason: String::new(),
@@ -290,9 +328,11 @@ impl ParticipantService for Served {
         &self,
         req: Request<pb::ParticipantDecisionRequest>,
     ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
+        self.alive()?;
         let r = req.into_inner();
         wrong_id(&r.participant_id)?;
         self.decide(r.incarnation, r.txid, r.term, true)?;
+        self.persist();
         Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
     }
 
@@ -300,9 +340,11 @@ impl ParticipantService for Served {
         &self,
         req: Request<pb::ParticipantDecisionRequest>,
     ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
+        self.alive()?;
         let r = req.into_inner();
         wrong_id(&r.participant_id)?;
         self.decide(r.incarnation, r.txid, r.term, false)?;
+        self.persist();
         Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
     }
 
@@ -310,7 +352,9 @@ impl ParticipantService for Served {
         &self,
         req: Request<pb::PrepareRequest>,
     ) -> Result<Response<pb::OnePhaseResponse>, Status> {
+        self.alive()?;
         let committed = self.one_phase(req.get_ref())?;
+        self.persist();
         Ok(Response::new(pb::OnePhaseResponse {
             committed,
             reason: String::new(),
@@ -318,6 +362,7 @@ impl ParticipantService for Served {
     }
 
     async fn inquire(&self, req: Request<pb::InquireRequest>) -> Result<Response<pb::InquireResponse>, Status> {
+        self.alive()?;
         let r = req.into_inner();
         let rec = self.record(r.incarnation, r.txid);
         Ok(Response::new(pb::InquireResponse {
@@ -330,6 +375,7 @@ impl ParticipantService for Served {
         &self,
         req: Request<pb::ApplyDecisionsRequest>,
     ) -> Result<Response<pb::ApplyDecisionsResponse>, Status> {
+        self.alive()?;
         if self.defects.minimal {
             return Err(Status::unimplemented("not served"));
         }
@@ -339,6 +385,7 @@ impl ParticipantService for Served {
             .iter()
             .map(|i| item_result(self.item(i)))
             .collect();
+        self.persist();
         Ok(Response::new(pb::ApplyDecisionsResponse { results }))
     }
 
@@ -346,6 +393,7 @@ impl ParticipantService for Served {
         &self,
         req: Request<pb::PrepareManyRequest>,
     ) -> Result<Response<pb::PrepareManyResponse>, Status> {
+        self.alive()?;
         if self.defects.minimal {
             return Err(Status::unimplemented("not served"));
         }
@@ -371,6 +419,7 @@ impl ParticipantService for Served {
                 }
             })
             .collect();
+        self.persist();
         Ok(Response::new(pb::PrepareManyResponse {
             results,
             decision_results,
@@ -425,15 +474,63 @@ impl Effect for Total {
     }
 }
 
-/// Serves a participant with `defects` and runs the whole kit against it.
+/// The participant as a service the kit can crash: its server task on a
+/// fixed address, stopped (and what was not on its disk lost) by `kill`.
+struct InProcess {
+    memory: Arc<Memory>,
+    addr: std::net::SocketAddr,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Service for InProcess {
+    fn start(&self) -> Pending<'_, Result<(), String>> {
+        Box::pin(async move {
+            let listener = loop {
+                match tokio::net::TcpListener::bind(self.addr).await {
+                    Ok(l) => break l,
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                        tokio::time::sleep(Duration::from_millis(20)).await
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            };
+            self.memory.dead.store(false, std::sync::atomic::Ordering::SeqCst);
+            let server = tonic::transport::Server::builder()
+                .add_service(ParticipantServiceServer::new(Served(self.memory.clone())))
+                .serve_with_incoming(dtx_tls::incoming(listener, None));
+            let task = tokio::spawn(async move {
+                let _ = server.await;
+            });
+            *self.task.lock().unwrap() = Some(task);
+            Ok(())
+        })
+    }
+
+    fn kill(&self) -> Pending<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.memory.crash();
+            if let Some(t) = self.task.lock().unwrap().take() {
+                t.abort();
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Serves a participant with `defects` and runs the whole kit against it,
+/// crash rules included.
 async fn kit_against(defects: Defects) -> dtx_conformance::Report {
     let memory = Arc::new(Memory::new(defects));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tonic::transport::Server::builder()
-        .add_service(ParticipantServiceServer::new(Served(memory.clone())))
-        .serve_with_incoming(dtx_tls::incoming(listener, None));
-    let served = tokio::spawn(server);
+    let addr = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap()
+    };
+    let service = Arc::new(InProcess {
+        memory: memory.clone(),
+        addr,
+        task: Mutex::new(None),
+    });
+    service.start().await.unwrap();
     let target = Target {
         address: addr.to_string(),
         participant_id: ID.into(),
@@ -448,8 +545,8 @@ async fn kit_against(defects: Defects) -> dtx_conformance::Report {
         effect: Some(Arc::new(Total(memory.clone()))),
         effect_per_commit: 1,
     };
-    let report = dtx_conformance::run(&target, &profile, &[]).await;
-    served.abort();
+    let report = dtx_conformance::run(&target, &profile, &[], Some(service.clone())).await;
+    service.kill().await.unwrap();
     report
 }
 
@@ -488,9 +585,12 @@ async fn a_repeated_commit_applied_twice_fails_the_exactly_once_rules() {
         "{}",
         r.to_text()
     );
-    // Only the rules that count effects see it: the acks are all right.
+    // Only the rules that count effects see it (some across a crash): the
+    // acks are all right.
     assert!(
-        failed.iter().all(|(id, _)| id.starts_with("effect.")),
+        failed
+            .iter()
+            .all(|(id, _)| id.starts_with("effect.") || id.starts_with("crash.")),
         "{}",
         r.to_text()
     );
@@ -559,6 +659,27 @@ async fn a_repeated_prepare_that_runs_the_work_again_fails_the_repeat_rule() {
 }
 
 #[tokio::test]
+async fn a_yes_answered_before_it_is_durable_fails_the_crash_rules() {
+    let r = kit_against(Defects {
+        vote_before_durable: true,
+        ..Defects::default()
+    })
+    .await;
+    let failed: Vec<&str> = not_passed(&r).into_iter().map(|(id, _)| id).collect();
+    assert!(failed.contains(&"crash.after-yes"), "{}", r.to_text());
+    assert!(failed.contains(&"crash.in-recovery"), "{}", r.to_text());
+    // Without a crash nothing shows: every other rule passes.
+    assert!(failed.iter().all(|id| id.starts_with("crash.")), "{}", r.to_text());
+    let rule = r.rule("crash.after-yes").unwrap();
+    assert!(rule.detail.contains("answered NONE"), "{}", rule.detail);
+    assert!(
+        rule.transcript.iter().any(|l| l.starts_with("kill -9")),
+        "{:?}",
+        rule.transcript
+    );
+}
+
+#[tokio::test]
 async fn optional_calls_not_served_are_skipped_not_failed() {
     let r = kit_against(Defects {
         minimal: true,
@@ -603,7 +724,7 @@ async fn a_participant_that_does_not_answer_is_unknown_not_failed() {
         effect: None,
         effect_per_commit: 1,
     };
-    let r = dtx_conformance::run(&target, &profile, &["prepare.yes".into(), "commit.".into()]).await;
+    let r = dtx_conformance::run(&target, &profile, &["prepare.yes".into(), "commit.".into()], None).await;
     held.abort();
     assert_eq!(r.rules.len(), 3, "{}", r.to_text());
     assert!(r.rules.iter().all(|x| x.verdict == Verdict::Unknown), "{}", r.to_text());

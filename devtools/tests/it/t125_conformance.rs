@@ -6,7 +6,11 @@
 //! grouped calls, Inspect) and counts the effects of repeated decisions
 //! through the bank's committed balance (exactly once, invariant 4). Every
 //! rule passes except the two READ_ONLY ones, skipped because the bank has
-//! no read-only work; the bank holds nothing in doubt afterwards. Then
+//! no read-only work; the bank holds nothing in doubt afterwards. With
+//! `--start` the kit starts the bank itself and runs the crash rules too
+//! (kill -9 after a YES, during a Prepare, after and during a Commit, after
+//! Aborts, with a term floor, and again during recovery): they pass on
+//! both stores. Then
 //! `conformance step-service` against the order saga's inventory step
 //! service, on its own store and on PostgreSQL: every step rule passes
 //! (one business change per operation id, Status and Fence, fingerprints,
@@ -67,13 +71,23 @@ async fn conforms(bank: &BranchBank) {
             )
         })
         .collect();
+    // Skipped: the READ_ONLY rules (the bank has no read-only work), and
+    // the crash rules (the kit did not start it: see crash_rules_pass).
     let not_passed: Vec<&(String, String)> = verdicts.iter().filter(|(_, v)| v != "passed").collect();
+    let mut skipped = vec!["read-only", "one-phase.read-only"];
+    skipped.extend(
+        dtx_conformance::RULES
+            .iter()
+            .map(|r| r.id)
+            .filter(|id| id.starts_with("crash.")),
+    );
+    let want: Vec<(String, String)> = skipped
+        .iter()
+        .map(|id| (id.to_string(), "skipped".to_string()))
+        .collect();
     assert_eq!(
         not_passed,
-        vec![
-            &("read-only".to_string(), "skipped".to_string()),
-            &("one-phase.read-only".to_string(), "skipped".to_string())
-        ],
+        want.iter().collect::<Vec<_>>(),
         "{}",
         serde_json::to_string_pretty(&report).unwrap()
     );
@@ -196,4 +210,89 @@ async fn t125_the_inventory_step_service_passes_the_step_rules_on_both_stores() 
     .await;
     let (code, report) = step_kit(&shop.addr("inventory"));
     every_step_rule_passes(code, &report);
+}
+
+/// `conformance participant --start` of a bank on its own store (or on
+/// PostgreSQL at `postgres`): the kit starts it, crashes it and starts it
+/// again; the crash rules (and every other) pass.
+fn crash_rules_pass(c: &TestCluster, id: &str, postgres: Option<String>) {
+    let ip = "127.0.0.1";
+    let addr = format!("{ip}:{}", dtx_testkit::cluster::free_port(ip).unwrap());
+    let app = format!("{ip}:{}", dtx_testkit::cluster::free_port(ip).unwrap());
+    let store = match &postgres {
+        Some(conn) => format!("--postgres '{conn}'"),
+        None => format!("--data-dir '{}'", c.dir.path().join(id).display()),
+    };
+    let start = format!(
+        "RUST_LOG=warn exec '{}' bank-serve --id {id} --prefix a --listen {addr} --app-listen {app} \
+         --cluster {} --accounts 10 --initial 1000 {store}",
+        common::bin().display(),
+        c.procs.api_addrs().join(",")
+    );
+    let effect = format!("{} bank-balance --app {app} --account a0", common::bin().display());
+    let log = c.dir.path().join(format!("{id}-kit.log"));
+    let o = std::process::Command::new(common::bin())
+        .args(["conformance", "participant", "--address", &addr, "--participant-id", id])
+        .args([
+            "--yes-payload",
+            "a0:1",
+            "--no-payload",
+            "nosuch:1",
+            "--effect-command",
+            &effect,
+        ])
+        .args(["--start", &start, "--start-log"])
+        .arg(&log)
+        .arg("--json")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run dtx-dev conformance --start");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {out}{}\nthe bank's output:\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    });
+    let rules = report["rules"].as_array().unwrap();
+    let crash: Vec<&Value> = rules
+        .iter()
+        .filter(|r| r["id"].as_str().unwrap().starts_with("crash."))
+        .collect();
+    assert_eq!(crash.len(), 7, "{report}");
+    let not_passed: Vec<(&str, &str)> = rules
+        .iter()
+        .filter(|r| r["verdict"] != "passed")
+        .map(|r| (r["id"].as_str().unwrap(), r["verdict"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        not_passed,
+        vec![("read-only", "skipped"), ("one-phase.read-only", "skipped")],
+        "{}\nthe bank's output:\n{}",
+        serde_json::to_string_pretty(&report).unwrap(),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(o.status.code(), Some(0));
+    // Every crash rule did crash it.
+    for r in crash {
+        let killed = r["transcript"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l.as_str().unwrap().starts_with("kill -9"));
+        assert!(killed, "{r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t125_the_bank_keeps_the_rules_across_kill_9_on_both_stores() {
+    let mut c = TestCluster::start("t125d");
+    c.leader().await;
+    crash_rules_pass(&c, "bank-a", None);
+    let Some(pg) = postgres_or_skip("t125 crash rules of the PostgreSQL bank") else {
+        return;
+    };
+    pg.create_database("t125d_a").unwrap();
+    crash_rules_pass(&c, "bank-p", Some(pg.conn_string("t125d_a")));
 }
