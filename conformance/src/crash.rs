@@ -12,10 +12,10 @@ use dtx_proto::v1 as pb;
 use pb::LocalRecord as Rec;
 use pb::Vote;
 
-use crate::rules::Ctx;
-use crate::rules::Done;
-use crate::rules::OTHER_PAYLOAD;
-use crate::rules::T;
+use crate::ctx::Ctx;
+use crate::ctx::Done;
+use crate::ctx::OTHER_PAYLOAD;
+use crate::ctx::T;
 use crate::wire::broken;
 use crate::wire::show_record;
 use crate::wire::Reply;
@@ -55,7 +55,7 @@ impl Ctx<'_> {
     /// The record's state now (any).
     async fn record_now(&mut self, tx: Tx) -> Step<pb::InquireResponse> {
         let r = self.s.inquire(tx).await;
-        crate::rules::answer(r, "Inquire")
+        crate::ctx::answer(r, "Inquire")
     }
 
     /// The effect now, when the profile has a probe.
@@ -251,7 +251,7 @@ async fn floor(cx: &mut Ctx<'_>) -> Step<Done> {
     cx.crash("after a commit at term 9").await?;
     let late = cx.tx();
     let r = cx.s.prepare(late, 3, &yes).await;
-    crate::rules::refused(
+    crate::ctx::refused(
         r,
         tonic::Code::FailedPrecondition,
         "stale-term",

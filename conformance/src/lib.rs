@@ -22,6 +22,7 @@
 //! ```
 
 mod crash;
+mod ctx;
 pub mod effect;
 pub mod report;
 mod rules;

@@ -11,11 +11,11 @@ use dtx_transport::channel::Channel;
 use pb::StepOutcome as Out;
 use tonic::Code;
 
+use crate::ctx::answer;
+use crate::ctx::refused;
+use crate::ctx::Done;
 use crate::report::RuleReport;
 use crate::report::Verdict;
-use crate::rules::answer;
-use crate::rules::refused;
-use crate::rules::Done;
 use crate::wire::broken;
 use crate::wire::show_payload;
 use crate::wire::Recorder;
@@ -292,7 +292,7 @@ pub async fn run_step_rule(rule: &StepRule, target: &Target, profile: &StepProfi
     };
     let result = dispatch(rule.id, &mut cx).await;
     report.transcript = std::mem::take(&mut cx.rec.transcript);
-    (report.verdict, report.detail) = crate::rules::verdict(result);
+    (report.verdict, report.detail) = crate::ctx::verdict(result);
     report
 }
 
