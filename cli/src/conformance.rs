@@ -40,6 +40,19 @@ struct Common {
     /// How long one call may take before its outcome counts as unknown.
     #[arg(long, default_value_t = 5_000)]
     call_timeout_ms: u64,
+    /// Start the service with this shell command (it must listen on
+    /// --address, on data that survives it), and run the crash rules too:
+    /// kill -9 after an answer, during a call and during recovery, then
+    /// start it again on the same data. The kit kills it when it ends.
+    #[arg(long, value_name = "COMMAND")]
+    start: Option<String>,
+    /// How long a start may take to listen, in seconds.
+    #[arg(long, default_value_t = 30)]
+    start_timeout_s: u64,
+    /// Where the started service's output goes (appended); by default a
+    /// file in the temporary directory, named in the report.
+    #[arg(long)]
+    start_log: Option<std::path::PathBuf>,
     /// TLS and token settings (a node's certificate or token: the kit
     /// speaks as the coordinator does).
     #[command(flatten)]
@@ -100,19 +113,6 @@ pub struct ParticipantArgs {
     /// How much one commit of the YES payload changes the effect.
     #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
     effect_per_commit: i64,
-    /// Start the service with this shell command (it must listen on
-    /// --address, on data that survives it), and run the crash rules too:
-    /// kill -9 after an answer, during a call and during recovery, then
-    /// start it again on the same data. The kit kills it when it ends.
-    #[arg(long, value_name = "COMMAND")]
-    start: Option<String>,
-    /// How long a start may take to listen, in seconds.
-    #[arg(long, default_value_t = 30)]
-    start_timeout_s: u64,
-    /// Where the started service's output goes (appended); by default a
-    /// file in the temporary directory, named in the report.
-    #[arg(long)]
-    start_log: Option<std::path::PathBuf>,
 }
 
 /// A payload's bytes.
@@ -171,6 +171,30 @@ impl Common {
         })
     }
 
+    /// With `--start`, the service started (`Some(Some(..))`); without,
+    /// `Some(None)`; `None` when it did not start (said on stderr).
+    async fn service(&self, target: &dtx_conformance::Target) -> Option<Option<Arc<dyn dtx_conformance::Service>>> {
+        let Some(command) = &self.start else {
+            return Some(None);
+        };
+        let log = self
+            .start_log
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("dtx-conformance-{}.log", std::process::id())));
+        let s = Arc::new(dtx_conformance::CommandService::new(
+            command.clone(),
+            target.address.clone(),
+            log.clone(),
+            Duration::from_secs(self.start_timeout_s),
+        ));
+        if let Err(e) = dtx_conformance::Service::start(s.as_ref()).await {
+            eprintln!("error: --start: {e}");
+            return None;
+        }
+        eprintln!("started the service; its output: {}", log.display());
+        Some(Some(s))
+    }
+
     /// Prints `report`; its exit status.
     fn print(&self, report: &dtx_conformance::Report) -> anyhow::Result<i32> {
         if self.json {
@@ -198,25 +222,8 @@ async fn participant(a: ParticipantArgs) -> anyhow::Result<i32> {
         effect,
         effect_per_commit: a.effect_per_commit,
     };
-    let service = match a.start {
-        Some(command) => {
-            let log = a
-                .start_log
-                .unwrap_or_else(|| std::env::temp_dir().join(format!("dtx-conformance-{}.log", std::process::id())));
-            let s = Arc::new(dtx_conformance::CommandService::new(
-                command,
-                target.address.clone(),
-                log.clone(),
-                Duration::from_secs(a.start_timeout_s),
-            ));
-            if let Err(e) = dtx_conformance::Service::start(s.as_ref()).await {
-                eprintln!("error: --start: {e}");
-                return Ok(crate::exit_codes::EXIT_ERROR);
-            }
-            eprintln!("started the service; its output: {}", log.display());
-            Some(s as Arc<dyn dtx_conformance::Service>)
-        }
-        None => None,
+    let Some(service) = a.common.service(&target).await else {
+        return Ok(crate::exit_codes::EXIT_ERROR);
     };
     let report = dtx_conformance::run(&target, &profile, &a.common.only, service).await;
     a.common.print(&report)
@@ -233,7 +240,10 @@ async fn step_service(a: StepServiceArgs) -> anyhow::Result<i32> {
         failed_input: a.failed_input,
         versioned: a.versioned,
     };
-    let report = dtx_conformance::run_steps(&target, &profile, &a.common.only).await;
+    let Some(service) = a.common.service(&target).await else {
+        return Ok(crate::exit_codes::EXIT_ERROR);
+    };
+    let report = dtx_conformance::run_steps(&target, &profile, &a.common.only, service).await;
     a.common.print(&report)
 }
 

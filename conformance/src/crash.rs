@@ -6,8 +6,6 @@
 //! whichever moment the kill hits: every check below accepts each state
 //! the protocol allows at that moment and nothing else.
 
-use std::time::Duration;
-
 use dtx_proto::v1 as pb;
 use pb::LocalRecord as Rec;
 use pb::Vote;
@@ -16,6 +14,7 @@ use crate::ctx::Ctx;
 use crate::ctx::Done;
 use crate::ctx::OTHER_PAYLOAD;
 use crate::ctx::T;
+use crate::service;
 use crate::wire::broken;
 use crate::wire::show_record;
 use crate::wire::Reply;
@@ -29,15 +28,9 @@ impl Ctx<'_> {
     /// both noted in the transcript.
     async fn crash(&mut self, when: &str) -> Step<()> {
         let service = self.service.clone().expect("crash rules run with a service");
-        service
-            .kill()
-            .await
-            .map_err(|e| Stop::Unknown(format!("could not kill the service: {e}")))?;
+        service::kill(service.as_ref()).await?;
         self.s.note(format!("kill -9 ({when})"));
-        service
-            .start()
-            .await
-            .map_err(|e| Stop::Broken(format!("the service did not start again after kill -9: {e}")))?;
+        service::restart(service.as_ref()).await?;
         self.s.note("started again on the same data".into());
         self.reconnect()
     }
@@ -84,26 +77,13 @@ impl Ctx<'_> {
     {
         let channel = crate::wire::connect(self.target).map_err(Stop::Unknown)?;
         let side = Session::new(self.target, channel);
-        let flight = tokio::spawn(call(side));
-        // 0 to 3 ms: before, during or after the service's write.
-        let delay_us = rand::random::<u64>() % 3_000;
-        tokio::time::sleep(Duration::from_micros(delay_us)).await;
         let service = self.service.clone().expect("crash rules run with a service");
-        service
-            .kill()
-            .await
-            .map_err(|e| Stop::Unknown(format!("could not kill the service: {e}")))?;
-        let (side, reply) = flight
-            .await
-            .map_err(|e| Stop::Unknown(format!("the call in flight was lost: {e}")))?;
+        let ((side, reply), delay_us) = service::kill_during(service.as_ref(), call(side)).await?;
         for line in side.rec.transcript {
             self.s.note(line);
         }
         self.s.note(format!("kill -9 {delay_us} us after {what} left"));
-        service
-            .start()
-            .await
-            .map_err(|e| Stop::Broken(format!("the service did not start again after kill -9: {e}")))?;
+        service::restart(service.as_ref()).await?;
         self.s.note("started again on the same data".into());
         self.reconnect()?;
         Ok(reply)

@@ -11,6 +11,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 use std::time::Instant;
 
+use crate::wire::Step;
+use crate::wire::Stop;
+
 /// A future the trait's methods return.
 pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -135,4 +138,39 @@ impl Drop for CommandService {
     fn drop(&mut self) {
         let _ = self.kill_now();
     }
+}
+
+/// Kills `service` with SIGKILL.
+pub(crate) async fn kill(service: &dyn Service) -> Step<()> {
+    service
+        .kill()
+        .await
+        .map_err(|e| Stop::Unknown(format!("could not kill the service: {e}")))
+}
+
+/// Starts `service` again after a kill: a service that cannot start on
+/// its own data breaks the rule.
+pub(crate) async fn restart(service: &dyn Service) -> Step<()> {
+    service
+        .start()
+        .await
+        .map_err(|e| Stop::Broken(format!("the service did not start again after kill -9: {e}")))
+}
+
+/// Runs `flight` (a call on a connection of its own) and kills `service`
+/// 0 to 3 ms after it left (before, during or after the service's write);
+/// what the call ended with, and the delay in microseconds. The service
+/// is left dead: the caller notes what happened and restarts it.
+pub(crate) async fn kill_during<R: Send + 'static>(
+    service: &dyn Service,
+    flight: impl Future<Output = R> + Send + 'static,
+) -> Step<(R, u64)> {
+    let flight = tokio::spawn(flight);
+    let delay_us = rand::random::<u64>() % 3_000;
+    tokio::time::sleep(Duration::from_micros(delay_us)).await;
+    kill(service).await?;
+    let ended = flight
+        .await
+        .map_err(|e| Stop::Unknown(format!("the call in flight was lost: {e}")))?;
+    Ok((ended, delay_us))
 }

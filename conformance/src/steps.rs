@@ -16,12 +16,16 @@ use crate::ctx::refused;
 use crate::ctx::Done;
 use crate::report::RuleReport;
 use crate::report::Verdict;
+use crate::service;
+use crate::service::Service;
 use crate::wire::broken;
 use crate::wire::show_payload;
 use crate::wire::Recorder;
 use crate::wire::Reply;
 use crate::wire::Step;
+use crate::wire::Stop;
 use crate::Target;
+use std::sync::Arc;
 
 /// What the kit needs to know of the step's business.
 #[derive(Clone, Debug)]
@@ -66,6 +70,10 @@ pub const STEP_RULES: &[StepRule] = &[
     StepRule { id: "step.compensate-after-failed", title: "a compensation of a FAILED forward action answers NOOP" },
     StepRule { id: "step.compensate-repeat", title: "a compensation runs once per operation id: a repeat answers the stored reply" },
     StepRule { id: "step.stale", title: "a compensation whose precondition is not the resource's version answers STALE and changes nothing" },
+    StepRule { id: "step.crash.after-forward", title: "a forward reply given before a kill -9 is the stored reply after the restart" },
+    StepRule { id: "step.crash.in-forward", title: "killed while a forward call runs: after the restart it was done once or not at all, and a repeat completes it once" },
+    StepRule { id: "step.crash.after-fence", title: "a fence survives a kill -9: a late forward call answers FAILED" },
+    StepRule { id: "step.crash.after-compensate", title: "a compensation's reply given before a kill -9 is the stored reply after the restart" },
 ];
 
 /// The step number the kit's calls carry.
@@ -75,6 +83,9 @@ struct StepCx<'a> {
     client: SagaStepServiceClient<Channel>,
     rec: Recorder,
     p: &'a StepProfile,
+    target: &'a Target,
+    /// The service as a process the kit may kill (with `--start`).
+    service: Option<Arc<dyn Service>>,
     saga: u64,
     next: u32,
 }
@@ -110,6 +121,45 @@ fn same_reply(a: &pb::StepReply, b: &pb::StepReply) -> bool {
 }
 
 impl StepCx<'_> {
+    /// Kills the service with SIGKILL, starts it again and reconnects.
+    async fn crash(&mut self, when: &str) -> Step<()> {
+        let service = self.service.clone().expect("crash rules run with a service");
+        service::kill(service.as_ref()).await?;
+        self.rec.transcript.push(format!("kill -9 ({when})"));
+        service::restart(service.as_ref()).await?;
+        self.rec.transcript.push("started again on the same data".into());
+        self.reconnect()
+    }
+
+    fn reconnect(&mut self) -> Step<()> {
+        let channel = crate::wire::connect(self.target).map_err(Stop::Unknown)?;
+        self.client = SagaStepServiceClient::new(channel);
+        Ok(())
+    }
+
+    /// Sends `call` as a forward call on a connection of its own, kills
+    /// the service a few milliseconds later and starts it again; what the
+    /// call got.
+    async fn forward_killed(&mut self, call: pb::StepCall) -> Step<Reply<pb::StepReply>> {
+        let channel = crate::wire::connect(self.target).map_err(Stop::Unknown)?;
+        let client = SagaStepServiceClient::new(channel);
+        let mut rec = Recorder::new(self.target);
+        let flight = async move {
+            let r = send_forward(client, &mut rec, call).await;
+            (rec, r)
+        };
+        let service = self.service.clone().expect("crash rules run with a service");
+        let ((rec, reply), delay_us) = service::kill_during(service.as_ref(), flight).await?;
+        self.rec.transcript.extend(rec.transcript);
+        self.rec
+            .transcript
+            .push(format!("kill -9 {delay_us} us after the forward call left"));
+        service::restart(service.as_ref()).await?;
+        self.rec.transcript.push("started again on the same data".into());
+        self.reconnect()?;
+        Ok(reply)
+    }
+
     /// A new operation id of this rule's saga.
     fn op(&mut self, kind: char) -> String {
         self.next += 1;
@@ -153,16 +203,7 @@ impl StepCx<'_> {
     }
 
     async fn forward(&mut self, call: pb::StepCall) -> Reply<pb::StepReply> {
-        let sent = format!(
-            "Forward(op {:?}, action {:?}, input {}, fingerprint {:?})",
-            call.operation_id,
-            call.action,
-            show_payload(&call.input),
-            call.fingerprint
-        );
-        let rq = self.rec.request(call);
-        let mut c = self.client.clone();
-        self.rec.call(sent, c.forward(rq), show_reply).await
+        send_forward(self.client.clone(), &mut self.rec, call).await
     }
 
     async fn compensate(&mut self, call: pb::StepCall) -> Reply<pb::StepReply> {
@@ -263,8 +304,30 @@ impl StepCx<'_> {
     }
 }
 
+/// A forward call through `client`, noted in `rec`.
+async fn send_forward(
+    mut client: SagaStepServiceClient<Channel>,
+    rec: &mut Recorder,
+    call: pb::StepCall,
+) -> Reply<pb::StepReply> {
+    let sent = format!(
+        "Forward(op {:?}, action {:?}, input {}, fingerprint {:?})",
+        call.operation_id,
+        call.action,
+        show_payload(&call.input),
+        call.fingerprint
+    );
+    let rq = rec.request(call);
+    rec.call(sent, client.forward(rq), show_reply).await
+}
+
 /// Runs `rule` against the step service at `target`.
-pub async fn run_step_rule(rule: &StepRule, target: &Target, profile: &StepProfile) -> RuleReport {
+pub async fn run_step_rule(
+    rule: &StepRule,
+    target: &Target,
+    profile: &StepProfile,
+    service: Option<Arc<dyn Service>>,
+) -> RuleReport {
     // A saga id of its own, within what JSON numbers hold exactly.
     let saga = (rand::random::<u64>() >> 12).max(1);
     let mut report = RuleReport {
@@ -287,6 +350,8 @@ pub async fn run_step_rule(rule: &StepRule, target: &Target, profile: &StepProfi
         client: SagaStepServiceClient::new(channel),
         rec: Recorder::new(target),
         p: profile,
+        target,
+        service,
         saga,
         next: 0,
     };
@@ -323,6 +388,13 @@ async fn dispatch(id: &str, cx: &mut StepCx<'_>) -> Step<Done> {
         "step.stale" => Ok(Done::Skipped(
             "the profile does not say the step is versioned (--versioned)".into(),
         )),
+        _ if cx.service.is_none() => Ok(Done::Skipped(
+            "the kit did not start the service (--start): it cannot crash it".into(),
+        )),
+        "step.crash.after-forward" => crash_after_forward(cx).await,
+        "step.crash.in-forward" => crash_in_forward(cx).await,
+        "step.crash.after-fence" => crash_after_fence(cx).await,
+        "step.crash.after-compensate" => crash_after_compensate(cx).await,
         _ => unreachable!("a step rule without a body: {id}"),
     }
 }
@@ -484,14 +556,102 @@ async fn stale(cx: &mut StepCx<'_>) -> Step<Done> {
     Ok(Done::Passed)
 }
 
-/// Runs every step rule (or those whose id starts with one of `only`).
-pub async fn run_steps(target: &Target, profile: &StepProfile, only: &[String]) -> crate::Report {
+async fn crash_after_forward(cx: &mut StepCx<'_>) -> Step<Done> {
+    let f = cx.op('f');
+    let input = cx.input(&cx.p.input.clone());
+    let first = cx.forward_is(&f, &input, Out::Ok).await?;
+    cx.crash("after the forward reply").await?;
+    cx.status_is(&f, false, Some(&first)).await?;
+    let call = cx.forward_call(&f, &input);
+    let again = cx.forward(call).await;
+    StepCx::repeated(&first, again, &format!("the Forward {f:?} repeated after the restart"))?;
+    Ok(Done::Passed)
+}
+
+async fn crash_in_forward(cx: &mut StepCx<'_>) -> Step<Done> {
+    let f = cx.op('f');
+    let input = cx.input(&cx.p.input.clone());
+    let call = cx.forward_call(&f, &input);
+    let reply = cx.forward_killed(call).await?;
+    let answered = match reply {
+        Reply::Answer(a) => Some(a),
+        _ => None,
+    };
+    let r = cx.status(&f, false).await;
+    let status = answer(r, &format!("Status of {f:?} after the restart"))?;
+    match (&answered, status.applied, status.reply.as_ref()) {
+        (Some(a), true, Some(got)) if same_reply(a, got) => {}
+        (None, false, _) => {}
+        (None, true, Some(got)) if got.outcome == Out::Ok as i32 => {}
+        _ => {
+            return broken(format!(
+                "after the restart Status of {f:?} answers {}; {}",
+                show_status(&status),
+                match &answered {
+                    Some(a) => format!("the call had answered {}, so that reply must be stored", show_reply(a)),
+                    None => "a call cut short is done (OK) or not at all".into(),
+                }
+            ))
+        }
+    }
+    let call = cx.forward_call(&f, &input);
+    let r = cx.forward(call).await;
+    let done = StepCx::outcome(r, Out::Ok, &format!("the Forward {f:?} repeated after the restart"))?;
+    if let (true, Some(got)) = (status.applied, status.reply.as_ref()) {
+        if !same_reply(got, &done) {
+            return broken(format!(
+                "the repeated Forward {f:?} answered {}; Status had answered the stored {}",
+                show_reply(&done),
+                show_reply(got)
+            ));
+        }
+    }
+    cx.status_is(&f, false, Some(&done)).await?;
+    Ok(Done::Passed)
+}
+
+async fn crash_after_fence(cx: &mut StepCx<'_>) -> Step<Done> {
+    let f = cx.op('f');
+    cx.status_is(&f, true, None).await?;
+    cx.crash("after the fence").await?;
+    let input = cx.input(&cx.p.input.clone());
+    cx.forward_is(&f, &input, Out::Failed).await?;
+    Ok(Done::Passed)
+}
+
+async fn crash_after_compensate(cx: &mut StepCx<'_>) -> Step<Done> {
+    let f = cx.op('f');
+    let input = cx.input(&cx.p.input.clone());
+    let done = cx.forward_is(&f, &input, Out::Ok).await?;
+    let c = cx.op('c');
+    let call = cx.compensate_call(&c, &f, &done.resource_version);
+    let r = cx.compensate(call.clone()).await;
+    let first = StepCx::outcome(r, Out::Ok, &format!("Compensate {c:?}"))?;
+    cx.crash("after the compensation's reply").await?;
+    let again = cx.compensate(call).await;
+    StepCx::repeated(
+        &first,
+        again,
+        &format!("the Compensate {c:?} repeated after the restart"),
+    )?;
+    cx.status_is(&f, false, Some(&done)).await?;
+    Ok(Done::Passed)
+}
+
+/// Runs every step rule (or those whose id starts with one of `only`);
+/// with `service` (the kit started it) the crash rules too.
+pub async fn run_steps(
+    target: &Target,
+    profile: &StepProfile,
+    only: &[String],
+    service: Option<Arc<dyn Service>>,
+) -> crate::Report {
     let mut rules = Vec::new();
     for rule in STEP_RULES {
         if !only.is_empty() && !only.iter().any(|o| rule.id.starts_with(o.as_str())) {
             continue;
         }
-        rules.push(run_step_rule(rule, target, profile).await);
+        rules.push(run_step_rule(rule, target, profile, service.clone()).await);
     }
     crate::Report {
         address: target.address.clone(),

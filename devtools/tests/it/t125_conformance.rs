@@ -11,17 +11,16 @@
 //! (kill -9 after a YES, during a Prepare, after and during a Commit, after
 //! Aborts, with a term floor, and again during recovery): they pass on
 //! both stores. Then
-//! `conformance step-service` against the order saga's inventory step
-//! service, on its own store and on PostgreSQL: every step rule passes
-//! (one business change per operation id, Status and Fence, fingerprints,
-//! NOOP and STALE compensations). That the rules fail for a participant
+//! `conformance step-service --start` against the order saga's inventory
+//! step service, on its own store and on PostgreSQL: every step rule
+//! passes (one business change per operation id, Status and Fence,
+//! fingerprints, NOOP and STALE compensations, and its replies kept across
+//! kill -9). That the rules fail for a participant
 //! that breaks them: conformance/tests/kit.rs.
 
 use crate::common;
 
 use common::branch_bank::BranchBank;
-use common::sagas::SagaShop;
-use common::sagas::ShopFlags;
 use common::shop::postgres_or_skip;
 use common::TestCluster;
 use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
@@ -139,9 +138,20 @@ async fn t125_the_bank_on_postgresql_passes_the_conformance_kit() {
     conforms(&bank).await;
 }
 
-/// `conformance step-service` against the inventory at `addr`, with its
-/// profile; the exit status and the JSON report.
-fn step_kit(addr: &str) -> (Option<i32>, Value) {
+/// `conformance step-service --start` of the order saga's inventory on
+/// its own store (or on PostgreSQL at `postgres`), with its profile; the
+/// exit status and the JSON report.
+fn step_kit(dir: &std::path::Path, postgres: Option<String>) -> (Option<i32>, Value) {
+    let ip = "127.0.0.1";
+    let addr = format!("{ip}:{}", dtx_testkit::cluster::free_port(ip).unwrap());
+    let store = match &postgres {
+        Some(conn) => format!("--postgres '{conn}'"),
+        None => format!("--data '{}'", dir.join("inventory").display()),
+    };
+    let start = format!(
+        "RUST_LOG=warn exec '{}' saga-step-serve --role inventory --listen {addr} {store}",
+        common::bin().display()
+    );
     let input = r#"{"order":"kit-{saga}","sku":"sku-0","qty":1,"customer":"c-0","amount":1}"#;
     let failed = r#"{"order":"kit-{saga}","sku":"sku-0","qty":1000000,"customer":"c-0","amount":1}"#;
     let o = std::process::Command::new(common::bin())
@@ -149,7 +159,7 @@ fn step_kit(addr: &str) -> (Option<i32>, Value) {
             "conformance",
             "step-service",
             "--address",
-            addr,
+            &addr,
             "--json",
             "--versioned",
         ])
@@ -167,6 +177,8 @@ fn step_kit(addr: &str) -> (Option<i32>, Value) {
             "--failed-input",
             failed,
         ])
+        .args(["--start", &start, "--start-log"])
+        .arg(dir.join("inventory-kit.log"))
         .env("RUST_LOG", "warn")
         .output()
         .expect("run dtx-dev conformance step-service");
@@ -185,30 +197,31 @@ fn every_step_rule_passes(code: Option<i32>, report: &Value) {
         serde_json::to_string_pretty(report).unwrap()
     );
     assert_eq!(rules.len(), dtx_conformance::STEP_RULES.len());
+    let crashed = rules
+        .iter()
+        .filter(|r| {
+            r["transcript"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l.as_str().unwrap().starts_with("kill -9"))
+        })
+        .count();
+    assert_eq!(crashed, 4, "the four crash rules crash it");
     assert_eq!(code, Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t125_the_inventory_step_service_passes_the_step_rules_on_both_stores() {
     let dir = common::test_dir();
-    let shop = SagaShop::start(dir.path(), ShopFlags::default()).await;
-    let (code, report) = step_kit(&shop.addr("inventory"));
+    let (code, report) = step_kit(dir.path(), None);
     every_step_rule_passes(code, &report);
 
     let Some(pg) = postgres_or_skip("t125 conformance of the PostgreSQL inventory") else {
         return;
     };
     pg.create_database("t125_inventory").unwrap();
-    let dir = common::test_dir();
-    let shop = SagaShop::start(
-        dir.path(),
-        ShopFlags {
-            inventory_postgres: Some(pg.conn_string("t125_inventory")),
-            ..ShopFlags::default()
-        },
-    )
-    .await;
-    let (code, report) = step_kit(&shop.addr("inventory"));
+    let (code, report) = step_kit(dir.path(), Some(pg.conn_string("t125_inventory")));
     every_step_rule_passes(code, &report);
 }
 
