@@ -34,8 +34,9 @@ fn the_node_binary_has_the_node_commands_only() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         subcommands(&help),
-        ["serve", "inspect", "admin", "restore", "help"],
-        "the node's binary lists the node's commands and nothing else:\n{help}"
+        ["serve", "inspect", "admin", "restore", "conformance", "help"],
+        "the node's binary lists the node's commands (and the participant conformance kit, which every \
+         operator of a cluster has with it) and nothing else:\n{help}"
     );
     // A development tool is an unknown command here (clap's usage error).
     let out = Command::new(bin()).arg("demo").output().expect("run coordinator demo");
