@@ -42,6 +42,7 @@ mod t122_shop_demo;
 mod t123_saga_outputs_pending_approvals;
 mod t124_saga_inventory_postgres;
 mod t125_conformance;
+mod t126_python_sdk;
 mod t20_leader_failover;
 mod t21_full_restart;
 mod t22_crash_loop;
