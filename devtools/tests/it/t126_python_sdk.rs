@@ -8,10 +8,21 @@
 //! the Python client on a real three-node cluster with its leader killed
 //! (SIGKILL) mid-run, and with a bank killed and restarted.
 //!
+//! With the PostgreSQL server binaries installed, it also starts a
+//! throwaway server (`dtx_pg_server`, loopback, a free port), creates a
+//! database and hands its connection string to pytest in
+//! `DTX_TEST_POSTGRES`: then the PostgreSQL participant's tests run too
+//! (its store against the server, the conformance kit against the
+//! PostgreSQL bank with `--start`, and transfers between a PostgreSQL and
+//! a SQLite bank on a real cluster, through a leader kill and a kill of the
+//! PostgreSQL bank). Without the binaries those tests are skipped (said
+//! loudly here, and by pytest), unless `DTX_REQUIRE_POSTGRES=1`: then this
+//! test fails, and so do they (also without psycopg).
+//!
 //! Without Python or its packages (grpcio, grpcio-tools, protobuf, pytest,
-//! pytest-asyncio; `scripts/python-deps` installs them) the test says
-//! "skipped" loudly and passes, unless `DTX_REQUIRE_PYTHON=1`, where it
-//! fails.
+//! pytest-asyncio, psycopg; `scripts/python-deps` installs them) the test
+//! says "skipped" loudly and passes, unless `DTX_REQUIRE_PYTHON=1`, where
+//! it fails.
 
 use std::path::Path;
 use std::path::PathBuf;
@@ -59,14 +70,41 @@ fn t126_python_sdk_passes_its_tests() {
     }
     let root = repo_root();
     let bin_dir = common::bin().parent().expect("dtx-dev has a directory").to_path_buf();
-    let out = Command::new("python3")
-        .args(["-m", "pytest", "sdk/python/tests", "-q", "-p", "no:cacheprovider"])
+    // A throwaway PostgreSQL for the PostgreSQL participant's tests (each
+    // creates databases of its own on it); None, said loudly, without the
+    // binaries, unless DTX_REQUIRE_POSTGRES=1 (then start_or_skip fails).
+    let pg = dtx_pg_server::start_or_skip(
+        test,
+        dtx_pg_server::PgServerOptions {
+            max_connections: 200,
+            kill_with_parent_thread: true,
+            ..Default::default()
+        },
+    );
+    let mut pytest = Command::new("python3");
+    pytest
+        .args([
+            "-m",
+            "pytest",
+            "sdk/python/tests",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+        ])
         .current_dir(&root)
         .env("DTX_BIN_DIR", &bin_dir)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("RUST_LOG", "warn")
-        .output()
-        .expect("run python3 -m pytest");
+        .env_remove("DTX_TEST_POSTGRES");
+    if let Some(pg) = &pg {
+        pg.create_database("dtx_pytest")
+            .unwrap_or_else(|e| panic!("{test}: creating the database dtx_pytest: {e}"));
+        pytest.env("DTX_TEST_POSTGRES", pg.conn_string("dtx_pytest"));
+    }
+    let out = pytest.output().expect("run python3 -m pytest");
+    let had_postgres = pg.is_some();
+    drop(pg);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}{stderr}");
@@ -80,5 +118,11 @@ fn t126_python_sdk_passes_its_tests() {
     assert!(
         last.contains(" passed") && !last.contains("failed") && !last.contains("error"),
         "pytest's summary line does not say every test passed: {last:?}"
+    );
+    // With a server, none of the PostgreSQL tests may have been skipped
+    // (tests/pg.py's reason, listed by -rs).
+    assert!(
+        !had_postgres || !stdout.contains("no PostgreSQL for the tests"),
+        "a PostgreSQL test was skipped although DTX_TEST_POSTGRES was set; the output is above"
     );
 }

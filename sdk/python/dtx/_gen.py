@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 #: The proto files compiled, in ``dtx/v1`` of the proto root.
-PROTOS: tuple[str, ...] = ("coordinator.proto", "participant.proto", "admin.proto")
+PROTOS: tuple[str, ...] = ("coordinator.proto", "participant.proto", "admin.proto", "saga.proto")
 
 PKG_DIR = Path(__file__).resolve().parent
 GEN_DIR = PKG_DIR / "v1"

@@ -16,6 +16,8 @@ from dtx.v1 import coordinator_pb2 as coordinator_pb2  # noqa: E402
 from dtx.v1 import coordinator_pb2_grpc as coordinator_pb2_grpc  # noqa: E402
 from dtx.v1 import participant_pb2 as participant_pb2  # noqa: E402
 from dtx.v1 import participant_pb2_grpc as participant_pb2_grpc  # noqa: E402
+from dtx.v1 import saga_pb2 as saga_pb2  # noqa: E402
+from dtx.v1 import saga_pb2_grpc as saga_pb2_grpc  # noqa: E402
 
 __all__ = [
     "admin_pb2",
@@ -24,4 +26,6 @@ __all__ = [
     "coordinator_pb2_grpc",
     "participant_pb2",
     "participant_pb2_grpc",
+    "saga_pb2",
+    "saga_pb2_grpc",
 ]

@@ -22,6 +22,7 @@ from dtx import _gen  # noqa: E402
 
 _gen.ensure()
 
+import pg  # noqa: E402
 from harness import BankProc, Cluster  # noqa: E402
 
 
@@ -44,3 +45,21 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop_all()
+
+
+@pytest.fixture
+def pg_databases() -> Iterator[pg.Databases]:
+    """Fresh PostgreSQL databases for a test (``pg_databases.create()``
+    returns a connection string), dropped at the end; skips without a
+    server unless DTX_REQUIRE_POSTGRES=1 (tests/pg.py)."""
+    dbs = pg.Databases(pg.base())
+    try:
+        yield dbs
+    finally:
+        dbs.drop_all()
+
+
+@pytest.fixture
+def pg_db(pg_databases: pg.Databases) -> str:
+    """One fresh PostgreSQL database's connection string."""
+    return pg_databases.create()

@@ -1,7 +1,8 @@
 """Real processes for the integration tests: coordinator nodes (``dtx-dev
-serve``) and Python bank participants (``examples/bank.py serve``), on
-loopback addresses and free ports, killed with SIGKILL where a test is
-about crashes."""
+serve``) and Python bank participants (``examples/bank.py serve`` on
+SQLite, ``examples/pg_bank.py serve`` on PostgreSQL), on loopback
+addresses and free ports, killed with SIGKILL where a test is about
+crashes."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import grpc
 SDK_DIR = Path(__file__).resolve().parents[1]
 REPO = SDK_DIR.parent.parent
 BANK = SDK_DIR / "examples" / "bank.py"
+PG_BANK = SDK_DIR / "examples" / "pg_bank.py"
 LOOPBACK = "127.0.0.1"
 
 
@@ -125,14 +127,13 @@ class BankProc:
         ready.unlink(missing_ok=True)
         cmd = [
             sys.executable,
-            str(BANK),
+            str(self.script()),
             "serve",
             "--listen",
             self.listen,
             "--id",
             self.id,
-            "--db",
-            str(self.db),
+            *self.data_args(),
             "--prefix",
             self.prefix,
             "--accounts",
@@ -171,15 +172,36 @@ class BankProc:
                 self.kill9()
         self.proc = None
 
+    def script(self) -> Path:
+        return BANK
+
+    def data_args(self) -> list[str]:
+        """Where the bank keeps its data (serve, balance and audit)."""
+        return ["--db", str(self.db)]
+
     def audit(self) -> dict[str, object]:
         out = subprocess.run(
-            [sys.executable, str(BANK), "audit", "--db", str(self.db)],
+            [sys.executable, str(self.script()), "audit", *self.data_args()],
             capture_output=True,
             env=_env(),
             check=True,
             timeout=60,
         )
         return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+@dataclass
+class PgBankProc(BankProc):
+    """One Python bank participant process on PostgreSQL (its database's
+    connection string in ``postgres``)."""
+
+    postgres: str = ""
+
+    def script(self) -> Path:
+        return PG_BANK
+
+    def data_args(self) -> list[str]:
+        return ["--postgres", self.postgres]
 
 
 @dataclass

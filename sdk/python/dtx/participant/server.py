@@ -1,5 +1,8 @@
-"""``dtx.v1.ParticipantService`` on a :class:`ParticipantStore`, and the
-participant's recovery loop (docs/protocol.md, "Recovery at participants").
+"""``dtx.v1.ParticipantService`` on a participant's store (the SQLite
+:class:`ParticipantStore`, the PostgreSQL
+:class:`dtx.participant.postgres.PgParticipantStore`, or anything that
+provides :class:`dtx.participant.api.Store`), and the participant's
+recovery loop (docs/protocol.md, "Recovery at participants").
 
 Replies on the wire, as the Rust SDK's (``participant-sdk/src/server``):
 Prepare answers the vote (a NO with its reason); Commit and Abort answer
@@ -7,9 +10,10 @@ Prepare answers the vote (a NO with its reason); Commit and Abort answer
 refusal of the log is FAILED_PRECONDITION with its kind under the trailing
 metadata key ``x-dtx-refusal``; a message whose non-empty
 ``participant_id`` names another participant is INVALID_ARGUMENT; a stopped
-store is RESOURCE_EXHAUSTED (disk full) or UNAVAILABLE; a damaged record or
-a failing resource is INTERNAL. Every answer is sent only after the SQLite
-transaction that holds it is committed.
+store is RESOURCE_EXHAUSTED (disk full) or UNAVAILABLE, and so is a store
+that cannot answer now (its database locked or out of reach); a damaged
+record or a failing resource is INTERNAL. Every answer is sent only after
+the transaction that holds it is committed.
 """
 
 from __future__ import annotations
@@ -27,17 +31,17 @@ import grpc.aio
 from dtx import metadata as md
 from dtx._pb import participant_pb2 as ppb
 from dtx._pb import participant_pb2_grpc as pgrpc
+from dtx.participant.api import Store
 from dtx.participant.log import GlobalTxid, Kind, LogEntry, Message, State, Vote, recorded_vote
 from dtx.participant.store import (
     Answer,
     Damaged,
-    ParticipantStore,
     Record,
     Refused,
     ResourceFailed,
-    StoreBusy,
     StoreError,
     StoreStopped,
+    StoreUnavailable,
     unix_ms,
 )
 
@@ -70,7 +74,7 @@ def _status_of(e: StoreError) -> _Status:
     if isinstance(e, StoreStopped):
         code = grpc.StatusCode.RESOURCE_EXHAUSTED if e.failure.disk_full else grpc.StatusCode.UNAVAILABLE
         return _Status(code, str(e))
-    if isinstance(e, StoreBusy):
+    if isinstance(e, StoreUnavailable):
         return _Status(grpc.StatusCode.UNAVAILABLE, str(e))
     if isinstance(e, (Damaged, ResourceFailed)):
         return _Status(grpc.StatusCode.INTERNAL, str(e))
@@ -114,7 +118,7 @@ def _prepare_response(a: Answer) -> ppb.PrepareResponse:
 class ParticipantServicer(pgrpc.ParticipantServiceServicer):  # type: ignore[misc]
     """The gRPC service on a store, serving as ``participant_id``."""
 
-    def __init__(self, store: ParticipantStore, participant_id: str) -> None:
+    def __init__(self, store: Store, participant_id: str) -> None:
         self.store = store
         self.participant_id = participant_id
 
@@ -371,7 +375,7 @@ class Recovery:
 
     def __init__(
         self,
-        store: ParticipantStore,
+        store: Store,
         cluster: Sequence[str],
         participant_id: str,
         options: RecoveryOptions | None = None,
@@ -504,7 +508,7 @@ class ParticipantServer:
 
     def __init__(
         self,
-        store: ParticipantStore,
+        store: Store,
         participant_id: str,
         listen: str,
         cluster: Sequence[str] = (),
@@ -566,7 +570,7 @@ class ParticipantServer:
 
 
 async def serve(
-    store: ParticipantStore,
+    store: Store,
     participant_id: str,
     listen: str,
     cluster: Sequence[str] = (),

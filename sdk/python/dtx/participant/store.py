@@ -181,7 +181,13 @@ class ResourceFailed(StoreError):
     """The resource raised in commit or abort: nothing changed."""
 
 
-class StoreBusy(StoreError):
+class StoreUnavailable(StoreError):
+    """The store cannot answer now, and nothing changed (answered
+    UNAVAILABLE: the coordinator asks again): its database is locked or out
+    of reach, or no connection was free in time."""
+
+
+class StoreBusy(StoreUnavailable):
     """The database was locked by another connection longer than the busy
     timeout: nothing changed; the caller asks again."""
 
@@ -764,4 +770,5 @@ __all__ = [
     "StoreError",
     "StoreFailure",
     "StoreStopped",
+    "StoreUnavailable",
 ]
