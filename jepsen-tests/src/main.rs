@@ -120,6 +120,19 @@ enum Cmd {
         /// directory, as the other step services).
         #[arg(long, value_enum, default_value_t = runner::InventoryStore::Postgres)]
         inventory_store: runner::InventoryStore,
+        /// The first N banks are the Python SDK's example bank
+        /// (`sdk/python/examples/bank.py`, run with `python3`; its packages
+        /// from scripts/python-deps): a participant in another language
+        /// under the same faults and checks. The bank workload only, plain
+        /// text only.
+        #[arg(long, default_value_t = 0)]
+        python_banks: usize,
+        /// The Python bank's script.
+        #[arg(long, default_value = "sdk/python/examples/bank.py")]
+        python_bank_script: PathBuf,
+        /// The interpreter for --python-banks.
+        #[arg(long, default_value = "python3")]
+        python: PathBuf,
     },
     /// Run the checkers on a history file (JSON lines) and print the
     /// summary (the saga checker for a saga workload's history).
@@ -193,6 +206,9 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
             settle_s,
             tls,
             inventory_store,
+            python_banks,
+            python_bank_script,
+            python,
         } => {
             let faults = nemesis::parse_list(&nemesis).map_err(anyhow::Error::msg)?;
             let (faults, skipped) = workload.faults_with(&faults, inventory_store);
@@ -251,6 +267,15 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
                 settle_s,
                 tls,
                 inventory_store,
+                python_banks: (python_banks > 0).then(|| {
+                    (
+                        python_banks,
+                        dtx_testkit::cluster::PythonBank {
+                            python,
+                            script: python_bank_script,
+                        },
+                    )
+                }),
                 command: std::env::args()
                     .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
                     .collect::<Vec<_>>()

@@ -186,6 +186,9 @@ pub struct RunOptions {
     pub tls: bool,
     /// The saga workload: where the inventory keeps its stock.
     pub inventory_store: InventoryStore,
+    /// The first N banks written in Python (`--python-banks`), and how to
+    /// run them.
+    pub python_banks: Option<(usize, dtx_testkit::cluster::PythonBank)>,
     /// The command line, for the reproduce file.
     pub command: String,
 }
@@ -578,9 +581,14 @@ async fn start_fault(w: &mut World, s: &mut Schedule, f: Fault) -> anyhow::Resul
             }
             // Not the bank on the small filesystem: disk-full needs it.
             let disk_bank = w.disk.as_ref().map(|d| d.holder);
-            let candidates: Vec<usize> = (0..w.banks.len())
+            let mut candidates: Vec<usize> = (0..w.banks.len())
                 .filter(|i| disk_bank != Some(DataHolder::Bank(*i)))
                 .collect();
+            // Nor a bank written in Python, while another can go: a run
+            // with --python-banks is there to watch it under the faults.
+            if candidates.iter().any(|&i| w.banks[i].python.is_none()) {
+                candidates.retain(|&i| w.banks[i].python.is_none());
+            }
             let i = candidates[s.rng().random_range(0..candidates.len())];
             w.banks[i].kill9();
             w.proxies[i].go_away();
@@ -2097,11 +2105,41 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             Some(pg)
         }
     };
+    if let Some((n, py)) = &o.python_banks {
+        anyhow::ensure!(
+            *n <= o.banks,
+            "--python-banks {n} is more than the {} banks of the run",
+            o.banks
+        );
+        anyhow::ensure!(
+            !o.tls && o.workload == Workload::Sled,
+            "--python-banks runs with the bank workload on the banks' own stores, in plain text (the Python bank \
+             has no TLS, PostgreSQL store or branch API yet)"
+        );
+        anyhow::ensure!(
+            py.script.exists(),
+            "--python-bank-script {} does not exist (run from the repository's root)",
+            py.script.display()
+        );
+    }
     let mut banks: Vec<BankProc> = (0..o.banks)
-        .map(|i| {
+        .map(|i| -> anyhow::Result<BankProc> {
             let (ip, port) = a[6 + i].clone();
             let prefix = ((b'a' + i as u8) as char).to_string();
-            BankProc::build(
+            if let Some((_, py)) = o.python_banks.as_ref().filter(|(n, _)| i < *n) {
+                return Ok(BankProc::python(
+                    py,
+                    &banks_dir,
+                    &format!("bank-{prefix}"),
+                    &prefix,
+                    &ip,
+                    port,
+                    api.clone(),
+                    o.accounts,
+                    o.initial,
+                )?);
+            }
+            Ok(BankProc::build(
                 &o.tools_bin,
                 &banks_dir,
                 &format!("bank-{prefix}"),
@@ -2112,9 +2150,9 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
                 o.accounts,
                 o.initial,
                 pg.as_ref().map(|pg| pg.conn_string(&format!("bank_{prefix}"))),
-            )
+            ))
         })
-        .collect();
+        .collect::<anyhow::Result<_>>()?;
     // With --tls each bank serves TLS (mutual: only nodes may send it the
     // protocol's calls) and calls the cluster with a participant
     // certificate valid for its IP.
@@ -2483,6 +2521,8 @@ pub async fn run(o: RunOptions) -> anyhow::Result<RunResult> {
             Err(e) => eprintln!("jepsen: {e}"),
         }
         let list = match (&b.postgres, audit) {
+            (None, Ok(v)) if b.python.is_some() => Ok(python_in_doubt_list(&v)),
+            (None, Err(e)) if b.python.is_some() => Err(e),
             (None, _) => in_doubt_list(b).await,
             (Some(_), Ok(v)) => Ok(pg_in_doubt_list(&b.id, &v, &rec.snapshot())),
             (Some(_), Err(e)) => Err(e),
@@ -2688,6 +2728,22 @@ async fn in_doubt_list(b: &BankProc) -> anyhow::Result<Vec<InDoubtEntry>> {
         out.push(InDoubtEntry { txid: txid.txid, work });
     }
     Ok(out)
+}
+
+/// A Python bank's in-doubt list: the prepared work its audit shows
+/// (`prepared_work` of `BankProcess::audit`).
+fn python_in_doubt_list(v: &serde_json::Value) -> Vec<InDoubtEntry> {
+    v["prepared_work"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            Some(InDoubtEntry {
+                txid: p["txid"].as_u64()?,
+                work: p["work"].as_str().and_then(|w| dtx_bank::parse_work(w.as_bytes())),
+            })
+        })
+        .collect()
 }
 
 /// A PostgreSQL bank's in-doubt list: the transactions its database holds

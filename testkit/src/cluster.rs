@@ -32,6 +32,10 @@ pub struct BankProcess {
     pub data_dir: PathBuf,
     /// The PostgreSQL connection string of a PostgreSQL bank.
     pub postgres: Option<String>,
+    /// The Python SDK's example bank (`sdk/python/examples/bank.py`, built
+    /// with [`BankProcess::python`]): its SQLite file is `bank.db` in
+    /// `data_dir`.
+    pub python: Option<PythonBank>,
     bin: PathBuf,
     pub accounts: usize,
     pub initial: i64,
@@ -50,7 +54,68 @@ impl std::ops::DerefMut for BankProcess {
     }
 }
 
+/// How a bank written in Python is run: the interpreter and the script.
+#[derive(Clone, Debug)]
+pub struct PythonBank {
+    pub python: PathBuf,
+    pub script: PathBuf,
+}
+
 impl BankProcess {
+    /// The same bank written with the Python SDK: `python script serve`
+    /// with the accounts in `<dir>/<id>/bank.db` (the directory made now,
+    /// so a filesystem can be mounted on it). It speaks the same payloads
+    /// and answers the same audit ([`BankProcess::audit`] converts it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn python(
+        py: &PythonBank,
+        dir: &Path,
+        id: &str,
+        prefix: &str,
+        ip: &str,
+        port: u16,
+        cluster: Vec<String>,
+        accounts: usize,
+        initial: i64,
+    ) -> std::io::Result<BankProcess> {
+        let addr = format!("{ip}:{port}");
+        let data_dir = dir.join(id);
+        fs::create_dir_all(&data_dir)?;
+        let args: Vec<std::ffi::OsString> = vec![
+            py.script.clone().into_os_string(),
+            "serve".into(),
+            "--listen".into(),
+            addr.clone().into(),
+            "--id".into(),
+            id.into(),
+            "--db".into(),
+            data_dir.join("bank.db").into_os_string(),
+            "--prefix".into(),
+            prefix.into(),
+            "--accounts".into(),
+            accounts.to_string().into(),
+            "--initial".into(),
+            initial.to_string().into(),
+            "--cluster".into(),
+            cluster.join(",").into(),
+            // A rollback journal: the harness may mount its power-cut
+            // filesystem here, which cannot map WAL's shared memory.
+            "--journal-mode".into(),
+            "delete".into(),
+        ];
+        Ok(BankProcess {
+            service: ServiceProcess::new(&py.python, dir, id, &addr, args),
+            prefix: prefix.to_string(),
+            ip: ip.to_string(),
+            data_dir,
+            postgres: None,
+            python: Some(py.clone()),
+            bin: py.python.clone(),
+            accounts,
+            initial,
+        })
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         bin: &Path,
@@ -112,6 +177,7 @@ impl BankProcess {
             ip: ip.to_string(),
             data_dir,
             postgres,
+            python: None,
             bin: bin.to_path_buf(),
             accounts,
             initial,
@@ -129,6 +195,9 @@ impl BankProcess {
     }
 
     pub fn audit(&self) -> anyhow::Result<serde_json::Value> {
+        if let Some(py) = &self.python {
+            return self.python_audit(py);
+        }
         let mut cmd = Command::new(&self.bin);
         match &self.postgres {
             Some(conn) => cmd.args(["bank-audit", "--json", "--postgres", conn]),
@@ -142,6 +211,49 @@ impl BankProcess {
             String::from_utf8_lossy(&out.stderr)
         );
         Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// A Python bank's audit (`bank.py audit --db`) in the shape of
+    /// `bank-audit --json`: `balances`, `locked`, `in_doubt`, `applied`
+    /// (`{txid, outcome}` per decision applied, a txid applied twice shown
+    /// twice) and, for its in-doubt list, `prepared_work` (`{txid, work}`:
+    /// the payload each prepared transaction holds).
+    fn python_audit(&self, py: &PythonBank) -> anyhow::Result<serde_json::Value> {
+        let out = Command::new(&py.python)
+            .arg(&py.script)
+            .args(["audit", "--db"])
+            .arg(self.data_dir.join("bank.db"))
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "bank.py audit of {} failed: {}",
+            self.id,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        // "txid" for incarnation 0, "txid@<16 hex>" otherwise: the txid.
+        let txid = |tx: &str| tx.split('@').next().and_then(|t| t.parse::<u64>().ok());
+        let mut applied = Vec::new();
+        for (tx, outcomes) in v["applog"].as_object().into_iter().flatten() {
+            let Some(t) = txid(tx) else { continue };
+            for o in outcomes.as_array().into_iter().flatten() {
+                applied.push(serde_json::json!({"txid": t, "outcome": o}));
+            }
+        }
+        let prepared_work: Vec<serde_json::Value> = v["prepared"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| Some(serde_json::json!({"txid": txid(p["tx"].as_str()?)?, "work": p["work"]})))
+            .collect();
+        Ok(serde_json::json!({
+            "data_dir": self.data_dir.display().to_string(),
+            "balances": v["balances"],
+            "locked": v["locks"].as_object().map(|m| m.len()).unwrap_or(0),
+            "in_doubt": v["in_doubt"],
+            "applied": applied,
+            "prepared_work": prepared_work,
+        }))
     }
 }
 

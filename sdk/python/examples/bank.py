@@ -130,9 +130,11 @@ class Bank(Resource):
         self._log_apply(db, tx, "ABORT")
 
 
-async def open_bank(db: str, participant_id: str, prefix: str, accounts: int, initial: int) -> ParticipantStore:
+async def open_bank(
+    db: str, participant_id: str, prefix: str, accounts: int, initial: int, journal_mode: str = "wal"
+) -> ParticipantStore:
     """Opens the bank's store, creating the accounts the first time."""
-    store = ParticipantStore(db, Bank(), participant_id)
+    store = ParticipantStore(db, Bank(), participant_id, journal_mode=journal_mode)
 
     def create(tx: SqlTx) -> None:
         if tx.one("SELECT COUNT(*) FROM bank_accounts")[0] == 0:
@@ -146,7 +148,7 @@ async def open_bank(db: str, participant_id: str, prefix: str, accounts: int, in
 
 
 async def run_serve(a: argparse.Namespace) -> int:
-    store = await open_bank(a.db, a.id, a.prefix, a.accounts, a.initial)
+    store = await open_bank(a.db, a.id, a.prefix, a.accounts, a.initial, a.journal_mode)
     cluster = [c for c in (a.cluster or "").split(",") if c]
     server = await serve(
         store,
@@ -200,7 +202,8 @@ def audit(db: str) -> dict[str, object]:
     conn.execute("BEGIN")  # one snapshot
     balances = dict(conn.execute("SELECT name, balance FROM bank_accounts ORDER BY name").fetchall())
     locks = dict(conn.execute("SELECT name, holder FROM bank_locks").fetchall())
-    pending = [r[0] for r in conn.execute("SELECT tx FROM bank_pending").fetchall()]
+    prepared = conn.execute("SELECT tx, payload FROM bank_pending ORDER BY tx").fetchall()
+    pending = [r[0] for r in prepared]
     in_doubt = conn.execute("SELECT COUNT(*) FROM dtx_log WHERE state = 2").fetchone()[0]
     applog: dict[str, list[str]] = {}
     for tx, outcome in conn.execute("SELECT tx, outcome FROM bank_applog ORDER BY tx, n").fetchall():
@@ -214,6 +217,9 @@ def audit(db: str) -> dict[str, object]:
         "in_doubt": in_doubt,
         "applog": applog,
         "applied_twice": sorted(tx for tx, o in applog.items() if len(o) > 1),
+        # The work each prepared transaction holds (its accounts locked),
+        # as the payload text: what a checker needs of an in-doubt entry.
+        "prepared": [{"tx": tx, "work": bytes(payload).decode("utf-8", "replace")} for tx, payload in prepared],
     }
 
 
@@ -229,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--initial", type=int, default=1000)
     s.add_argument("--cluster", default="", help="coordinator API addresses, comma-separated (recovery)")
     s.add_argument("--ready-file", default="", help="write the bound host:port here once serving")
+    s.add_argument(
+        "--journal-mode",
+        choices=["wal", "delete"],
+        default="wal",
+        help="SQLite's journal: wal, or delete on a filesystem that cannot map shared memory (FUSE with direct I/O)",
+    )
     s.add_argument("--log-level", default=os.environ.get("DTX_PY_LOG", "WARNING"))
     b = sub.add_parser("balance", help="print one account's committed balance")
     b.add_argument("--db", required=True)

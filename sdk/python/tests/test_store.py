@@ -185,6 +185,31 @@ async def test_records_the_floor_and_the_work_survive_a_reopen(path: Path) -> No
         s.close()
 
 
+async def test_a_rollback_journal_syncs_its_directory_and_keeps_what_it_committed(path: Path) -> None:
+    # journal_mode="delete": for filesystems without shared memory maps
+    # (the harness's power-cut filesystem), with synchronous=EXTRA.
+    s = ParticipantStore(path, Counter(), "p1", journal_mode="delete")
+    try:
+        conn = sqlite3.connect(str(path))
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        conn.close()
+        assert (await s.handle(g(1), m(Kind.PREPARE, 9), b"4")).vote is Vote.YES
+        assert (await s.handle(g(1), m(Kind.COMMIT, 9))).ack
+    finally:
+        s.close()
+    assert not Path(str(path) + "-wal").exists()
+    s = ParticipantStore(path, Counter(), "p1", journal_mode="delete")
+    try:
+        assert await s.entry(g(1)) == LogEntry(State.COMMITTED, 9)
+        assert peek(path, "SELECT v FROM counter") == [(4,)]
+        # The store's own connection runs with EXTRA (3).
+        assert s._pool.submit(lambda: s._db.execute("PRAGMA synchronous").fetchone()[0]).result() == 3
+    finally:
+        s.close()
+    with pytest.raises(StoreError, match="journal_mode"):
+        ParticipantStore(path, Counter(), "p1", journal_mode="truncate")
+
+
 async def test_a_log_serves_one_participant_id(path: Path) -> None:
     ParticipantStore(path, Counter(), "p1").close()
     with pytest.raises(StoreError, match="p1"):

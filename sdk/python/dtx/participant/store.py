@@ -6,7 +6,12 @@ is sent only after that transaction's COMMIT returned.
 Durability: ``PRAGMA journal_mode=WAL`` and ``PRAGMA synchronous=FULL``:
 SQLite syncs the write-ahead log at every COMMIT, so a committed
 transaction survives a power cut, and other processes may read the
-database while the service runs (the bank's ``balance`` command).
+database while the service runs (the bank's ``balance`` command). On a
+filesystem that cannot map shared memory (WAL's index needs it: a FUSE
+filesystem with direct I/O, as the harness's power-cut filesystem), open
+it with ``journal_mode="delete"``: a rollback journal, with
+``synchronous=EXTRA`` so that the journal's unlink, the commit itself, is
+synced to its directory before COMMIT returns.
 
 Every call runs on one worker thread that owns the connection, one at a
 time (the store's serialization: read the record, step, run the resource,
@@ -269,8 +274,12 @@ class ParticipantStore:
         resource: Resource,
         participant_id: str = "",
         busy_timeout_ms: int = 5000,
+        journal_mode: str = "wal",
     ) -> None:
+        if journal_mode not in ("wal", "delete"):
+            raise StoreError(f"journal_mode must be 'wal' or 'delete', not {journal_mode!r}")
         self.path = Path(path)
+        self._journal_mode = journal_mode
         self.resource = resource
         self.participant_id = participant_id
         self._busy_timeout_ms = busy_timeout_ms
@@ -291,12 +300,16 @@ class ParticipantStore:
         conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=self._busy_timeout_ms / 1000)
         self._conn = conn
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise StoreError(f"{self.path}: SQLite refused journal_mode=WAL (it is {mode})")
-        conn.execute("PRAGMA synchronous=FULL")
-        if conn.execute("PRAGMA synchronous").fetchone()[0] != 2:
-            raise StoreError(f"{self.path}: SQLite refused synchronous=FULL")
+        want = self._journal_mode
+        mode = conn.execute(f"PRAGMA journal_mode={want.upper()}").fetchone()[0]
+        if str(mode).lower() != want:
+            raise StoreError(f"{self.path}: SQLite refused journal_mode={want.upper()} (it is {mode})")
+        # WAL: the log synced at every COMMIT (FULL, 2). A rollback journal:
+        # also its directory after the unlink that commits (EXTRA, 3).
+        sync, level = ("FULL", 2) if want == "wal" else ("EXTRA", 3)
+        conn.execute(f"PRAGMA synchronous={sync}")
+        if conn.execute("PRAGMA synchronous").fetchone()[0] != level:
+            raise StoreError(f"{self.path}: SQLite refused synchronous={sync}")
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(
