@@ -66,9 +66,10 @@ pub struct StepServiceArgs {
     /// The step's forward action (the inventory's `reserve`).
     #[arg(long)]
     forward_action: String,
-    /// Its compensation (`release`).
+    /// Its compensation (`release`); none for a PIVOT or RETRIABLE step
+    /// (the rules that compensate are skipped).
     #[arg(long)]
-    compensate_action: String,
+    compensate_action: Option<String>,
     /// Its status query (`reservation`).
     #[arg(long)]
     status_query: String,

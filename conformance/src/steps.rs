@@ -33,7 +33,9 @@ pub struct StepProfile {
     /// The forward action's name.
     pub forward_action: String,
     /// The compensation's name.
-    pub compensate_action: String,
+    /// The compensation's name; `None` for a step without one (a PIVOT or
+    /// RETRIABLE step): the rules that compensate are skipped.
+    pub compensate_action: Option<String>,
     /// The step's status query's name.
     pub status_query: String,
     /// An input the forward action answers OK on; `{saga}` in it is
@@ -196,7 +198,8 @@ impl StepCx<'_> {
     }
 
     fn compensate_call(&self, op: &str, forward_op: &str, precondition: &str) -> pb::StepCall {
-        let mut c = self.call(op, &self.p.compensate_action, &self.input(&self.p.input));
+        let action = self.p.compensate_action.clone().unwrap_or_default();
+        let mut c = self.call(op, &action, &self.input(&self.p.input));
         c.forward_operation_id = forward_op.to_string();
         c.precondition = precondition.to_string();
         c
@@ -365,6 +368,17 @@ async fn dispatch(id: &str, cx: &mut StepCx<'_>) -> Step<Done> {
     let failed = cx.p.failed_input.clone();
     let needs_failed =
         || Done::Skipped("the profile gives no input the forward action answers FAILED on (--failed-input)".into());
+    let compensates = [
+        "step.kind",
+        "step.compensate-",
+        "step.stale",
+        "step.crash.after-compensate",
+    ];
+    if cx.p.compensate_action.is_none() && compensates.iter().any(|c| id.starts_with(c)) {
+        return Ok(Done::Skipped(
+            "the profile names no compensation (--compensate-action): the step has none".into(),
+        ));
+    }
     match id {
         "step.forward-repeat" => forward_repeat(cx).await,
         "step.failed-repeat" => match failed {

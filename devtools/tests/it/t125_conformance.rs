@@ -21,6 +21,8 @@
 use crate::common;
 
 use common::branch_bank::BranchBank;
+use common::sagas::SagaShop;
+use common::sagas::ShopFlags;
 use common::shop::postgres_or_skip;
 use common::TestCluster;
 use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
@@ -308,4 +310,98 @@ async fn t125_the_bank_keeps_the_rules_across_kill_9_on_both_stores() {
     };
     pg.create_database("t125d_a").unwrap();
     crash_rules_pass(&c, "bank-p", Some(pg.conn_string("t125d_a")));
+}
+
+/// `conformance step-service` (no --start) against a running step service
+/// of the order saga; the exit status and the JSON report.
+fn running_step_kit(addr: &str, profile: &[&str]) -> (Option<i32>, Value) {
+    let o = std::process::Command::new(common::bin())
+        .args(["conformance", "step-service", "--address", addr, "--json"])
+        .args(profile)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run dtx-dev conformance step-service");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let report = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {out}{}", String::from_utf8_lossy(&o.stderr)));
+    (o.status.code(), report)
+}
+
+/// The rules of `report` that did not pass, with their verdicts.
+fn not_passed(report: &Value) -> Vec<(String, String)> {
+    report["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["verdict"] != "passed")
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap().to_string(),
+                r["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The payment (PIVOT: a charge at the payment provider, an outside call
+/// recorded in flight) and e-mail (RETRIABLE: a message through the
+/// e-mail sender) step services, running beside their outside world, pass
+/// every step rule that applies to a step without a compensation; the
+/// compensation and crash rules are skipped, and say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t125_the_payment_and_email_step_services_pass_the_step_rules() {
+    let dir = common::test_dir();
+    let shop = SagaShop::start(dir.path(), ShopFlags::default()).await;
+    let order = |customer: &str| {
+        format!(r#"{{"order":"kit-{{saga}}","sku":"sku-0","qty":1,"customer":"{customer}","amount":1}}"#)
+    };
+    let (ok, declined) = (order("c-0"), order("nobody"));
+    let cases = [
+        (
+            "payment",
+            vec![
+                "--forward-action",
+                dtx_saga_shop::CHARGE,
+                "--status-query",
+                dtx_saga_shop::CHARGE_STATUS,
+                "--input",
+                &ok,
+                "--failed-input",
+                &declined,
+            ],
+            Vec::<&str>::new(),
+        ),
+        (
+            "email",
+            vec![
+                "--forward-action",
+                dtx_saga_shop::SEND_CONFIRMATION,
+                "--status-query",
+                dtx_saga_shop::EMAIL_STATUS,
+                "--input",
+                &ok,
+            ],
+            // The sender never refuses a message: no FAILED input.
+            vec!["step.failed-repeat", "step.compensate-after-failed"],
+        ),
+    ];
+    for (role, profile, no_failed_input) in cases {
+        let (code, report) = running_step_kit(&shop.addr(role), &profile);
+        let skipped_ok = |id: &str| {
+            id == "step.kind"
+                || id.starts_with("step.compensate-")
+                || id == "step.stale"
+                || id.starts_with("step.crash.")
+                || no_failed_input.contains(&id)
+        };
+        let left = not_passed(&report);
+        assert!(
+            left.iter().all(|(id, v)| v == "skipped" && skipped_ok(id)),
+            "{role}: {}",
+            serde_json::to_string_pretty(&report).unwrap()
+        );
+        let passed = report["passed"].as_u64().unwrap();
+        assert!(passed >= 6, "{role}: {passed} rules passed");
+        assert_eq!(code, Some(0), "{role}");
+    }
 }
