@@ -11,6 +11,8 @@ use pb::LocalRecord as Rec;
 use pb::Vote;
 use tonic::Code;
 
+use crate::profile::Profile;
+use crate::profile::Target;
 use crate::report::Verdict;
 use crate::service::Service;
 use crate::wire::broken;
@@ -21,8 +23,6 @@ use crate::wire::Session;
 use crate::wire::Step;
 use crate::wire::Stop;
 use crate::wire::Tx;
-use crate::Profile;
-use crate::Target;
 
 /// A term the rules use for ordinary messages.
 pub(crate) const T: u64 = 10;

@@ -24,6 +24,7 @@
 mod crash;
 mod ctx;
 pub mod effect;
+mod profile;
 pub mod report;
 mod rules;
 pub mod service;
@@ -31,10 +32,11 @@ pub mod steps;
 pub mod wire;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use effect::CommandEffect;
 pub use effect::Effect;
+pub use profile::Profile;
+pub use profile::Target;
 pub use report::Report;
 pub use report::RuleReport;
 pub use report::Verdict;
@@ -44,39 +46,6 @@ pub use service::Service;
 pub use steps::run_steps;
 pub use steps::StepProfile;
 pub use steps::STEP_RULES;
-
-/// Where the participant under test listens and how to reach it.
-#[derive(Clone)]
-pub struct Target {
-    /// Its `ParticipantService` address (host:port).
-    pub address: String,
-    /// The participant id it serves as (messages name it).
-    pub participant_id: String,
-    /// TLS settings when it serves TLS.
-    pub tls: Option<Arc<dtx_tls::ClientTls>>,
-    /// A bearer token (the node role) when it asks for one.
-    pub token: Option<String>,
-    /// How long one call may take before its outcome counts as unknown.
-    pub call_timeout: Duration,
-}
-
-/// What the kit needs to know of the service's business.
-#[derive(Clone)]
-pub struct Profile {
-    /// A payload the service votes YES on, and again after each decision
-    /// (a deposit of 1, say).
-    pub yes_payload: Vec<u8>,
-    /// A payload it votes NO on (the rules that need one are skipped
-    /// without it).
-    pub no_payload: Option<Vec<u8>>,
-    /// A payload it votes READ_ONLY on.
-    pub read_only_payload: Option<Vec<u8>>,
-    /// Reads the effect of committed YES payloads (the effect rules are
-    /// skipped without it).
-    pub effect: Option<Arc<dyn Effect>>,
-    /// How much one commit of `yes_payload` changes what `effect` reads.
-    pub effect_per_commit: i64,
-}
 
 /// Runs every rule (or those whose id starts with one of `only`, when
 /// given) against `target`, one after another. With `service` (the kit

@@ -23,6 +23,8 @@ use crate::ctx::Done;
 use crate::ctx::CLEANUP_TERM;
 use crate::ctx::OTHER_PAYLOAD;
 use crate::ctx::T;
+use crate::profile::Profile;
+use crate::profile::Target;
 use crate::report::RuleReport;
 use crate::report::Verdict;
 use crate::service::Service;
@@ -32,8 +34,6 @@ use crate::wire::show_vote;
 use crate::wire::Session;
 use crate::wire::Step;
 use crate::wire::Tx;
-use crate::Profile;
-use crate::Target;
 
 /// One rule: its id, what it asks and where protocol.md says so.
 pub struct Rule {

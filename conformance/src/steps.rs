@@ -14,6 +14,7 @@ use tonic::Code;
 use crate::ctx::answer;
 use crate::ctx::refused;
 use crate::ctx::Done;
+use crate::profile::Target;
 use crate::report::RuleReport;
 use crate::report::Verdict;
 use crate::service;
@@ -24,7 +25,6 @@ use crate::wire::Recorder;
 use crate::wire::Reply;
 use crate::wire::Step;
 use crate::wire::Stop;
-use crate::Target;
 use std::sync::Arc;
 
 /// What the kit needs to know of the step's business.
@@ -659,7 +659,7 @@ pub async fn run_steps(
     profile: &StepProfile,
     only: &[String],
     service: Option<Arc<dyn Service>>,
-) -> crate::Report {
+) -> crate::report::Report {
     let mut rules = Vec::new();
     for rule in STEP_RULES {
         if !only.is_empty() && !only.iter().any(|o| rule.id.starts_with(o.as_str())) {
@@ -667,7 +667,7 @@ pub async fn run_steps(
         }
         rules.push(run_step_rule(rule, target, profile, service.clone()).await);
     }
-    crate::Report {
+    crate::report::Report {
         address: target.address.clone(),
         participant_id: target.participant_id.clone(),
         rules,

@@ -13,7 +13,7 @@ use dtx_proto::v1::participant_service_client::ParticipantServiceClient;
 use dtx_transport::channel::Channel;
 use tonic::Code;
 
-use crate::Target;
+use crate::profile::Target;
 
 /// What one call came back with.
 #[derive(Debug)]
