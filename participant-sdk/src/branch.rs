@@ -149,6 +149,10 @@ pub async fn join<R: Resource>(
         Reply::Vote(v) => v,
         Reply::Ack => return Err(StoreError::Io("a prepare answered with an ack".into()).into()),
     };
+    // A caller that goes away (its future dropped: a client disconnect)
+    // while the registration is in flight must not leave the branch
+    // counted as running here for good: recovery would never settle it.
+    let _flow = Flow { store, txid };
     if vote == Vote::Yes {
         dtx_failpoint::failpoint!("participant_branch_prepared_before_register");
     }
@@ -200,6 +204,22 @@ pub async fn join<R: Resource>(
                 why: e.to_string(),
             })
         }
+    }
+}
+
+/// The flow of a branch in this process: when it ends however it ends
+/// (its future dropped included), the branch is no longer running here,
+/// so recovery may settle a mark left behind (`finish_branch` without
+/// settling: it only forgets the running flow; settled endings have
+/// already removed the mark).
+struct Flow<'a, R: Resource> {
+    store: &'a ParticipantStore<R>,
+    txid: GlobalTxid,
+}
+
+impl<R: Resource> Drop for Flow<'_, R> {
+    fn drop(&mut self) {
+        let _ = self.store.finish_branch(self.txid, false);
     }
 }
 

@@ -355,6 +355,15 @@ pub trait Participant: Send + Sync + 'static {
         async { Ok(Vec::new()) }
     }
 
+    /// Branches whose flow runs in this process now (registering with the
+    /// cluster): recovery leaves their transactions alone altogether, in
+    /// the in-doubt pass too, since until the cluster answers the branch
+    /// is not known to be a member and its transaction's decision may be
+    /// a COMMIT without it. None by default.
+    fn branches_in_flight(&self) -> Vec<GlobalTxid> {
+        Vec::new()
+    }
+
     /// The branch of `txid` is settled with the cluster (a member, whose
     /// decision then comes as any participant's, or resolved here): its
     /// mark goes. Nothing by default.
@@ -446,6 +455,10 @@ impl<P: Participant> Participant for std::sync::Arc<P> {
 
     fn unmark_branch(&self, txid: GlobalTxid) -> impl Future<Output = Result<(), StoreError>> + Send {
         P::unmark_branch(self, txid)
+    }
+
+    fn branches_in_flight(&self) -> Vec<GlobalTxid> {
+        P::branches_in_flight(self)
     }
 
     fn stopped_because(&self) -> Option<String> {

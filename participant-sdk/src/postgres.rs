@@ -1821,6 +1821,15 @@ impl<H: PgHandler> Participant for PgParticipant<H> {
         self.drop_mark(txid).await
     }
 
+    fn branches_in_flight(&self) -> Vec<GlobalTxid> {
+        self.branches_running
+            .lock()
+            .expect("branches lock")
+            .iter()
+            .copied()
+            .collect()
+    }
+
     async fn durable_entry(&self, txid: GlobalTxid) -> Result<Option<LogEntry>, StoreError> {
         let obj = self.conn().await?;
         if let Some(p) = self.prepared(&obj, txid).await? {

@@ -1720,6 +1720,15 @@ impl<R: Resource> Participant for ParticipantStore<R> {
         ParticipantStore::unmark_branch(self, txid)
     }
 
+    fn branches_in_flight(&self) -> Vec<GlobalTxid> {
+        self.branches_running
+            .lock()
+            .expect("branches lock")
+            .iter()
+            .copied()
+            .collect()
+    }
+
     async fn prepare_many(
         &self,
         items: &[(GlobalTxid, u64, &[u8])],

@@ -95,18 +95,23 @@ async fn apply_decided<P: Participant>(
 }
 
 /// The in-doubt transactions whose vote is at least `age_min` old, and,
-/// apart, the branches whose registration is not known to be recorded
-/// (left out of the first list: their transaction's decision is not
-/// theirs to apply unless they are members).
+/// apart, the branches whose registration is not known to be recorded.
+/// Both leave out every branch that is not known to be a member: those
+/// of the second list, and those whose flow still registers them here
+/// (in neither list): their transaction's decision is not theirs to apply
+/// unless they are members. The in-doubt list is read first, so a flow
+/// that starts after it is not in it, and one that ends after it ended
+/// as a member or rolled back (an answer then refused, harmlessly).
 async fn list_in_doubt<P: Participant>(
     store: &P,
     age_min: Duration,
 ) -> Result<(Vec<(GlobalTxid, LogEntry)>, Vec<(GlobalTxid, String)>), crate::participant::StoreError> {
-    let branches = store.unregistered_branches().await?;
     let mut in_doubt = store.in_doubt_older_than(age_min).await?;
-    if !branches.is_empty() {
-        let marked: std::collections::HashSet<GlobalTxid> = branches.iter().map(|(t, _)| *t).collect();
-        in_doubt.retain(|(t, _)| !marked.contains(t));
+    let branches = store.unregistered_branches().await?;
+    let mut not_members: std::collections::HashSet<GlobalTxid> = branches.iter().map(|(t, _)| *t).collect();
+    not_members.extend(store.branches_in_flight());
+    if !not_members.is_empty() {
+        in_doubt.retain(|(t, _)| !not_members.contains(t));
     }
     Ok((in_doubt, branches))
 }

@@ -119,3 +119,68 @@ async fn t45_recovery_drops_the_mark_of_work_decided_here_without_asking() {
         Some(LocalState::Prepared { vote: Vote::Yes })
     );
 }
+
+/// A branch whose flow is still registering it is not known to be a
+/// member: a recovery pass asks nothing about it, not even in its
+/// in-doubt pass, where the decision of its transaction (read by txid
+/// alone) may be a COMMIT without it. Before, a flow registering for
+/// longer than the in-doubt age was asked about there and could commit a
+/// non-member's work.
+#[tokio::test]
+async fn t45_a_branch_still_registering_is_not_asked_about_by_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ParticipantStore::open(dir.path(), Stage).unwrap();
+    let t = GlobalTxid::new(INC, 9);
+    store.prepare_branch(t, "svc", b"work").await.unwrap();
+    // No cluster listens there: any question would fail the pass.
+    let settled = participant_sdk::server::recover_once(store.as_ref(), &["127.0.0.1:1".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(settled, 0);
+    assert_eq!(
+        store.entry(t).unwrap().map(|e| e.state),
+        Some(LocalState::Prepared { vote: Vote::Yes })
+    );
+    // Its flow ends without an answer: now recovery asks, by branch.
+    store.finish_branch(t, false).unwrap();
+    let err = participant_sdk::server::recover_once(store.as_ref(), &["127.0.0.1:1".to_string()])
+        .await
+        .unwrap_err();
+    assert!(err.contains("branch svc"), "{err}");
+}
+
+/// A caller that goes away while its branch registers (the handler's
+/// future dropped) leaves the mark to recovery, not a flow counted as
+/// running for good.
+#[tokio::test]
+async fn t45_a_join_dropped_while_registering_leaves_its_mark_to_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ParticipantStore::open(dir.path(), Stage).unwrap();
+    // A "cluster" that accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = listener.accept().await {
+            conns.push(c);
+        }
+    });
+    let client = dtx_client::Client::new(dtx_client::ClientConfig::new(vec![addr])).unwrap();
+    let who = participant_sdk::branch::BranchIdentity {
+        participant_id: "svc".into(),
+        address: "127.0.0.1:2".into(),
+    };
+    let t = GlobalTxid::new(INC, 10);
+    let join = participant_sdk::branch::join(&store, &client, &who, t, b"work");
+    let gone = tokio::time::timeout(std::time::Duration::from_millis(300), join).await;
+    assert!(
+        gone.is_err(),
+        "the registration got an answer from a silent cluster: {gone:?}"
+    );
+    held.abort();
+    assert_eq!(store.unregistered_branches().unwrap(), [(t, "svc".to_string())]);
+    assert_eq!(
+        store.entry(t).unwrap().map(|e| e.state),
+        Some(LocalState::Prepared { vote: Vote::Yes })
+    );
+}
