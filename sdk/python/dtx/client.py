@@ -227,6 +227,51 @@ class TxStatus:
     raw: cpb.StatusResponse = field(repr=False)
 
 
+class BranchVote(enum.IntEnum):
+    """A branch's vote as registered (``dtx.v1.BranchVote``)."""
+
+    YES = 1
+    NO = 2
+    READ_ONLY = 3
+
+
+@dataclass(frozen=True)
+class BranchRegistration:
+    """What :meth:`Client.register_branch` learned."""
+
+    #: The term of the leader that recorded the registration.
+    term: int
+    #: The incarnation that handed out the txid.
+    incarnation: int
+    #: True when the same registration was found recorded before (a retry).
+    existing: bool
+    deadline_unix_ms: int
+    participant_count: int
+
+
+class BranchDecision(enum.Enum):
+    """What a branch does with its prepared work (:meth:`Client.branch_decision`)."""
+
+    #: A member of a committed transaction: commit.
+    COMMIT = "commit"
+    #: Roll back: the transaction aborted, or the branch is not a member
+    #: (fenced out of an open transaction, or left out of a decided one).
+    ABORT = "abort"
+    #: A member of an undecided transaction: keep the work, its decision comes.
+    PENDING = "pending"
+    #: The txid was not handed out by this incarnation: keep everything.
+    OTHER_INCARNATION = "other-incarnation"
+
+
+@dataclass(frozen=True)
+class BranchDecisionAnswer:
+    decision: BranchDecision
+    #: True when the branch is in the transaction's participant set.
+    member: bool
+    #: True when this call fenced the branch out of an ACTIVE transaction.
+    fenced_now: bool
+
+
 class _Kind(enum.Enum):
     READ = "read"
     WRITE = "write"
@@ -566,6 +611,60 @@ class Client:
             return OneShot(None, Outcome.UNKNOWN)
         return OneShot(r.txid, _outcome(r.outcome), r.existing)
 
+    async def register_branch(
+        self,
+        txid: int,
+        participant_id: str,
+        address: str,
+        vote: BranchVote,
+        reason: str = "",
+        incarnation: int = 0,
+    ) -> BranchRegistration:
+        """Registers branch ``participant_id`` (phase two reaches it at
+        ``address``) in ``txid`` with its vote, in one Raft write
+        (docs/protocol.md, "Branches"). The same registration again answers
+        the same term (``existing``), so this is retried like every write.
+        Raises :class:`FailedPrecondition` with ``branch_refusal`` set for a
+        refusal (too-late and fenced: roll back; conflict: an earlier
+        registration stands) and :class:`OutcomeUnknown` when no definite
+        answer came."""
+        req = cpb.RegisterBranchRequest(
+            txid=txid,
+            participant_id=participant_id,
+            address=address,
+            vote=int(vote),
+            reason=reason,
+            incarnation=incarnation,
+        )
+        r = await self._call(_Kind.WRITE, lambda ch, t, m: self._stub(ch).RegisterBranch(req, timeout=t, metadata=m))
+        return BranchRegistration(r.term, r.incarnation, r.existing, r.deadline_unix_ms, r.participant_count)
+
+    async def branch_decision(self, txid: int, participant_id: str, incarnation: int = 0) -> BranchDecisionAnswer:
+        """What branch ``participant_id`` does with its work prepared for
+        ``txid``: a member follows the transaction's decision (or PENDING);
+        a branch that is not one is fenced out of an open transaction (a
+        replicated write, so this is retried as one) and told ABORT, also
+        when the transaction committed without it. An error means no
+        answer: keep the work prepared and ask again."""
+        req = cpb.GetBranchDecisionRequest(txid=txid, participant_id=participant_id, incarnation=incarnation)
+        r = await self._call(
+            _Kind.WRITE, lambda ch, t, m: self._stub(ch).GetBranchDecision(req, timeout=t, metadata=m)
+        )
+        if r.outcome == cpb.OUTCOME_COMMIT and r.member:
+            d = BranchDecision.COMMIT
+        elif r.outcome == cpb.OUTCOME_ABORT:
+            d = BranchDecision.ABORT
+        elif r.outcome == cpb.OUTCOME_PENDING and r.member:
+            d = BranchDecision.PENDING
+        elif r.outcome == cpb.OUTCOME_OTHER_INCARNATION:
+            d = BranchDecision.OTHER_INCARNATION
+        else:
+            raise Internal(
+                f"the server sent outcome value {r.outcome} (member {r.member}) for branch "
+                f"{participant_id!r} of txid {txid}"
+            )
+        return BranchDecisionAnswer(d, r.member, r.fenced_now)
+
     async def status(self, txid: int) -> TxStatus:
         """The replicated record of ``txid`` (:class:`NotFound` without one)."""
         req = cpb.StatusRequest(txid=txid)
@@ -642,6 +741,10 @@ class Client:
 __all__ = [
     "AlreadyExists",
     "Began",
+    "BranchDecision",
+    "BranchDecisionAnswer",
+    "BranchRegistration",
+    "BranchVote",
     "Client",
     "DecisionAnswer",
     "DecisionRead",

@@ -23,6 +23,7 @@ SDK_DIR = Path(__file__).resolve().parents[1]
 REPO = SDK_DIR.parent.parent
 BANK = SDK_DIR / "examples" / "bank.py"
 PG_BANK = SDK_DIR / "examples" / "pg_bank.py"
+BRANCH_BANK = SDK_DIR / "examples" / "branch_bank.py"
 LOOPBACK = "127.0.0.1"
 
 
@@ -107,6 +108,9 @@ class BankProc:
     initial: int = 1000
     listen: str = ""
     proc: subprocess.Popen[bytes] | None = None
+    #: Environment variables of the serving process beside the usual ones
+    #: (failpoints: DTX_PY_FAILPOINTS).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def db(self) -> Path:
@@ -142,11 +146,14 @@ class BankProc:
             str(self.initial),
             "--ready-file",
             str(ready),
+            *self.serve_args(),
         ]
         if self.cluster:
             cmd += ["--cluster", ",".join(self.cluster)]
         out = open(self.log, "ab")  # noqa: SIM115 - the child holds it
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+        env = _env()
+        env.update(self.extra_env)
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         out.close()
 
         def up() -> bool:
@@ -179,6 +186,10 @@ class BankProc:
         """Where the bank keeps its data (serve, balance and audit)."""
         return ["--db", str(self.db)]
 
+    def serve_args(self) -> list[str]:
+        """More arguments of ``serve``."""
+        return []
+
     def audit(self) -> dict[str, object]:
         out = subprocess.run(
             [sys.executable, str(self.script()), "audit", *self.data_args()],
@@ -202,6 +213,32 @@ class PgBankProc(BankProc):
 
     def data_args(self) -> list[str]:
         return ["--postgres", self.postgres]
+
+
+@dataclass
+class BranchBankProc(BankProc):
+    """One Python bank serving ``bank.v1.Bank`` (``examples/branch_bank.py``)
+    on ``app`` beside its participant service on ``listen``."""
+
+    app: str = ""
+
+    def script(self) -> Path:
+        return BRANCH_BANK
+
+    def serve_args(self) -> list[str]:
+        if not self.app:
+            self.app = f"{LOOPBACK}:{free_port()}"
+        return ["--app-listen", self.app]
+
+    def stopped_by_itself(self) -> bool:
+        """True when the process stopped itself (SIGSTOP at a failpoint)."""
+        if self.proc is None:
+            return False
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 @dataclass

@@ -417,7 +417,16 @@ class Recovery:
             self._last_gc = loop.time()
             await self.collect()
         before = None if self._first else unix_ms() - int(self.options.prepared_age_min_s * 1000)
-        doubt = await self.store.in_doubt(before)
+        # Branches first (a store without them, PostgreSQL's here, has
+        # none): every marked txid, its flow running or not, is left out of
+        # the ordinary in-doubt pass, whose decision is not a branch's to
+        # apply unless it is a member.
+        marked: set[GlobalTxid] = set()
+        if hasattr(self.store, "branch_marks"):
+            marks = await self.store.branch_marks()
+            marked = {t for t, _ in marks}
+            await self.resolve_branches([(t, pid) for t, pid in marks if not self.store.branch_running(t)])
+        doubt = [r for r in await self.store.in_doubt(before) if r.txid not in marked]
         self._first = False
         if not doubt:
             return
@@ -458,6 +467,60 @@ class Recovery:
                     inc,
                     other,
                 )
+
+    async def resolve_branches(self, branches: Sequence[tuple[GlobalTxid, str]]) -> int:
+        """Settles branches prepared here whose registration is not known to
+        be recorded, asking the cluster by (txid, participant)
+        (GetBranchDecision): a member of a decided transaction applies its
+        decision; a member of an undecided one becomes an ordinary in-doubt
+        vote (its mark goes); a branch that is not a member rolls back, also
+        when the transaction committed without it (the cluster fences it
+        out of an open one first). Another incarnation's txid keeps its
+        work and mark; no answer keeps everything. Returns how many were
+        settled."""
+        from dtx.client import BranchDecision, DtxError
+
+        settled = 0
+        for txid, pid in branches:
+            # The local record first: a mark whose work is decided here
+            # already asks nothing (asking would fence a member).
+            e = await self.store.entry(txid)
+            if e is None or e.state is not State.PREPARED_YES:
+                await self.store.unmark_branch(txid)
+                continue
+            try:
+                a = await self.client.branch_decision(txid.txid, pid, txid.incarnation)
+            except DtxError as err:
+                log.warning("branch %s of %s: cluster not answering; holding its work: %s", pid, txid, err)
+                continue
+            if a.decision is BranchDecision.PENDING:
+                await self.store.unmark_branch(txid)
+                continue
+            if a.decision is BranchDecision.OTHER_INCARNATION:
+                log.warning(
+                    "branch of %s: the cluster did not hand this txid out in this incarnation; its work and locks "
+                    "are kept: resolve it with the cluster that handed it out",
+                    txid,
+                )
+                continue
+            commit = a.decision is BranchDecision.COMMIT
+            if not a.member:
+                log.info(
+                    "branch %s of %s is not in its transaction's participant set%s: rolling its prepared work back",
+                    pid,
+                    txid,
+                    " (fenced out now)" if a.fenced_now else "",
+                )
+            try:
+                if await self.store.recover(txid, commit) is not None:
+                    settled += 1
+                    self.applied += 1
+                    log.info("branch %s settled by recovery: %s", txid, "COMMIT" if commit else "ABORT")
+            except Refused as err:
+                log.warning("recovery of branch %s refused; its mark stays: %s", txid, err)
+                continue
+            await self.store.unmark_branch(txid)
+        return settled
 
     async def collect(self) -> int:
         """One log GC pass; returns how many records it removed."""

@@ -28,6 +28,9 @@ Tables (``dtx_`` prefix; the resource's own tables are its business):
 - ``dtx_term_floor(incarnation, term)``: the highest term of any record
   written for that incarnation, raised in the same transaction as the
   record, never lowered (log GC keeps it).
+- ``dtx_branch_mark(incarnation, txid, participant_id, marked_ms)``: a
+  branch's YES prepared here whose registration with the cluster is not
+  known to be recorded (:mod:`dtx.participant.branch`).
 - ``dtx_meta(key, value)``: the schema version and the participant id the
   store serves (another id is refused at open).
 
@@ -287,6 +290,9 @@ class ParticipantStore:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dtx-store")
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+        #: Branches whose flow (prepare, register) runs in this process now:
+        #: recovery leaves their marks alone (it would fence them out).
+        self._branches_running: set[GlobalTxid] = set()
         self._pool.submit(self._open).result()
 
     @classmethod
@@ -325,6 +331,15 @@ class ParticipantStore:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS dtx_term_floor ("
                 " incarnation INTEGER PRIMARY KEY, term INTEGER NOT NULL)"
+            )
+            # Branches (dtx.participant.branch): a YES prepared in a
+            # handler whose registration with the cluster is not known to
+            # be recorded. Written with the YES record, removed once the
+            # cluster's answer is known; recovery asks about the rest.
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS dtx_branch_mark ("
+                " incarnation INTEGER NOT NULL, txid INTEGER NOT NULL, participant_id TEXT NOT NULL,"
+                " marked_ms INTEGER NOT NULL, PRIMARY KEY (incarnation, txid)) WITHOUT ROWID"
             )
             meta = dict(conn.execute("SELECT key, value FROM dtx_meta").fetchall())
             version = meta.get("schema_version")
@@ -565,6 +580,48 @@ class ParticipantStore:
         self._commit()
         return answer
 
+    def _prepare_branch_sync(self, txid: GlobalTxid, participant_id: str, payload: bytes) -> Answer | LogEntry:
+        """A branch's prepare: the resource prepares ``payload`` as for a
+        Prepare at the term floor, and a YES is written with its mark, in
+        one SQLite transaction. The record found instead when ``txid`` has
+        one already (nothing done)."""
+        self._begin()
+        try:
+            before = self._entry(txid)
+            if before is not None:
+                self._rollback()
+                return before
+            floor = self._floor(txid.incarnation)
+            answer = self._stage(txid, Message(Kind.PREPARE, floor), payload)
+            if answer.vote is Vote.YES:
+                self._sql(
+                    "INSERT OR REPLACE INTO dtx_branch_mark (incarnation, txid, participant_id, marked_ms)"
+                    " VALUES (?, ?, ?, ?)",
+                    (_s64(txid.incarnation), _s64(txid.txid), participant_id, unix_ms()),
+                )
+        except BaseException:
+            self._rollback()
+            raise
+        self._commit()
+        return answer
+
+    def _branch_marks_sync(self) -> list[tuple[GlobalTxid, str]]:
+        self._check_running()
+        rows = self._sql("SELECT incarnation, txid, participant_id FROM dtx_branch_mark ORDER BY marked_ms").fetchall()
+        return [(GlobalTxid(_u64(inc), _u64(t)), pid) for inc, t, pid in rows]
+
+    def _unmark_branch_sync(self, txid: GlobalTxid) -> None:
+        self._begin()
+        try:
+            self._sql(
+                "DELETE FROM dtx_branch_mark WHERE incarnation = ? AND txid = ?",
+                (_s64(txid.incarnation), _s64(txid.txid)),
+            )
+        except BaseException:
+            self._rollback()
+            raise
+        self._commit()
+
     def _read_entry(self, txid: GlobalTxid) -> LogEntry | None:
         self._check_running()
         return self._entry(txid)
@@ -742,6 +799,55 @@ class ParticipantStore:
     async def read(self, fn: Callable[[SqlTx], T]) -> T:
         """Runs ``fn`` on the store's thread (reads only)."""
         return await self._run(self._read_sync, fn)
+
+    async def prepare_branch(self, txid: GlobalTxid, participant_id: str, payload: bytes) -> Answer | LogEntry:
+        """A branch that prepares where it runs (docs/protocol.md,
+        "Branches"; :func:`dtx.participant.branch.join` drives it): the
+        resource prepares ``payload`` for ``txid`` as for a Prepare, and a
+        YES is written with a mark "branch ``participant_id`` not known to
+        be registered" in the same SQLite transaction (synced before this
+        returns). Returns the answer, or the record ``txid`` already has
+        here (then nothing was done). A YES leaves ``txid`` in the running
+        set until :meth:`finish_branch`, so recovery does not ask about a
+        branch whose registration is on its way."""
+        fresh = txid not in self._branches_running
+        self._branches_running.add(txid)
+        held = False
+        try:
+            out = await self._run(self._prepare_branch_sync, txid, participant_id, payload)
+            held = isinstance(out, Answer) and out.vote is Vote.YES
+            return out
+        finally:
+            if fresh and not held:
+                self._branches_running.discard(txid)
+
+    async def finish_branch(self, txid: GlobalTxid, settled: bool) -> None:
+        """The branch flow of ``txid`` in this process ended: ``settled``
+        when the cluster's answer is known (registered, or refused and
+        rolled back here), so its mark goes; otherwise the mark stays for
+        recovery."""
+        self._branches_running.discard(txid)
+        if settled:
+            await self.unmark_branch(txid)
+
+    async def branch_marks(self) -> list[tuple[GlobalTxid, str]]:
+        """Every branch mark (transaction, participant id), running or not."""
+        return await self._run(self._branch_marks_sync)
+
+    async def unregistered_branches(self) -> list[tuple[GlobalTxid, str]]:
+        """The marked branches whose flow does not run in this process now:
+        their registration is not known to be recorded (recovery asks the
+        cluster with GetBranchDecision)."""
+        marks = await self.branch_marks()
+        return [(t, pid) for t, pid in marks if t not in self._branches_running]
+
+    def branch_running(self, txid: GlobalTxid) -> bool:
+        return txid in self._branches_running
+
+    async def unmark_branch(self, txid: GlobalTxid) -> None:
+        """The branch of ``txid`` is settled with the cluster: its mark goes
+        (a mark that survives a crash only makes recovery ask again)."""
+        await self._run(self._unmark_branch_sync, txid)
 
     def failure(self) -> StoreFailure | None:
         """Why the store stopped, if it has."""
