@@ -267,15 +267,13 @@ fn run(cli: Cli) -> anyhow::Result<Validity> {
                 settle_s,
                 tls,
                 inventory_store,
-                python_banks: (python_banks > 0).then(|| {
-                    (
-                        python_banks,
-                        dtx_testkit::cluster::PythonBank {
-                            python,
-                            script: python_bank_script,
-                        },
-                    )
-                }),
+                python_banks: (python_banks > 0).then_some((
+                    python_banks,
+                    dtx_testkit::cluster::PythonBank {
+                        python,
+                        script: python_bank_script,
+                    },
+                )),
                 command: std::env::args()
                     .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
                     .collect::<Vec<_>>()

@@ -3183,6 +3183,7 @@ mod tests {
             settle_s: 30,
             tls: false,
             inventory_store: InventoryStore::Postgres,
+            python_banks: None,
             command: String::new(),
         }
     }
