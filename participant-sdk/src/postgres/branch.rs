@@ -369,6 +369,15 @@ impl<'c, H: PgHandler> PgBranch<'c, H> {
                 Ok(()) => held = true,
                 Err(e) => {
                     let Some(reason) = p.no_slot(txid, &e).or_else(|| p.not_preparable(txid, &e)) else {
+                        // No answer from the server (the connection
+                        // failed): whether it prepared is not known here,
+                        // so the mark stays and recovery settles it by
+                        // branch; never a prepared branch without its mark
+                        // (an unmarked one would be asked about by txid
+                        // alone). The Python SDK's authors noticed it.
+                        if e.as_db_error().is_none() {
+                            return Err(pg_err("PREPARE TRANSACTION (outcome unknown: the mark stays)", &e).into());
+                        }
                         p.drop_mark_on(&side, txid).await?;
                         return Err(pg_err("PREPARE TRANSACTION", &e).into());
                     };
