@@ -22,6 +22,13 @@ Commands::
     python examples/branch_bank.py balance --db bank-a.db --account a0     # one number
     python examples/branch_bank.py audit --db bank-a.db                    # JSON (with branch_marks)
 
+With ``--postgres CONNINFO`` instead of ``--db`` (serve, balance, audit),
+the bank is ``pg_bank.py``'s (accounts in PostgreSQL, the same resource
+imported) and ``Change`` is a PostgreSQL branch
+(:mod:`dtx.participant.pg_branch`): the change runs in a PostgreSQL
+transaction bound to the txid, the mark is committed, then ``PREPARE
+TRANSACTION``, then the registration.
+
 A caller: ``Begin`` at the cluster, then ``bank.v1.Bank/Change`` at each
 bank with ``x-dtx-txid`` and ``x-dtx-incarnation`` in the metadata
 (``dtx.metadata.attach_txid(md, began.txid, began.incarnation)``), then
@@ -65,7 +72,7 @@ import grpc.aio  # noqa: E402
 import bank  # noqa: E402  (examples/bank.py: the resource, accounts and audit)
 import bank_api  # noqa: E402
 from dtx.client import Client  # noqa: E402
-from dtx.participant import ParticipantStore, RecoveryOptions, SqlTx, Vote, serve  # noqa: E402
+from dtx.participant import RecoveryOptions, SqlTx, Vote, serve  # noqa: E402
 from dtx.participant.branch import BranchError, BranchIdentity, join, transaction_of  # noqa: E402
 
 pb, pb_grpc = bank_api.load()
@@ -97,6 +104,15 @@ def work_of(changes: Any) -> bytes:
     return "".join(out).encode()
 
 
+async def _pg_balances(store: Any, names: list[str]) -> dict[str, int | None]:
+    async def rd(tx: Any) -> dict[str, int | None]:
+        rows = await tx.all("SELECT name, balance FROM bank_accounts WHERE name = ANY(%s)", (names,))
+        found = {n: int(b) for n, b in rows}
+        return {n: found.get(n) for n in names}
+
+    return await store.read(rd)  # type: ignore[no-any-return]
+
+
 def _balance(db: SqlTx, name: str) -> int | None:
     row = db.one("SELECT balance FROM bank_accounts WHERE name = ?", (name,))
     return None if row is None else int(row[0])
@@ -106,10 +122,27 @@ class BankApi(pb_grpc.BankServicer):  # type: ignore[misc,name-defined]
     """``bank.v1.Bank`` over a bank's store, which is participant ``who``
     and registers through ``client``."""
 
-    def __init__(self, store: ParticipantStore, client: Client, who: BranchIdentity) -> None:
+    def __init__(self, store: Any, client: Client, who: BranchIdentity, postgres: bool = False) -> None:
         self.store = store
         self.client = client
         self.who = who
+        #: The store is a PgParticipantStore: Change is a PostgreSQL branch.
+        self.postgres = postgres
+
+    async def _join(self, txid: Any, work: bytes) -> Any:
+        if not self.postgres:
+            return await join(self.store, self.client, self.who, txid, work)
+        from dtx.participant.pg_branch import run_branch
+
+        resource = self.store.resource  # pg_bank.PgBank: the same checks as its Prepare
+        return await run_branch(
+            self.store, self.client, self.who, txid, lambda tx: resource.prepare(tx, txid, work)
+        )
+
+    async def _balances(self, names: list[str]) -> dict[str, int | None]:
+        if self.postgres:
+            return await _pg_balances(self.store, names)
+        return await self.store.read(lambda db: {n: _balance(db, n) for n in names})  # type: ignore[no-any-return]
 
     async def Change(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         try:
@@ -121,7 +154,7 @@ class BankApi(pb_grpc.BankServicer):  # type: ignore[misc,name-defined]
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
-            joined = await join(self.store, self.client, self.who, txid, work)
+            joined = await self._join(txid, work)
         except BranchError as e:
             await context.abort(e.code, str(e))
         if joined.vote is not Vote.YES:
@@ -132,10 +165,10 @@ class BankApi(pb_grpc.BankServicer):  # type: ignore[misc,name-defined]
             )
         # The accounts are held by the transaction until its decision: exact.
         names = [c.account for c in request.changes]
-        now = await self.store.read(lambda db: {n: _balance(db, n) or 0 for n in names})
+        now = await self._balances(names)
         return pb.ChangeReply(
             balances=[
-                pb.AccountBalance(account=c.account, balance_if_committed=now[c.account] + c.delta)
+                pb.AccountBalance(account=c.account, balance_if_committed=(now[c.account] or 0) + c.delta)
                 for c in request.changes
             ]
         )
@@ -147,7 +180,7 @@ class BankApi(pb_grpc.BankServicer):  # type: ignore[misc,name-defined]
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{len(accounts)} accounts asked; ask for 1 to {CHANGES_PER_CALL_MAX}",
             )
-        found = await self.store.read(lambda db: {n: _balance(db, n) for n in accounts})
+        found = await self._balances(accounts)
         for n in accounts:
             if found[n] is None:
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"no account {n!r} at {self.who.participant_id}")
@@ -159,11 +192,20 @@ async def run_serve(a: argparse.Namespace) -> int:
     if not cluster:
         print("Error: --cluster is needed: a branch registers itself with the cluster", file=sys.stderr)
         return 2
-    store = await bank.open_bank(a.db, a.id, a.prefix, a.accounts, a.initial, a.journal_mode)
+    if a.postgres:
+        import pg_bank
+        from dtx.participant.postgres import PgOptions, PgParticipantStore
+
+        store: Any = await PgParticipantStore.open(a.postgres, pg_bank.PgBank(), a.id, PgOptions())
+        await pg_bank.install(store, a.prefix, a.accounts, a.initial)
+    else:
+        store = await bank.open_bank(a.db, a.id, a.prefix, a.accounts, a.initial, a.journal_mode)
     server = await serve(store, a.id, a.listen, cluster, RecoveryOptions(interval_s=0.5))
     client = Client(cluster, deadline_s=a.register_deadline_s, attempt_timeout_s=min(2.0, a.register_deadline_s))
     app = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_BankServicer_to_server(BankApi(store, client, BranchIdentity(a.id, server.address)), app)
+    pb_grpc.add_BankServicer_to_server(
+        BankApi(store, client, BranchIdentity(a.id, server.address), postgres=bool(a.postgres)), app
+    )
     port = app.add_insecure_port(a.app_listen)
     if port == 0:
         raise OSError(f"cannot listen on {a.app_listen}")
@@ -173,7 +215,8 @@ async def run_serve(a: argparse.Namespace) -> int:
         tmp = a.ready_file + ".tmp"
         Path(tmp).write_text(f"{server.address}\n{app_addr}\n")
         os.replace(tmp, a.ready_file)
-    print(f"bank {a.id} serves on {server.address}, bank.v1.Bank on {app_addr} (db {a.db})", flush=True)
+    where = f"PostgreSQL {store.target}" if a.postgres else f"db {a.db}"
+    print(f"bank {a.id} serves on {server.address}, bank.v1.Bank on {app_addr} ({where})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -181,15 +224,36 @@ async def run_serve(a: argparse.Namespace) -> int:
     stopped = asyncio.create_task(store.stopped())
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait({stopped, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    for t in (stopped, waiter):
+        t.cancel()
+    await asyncio.gather(stopped, waiter, return_exceptions=True)
     await app.stop(1.0)
     await server.stop(1.0)
     await client.close()
     failure = store.failure()
-    store.close()
+    if a.postgres:
+        await store.close()
+    else:
+        store.close()
     if failure is not None:
         print(f"Error: {failure}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def pg_audit(conninfo: str) -> dict[str, object]:
+    """``pg_bank.audit`` and the branch marks (``dtx_participant_branch``)."""
+    import pg_bank
+    import psycopg
+
+    out = pg_bank.audit(conninfo)
+    with psycopg.connect(conninfo, autocommit=True) as c:
+        try:
+            marks = c.execute("SELECT count(*) FROM dtx_participant_branch").fetchone()[0]  # type: ignore[index]
+        except psycopg.errors.UndefinedTable:
+            marks = 0
+    out["branch_marks"] = marks
+    return out
 
 
 def audit(db: str) -> dict[str, object]:
@@ -211,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--listen", required=True, help="the participant service's host:port (the cluster calls it)")
     s.add_argument("--app-listen", required=True, help="bank.v1.Bank's host:port (callers call it)")
     s.add_argument("--id", required=True, help="participant id, as registered")
-    s.add_argument("--db", required=True, help="the SQLite file (accounts and participant log)")
+    where = s.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", help="the SQLite file (accounts and participant log)")
+    where.add_argument("--postgres", help="libpq connection string: the bank on PostgreSQL (pg_bank.py's)")
     s.add_argument("--prefix", default="a", help="account name prefix (a -> a0, a1, ...)")
     s.add_argument("--accounts", type=int, default=10)
     s.add_argument("--initial", type=int, default=1000)
@@ -221,17 +287,25 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--journal-mode", choices=["wal", "delete"], default="wal")
     s.add_argument("--log-level", default=os.environ.get("DTX_PY_LOG", "WARNING"))
     b = sub.add_parser("balance", help="print one account's committed balance")
-    b.add_argument("--db", required=True)
+    bw = b.add_mutually_exclusive_group(required=True)
+    bw.add_argument("--db")
+    bw.add_argument("--postgres")
     b.add_argument("--account", required=True)
     au = sub.add_parser("audit", help="print balances, locks, in-doubt count, branch marks and apply log as JSON")
-    au.add_argument("--db", required=True)
+    aw = au.add_mutually_exclusive_group(required=True)
+    aw.add_argument("--db")
+    aw.add_argument("--postgres")
     a = p.parse_args(argv)
     if a.cmd == "serve":
         logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return asyncio.run(run_serve(a))
     if a.cmd == "balance":
+        if a.postgres:
+            import pg_bank
+
+            return pg_bank.run_balance(a)
         return bank.run_balance(a)
-    print(json.dumps(audit(a.db), sort_keys=True))
+    print(json.dumps(pg_audit(a.postgres) if a.postgres else audit(a.db), sort_keys=True))
     return 0
 
 

@@ -242,6 +242,17 @@ class BranchBankProc(BankProc):
 
 
 @dataclass
+class PgBranchBankProc(BranchBankProc):
+    """``examples/branch_bank.py --postgres``: the bank on PostgreSQL whose
+    ``Change`` is a PostgreSQL branch (its database in ``postgres``)."""
+
+    postgres: str = ""
+
+    def data_args(self) -> list[str]:
+        return ["--postgres", self.postgres]
+
+
+@dataclass
 class Node:
     id: int
     raft: str

@@ -45,7 +45,7 @@ import logging
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -238,8 +238,6 @@ async def join(
 async def _join(
     store: ParticipantStore, client: Any, who: BranchIdentity, txid: GlobalTxid, payload: bytes
 ) -> Joined:
-    from dtx.client import BranchVote, DtxError
-
     try:
         prepared = await store.prepare_branch(txid, who.participant_id, payload)
     except StoreError as e:
@@ -250,8 +248,42 @@ async def _join(
     if answer.vote is None:
         raise BranchStoreError(StoreError("a branch's prepare answered with an ack"))
     vote = answer.vote
-    # Only a YES holds prepared work and a mark.
-    held = vote is Vote.YES
+    return await register_vote(
+        store, client, who, txid, vote, answer.reason if vote is Vote.NO else "", held=vote is Vote.YES
+    )
+
+
+class BranchStore(Protocol):
+    """What :func:`register_vote` needs of a participant's store: the
+    SQLite :class:`ParticipantStore` and the PostgreSQL
+    :class:`dtx.participant.postgres.PgParticipantStore` provide it."""
+
+    async def recover(self, txid: GlobalTxid, commit: bool) -> Answer | None: ...
+
+    async def finish_branch(self, txid: GlobalTxid, settled: bool) -> None: ...
+
+
+async def register_vote(
+    store: BranchStore,
+    client: Any,
+    who: BranchIdentity,
+    txid: GlobalTxid,
+    vote: Vote,
+    reason: str,
+    held: bool,
+) -> Joined:
+    """The second half of a branch's flow, shared by the SQLite and the
+    PostgreSQL branches: the vote is durable here already (``held``: a YES
+    prepared and marked, ``txid`` in the store's running set); registers it
+    (``RegisterBranch``) and ends as the module's documentation says: a
+    definite refusal rolls the prepared work back here
+    (``store.recover(txid, False)``) before :class:`BranchRolledBack`; no
+    definite answer keeps work and mark for recovery
+    (:class:`BranchUnknown`); either way ``store.finish_branch`` ends the
+    flow of a held branch (the mark goes when the answer is known). The
+    failpoints of the crash windows are here."""
+    from dtx.client import BranchVote, DtxError
+
     settled = registered = False
     try:
         if held:
@@ -262,7 +294,7 @@ async def _join(
                 who.participant_id,
                 who.address,
                 BranchVote(int(vote)),
-                answer.reason if vote is Vote.NO else "",
+                reason if vote is Vote.NO else "",
                 txid.incarnation,
             )
         except DtxError as e:
@@ -282,7 +314,7 @@ async def _join(
         settled = registered = True
         if held:
             log.info("branch %s of %s registered (term %d)", who.participant_id, txid, r.term)
-        return Joined(vote, answer.reason, r.term, r.existing)
+        return Joined(vote, reason if vote is Vote.NO else "", r.term, r.existing)
     finally:
         if held:
             try:
@@ -299,6 +331,7 @@ __all__ = [
     "BranchError",
     "BranchIdentity",
     "BranchRolledBack",
+    "BranchStore",
     "BranchStoreError",
     "BranchUnknown",
     "Joined",
@@ -306,5 +339,6 @@ __all__ = [
     "certainly_out",
     "failpoint",
     "join",
+    "register_vote",
     "transaction_of",
 ]

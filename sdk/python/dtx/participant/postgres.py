@@ -46,6 +46,9 @@ What is stored
   than its gid's is accepted (a new leader's repeated Prepare) the term goes
   here (kept in memory too) until the decision; fencing uses the higher of
   the two.
+- ``dtx_participant_branch(participant, incarnation, txid, marked_ms)``: a
+  branch's mark (:mod:`dtx.participant.pg_branch`), committed before its
+  ``PREPARE TRANSACTION`` and removed once the cluster's answer is known.
 
 Sessions
 --------
@@ -112,6 +115,10 @@ LOG_INC_TABLE = "dtx_participant_log_inc"
 FLOOR_TABLE = "dtx_participant_term_floor"
 #: Terms raised while prepared, one row per transaction until its decision.
 RAISED_TABLE = "dtx_participant_raised_term"
+#: Branches prepared here whose registration with the cluster is not known
+#: to be recorded (:mod:`dtx.participant.pg_branch`), one row per
+#: (participant, incarnation, txid): the Rust SDK's table.
+BRANCH_TABLE = "dtx_participant_branch"
 #: The longest participant id: the longest gid stays under PostgreSQL's 200 bytes.
 MAX_PARTICIPANT_ID_LEN = 128
 
@@ -154,6 +161,12 @@ _DDL = {
         incarnation bigint NOT NULL,
         txid bigint NOT NULL,
         term bigint NOT NULL,
+        PRIMARY KEY (participant, incarnation, txid));""",
+    BRANCH_TABLE: f"""CREATE TABLE IF NOT EXISTS {BRANCH_TABLE} (
+        participant text NOT NULL,
+        incarnation bigint NOT NULL,
+        txid bigint NOT NULL,
+        marked_ms bigint NOT NULL,
         PRIMARY KEY (participant, incarnation, txid));""",
 }
 
@@ -509,6 +522,9 @@ class PgParticipantStore:
         self._locks = _TxLocks()
         self._floors: dict[int, int] = {}
         self._raised: dict[GlobalTxid, int] = {}
+        #: Branches (dtx.participant.pg_branch) whose flow runs in this
+        #: process: recovery leaves them alone (it would fence them out).
+        self._branches_running: set[GlobalTxid] = set()
         self._started_ms = 0
         self._closed = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -1328,6 +1344,58 @@ class PgParticipantStore:
                 n += max(0, cur.rowcount)
         return n
 
+    # -- branches (dtx.participant.pg_branch) ---------------------------------
+
+    async def _mark_branch(self, c: psycopg.AsyncConnection[Any], txid: GlobalTxid) -> None:
+        """The mark of a branch of ``txid``, committed on ``c`` (autocommit)
+        before its PREPARE TRANSACTION."""
+        await c.execute(
+            f"INSERT INTO {BRANCH_TABLE} (participant, incarnation, txid, marked_ms) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT DO NOTHING",
+            (self.participant_id, _s64(txid.incarnation), _s64(txid.txid), unix_ms()),
+        )
+
+    async def _unmark_branch_on(self, c: psycopg.AsyncConnection[Any], txid: GlobalTxid) -> None:
+        await c.execute(
+            f"DELETE FROM {BRANCH_TABLE} WHERE participant = %s AND incarnation = %s AND txid = %s",
+            (self.participant_id, _s64(txid.incarnation), _s64(txid.txid)),
+        )
+
+    async def branch_marks(self) -> list[tuple[GlobalTxid, str]]:
+        """Every branch mark of this participant (transaction, participant
+        id), running or not, oldest first."""
+        async with self._decisions.lease() as c:
+            rows = await self._guard(
+                "reading the branch marks",
+                _all(
+                    c,
+                    f"SELECT incarnation, txid FROM {BRANCH_TABLE} WHERE participant = %s ORDER BY marked_ms",
+                    (self.participant_id,),
+                ),
+            )
+        return [(GlobalTxid(_u64(i), _u64(t)), self.participant_id) for i, t in rows]
+
+    async def unregistered_branches(self) -> list[tuple[GlobalTxid, str]]:
+        """The marked branches whose flow does not run in this process now."""
+        return [(t, p) for t, p in await self.branch_marks() if t not in self._branches_running]
+
+    def branch_running(self, txid: GlobalTxid) -> bool:
+        return txid in self._branches_running
+
+    async def unmark_branch(self, txid: GlobalTxid) -> None:
+        """The branch of ``txid`` is settled with the cluster: its mark goes
+        (a mark left behind only makes recovery ask again)."""
+        async with self._decisions.lease() as c:
+            await self._guard("removing the branch mark", self._unmark_branch_on(c, txid))
+
+    async def finish_branch(self, txid: GlobalTxid, settled: bool) -> None:
+        """The branch flow of ``txid`` in this process ended: ``settled``
+        when the cluster's answer is known (its mark goes); otherwise the
+        mark stays for recovery."""
+        self._branches_running.discard(txid)
+        if settled:
+            await self.unmark_branch(txid)
+
     # -- the service's own work ----------------------------------------------
 
     async def write(self, fn: Callable[[PgTx], Awaitable[T]]) -> T:
@@ -1441,6 +1509,7 @@ def prepared_in_database(conninfo: str) -> list[tuple[str, GlobalTxid, int]]:
 
 
 __all__ = [
+    "BRANCH_TABLE",
     "COMMITTED",
     "FLOOR_TABLE",
     "LOG_INC_TABLE",

@@ -417,10 +417,10 @@ class Recovery:
             self._last_gc = loop.time()
             await self.collect()
         before = None if self._first else unix_ms() - int(self.options.prepared_age_min_s * 1000)
-        # Branches first (a store without them, PostgreSQL's here, has
-        # none): every marked txid, its flow running or not, is left out of
-        # the ordinary in-doubt pass, whose decision is not a branch's to
-        # apply unless it is a member.
+        # Branches first (both stores keep marks; a store without
+        # `branch_marks` has none): every marked txid, its flow running or
+        # not, is left out of the ordinary in-doubt pass, whose decision is
+        # not a branch's to apply unless it is a member.
         marked: set[GlobalTxid] = set()
         if hasattr(self.store, "branch_marks"):
             marks = await self.store.branch_marks()
