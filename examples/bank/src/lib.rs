@@ -117,6 +117,13 @@ pub fn parse_work(payload: &[u8]) -> Option<Vec<(String, i64)>> {
         .collect()
 }
 
+/// True when `work` changes no balance (every change 0): the bank votes
+/// READ_ONLY on it (the accounts must exist), so it takes no part in phase
+/// two.
+pub fn reads_only(work: &[(String, i64)]) -> bool {
+    !work.is_empty() && work.iter().all(|(_, d)| *d == 0)
+}
+
 /// The work `txid` prepared here (empty if none).
 fn pending_work(view: &View<'_>, txid: GlobalTxid) -> Vec<(String, i64)> {
     view.get(&pending_key(txid))
@@ -141,6 +148,13 @@ impl Resource for Bank {
                 payload.len()
             ));
         };
+        if reads_only(&work) {
+            // Changes nothing: a read of the accounts, no phase two.
+            if let Some((acct, _)) = work.iter().find(|(a, _)| balance(view, a).is_none()) {
+                return staged.refuse(format!("no account {acct:?} here"));
+            }
+            return Vote::ReadOnly;
+        }
         for (acct, delta) in &work {
             let Some(bal) = balance(view, acct) else {
                 return staged.refuse(format!("no account {acct:?} here"));

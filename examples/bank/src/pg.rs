@@ -55,6 +55,16 @@ impl PgHandler for PgBank {
                 payload.len()
             )));
         };
+        if crate::reads_only(&work) {
+            // Changes nothing: a read of the accounts, no phase two.
+            let read = tx.prepare_cached("SELECT 1 FROM accounts WHERE name = $1").await?;
+            for (acct, _) in &work {
+                if tx.query_opt(&read, &[acct]).await?.is_none() {
+                    return Ok(Verdict::no(format!("no account {acct:?} here")));
+                }
+            }
+            return Ok(Verdict::read_only());
+        }
         // Parsed once per pooled connection, not on every Prepare.
         let lock = tx
             .prepare_cached("SELECT balance FROM accounts WHERE name = $1 FOR UPDATE NOWAIT")
