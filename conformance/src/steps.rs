@@ -172,6 +172,20 @@ impl StepCx<'_> {
         template.replace("{saga}", &self.saga.to_string()).into_bytes()
     }
 
+    /// The input the forward action answers OK on.
+    fn ok_input(&self) -> Vec<u8> {
+        self.input(&self.p.input)
+    }
+
+    /// A new forward operation done with the OK input: its operation id,
+    /// the input and the OK reply.
+    async fn forward_ok(&mut self) -> Step<(String, Vec<u8>, pb::StepReply)> {
+        let f = self.op('f');
+        let input = self.ok_input();
+        let reply = self.forward_is(&f, &input, Out::Ok).await?;
+        Ok((f, input, reply))
+    }
+
     fn call(&self, op: &str, action: &str, input: &[u8]) -> pb::StepCall {
         pb::StepCall {
             saga_id: self.saga,
@@ -199,7 +213,7 @@ impl StepCx<'_> {
 
     fn compensate_call(&self, op: &str, forward_op: &str, precondition: &str) -> pb::StepCall {
         let action = self.p.compensate_action.clone().unwrap_or_default();
-        let mut c = self.call(op, &action, &self.input(&self.p.input));
+        let mut c = self.call(op, &action, &self.ok_input());
         c.forward_operation_id = forward_op.to_string();
         c.precondition = precondition.to_string();
         c
@@ -414,9 +428,7 @@ async fn dispatch(id: &str, cx: &mut StepCx<'_>) -> Step<Done> {
 }
 
 async fn forward_repeat(cx: &mut StepCx<'_>) -> Step<Done> {
-    let f = cx.op('f');
-    let input = cx.input(&cx.p.input.clone());
-    let first = cx.forward_is(&f, &input, Out::Ok).await?;
+    let (f, input, first) = cx.forward_ok().await?;
     for _ in 0..2 {
         let call = cx.forward_call(&f, &input);
         let again = cx.forward(call).await;
@@ -430,7 +442,7 @@ async fn failed_repeat(cx: &mut StepCx<'_>, failed: &str) -> Step<Done> {
     let input = cx.input(failed);
     let first = cx.forward_is(&f, &input, Out::Failed).await?;
     // Even with the OK input now: the stored FAILED answers.
-    let ok_input = cx.input(&cx.p.input.clone());
+    let ok_input = cx.ok_input();
     let call = cx.forward_call(&f, &ok_input);
     let again = cx.forward(call).await;
     StepCx::repeated(&first, again, &format!("the repeated Forward {f:?}"))?;
@@ -441,15 +453,13 @@ async fn status_unseen(cx: &mut StepCx<'_>) -> Step<Done> {
     let f = cx.op('f');
     cx.status_is(&f, false, None).await?;
     cx.status_is(&f, false, None).await?;
-    let input = cx.input(&cx.p.input.clone());
+    let input = cx.ok_input();
     cx.forward_is(&f, &input, Out::Ok).await?;
     Ok(Done::Passed)
 }
 
 async fn status_applied(cx: &mut StepCx<'_>) -> Step<Done> {
-    let f = cx.op('f');
-    let input = cx.input(&cx.p.input.clone());
-    let first = cx.forward_is(&f, &input, Out::Ok).await?;
+    let (f, _, first) = cx.forward_ok().await?;
     cx.status_is(&f, false, Some(&first)).await?;
     Ok(Done::Passed)
 }
@@ -458,7 +468,7 @@ async fn fence_unseen(cx: &mut StepCx<'_>) -> Step<Done> {
     let f = cx.op('f');
     // Not applied, and from now on never: recorded FAILED ("fenced").
     cx.status_is(&f, true, None).await?;
-    let input = cx.input(&cx.p.input.clone());
+    let input = cx.ok_input();
     cx.forward_is(&f, &input, Out::Failed).await?;
     cx.status_outcome(&f, false, Out::Failed).await?;
     cx.status_outcome(&f, true, Out::Failed).await?;
@@ -466,18 +476,14 @@ async fn fence_unseen(cx: &mut StepCx<'_>) -> Step<Done> {
 }
 
 async fn fence_applied(cx: &mut StepCx<'_>) -> Step<Done> {
-    let f = cx.op('f');
-    let input = cx.input(&cx.p.input.clone());
-    let first = cx.forward_is(&f, &input, Out::Ok).await?;
+    let (f, _, first) = cx.forward_ok().await?;
     cx.status_is(&f, true, Some(&first)).await?;
     cx.status_is(&f, false, Some(&first)).await?;
     Ok(Done::Passed)
 }
 
 async fn fingerprint(cx: &mut StepCx<'_>) -> Step<Done> {
-    let f = cx.op('f');
-    let input = cx.input(&cx.p.input.clone());
-    let first = cx.forward_is(&f, &input, Out::Ok).await?;
+    let (f, input, first) = cx.forward_ok().await?;
     let mut other = cx.forward_call(&f, &input);
     other.fingerprint = format!("kit-other-{}", cx.saga);
     let r = cx.forward(other).await;
@@ -492,9 +498,7 @@ async fn fingerprint(cx: &mut StepCx<'_>) -> Step<Done> {
 }
 
 async fn kind(cx: &mut StepCx<'_>) -> Step<Done> {
-    let f = cx.op('f');
-    let input = cx.input(&cx.p.input.clone());
-    let first = cx.forward_is(&f, &input, Out::Ok).await?;
+    let (f, _, first) = cx.forward_ok().await?;
     let call = cx.compensate_call(&f, &f, &first.resource_version);
     let r = cx.compensate(call).await;
     refused(
@@ -508,7 +512,7 @@ async fn kind(cx: &mut StepCx<'_>) -> Step<Done> {
 }
 
 async fn no_operation_id(cx: &mut StepCx<'_>) -> Step<Done> {
-    let input = cx.input(&cx.p.input.clone());
+    let input = cx.ok_input();
     let call = cx.forward_call("", &input);
     let r = cx.forward(call).await;
     refused(r, Code::InvalidArgument, "", "Forward without an operation id")?;
@@ -522,7 +526,7 @@ async fn compensate_noop(cx: &mut StepCx<'_>) -> Step<Done> {
     let r = cx.compensate(call).await;
     StepCx::outcome(r, Out::Noop, &format!("Compensate {c:?} of the never-run {f:?}"))?;
     // The forward operation is fenced: a late call of it never runs.
-    let input = cx.input(&cx.p.input.clone());
+    let input = cx.ok_input();
     cx.forward_is(&f, &input, Out::Failed).await?;
     cx.status_outcome(&f, false, Out::Failed).await?;
     Ok(Done::Passed)
@@ -540,9 +544,7 @@ async fn compensate_after_failed(cx: &mut StepCx<'_>, failed: &str) -> Step<Done
 }
 
 async fn compensate_repeat(cx: &mut StepCx<'_>) -> Step<Done> {
-    let f = cx.op('f');
-    let input = cx.input(&cx.p.input.clone());
-    let done = cx.forward_is(&f, &input, Out::Ok).await?;
+    let (f, _, done) = cx.forward_ok().await?;
     let c = cx.op('c');
     let call = cx.compensate_call(&c, &f, &done.resource_version);
     let r = cx.compensate(call.clone()).await;
@@ -554,9 +556,7 @@ async fn compensate_repeat(cx: &mut StepCx<'_>) -> Step<Done> {
 }
 
 async fn stale(cx: &mut StepCx<'_>) -> Step<Done> {
-    let f = cx.op('f');
-    let input = cx.input(&cx.p.input.clone());
-    let done = cx.forward_is(&f, &input, Out::Ok).await?;
+    let (f, _, done) = cx.forward_ok().await?;
     let c = cx.op('c');
     let wrong = format!("{}-not-this-version", done.resource_version);
     let call = cx.compensate_call(&c, &f, &wrong);
@@ -571,9 +571,7 @@ async fn stale(cx: &mut StepCx<'_>) -> Step<Done> {
 }
 
 async fn crash_after_forward(cx: &mut StepCx<'_>) -> Step<Done> {
-    let f = cx.op('f');
-    let input = cx.input(&cx.p.input.clone());
-    let first = cx.forward_is(&f, &input, Out::Ok).await?;
+    let (f, input, first) = cx.forward_ok().await?;
     cx.crash("after the forward reply").await?;
     cx.status_is(&f, false, Some(&first)).await?;
     let call = cx.forward_call(&f, &input);
@@ -584,7 +582,7 @@ async fn crash_after_forward(cx: &mut StepCx<'_>) -> Step<Done> {
 
 async fn crash_in_forward(cx: &mut StepCx<'_>) -> Step<Done> {
     let f = cx.op('f');
-    let input = cx.input(&cx.p.input.clone());
+    let input = cx.ok_input();
     let call = cx.forward_call(&f, &input);
     let reply = cx.forward_killed(call).await?;
     let answered = match reply {
@@ -628,15 +626,13 @@ async fn crash_after_fence(cx: &mut StepCx<'_>) -> Step<Done> {
     let f = cx.op('f');
     cx.status_is(&f, true, None).await?;
     cx.crash("after the fence").await?;
-    let input = cx.input(&cx.p.input.clone());
+    let input = cx.ok_input();
     cx.forward_is(&f, &input, Out::Failed).await?;
     Ok(Done::Passed)
 }
 
 async fn crash_after_compensate(cx: &mut StepCx<'_>) -> Step<Done> {
-    let f = cx.op('f');
-    let input = cx.input(&cx.p.input.clone());
-    let done = cx.forward_is(&f, &input, Out::Ok).await?;
+    let (f, _, done) = cx.forward_ok().await?;
     let c = cx.op('c');
     let call = cx.compensate_call(&c, &f, &done.resource_version);
     let r = cx.compensate(call.clone()).await;

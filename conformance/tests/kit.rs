@@ -328,24 +328,14 @@ impl ParticipantService for Served {
         &self,
         req: Request<pb::ParticipantDecisionRequest>,
     ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
-        self.alive()?;
-        let r = req.into_inner();
-        wrong_id(&r.participant_id)?;
-        self.decide(r.incarnation, r.txid, r.term, true)?;
-        self.persist();
-        Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
+        self.decision(req.into_inner(), true)
     }
 
     async fn abort(
         &self,
         req: Request<pb::ParticipantDecisionRequest>,
     ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
-        self.alive()?;
-        let r = req.into_inner();
-        wrong_id(&r.participant_id)?;
-        self.decide(r.incarnation, r.txid, r.term, false)?;
-        self.persist();
-        Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
+        self.decision(req.into_inner(), false)
     }
 
     async fn commit_one_phase(
@@ -455,6 +445,19 @@ impl ParticipantService for Served {
 }
 
 impl Memory {
+    /// A Commit (`commit`) or Abort call, made durable before the ack.
+    fn decision(
+        &self,
+        r: pb::ParticipantDecisionRequest,
+        commit: bool,
+    ) -> Result<Response<pb::ParticipantDecisionResponse>, Status> {
+        self.alive()?;
+        wrong_id(&r.participant_id)?;
+        self.decide(r.incarnation, r.txid, r.term, commit)?;
+        self.persist();
+        Ok(Response::new(pb::ParticipantDecisionResponse { applied: true }))
+    }
+
     fn item(&self, i: &pb::DecisionItem) -> Result<(), Status> {
         wrong_id(&i.participant_id)?;
         match pb::DecisionOutcome::try_from(i.outcome) {

@@ -53,32 +53,14 @@ import psycopg
 from dtx.participant import GlobalTxid, RecoveryOptions, Refuse, Vote, serve
 from dtx.participant.postgres import PgOptions, PgParticipantStore, PgResource, PgTx, parse_gid
 
+from bank import parse_work  # noqa: E402  (examples/bank.py: the same payloads)
+
 ACCOUNTS = """CREATE TABLE IF NOT EXISTS bank_accounts (
     name text PRIMARY KEY,
     balance bigint NOT NULL CHECK (balance >= 0))"""
 APPLOG = """CREATE TABLE IF NOT EXISTS bank_applog (
     tx text NOT NULL,
     outcome text NOT NULL)"""
-
-
-def parse_work(payload: bytes) -> list[tuple[str, int]] | None:
-    """``account:delta;...`` as pairs; None when malformed."""
-    try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    out = []
-    for item in text.split(";"):
-        if not item:
-            continue
-        name, sep, delta = item.partition(":")
-        if not sep or not name:
-            return None
-        try:
-            out.append((name, int(delta)))
-        except ValueError:
-            return None
-    return out
 
 
 class PgBank(PgResource):
