@@ -635,7 +635,7 @@ async fn write_state(backup: &Backup, plan: &RestorePlan, dir: &Path) -> Result<
     engine.flush().map_err(|e| werr(&e))?;
     let (next_txid, transactions) = {
         let st = sm.state();
-        (st.table.next_txid(), st.table.len() as u64)
+        (st.table.next_txid(), st.transactions())
     };
     if next_txid != want_next_txid || transactions != h.transactions || sm.state().last_applied != Some(last_applied) {
         return Err(RestoreError::Write(format!(

@@ -43,6 +43,8 @@ use crate::sm::operator::ListFilter;
 use crate::sm::operator::StateFilter;
 use crate::sm::Phase;
 use crate::sm::TxTable;
+use crate::store::retained::RetainedReadError;
+use crate::store::sm_store::SmState;
 
 mod html;
 mod sagas;
@@ -107,17 +109,22 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
         Route::Overview => {
             let (counts, saga_counts) = {
                 let st = ctx.sm.state();
-                (Counts::of(&st.table), sagas::counts(&st.sagas))
+                (
+                    Counts::of(&st.table).with_retained(st.retained_count),
+                    sagas::counts(&st.sagas),
+                )
             };
             (200, HTML, render_overview(&frame, &status, &counts, &saga_counts))
         }
         Route::Transactions(q) => {
-            let (mut rows, next_after) = {
-                let st = ctx.sm.state();
-                list_page(&st.table, &q)
-            };
-            attempts(driver, &frame, &mut rows).await;
-            (200, HTML, render_transactions(&frame, &q, &rows, next_after))
+            let page = list_page(&ctx.sm.state(), &q);
+            match page {
+                Ok((mut rows, next_after)) => {
+                    attempts(driver, &frame, &mut rows).await;
+                    (200, HTML, render_transactions(&frame, &q, &rows, next_after))
+                }
+                Err(e) => (503, HTML, render_unreadable(&frame, &e.to_string())),
+            }
         }
         Route::InDoubt => {
             let (mut rows, cut) = {
@@ -128,16 +135,14 @@ pub async fn handle(method: &str, path_and_query: &str, driver: &Arc<Driver>, mo
             (200, HTML, render_in_doubt(&frame, &rows, cut))
         }
         Route::Txn(txid) => {
-            let found = {
-                let st = ctx.sm.state();
-                st.table.get(txid).map(|r| status_pb(&st.table, r))
-            };
+            let found = ctx.sm.state().with_txid(txid, |t| t.get(txid).map(|r| status_pb(t, r)));
             match found {
-                Some(mut t) => {
+                Err(e) => (503, HTML, render_unreadable(&frame, &e.to_string())),
+                Ok(None) => (404, HTML, render_txn_not_found(&frame, txid)),
+                Ok(Some(mut t)) => {
                     attempts(driver, &frame, std::slice::from_mut(&mut t)).await;
                     (200, HTML, render_txn(&frame, &t))
                 }
-                None => (404, HTML, render_txn_not_found(&frame, txid)),
             }
         }
         Route::Sagas(q) => {
@@ -441,24 +446,31 @@ impl Counts {
         }
         c
     }
+
+    /// These counts with `retained` more decided records, kept on disk
+    /// only (ADR 0050).
+    pub fn with_retained(mut self, retained: u64) -> Counts {
+        self.total += retained as usize;
+        self.decided += retained as usize;
+        self
+    }
 }
 
-/// One page of `q` from `t`, as the API shows records, and the txid to
-/// list after for the next page (0 when nothing follows).
-pub fn list_page(t: &TxTable, q: &ListQuery) -> (Vec<pb::StatusResponse>, u64) {
-    let page = t.list(
+/// One page of `q` from `st` (the records in memory and the retained
+/// ones), as the API shows records, and the txid to list after for the
+/// next page (0 when nothing follows).
+pub fn list_page(st: &SmState, q: &ListQuery) -> Result<(Vec<pb::StatusResponse>, u64), RetainedReadError> {
+    let page = st.list(
         &q.filter(),
         q.after,
         PAGE_RECORDS,
         limits::LIST_TRANSACTIONS_SCAN_RECORDS_MAX,
-    );
-    let rows = page
-        .txids
-        .iter()
-        .filter_map(|x| t.get(*x))
-        .map(|r| status_pb(t, r))
-        .collect();
-    (rows, page.next_after)
+    )?;
+    let mut rows = Vec::with_capacity(page.txids.len());
+    for x in &page.txids {
+        rows.extend(st.with_txid(*x, |t| t.get(*x).map(|r| status_pb(t, r)))?);
+    }
+    Ok((rows, page.next_after))
 }
 
 /// Every PREPARING and every decided-unacknowledged transaction (at most
@@ -889,6 +901,16 @@ pub fn render_txn_not_found(f: &Frame, txid: u64) -> String {
     page(f, &format!("Transaction {txid}"), false, &b)
 }
 
+/// A 503 page: a retained record could not be read (ADR 0050).
+pub fn render_unreadable(f: &Frame, why: &str) -> String {
+    page(
+        f,
+        "Unavailable",
+        false,
+        &format!("<p id=\"error\">{}; try again</p>", esc(why)),
+    )
+}
+
 /// A 400 or 404 page.
 pub fn render_error(f: &Frame, status: u16, why: &str) -> String {
     let title = if status == 400 { "Bad request" } else { "Not found" };
@@ -1061,7 +1083,14 @@ mod tests {
                 dropped: 0,
             }
         );
-        let ids = |q: &ListQuery| list_page(&t, q).0.iter().map(|r| r.txid).collect::<Vec<_>>();
+        let ids = |q: &ListQuery| {
+            list_page(&SmState::of_table(t.clone()), q)
+                .unwrap()
+                .0
+                .iter()
+                .map(|r| r.txid)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(ids(&ListQuery::default()), [1, 2, 3, 4, 5]);
         assert_eq!(
             ids(&ListQuery {
@@ -1105,7 +1134,7 @@ mod tests {
             participant: Some("a&b".into()),
             ..Default::default()
         };
-        let (rows, next) = list_page(&t, &q);
+        let (rows, next) = list_page(&SmState::of_table(t.clone()), &q).unwrap();
         assert_eq!(rows.len(), PAGE_RECORDS);
         assert_eq!(next, PAGE_RECORDS as u64);
         let html = render_transactions(&frame(2, 1), &q, &rows, next);
@@ -1114,7 +1143,7 @@ mod tests {
             "{html}"
         );
         let q2 = parse_list_query("participant=a%26b&after=100").unwrap();
-        let (rows, next) = list_page(&t, &q2);
+        let (rows, next) = list_page(&SmState::of_table(t.clone()), &q2).unwrap();
         assert_eq!((rows.len(), next), (5, 0));
         assert!(render_transactions(&frame(2, 1), &q2, &rows, next).contains("the last page"));
     }

@@ -77,6 +77,14 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// A retained record that could not be read is no answer yet (never "not
+/// found", which would read as presumed abort): UNAVAILABLE, retried.
+impl From<crate::store::retained::RetainedReadError> for ApiError {
+    fn from(e: crate::store::retained::RetainedReadError) -> Self {
+        ApiError::Unavailable(e.to_string())
+    }
+}
+
 /// "not the leader" and who is, in words (never Rust's `Some(..)`: the
 /// text reaches operators).
 fn not_leader_text(leader_id: Option<NodeId>, addr: Option<&str>) -> String {
@@ -435,14 +443,11 @@ impl NodeCtx {
         let Some(me) = caller else { return Ok(()) };
         let local = {
             let st = self.sm.state();
-            st.table.get(txid).map(|_| st.table.owner(txid).map(str::to_string))
+            st.record(txid)?.is_some().then(|| st.owner(txid)).transpose()?
         };
         let owner = match local {
             Some(o) => o,
-            None => {
-                self.read_linearizable(|st| st.table.owner(txid).map(str::to_string))
-                    .await?
-            }
+            None => self.read_linearizable(|st| st.owner(txid)).await??,
         };
         match owner {
             Some(o) if o != me => Err(not_owner(txid, &o, me)),
@@ -452,11 +457,12 @@ impl NodeCtx {
 
     /// After a Begin-like command returned `txid` (new, or found by its
     /// key): refuses when it belongs to another application than `caller`.
-    /// Its record is applied here, so the local table answers.
+    /// Its record is applied here (in memory or retained, ADR 0050), so
+    /// the local state answers.
     pub fn check_owner_applied(&self, txid: Txid, caller: Option<&str>) -> Result<(), ApiError> {
         let Some(me) = caller else { return Ok(()) };
-        match self.sm.state().table.owner(txid) {
-            Some(o) if o != me => Err(not_owner(txid, o, me)),
+        match self.sm.state().owner(txid)? {
+            Some(o) if o != me => Err(not_owner(txid, &o, me)),
             _ => Ok(()),
         }
     }

@@ -83,7 +83,8 @@ pub const METRICS: &[Described] = &[
     m("dtx_writes_refused_no_quorum_total", C, Unit::Count, "Writes refused at once by a leader that heard from no quorum for too long."),
     m("dtx_participant_calls_withheld_total", C, Unit::Count, "Calls to participants and saga step services not sent because this node did not lead or heard from no quorum within the serving limit (invariant 13)."),
     // The replicated table (every node; meaningful on the leader).
-    m("dtx_transactions", G, Unit::Count, "Transaction records held in the state machine."),
+    m("dtx_transactions", G, Unit::Count, "Transaction records held in the state machine (in memory and retained on disk)."),
+    m("dtx_transactions_retained", G, Unit::Count, "Decided, fully acknowledged transaction records kept on disk only until their retention ends (ADR 0050): not in memory."),
     // Sagas (the leader's orchestrator).
     m("dtx_sagas", G, Unit::Count, "Sagas by state (RUNNING, COMPENSATING, PARKED), as the leader's orchestrator last scanned them."),
     m("dtx_sagas_forgotten_total", C, Unit::Count, "Ended sagas the leader forgot after saga.retention_ms."),
@@ -112,6 +113,9 @@ pub const METRICS: &[Described] = &[
     m("dtx_storage_flush_seconds", H, Unit::Seconds, "Time to make the node's writes durable: sled's flush and the fsync of its files after it."),
     m("dtx_snapshots_built_total", C, Unit::Count, "Snapshots this node built."),
     m("dtx_snapshots_installed_total", C, Unit::Count, "Snapshots received from the leader and installed."),
+    m("dtx_snapshot_last_build_seconds", G, Unit::Seconds, "How long this node took to build its last snapshot (writing what was pending, reading the retained records, encoding)."),
+    m("dtx_snapshot_last_install_seconds", G, Unit::Seconds, "How long this node took to install the last snapshot it received (decoding, replacing its stored state)."),
+    m("dtx_snapshot_last_bytes", G, Unit::Bytes, "Size of the last snapshot this node built or installed."),
     m("dtx_backups_total", C, Unit::Count, "Backup requests, by result (built, refused)."),
     m("dtx_serving", G, Unit::Count, "1 while this node serves (it is, or hears from, a leader a majority acknowledges)."),
     m("dtx_raft_term", G, Unit::Count, "Current Raft term; a steady rise means repeated elections."),

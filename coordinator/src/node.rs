@@ -493,7 +493,8 @@ async fn report_gauges(driver: Arc<Driver>, monitor: Monitor) {
         }
         {
             let st = ctx.sm.state();
-            metrics::gauge!("dtx_transactions").set(st.table.len() as f64);
+            metrics::gauge!("dtx_transactions").set(st.transactions() as f64);
+            metrics::gauge!("dtx_transactions_retained").set(st.retained_count as f64);
             // PREPARING and undelivered counts, and the oldest in-doubt ages.
             crate::metrics::report_table(&st.table, now_ms());
         }

@@ -128,7 +128,7 @@ impl AdminService {
             snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
             purged_index: m.purged.map(|l| l.index).unwrap_or(0),
             members: membership.nodes().map(|(id, n)| member(*id, n)).collect(),
-            transactions: self.ctx().sm.state().table.len() as u64,
+            transactions: self.ctx().sm.state().transactions(),
             next_txid: self.ctx().sm.state().table.next_txid(),
             serving: serving_now,
             not_serving_reason,

@@ -173,18 +173,15 @@ async fn list(driver: &Driver, req: pb::ListTransactionsRequest) -> Result<pb::L
         .read_linearizable(move |st| {
             // The leader's clock, read after it confirmed its leadership.
             filter.now_ms = now_ms();
-            let page = st
-                .table
-                .list(&filter, after, limit, limits::LIST_TRANSACTIONS_SCAN_RECORDS_MAX);
-            let records: Vec<pb::StatusResponse> = page
-                .txids
-                .iter()
-                .filter_map(|t| st.table.get(*t))
-                .map(|r| status_pb(&st.table, r))
-                .collect();
-            (records, page.next_after, filter.now_ms)
+            // The records in memory and the retained ones (ADR 0050).
+            let page = st.list(&filter, after, limit, limits::LIST_TRANSACTIONS_SCAN_RECORDS_MAX)?;
+            let mut records: Vec<pb::StatusResponse> = Vec::with_capacity(page.txids.len());
+            for t in &page.txids {
+                records.extend(st.with_txid(*t, |table| table.get(*t).map(|r| status_pb(table, r)))?);
+            }
+            Ok::<_, ApiError>((records, page.next_after, filter.now_ms))
         })
-        .await?;
+        .await??;
     cut_to_bytes(
         &mut transactions,
         &mut next_after_txid,
@@ -205,8 +202,8 @@ async fn drop_one(driver: &Driver, req: pb::DropParticipantRequest) -> Result<pb
     let txid = req.txid;
     let pid = req.participant_id;
     let dropped_before = ctx
-        .read_linearizable(|st| st.table.check_drop(txid, &pid))
-        .await?
+        .read_linearizable(|st| st.with_txid(txid, |t| t.check_drop(txid, &pid)))
+        .await??
         .map_err(refused)?;
     let recorded = if dropped_before {
         // The first drop's note and time stay; nothing to write.
@@ -226,10 +223,10 @@ async fn drop_one(driver: &Driver, req: pb::DropParticipantRequest) -> Result<pb
     };
     // Applied here (the leader) already: the local table shows the record
     // after the drop (none if an operator forgot it meanwhile).
-    let transaction = {
-        let st = ctx.sm.state();
-        st.table.get(txid).map(|r| status_pb(&st.table, r))
-    };
+    let transaction = ctx
+        .sm
+        .state()
+        .with_txid(txid, |t| t.get(txid).map(|r| status_pb(t, r)))?;
     let mut transaction = transaction;
     if let Some(s) = &mut transaction {
         add_delivery_attempts(driver, std::slice::from_mut(s), Audience::Operator).await;
@@ -258,15 +255,13 @@ pub(super) async fn declare_lost(driver: &Driver, req: pb::ResolveRequest) -> Re
     // The one participant, on a linearizable read (a follower forwards).
     let found = ctx
         .read_linearizable(|st| {
-            let pid = st
-                .table
-                .get(txid)
-                .and_then(|r| r.participants.first())
-                .map(|p| p.id.clone());
-            let check = st.table.check_declare_lost(txid, pid.as_deref().unwrap_or(""));
-            (pid, check)
+            st.with_txid(txid, |t| {
+                let pid = t.get(txid).and_then(|r| r.participants.first()).map(|p| p.id.clone());
+                let check = t.check_declare_lost(txid, pid.as_deref().unwrap_or(""));
+                (pid, check)
+            })
         })
-        .await?;
+        .await??;
     let (pid, existing) = match found {
         (_, Err(r)) => return Err(refused(r)),
         (_, Ok(Some(d))) => {
@@ -311,8 +306,8 @@ async fn forget(driver: &Driver, req: pb::ForgetTransactionRequest) -> Result<pb
     let ctx = &driver.ctx;
     let txid = req.txid;
     let found = ctx
-        .read_linearizable(|st| st.table.check_forget_by_operator(txid))
-        .await?
+        .read_linearizable(|st| st.with_txid(txid, |t| t.check_forget_by_operator(txid)))
+        .await??
         .map_err(refused)?;
     if found.is_none() {
         // No record: never begun, or forgotten before. Txids are never

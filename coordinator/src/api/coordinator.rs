@@ -421,17 +421,19 @@ impl CoordinatorService {
             )));
         }
         let look = |st: &crate::store::sm_store::SmState| {
-            st.table.get(txid).map(|r| {
-                (
-                    st.table.owner(txid).map(str::to_string),
-                    r.participants.iter().any(|p| p.id == name),
-                )
+            st.with_txid(txid, |t| {
+                t.get(txid).map(|r| {
+                    (
+                        t.owner(txid).map(str::to_string),
+                        r.participants.iter().any(|p| p.id == name),
+                    )
+                })
             })
         };
-        let local = look(&self.ctx().sm.state());
+        let local = look(&self.ctx().sm.state())?;
         let found = match local {
             Some(f) => Some(f),
-            None => self.ctx().read_linearizable(look).await?,
+            None => self.ctx().read_linearizable(look).await??,
         };
         // Not begun yet (or forgotten): refused here rather than left to
         // the state machine, so a Begin applied in between cannot give the
@@ -492,8 +494,8 @@ impl CoordinatorService {
         let in_flight = self.driver.fast_in_flight_view(txid, self.ctx().current_term()).await?;
         let mut status = match self
             .ctx()
-            .read_linearizable(|st| st.table.get(txid).map(|r| status_pb_in(st, r)))
-            .await?
+            .read_linearizable(|st| st.record(txid).map(|r| r.map(|r| status_pb_in(st, &r))))
+            .await??
         {
             Some(s) => s,
             None => match in_flight {
@@ -636,10 +638,11 @@ impl CoordinatorService {
             .read_linearizable(|st| {
                 (
                     st.incarnations.belonging(incarnation, txid) == Belonging::Other,
-                    st.table.branch_view(txid, &pid),
+                    st.with_txid(txid, |t| t.branch_view(txid, &pid)),
                 )
             })
             .await?;
+        let view = view?;
         let answer = |outcome: pb::Outcome, member: bool, fenced_now: bool| pb::GetBranchDecisionResponse {
             txid,
             outcome: outcome as i32,
@@ -706,7 +709,8 @@ impl CoordinatorService {
         // every write whose result became known (ADR 0012).
         let term = self.ctx().current_term();
         let in_flight = self.driver.fast_in_flight(&txids, term).await?;
-        self.ctx()
+        Ok(self
+            .ctx()
             .read_linearizable(|st| {
                 txids
                     .iter()
@@ -716,7 +720,7 @@ impl CoordinatorService {
                             // Another incarnation's: only an operator's
                             // settlement is known of it (ADR 0040); it
                             // is never acked or delivered.
-                            return match st.settlements.get(incarnation, txid) {
+                            return Ok(match st.settlements.get(incarnation, txid) {
                                 Some(s) => pb::GetDecisionResponse {
                                     txid,
                                     outcome: outcome_pb(s.outcome) as i32,
@@ -729,22 +733,23 @@ impl CoordinatorService {
                                     awaiting_ack: false,
                                     settled_by: String::new(),
                                 },
-                            };
+                            });
                         }
-                        pb::GetDecisionResponse {
+                        // A retained record is read from disk (ADR 0050).
+                        st.with_txid(txid, |t| pb::GetDecisionResponse {
                             txid,
                             outcome: if in_flight {
                                 pb::Outcome::Pending as i32
                             } else {
-                                view_pb(&st.table.decision_view(txid)) as i32
+                                view_pb(&t.decision_view(txid)) as i32
                             },
-                            awaiting_ack: !participant_id.is_empty() && st.table.awaiting_ack(txid, participant_id),
+                            awaiting_ack: !participant_id.is_empty() && t.awaiting_ack(txid, participant_id),
                             settled_by: String::new(),
-                        }
+                        })
                     })
-                    .collect()
+                    .collect::<Result<Vec<_>, _>>()
             })
-            .await
+            .await??)
     }
 }
 

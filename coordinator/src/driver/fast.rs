@@ -102,7 +102,12 @@ impl Driver {
         };
         let recorded: Vec<Txid> = {
             let st = self.ctx.sm.state();
-            in_flight.into_iter().filter(|t| st.table.get(*t).is_some()).collect()
+            // In memory or retained (ADR 0050); one that cannot be read is
+            // kept in flight, asked about again next round.
+            in_flight
+                .into_iter()
+                .filter(|t| st.record(*t).is_ok_and(|r| r.is_some()))
+                .collect()
         };
         if !recorded.is_empty() {
             self.mailbox.tell(Msg::FastRecorded { txids: recorded });
@@ -197,7 +202,15 @@ impl Driver {
         participants: Vec<Enlistment>,
         app: Option<String>,
     ) -> Result<Option<BegunAndDecided>, ApiError> {
-        if self.ctx.sm.state().table.txid_of_key(&idempotency_key).is_some() {
+        // A key in use (in memory or retained, ADR 0050), or one that cannot
+        // be looked up, takes the usual path: the state machine answers.
+        if !self
+            .ctx
+            .sm
+            .state()
+            .txid_of_key(&idempotency_key)
+            .is_ok_and(|t| t.is_none())
+        {
             return Ok(None);
         }
         if !self.ctx.is_leader() {

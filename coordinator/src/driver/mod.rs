@@ -496,7 +496,10 @@ impl Driver {
                 // behind an Enlist the leader applied) this is "not the
                 // leader", and the call is forwarded, never judged on a
                 // stale record.
-                let record = self.ctx.read_linearizable(|st| st.table.get(txid).cloned()).await?;
+                let record = self
+                    .ctx
+                    .read_linearizable(|st| st.record(txid).map(|r| r.map(std::borrow::Cow::into_owned)))
+                    .await??;
                 let enlisted: Option<Vec<String>> = record
                     .as_ref()
                     .filter(|r| r.decision().is_none())
@@ -1101,7 +1104,13 @@ impl Driver {
             let st = self.ctx.sm.state();
             (
                 st.table.expired(now_ms, max),
-                st.table.forgettable(now_ms.saturating_sub(retention), max),
+                // In memory or retained (ADR 0050); a read that fails is
+                // said and the next round tries again.
+                st.forgettable(now_ms.saturating_sub(retention), max)
+                    .unwrap_or_else(|e| {
+                        tracing::warn!("the forget loop could not read the retained records: {e}");
+                        Vec::new()
+                    }),
             )
         };
         // Phase two for every decided, unacked transaction, and a re-drive

@@ -1669,6 +1669,91 @@ impl TxTable {
     }
 }
 
+/// A decided record every participant acked, with everything kept beside
+/// it: what the store keeps on disk only, out of memory, until the record
+/// is forgotten (ADR 0050). Nothing about it changes any more but its
+/// removal.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct RetainedRecord {
+    pub record: TxRecord,
+    pub owner: Option<String>,
+    pub drops: Option<Drops>,
+    pub branches: Option<Branches>,
+}
+
+impl RetainedRecord {
+    /// When it was decided (ms since the Unix epoch): the forget loop's
+    /// order.
+    pub fn decided_ms(&self) -> u64 {
+        self.record.decision().map_or(0, |d| d.decided_ms)
+    }
+}
+
+/// Moving records between memory and the store's retained records (ADR
+/// 0050). Neither is a change of replicated state: a table with a record
+/// released and admitted again answers every command as before, so these
+/// make no effects.
+impl TxTable {
+    /// Every decided transaction whose participants all acked (the ones
+    /// `release` takes), oldest decision first.
+    pub fn done_txids(&self) -> Vec<Txid> {
+        self.done.iter().map(|(_, t)| *t).collect()
+    }
+
+    /// Takes the record of `txid` out of the table with its owner, drops
+    /// and branches, when it is decided and every participant acked;
+    /// otherwise None and the table is unchanged.
+    pub fn release(&mut self, txid: Txid) -> Option<RetainedRecord> {
+        let before = self.index_key(txid)?;
+        if !matches!(before, (_, Some(_), true)) {
+            return None;
+        }
+        let record = self.txs.remove(&txid)?;
+        if self.keys.get(&record.idempotency_key) == Some(&txid) {
+            self.keys.remove(&record.idempotency_key);
+        }
+        self.reindex(txid, Some(before));
+        Some(RetainedRecord {
+            record,
+            owner: self.owners.remove(&txid),
+            drops: self.dropped.remove(&txid),
+            branches: self.branches.remove(&txid),
+        })
+    }
+
+    /// Puts a record `release` took out back in (a command or a reader is
+    /// about to look at it). A txid already in the table is left as it is.
+    pub fn admit(&mut self, r: RetainedRecord) {
+        let txid = r.record.txid;
+        if self.txs.contains_key(&txid) {
+            return;
+        }
+        self.next_txid = self.next_txid.max(txid.saturating_add(1));
+        if !r.record.idempotency_key.is_empty() {
+            self.keys.insert(r.record.idempotency_key.clone(), txid);
+        }
+        self.txs.insert(txid, r.record);
+        if let Some(o) = r.owner {
+            self.owners.insert(txid, o);
+        }
+        if let Some(d) = r.drops.filter(|d| !d.is_empty()) {
+            self.dropped.insert(txid, d);
+        }
+        if let Some(b) = r.branches.filter(|b| !b.registered.is_empty() || !b.fenced.is_empty()) {
+            self.branches.insert(txid, b);
+        }
+        self.reindex(txid, None);
+    }
+
+    /// The txids of the records in memory above `after`, lowest first.
+    pub fn txids_after(&self, after: Txid) -> impl Iterator<Item = Txid> + '_ {
+        use std::ops::Bound;
+        self.txs
+            .range((Bound::Excluded(after), Bound::Unbounded))
+            .map(|(t, _)| *t)
+    }
+}
+
 /// The members of `set` above `cursor`, then those up to and including it.
 fn wrapped_after(set: &BTreeSet<Txid>, cursor: Txid) -> impl Iterator<Item = Txid> + '_ {
     use std::ops::Bound;
@@ -1710,7 +1795,7 @@ impl TxTable {
 }
 
 /// The existing transaction a command is about (Begin creates one).
-fn command_txid(cmd: &Command) -> Option<Txid> {
+pub fn command_txid(cmd: &Command) -> Option<Txid> {
     match cmd {
         Command::Begin { .. }
         | Command::BeginAndCommit { .. }
@@ -1731,6 +1816,19 @@ fn command_txid(cmd: &Command) -> Option<Txid> {
         | Command::ExcludeBranch { txid, .. } => Some(*txid),
         // A settlement's txid is another incarnation's, never a record here.
         Command::Saga(_) | Command::OpenIncarnation { .. } | Command::SettleOther { .. } => None,
+    }
+}
+
+/// The idempotency key a command looks up (a Begin of any kind), if any.
+pub fn command_key(cmd: &Command) -> Option<&str> {
+    match cmd {
+        Command::Begin { idempotency_key, .. }
+        | Command::BeginAndCommit { idempotency_key, .. }
+        | Command::BeginAndDecide { idempotency_key, .. } => {
+            (!idempotency_key.is_empty()).then_some(idempotency_key.as_str())
+        }
+        Command::As { command, .. } => command_key(command),
+        _ => None,
     }
 }
 

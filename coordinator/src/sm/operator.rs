@@ -330,7 +330,8 @@ impl TxTable {
         page
     }
 
-    fn meets(&self, txid: Txid, f: &ListFilter) -> bool {
+    /// True when the record of `txid` in this table meets `f`.
+    pub fn meets(&self, txid: Txid, f: &ListFilter) -> bool {
         let Some(r) = self.txs.get(&txid) else {
             return false;
         };

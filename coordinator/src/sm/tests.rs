@@ -1936,3 +1936,39 @@ fn begin_and_commit_and_the_one_write_path_record_their_owner() {
     assert_eq!(t.owner(first), Some("billing"));
     assert_eq!(command_txid(&as_app("x", Command::Forget { txid: 9 })), Some(9));
 }
+
+/// ADR 0050: `release` takes only a decided, fully acked record out (with
+/// its owner, drops and branches, without effects), and `admit` puts it
+/// back: the table is then equal to the one before, so a command about a
+/// retained record is applied exactly as if it had never left memory.
+#[test]
+fn released_records_admitted_again_leave_the_table_as_it_was() {
+    let mut t = TxTable::new();
+    let done = tx_with(&mut t, "done", &["a", "b"]);
+    let waiting = tx_with(&mut t, "waiting", &["a"]);
+    let active = tx_with(&mut t, "active", &["a"]);
+    for txid in [done, waiting] {
+        run(&mut t, Command::RequestCommit { txid });
+        let ids: &[&str] = if txid == done { &["a", "b"] } else { &["a"] };
+        decided_ok(
+            &run(
+                &mut t,
+                decide_cmd(txid, Outcome::Commit, ids, DecisionSource::Driver, 5),
+            )
+            .0,
+        );
+    }
+    run(&mut t, ack_cmd(done, "a"));
+    run(&mut t, ack_cmd(done, "b"));
+    let before = t.clone();
+    assert_eq!(t.done_txids(), vec![done]);
+    assert!(t.release(waiting).is_none(), "still owed an ack");
+    assert!(t.release(active).is_none(), "undecided");
+    assert_eq!(t, before);
+    let r = t.release(done).expect("decided and acked");
+    assert_eq!((r.record.txid, r.decided_ms()), (done, 5));
+    assert!(t.get(done).is_none() && t.txid_of_key("done").is_none() && t.done_txids().is_empty());
+    assert_eq!(t.forgettable(u64::MAX, 10), Vec::<Txid>::new());
+    t.admit(r);
+    assert_eq!(t, before, "admitted again, the table is the one before");
+}

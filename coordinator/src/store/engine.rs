@@ -132,6 +132,19 @@ pub trait KvEngine: Send + Sync + 'static {
     fn scan(&self, space: Space, from: &[u8], to: Option<&[u8]>) -> Result<Vec<KvPair>, EngineError>;
     /// Pairs whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, space: Space, prefix: &[u8]) -> Result<Vec<KvPair>, EngineError>;
+    /// The first `limit` pairs with `from <= key < to` (`to = None`: to
+    /// the end), in key order.
+    fn scan_limit(
+        &self,
+        space: Space,
+        from: &[u8],
+        to: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<KvPair>, EngineError> {
+        let mut pairs = self.scan(space, from, to)?;
+        pairs.truncate(limit);
+        Ok(pairs)
+    }
     fn first(&self, space: Space) -> Result<Option<KvPair>, EngineError>;
     fn last(&self, space: Space) -> Result<Option<KvPair>, EngineError>;
     /// Deletes keys with `from <= key < to` (`to = None`: to the end).
@@ -328,6 +341,12 @@ fn sled_lock_held(e: &sled::Error) -> bool {
         || message.contains("temporarily unavailable")
 }
 
+/// sled's page cache (its default is 1 GiB): the bound on the memory the
+/// engine's cached pages take, whatever the retained records on disk
+/// (ADR 0050; the sizing formula in docs/operations.md). Pages beyond it
+/// are read again from the file (the kernel's page cache, not ours).
+pub const SLED_CACHE_BYTES: u64 = 128 * 1024 * 1024;
+
 /// Longest wait for a held directory lock on open.
 pub const OPEN_LOCK_WAIT_MS: u64 = 3_000;
 
@@ -351,6 +370,7 @@ impl SledEngine {
         let config = sled::Config::new()
             .path(path)
             .mode(sled::Mode::HighThroughput)
+            .cache_capacity(SLED_CACHE_BYTES)
             // We flush explicitly where durability is required; no timer.
             .flush_every_ms(None);
         // A directory reopened in the same process right after it was closed
@@ -471,6 +491,20 @@ impl KvEngine for SledEngine {
 
     fn scan_prefix(&self, space: Space, prefix: &[u8]) -> Result<Vec<KvPair>, EngineError> {
         self.pairs(space, self.tree(space).scan_prefix(prefix))
+    }
+
+    fn scan_limit(
+        &self,
+        space: Space,
+        from: &[u8],
+        to: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<KvPair>, EngineError> {
+        let t = self.tree(space);
+        match to {
+            Some(to) => self.pairs(space, t.range(from..to).take(limit)),
+            None => self.pairs(space, t.range(from..).take(limit)),
+        }
     }
 
     fn first(&self, space: Space) -> Result<Option<KvPair>, EngineError> {

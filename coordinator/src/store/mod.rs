@@ -7,7 +7,9 @@
 
 pub mod engine;
 pub mod log_store;
+pub mod retained;
 pub mod sm_store;
+mod unwritten;
 // Stands on the stores and on the Raft transport, so it lives here, above
 // `raft`, not inside it.
 #[cfg(test)]
@@ -383,18 +385,20 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
     let st = sm.state();
     // The same fields and names as `coordinator admin txn show --json`
     // (and the API's StatusResponse), plus the idempotency key.
-    let records: Vec<serde_json::Value> = st
-        .table
-        .records()
-        .map(|r| {
-            serde_json::json!({
+    // The records in memory and the retained ones (ADR 0050), by txid.
+    let txids = st.all_txids().map_err(|e| damaged(e.to_string()))?;
+    let mut records: Vec<serde_json::Value> = Vec::with_capacity(txids.len());
+    for txid in txids {
+        let one = st.with_txid(txid, |t| {
+            let r = t.get(txid)?;
+            Some(serde_json::json!({
                 "txid": r.txid,
                 "idempotency_key": r.idempotency_key,
                 "state": r.phase.name(),
                 "begun_unix_ms": r.begun_ms,
                 "deadline_unix_ms": r.deadline_ms,
                 "one_phase": r.one_phase,
-                "owner": st.table.owner(r.txid).unwrap_or(""),
+                "owner": t.owner(r.txid).unwrap_or(""),
                 "decision": r.decision().map(|d| serde_json::json!({
                     "outcome": d.outcome.to_string(),
                     "source": d.source.name(),
@@ -403,7 +407,7 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
                     "note": d.note,
                 })),
                 "participants": r.participants.iter().map(|p| {
-                    let dropped = st.table.drop_of(r.txid, &p.id);
+                    let dropped = t.drop_of(r.txid, &p.id);
                     serde_json::json!({
                         "id": p.id,
                         "address": p.address,
@@ -413,9 +417,10 @@ pub fn inspect(dir: &Path) -> Result<serde_json::Value, OpenError> {
                         "dropped_unix_ms": dropped.map(|d| d.dropped_ms).unwrap_or(0),
                     })
                 }).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
+            }))
+        });
+        records.extend(one.map_err(|e| damaged(e.to_string()))?);
+    }
     Ok(serde_json::json!({
         "data_dir": dir_s,
         "cluster_id": identity.as_ref().map(|i| i.cluster_id.clone()),

@@ -37,6 +37,12 @@ use tracing::info;
 use super::engine::KvEngine;
 use super::engine::Space;
 use super::engine::WriteBatch;
+use super::retained;
+use super::retained::RetainedReadError;
+use super::retained::RetainedReader;
+use super::unwritten::Ops;
+use super::unwritten::PendingWrites;
+use super::unwritten::Unwritten;
 use crate::codec;
 use crate::raft::log_durability::LogDurability;
 use crate::raft::BatchResult;
@@ -47,6 +53,8 @@ use crate::raft::SnapshotMeta;
 use crate::raft::StorageError;
 use crate::raft::StoredMembership;
 use crate::raft::TypeConfig;
+use crate::sm::command_key;
+use crate::sm::command_txid;
 use crate::sm::incarnation::Incarnations;
 use crate::sm::saga::Definition;
 use crate::sm::saga::SagaBook;
@@ -62,6 +70,7 @@ use crate::sm::CommandOk;
 use crate::sm::CommandResult;
 use crate::sm::Drops;
 use crate::sm::Effect;
+use crate::sm::RetainedRecord;
 use crate::sm::Settlement;
 use crate::sm::TxRecord;
 use crate::sm::TxTable;
@@ -102,11 +111,6 @@ const SETTLEMENT_PREFIX: &[u8] = b"x";
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
 
-/// Applied entries whose state-machine writes may wait in memory before
-/// they go to the engine in one batch (see `PendingWrites`).
-const SM_PENDING_ENTRIES_MAX: u64 = 1024;
-/// How long the oldest waiting write may wait, checked at each apply.
-const SM_PENDING_AGE_MAX_MS: u64 = 100;
 /// Batches handed to the writer thread and not yet written, at most; an
 /// apply that would pass it waits (the writer has fallen behind).
 const SM_WRITER_QUEUE_BATCHES_MAX: usize = 4;
@@ -192,6 +196,21 @@ pub struct SmState {
     pub incarnations: Incarnations,
     /// Operators' settlements of other incarnations' txids (ADR 0040).
     pub settlements: Settlements,
+    /// The decided, fully acked records kept on disk only (ADR 0050;
+    /// `store::retained`): None in a state built without a store.
+    pub retained: Option<RetainedReader>,
+    /// How many records are retained.
+    pub retained_count: u64,
+}
+
+impl SmState {
+    /// A state of `table` alone, with nothing retained (tools, tests).
+    pub fn of_table(table: TxTable) -> SmState {
+        SmState {
+            table,
+            ..SmState::default()
+        }
+    }
 }
 
 /// The encoded form of a snapshot: its one layout in the codec's format
@@ -222,7 +241,9 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotData, codec::CodecError> {
 pub struct StateMachineStore {
     engine: Arc<dyn KvEngine>,
     state: Arc<RwLock<SmState>>,
-    pending: Arc<Mutex<PendingWrites>>,
+    /// Applied writes not in the engine yet (pending, and in flight to
+    /// the writer thread).
+    unwritten: Unwritten,
     /// The writer thread's queue (see `run_writer`).
     writer: std::sync::mpsc::SyncSender<ToWriter>,
     /// The first write the writer thread could not do, if any: every later
@@ -236,8 +257,9 @@ pub struct StateMachineStore {
 
 /// What the writer thread is handed.
 enum ToWriter {
-    /// Pending writes, in the order the applies made them.
-    Batch(WriteBatch),
+    /// Pending writes, in the order the applies made them (also in
+    /// `Unwritten`'s batches in flight, until written).
+    Batch(Arc<Ops>),
     /// Answered once every batch handed over before it is written.
     Barrier(std::sync::mpsc::SyncSender<()>),
 }
@@ -252,13 +274,22 @@ enum ToWriter {
 /// purge or a vote, which would then wait for all of it (ADR 0022). Nothing waits for
 /// these flushes; a failure is logged and the next flush that something
 /// does wait for reports it. Ends when every store handle is dropped.
-fn run_writer(engine: Arc<dyn KvEngine>, rx: std::sync::mpsc::Receiver<ToWriter>, failed: Arc<Mutex<Option<String>>>) {
+fn run_writer(
+    engine: Arc<dyn KvEngine>,
+    rx: std::sync::mpsc::Receiver<ToWriter>,
+    failed: Arc<Mutex<Option<String>>>,
+    unwritten: Unwritten,
+) {
     while let Ok(first) = rx.recv() {
         let mut merged = WriteBatch::default();
         let mut barriers = Vec::new();
+        let mut batches = 0;
         for m in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match m {
-                ToWriter::Batch(b) => merged.ops.extend(b.ops),
+                ToWriter::Batch(b) => {
+                    batches += 1;
+                    merged.ops.extend(b.iter().map(|(k, v)| (k.clone(), v.clone())));
+                }
                 ToWriter::Barrier(done) => barriers.push(done),
             }
         }
@@ -268,9 +299,13 @@ fn run_writer(engine: Arc<dyn KvEngine>, rx: std::sync::mpsc::Receiver<ToWriter>
         // applies check it.
         let failed_before = failed.lock().expect("state-machine writer lock poisoned").is_some();
         if wrote && !failed_before {
-            if let Err(e) = engine.write_batch(Space::StateMachine, merged) {
-                tracing::error!("the state machine's writes could not be stored: {e}");
-                *failed.lock().expect("state-machine writer lock poisoned") = Some(e.to_string());
+            match engine.write_batch(Space::StateMachine, merged) {
+                // Readers find these in the engine from now on.
+                Ok(()) => unwritten.written(batches),
+                Err(e) => {
+                    tracing::error!("the state machine's writes could not be stored: {e}");
+                    *failed.lock().expect("state-machine writer lock poisoned") = Some(e.to_string());
+                }
             }
         }
         for done in barriers {
@@ -281,55 +316,6 @@ fn run_writer(engine: Arc<dyn KvEngine>, rx: std::sync::mpsc::Receiver<ToWriter>
                 tracing::warn!("background flush of the state machine's writes failed: {e}");
             }
         }
-    }
-}
-
-/// State-machine writes applied in memory and not yet given to the engine.
-///
-/// The Raft log is the durable record: an entry is applied only after a
-/// quorum holds it, and this node's copy was synced before it counted. So
-/// the state machine need not write each apply: the writes of many applies
-/// are merged here (a later value of a key replaces an earlier one) and go
-/// to the engine as one atomic batch, with the last-applied id they bring
-/// the stored state to, when `SM_PENDING_ENTRIES_MAX` entries or
-/// `SM_PENDING_AGE_MAX_MS` have gathered, before a snapshot is built, and
-/// when the store is dropped. A node that stops before that reopens at the
-/// older stored state and last-applied id, and openraft applies the
-/// entries after it again from the log; the stored state is always the
-/// state after some prefix of the log, never a mix. Each sled batch costs
-/// log writes of its own, so one per apply was a large part of a node's
-/// work (docs/benchmarks.md). A log purge never passes the stored state: it
-/// follows a snapshot, and building one writes what is pending first.
-#[derive(Debug, Default)]
-struct PendingWrites {
-    ops: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    entries: u64,
-    since: Option<std::time::Instant>,
-}
-
-impl PendingWrites {
-    fn add(&mut self, batch: WriteBatch, entries: u64) {
-        for (k, v) in batch.ops {
-            self.ops.insert(k, v);
-        }
-        self.entries += entries;
-        self.since.get_or_insert_with(std::time::Instant::now);
-    }
-
-    fn due(&self) -> bool {
-        self.entries >= SM_PENDING_ENTRIES_MAX
-            || self
-                .since
-                .is_some_and(|t| t.elapsed() >= std::time::Duration::from_millis(SM_PENDING_AGE_MAX_MS))
-    }
-
-    fn take(&mut self) -> WriteBatch {
-        let batch = WriteBatch {
-            ops: std::mem::take(&mut self.ops).into_iter().collect(),
-        };
-        self.entries = 0;
-        self.since = None;
-        batch
     }
 }
 
@@ -359,7 +345,7 @@ pub enum SmOpenError {
 
 /// A state-machine key as messages show it: as text when it is (the
 /// `m/...` metadata), else its prefix and the rest in hex.
-fn key_text(k: &[u8]) -> String {
+pub(super) fn key_text(k: &[u8]) -> String {
     if k.iter().all(|b| b.is_ascii_graphic()) {
         return String::from_utf8_lossy(k).into_owned();
     }
@@ -396,6 +382,77 @@ fn writer_stopped() -> StorageError {
 
 fn snap_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_snapshot(None, AnyError::new(&e)).into()
+}
+
+/// Moves every decided, fully acked record out of `st`'s table into the
+/// retained records (ADR 0050), adding the writes to `b`: the record's
+/// keys in memory deleted, its retained keys written, the count updated.
+/// A record in `admitted` was read from the retained records for this
+/// apply: unless it is in `changed` too, it only leaves memory again.
+/// Returns how many left memory.
+fn release_done(
+    st: &mut SmState,
+    admitted: &BTreeSet<Txid>,
+    changed: &BTreeSet<Txid>,
+    b: &mut WriteBatch,
+) -> Result<usize, codec::CodecError> {
+    let done = st.table.done_txids();
+    for txid in &done {
+        let Some(r) = st.table.release(*txid) else { continue };
+        let was_retained = admitted.contains(txid);
+        // No command changes a retained record (it is decided, every
+        // participant acked; only its removal is left): one that did
+        // would be written again below.
+        debug_assert!(
+            !(was_retained && changed.contains(txid)),
+            "a command changed the retained record of txid {txid}"
+        );
+        if was_retained && !changed.contains(txid) {
+            continue;
+        }
+        b.delete(record_key(*txid));
+        b.delete(owner_key(*txid));
+        b.delete(drops_key(*txid));
+        b.delete(branches_key(*txid));
+        retained::put(b, &r)?;
+        if !was_retained {
+            st.retained_count += 1;
+        }
+    }
+    Ok(done.len())
+}
+
+/// Brings into `st`'s table the retained records `cmd` is about (its txid,
+/// the transaction its idempotency key belongs to), so the pure table
+/// applies it as if they had never left memory. Not one removed in this
+/// apply (`removed`); each brought in is kept in `admitted` as it was.
+fn admit_retained(
+    st: &mut SmState,
+    cmd: &Command,
+    removed: &BTreeSet<Txid>,
+    admitted: &mut BTreeMap<Txid, RetainedRecord>,
+) -> Result<(), RetainedReadError> {
+    let SmState { table, retained, .. } = st;
+    let Some(reader) = retained.as_ref() else {
+        return Ok(());
+    };
+    let mut wanted = Vec::with_capacity(2);
+    wanted.extend(command_txid(cmd));
+    if let Some(key) = command_key(cmd) {
+        if table.txid_of_key(key).is_none() {
+            wanted.extend(reader.txid_of_key(key)?);
+        }
+    }
+    for t in wanted {
+        if table.get(t).is_some() || removed.contains(&t) {
+            continue;
+        }
+        if let Some(r) = reader.get(t)? {
+            admitted.insert(t, r.clone());
+            table.admit(r);
+        }
+    }
+    Ok(())
 }
 
 impl StateMachineStore {
@@ -468,7 +525,12 @@ impl StateMachineStore {
                 settlements.push((id, decode_value::<Settlement>(&k, &v)?));
             }
         }
-        let state = SmState {
+        let retained_count: u64 = match get(retained::RETAINED_COUNT_KEY)? {
+            Some(b) => decode_value(retained::RETAINED_COUNT_KEY, &b)?,
+            None => 0,
+        };
+        let unwritten = Unwritten::default();
+        let mut state = SmState {
             table: TxTable::from_parts(next_txid, records)
                 .with_retired_node_ids(retired)
                 .with_owners(owners)
@@ -479,13 +541,28 @@ impl StateMachineStore {
             membership,
             incarnations,
             settlements: Settlements::from_parts(settlements),
+            retained: Some(RetainedReader::new(engine.clone(), unwritten.clone())),
+            retained_count,
         };
+        // Records a build before ADR 0050 kept in memory (or that were
+        // done when it stopped) are retained now, in one batch.
+        let mut b = WriteBatch::default();
+        if release_done(&mut state, &BTreeSet::new(), &BTreeSet::new(), &mut b)
+            .map_err(|e| e.named("a retained record"))?
+            > 0
+        {
+            b.put(
+                retained::RETAINED_COUNT_KEY.to_vec(),
+                codec::encode(&state.retained_count).map_err(|e| e.named("the retained count"))?,
+            );
+            engine.write_batch(Space::StateMachine, b)?;
+        }
         let (writer, rx) = std::sync::mpsc::sync_channel(SM_WRITER_QUEUE_BATCHES_MAX);
         let write_failed = Arc::new(Mutex::new(None));
-        let (e, f) = (engine.clone(), write_failed.clone());
+        let (e, f, u) = (engine.clone(), write_failed.clone(), unwritten.clone());
         std::thread::Builder::new()
             .name("dtx-sm-writer".into())
-            .spawn(move || run_writer(e, rx, f))
+            .spawn(move || run_writer(e, rx, f, u))
             .map_err(|e| {
                 SmOpenError::Engine(crate::store::engine::EngineError::Io {
                     space: "sm",
@@ -495,7 +572,7 @@ impl StateMachineStore {
         Ok(StateMachineStore {
             engine,
             state: Arc::new(RwLock::new(state)),
-            pending: Arc::new(Mutex::new(PendingWrites::default())),
+            unwritten,
             writer,
             write_failed,
             log_durability: None,
@@ -511,7 +588,7 @@ impl StateMachineStore {
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, PendingWrites> {
-        self.pending.lock().expect("pending state-machine writes lock poisoned")
+        self.unwritten.pending()
     }
 
     /// Gives the waiting state-machine writes to the engine (one atomic
@@ -531,7 +608,7 @@ impl StateMachineStore {
             return Ok(());
         }
         self.writer
-            .send(ToWriter::Batch(p.take()))
+            .send(ToWriter::Batch(self.unwritten.start_writing(p)))
             .map_err(|_| writer_stopped())
     }
 
@@ -561,16 +638,37 @@ impl StateMachineStore {
         self.state.read().expect("state machine lock poisoned")
     }
 
+    /// The snapshot of `st`: the records in memory and the retained ones
+    /// (read here), in one layout (`SnapshotData`).
     fn build_snapshot_bytes(st: &SmState) -> Result<(SnapshotMeta, Vec<u8>), StorageError> {
+        let mut records: BTreeMap<Txid, TxRecord> = st.table.records().map(|r| (r.txid, r.clone())).collect();
+        let mut owners = st.table.owners().clone();
+        let mut drops = st.table.drops().clone();
+        let mut branches = st.table.branches().clone();
+        if let Some(reader) = &st.retained {
+            for r in reader.after(0, usize::MAX).map_err(read_err)? {
+                let txid = r.record.txid;
+                if let Some(o) = r.owner {
+                    owners.insert(txid, o);
+                }
+                if let Some(d) = r.drops {
+                    drops.insert(txid, d);
+                }
+                if let Some(br) = r.branches {
+                    branches.insert(txid, br);
+                }
+                records.insert(txid, r.record);
+            }
+        }
         let data = SnapshotData {
             next_txid: st.table.next_txid(),
-            records: st.table.records().cloned().collect(),
+            records: records.into_values().collect(),
             last_applied: st.last_applied,
             membership: st.membership.clone(),
             retired_node_ids: st.table.retired_node_ids().clone(),
-            owners: st.table.owners().clone(),
-            drops: st.table.drops().clone(),
-            branches: st.table.branches().clone(),
+            owners,
+            drops,
+            branches,
             sagas: st.sagas.data(),
             incarnations: st.incarnations.clone(),
             settlements: st.settlements.clone(),
@@ -601,6 +699,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         // The log may be purged up to this snapshot next: the stored state
         // must not be behind it. Holding the state (applies wait) while the
         // pending writes go out keeps the two at the same entry.
+        let started = std::time::Instant::now();
         let (meta, bytes) = {
             let st = self.state();
             self.write_pending()?;
@@ -608,6 +707,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         };
         self.save_snapshot(&meta, &bytes)?;
         metrics::counter!("dtx_snapshots_built_total").increment(1);
+        metrics::gauge!("dtx_snapshot_last_build_seconds").set(started.elapsed().as_secs_f64());
+        metrics::gauge!("dtx_snapshot_last_bytes").set(bytes.len() as f64);
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(bytes)),
@@ -643,6 +744,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut membership_changed = false;
         let mut incarnations_changed = false;
         let mut settled: Vec<(u64, Txid, crate::sm::Outcome)> = Vec::new();
+        // Retained records this apply brought back into the table, as they
+        // were, and the txids it removed (ADR 0050).
+        let mut admitted: BTreeMap<Txid, RetainedRecord> = BTreeMap::new();
+        let mut removed: BTreeSet<Txid> = BTreeSet::new();
+        let retained_before = st.retained_count;
         for entry in entries {
             st.last_applied = Some(entry.log_id);
             let mut out = BatchResult::default();
@@ -702,7 +808,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                                 }
                                 r
                             }
-                            _ => st.table.apply_in_term(term, cmd, &mut effects),
+                            _ => {
+                                admit_retained(&mut st, cmd, &removed, &mut admitted).map_err(read_err)?;
+                                let first = effects.len();
+                                let r = st.table.apply_in_term(term, cmd, &mut effects);
+                                removed.extend(effects[first..].iter().filter_map(|e| match e {
+                                    Effect::Remove(t) => Some(*t),
+                                    _ => None,
+                                }));
+                                r
+                            }
                         };
                         log_operator_change(cmd, &result);
                         out.results.push(result);
@@ -718,30 +833,56 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // One atomic batch: the changed records plus the new last-applied.
         let mut b = WriteBatch::default();
         let mut seen = BTreeSet::new();
+        // Those done now leave memory below (`release_done`).
+        let releasing: BTreeSet<Txid> = st.table.done_txids().into_iter().collect();
         for e in effects.iter().rev() {
-            match e {
-                Effect::Put(txid) | Effect::Remove(txid) if seen.insert(*txid) => match st.table.get(*txid) {
-                    Some(r) => {
-                        b.put(record_key(*txid), codec::encode(r).map_err(write_err)?);
-                        if let Some(o) = st.table.owner(*txid) {
-                            b.put(owner_key(*txid), codec::encode(&o.to_string()).map_err(write_err)?);
-                        }
-                        if let Some(d) = st.table.dropped(*txid) {
-                            b.put(drops_key(*txid), codec::encode(d).map_err(write_err)?);
-                        }
-                        if let Some(br) = st.table.branches_of(*txid) {
-                            b.put(branches_key(*txid), codec::encode(br).map_err(write_err)?);
-                        }
-                    }
-                    None => {
-                        b.delete(record_key(*txid));
-                        b.delete(owner_key(*txid));
-                        b.delete(drops_key(*txid));
-                        b.delete(branches_key(*txid));
-                    }
-                },
-                _ => {}
+            let (Effect::Put(txid) | Effect::Remove(txid)) = e else {
+                continue;
+            };
+            if !seen.insert(*txid) || releasing.contains(txid) {
+                continue;
             }
+            match st.table.get(*txid) {
+                Some(r) => {
+                    b.put(record_key(*txid), codec::encode(r).map_err(write_err)?);
+                    if let Some(o) = st.table.owner(*txid) {
+                        b.put(owner_key(*txid), codec::encode(&o.to_string()).map_err(write_err)?);
+                    }
+                    if let Some(d) = st.table.dropped(*txid) {
+                        b.put(drops_key(*txid), codec::encode(d).map_err(write_err)?);
+                    }
+                    if let Some(br) = st.table.branches_of(*txid) {
+                        b.put(branches_key(*txid), codec::encode(br).map_err(write_err)?);
+                    }
+                }
+                None => {
+                    b.delete(record_key(*txid));
+                    b.delete(owner_key(*txid));
+                    b.delete(drops_key(*txid));
+                    b.delete(branches_key(*txid));
+                    if let Some(r) = admitted.get(txid) {
+                        retained::delete(&mut b, r);
+                        st.retained_count = st.retained_count.saturating_sub(1);
+                    }
+                }
+            }
+        }
+        // After the deletes above: a key a removed record held may belong
+        // to a record retained now.
+        let changed: BTreeSet<Txid> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Put(t) => Some(*t),
+                _ => None,
+            })
+            .collect();
+        let admitted_txids: BTreeSet<Txid> = admitted.keys().copied().collect();
+        release_done(&mut st, &admitted_txids, &changed, &mut b).map_err(write_err)?;
+        if st.retained_count != retained_before {
+            b.put(
+                retained::RETAINED_COUNT_KEY.to_vec(),
+                codec::encode(&st.retained_count).map_err(write_err)?,
+            );
         }
         for e in &saga_effects {
             match e {
@@ -841,6 +982,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
+        let started = std::time::Instant::now();
         let bytes = snapshot.into_inner();
         let data: SnapshotData = decode_snapshot(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e.named("snapshot"))))?;
@@ -855,17 +997,32 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         for (k, _) in self.engine.scan(Space::StateMachine, b"", None).map_err(write_err)? {
             b.delete(k);
         }
-        for r in &data.records {
-            b.put(record_key(r.txid), codec::encode(r).map_err(write_err)?);
-        }
-        for (t, o) in &data.owners {
-            b.put(owner_key(*t), codec::encode(o).map_err(write_err)?);
-        }
-        for (t, d) in &data.drops {
-            b.put(drops_key(*t), codec::encode(d).map_err(write_err)?);
-        }
-        for (t, br) in &data.branches {
-            b.put(branches_key(*t), codec::encode(br).map_err(write_err)?);
+        // The done records are retained (ADR 0050), the others in memory.
+        let mut fresh = SmState {
+            table: TxTable::from_parts(data.next_txid, data.records)
+                .with_retired_node_ids(data.retired_node_ids.clone())
+                .with_owners(data.owners)
+                .with_drops(data.drops)
+                .with_branches(data.branches),
+            ..SmState::default()
+        };
+        release_done(&mut fresh, &BTreeSet::new(), &BTreeSet::new(), &mut b).map_err(write_err)?;
+        b.put(
+            retained::RETAINED_COUNT_KEY.to_vec(),
+            codec::encode(&fresh.retained_count).map_err(write_err)?,
+        );
+        for r in fresh.table.records() {
+            let t = r.txid;
+            b.put(record_key(t), codec::encode(r).map_err(write_err)?);
+            if let Some(o) = fresh.table.owner(t) {
+                b.put(owner_key(t), codec::encode(&o.to_string()).map_err(write_err)?);
+            }
+            if let Some(d) = fresh.table.dropped(t) {
+                b.put(drops_key(t), codec::encode(d).map_err(write_err)?);
+            }
+            if let Some(br) = fresh.table.branches_of(t) {
+                b.put(branches_key(t), codec::encode(br).map_err(write_err)?);
+            }
         }
         for r in &data.sagas.sagas {
             b.put(saga_key(r.id), codec::encode(r).map_err(write_err)?);
@@ -908,11 +1065,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
         self.engine.write_batch(Space::StateMachine, b).map_err(write_err)?;
         self.save_snapshot(meta, &bytes)?;
-        st.table = TxTable::from_parts(data.next_txid, data.records)
-            .with_retired_node_ids(data.retired_node_ids)
-            .with_owners(data.owners)
-            .with_drops(data.drops)
-            .with_branches(data.branches);
+        st.table = fresh.table;
+        st.retained_count = fresh.retained_count;
         st.sagas = SagaBook::from_data(data.sagas);
         st.incarnations = data.incarnations;
         st.settlements = data.settlements;
@@ -920,6 +1074,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         st.membership = meta.last_membership.clone();
         drop(st);
         metrics::counter!("dtx_snapshots_installed_total").increment(1);
+        metrics::gauge!("dtx_snapshot_last_install_seconds").set(started.elapsed().as_secs_f64());
+        metrics::gauge!("dtx_snapshot_last_bytes").set(bytes.len() as f64);
         Ok(())
     }
 
@@ -1025,8 +1181,10 @@ mod tests {
 
     use super::*;
     use crate::raft::Batch;
+    use crate::sm::DecisionView;
     use crate::store::engine::EngineError;
     use crate::store::engine::KvPair;
+    use crate::store::unwritten::SM_PENDING_ENTRIES_MAX;
 
     fn entry(index: u64, commands: Vec<Command>) -> Entry {
         RaftEntry {
@@ -1068,6 +1226,215 @@ mod tests {
             now_ms: 2,
             note: String::new(),
         }
+    }
+
+    /// A one-write COMMIT whose one participant acked with the decision
+    /// (READ_ONLY): decided and fully acked at once, so retained.
+    fn done_write(txid: u64, key: &str) -> Command {
+        match one_write(txid, 1, key) {
+            Command::BeginAndDecide {
+                txid,
+                alloc_term,
+                idempotency_key,
+                fingerprint,
+                begun_ms,
+                deadline_ms,
+                participants,
+                outcome,
+                voters,
+                now_ms,
+                note,
+                ..
+            } => Command::BeginAndDecide {
+                txid,
+                alloc_term,
+                idempotency_key,
+                fingerprint,
+                begun_ms,
+                deadline_ms,
+                participants,
+                outcome,
+                voters,
+                acked: vec!["a".into()],
+                now_ms,
+                note,
+            },
+            _ => unreachable!(),
+        }
+    }
+
+    /// What every reader learns of `txid` from `sm`: its outcome (the
+    /// decision read, `GetDecision`), the txid its key belongs to, and
+    /// whether the forget loop would take it.
+    fn reads(sm: &StateMachineStore, txid: Txid, key: &str) -> (DecisionView, Option<Txid>, bool) {
+        let st = sm.state();
+        (
+            st.with_txid(txid, |t| t.decision_view(txid)).unwrap(),
+            st.txid_of_key(key).unwrap(),
+            st.forgettable(u64::MAX, 100).unwrap().contains(&txid),
+        )
+    }
+
+    /// ADR 0050 with invariants 1 and 10: a decided, fully acked record
+    /// leaves memory (retained on disk only) and answers as before: its
+    /// decision (write-once: a later ABORT reads the COMMIT back), its key
+    /// (the same Begin finds it), the forget loop; before its writes reach
+    /// the engine, after, and after a restart. Forgotten, it is gone from
+    /// every read, its key is free and its txid is never handed out again.
+    #[tokio::test]
+    async fn retained_records_leave_memory_and_answer_every_read() {
+        let (_dir, engine, mut sm) = fresh();
+        let commit = DecisionView::Decided(crate::sm::Outcome::Commit);
+        sm.apply(vec![entry(1, vec![Command::ReserveTxids { count: 10 }])])
+            .await
+            .unwrap();
+        sm.apply(vec![entry(2, vec![done_write(1, "k1"), done_write(2, "k2")])])
+            .await
+            .unwrap();
+        {
+            let st = sm.state();
+            assert_eq!((st.table.len(), st.retained_count, st.transactions()), (0, 2, 2));
+            assert!(st.table.get(1).is_none(), "out of memory");
+            let r = st.record(1).unwrap().expect("still read");
+            assert_eq!(r.decision().map(|d| d.outcome), Some(crate::sm::Outcome::Commit));
+        }
+        // Still unwritten (pending): read from memory's unwritten writes.
+        assert_eq!(reads(&sm, 1, "k1"), (commit.clone(), Some(1), true));
+        // The same one-write commit again, and an ABORT of it: the record
+        // and its decision stand (invariant 1).
+        let out = sm
+            .apply(vec![entry(
+                3,
+                vec![
+                    done_write(1, "k1"),
+                    Command::Decide {
+                        txid: 1,
+                        outcome: crate::sm::Outcome::Abort,
+                        voters: vec![],
+                        source: crate::sm::DecisionSource::Client,
+                        term: 1,
+                        now_ms: 5,
+                        note: String::new(),
+                    },
+                ],
+            )])
+            .await
+            .unwrap();
+        match &out[0].results[1] {
+            Ok(CommandOk::Decided { decision, recorded }) => {
+                assert_eq!((decision.outcome, *recorded), (crate::sm::Outcome::Commit, false));
+            }
+            other => panic!("the retained decision must read back, got {other:?}"),
+        }
+        assert_eq!(sm.state().retained_count, 2, "read back, not retained twice");
+        sm.write_pending().unwrap();
+        assert_eq!(reads(&sm, 1, "k1"), (commit.clone(), Some(1), true));
+        // A Begin with the key of a retained transaction finds it.
+        let out = sm
+            .apply(vec![entry(
+                4,
+                vec![Command::Begin {
+                    idempotency_key: "k1".into(),
+                    fingerprint: [2; 32],
+                    now_ms: 6,
+                    timeout_ms: 1_000,
+                }],
+            )])
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                &out[0].results[0],
+                Ok(CommandOk::Began {
+                    txid: 1,
+                    existing: true,
+                    ..
+                })
+            ),
+            "the key belongs to txid 1: {:?}",
+            out[0].results[0]
+        );
+        // A restart loads nothing of them into memory and reads them all.
+        drop(sm);
+        let mut sm = StateMachineStore::open(engine.clone()).unwrap();
+        {
+            let st = sm.state();
+            assert_eq!((st.table.len(), st.retained_count), (0, 2));
+        }
+        assert_eq!(reads(&sm, 1, "k1"), (commit.clone(), Some(1), true));
+        assert_eq!(sm.state().with_txid(2, |t| t.decision_view(2)).unwrap(), commit);
+        // Forgotten (invariant 10): gone from every read; the key begins a
+        // new transaction with a new txid.
+        sm.apply(vec![entry(5, vec![Command::Forget { txid: 1 }, begin("k1")])])
+            .await
+            .unwrap();
+        assert_eq!(reads(&sm, 1, "k1").0, DecisionView::Unknown);
+        let new = sm
+            .state()
+            .txid_of_key("k1")
+            .unwrap()
+            .expect("the new transaction's key");
+        assert!(new > 10, "a txid never handed out before: {new}");
+        assert_eq!(sm.state().retained_count, 1);
+        sm.write_pending().unwrap();
+        drop(sm);
+        let sm = StateMachineStore::open(engine).unwrap();
+        let st = sm.state();
+        assert_eq!(
+            (st.retained_count, st.table.len()),
+            (1, 1),
+            "txid 2 retained, the new Begin in memory"
+        );
+        assert!(st.record(1).unwrap().is_none());
+        assert_eq!(st.forgettable(u64::MAX, 100).unwrap(), vec![2]);
+        assert_eq!(st.all_txids().unwrap(), vec![2, new]);
+    }
+
+    /// ADR 0050: a snapshot carries the retained records; the node that
+    /// installs it retains them in turn (none in its memory), and a data
+    /// directory written before ADR 0050 (a done record kept in memory)
+    /// retains it at its next start.
+    #[tokio::test]
+    async fn snapshots_carry_retained_records_and_old_directories_retain_theirs() {
+        let (_dir, _engine, mut leader) = fresh();
+        leader
+            .apply(vec![entry(1, vec![Command::ReserveTxids { count: 10 }])])
+            .await
+            .unwrap();
+        leader
+            .apply(vec![entry(
+                2,
+                vec![done_write(1, "a"), done_write(2, "b"), one_write(3, 1, "c")],
+            )])
+            .await
+            .unwrap();
+        let snap = leader.build_snapshot().await.unwrap();
+        let table = decode_snapshot_table(snap.snapshot.get_ref()).unwrap();
+        assert_eq!(table.len(), 3, "every record is in the snapshot");
+        let (_d2, engine2, mut follower) = fresh();
+        follower.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+        {
+            let st = follower.state();
+            assert_eq!((st.table.len(), st.retained_count), (1, 2), "txid 3 awaits its ack");
+            assert_eq!(st.txid_of_key("b").unwrap(), Some(2));
+        }
+        drop(follower);
+        let follower = StateMachineStore::open(engine2).unwrap();
+        assert_eq!(reads(&follower, 2, "b").1, Some(2));
+        // An old directory: the done record under the key of a record in
+        // memory.
+        let (_d3, engine3, sm3) = fresh();
+        drop(sm3);
+        let mut b = WriteBatch::default();
+        let old = table.get(1).unwrap().clone();
+        b.put(record_key(1), codec::encode(&old).unwrap());
+        engine3.write_batch(Space::StateMachine, b).unwrap();
+        let sm3 = StateMachineStore::open(engine3.clone()).unwrap();
+        assert_eq!((sm3.state().table.len(), sm3.state().retained_count), (0, 1));
+        drop(sm3);
+        assert!(engine3.get(Space::StateMachine, &record_key(1)).unwrap().is_none());
+        let sm3 = StateMachineStore::open(engine3).unwrap();
+        assert_eq!(sm3.state().record(1).unwrap().map(|r| r.into_owned()), Some(old));
     }
 
     /// The store hands each command the term of the log entry that carries

@@ -1,0 +1,317 @@
+//! Retained records (ADR 0050): a decided transaction whose participants
+//! all acked changes no more until it is forgotten, after the retention.
+//! The store keeps it on disk only, out of the in-memory table, so a
+//! node's memory and its start time do not grow with how many such
+//! records the retention holds:
+//!
+//! - `r<txid>`: the record with its owner, drops and branches
+//!   (`RetainedRecord`);
+//! - `k<idempotency key>`: its txid, so a Begin with the same key finds it;
+//! - `f<decided_ms><txid>` (both big-endian): empty, in the order the
+//!   forget loop takes them.
+//!
+//! Written together when the record leaves memory, deleted together when
+//! it is forgotten, and counted under `m/retained_count`. A command about a
+//! retained record brings it back into the table for that apply
+//! (`sm_store`); readers see it through `SmState`'s reads below, which look
+//! at the writes not yet in the engine first (`Unwritten`).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::engine::EngineError;
+use super::engine::KvEngine;
+use super::engine::Space;
+use super::engine::WriteBatch;
+use super::sm_store::SmState;
+use super::unwritten::Unwritten;
+use crate::codec;
+use crate::sm::operator::ListFilter;
+use crate::sm::operator::ListPage;
+use crate::sm::operator::StateFilter;
+use crate::sm::RetainedRecord;
+use crate::sm::TxRecord;
+use crate::sm::TxTable;
+use crate::sm::Txid;
+
+pub(super) const RETAINED_PREFIX: &[u8] = b"r";
+const RETAINED_END: &[u8] = b"s";
+const KEY_PREFIX: &[u8] = b"k";
+const FORGET_PREFIX: &[u8] = b"f";
+/// How many records are retained, a key of its own: absent = 0.
+pub(super) const RETAINED_COUNT_KEY: &[u8] = b"m/retained_count";
+
+pub(super) fn retained_key(txid: Txid) -> Vec<u8> {
+    let mut k = RETAINED_PREFIX.to_vec();
+    k.extend_from_slice(&txid.to_be_bytes());
+    k
+}
+
+fn key_index_key(key: &str) -> Vec<u8> {
+    let mut k = KEY_PREFIX.to_vec();
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+fn forget_key(decided_ms: u64, txid: Txid) -> Vec<u8> {
+    let mut k = FORGET_PREFIX.to_vec();
+    k.extend_from_slice(&decided_ms.to_be_bytes());
+    k.extend_from_slice(&txid.to_be_bytes());
+    k
+}
+
+/// Adds to `b` the writes that retain `r` (its record and both indexes).
+pub(super) fn put(b: &mut WriteBatch, r: &RetainedRecord) -> Result<(), codec::CodecError> {
+    let txid = r.record.txid;
+    b.put(retained_key(txid), codec::encode(r)?);
+    if !r.record.idempotency_key.is_empty() {
+        b.put(key_index_key(&r.record.idempotency_key), codec::encode(&txid)?);
+    }
+    b.put(forget_key(r.decided_ms(), txid), Vec::new());
+    Ok(())
+}
+
+/// Adds to `b` the deletes of what `put` wrote for `r`.
+pub(super) fn delete(b: &mut WriteBatch, r: &RetainedRecord) {
+    let txid = r.record.txid;
+    b.delete(retained_key(txid));
+    if !r.record.idempotency_key.is_empty() {
+        b.delete(key_index_key(&r.record.idempotency_key));
+    }
+    b.delete(forget_key(r.decided_ms(), txid));
+}
+
+/// A retained record could not be read: the caller answers nothing
+/// rather than "not found" (which would read as presumed abort).
+#[derive(Debug, thiserror::Error)]
+pub enum RetainedReadError {
+    #[error("a retained transaction record could not be read: {0}")]
+    Engine(#[from] EngineError),
+    #[error("a retained transaction record does not decode: {0}")]
+    Decode(#[from] codec::NamedCodecError),
+}
+
+/// Reads the retained records: the unwritten writes first, then the
+/// engine.
+#[derive(Clone)]
+pub struct RetainedReader {
+    engine: Arc<dyn KvEngine>,
+    unwritten: Unwritten,
+}
+
+impl std::fmt::Debug for RetainedReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RetainedReader")
+    }
+}
+
+impl RetainedReader {
+    pub(super) fn new(engine: Arc<dyn KvEngine>, unwritten: Unwritten) -> Self {
+        RetainedReader { engine, unwritten }
+    }
+
+    fn value(&self, key: &[u8]) -> Result<Option<Vec<u8>>, RetainedReadError> {
+        match self.unwritten.get(key) {
+            Some(v) => Ok(v),
+            None => Ok(self.engine.get(Space::StateMachine, key)?),
+        }
+    }
+
+    /// The first `max` pairs with `from <= key < to`, unwritten writes
+    /// included.
+    fn range(&self, from: &[u8], to: &[u8], max: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, RetainedReadError> {
+        let unwritten = self.unwritten.range(from, to);
+        let deletes = unwritten.values().filter(|v| v.is_none()).count();
+        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = self
+            .engine
+            .scan_limit(Space::StateMachine, from, Some(to), max.saturating_add(deletes))?
+            .into_iter()
+            .collect();
+        for (k, v) in unwritten {
+            match v {
+                Some(v) => merged.insert(k, v),
+                None => merged.remove(&k),
+            };
+        }
+        Ok(merged.into_iter().take(max).collect())
+    }
+
+    pub fn get(&self, txid: Txid) -> Result<Option<RetainedRecord>, RetainedReadError> {
+        let key = retained_key(txid);
+        match self.value(&key)? {
+            Some(b) => Ok(Some(decode(&key, &b)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The retained transaction `key` belongs to.
+    pub fn txid_of_key(&self, key: &str) -> Result<Option<Txid>, RetainedReadError> {
+        let k = key_index_key(key);
+        match self.value(&k)? {
+            Some(b) => Ok(Some(decode(&k, &b)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Retained transactions decided at or before `decided_before_ms`,
+    /// oldest decision first, at most `max`.
+    pub fn forgettable(&self, decided_before_ms: u64, max: usize) -> Result<Vec<Txid>, RetainedReadError> {
+        let to = forget_key(decided_before_ms.saturating_add(1), 0);
+        Ok(self
+            .range(FORGET_PREFIX, &to, max)?
+            .into_iter()
+            .filter_map(|(k, _)| k.get(9..17).and_then(|b| b.try_into().ok()).map(Txid::from_be_bytes))
+            .collect())
+    }
+
+    /// Retained records above `after`, lowest txid first, at most `max`.
+    pub fn after(&self, after: Txid, max: usize) -> Result<Vec<RetainedRecord>, RetainedReadError> {
+        let from = retained_key(after.saturating_add(1));
+        self.range(&from, RETAINED_END, max)?
+            .into_iter()
+            .map(|(k, v)| decode(&k, &v))
+            .collect()
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, RetainedReadError> {
+    Ok(codec::decode(bytes).map_err(|e| e.named(format!("state-machine value {}", super::sm_store::key_text(key))))?)
+}
+
+/// A table holding only `r` (with `next_txid`): a retained record read by
+/// the same code as one in memory.
+fn table_of(next_txid: Txid, r: RetainedRecord) -> TxTable {
+    let mut t = TxTable::from_parts(next_txid, []);
+    t.admit(r);
+    t
+}
+
+/// What readers see of the transaction table: the records in memory and
+/// the retained ones, alike.
+impl SmState {
+    fn retained_record(&self, txid: Txid) -> Result<Option<RetainedRecord>, RetainedReadError> {
+        match &self.retained {
+            Some(r) if self.table.get(txid).is_none() => r.get(txid),
+            _ => Ok(None),
+        }
+    }
+
+    /// Runs `f` on a table that holds `txid`'s record if there is one, in
+    /// memory or retained: every per-transaction read of `TxTable` works
+    /// on the answer.
+    pub fn with_txid<R>(&self, txid: Txid, f: impl FnOnce(&TxTable) -> R) -> Result<R, RetainedReadError> {
+        match self.retained_record(txid)? {
+            Some(r) => Ok(f(&table_of(self.table.next_txid(), r))),
+            None => Ok(f(&self.table)),
+        }
+    }
+
+    /// The record of `txid`, in memory or retained.
+    pub fn record(&self, txid: Txid) -> Result<Option<Cow<'_, TxRecord>>, RetainedReadError> {
+        if let Some(r) = self.table.get(txid) {
+            return Ok(Some(Cow::Borrowed(r)));
+        }
+        Ok(self.retained_record(txid)?.map(|r| Cow::Owned(r.record)))
+    }
+
+    /// The owner of `txid` (`TxTable::owner`), in memory or retained.
+    pub fn owner(&self, txid: Txid) -> Result<Option<String>, RetainedReadError> {
+        self.with_txid(txid, |t| t.owner(txid).map(str::to_string))
+    }
+
+    /// The transaction an idempotency key belongs to, in memory or
+    /// retained.
+    pub fn txid_of_key(&self, key: &str) -> Result<Option<Txid>, RetainedReadError> {
+        if let Some(t) = self.table.txid_of_key(key) {
+            return Ok(Some(t));
+        }
+        match &self.retained {
+            Some(r) => r.txid_of_key(key),
+            None => Ok(None),
+        }
+    }
+
+    /// Every txid with a record, in memory or retained, lowest first
+    /// (tools that list them all).
+    pub fn all_txids(&self) -> Result<Vec<Txid>, RetainedReadError> {
+        let mut all: Vec<Txid> = self.table.txids_after(0).collect();
+        if let Some(r) = &self.retained {
+            all.extend(r.after(0, usize::MAX)?.into_iter().map(|r| r.record.txid));
+        }
+        all.sort_unstable();
+        Ok(all)
+    }
+
+    /// How many transaction records there are, in memory and retained.
+    pub fn transactions(&self) -> u64 {
+        self.table.len() as u64 + self.retained_count
+    }
+
+    /// Decided, fully acked transactions decided at or before
+    /// `decided_before_ms`, oldest first, at most `max` (the forget loop's
+    /// candidates, `TxTable::forgettable`), in memory or retained.
+    pub fn forgettable(&self, decided_before_ms: u64, max: usize) -> Result<Vec<Txid>, RetainedReadError> {
+        let mut out = self.table.forgettable(decided_before_ms, max);
+        if let Some(r) = &self.retained {
+            let more = r.forgettable(decided_before_ms, max.saturating_sub(out.len()))?;
+            out.extend(more);
+        }
+        Ok(out)
+    }
+
+    /// `TxTable::list` over the records in memory and the retained ones.
+    /// A retained record is decided and fully acked, so the filters that
+    /// name an index (unacknowledged, PREPARING) never meet one; nor does
+    /// `dropped` (a dropped participant that never acked keeps the record
+    /// in memory).
+    pub fn list(
+        &self,
+        filter: &ListFilter,
+        after: Txid,
+        limit: usize,
+        scan_max: usize,
+    ) -> Result<ListPage, RetainedReadError> {
+        let retained_never_meet = filter.dropped
+            || filter.unacknowledged
+            || matches!(filter.state, Some(StateFilter::Preparing) | Some(StateFilter::Active));
+        let Some(reader) = self.retained.as_ref().filter(|_| !retained_never_meet) else {
+            return Ok(self.table.list(filter, after, limit, scan_max));
+        };
+        let (limit, scan_max) = (limit.max(1), scan_max.max(1));
+        // One more than can be looked at, so a page knows whether any follow.
+        let retained = reader.after(after, scan_max + 1)?;
+        let mut retained = retained.into_iter().peekable();
+        let mut hot = self.table.txids_after(after).peekable();
+        let mut page = ListPage::default();
+        let mut scanned = 0usize;
+        let mut last_seen = after;
+        loop {
+            let take_hot = match (hot.peek(), retained.peek()) {
+                (None, None) => break,
+                (Some(h), Some(r)) => *h < r.record.txid,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+            };
+            if scanned >= scan_max || page.txids.len() >= limit {
+                page.next_after = last_seen;
+                break;
+            }
+            scanned += 1;
+            let meets = if take_hot {
+                let t = hot.next().expect("peeked");
+                last_seen = t;
+                self.table.meets(t, filter)
+            } else {
+                let r = retained.next().expect("peeked");
+                let t = r.record.txid;
+                last_seen = t;
+                table_of(self.table.next_txid(), r).meets(t, filter)
+            };
+            if meets {
+                page.txids.push(last_seen);
+            }
+        }
+        Ok(page)
+    }
+}
