@@ -1948,7 +1948,7 @@ fn released_records_admitted_again_leave_the_table_as_it_was() {
     let waiting = tx_with(&mut t, "waiting", &["a"]);
     let active = tx_with(&mut t, "active", &["a"]);
     for txid in [done, waiting] {
-        run(&mut t, Command::RequestCommit { txid });
+        run(&mut t, Command::RequestCommit { txid }).0.unwrap();
         let ids: &[&str] = if txid == done { &["a", "b"] } else { &["a"] };
         decided_ok(
             &run(
@@ -1958,8 +1958,8 @@ fn released_records_admitted_again_leave_the_table_as_it_was() {
             .0,
         );
     }
-    run(&mut t, ack_cmd(done, "a"));
-    run(&mut t, ack_cmd(done, "b"));
+    run(&mut t, ack_cmd(done, "a")).0.unwrap();
+    run(&mut t, ack_cmd(done, "b")).0.unwrap();
     let before = t.clone();
     assert_eq!(t.done_txids(), vec![done]);
     assert!(t.release(waiting).is_none(), "still owed an ack");

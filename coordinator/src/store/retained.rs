@@ -39,6 +39,11 @@ pub(super) const RETAINED_PREFIX: &[u8] = b"r";
 const RETAINED_END: &[u8] = b"s";
 const KEY_PREFIX: &[u8] = b"k";
 const FORGET_PREFIX: &[u8] = b"f";
+/// `z<txid>`: the record `r<txid>` is forgotten, its delete put off while
+/// a snapshot reads the retained records (`SnapshotRead`); readers treat
+/// it as deleted. Removed with the record when the read ends, or at start.
+const FORGOTTEN_PREFIX: &[u8] = b"z";
+const FORGOTTEN_END: &[u8] = b"{";
 /// How many records are retained, a key of its own: absent = 0.
 pub(super) const RETAINED_COUNT_KEY: &[u8] = b"m/retained_count";
 
@@ -72,14 +77,51 @@ pub(super) fn put(b: &mut WriteBatch, r: &RetainedRecord) -> Result<(), codec::C
     Ok(())
 }
 
-/// Adds to `b` the deletes of what `put` wrote for `r`.
-pub(super) fn delete(b: &mut WriteBatch, r: &RetainedRecord) {
+fn forgotten_key(txid: Txid) -> Vec<u8> {
+    let mut k = FORGOTTEN_PREFIX.to_vec();
+    k.extend_from_slice(&txid.to_be_bytes());
+    k
+}
+
+/// Adds to `b` the deletes of what `put` wrote for `r`. While a snapshot
+/// reads the retained records (`snapshot_reading`), the record itself
+/// stays for it, marked forgotten (`z<txid>`); its indexes go at once.
+pub(super) fn delete(b: &mut WriteBatch, r: &RetainedRecord, snapshot_reading: bool) {
     let txid = r.record.txid;
-    b.delete(retained_key(txid));
+    if snapshot_reading {
+        b.put(forgotten_key(txid), Vec::new());
+    } else {
+        b.delete(retained_key(txid));
+    }
     if !r.record.idempotency_key.is_empty() {
         b.delete(key_index_key(&r.record.idempotency_key));
     }
     b.delete(forget_key(r.decided_ms(), txid));
+}
+
+/// The deletes that finish what `delete` put off: every record marked
+/// forgotten, and its mark (`reader`: the unwritten writes included).
+pub(super) fn finish_deletes(reader: &RetainedReader) -> Result<WriteBatch, RetainedReadError> {
+    let mut b = WriteBatch::default();
+    for (k, _) in reader.range(FORGOTTEN_PREFIX, FORGOTTEN_END, usize::MAX)? {
+        if let Some(txid) = k.get(1..9).and_then(|x| x.try_into().ok()).map(Txid::from_be_bytes) {
+            b.delete(retained_key(txid));
+            b.delete(k);
+        }
+    }
+    Ok(b)
+}
+
+/// Everything in the engine's retained records (not the unwritten
+/// writes), read without the state lock by a snapshot: the records
+/// retained when it started are all there (their deletes are put off),
+/// with some retained since, which the caller leaves out.
+pub(super) fn read_all(engine: &dyn KvEngine) -> Result<Vec<RetainedRecord>, RetainedReadError> {
+    engine
+        .scan(Space::StateMachine, RETAINED_PREFIX, Some(RETAINED_END))?
+        .into_iter()
+        .map(|(k, v)| decode(&k, &v))
+        .collect()
 }
 
 /// A retained record could not be read: the caller answers nothing
@@ -140,6 +182,7 @@ impl RetainedReader {
     pub fn get(&self, txid: Txid) -> Result<Option<RetainedRecord>, RetainedReadError> {
         let key = retained_key(txid);
         match self.value(&key)? {
+            Some(_) if self.value(&forgotten_key(txid))?.is_some() => Ok(None),
             Some(b) => Ok(Some(decode(&key, &b)?)),
             None => Ok(None),
         }
@@ -168,8 +211,12 @@ impl RetainedReader {
     /// Retained records above `after`, lowest txid first, at most `max`.
     pub fn after(&self, after: Txid, max: usize) -> Result<Vec<RetainedRecord>, RetainedReadError> {
         let from = retained_key(after.saturating_add(1));
-        self.range(&from, RETAINED_END, max)?
+        let forgotten = self.range(&forgotten_key(after.saturating_add(1)), FORGOTTEN_END, usize::MAX)?;
+        let forgotten: std::collections::BTreeSet<&[u8]> = forgotten.iter().map(|(k, _)| &k[1..]).collect();
+        self.range(&from, RETAINED_END, max.saturating_add(forgotten.len()))?
             .into_iter()
+            .filter(|(k, _)| !forgotten.contains(&k[1..]))
+            .take(max)
             .map(|(k, v)| decode(&k, &v))
             .collect()
     }

@@ -244,6 +244,8 @@ pub struct StateMachineStore {
     /// Applied writes not in the engine yet (pending, and in flight to
     /// the writer thread).
     unwritten: Unwritten,
+    /// A snapshot reading the retained records (ADR 0050).
+    snapshot_read: Arc<SnapshotRead>,
     /// The writer thread's queue (see `run_writer`).
     writer: std::sync::mpsc::SyncSender<ToWriter>,
     /// The first write the writer thread could not do, if any: every later
@@ -253,6 +255,23 @@ pub struct StateMachineStore {
     /// The node's Raft log, whose entries are applied only once on its
     /// disk (`raft::log_durability`); None in tools that only read.
     log_durability: Option<Arc<LogDurability>>,
+}
+
+/// A snapshot reading the retained records from the engine without the
+/// state lock (`StateMachineStore::snapshot_now`, ADR 0050).
+#[derive(Debug, Default)]
+struct SnapshotRead {
+    /// Held by a snapshot's build and by an install, one at a time.
+    one_at_a_time: Mutex<()>,
+    /// While a build reads: the txids retained since it started, which it
+    /// leaves out (None: no build is reading).
+    released_since: Mutex<Option<BTreeSet<Txid>>>,
+}
+
+impl SnapshotRead {
+    fn released_since(&self) -> std::sync::MutexGuard<'_, Option<BTreeSet<Txid>>> {
+        self.released_since.lock().expect("snapshot read lock poisoned")
+    }
 }
 
 /// What the writer thread is handed.
@@ -389,14 +408,15 @@ fn snap_err(e: impl std::error::Error + 'static) -> StorageError {
 /// keys in memory deleted, its retained keys written, the count updated.
 /// A record in `admitted` was read from the retained records for this
 /// apply: unless it is in `changed` too, it only leaves memory again.
-/// Returns how many left memory.
+/// Returns the txids retained anew (not those admitted).
 fn release_done(
     st: &mut SmState,
     admitted: &BTreeSet<Txid>,
     changed: &BTreeSet<Txid>,
     b: &mut WriteBatch,
-) -> Result<usize, codec::CodecError> {
+) -> Result<Vec<Txid>, codec::CodecError> {
     let done = st.table.done_txids();
+    let mut newly = Vec::new();
     for txid in &done {
         let Some(r) = st.table.release(*txid) else { continue };
         let was_retained = admitted.contains(txid);
@@ -417,9 +437,10 @@ fn release_done(
         retained::put(b, &r)?;
         if !was_retained {
             st.retained_count += 1;
+            newly.push(*txid);
         }
     }
-    Ok(done.len())
+    Ok(newly)
 }
 
 /// Brings into `st`'s table the retained records `cmd` is about (its txid,
@@ -545,16 +566,25 @@ impl StateMachineStore {
             retained_count,
         };
         // Records a build before ADR 0050 kept in memory (or that were
-        // done when it stopped) are retained now, in one batch.
-        let mut b = WriteBatch::default();
-        if release_done(&mut state, &BTreeSet::new(), &BTreeSet::new(), &mut b)
+        // done when it stopped) are retained now, and the deletes a
+        // snapshot put off before a stop are done, in one batch.
+        let mut b = match &state.retained {
+            Some(reader) => retained::finish_deletes(reader).map_err(|e| match e {
+                RetainedReadError::Engine(e) => SmOpenError::Engine(e),
+                RetainedReadError::Decode(e) => SmOpenError::Decode(e),
+            })?,
+            None => WriteBatch::default(),
+        };
+        if !release_done(&mut state, &BTreeSet::new(), &BTreeSet::new(), &mut b)
             .map_err(|e| e.named("a retained record"))?
-            > 0
+            .is_empty()
         {
             b.put(
                 retained::RETAINED_COUNT_KEY.to_vec(),
                 codec::encode(&state.retained_count).map_err(|e| e.named("the retained count"))?,
             );
+        }
+        if !b.is_empty() {
             engine.write_batch(Space::StateMachine, b)?;
         }
         let (writer, rx) = std::sync::mpsc::sync_channel(SM_WRITER_QUEUE_BATCHES_MAX);
@@ -573,6 +603,7 @@ impl StateMachineStore {
             engine,
             state: Arc::new(RwLock::new(state)),
             unwritten,
+            snapshot_read: Arc::new(SnapshotRead::default()),
             writer,
             write_failed,
             log_durability: None,
@@ -638,52 +669,81 @@ impl StateMachineStore {
         self.state.read().expect("state machine lock poisoned")
     }
 
-    /// The snapshot of `st`: the records in memory and the retained ones
-    /// (read here), in one layout (`SnapshotData`).
-    fn build_snapshot_bytes(st: &SmState) -> Result<(SnapshotMeta, Vec<u8>), StorageError> {
-        let mut records: BTreeMap<Txid, TxRecord> = st.table.records().map(|r| (r.txid, r.clone())).collect();
-        let mut owners = st.table.owners().clone();
-        let mut drops = st.table.drops().clone();
-        let mut branches = st.table.branches().clone();
-        if let Some(reader) = &st.retained {
-            for r in reader.after(0, usize::MAX).map_err(read_err)? {
-                let txid = r.record.txid;
-                if let Some(o) = r.owner {
-                    owners.insert(txid, o);
-                }
-                if let Some(d) = r.drops {
-                    drops.insert(txid, d);
-                }
-                if let Some(br) = r.branches {
-                    branches.insert(txid, br);
-                }
-                records.insert(txid, r.record);
+    /// The snapshot of the state applied now (ADR 0050): what is in
+    /// memory is copied under the state lock, after the pending writes are
+    /// in the engine (the log may be purged up to this snapshot next: the
+    /// stored state must not be behind it); the retained records are read
+    /// from the engine after the lock is released, so applies go on
+    /// meanwhile. Their deletes are put off while it reads, and those
+    /// retained since it started are left out: it reads exactly the ones
+    /// retained at its entry.
+    fn snapshot_now(&self) -> Result<(SnapshotMeta, Vec<u8>), StorageError> {
+        let _one = self.snapshot_read.one_at_a_time.lock().expect("snapshot lock poisoned");
+        let mut data = {
+            let st = self.state();
+            self.write_pending()?;
+            *self.snapshot_read.released_since() = Some(BTreeSet::new());
+            SnapshotData {
+                next_txid: st.table.next_txid(),
+                records: st.table.records().cloned().collect(),
+                last_applied: st.last_applied,
+                membership: st.membership.clone(),
+                retired_node_ids: st.table.retired_node_ids().clone(),
+                owners: st.table.owners().clone(),
+                drops: st.table.drops().clone(),
+                branches: st.table.branches().clone(),
+                sagas: st.sagas.data(),
+                incarnations: st.incarnations.clone(),
+                settlements: st.settlements.clone(),
             }
-        }
-        let data = SnapshotData {
-            next_txid: st.table.next_txid(),
-            records: records.into_values().collect(),
-            last_applied: st.last_applied,
-            membership: st.membership.clone(),
-            retired_node_ids: st.table.retired_node_ids().clone(),
-            owners,
-            drops,
-            branches,
-            sagas: st.sagas.data(),
-            incarnations: st.incarnations.clone(),
-            settlements: st.settlements.clone(),
         };
+        let read = retained::read_all(&*self.engine);
+        let since = self.snapshot_read.released_since().take().unwrap_or_default();
+        self.finish_deletes()?;
+        let mut records: BTreeMap<Txid, TxRecord> = std::mem::take(&mut data.records)
+            .into_iter()
+            .map(|r| (r.txid, r))
+            .collect();
+        for r in read.map_err(read_err)? {
+            let txid = r.record.txid;
+            if since.contains(&txid) {
+                continue;
+            }
+            if let Some(o) = r.owner {
+                data.owners.insert(txid, o);
+            }
+            if let Some(d) = r.drops {
+                data.drops.insert(txid, d);
+            }
+            if let Some(br) = r.branches {
+                data.branches.insert(txid, br);
+            }
+            records.insert(txid, r.record);
+        }
+        data.records = records.into_values().collect();
         let bytes = codec::encode(&data).map_err(snap_err)?;
-        let snapshot_id = match st.last_applied {
+        let snapshot_id = match data.last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, bytes.len()),
             None => format!("empty-{}", bytes.len()),
         };
         let meta = SnapshotMeta {
-            last_log_id: st.last_applied,
-            last_membership: st.membership.clone(),
+            last_log_id: data.last_applied,
+            last_membership: data.membership,
             snapshot_id,
         };
         Ok((meta, bytes))
+    }
+
+    /// Deletes the retained records forgotten while a snapshot read them
+    /// (`retained::delete`), with the next writes.
+    fn finish_deletes(&self) -> Result<(), StorageError> {
+        let st = self.state.write().expect("state machine lock poisoned");
+        let Some(reader) = &st.retained else { return Ok(()) };
+        let b = retained::finish_deletes(reader).map_err(read_err)?;
+        if !b.is_empty() {
+            self.pending().add(b, 0);
+        }
+        Ok(())
     }
 
     fn save_snapshot(&self, meta: &SnapshotMeta, bytes: &[u8]) -> Result<(), StorageError> {
@@ -696,15 +756,8 @@ impl StateMachineStore {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        // The log may be purged up to this snapshot next: the stored state
-        // must not be behind it. Holding the state (applies wait) while the
-        // pending writes go out keeps the two at the same entry.
         let started = std::time::Instant::now();
-        let (meta, bytes) = {
-            let st = self.state();
-            self.write_pending()?;
-            Self::build_snapshot_bytes(&st)?
-        };
+        let (meta, bytes) = self.snapshot_now()?;
         self.save_snapshot(&meta, &bytes)?;
         metrics::counter!("dtx_snapshots_built_total").increment(1);
         metrics::gauge!("dtx_snapshot_last_build_seconds").set(started.elapsed().as_secs_f64());
@@ -749,6 +802,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut admitted: BTreeMap<Txid, RetainedRecord> = BTreeMap::new();
         let mut removed: BTreeSet<Txid> = BTreeSet::new();
         let retained_before = st.retained_count;
+        // Under the state lock: a snapshot starts reading only between
+        // applies.
+        let snapshot_reading = self.snapshot_read.released_since().is_some();
         for entry in entries {
             st.last_applied = Some(entry.log_id);
             let mut out = BatchResult::default();
@@ -861,7 +917,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     b.delete(drops_key(*txid));
                     b.delete(branches_key(*txid));
                     if let Some(r) = admitted.get(txid) {
-                        retained::delete(&mut b, r);
+                        retained::delete(&mut b, r, snapshot_reading);
                         st.retained_count = st.retained_count.saturating_sub(1);
                     }
                 }
@@ -877,7 +933,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             })
             .collect();
         let admitted_txids: BTreeSet<Txid> = admitted.keys().copied().collect();
-        release_done(&mut st, &admitted_txids, &changed, &mut b).map_err(write_err)?;
+        let newly = release_done(&mut st, &admitted_txids, &changed, &mut b).map_err(write_err)?;
+        if snapshot_reading {
+            if let Some(since) = self.snapshot_read.released_since().as_mut() {
+                since.extend(newly);
+            }
+        }
         if st.retained_count != retained_before {
             b.put(
                 retained::RETAINED_COUNT_KEY.to_vec(),
@@ -983,6 +1044,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let started = std::time::Instant::now();
+        // Not while a build reads the retained records this replaces.
+        let _one = self.snapshot_read.one_at_a_time.lock().expect("snapshot lock poisoned");
         let bytes = snapshot.into_inner();
         let data: SnapshotData = decode_snapshot(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e.named("snapshot"))))?;
@@ -1097,7 +1160,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 /// current snapshot (openraft keeps track of that one).
 impl StateMachineStore {
     pub fn snapshot_for_backup(&self) -> Result<(SnapshotMeta, Vec<u8>), StorageError> {
-        Self::build_snapshot_bytes(&self.state())
+        self.snapshot_now()
     }
 }
 
@@ -1435,6 +1498,73 @@ mod tests {
         assert!(engine3.get(Space::StateMachine, &record_key(1)).unwrap().is_none());
         let sm3 = StateMachineStore::open(engine3).unwrap();
         assert_eq!(sm3.state().record(1).unwrap().map(|r| r.into_owned()), Some(old));
+    }
+
+    /// ADR 0050: a snapshot reads the retained records without the state
+    /// lock. While it reads, a forgotten record stays in the engine for it
+    /// (marked, and gone for every other reader) and one retained since
+    /// is left out of it: it holds exactly the records of its entry. The
+    /// deletes put off are done after it, or at the next start after a
+    /// stop in between.
+    #[tokio::test]
+    async fn a_snapshot_reads_the_retained_records_of_its_entry_while_applies_go_on() {
+        let (_dir, engine, mut sm) = fresh();
+        sm.apply(vec![entry(1, vec![Command::ReserveTxids { count: 10 }])])
+            .await
+            .unwrap();
+        sm.apply(vec![entry(2, vec![done_write(1, "a"), done_write(2, "b")])])
+            .await
+            .unwrap();
+        sm.write_pending().unwrap();
+        // As `snapshot_now` leaves it between its two halves.
+        *sm.snapshot_read.released_since() = Some(BTreeSet::new());
+        sm.apply(vec![entry(3, vec![Command::Forget { txid: 1 }, done_write(3, "c")])])
+            .await
+            .unwrap();
+        sm.write_pending().unwrap();
+        {
+            let st = sm.state();
+            assert!(st.record(1).unwrap().is_none(), "forgotten for every reader");
+            assert_eq!(st.txid_of_key("a").unwrap(), None);
+            assert_eq!(st.all_txids().unwrap(), vec![2, 3]);
+            assert_eq!(st.forgettable(u64::MAX, 10).unwrap(), vec![2, 3]);
+            assert_eq!(st.retained_count, 2);
+        }
+        let read: Vec<Txid> = retained::read_all(&*engine)
+            .unwrap()
+            .iter()
+            .map(|r| r.record.txid)
+            .collect();
+        assert_eq!(read, vec![1, 2, 3], "the engine still holds txid 1 for the snapshot");
+        let since = sm.snapshot_read.released_since().take().unwrap();
+        assert_eq!(since, BTreeSet::from([3]), "retained after the snapshot's entry");
+        sm.finish_deletes().unwrap();
+        sm.write_pending().unwrap();
+        assert!(engine
+            .get(Space::StateMachine, &retained::retained_key(1))
+            .unwrap()
+            .is_none());
+        // A stop while a snapshot reads: the next start does the delete.
+        *sm.snapshot_read.released_since() = Some(BTreeSet::new());
+        sm.apply(vec![entry(4, vec![Command::Forget { txid: 2 }])])
+            .await
+            .unwrap();
+        sm.write_pending().unwrap();
+        assert!(engine
+            .get(Space::StateMachine, &retained::retained_key(2))
+            .unwrap()
+            .is_some());
+        std::mem::forget(sm);
+        let sm = StateMachineStore::open(engine.clone()).unwrap();
+        assert!(engine
+            .get(Space::StateMachine, &retained::retained_key(2))
+            .unwrap()
+            .is_none());
+        assert_eq!(sm.state().all_txids().unwrap(), vec![3]);
+        // And the snapshot a build makes now holds exactly txid 3.
+        let (_, bytes) = sm.snapshot_now().unwrap();
+        let table = decode_snapshot_table(&bytes).unwrap();
+        assert_eq!(table.records().map(|r| r.txid).collect::<Vec<_>>(), vec![3]);
     }
 
     /// The store hands each command the term of the log entry that carries
