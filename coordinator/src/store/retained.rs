@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use super::engine::EngineError;
 use super::engine::KvEngine;
+use super::engine::KvPair;
 use super::engine::Space;
 use super::engine::WriteBatch;
 use super::sm_store::SmState;
@@ -162,7 +163,7 @@ impl RetainedReader {
 
     /// The first `max` pairs with `from <= key < to`, unwritten writes
     /// included.
-    fn range(&self, from: &[u8], to: &[u8], max: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, RetainedReadError> {
+    fn range(&self, from: &[u8], to: &[u8], max: usize) -> Result<Vec<KvPair>, RetainedReadError> {
         let unwritten = self.unwritten.range(from, to);
         let deletes = unwritten.values().filter(|v| v.is_none()).count();
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = self

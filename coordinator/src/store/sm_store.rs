@@ -476,9 +476,161 @@ fn admit_retained(
     Ok(())
 }
 
+/// Engine batches of a snapshot's install hold at most this many writes:
+/// sled applies one huge batch far more slowly than many of this size.
+const INSTALL_BATCH_WRITES_MAX: usize = 10_000;
+/// In the snapshot space while an install replaces the state machine's
+/// keys (several batches): a start that finds it installs the saved
+/// snapshot again before it reads anything.
+const INSTALLING_KEY: &[u8] = b"installing";
+
+/// Replaces everything the state machine stored by the snapshot `data` of
+/// `meta` (saved first by the caller), in batches of at most
+/// `INSTALL_BATCH_WRITES_MAX` writes under `INSTALLING_KEY`: the done
+/// records retained (ADR 0050), the others in `into.table`, as `open`
+/// would load them.
+fn install_into(
+    engine: &dyn KvEngine,
+    meta: &SnapshotMeta,
+    data: &SnapshotData,
+    into: &mut SmState,
+) -> Result<(), InstallError> {
+    let mut marker = WriteBatch::default();
+    marker.put(INSTALLING_KEY.to_vec(), codec::encode(&meta.snapshot_id)?);
+    engine.write_batch(Space::Snapshot, marker)?;
+    loop {
+        let keys = engine.scan_limit(Space::StateMachine, b"", None, INSTALL_BATCH_WRITES_MAX)?;
+        if keys.is_empty() {
+            break;
+        }
+        let mut b = WriteBatch::default();
+        for (k, _) in keys {
+            b.delete(k);
+        }
+        engine.write_batch(Space::StateMachine, b)?;
+    }
+    let mut b = WriteBatch::default();
+    let flush = |b: &mut WriteBatch, at_least: usize| -> Result<(), InstallError> {
+        if b.ops.len() >= at_least {
+            engine.write_batch(Space::StateMachine, std::mem::take(b))?;
+        }
+        Ok(())
+    };
+    let mut hot = Vec::new();
+    let mut retained_count = 0u64;
+    for r in &data.records {
+        let done = r.decision().is_some() && r.all_acked();
+        if !done {
+            hot.push(r.clone());
+            continue;
+        }
+        let t = r.txid;
+        let kept = RetainedRecord {
+            record: r.clone(),
+            owner: data.owners.get(&t).cloned(),
+            drops: data.drops.get(&t).cloned(),
+            branches: data.branches.get(&t).cloned(),
+        };
+        retained::put(&mut b, &kept)?;
+        retained_count += 1;
+        flush(&mut b, INSTALL_BATCH_WRITES_MAX)?;
+    }
+    let hot_txids: BTreeSet<Txid> = hot.iter().map(|r| r.txid).collect();
+    let pick = |t: &Txid| hot_txids.contains(t);
+    into.table = TxTable::from_parts(data.next_txid, hot)
+        .with_retired_node_ids(data.retired_node_ids.clone())
+        .with_owners(
+            data.owners
+                .iter()
+                .filter(|(t, _)| pick(t))
+                .map(|(t, o)| (*t, o.clone())),
+        )
+        .with_drops(data.drops.iter().filter(|(t, _)| pick(t)).map(|(t, d)| (*t, d.clone())))
+        .with_branches(
+            data.branches
+                .iter()
+                .filter(|(t, _)| pick(t))
+                .map(|(t, x)| (*t, x.clone())),
+        );
+    into.retained_count = retained_count;
+    for r in into.table.records() {
+        let t = r.txid;
+        b.put(record_key(t), codec::encode(r)?);
+        if let Some(o) = into.table.owner(t) {
+            b.put(owner_key(t), codec::encode(&o.to_string())?);
+        }
+        if let Some(d) = into.table.dropped(t) {
+            b.put(drops_key(t), codec::encode(d)?);
+        }
+        if let Some(br) = into.table.branches_of(t) {
+            b.put(branches_key(t), codec::encode(br)?);
+        }
+        flush(&mut b, INSTALL_BATCH_WRITES_MAX)?;
+    }
+    for r in &data.sagas.sagas {
+        b.put(saga_key(r.id), codec::encode(r)?);
+        flush(&mut b, INSTALL_BATCH_WRITES_MAX)?;
+    }
+    for d in &data.sagas.definitions {
+        b.put(definition_key(&d.name, d.version), codec::encode(d)?);
+    }
+    for (id, n) in &data.sagas.query_failures {
+        b.put(query_failures_key(*id), codec::encode(n)?);
+    }
+    for ((incarnation, txid), x) in data.settlements.iter() {
+        b.put(settlement_key(*incarnation, *txid), codec::encode(x)?);
+        flush(&mut b, INSTALL_BATCH_WRITES_MAX)?;
+    }
+    // The metadata last: with it the state reads as installed.
+    b.put(retained::RETAINED_COUNT_KEY.to_vec(), codec::encode(&retained_count)?);
+    b.put(NEXT_SAGA_ID_KEY.to_vec(), codec::encode(&data.sagas.next_saga_id)?);
+    b.put(NEXT_TXID_KEY.to_vec(), codec::encode(&data.next_txid)?);
+    b.put(APPLIED_KEY.to_vec(), codec::encode(&meta.last_log_id)?);
+    b.put(MEMBERSHIP_KEY.to_vec(), codec::encode(&meta.last_membership)?);
+    b.put(RETIRED_NODE_IDS_KEY.to_vec(), codec::encode(&data.retired_node_ids)?);
+    b.put(INCARNATIONS_KEY.to_vec(), codec::encode(&data.incarnations)?);
+    flush(&mut b, 0)?;
+    let mut done = WriteBatch::default();
+    done.delete(INSTALLING_KEY.to_vec());
+    engine.write_batch(Space::Snapshot, done)?;
+    Ok(())
+}
+
+/// Why a snapshot's install could not write the state.
+#[derive(Debug, thiserror::Error)]
+enum InstallError {
+    #[error("{0}")]
+    Engine(#[from] super::engine::EngineError),
+    #[error("{0}")]
+    Encode(#[from] codec::CodecError),
+}
+
+/// At start: an install that a stop cut short is done again from the
+/// saved snapshot, before anything is read.
+fn finish_cut_install(engine: &dyn KvEngine) -> Result<(), SmOpenError> {
+    if engine.get(Space::Snapshot, INSTALLING_KEY)?.is_none() {
+        return Ok(());
+    }
+    let meta: SnapshotMeta = match engine.get(Space::Snapshot, SNAPSHOT_META_KEY)? {
+        Some(m) => decode_value(SNAPSHOT_META_KEY, &m)?,
+        None => return Ok(()),
+    };
+    let bytes = engine.get(Space::Snapshot, SNAPSHOT_DATA_KEY)?.unwrap_or_default();
+    let data = decode_snapshot(&bytes).map_err(|e| e.named("the saved snapshot"))?;
+    tracing::warn!(
+        snapshot = %meta.snapshot_id,
+        "the install of a snapshot was cut short by a stop; installing it again"
+    );
+    install_into(engine, &meta, &data, &mut SmState::default()).map_err(|e| match e {
+        InstallError::Engine(e) => SmOpenError::Engine(e),
+        InstallError::Encode(e) => SmOpenError::Decode(e.named("a snapshot's record")),
+    })
+}
+
 impl StateMachineStore {
     /// Loads the persisted state machine (empty on a new data directory).
     pub fn open(engine: Arc<dyn KvEngine>) -> Result<Self, SmOpenError> {
+        finish_cut_install(&*engine)?;
         let mut records = Vec::new();
         for (k, v) in engine.scan_prefix(Space::StateMachine, RECORD_PREFIX)? {
             records.push(decode_value::<TxRecord>(&k, &v)?);
@@ -1055,79 +1207,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // replacement, not after it.
         let _dropped = self.pending().take();
         self.written()?;
-        // Replace the persisted state in one atomic batch.
-        let mut b = WriteBatch::default();
-        for (k, _) in self.engine.scan(Space::StateMachine, b"", None).map_err(write_err)? {
-            b.delete(k);
-        }
-        // The done records are retained (ADR 0050), the others in memory.
-        let mut fresh = SmState {
-            table: TxTable::from_parts(data.next_txid, data.records)
-                .with_retired_node_ids(data.retired_node_ids.clone())
-                .with_owners(data.owners)
-                .with_drops(data.drops)
-                .with_branches(data.branches),
-            ..SmState::default()
-        };
-        release_done(&mut fresh, &BTreeSet::new(), &BTreeSet::new(), &mut b).map_err(write_err)?;
-        b.put(
-            retained::RETAINED_COUNT_KEY.to_vec(),
-            codec::encode(&fresh.retained_count).map_err(write_err)?,
-        );
-        for r in fresh.table.records() {
-            let t = r.txid;
-            b.put(record_key(t), codec::encode(r).map_err(write_err)?);
-            if let Some(o) = fresh.table.owner(t) {
-                b.put(owner_key(t), codec::encode(&o.to_string()).map_err(write_err)?);
-            }
-            if let Some(d) = fresh.table.dropped(t) {
-                b.put(drops_key(t), codec::encode(d).map_err(write_err)?);
-            }
-            if let Some(br) = fresh.table.branches_of(t) {
-                b.put(branches_key(t), codec::encode(br).map_err(write_err)?);
-            }
-        }
-        for r in &data.sagas.sagas {
-            b.put(saga_key(r.id), codec::encode(r).map_err(write_err)?);
-        }
-        for d in &data.sagas.definitions {
-            b.put(definition_key(&d.name, d.version), codec::encode(d).map_err(write_err)?);
-        }
-        for (id, n) in &data.sagas.query_failures {
-            b.put(query_failures_key(*id), codec::encode(n).map_err(write_err)?);
-        }
-        b.put(
-            NEXT_SAGA_ID_KEY.to_vec(),
-            codec::encode(&data.sagas.next_saga_id).map_err(write_err)?,
-        );
-        b.put(
-            NEXT_TXID_KEY.to_vec(),
-            codec::encode(&data.next_txid).map_err(write_err)?,
-        );
-        b.put(
-            APPLIED_KEY.to_vec(),
-            codec::encode(&meta.last_log_id).map_err(write_err)?,
-        );
-        b.put(
-            MEMBERSHIP_KEY.to_vec(),
-            codec::encode(&meta.last_membership).map_err(write_err)?,
-        );
-        b.put(
-            RETIRED_NODE_IDS_KEY.to_vec(),
-            codec::encode(&data.retired_node_ids).map_err(write_err)?,
-        );
-        b.put(
-            INCARNATIONS_KEY.to_vec(),
-            codec::encode(&data.incarnations).map_err(write_err)?,
-        );
-        for ((incarnation, txid), x) in data.settlements.iter() {
-            b.put(
-                settlement_key(*incarnation, *txid),
-                codec::encode(x).map_err(write_err)?,
-            );
-        }
-        self.engine.write_batch(Space::StateMachine, b).map_err(write_err)?;
+        // Saved first: a stop during the replacement redoes it at start.
         self.save_snapshot(meta, &bytes)?;
+        let mut fresh = SmState::default();
+        install_into(&*self.engine, meta, &data, &mut fresh).map_err(write_err)?;
         st.table = fresh.table;
         st.retained_count = fresh.retained_count;
         st.sagas = SagaBook::from_data(data.sagas);
@@ -1565,6 +1648,50 @@ mod tests {
         let (_, bytes) = sm.snapshot_now().unwrap();
         let table = decode_snapshot_table(&bytes).unwrap();
         assert_eq!(table.records().map(|r| r.txid).collect::<Vec<_>>(), vec![3]);
+    }
+
+    /// An install replaces the state in several engine batches: a stop in
+    /// the middle (its mark left, some keys of the old state deleted, some
+    /// of the new written) is finished at the next start from the saved
+    /// snapshot, so the node reads exactly the snapshot's state.
+    #[tokio::test]
+    async fn an_install_cut_short_by_a_stop_is_done_again_at_start() {
+        let (_dir, _engine, mut leader) = fresh();
+        leader
+            .apply(vec![entry(1, vec![Command::ReserveTxids { count: 10 }])])
+            .await
+            .unwrap();
+        leader
+            .apply(vec![entry(2, vec![done_write(1, "a"), one_write(2, 1, "b")])])
+            .await
+            .unwrap();
+        let snap = leader.build_snapshot().await.unwrap();
+        let (_d2, engine2, follower) = fresh();
+        drop(follower);
+        // What a stop after the first batches leaves: the snapshot saved,
+        // the mark, an old record still there and a new one half written.
+        let mut saved = WriteBatch::default();
+        saved.put(SNAPSHOT_META_KEY.to_vec(), codec::encode(&snap.meta).unwrap());
+        saved.put(SNAPSHOT_DATA_KEY.to_vec(), snap.snapshot.get_ref().clone());
+        saved.put(INSTALLING_KEY.to_vec(), codec::encode(&snap.meta.snapshot_id).unwrap());
+        engine2.write_batch(Space::Snapshot, saved).unwrap();
+        let mut old = WriteBatch::default();
+        let mut stale = TxTable::new();
+        stale.apply(&begin("old"), &mut Vec::new()).unwrap();
+        old.put(record_key(1), codec::encode(stale.get(1).unwrap()).unwrap());
+        old.put(retained::retained_key(7), vec![1, 2, 3]);
+        engine2.write_batch(Space::StateMachine, old).unwrap();
+        let follower = StateMachineStore::open(engine2.clone()).unwrap();
+        assert!(engine2.get(Space::Snapshot, INSTALLING_KEY).unwrap().is_none());
+        let st = follower.state();
+        assert_eq!(st.all_txids().unwrap(), vec![1, 2]);
+        assert_eq!((st.table.len(), st.retained_count), (1, 1));
+        assert_eq!(st.txid_of_key("a").unwrap(), Some(1));
+        assert_eq!(st.last_applied, snap.meta.last_log_id);
+        assert_eq!(
+            st.with_txid(1, |t| t.decision_view(1)).unwrap(),
+            DecisionView::Decided(crate::sm::Outcome::Commit)
+        );
     }
 
     /// The store hands each command the term of the log entry that carries
