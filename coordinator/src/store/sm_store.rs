@@ -430,10 +430,18 @@ fn release_done(
         if was_retained && !changed.contains(txid) {
             continue;
         }
+        // Only the keys it had in memory: each delete costs the engine a
+        // look-up, even of a key it never held.
         b.delete(record_key(*txid));
-        b.delete(owner_key(*txid));
-        b.delete(drops_key(*txid));
-        b.delete(branches_key(*txid));
+        if r.owner.is_some() {
+            b.delete(owner_key(*txid));
+        }
+        if r.drops.is_some() {
+            b.delete(drops_key(*txid));
+        }
+        if r.branches.is_some() {
+            b.delete(branches_key(*txid));
+        }
         retained::put(b, &r)?;
         if !was_retained {
             st.retained_count += 1;
