@@ -133,6 +133,18 @@ pub struct BenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// After the other phases, measure how the cost grows with retained
+    /// transactions (issue 43) at these counts, comma-separated (`1m` =
+    /// 1000000): per count a fresh cluster loaded with that many decided,
+    /// acknowledged transactions, then memory, disk, Decide/s at 256
+    /// clients, a snapshot, a follower's restart and catch-up
+    /// (`crate::retained`); empty to skip.
+    #[arg(long, default_value = "", value_parser = crate::retained::retained_counts)]
+    pub retained: ::std::vec::Vec<u64>,
+    /// Run only the --retained measurement (after the disk's fsync rate):
+    /// no Begin/Decide levels, etcd, transfers or other parts.
+    #[arg(long)]
+    pub retained_only: bool,
 }
 
 /// Size of every value etcd stores here, and of the description each of
@@ -232,6 +244,8 @@ struct Outcome {
     /// With `--branches`: the transfers in the client's own steps,
     /// coordinator-driven and as branches.
     branches: Option<BranchRows>,
+    /// With `--retained`: the cost of retained state (`crate::retained`).
+    retained: Option<crate::retained::Report>,
     /// What the machine was when the run started (`crate::machine`).
     machine: crate::machine::Machine,
 }
@@ -262,6 +276,10 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("target/bench-results/{started_unix}")));
+    crate::retained::check_args(&a).map_err(anyhow::Error::msg)?;
+    if a.retained_only {
+        return crate::retained::run_only(&a, &out_dir, started_unix).await;
+    }
     // Before anything runs: no etcd binary fails the run at once.
     let etcd_bin = if a.no_etcd {
         println!("{SKIP_BANNER}");
@@ -295,29 +313,13 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
 
     let bin = std::env::current_exe().context("cannot find the coordinator binary")?;
     let plans = ProcessCluster::plan_local("127.0.0.1", 3)?;
-    let (inflight, wait, refill, delivery) = (a.inflight_max, a.wait_us, a.refill_wait_us, a.delivery_wait_us);
-    let commit_defer = a.commit_index_defer_max_ms;
     let mut cluster = ProcessCluster::new(&bin, &dir.join("cluster"), "dtx-bench", plans, |c| {
         // Each node's metrics port: the leader's counters say how many
         // Raft entries a phase took and how long its handler held a call.
         c.metrics_addr = dtx_testkit::cluster::free_port("127.0.0.1")
             .ok()
             .map(|p| format!("127.0.0.1:{p}"));
-        if let Some(v) = inflight {
-            c.batch.inflight_max = v;
-        }
-        if let Some(v) = wait {
-            c.batch.wait_us = v;
-        }
-        if let Some(v) = refill {
-            c.batch.refill_wait_us = v;
-        }
-        if let Some(v) = delivery {
-            c.txn.delivery_batch_wait_us = v;
-        }
-        if let Some(v) = commit_defer {
-            c.raft.commit_index_defer_max_ms = v;
-        }
+        apply_node_overrides(&a, c);
     })?;
     cluster.start_all()?;
     let leader = cluster.leader_within(Duration::from_secs(30)).await?;
@@ -647,6 +649,13 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         None
     };
 
+    // Retained state (issue 43), each count on a cluster of its own.
+    let retained = if a.retained.is_empty() {
+        None
+    } else {
+        Some(crate::retained::measure(&a, &bin, &dir).await?)
+    };
+
     let summary = Summary {
         fsync_p50_us: raw.p50_us,
         decide: rows.iter().map(|(n, _, d)| (*n, d.clone())).collect(),
@@ -666,6 +675,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         postgres,
         tls,
         branches: branch_rows,
+        retained,
         machine,
     };
     let text = results_text(&a, &outcome);
@@ -828,10 +838,30 @@ async fn check_etcd_puts(leader: &str, acked: &[Vec<AckedPut>], recheck: usize) 
     vec![readback, twice]
 }
 
+/// The node settings of the options that override them (`--inflight-max`
+/// and the others [`overrides`] names), on one node's config.
+pub(crate) fn apply_node_overrides(a: &BenchArgs, c: &mut coordinator::config::Config) {
+    if let Some(v) = a.inflight_max {
+        c.batch.inflight_max = v;
+    }
+    if let Some(v) = a.wait_us {
+        c.batch.wait_us = v;
+    }
+    if let Some(v) = a.refill_wait_us {
+        c.batch.refill_wait_us = v;
+    }
+    if let Some(v) = a.delivery_wait_us {
+        c.txn.delivery_batch_wait_us = v;
+    }
+    if let Some(v) = a.commit_index_defer_max_ms {
+        c.raft.commit_index_defer_max_ms = v;
+    }
+}
+
 /// The node settings this run overrode, as the options that set them
 /// (` --delivery-wait-us 0`), or nothing: a run's figures are only
 /// comparable with runs of the same settings.
-fn overrides(a: &BenchArgs) -> String {
+pub(crate) fn overrides(a: &BenchArgs) -> String {
     let mut s = String::new();
     let mut add = |flag: &str, v: Option<u64>| {
         if let Some(v) = v {
@@ -962,6 +992,10 @@ fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     if let Some(branches) = &o.branches {
         t.push('\n');
         t.push_str(&branches_text(&o.summary.transfers, branches));
+    }
+    if let Some(r) = &o.retained {
+        t.push('\n');
+        t.push_str(&crate::retained::results_text(r));
     }
     t.push_str("\ncorrectness checks (UNKNOWN outcomes are neither successes nor failures):\n");
     for c in &o.checks {
@@ -1138,6 +1172,7 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
             "warmup": a.warmup, "rounds": a.rounds, "recheck": a.recheck, "dir": a.dir, "postgres": a.postgres, "tls": a.tls,
             "inflight_max": a.inflight_max, "wait_us": a.wait_us, "refill_wait_us": a.refill_wait_us,
             "delivery_wait_us": a.delivery_wait_us, "commit_index_defer_max_ms": a.commit_index_defer_max_ms,
+            "retained": a.retained,
         },
         "etcd": { "skipped": o.etcd_version.is_none(), "version": o.etcd_version },
         "fsync": o.raw, "sled_flush": o.sled_sync,
@@ -1167,6 +1202,7 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
             "branches": crate::report::beside_json(&b.interactive, &b.branches, "branches_over_interactive"),
             "branches_beside_begin_and_commit": crate::report::beside_json(&o.summary.transfers, &b.branches, "branches_over_begin_and_commit"),
         })),
+        "retained": o.retained.as_ref().map(crate::retained::json),
         "checks": o.checks,
     });
     let json = serde_json::to_string_pretty(&v)?;

@@ -22,6 +22,9 @@
 //! - [`tlsbench`]: `dtx-dev bench --tls`: the transfers again with
 //!   mutual TLS on every link, beside the plain-text ones
 //!   (docs/adr/0016-tls-and-identities.md).
+//! - [`retained`]: `dtx-dev bench --retained 0,1m,5m`: memory, disk,
+//!   Decide/s, snapshot, restart and catch-up against the number of
+//!   retained transactions (issue 43).
 
 pub mod bench;
 pub mod closed_loop;
@@ -32,5 +35,6 @@ pub mod machine;
 pub mod pgbench;
 pub mod plot;
 pub mod report;
+pub mod retained;
 pub mod tlsbench;
 pub mod verify;
