@@ -9,6 +9,7 @@ pub mod engine;
 pub mod log_store;
 pub mod retained;
 pub mod sm_store;
+pub mod state;
 mod unwritten;
 // Stands on the stores and on the Raft transport, so it lives here, above
 // `raft`, not inside it.

@@ -38,8 +38,10 @@ use super::engine::KvEngine;
 use super::engine::Space;
 use super::engine::WriteBatch;
 use super::retained;
+use super::retained::key_text;
 use super::retained::RetainedReadError;
 use super::retained::RetainedReader;
+pub use super::state::SmState;
 use super::unwritten::Ops;
 use super::unwritten::PendingWrites;
 use super::unwritten::Unwritten;
@@ -182,35 +184,6 @@ fn definition_key(name: &str, version: u32) -> Vec<u8> {
 fn txid_after(prefix: &[u8], k: &[u8]) -> Option<Txid> {
     let b: [u8; 8] = k.strip_prefix(prefix)?.try_into().ok()?;
     Some(Txid::from_be_bytes(b))
-}
-
-/// Everything the state machine holds, in memory.
-#[derive(Debug, Default)]
-pub struct SmState {
-    pub table: TxTable,
-    /// Saga definitions and journals.
-    pub sagas: SagaBook,
-    pub last_applied: Option<LogId>,
-    pub membership: StoredMembership,
-    /// Which incarnation handed out which ids (ADR 0033).
-    pub incarnations: Incarnations,
-    /// Operators' settlements of other incarnations' txids (ADR 0040).
-    pub settlements: Settlements,
-    /// The decided, fully acked records kept on disk only (ADR 0050;
-    /// `store::retained`): None in a state built without a store.
-    pub retained: Option<RetainedReader>,
-    /// How many records are retained.
-    pub retained_count: u64,
-}
-
-impl SmState {
-    /// A state of `table` alone, with nothing retained (tools, tests).
-    pub fn of_table(table: TxTable) -> SmState {
-        SmState {
-            table,
-            ..SmState::default()
-        }
-    }
 }
 
 /// The encoded form of a snapshot: its one layout in the codec's format
@@ -360,17 +333,6 @@ pub enum SmOpenError {
     /// version (the versions are said), or damaged.
     #[error("{0}")]
     Decode(#[from] codec::NamedCodecError),
-}
-
-/// A state-machine key as messages show it: as text when it is (the
-/// `m/...` metadata), else its prefix and the rest in hex.
-pub(super) fn key_text(k: &[u8]) -> String {
-    if k.iter().all(|b| b.is_ascii_graphic()) {
-        return String::from_utf8_lossy(k).into_owned();
-    }
-    let (prefix, rest) = k.split_at(k.len().min(1));
-    let hex: String = rest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}{hex}", String::from_utf8_lossy(prefix))
 }
 
 /// Decodes the state-machine value stored under `key`, naming it when it
