@@ -12,22 +12,26 @@
 //! (`scripts/bench`).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
-use std::time::Instant;
 
 use anyhow::Context;
 
+use crate::args::apply_node_overrides;
+use crate::args::overrides;
+pub use crate::args::value_for;
+pub use crate::args::BenchArgs;
+pub use crate::args::VALUE_BYTES;
 use crate::closed_loop::clients_for;
 use crate::closed_loop::measure_transfers;
 use crate::closed_loop::run_phase;
 use crate::closed_loop::Step;
 use crate::closed_loop::CALL_TIMEOUT;
 use crate::cpu::CpuMeter;
+pub use crate::disk::measure_fsync;
 use crate::etcd::EtcdCluster;
 use crate::etcd::EtcdKv;
 use crate::etcd::PutIfAbsent;
@@ -47,159 +51,8 @@ use dtx_client::DecisionRead;
 use dtx_client::TxOutcome;
 use dtx_testkit::cluster::ProcessCluster;
 
-#[derive(clap::Args, Debug)]
-pub struct BenchArgs {
-    /// Client counts to measure, comma-separated (our Begin and Decide, and
-    /// etcd's put-if-absent).
-    #[arg(long, default_value = "1,16,64,256", value_parser = client_counts)]
-    pub clients: ::std::vec::Vec<usize>,
-    /// Seconds per measured phase (Begin, Decide, etcd put-if-absent,
-    /// transfers) and client count.
-    #[arg(long, default_value_t = 5)]
-    pub seconds: u64,
-    /// Rounds of each level (each client count of Begin, Decide and
-    /// etcd's put-if-absent, the two systems alternating; each transfer
-    /// client count): every figure reported is the median of its rounds.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
-    pub rounds: u64,
-    /// Seconds of unmeasured warm-up of each system before its measured
-    /// phases at each client count.
-    #[arg(long, default_value_t = 1)]
-    pub warmup: u64,
-    /// Where the clusters keep their data (on the disk you want to measure).
-    #[arg(long, default_value = "target/dtx-bench")]
-    pub dir: PathBuf,
-    /// fsyncs in the disk measurement.
-    #[arg(long, default_value_t = 2000)]
-    pub fsyncs: usize,
-    /// Override batch.inflight_max of the nodes (default: the config default).
-    #[arg(long)]
-    pub inflight_max: Option<usize>,
-    /// Override batch.wait_us of the nodes.
-    #[arg(long)]
-    pub wait_us: Option<u64>,
-    /// Override batch.refill_wait_us of the nodes (0: batches never wait to
-    /// be refilled under load).
-    #[arg(long)]
-    pub refill_wait_us: Option<u64>,
-    /// Override txn.delivery_batch_wait_us of the nodes (how long phase
-    /// two waits for more decisions to one participant before it sends).
-    #[arg(long)]
-    pub delivery_wait_us: Option<u64>,
-    /// Override raft.commit_index_defer_max_ms of the nodes (0: every
-    /// AppendEntries that carries only a newer commit index is sent).
-    #[arg(long)]
-    pub commit_index_defer_max_ms: Option<u64>,
-    /// Also measure end-to-end two-participant transfers (bank example) at
-    /// these client counts, comma-separated; empty to skip.
-    #[arg(long, default_value = "1,16,64", value_parser = client_counts_or_none)]
-    pub transfer_clients: ::std::vec::Vec<usize>,
-    /// Skip etcd (where it cannot be had): no comparison, said loudly.
-    #[arg(long)]
-    pub no_etcd: bool,
-    /// The etcd binary (default: `etcd` on PATH, from Debian's etcd-server).
-    #[arg(long)]
-    pub etcd_bin: Option<PathBuf>,
-    /// Acknowledged writes per client count re-issued (etcd) or decided the
-    /// other way (ours) to check that none is accepted twice.
-    #[arg(long, default_value_t = 200)]
-    pub recheck: usize,
-    /// Results folder (results.txt, results.json, throughput.svg,
-    /// latency.svg); default target/bench-results/<unix time>.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// After the other phases, also measure transfers between two banks on
-    /// PostgreSQL (`bank-serve --postgres`) at the transfer client counts,
-    /// beside pgbench's same two UPDATEs on the same server as plain and as
-    /// PREPARE/COMMIT PREPARED transactions. Skipped, said loudly, without
-    /// the PostgreSQL binaries or pgbench.
-    #[arg(long)]
-    pub postgres: bool,
-    /// After the other phases, measure the transfers again on a second
-    /// cluster and banks with mutual TLS on every link (a throwaway
-    /// authority), at the transfer client counts, beside the plain-text
-    /// transfers of the same run (the cost of TLS).
-    #[arg(long)]
-    pub tls: bool,
-    /// After the transfers, measure them again on the same cluster and
-    /// banks in the client's own steps, twice: coordinator-driven (Begin,
-    /// both Enlists, Commit: the coordinator prepares) and as branches (the
-    /// client begins, calls each bank's `bank.v1.Bank.Change` with the
-    /// txid, which prepares and registers with its vote, then commits), at
-    /// the transfer client counts: the tables put branches beside both
-    /// coordinator-driven shapes of the run.
-    #[arg(long)]
-    pub branches: bool,
-    /// Also write the results as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// After the other phases, measure how the cost grows with retained
-    /// transactions (issue 43) at these counts, comma-separated (`1m` =
-    /// 1000000): per count a fresh cluster loaded with that many decided,
-    /// acknowledged transactions, then memory, disk, Decide/s at 256
-    /// clients, a snapshot, a follower's restart and catch-up
-    /// (`crate::retained`); empty to skip.
-    #[arg(long, default_value = "", value_parser = crate::retained::retained_counts)]
-    pub retained: ::std::vec::Vec<u64>,
-    /// Run only the --retained measurement (after the disk's fsync rate):
-    /// no Begin/Decide levels, etcd, transfers or other parts.
-    #[arg(long)]
-    pub retained_only: bool,
-}
-
-/// Size of every value etcd stores here, and of the description each of
-/// our transactions carries.
-pub const VALUE_BYTES: usize = 64;
 /// Every key the bench writes to etcd starts with this.
 pub const ETCD_PREFIX: &str = "dtxbench/";
-
-/// The 64-byte value written under `key`: the key's bytes repeated.
-pub fn value_for(key: &[u8]) -> Vec<u8> {
-    key.iter().cycle().take(VALUE_BYTES).copied().collect()
-}
-
-/// Single-threaded fsync rate of the disk under `dir`: write 512 bytes at
-/// the end of a file and `fdatasync`, `n` times; and the same through sled
-/// (insert + flush), the store the nodes use.
-pub fn measure_fsync(dir: &std::path::Path, n: usize) -> anyhow::Result<(Stats, Stats)> {
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join("fsync-probe.bin");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&path)?;
-    let buf = [7u8; 512];
-    let mut lat = Vec::with_capacity(n);
-    let start = Instant::now();
-    for _ in 0..n {
-        let t = Instant::now();
-        f.write_all(&buf)?;
-        f.sync_data()?;
-        lat.push(t.elapsed().as_micros() as u64);
-    }
-    let raw = stats(lat, start.elapsed());
-    drop(f);
-    let _ = std::fs::remove_file(&path);
-
-    let sled_dir = dir.join("fsync-probe-sled");
-    let _ = std::fs::remove_dir_all(&sled_dir);
-    let db = sled::Config::new().path(&sled_dir).flush_every_ms(None).open()?;
-    // As the stores flush: sled's flush, then the fsync it leaves out.
-    let sync = dtx_durable::DirSync::open(&sled_dir)?;
-    let mut lat = Vec::with_capacity(n);
-    let start = Instant::now();
-    for i in 0..n as u64 {
-        let t = Instant::now();
-        db.insert(i.to_be_bytes(), &buf[..])?;
-        sync.flush(&db)?;
-        lat.push(t.elapsed().as_micros() as u64);
-    }
-    let sled_stats = stats(lat, start.elapsed());
-    drop(db);
-    let _ = std::fs::remove_dir_all(&sled_dir);
-    Ok((raw, sled_stats))
-}
 
 /// `n` etcd clients, each with its own connection to the leader.
 fn etcd_clients_for(leader: &str, n: usize) -> anyhow::Result<Vec<EtcdKv>> {
@@ -276,7 +129,7 @@ async fn run_inner(a: BenchArgs) -> anyhow::Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("target/bench-results/{started_unix}")));
-    crate::retained::check_args(&a).map_err(anyhow::Error::msg)?;
+    crate::args::check_args(&a).map_err(anyhow::Error::msg)?;
     if a.retained_only {
         return crate::retained::run_only(&a, &out_dir, started_unix).await;
     }
@@ -838,44 +691,6 @@ async fn check_etcd_puts(leader: &str, acked: &[Vec<AckedPut>], recheck: usize) 
     vec![readback, twice]
 }
 
-/// The node settings of the options that override them (`--inflight-max`
-/// and the others [`overrides`] names), on one node's config.
-pub(crate) fn apply_node_overrides(a: &BenchArgs, c: &mut coordinator::config::Config) {
-    if let Some(v) = a.inflight_max {
-        c.batch.inflight_max = v;
-    }
-    if let Some(v) = a.wait_us {
-        c.batch.wait_us = v;
-    }
-    if let Some(v) = a.refill_wait_us {
-        c.batch.refill_wait_us = v;
-    }
-    if let Some(v) = a.delivery_wait_us {
-        c.txn.delivery_batch_wait_us = v;
-    }
-    if let Some(v) = a.commit_index_defer_max_ms {
-        c.raft.commit_index_defer_max_ms = v;
-    }
-}
-
-/// The node settings this run overrode, as the options that set them
-/// (` --delivery-wait-us 0`), or nothing: a run's figures are only
-/// comparable with runs of the same settings.
-pub(crate) fn overrides(a: &BenchArgs) -> String {
-    let mut s = String::new();
-    let mut add = |flag: &str, v: Option<u64>| {
-        if let Some(v) = v {
-            s.push_str(&format!(" --{flag} {v}"));
-        }
-    };
-    add("inflight-max", a.inflight_max.map(|v| v as u64));
-    add("wait-us", a.wait_us);
-    add("refill-wait-us", a.refill_wait_us);
-    add("delivery-wait-us", a.delivery_wait_us);
-    add("commit-index-defer-max-ms", a.commit_index_defer_max_ms);
-    s
-}
-
 /// The text the run prints at the end and writes to results.txt.
 fn results_text(a: &BenchArgs, o: &Outcome) -> String {
     let mut t = String::new();
@@ -1219,31 +1034,6 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
         std::fs::write(path, &json).with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
-}
-
-/// `--clients`: one or more client counts, comma-separated. (The
-/// fully-qualified `Vec` in the fields keeps clap from taking the list as
-/// repeated values, so that an empty one can mean "none".)
-fn client_counts(s: &str) -> Result<Vec<usize>, String> {
-    let counts = client_counts_or_none(s)?;
-    if counts.is_empty() {
-        return Err("give at least one client count, for example 1,16,64,256".into());
-    }
-    Ok(counts)
-}
-
-/// `--transfer-clients`: client counts, comma-separated, or empty for none.
-fn client_counts_or_none(s: &str) -> Result<Vec<usize>, String> {
-    if s.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    s.split(',')
-        .map(|c| match c.trim().parse::<usize>() {
-            Ok(0) => Err("a client count of 0 measures nothing; give counts of 1 or more".to_string()),
-            Ok(n) => Ok(n),
-            Err(_) => Err(format!("{c:?} is not a client count (a whole number, such as 64)")),
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -4,7 +4,10 @@
 //! process, and the same write-once workload against etcd in the same run.
 //! The local processes are supervised by `dtx_testkit::cluster`.
 //!
-//! - [`bench`]: the command: its arguments, phases and results.
+//! - [`args`]: the command's arguments, the node settings they override
+//!   and the value each transaction carries.
+//! - [`bench`]: the command: its phases and results.
+//! - [`disk`]: the disk's fsync rate, measured in the same run.
 //! - [`closed_loop`]: closed-loop transfers through the example banks.
 //! - [`cpu`]: CPU time of this process and of child processes.
 //! - [`leader_watch`]: which node leads, in which term, around each
@@ -26,9 +29,11 @@
 //!   Decide/s, snapshot, restart and catch-up against the number of
 //!   retained transactions (issue 43).
 
+pub mod args;
 pub mod bench;
 pub mod closed_loop;
 pub mod cpu;
+pub mod disk;
 pub mod etcd;
 pub mod leader_watch;
 pub mod machine;

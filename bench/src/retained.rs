@@ -47,7 +47,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use crate::bench::BenchArgs;
+use crate::args::BenchArgs;
 use crate::closed_loop::clients_for;
 use crate::closed_loop::run_phase;
 use crate::closed_loop::Step;
@@ -93,50 +93,6 @@ pub const GOAL_RESTART_AT: u64 = 5_000_000;
 pub const GOAL_RESTART_SECONDS: f64 = 3.0;
 /// Goal 3: Decide/s at the largest N at least this fraction of N = 0's.
 pub const GOAL_THROUGHPUT_RATIO: f64 = 0.90;
-
-/// `--retained`: counts of retained transactions, comma-separated, each a
-/// whole number with optional `_` separators or a `k` / `m` suffix
-/// (`0,1m,5m` = `0,1000000,5000000`); empty for none. Sorted ascending;
-/// a count given twice is refused.
-pub fn retained_counts(s: &str) -> Result<Vec<u64>, String> {
-    if s.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::new();
-    for part in s.split(',') {
-        let n = one_count(part.trim()).ok_or_else(|| {
-            format!("{part:?} is not a count of transactions (a whole number, such as 1000000 or 1m)")
-        })?;
-        if out.contains(&n) {
-            return Err(format!("the count {n} is given twice"));
-        }
-        out.push(n);
-    }
-    out.sort_unstable();
-    Ok(out)
-}
-
-fn one_count(s: &str) -> Option<u64> {
-    let s = s.replace('_', "");
-    let (digits, unit) = match s.chars().last()? {
-        'k' | 'K' => (&s[..s.len() - 1], 1_000),
-        'm' | 'M' => (&s[..s.len() - 1], 1_000_000),
-        _ => (&s[..], 1),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse::<u64>().ok()?.checked_mul(unit)
-}
-
-/// The arguments of this mode make sense together: `--retained-only`
-/// needs `--retained`.
-pub fn check_args(a: &BenchArgs) -> Result<(), String> {
-    if a.retained_only && a.retained.is_empty() {
-        return Err("--retained-only needs --retained (for example --retained 0,1000000,5000000)".into());
-    }
-    Ok(())
-}
 
 /// `VmRSS` of a `/proc/<pid>/status` text, in bytes.
 pub fn vm_rss_bytes(status: &str) -> Option<u64> {
@@ -564,7 +520,7 @@ pub async fn run_only(a: &BenchArgs, out: &Path, started_unix: u64) -> anyhow::R
     let machine = crate::machine::Machine::read();
     println!("machine: {}", machine.line());
     println!("measuring fsync on {} ({} syncs)...", dir.display(), a.fsyncs);
-    let (raw, sled_sync) = crate::bench::measure_fsync(&dir, a.fsyncs)?;
+    let (raw, sled_sync) = crate::disk::measure_fsync(&dir, a.fsyncs)?;
     println!(
         "disk: fdatasync {:.0}/s (p50 {} us); sled insert+flush {:.0}/s (p50 {} us)",
         raw.per_sec, raw.p50_us, sled_sync.per_sec, sled_sync.p50_us
@@ -578,7 +534,7 @@ pub async fn run_only(a: &BenchArgs, out: &Path, started_unix: u64) -> anyhow::R
         a.seconds,
         a.warmup,
         a.rounds,
-        crate::bench::overrides(a),
+        crate::args::overrides(a),
         machine.line(),
         raw.per_sec,
         ms(raw.p50_us),
@@ -648,7 +604,7 @@ async fn measure_one(a: &BenchArgs, bin: &Path, dir: &Path, n: u64) -> anyhow::R
         c.metrics_addr = dtx_testkit::cluster::free_port("127.0.0.1")
             .ok()
             .map(|p| format!("127.0.0.1:{p}"));
-        crate::bench::apply_node_overrides(a, c);
+        crate::args::apply_node_overrides(a, c);
         c.txn.retention_ms = RETENTION_MS;
     })?;
     cluster.start_all()?;
@@ -811,7 +767,7 @@ struct Load {
 /// One transaction begun under `key` and decided ABORT.
 async fn begin_and_abort(c: &Client, key: &str) -> Result<(), String> {
     let b = c
-        .begin(key, 3_600_000, &crate::bench::value_for(key.as_bytes()))
+        .begin(key, 3_600_000, &crate::args::value_for(key.as_bytes()))
         .await
         .map_err(|e| e.to_string())?;
     match c.abort(b.txid, "bench").await {
@@ -919,7 +875,7 @@ async fn decide_rounds(watch: &LeaderWatch, a: &BenchArgs, n: u64) -> Phase {
             let m = m.clone();
             async move {
                 let key = format!("ret{n}-begin-{r}-{w}-{i}");
-                match c.begin(&key, 3_600_000, &crate::bench::value_for(key.as_bytes())).await {
+                match c.begin(&key, 3_600_000, &crate::args::value_for(key.as_bytes())).await {
                     Ok(b) => {
                         m[w].lock().expect("lock").push(b.txid);
                         Step::Done
@@ -1128,6 +1084,8 @@ pub fn cluster_dir(dir: &Path, n: u64) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::check_args;
+    use crate::args::retained_counts;
 
     #[derive(clap::Parser)]
     struct Cmd {
