@@ -6,12 +6,13 @@
 //!
 //! - `r<txid>`: the record with its owner, drops and branches
 //!   (`RetainedRecord`);
-//! - `k<idempotency key>`: its txid, so a Begin with the same key finds it;
-//! - `f<decided_ms><txid>` (both big-endian): empty, in the order the
-//!   forget loop takes them.
+//! - `k<idempotency key>`: its txid, so a Begin with the same key finds it.
 //!
-//! Written together when the record leaves memory, deleted together when
-//! it is forgotten, and counted under `m/retained_count`. A command about a
+//! The forget loop reads `r` in txid order, which is nearly the order of
+//! the decisions, and takes those decided before the retention's cutoff
+//! (`forgettable`): no third key per record (each key costs sled memory
+//! and a write, docs/benchmarks.md). Written together when the record
+//! leaves memory, deleted together when it is forgotten, and counted under `m/retained_count`. A command about a
 //! retained record brings it back into the table for that apply
 //! (`sm_store`); readers see it through `SmState`'s reads (`store::state`),
 //! which look at the writes not yet in the engine first (`Unwritten`).
@@ -32,7 +33,16 @@ use crate::sm::Txid;
 pub(super) const RETAINED_PREFIX: &[u8] = b"r";
 const RETAINED_END: &[u8] = b"s";
 const KEY_PREFIX: &[u8] = b"k";
-const FORGET_PREFIX: &[u8] = b"f";
+/// `f<decided_ms><txid>`: a forget index of the first build of ADR 0050,
+/// no longer written; a start deletes what is left of it.
+const OLD_FORGET_PREFIX: &[u8] = b"f";
+const OLD_FORGET_END: &[u8] = b"g";
+/// Retained records the forget loop looks at in one call, at most: past
+/// as many records decided after the cutoff (a few decided late, at low
+/// txids), the rest wait for the next round.
+pub const FORGET_SCAN_RECORDS_MAX: usize = 16_384;
+/// Retained records the forget loop reads at a time.
+const FORGET_CHUNK_RECORDS: usize = 1024;
 /// `z<txid>`: the record `r<txid>` is forgotten, its delete put off while
 /// a snapshot reads the retained records (`SnapshotRead`); readers treat
 /// it as deleted. Removed with the record when the read ends, or at start.
@@ -53,21 +63,13 @@ fn key_index_key(key: &str) -> Vec<u8> {
     k
 }
 
-fn forget_key(decided_ms: u64, txid: Txid) -> Vec<u8> {
-    let mut k = FORGET_PREFIX.to_vec();
-    k.extend_from_slice(&decided_ms.to_be_bytes());
-    k.extend_from_slice(&txid.to_be_bytes());
-    k
-}
-
-/// Adds to `b` the writes that retain `r` (its record and both indexes).
+/// Adds to `b` the writes that retain `r` (its record and its key's index).
 pub(super) fn put(b: &mut WriteBatch, r: &RetainedRecord) -> Result<(), codec::CodecError> {
     let txid = r.record.txid;
     b.put(retained_key(txid), codec::encode(r)?);
     if !r.record.idempotency_key.is_empty() {
         b.put(key_index_key(&r.record.idempotency_key), codec::encode(&txid)?);
     }
-    b.put(forget_key(r.decided_ms(), txid), Vec::new());
     Ok(())
 }
 
@@ -90,7 +92,6 @@ pub(super) fn delete(b: &mut WriteBatch, r: &RetainedRecord, snapshot_reading: b
     if !r.record.idempotency_key.is_empty() {
         b.delete(key_index_key(&r.record.idempotency_key));
     }
-    b.delete(forget_key(r.decided_ms(), txid));
 }
 
 /// The deletes that finish what `delete` put off: every record marked
@@ -104,6 +105,22 @@ pub(super) fn finish_deletes(reader: &RetainedReader) -> Result<WriteBatch, Reta
         }
     }
     Ok(b)
+}
+
+/// Deletes what is left of the old forget index (`OLD_FORGET_PREFIX`),
+/// in batches; at start, before anything is read.
+pub(super) fn drop_old_forget_index(engine: &dyn KvEngine) -> Result<(), EngineError> {
+    loop {
+        let keys = engine.scan_limit(Space::StateMachine, OLD_FORGET_PREFIX, Some(OLD_FORGET_END), 10_000)?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut b = WriteBatch::default();
+        for (k, _) in keys {
+            b.delete(k);
+        }
+        engine.write_batch(Space::StateMachine, b)?;
+    }
 }
 
 /// Everything in the engine's retained records (not the unwritten
@@ -191,15 +208,33 @@ impl RetainedReader {
         }
     }
 
-    /// Retained transactions decided at or before `decided_before_ms`,
-    /// oldest decision first, at most `max`.
+    /// Retained transactions decided at or before `decided_before_ms`, by
+    /// ascending txid, at most `max`. Records are read in chunks of
+    /// `FORGET_CHUNK_RECORDS` from the lowest txid: one decided after the
+    /// cutoff is passed over, not waited for, and the look ends at a chunk
+    /// with none to take (txid order is nearly decision order, so what
+    /// follows is younger still) or after `FORGET_SCAN_RECORDS_MAX`.
     pub fn forgettable(&self, decided_before_ms: u64, max: usize) -> Result<Vec<Txid>, RetainedReadError> {
-        let to = forget_key(decided_before_ms.saturating_add(1), 0);
-        Ok(self
-            .range(FORGET_PREFIX, &to, max)?
-            .into_iter()
-            .filter_map(|(k, _)| k.get(9..17).and_then(|b| b.try_into().ok()).map(Txid::from_be_bytes))
-            .collect())
+        let mut out = Vec::new();
+        let (mut after, mut scanned) = (0, 0usize);
+        while out.len() < max && scanned < FORGET_SCAN_RECORDS_MAX {
+            let chunk = self.after(after, FORGET_CHUNK_RECORDS.min(FORGET_SCAN_RECORDS_MAX - scanned))?;
+            let Some(last) = chunk.last() else { break };
+            after = last.record.txid;
+            scanned += chunk.len();
+            let before = out.len();
+            out.extend(
+                chunk
+                    .iter()
+                    .filter(|r| r.decided_ms() <= decided_before_ms)
+                    .map(|r| r.record.txid)
+                    .take(max - before),
+            );
+            if out.len() == before {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     /// Retained records above `after`, lowest txid first, at most `max`.

@@ -601,6 +601,7 @@ impl StateMachineStore {
     /// Loads the persisted state machine (empty on a new data directory).
     pub fn open(engine: Arc<dyn KvEngine>) -> Result<Self, SmOpenError> {
         finish_cut_install(&*engine)?;
+        retained::drop_old_forget_index(&*engine)?;
         let mut records = Vec::new();
         for (k, v) in engine.scan_prefix(Space::StateMachine, RECORD_PREFIX)? {
             records.push(decode_value::<TxRecord>(&k, &v)?);
@@ -1544,9 +1545,15 @@ mod tests {
         let mut b = WriteBatch::default();
         let old = table.get(1).unwrap().clone();
         b.put(record_key(1), codec::encode(&old).unwrap());
+        // And a key of the first build's forget index, gone at start.
+        let mut old_forget = b"f".to_vec();
+        old_forget.extend_from_slice(&2u64.to_be_bytes());
+        old_forget.extend_from_slice(&1u64.to_be_bytes());
+        b.put(old_forget.clone(), Vec::new());
         engine3.write_batch(Space::StateMachine, b).unwrap();
         let sm3 = StateMachineStore::open(engine3.clone()).unwrap();
         assert_eq!((sm3.state().table.len(), sm3.state().retained_count), (0, 1));
+        assert!(engine3.get(Space::StateMachine, &old_forget).unwrap().is_none());
         drop(sm3);
         assert!(engine3.get(Space::StateMachine, &record_key(1)).unwrap().is_none());
         let sm3 = StateMachineStore::open(engine3).unwrap();
@@ -1662,6 +1669,62 @@ mod tests {
             st.with_txid(1, |t| t.decision_view(1)).unwrap(),
             DecisionView::Decided(crate::sm::Outcome::Commit)
         );
+    }
+
+    /// Invariant 10's retention, for retained records (ADR 0050): the
+    /// forget loop takes, by ascending txid, exactly those decided at or
+    /// before the cutoff, passing over a low txid decided late rather than
+    /// waiting behind it; and finds nothing when nothing is old enough.
+    #[tokio::test]
+    async fn the_forget_loop_takes_retained_records_past_the_cutoff_and_passes_over_late_ones() {
+        let (_dir, _engine, mut sm) = fresh();
+        let at = |txid: u64, decided_ms: u64| match done_write(txid, &format!("k{txid}")) {
+            Command::BeginAndDecide {
+                txid,
+                alloc_term,
+                idempotency_key,
+                fingerprint,
+                begun_ms,
+                deadline_ms,
+                participants,
+                outcome,
+                voters,
+                acked,
+                note,
+                ..
+            } => Command::BeginAndDecide {
+                txid,
+                alloc_term,
+                idempotency_key,
+                fingerprint,
+                begun_ms,
+                deadline_ms,
+                participants,
+                outcome,
+                voters,
+                acked,
+                now_ms: decided_ms,
+                note,
+            },
+            _ => unreachable!(),
+        };
+        sm.apply(vec![entry(1, vec![Command::ReserveTxids { count: 10 }])])
+            .await
+            .unwrap();
+        // txid 1 decided late (at 900), 2 to 5 early (100 to 400).
+        sm.apply(vec![entry(
+            2,
+            vec![at(1, 900), at(2, 100), at(3, 200), at(4, 300), at(5, 400)],
+        )])
+        .await
+        .unwrap();
+        sm.write_pending().unwrap();
+        let st = sm.state();
+        assert_eq!(st.retained_count, 5);
+        assert_eq!(st.forgettable(50, 10).unwrap(), Vec::<Txid>::new());
+        assert_eq!(st.forgettable(250, 10).unwrap(), vec![2, 3]);
+        assert_eq!(st.forgettable(400, 2).unwrap(), vec![2, 3], "at most max");
+        assert_eq!(st.forgettable(1_000, 10).unwrap(), vec![1, 2, 3, 4, 5]);
     }
 
     /// The store hands each command the term of the log entry that carries

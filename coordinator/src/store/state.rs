@@ -118,8 +118,9 @@ impl SmState {
     }
 
     /// Decided, fully acked transactions decided at or before
-    /// `decided_before_ms`, oldest first, at most `max` (the forget loop's
-    /// candidates, `TxTable::forgettable`), in memory or retained.
+    /// `decided_before_ms`, at most `max` (the forget loop's candidates):
+    /// those in memory oldest first (`TxTable::forgettable`), then the
+    /// retained ones by ascending txid (`RetainedReader::forgettable`).
     pub fn forgettable(&self, decided_before_ms: u64, max: usize) -> Result<Vec<Txid>, RetainedReadError> {
         let mut out = self.table.forgettable(decided_before_ms, max);
         if let Some(r) = &self.retained {
