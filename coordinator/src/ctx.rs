@@ -443,7 +443,7 @@ impl NodeCtx {
         let Some(me) = caller else { return Ok(()) };
         let local = {
             let st = self.sm.state();
-            st.record(txid)?.is_some().then(|| st.owner(txid)).transpose()?
+            st.with_txid(txid, |t| t.get(txid).map(|_| t.owner(txid).map(str::to_string)))?
         };
         let owner = match local {
             Some(o) => o,

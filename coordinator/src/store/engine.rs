@@ -147,11 +147,17 @@ pub trait KvEngine: Send + Sync + 'static {
     }
     fn first(&self, space: Space) -> Result<Option<KvPair>, EngineError>;
     fn last(&self, space: Space) -> Result<Option<KvPair>, EngineError>;
-    /// Deletes keys with `from <= key < to` (`to = None`: to the end).
+    /// Deletes keys with `from <= key < to` (`to = None`: to the end), in
+    /// batches of at most `DELETE_RANGE_BATCH_KEYS` (not atomically: a
+    /// stop in between leaves the first batches deleted).
     fn delete_range(&self, space: Space, from: &[u8], to: Option<&[u8]>) -> Result<(), EngineError>;
     /// Makes every write issued so far durable (fsync). Blocking.
     fn flush(&self) -> Result<(), EngineError>;
 }
+
+/// Keys one batch of `KvEngine::delete_range` deletes, at most: sled
+/// applies one huge batch far more slowly than many of this size.
+pub const DELETE_RANGE_BATCH_KEYS: usize = 10_000;
 
 /// sled's data file in a data directory; sled locks it (flock) while open.
 const DB_FILE: &str = "db";
@@ -524,11 +530,17 @@ impl KvEngine for SledEngine {
     }
 
     fn delete_range(&self, space: Space, from: &[u8], to: Option<&[u8]>) -> Result<(), EngineError> {
-        let mut batch = WriteBatch::default();
-        for (k, _) in self.scan(space, from, to)? {
-            batch.delete(k);
+        loop {
+            let keys = self.scan_limit(space, from, to, DELETE_RANGE_BATCH_KEYS)?;
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let mut batch = WriteBatch::default();
+            for (k, _) in keys {
+                batch.delete(k);
+            }
+            self.write_batch(space, batch)?;
         }
-        self.write_batch(space, batch)
     }
 
     fn flush(&self) -> Result<(), EngineError> {

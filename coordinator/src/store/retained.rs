@@ -107,20 +107,10 @@ pub(super) fn finish_deletes(reader: &RetainedReader) -> Result<WriteBatch, Reta
     Ok(b)
 }
 
-/// Deletes what is left of the old forget index (`OLD_FORGET_PREFIX`),
-/// in batches; at start, before anything is read.
+/// Deletes what is left of the old forget index (`OLD_FORGET_PREFIX`); at
+/// start, before anything is read.
 pub(super) fn drop_old_forget_index(engine: &dyn KvEngine) -> Result<(), EngineError> {
-    loop {
-        let keys = engine.scan_limit(Space::StateMachine, OLD_FORGET_PREFIX, Some(OLD_FORGET_END), 10_000)?;
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let mut b = WriteBatch::default();
-        for (k, _) in keys {
-            b.delete(k);
-        }
-        engine.write_batch(Space::StateMachine, b)?;
-    }
+    engine.delete_range(Space::StateMachine, OLD_FORGET_PREFIX, Some(OLD_FORGET_END))
 }
 
 /// Everything in the engine's retained records (not the unwritten

@@ -365,21 +365,38 @@ fn snap_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_snapshot(None, AnyError::new(&e)).into()
 }
 
-/// Moves every decided, fully acked record out of `st`'s table into the
-/// retained records (ADR 0050), adding the writes to `b`: the record's
+/// Adds to `b` the writes of record `r` of `table` kept in memory: the
+/// record, and its owner, drops and branches where it has them.
+fn put_in_memory(b: &mut WriteBatch, table: &TxTable, r: &TxRecord) -> Result<(), codec::CodecError> {
+    let t = r.txid;
+    b.put(record_key(t), codec::encode(r)?);
+    if let Some(o) = table.owner(t) {
+        b.put(owner_key(t), codec::encode(&o.to_string())?);
+    }
+    if let Some(d) = table.dropped(t) {
+        b.put(drops_key(t), codec::encode(d)?);
+    }
+    if let Some(br) = table.branches_of(t) {
+        b.put(branches_key(t), codec::encode(br)?);
+    }
+    Ok(())
+}
+
+/// Moves the decided, fully acked records `done` (`TxTable::done_txids`)
+/// out of `st`'s table into the retained records (ADR 0050), adding the writes to `b`: the record's
 /// keys in memory deleted, its retained keys written, the count updated.
 /// A record in `admitted` was read from the retained records for this
 /// apply: unless it is in `changed` too, it only leaves memory again.
 /// Returns the txids retained anew (not those admitted).
 fn release_done(
     st: &mut SmState,
+    done: &BTreeSet<Txid>,
     admitted: &BTreeSet<Txid>,
     changed: &BTreeSet<Txid>,
     b: &mut WriteBatch,
 ) -> Result<Vec<Txid>, codec::CodecError> {
-    let done = st.table.done_txids();
     let mut newly = Vec::new();
-    for txid in &done {
+    for txid in done {
         let Some(r) = st.table.release(*txid) else { continue };
         let was_retained = admitted.contains(txid);
         // No command changes a retained record (it is decided, every
@@ -468,17 +485,7 @@ fn install_into(
     let mut marker = WriteBatch::default();
     marker.put(INSTALLING_KEY.to_vec(), codec::encode(&meta.snapshot_id)?);
     engine.write_batch(Space::Snapshot, marker)?;
-    loop {
-        let keys = engine.scan_limit(Space::StateMachine, b"", None, INSTALL_BATCH_WRITES_MAX)?;
-        if keys.is_empty() {
-            break;
-        }
-        let mut b = WriteBatch::default();
-        for (k, _) in keys {
-            b.delete(k);
-        }
-        engine.write_batch(Space::StateMachine, b)?;
-    }
+    engine.delete_range(Space::StateMachine, b"", None)?;
     let mut b = WriteBatch::default();
     let flush = |b: &mut WriteBatch, at_least: usize| -> Result<(), InstallError> {
         if b.ops.len() >= at_least {
@@ -524,17 +531,7 @@ fn install_into(
         );
     into.retained_count = retained_count;
     for r in into.table.records() {
-        let t = r.txid;
-        b.put(record_key(t), codec::encode(r)?);
-        if let Some(o) = into.table.owner(t) {
-            b.put(owner_key(t), codec::encode(&o.to_string())?);
-        }
-        if let Some(d) = into.table.dropped(t) {
-            b.put(drops_key(t), codec::encode(d)?);
-        }
-        if let Some(br) = into.table.branches_of(t) {
-            b.put(branches_key(t), codec::encode(br)?);
-        }
+        put_in_memory(&mut b, &into.table, r)?;
         flush(&mut b, INSTALL_BATCH_WRITES_MAX)?;
     }
     for r in &data.sagas.sagas {
@@ -698,7 +695,8 @@ impl StateMachineStore {
             })?,
             None => WriteBatch::default(),
         };
-        if !release_done(&mut state, &BTreeSet::new(), &BTreeSet::new(), &mut b)
+        let done: BTreeSet<Txid> = state.table.done_txids().into_iter().collect();
+        if !release_done(&mut state, &done, &BTreeSet::new(), &BTreeSet::new(), &mut b)
             .map_err(|e| e.named("a retained record"))?
             .is_empty()
         {
@@ -1022,18 +1020,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 continue;
             }
             match st.table.get(*txid) {
-                Some(r) => {
-                    b.put(record_key(*txid), codec::encode(r).map_err(write_err)?);
-                    if let Some(o) = st.table.owner(*txid) {
-                        b.put(owner_key(*txid), codec::encode(&o.to_string()).map_err(write_err)?);
-                    }
-                    if let Some(d) = st.table.dropped(*txid) {
-                        b.put(drops_key(*txid), codec::encode(d).map_err(write_err)?);
-                    }
-                    if let Some(br) = st.table.branches_of(*txid) {
-                        b.put(branches_key(*txid), codec::encode(br).map_err(write_err)?);
-                    }
-                }
+                Some(r) => put_in_memory(&mut b, &st.table, r).map_err(write_err)?,
                 None => {
                     b.delete(record_key(*txid));
                     b.delete(owner_key(*txid));
@@ -1056,7 +1043,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             })
             .collect();
         let admitted_txids: BTreeSet<Txid> = admitted.keys().copied().collect();
-        let newly = release_done(&mut st, &admitted_txids, &changed, &mut b).map_err(write_err)?;
+        let newly = release_done(&mut st, &releasing, &admitted_txids, &changed, &mut b).map_err(write_err)?;
         if snapshot_reading {
             if let Some(since) = self.snapshot_read.released_since().as_mut() {
                 since.extend(newly);
@@ -1346,38 +1333,19 @@ mod tests {
     }
 
     /// A one-write COMMIT whose one participant acked with the decision
-    /// (READ_ONLY): decided and fully acked at once, so retained.
-    fn done_write(txid: u64, key: &str) -> Command {
-        match one_write(txid, 1, key) {
-            Command::BeginAndDecide {
-                txid,
-                alloc_term,
-                idempotency_key,
-                fingerprint,
-                begun_ms,
-                deadline_ms,
-                participants,
-                outcome,
-                voters,
-                now_ms,
-                note,
-                ..
-            } => Command::BeginAndDecide {
-                txid,
-                alloc_term,
-                idempotency_key,
-                fingerprint,
-                begun_ms,
-                deadline_ms,
-                participants,
-                outcome,
-                voters,
-                acked: vec!["a".into()],
-                now_ms,
-                note,
-            },
-            _ => unreachable!(),
+    /// (READ_ONLY), decided at `decided_ms`: decided and fully acked at
+    /// once, so retained.
+    fn done_write_at(txid: u64, key: &str, decided_ms: u64) -> Command {
+        let mut c = one_write(txid, 1, key);
+        if let Command::BeginAndDecide { acked, now_ms, .. } = &mut c {
+            *acked = vec!["a".into()];
+            *now_ms = decided_ms;
         }
+        c
+    }
+
+    fn done_write(txid: u64, key: &str) -> Command {
+        done_write_at(txid, key, 2)
     }
 
     /// What every reader learns of `txid` from `sm`: its outcome (the
@@ -1678,36 +1646,7 @@ mod tests {
     #[tokio::test]
     async fn the_forget_loop_takes_retained_records_past_the_cutoff_and_passes_over_late_ones() {
         let (_dir, _engine, mut sm) = fresh();
-        let at = |txid: u64, decided_ms: u64| match done_write(txid, &format!("k{txid}")) {
-            Command::BeginAndDecide {
-                txid,
-                alloc_term,
-                idempotency_key,
-                fingerprint,
-                begun_ms,
-                deadline_ms,
-                participants,
-                outcome,
-                voters,
-                acked,
-                note,
-                ..
-            } => Command::BeginAndDecide {
-                txid,
-                alloc_term,
-                idempotency_key,
-                fingerprint,
-                begun_ms,
-                deadline_ms,
-                participants,
-                outcome,
-                voters,
-                acked,
-                now_ms: decided_ms,
-                note,
-            },
-            _ => unreachable!(),
-        };
+        let at = |txid: u64, decided_ms: u64| done_write_at(txid, &format!("k{txid}"), decided_ms);
         sm.apply(vec![entry(1, vec![Command::ReserveTxids { count: 10 }])])
             .await
             .unwrap();
