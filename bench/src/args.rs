@@ -219,3 +219,16 @@ pub fn check_args(a: &BenchArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `dtx-dev bench ARGS` parsed as the command line would be (tests).
+#[cfg(test)]
+pub(crate) fn parse(args: &[&str]) -> Result<BenchArgs, String> {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+    let argv = std::iter::once("bench").chain(args.iter().copied());
+    Cmd::try_parse_from(argv).map(|c| c.bench).map_err(|e| e.to_string())
+}

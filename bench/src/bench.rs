@@ -1039,6 +1039,7 @@ fn write_results(a: &BenchArgs, out: &Path, o: &Outcome, text: &str) -> anyhow::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::parse;
 
     fn point(clients: usize, p50_us: u64) -> TransferPoint {
         TransferPoint {
@@ -1075,18 +1076,6 @@ mod tests {
         let t = branches_text(&prepared, &rows(vec![point(1, 1600)]));
         assert!(t.contains("(0.67 x; goal: lower) MET"), "{t}");
         assert!(t.contains("(1.07 x; goal: lower) NOT MET"), "{t}");
-    }
-
-    #[derive(clap::Parser)]
-    struct Cmd {
-        #[command(flatten)]
-        bench: BenchArgs,
-    }
-
-    fn parse(args: &[&str]) -> Result<BenchArgs, String> {
-        use clap::Parser;
-        let argv = std::iter::once("bench").chain(args.iter().copied());
-        Cmd::try_parse_from(argv).map(|c| c.bench).map_err(|e| e.to_string())
     }
 
     #[test]

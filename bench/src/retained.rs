@@ -1085,19 +1085,8 @@ pub fn cluster_dir(dir: &Path, n: u64) -> PathBuf {
 mod tests {
     use super::*;
     use crate::args::check_args;
+    use crate::args::parse;
     use crate::args::retained_counts;
-
-    #[derive(clap::Parser)]
-    struct Cmd {
-        #[command(flatten)]
-        bench: BenchArgs,
-    }
-
-    fn parse(args: &[&str]) -> Result<BenchArgs, String> {
-        use clap::Parser;
-        let argv = std::iter::once("bench").chain(args.iter().copied());
-        Cmd::try_parse_from(argv).map(|c| c.bench).map_err(|e| e.to_string())
-    }
 
     #[test]
     fn retained_counts_are_a_sorted_list_with_suffixes_and_none_by_default() {
