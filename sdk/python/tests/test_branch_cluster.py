@@ -82,6 +82,18 @@ async def decided(client: Client, txid: int) -> Outcome:
     return out
 
 
+async def acked_by_all(client: Client, txid: int, until: float) -> Any:
+    """The status of `txid` once it is decided and every participant acked
+    (phase two reaches the banks after the decision: an account stays
+    locked by the prepared transaction until then)."""
+    while True:
+        st = await client.status(txid)
+        if st.state == "DECIDED" and all(p.acked for p in st.participants):
+            return st
+        assert time.monotonic() < until, f"txid {txid} not acked by all: {st}"
+        await asyncio.sleep(0.05)
+
+
 async def settled_audit(b: BranchBankProc, within_s: float = 30) -> dict[str, Any]:
     until = time.monotonic() + within_s
     while True:
@@ -112,12 +124,7 @@ async def check_end(
             assert "COMMIT" not in log or (out is Outcome.COMMITTED and log == ["COMMIT"]), (b.id, txid, out, log)
     until = time.monotonic() + 30
     for txid, out in txs.items():
-        while True:
-            st = await client.status(txid)
-            if st.state == "DECIDED" and all(p.acked for p in st.participants):
-                break
-            assert time.monotonic() < until, f"txid {txid} not acked by all: {st}"
-            await asyncio.sleep(0.2)
+        st = await acked_by_all(client, txid, until)
         assert st.decision is out, (txid, st)
 
 
@@ -156,6 +163,9 @@ async def test_transfers_as_branches_commit_once_and_mix_with_an_enlisted_partic
             txs[began.txid] = out
             add("bank-a", ca)
             add("bank-b", cb)
+            # The next transaction takes the same account of bank-a: only
+            # once phase two has released it.
+            await acked_by_all(client, began.txid, time.monotonic() + 30)
             # Back again, mixed: bank-a as a branch, bank-b enlisted by the
             # client with a payload (Prepare-driven), in one transaction.
             began = await client.begin(f"mixed-transfer-{i}", timeout_ms=20_000)
@@ -167,6 +177,7 @@ async def test_transfers_as_branches_commit_once_and_mix_with_an_enlisted_partic
             txs[began.txid] = out
             add("bank-a", {f"a{x}": amt})
             add("bank-b", {f"b{y}": -amt})
+            await acked_by_all(client, began.txid, time.monotonic() + 30)
         # A change the bank refuses registers NO: the transaction is aborted
         # at once, and the other branch's work is rolled back by phase two.
         began = await client.begin("branch-refused", timeout_ms=20_000)
